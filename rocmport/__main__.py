@@ -1,0 +1,5 @@
+import sys
+
+from rocmport.cli import main
+
+sys.exit(main())
