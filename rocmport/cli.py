@@ -18,6 +18,8 @@ from rocmport.errors import EXIT_USAGE, RocmportError
 
 # name -> module under rocmport.commands; each module defines `command`.
 COMMANDS: dict[str, str] = {
+    "status": "status",
+    "sync": "sync",
 }
 
 

@@ -43,4 +43,4 @@ def table(headers: list[str], rows: list[list], title: str | None = None) -> Non
     t = Table(*headers, title=title, show_lines=False)
     for row in rows:
         t.add_row(*[str(c) for c in row])
-    Console(soft_wrap=True).print(t)
+    Console(width=None if sys.stdout.isatty() else 160).print(t)

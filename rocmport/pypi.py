@@ -1,0 +1,255 @@
+"""The package index as a second upstream source: sdists turned into deterministic git commits.
+
+Files are fetched by name and hash from the index's PEP 691 JSON page rather than through
+`pip download`: megatron-bridge's sdist only downloads through pip from an environment that has
+torch (build isolation), and v0.17+ declare Requires-Python >=3.12, which pip would refuse here.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from rocmport.config import PYPI_DISTRIBUTIONS
+from rocmport.errors import BadInput, ProblemFound, RocmportError
+from rocmport.gitutil import FIXED_IDENTITY, git, run_git
+from rocmport.lock import Pin
+from rocmport.store import Store
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+_ACCEPT = "application/vnd.pypi.simple.v1+json"
+_LINE_RE = re.compile(r"^(?:core_)?v?(?P<mm>\d+\.\d+)$")
+_EXACT_RE = re.compile(r"^(?:core_)?v?(?P<v>\d+\.\d+\.\d+\S*)$")
+
+
+class IndexUnreachable(RocmportError):
+    """The package index did not answer."""
+
+
+@dataclass(frozen=True)
+class SdistFile:
+    dist: str
+    version: Version
+    filename: str
+    url: str
+    sha256: str
+    upload_time: str | None
+
+
+def index_url(explicit: str | None = None) -> str:
+    return (explicit or os.environ.get("ROCMPORT_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
+
+
+def _get(url: str, accept: str | None = None, timeout: float = 120) -> bytes:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise IndexUnreachable(f"cannot read {url}: {reason}; use --source git with a mirror, or set ROCMPORT_INDEX_URL") from None
+
+
+def list_sdists(dist: str, index: str | None = None) -> list[SdistFile]:
+    """All sdists of ``dist`` on the index, oldest version first."""
+    base = index_url(index)
+    page_url = f"{base}/{canonicalize_name(dist)}/"
+    try:
+        page = json.loads(_get(page_url, _ACCEPT))
+    except json.JSONDecodeError:
+        raise IndexUnreachable(f"{page_url}: not a PEP 691 JSON simple page") from None
+    prefix = re.sub(r"[-_.]+", "_", dist).lower() + "-"
+    out = []
+    for f in page.get("files", []):
+        name = f.get("filename", "")
+        if not name.endswith(".tar.gz") or not name.lower().startswith(prefix) or f.get("yanked"):
+            continue
+        try:
+            version = Version(name[len(prefix):-len(".tar.gz")])
+        except InvalidVersion:
+            continue
+        sha = (f.get("hashes") or {}).get("sha256")
+        if not sha:
+            continue
+        url = urllib.request.urljoin(page_url, f["url"])
+        out.append(SdistFile(dist, version, name, url, sha, f.get("upload-time")))
+    return sorted(out, key=lambda s: s.version)
+
+
+def is_final(v: Version) -> bool:
+    return not (v.is_prerelease or v.is_devrelease)
+
+
+def list_final_versions(dist: str, index: str | None = None) -> list[Version]:
+    return [s.version for s in list_sdists(dist, index) if is_final(s.version)]
+
+
+def select_sdist(files: list[SdistFile], requested: str, pre: bool = False) -> SdistFile:
+    """`v0.16` -> newest final 0.16.x; `core_v0.16.1` / `v0.16.1` / `0.16.1` -> exactly that."""
+    dist = files[0].dist if files else "the distribution"
+    line, exact = _LINE_RE.match(requested), _EXACT_RE.match(requested)
+    if line:
+        mm = tuple(int(x) for x in line.group("mm").split("."))
+        cands = [f for f in files if f.version.release[:2] == mm and (pre or is_final(f.version))]
+    elif exact:
+        try:
+            want = Version(exact.group("v"))
+        except InvalidVersion:
+            raise BadInput(f"{dist}: '{requested}' is not a version") from None
+        cands = [f for f in files if f.version == want]
+    else:
+        raise BadInput(f"{dist}: the package index knows versions, not '{requested}'; give v0.16 or 0.16.1")
+    if not cands:
+        finals = [str(f.version) for f in files if is_final(f.version)]
+        import difflib
+
+        close = difflib.get_close_matches(requested.lstrip("core_v"), finals, n=5, cutoff=0.5) or finals[-5:][::-1]
+        raise BadInput(f"{dist}: no {'release' if pre else 'final release'} matching '{requested}' on the index; closest: {', '.join(close)}")
+    return cands[-1]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(store: Store, sdist: SdistFile) -> Path:
+    """The verified sdist in the cache, downloaded only when the cached copy is absent or wrong."""
+    dest = store.sdist_dir() / sdist.filename
+    if dest.is_file() and _sha256(dest) == sdist.sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    data = _get(sdist.url, timeout=600)
+    tmp = dest.with_suffix(".part")
+    tmp.write_bytes(data)
+    got = hashlib.sha256(data).hexdigest()
+    if got != sdist.sha256:
+        tmp.unlink()
+        raise ProblemFound(f"{sdist.filename}: sha256 {got} does not match the index's {sdist.sha256}; the download was discarded")
+    os.replace(tmp, dest)
+    return dest
+
+
+def _safe_members(tar: tarfile.TarFile, filename: str):
+    """Members below the single top-level directory, with that directory stripped; refuse escapes."""
+    for m in tar.getmembers():
+        p = PurePosixPath(m.name)
+        if p.is_absolute() or ".." in p.parts:
+            raise BadInput(f"{filename}: member '{m.name}' escapes the archive; refusing to import it")
+        target = PurePosixPath(m.linkname)
+        if m.islnk() and (target.is_absolute() or ".." in target.parts):
+            raise BadInput(f"{filename}: hard link '{m.name}' -> '{m.linkname}' points outside the archive")
+        if m.issym() and (target.is_absolute() or _escapes(p.parent, target)):
+            raise BadInput(f"{filename}: symlink '{m.name}' -> '{m.linkname}' points outside the archive")
+        # Generated *.egg-info directories are build output, not source.
+        if not (m.isfile() or m.issym()) or len(p.parts) < 2 or any(x.endswith(".egg-info") for x in p.parts[1:-1]):
+            continue
+        yield m, PurePosixPath(*p.parts[1:])
+
+
+def _escapes(base: PurePosixPath, target: PurePosixPath) -> bool:
+    depth = len(base.parts) - 1  # below the stripped top directory
+    for part in target.parts:
+        depth += -1 if part == ".." else (0 if part == "." else 1)
+        if depth < 0:
+            return True
+    return False
+
+
+def sdist_to_commit(sdist_path: Path, repo: Path, dist: str, version: str, sha256: str) -> str:
+    """Import the sdist as one commit with a fixed author, date and message: same sdist, same id."""
+    if not (repo / "HEAD").exists():
+        repo.mkdir(parents=True, exist_ok=True)
+        git("init", "--bare", "-q", str(repo))
+    with tempfile.TemporaryDirectory(prefix="rocmport-sdist-") as tmp:
+        work = Path(tmp) / "tree"
+        work.mkdir()
+        with tarfile.open(sdist_path, "r:gz") as tar:
+            for member, rel in _safe_members(tar, sdist_path.name):
+                target = work / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if member.issym():
+                    os.symlink(member.linkname, target)
+                    continue
+                with tar.extractfile(member) as src, open(target, "wb") as out:
+                    shutil.copyfileobj(src, out)
+                os.chmod(target, 0o755 if member.mode & stat.S_IXUSR else 0o644)
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        common = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.symlinks=true",
+                  f"--git-dir={repo}", f"--work-tree={work}"]
+        run_git(*common, "add", "-A", "-f", ".", cwd=work, env=env)
+        tree = git(*common, "write-tree", cwd=work, env=env)
+    message = f"{dist} {version} from the package index\n\nsdist sha256: {sha256}\n"
+    commit = git("commit-tree", tree, "-m", message, cwd=repo, env=FIXED_IDENTITY)
+    git("update-ref", f"refs/rocmport/pypi/{dist}/{version}", commit, cwd=repo)
+    return commit
+
+
+def pypi_url(dist: str) -> str:
+    return f"https://pypi.org/project/{canonicalize_name(dist)}/"
+
+
+def pin_from_index(store: Store, upstream: str, requested_ref: str, *, pre: bool = False, index_url: str | None = None) -> Pin:
+    """Resolve ``requested_ref`` on the index, fetch and verify the sdist, import it, return its Pin."""
+    dist = PYPI_DISTRIBUTIONS[upstream]
+    sdist = select_sdist(list_sdists(dist, index_url), requested_ref, pre)
+    with store.locked():
+        path = download(store, sdist)
+        commit = sdist_to_commit(path, store.mirror_dir(upstream), dist, str(sdist.version), sdist.sha256)
+    return Pin(
+        url=pypi_url(dist),
+        source="pypi",
+        requested_ref=requested_ref,
+        resolved_ref=str(sdist.version),
+        commit=commit,
+        commit_date=sdist.upload_time or "1970-01-01T00:00:00Z",
+        sdist={"filename": sdist.filename, "sha256": sdist.sha256},
+        version=str(sdist.version),
+    )
+
+
+def declared_requirement(sdist_path: Path, name: str) -> Requirement | None:
+    """The `Requires-Dist` entry for ``name`` in the sdist's PKG-INFO (no build needed)."""
+    with tarfile.open(sdist_path, "r:gz") as tar:
+        pkg_info = next((m for m in tar.getmembers() if PurePosixPath(m.name).parts[1:] == ("PKG-INFO",)), None)
+        if pkg_info is None:
+            return None
+        meta = email.parser.Parser().parsestr(tar.extractfile(pkg_info).read().decode("utf-8", "replace"))
+    for dep in meta.get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(dep)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) == canonicalize_name(name):
+            return req
+    return None
+
+
+def choose_bridge_from_index(store: Store, core_version: str, index_url: str | None = None) -> SdistFile | None:
+    """Newest final megatron-bridge sdist whose declared megatron-core range is bounded and admits the version."""
+    from rocmport.companion import has_upper_bound
+
+    finals = [s for s in list_sdists(PYPI_DISTRIBUTIONS["megatron-bridge"], index_url) if is_final(s.version)]
+    for sdist in reversed(finals):
+        req = declared_requirement(download(store, sdist), "megatron-core")
+        if req is not None and has_upper_bound(req.specifier) and req.specifier.contains(core_version, prereleases=True):
+            return sdist
+    return None

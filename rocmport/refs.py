@@ -1,0 +1,158 @@
+"""Ref resolution in a mirror: loose release lines, exact tags, branches and SHAs.
+
+`v0.16` means the newest final `core_v0.16.*` release (rc only with --pre). Every resolution
+carries a sentence saying what was chosen and why, which `sync` prints.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from rocmport.errors import BadInput
+from rocmport.gitutil import git, run_git
+
+_TAG_RE = re.compile(r"^(?P<prefix>core_)?v(?P<version>\d+\.\d+\.\d+(?:(?:rc|a|b)\d+|\.dev\d+|\.post\d+)?)$")
+_LINE_RE = re.compile(r"^(?:core_)?v?(?P<major>\d+)\.(?P<minor>\d+)$")
+_SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
+PACKAGE_INFO = {
+    "megatron-lm": "megatron/core/package_info.py",
+    "megatron-bridge": "src/megatron/bridge/package_info.py",
+}
+
+
+@dataclass(frozen=True)
+class ReleaseTag:
+    name: str
+    commit: str
+    version: Version
+
+    @property
+    def is_final(self) -> bool:
+        return not (self.version.is_prerelease or self.version.is_devrelease)
+
+    @property
+    def core_prefixed(self) -> bool:
+        return self.name.startswith("core_")
+
+
+@dataclass(frozen=True)
+class Resolution:
+    requested: str
+    resolved_ref: str
+    commit: str
+    kind: str  # release-line | tag | branch | sha
+    explanation: str
+
+
+def tags(mirror: Path) -> dict[str, str]:
+    """Tag name -> commit id (annotated tags peeled)."""
+    out = git("for-each-ref", "--format=%(refname:strip=2) %(objectname) %(*objectname)", "refs/tags", cwd=mirror)
+    result = {}
+    for line in out.splitlines():
+        name, obj, peeled = (line.split(" ") + [""])[:3]
+        result[name] = peeled or obj
+    return result
+
+
+def release_tags(mirror: Path, tag_map: dict[str, str] | None = None) -> list[ReleaseTag]:
+    """Tags that name a release (`v0.3.1`, `core_v0.16.1`, `core_v0.17.0rc0`), oldest version first."""
+    found = []
+    for name, commit in (tag_map if tag_map is not None else tags(mirror)).items():
+        m = _TAG_RE.match(name)
+        if not m:
+            continue
+        try:
+            found.append(ReleaseTag(name, commit, Version(m.group("version"))))
+        except InvalidVersion:
+            continue
+    # Same version: the core_ tag sorts after the bare one, so "newest" picks upstream's release tag.
+    return sorted(found, key=lambda t: (t.version, t.core_prefixed, t.name))
+
+
+def _branches(mirror: Path) -> dict[str, str]:
+    out = git("for-each-ref", "--format=%(refname:strip=2) %(objectname)", "refs/heads", cwd=mirror)
+    return dict(line.split(" ", 1) for line in out.splitlines() if line)
+
+
+def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = "megatron-lm") -> Resolution:
+    tag_map = tags(mirror)
+    rels = release_tags(mirror, tag_map)
+    line = _LINE_RE.match(requested)
+    if line and requested not in tag_map:
+        major, minor = int(line.group("major")), int(line.group("minor"))
+        cands = [t for t in rels if t.version.release[:2] == (major, minor) and (pre or t.is_final)]
+        if not cands:
+            others = [t.name for t in rels if t.version.release[:2] == (major, minor)]
+            hint = f" (only pre-releases: {', '.join(others)}; add --pre)" if others else ""
+            raise BadInput(f"{upstream}: no final release tag for {requested}{hint}; {_closest(requested, rels)}")
+        best = cands[-1]
+        twins = [t.name for t in cands if t.version == best.version and t.name != best.name]
+        why = f"{requested} -> {best.name} ({best.commit[:12]}): newest {'' if pre else 'final '}release of {major}.{minor} among {', '.join(t.name for t in cands)}"
+        if twins:
+            why += f"; {', '.join(twins)} names the same version, {best.name} chosen as upstream's core_v release tag"
+        return Resolution(requested, best.name, best.commit, "release-line", why)
+    if requested in tag_map:
+        commit = tag_map[requested]
+        why = f"{requested} -> exact tag ({commit[:12]})"
+        m = _TAG_RE.match(requested)
+        if m:
+            twins = [t for t in rels if str(t.version) == str(Version(m.group("version"))) and t.name != requested]
+            for t in twins:
+                same = "same commit" if t.commit == commit else f"a different commit {t.commit[:12]}"
+                why += f"; {t.name} also exists ({same}), the tag was taken as given"
+        return Resolution(requested, requested, commit, "tag", why)
+    m = _TAG_RE.match(requested) or re.match(r"^v?(?P<version>\d+\.\d+\.\d+\S*)$", requested)
+    if m:
+        wanted = m.group("version")
+        for t in reversed(rels):
+            if str(t.version) == wanted or t.name.endswith("v" + wanted):
+                return Resolution(requested, t.name, t.commit, "tag", f"{requested} -> {t.name} ({t.commit[:12]}): no tag named {requested}, {t.name} is that release")
+    branches = _branches(mirror)
+    if requested in branches:
+        commit = branches[requested]
+        return Resolution(requested, requested, commit, "branch", f"{requested} -> branch head {commit[:12]}")
+    if _SHA_RE.match(requested):
+        proc = run_git("rev-parse", "--verify", "--quiet", f"{requested}^{{commit}}", cwd=mirror, check=False)
+        if proc.returncode == 0:
+            commit = proc.stdout.strip()
+            return Resolution(requested, commit, commit, "sha", f"{requested} -> commit {commit}")
+    raise BadInput(f"{upstream}: unknown ref '{requested}'; {_closest(requested, rels)}")
+
+
+def _closest(requested: str, rels: list[ReleaseTag]) -> str:
+    names = [t.name for t in rels]
+    close = difflib.get_close_matches(requested, names, n=5, cutoff=0.5)
+    if not close:
+        close = [t.name for t in rels if t.is_final][-5:][::-1]
+    return f"closest tags: {', '.join(close)}" if close else "the mirror has no release tags"
+
+
+def commit_date(mirror: Path, commit: str) -> str:
+    return git("show", "-s", "--format=%cI", commit, cwd=mirror)
+
+
+def read_file(mirror: Path, commit: str, path: str) -> str | None:
+    proc = run_git("show", f"{commit}:{path}", cwd=mirror, check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def version_at(mirror: Path, commit: str, upstream: str) -> str | None:
+    """The package version the tree declares at ``commit`` (package_info.py), e.g. '0.16.1'."""
+    text = read_file(mirror, commit, PACKAGE_INFO[upstream])
+    return parse_package_info(text) if text else None
+
+
+def parse_package_info(text: str) -> str | None:
+    fields = {}
+    for key in ("MAJOR", "MINOR", "PATCH", "PRE_RELEASE"):
+        m = re.search(rf"^{key}\s*=\s*(?:['\"](?P<s>[^'\"]*)['\"]|(?P<n>\d+))", text, re.M)
+        if m:
+            fields[key] = m.group("s") if m.group("s") is not None else m.group("n")
+    if not all(k in fields for k in ("MAJOR", "MINOR", "PATCH")):
+        return None
+    return f"{fields['MAJOR']}.{fields['MINOR']}.{fields['PATCH']}{fields.get('PRE_RELEASE', '')}"
