@@ -70,13 +70,13 @@ def validate_url(name: str, url: str) -> Remote:
 
 
 def _local(name: str, url: str, path: Path) -> Remote:
-    if not path.exists():
-        raise BadInput(f"remote {name}={url!r}: no such directory; give the path of a git repository or mirror")
     return Remote(name, url, "local", path.resolve())
 
 
 def _local_git_dir(remote: Remote) -> Path:
     """The git directory of a local repository (bare mirror or work tree)."""
+    if not remote.local_path.is_dir():
+        raise BadInput(f"remote {remote.name}={remote.url!r}: no such directory; give the path of a git repository or mirror")
     proc = run_git("rev-parse", "--absolute-git-dir", cwd=remote.local_path, check=False)
     if proc.returncode != 0:
         raise BadInput(f"remote {remote.name}={remote.url!r}: not a git repository; give a clone or bare mirror")
@@ -116,7 +116,7 @@ def _fetch_network(mirror: Path, remote: Remote) -> None:
     if proc.returncode == 0:
         return
     err = proc.stderr
-    if "pack-objects died" in err or "unable to read" in err and "object" in err:
+    if "pack-objects died" in err or re.search(r"unable to read [0-9a-f]{40}|missing blob object", err):
         raise RocmportError(
             f"fetching {remote.name} from {remote.url} failed: the source lacks objects (pack-objects died); "
             f"clone it by plain path instead: `rocmport sync --remote {remote.name}=/path/to/mirror`"
@@ -128,6 +128,7 @@ def _fetch_network(mirror: Path, remote: Remote) -> None:
 def update_mirror(store: Store, remote: Remote, offline: bool = False) -> Path:
     """Bring the cache mirror of ``remote`` up to date (or just check it exists when offline)."""
     mirror = store.mirror_dir(remote.name)
+    _check_alternates(mirror, remote.name)
     if offline:
         if not (mirror / "HEAD").exists():
             raise BadInput(f"--offline: no cached mirror of {remote.name} in {store.root}; run `rocmport sync` online once")
@@ -142,6 +143,19 @@ def update_mirror(store: Store, remote: Remote, offline: bool = False) -> Path:
         except GitError as exc:
             raise RocmportError(f"updating the cache mirror of {remote.name} from {remote.url} failed: {exc}") from None
     return mirror
+
+
+def _check_alternates(mirror: Path, name: str) -> None:
+    """A mirror imported from a local path borrows its objects (like `git clone --shared`)."""
+    alt = mirror / "objects" / "info" / "alternates"
+    if not alt.exists():
+        return
+    for line in alt.read_text().split():
+        if not Path(line).is_dir():
+            raise BadInput(
+                f"the cache mirror of {name} ({mirror}) borrows objects from {line}, which is gone; "
+                f"restore that mirror or delete {mirror} and sync again"
+            )
 
 
 def has_commit(git_dir: Path, commit: str) -> bool:
