@@ -18,6 +18,7 @@ from rocmport.errors import EXIT_USAGE, RocmportError
 
 # name -> module under rocmport.commands; each module defines `command`.
 COMMANDS: dict[str, str] = {
+    "apply": "apply",
     "status": "status",
     "sync": "sync",
 }

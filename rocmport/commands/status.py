@@ -24,6 +24,9 @@ def worktree_info(path: Path) -> dict | None:
         "tag", "--list", "rocmport/base/*", "--merged", "HEAD", cwd=path
     ).split()
     base = git("rev-parse", f"{base_tags[0]}^{{commit}}", cwd=path) if base_tags else None
+    from rocmport.worktree import read_state
+
+    state = read_state(path) or {}
     clean = run_git("status", "--porcelain", "--untracked-files=no", cwd=path).stdout.strip() == ""
     return {
         "path": str(path),
@@ -31,6 +34,9 @@ def worktree_info(path: Path) -> dict | None:
         "base": base,
         "head": git("rev-parse", "HEAD", cwd=path),
         "clean": clean,
+        "series": state.get("series"),
+        "series_hash": state.get("series_hash"),
+        "apply_status": state.get("status"),
     }
 
 
@@ -74,7 +80,7 @@ def command(obj, as_json):
         rows.append([
             name, pin["source"], pin["resolved_ref"], pin.get("version") or "?", pin["commit"][:12],
             "yes" if data["cached"].get(name) else "NO",
-            f"{wt['path']} ({wt['branch']}, {'clean' if wt['clean'] else 'DIRTY'})" if wt else "-",
+            f"{wt['path']} ({wt['branch']}, {'clean' if wt['clean'] else 'DIRTY'}, series {str(wt['series_hash'])[:12]})" if wt else "-",
         ])
     output.table(["upstream", "source", "ref", "version", "commit", "cached", "work tree"], rows, title=data["lock_path"])
     return EXIT_OK

@@ -1,0 +1,111 @@
+"""The apply ladder for one patch in a work tree, never fuzz:
+exact (offsets allowed and recorded) -> 3-way merge -> stop; before stopping, a patch that
+reverse-applies is `already-upstream`. Every patch ends in exactly one bucket."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+from rocmport.errors import BadInput
+from rocmport.gitutil import run_git
+from rocmport.patchset import PatchFile
+
+BUCKETS = ("clean", "offset", "merged-3way", "already-upstream", "not-applicable", "conflict")
+_OFFSET_RE = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
+_FAILED_RE = re.compile(r"error: patch failed: (.+):(\d+)")
+
+
+@dataclass
+class PatchOutcome:
+    name: str
+    bucket: str
+    files: list[str]
+    offsets: list[dict] = field(default_factory=list)
+    failed_hunks: list[dict] = field(default_factory=list)
+    detail: str = ""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "bucket": self.bucket, "files": self.files, "offsets": self.offsets,
+                "failed_hunks": self.failed_hunks, "detail": self.detail}
+
+
+def _bad_path(path: str) -> str | None:
+    if path in ("/dev/null",):
+        return None
+    p = PurePosixPath(path)
+    if p.is_absolute():
+        return "is absolute"
+    if ".." in p.parts:
+        return "escapes the tree"
+    if p.parts and p.parts[0] == ".git" or ".git" in p.parts:
+        return "is inside .git/"
+    return None
+
+
+def touched_paths(patch: PatchFile) -> list[tuple[str, str | None, bool]]:
+    """(path, source_path, is_new) for each file of a parsed, path-checked patch."""
+    try:
+        ps = PatchSet(patch.diff)
+    except UnidiffParseError as exc:
+        line = re.search(r"line (\d+)", str(exc))
+        offset = patch.path.read_text(encoding="utf-8").splitlines().index(patch.diff.splitlines()[0]) if patch.diff else 0
+        where = f"{patch.path}:{int(line.group(1)) + offset}" if line else str(patch.path)
+        raise BadInput(f"{where}: malformed diff ({exc}); regenerate it with `rocmport patches export`") from None
+    if not len(ps):
+        raise BadInput(f"{patch.path}: contains no file diff")
+    out = []
+    for pf in ps:
+        for raw in (pf.source_file, pf.target_file):
+            name = raw[2:] if raw.startswith(("a/", "b/")) else raw
+            why = _bad_path(name)
+            if why:
+                raise BadInput(f"{patch.path}: path {name!r} {why}; refusing the patch")
+        out.append((pf.path, None if pf.is_added_file else pf.source_file[2:], pf.is_added_file))
+    return out
+
+
+def check_symlinks(patch: PatchFile, tree: Path) -> None:
+    """Refuse a patch that writes through a symlink in the tree (it could land outside it)."""
+    for path, _, _ in touched_paths(patch):
+        cur = tree
+        for part in PurePosixPath(path).parts:
+            cur = cur / part
+            if cur.is_symlink():
+                raise BadInput(f"{patch.path}: path {path!r} goes through the symlink {cur.relative_to(tree)}; refusing the patch")
+
+
+def _in_tree(tree: Path, path: str) -> bool:
+    return run_git("cat-file", "-e", f"HEAD:{path}", cwd=tree, check=False).returncode == 0
+
+
+def apply_patch(patch: PatchFile, tree: Path) -> PatchOutcome:
+    """Apply ``patch`` to the index and work tree of ``tree`` (HEAD clean) and classify it."""
+    files = touched_paths(patch)
+    names = [f[0] for f in files]
+    check_symlinks(patch, tree)
+    existing = [src for _, src, new in files if not new and _in_tree(tree, src)]
+    if not any(new for _, _, new in files) and not existing:
+        return PatchOutcome(patch.name, "not-applicable", names, detail="none of the files it changes exist in this source")
+    data = patch.diff
+    proc = run_git("apply", "--index", "--verbose", "--whitespace=nowarn", "-", cwd=tree, input=data, check=False)
+    if proc.returncode == 0:
+        offsets = [{"hunk": int(h), "line": int(at), "offset": int(off)} for h, at, off in _OFFSET_RE.findall(proc.stderr)]
+        return PatchOutcome(patch.name, "offset" if offsets else "clean", names, offsets)
+    failed = [{"file": f, "line": int(n)} for f, n in _FAILED_RE.findall(proc.stderr)]
+    if run_git("apply", "--check", "--reverse", "-", cwd=tree, input=data, check=False).returncode == 0:
+        return PatchOutcome(patch.name, "already-upstream", names, detail="the patch reverse-applies: upstream already has it")
+    three = run_git("apply", "--3way", "--index", "--whitespace=nowarn", "-", cwd=tree, input=data, check=False)
+    if three.returncode == 0 and not _has_conflicts(tree):
+        return PatchOutcome(patch.name, "merged-3way", names, detail="applied by 3-way merge against its recorded base blobs")
+    run_git("reset", "-q", "--hard", "HEAD", cwd=tree)  # leave nothing half-applied
+    reason = next((ln for ln in (three.stderr + proc.stderr).splitlines() if ln.startswith("error:")), "does not apply")
+    return PatchOutcome(patch.name, "conflict", names, failed_hunks=failed, detail=reason.removeprefix("error: "))
+
+
+def _has_conflicts(tree: Path) -> bool:
+    return bool(run_git("diff", "--name-only", "--diff-filter=U", cwd=tree).stdout.strip())

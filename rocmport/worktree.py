@@ -1,0 +1,113 @@
+"""Ported work trees: self-contained clones of the cache mirror (objects borrowed through
+alternates, no refs written into the cache), sparse for excluded paths, with a state file
+under .git so an interrupted or stopped apply can be recovered, continued or aborted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+
+from rocmport.errors import BadInput
+from rocmport.fsutil import atomic_write_text
+from rocmport.gitutil import FIXED_IDENTITY, git, run_git
+
+STATE = "rocmport-state.json"
+
+
+def state_path(tree: Path) -> Path:
+    return tree / ".git" / STATE
+
+
+def read_state(tree: Path) -> dict | None:
+    p = state_path(tree)
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def write_state(tree: Path, state: dict) -> None:
+    atomic_write_text(state_path(tree), json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def clear_state(tree: Path) -> None:
+    state_path(tree).unlink(missing_ok=True)
+
+
+def cone_dirs(mirror_or_tree: Path, commit: str, excluded: list[str]) -> list[str] | None:
+    """Directories for a cone-mode sparse checkout holding everything but ``excluded``.
+
+    Cone mode can only include directories, so each excluded path is replaced by its siblings
+    at every level above it. None when nothing is excluded (full checkout)."""
+    if not excluded:
+        return None
+    skip = {PurePosixPath(e) for e in excluded}
+    result: set[str] = set()
+    frontier = [""]
+    while frontier:
+        parent = frontier.pop()
+        prefix = f"{parent}/" if parent else ""
+        listing = git("ls-tree", "-d", "--name-only", f"{commit}:{parent}" if parent else commit, cwd=mirror_or_tree)
+        for name in listing.splitlines():
+            child = PurePosixPath(prefix + name)
+            if child in skip:
+                continue
+            if any(child in e.parents for e in skip):
+                frontier.append(str(child))
+            else:
+                result.add(str(child))
+    return sorted(result)
+
+
+def ensure_clone(mirror: Path, tree: Path) -> bool:
+    """Clone the work tree from the cache mirror unless it exists; True when it was created."""
+    if (tree / ".git").exists():
+        return False
+    if tree.exists() and any(tree.iterdir()):
+        raise BadInput(f"{tree}: exists and is not a rocmport work tree; move it away or set [tool.rocmport] worktree-dir")
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    # --shared: borrow the cache's objects (alternates); refs live only in the work tree.
+    git("clone", "-q", "--shared", "--no-checkout", "--no-tags", str(mirror), str(tree))
+    git("config", "user.name", FIXED_IDENTITY["GIT_AUTHOR_NAME"], cwd=tree)
+    git("config", "user.email", FIXED_IDENTITY["GIT_AUTHOR_EMAIL"], cwd=tree)
+    return True
+
+
+def set_sparse(tree: Path, commit: str, excluded: list[str]) -> None:
+    dirs = cone_dirs(tree, commit, excluded)
+    if dirs is None:
+        if run_git("config", "core.sparseCheckout", cwd=tree, check=False).stdout.strip() == "true":
+            git("sparse-checkout", "disable", cwd=tree)
+        return
+    # Cone mode with a sparse index: the only mode in which git can commit over blobs the mirror lacks.
+    git("sparse-checkout", "set", "--cone", "--sparse-index", *dirs, cwd=tree)
+
+
+def dirty_paths(tree: Path) -> list[str]:
+    out = run_git("status", "--porcelain", "--untracked-files=normal", cwd=tree).stdout
+    return [line[3:] for line in out.splitlines() if line.strip()]
+
+
+def head(tree: Path) -> str | None:
+    proc = run_git("rev-parse", "--verify", "-q", "HEAD", cwd=tree, check=False)
+    return proc.stdout.strip() or None
+
+
+def commits_between(tree: Path, old: str, new: str) -> list[str]:
+    return git("rev-list", "--reverse", f"{old}..{new}", cwd=tree).split()
+
+
+def save_backup(tree: Path, what: str) -> str:
+    """Keep HEAD and any uncommitted edits on refs/rocmport/backup/<n> before --force resets."""
+    stash = git("stash", "create", f"rocmport backup ({what})", cwd=tree) if dirty_paths(tree) else ""
+    untracked = run_git("ls-files", "--others", "--exclude-standard", cwd=tree).stdout.split()
+    if untracked:
+        git("add", "--", *untracked, cwd=tree)
+        stash = git("stash", "create", f"rocmport backup ({what})", cwd=tree)
+    target = stash or head(tree)
+    existing = git("for-each-ref", "--format=%(refname)", "refs/rocmport/backup/", cwd=tree).split()
+    ref = f"refs/rocmport/backup/{len(existing) + 1}"
+    git("update-ref", ref, target, cwd=tree)
+    return ref
+
+
+def commit_all(tree: Path, message: str) -> str:
+    git("commit", "-q", "--no-verify", "--allow-empty-message", "-m", message, cwd=tree, env=FIXED_IDENTITY)
+    return head(tree)
