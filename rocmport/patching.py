@@ -103,8 +103,9 @@ def apply_patch(patch: PatchFile, tree: Path) -> PatchOutcome:
     if three.returncode == 0 and not _has_conflicts(tree):
         return PatchOutcome(patch.name, "merged-3way", names, detail="applied by 3-way merge against its recorded base blobs")
     run_git("reset", "-q", "--hard", "HEAD", cwd=tree)  # leave nothing half-applied
-    reason = next((ln for ln in (three.stderr + proc.stderr).splitlines() if ln.startswith("error:")), "does not apply")
-    return PatchOutcome(patch.name, "conflict", names, failed_hunks=failed, detail=reason.removeprefix("error: "))
+    where = ", ".join(f"{h['file']}:{h['line']}" for h in failed)
+    detail = f"exact apply failed at {where}; 3-way merge left conflicts" if where else "does not apply"
+    return PatchOutcome(patch.name, "conflict", names, failed_hunks=failed, detail=detail)
 
 
 def _has_conflicts(tree: Path) -> bool:

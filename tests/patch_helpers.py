@@ -1,0 +1,87 @@
+"""A project with a real upstream repo in the cache, a lock, and a patch series, for apply tests."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from rocmport.lock import Lock, Pin
+from sync_helpers import commit, g, init, package_info
+
+HEADER = "Description: {desc}\n more words\nUpstream-Status: {status}\n---\n"
+
+BASE_FILES = {
+    "megatron/core/package_info.py": package_info("0.16.1"),
+    "megatron/core/layers.py": "".join(f"line {i}\n" for i in range(1, 41)),
+    "megatron/core/utils.py": "def f():\n    return 1\n",
+    "docs/index.md": "docs\n",
+}
+
+
+def make_patch(repo: Path, edits: dict[str, str], desc="fix a thing", status="ROCm-only", context=3) -> str:
+    """Edit files in ``repo`` on top of HEAD, return a DEP-3 patch of the change, and restore HEAD."""
+    for rel, text in edits.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    g(repo, "add", "-A")
+    diff = g(repo, "diff", "--cached", "--full-index", f"-U{context}") + "\n"
+    g(repo, "reset", "-q", "--hard", "HEAD")
+    return HEADER.format(desc=desc, status=status) + diff
+
+
+class Project:
+    def __init__(self, tmp: Path, monkeypatch):
+        self.tmp = tmp
+        self.cache = tmp / "cache"
+        monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(self.cache))
+        self.up = init(tmp / "upstream")
+        self.base = commit(self.up, BASE_FILES, "upstream 0.16.1")
+        self.root = tmp / "project"
+        self.series_dir = self.root / "patchsets" / "megatron-lm" / "v0.16"
+        self.series_dir.mkdir(parents=True)
+        self.refresh_mirror()
+        self.pin(self.base)
+        self.write_series({})
+
+    @property
+    def mirror(self) -> Path:
+        return self.cache / "mirrors" / "megatron-lm.git"
+
+    def refresh_mirror(self):
+        if self.mirror.exists():
+            g(self.mirror, "fetch", "-q", str(self.up), "+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*")
+        else:
+            self.mirror.parent.mkdir(parents=True, exist_ok=True)
+            g(self.tmp, "clone", "-q", "--bare", str(self.up), str(self.mirror))
+
+    def pin(self, sha: str, ref: str = "core_v0.16.1", version: str = "0.16.1"):
+        Lock(upstreams={"megatron-lm": Pin("https://github.com/NVIDIA/Megatron-LM.git", "git", "v0.16", ref, sha,
+                                           "2025-01-01T00:00:00+00:00", version=version)}).save(self.root / "upstream.lock")
+
+    def write_series(self, patches: dict[str, str], excluded=(), codemods=()):
+        for name, text in patches.items():
+            (self.series_dir / name).write_text(text)
+        data = {"upstream": "megatron-lm", "line": "v0.16", "versions": ">=0.16.0,<0.17.0", "patches": list(patches),
+                "codemods": list(codemods), "excluded_paths": list(excluded)}
+        (self.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "build" / "megatron-lm"
+
+    def upstream_commit(self, edits: dict[str, str], msg="upstream change") -> str:
+        return commit(self.up, edits, msg)
+
+
+def run_apply_subprocess(root: Path, *args, env=None, wait=True):
+    import os
+    import sys
+
+    cmd = [sys.executable, "-m", "rocmport", "-C", str(root), "apply", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    if wait:
+        out, err = proc.communicate(timeout=120)
+        return proc.returncode, out, err
+    return proc
