@@ -87,26 +87,13 @@ def _ensure_commit(settings: Settings, store: Store, name: str, pin: Pin) -> Pat
     raise BadInput(f"{name}: pinned commit {pin.commit[:12]} is not in the cache {mirror}; run `rocmport sync` (with --remote if needed)")
 
 
-def _patch_ids(tree: Path, texts: list[str]) -> set[str]:
-    ids = set()
-    for text in texts:
-        out = run_git("patch-id", "--stable", cwd=tree, input=text).stdout.split()
-        if out:
-            ids.add(out[0])
-    return ids
-
-
 def unexplained_commits(tree: Path, series: Series, since: str, head: str) -> list[str]:
-    """Commits after the recorded result that no patch of the series explains (by patch-id)."""
+    """Commits after the recorded result that no patch of the series explains (same effect)."""
+    from rocmport.exporting import explaining_patch
+
     if run_git("merge-base", "--is-ancestor", since, head, cwd=tree, check=False).returncode != 0:
         return [head]
-    known = _patch_ids(tree, [p.diff for p in series.patches])
-    extra = []
-    for c in wt.commits_between(tree, since, head):
-        diff = git("diff-tree", "-p", "--full-index", c, cwd=tree)
-        if not (_patch_ids(tree, [diff]) & known):
-            extra.append(c)
-    return extra
+    return [c for c in wt.commits_between(tree, since, head) if not explaining_patch(tree, series, c)]
 
 
 def _commit_message(patch, outcome: PatchOutcome) -> str:

@@ -1,0 +1,105 @@
+"""`rocmport patches list|export|check`: every command on patch sets lives here."""
+
+from __future__ import annotations
+
+import click
+
+from rocmport import output
+from rocmport.config import UPSTREAMS, load_settings
+from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
+from rocmport.exporting import check as check_drift
+from rocmport.exporting import export as export_commits
+from rocmport.lock import load_lock
+from rocmport.patchset import all_series, select_series, series_hash
+
+
+@click.group("patches")
+def command():
+    """List, export and check the patch series in patchsets/."""
+
+
+def _selected(obj, upstream):
+    settings = load_settings(obj["project"])
+    lock = load_lock(settings.lock_path)
+    names = [upstream] if upstream else [n for n in UPSTREAMS if n in lock.upstreams]
+    out = []
+    for name in names:
+        if name not in lock.upstreams:
+            raise BadInput(f"{settings.lock_path}: no pin for {name}")
+        series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
+        tree = settings.worktree_path(name)
+        if not (tree / ".git").exists():
+            raise BadInput(f"{tree}: no work tree; run `rocmport apply` first")
+        out.append((name, series, tree))
+    return out
+
+
+@command.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def list_cmd(obj, as_json):
+    """Every series with its version range, codemods and patches."""
+    settings = load_settings(obj["project"])
+    data = []
+    for name in UPSTREAMS:
+        for s in all_series(settings.patchsets_dir, name):
+            data.append({
+                "upstream": name, "line": s.line, "versions": str(s.versions), "hash": series_hash(s),
+                "codemods": [c["name"] for c in s.codemods], "excluded_paths": s.excluded_paths,
+                "patches": [{"name": p.name, "description": p.description.splitlines()[0], "upstream_status": p.upstream_status} for p in s.patches],
+            })
+    if as_json:
+        output.emit_json({"series": data})
+        return EXIT_OK
+    rows = [[d["upstream"], d["line"], d["versions"], len(d["patches"]), ", ".join(d["codemods"]) or "-", ", ".join(d["excluded_paths"]) or "-"] for d in data]
+    output.table(["upstream", "line", "versions", "patches", "codemods", "excluded"], rows)
+    for d in data:
+        for p in d["patches"]:
+            output.info(f"  {d['upstream']} {d['line']}: {p['name']} [{p['upstream_status']}] {p['description']}")
+    return EXIT_OK
+
+
+@command.command("export")
+@click.option("--upstream", type=click.Choice(UPSTREAMS))
+@click.option("--description", help="Description for the new patches (default: the commit message).")
+@click.option("--upstream-status", default="Pending", show_default=True, help="Pending | Submitted <url> | Backport <commit> | Inappropriate <reason> | ROCm-only")
+@click.option("--dry-run", is_flag=True, help="Print what would be written; change nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def export_cmd(obj, upstream, description, upstream_status, dry_run, as_json):
+    """Turn your commits on the work branch (after the applied port) into patches in the series."""
+    results = {}
+    for name, series, tree in _selected(obj, upstream):
+        r = export_commits(tree, series, description, upstream_status, dry_run=dry_run)
+        results[name] = {"written": r.written, "unchanged": r.unchanged, "would_write": sorted(r.texts) if dry_run else []}
+        if not as_json:
+            for n in r.written:
+                output.info(f"{name}: wrote {series.dir / n}")
+            for n in sorted(r.texts) if dry_run else []:
+                output.info(f"{name}: would write {series.dir / n}")
+                click.echo(r.texts[n])
+            if not r.texts:
+                output.info(f"{name}: nothing to export")
+    if as_json:
+        output.emit_json(results)
+    return EXIT_OK
+
+
+@command.command("check")
+@click.option("--upstream", type=click.Choice(UPSTREAMS))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def check_cmd(obj, upstream, as_json):
+    """Drift gate for CI: exit 1 if the stored patches differ from the work branch or a header is bad."""
+    problems = {}
+    for name, series, tree in _selected(obj, upstream):
+        problems[name] = check_drift(tree, series)
+    if as_json:
+        output.emit_json({"problems": problems})
+    else:
+        for name, items in problems.items():
+            for p in items:
+                output.warn(p)
+            if not items:
+                output.info(f"{name}: patches match the branch")
+    return EXIT_PROBLEM if any(problems.values()) else EXIT_OK

@@ -1,0 +1,140 @@
+"""Patch export and the drift gate: commits on the work branch <-> patch files in the series.
+
+Exports are byte-stable: the same commit always gives the same file (no dates, no commit ids,
+no version footers), and a patch whose `git patch-id --stable` is unchanged is never rewritten."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocmport.errors import BadInput
+from rocmport.fsutil import atomic_write_text
+from rocmport.gitutil import git, run_git
+from rocmport.patchset import Series, lint_header, parse_header, split_header
+from rocmport import worktree as wt
+
+
+@dataclass
+class ExportResult:
+    written: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)
+
+
+def commit_diff(tree: Path, commit: str) -> str:
+    return git("diff", "--full-index", "--no-color", "--no-ext-diff", "--no-renames", "-U3", f"{commit}^", commit, cwd=tree) + "\n"
+
+
+def patch_matches_commit(tree: Path, diff: str, commit: str) -> bool:
+    """Does applying ``diff`` to the commit's parent give exactly the commit's tree?
+
+    Compares effects, not text: a hand-written patch with less context still matches."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rocmport-idx-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git("read-tree", f"{commit}^", cwd=tree, env=env)
+        if run_git("apply", "--cached", "-", cwd=tree, env=env, input=diff, check=False).returncode != 0:
+            return False
+        return git("write-tree", cwd=tree, env=env) == git("rev-parse", f"{commit}^{{tree}}", cwd=tree)
+
+
+def explaining_patch(tree: Path, series: Series, commit: str) -> str | None:
+    """The name of the series patch whose effect is exactly ``commit``, if any."""
+    return next((p.name for p in series.patches if patch_matches_commit(tree, p.diff, commit)), None)
+
+
+def render_patch(description: str, status: str, diff: str, extra: dict[str, str] | None = None) -> str:
+    subject, _, body = description.strip().partition("\n")
+    lines = [f"Description: {subject.strip()}"]
+    for line in body.strip("\n").splitlines():
+        lines.append(" " + line.rstrip() if line.strip() else " .")
+    lines.append(f"Upstream-Status: {status}")
+    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
+    return "\n".join(lines) + "\n---\n" + diff
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:50].rstrip("-") or "patch"
+
+
+def user_commits(tree: Path) -> list[str]:
+    state = wt.read_state(tree) or {}
+    if state.get("status") != "done" or not state.get("result"):
+        raise BadInput(f"{tree}: no finished apply to export from; run `rocmport apply` first")
+    head = wt.head(tree)
+    if run_git("merge-base", "--is-ancestor", state["result"], head, cwd=tree, check=False).returncode != 0:
+        raise BadInput(f"{tree}: HEAD does not descend from the applied port {state['result'][:12]}; rebase your commits onto it")
+    return wt.commits_between(tree, state["result"], head)
+
+
+def export(tree: Path, series: Series, description: str | None, status: str, dry_run: bool = False) -> ExportResult:
+    problems = lint_header({"Description": description or "x", "Upstream-Status": status}, Path("--upstream-status"))
+    if problems:
+        raise BadInput(problems[0])
+    result = ExportResult()
+    number = len(series.patches)
+    new_names = []
+    for c in user_commits(tree):
+        known = explaining_patch(tree, series, c)
+        if known:
+            result.unchanged.append(known)
+            continue
+        diff = commit_diff(tree, c)
+        message = git("log", "-1", "--format=%B", c, cwd=tree)
+        number += 1
+        name = f"{number:04d}-{slug(message.splitlines()[0] if message else 'patch')}.patch"
+        result.texts[name] = render_patch(description or message, status, diff)
+        new_names.append(name)
+    if dry_run:
+        return result
+    for name, text in result.texts.items():
+        atomic_write_text(series.dir / name, text)
+        result.written.append(name)
+    if new_names:
+        atomic_write_text(series.path, add_to_series(series.path.read_text(encoding="utf-8"), new_names))
+    return result
+
+
+def add_to_series(text: str, names: list[str]) -> str:
+    """Append patch names to the `patches:` list, keeping the file's comments and layout."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^patches:\s*(\[\s*\])?\s*(#.*)?$", line):
+            lines[i] = "patches:"
+            j, indent = i + 1, "  "
+            while j < len(lines) and re.match(r"^\s*(- |#)", lines[j]):
+                if lines[j].lstrip().startswith("- "):
+                    indent = lines[j][: len(lines[j]) - len(lines[j].lstrip())]
+                j += 1
+            lines[j:j] = [f"{indent}- {n}" for n in names]
+            return "\n".join(lines) + "\n"
+    raise BadInput("series file has no 'patches:' list to append to")
+
+
+def check(tree: Path, series: Series) -> list[str]:
+    """Drift and lint problems: an empty list means the stored patches are what the branch holds."""
+    problems = []
+    for p in series.patches:
+        lines, _ = split_header(p.path.read_text(encoding="utf-8"))
+        problems += lint_header(parse_header(lines, p.path), p.path)
+    for c in user_commits(tree):
+        if not explaining_patch(tree, series, c):
+            subject = git("log", "-1", "--format=%s", c, cwd=tree)
+            problems.append(f"{tree}: commit {c[:12]} '{subject}' is not in the series; run `rocmport patches export`")
+    state = wt.read_state(tree) or {}
+    base = state.get("base")
+    if base:
+        for c in wt.commits_between(tree, base, state["result"]):
+            trailer = re.search(r"^Patch: (\S+)$", git("log", "-1", "--format=%B", c, cwd=tree), re.M)
+            if not trailer:
+                continue
+            stored = next((p for p in series.patches if p.name == trailer.group(1)), None)
+            if stored is None:
+                problems.append(f"{trailer.group(1)}: applied on the branch but no longer in {series.path}; re-run `rocmport apply`")
+            elif not patch_matches_commit(tree, stored.diff, c):
+                problems.append(f"{stored.path}: differs from its commit {c[:12]} on the branch; re-run `rocmport apply` or export the branch")
+    return problems
