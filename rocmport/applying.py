@@ -135,7 +135,7 @@ def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=F
         if head == state["last_good"]:
             raise BadInput(f"{tree}: HEAD is still the last good commit; resolve {state['patches'][-1]['name']} and commit it first")
         state["patches"][-1]["detail"] = f"resolved by hand in {head[:12]}"
-        return _run(tree, pin, series, state, state["index"] + 1, say)
+        return _run(tree, pin, series, state, state["index"] + 1, say, settings.cache_dir)
 
     if state and state.get("status") == "conflict":
         raise BadInput(f"{tree}: an apply stopped at a conflict in {state['patches'][-1]['name']}; resolve and commit, then `rocmport apply --continue`, or `rocmport apply --abort`")
@@ -172,10 +172,10 @@ def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=F
     git("clean", "-fdq", cwd=tree)
     git("tag", "-f", f"rocmport/base/{pin.resolved_ref}", pin.commit, cwd=tree)
     state["last_good"] = pin.commit
-    return _run(tree, pin, series, state, 0, say)
+    return _run(tree, pin, series, state, 0, say, settings.cache_dir)
 
 
-def _run(tree: Path, pin: Pin, series: Series, state: dict, start: int, say) -> ApplyReport:
+def _run(tree: Path, pin: Pin, series: Series, state: dict, start: int, say, cache_dir: Path) -> ApplyReport:
     sleep = float(os.environ.get("ROCMPORT_TEST_SLEEP_AFTER_PATCH", "0") or 0)  # crash-recovery tests only
     for index in range(start, len(series.patches)):
         patch = series.patches[index]
@@ -190,7 +190,7 @@ def _run(tree: Path, pin: Pin, series: Series, state: dict, start: int, say) -> 
         wt.write_state(tree, state)
         if sleep:
             time.sleep(sleep)
-    state["codemods"] = _codemod_layers(tree, series)
+    state["codemods"] = _codemod_layers(tree, series, cache_dir)
     result = wt.head(tree)
     git("tag", "-f", f"rocmport/port/{pin.resolved_ref}", result, cwd=tree)
     report = _report(tree, pin, series, state, result, "done")
@@ -199,12 +199,12 @@ def _run(tree: Path, pin: Pin, series: Series, state: dict, start: int, say) -> 
     return report
 
 
-def _codemod_layers(tree: Path, series: Series) -> list[dict]:
+def _codemod_layers(tree: Path, series: Series, cache_dir: Path) -> list[dict]:
     if not series.codemods:
         return []
     from rocmport.codemods import compute_layers
 
-    result = compute_layers(tree, series.codemods)
+    result = compute_layers(tree, series.codemods, cache_dir=cache_dir)
     if result.failures:
         first = result.failures[0]
         raise BadInput(f"{tree / first.path}:{first.line or '?'}: codemods could not parse this file ({first.message})")

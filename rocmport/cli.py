@@ -19,6 +19,7 @@ from rocmport.errors import EXIT_USAGE, RocmportError
 # name -> module under rocmport.commands; each module defines `command`.
 COMMANDS: dict[str, str] = {
     "apply": "apply",
+    "codemod": "codemod",
     "patches": "patches",
     "status": "status",
     "sync": "sync",

@@ -1,3 +1,6 @@
-"""The default codemod recipe per upstream (used by `apply --codemods-only`). Empty until codemods land."""
+"""The default codemod recipe per upstream (used by `apply --codemods-only` and new series)."""
 
-DEFAULT_CODEMODS: dict[str, list[str]] = {"megatron-lm": [], "megatron-bridge": []}
+DEFAULT_CODEMODS: dict[str, list[str]] = {
+    "megatron-lm": ["apex-to-torch", "fused-kernel-fallbacks", "guard-nvidia-only-imports"],
+    "megatron-bridge": ["guard-nvidia-only-imports"],
+}

@@ -33,7 +33,10 @@ def check_layered(root: Path, upstream: str, ref: str, n_patches: int) -> dict:
     assert g(tree, "rev-parse", "--abbrev-ref", "HEAD") == f"rocm/{ref}"
     base = g(tree, "rev-parse", f"rocmport/base/{ref}^{{commit}}")
     assert base == report["base"]
-    assert len(g(tree, "rev-list", f"{base}..HEAD").split()) == n_patches
+    layers = [c for c in report["codemods"] if c["files"]]
+    assert len(g(tree, "rev-list", f"{base}..HEAD").split()) == n_patches + len(layers)
+    subjects = g(tree, "log", "--format=%s", f"{base}..HEAD").splitlines()[::-1]
+    assert subjects[n_patches:] == [f"codemod: {c['name']} {c['version']}" for c in layers]
     assert g(tree, "rev-parse", f"rocmport/port/{ref}^{{commit}}") == g(tree, "rev-parse", "HEAD") == report["result"]
     return report
 

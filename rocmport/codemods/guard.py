@@ -1,0 +1,84 @@
+"""Shared rewrite: wrap unguarded module-level imports of given packages in
+`try: ... HAVE_X = True / except ImportError: <fallbacks>; HAVE_X = False`."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import libcst as cst
+
+from rocmport.codemods.base import Context, bound_names, import_names
+
+
+def _top(modname: str) -> str:
+    return modname.split(".")[0]
+
+
+def _matching_import(stmt: cst.BaseStatement, packages: set[str]) -> cst.Import | cst.ImportFrom | None:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    node = stmt.body[0]
+    if isinstance(node, (cst.Import, cst.ImportFrom)) and any(_top(m) in packages for m in import_names(node)):
+        return node
+    return None
+
+
+def guard_imports(
+    module: cst.Module,
+    ctx: Context,
+    packages: set[str],
+    fallback: Callable[[str, str, cst.Import | cst.ImportFrom], str],
+    flag: Callable[[str], str],
+    prelude: str | None = None,
+) -> tuple[cst.Module, int]:
+    """Guard runs of consecutive module-level imports of ``packages``.
+
+    ``fallback(bound_name, full_dotted_source, node)`` returns the expression bound in the except
+    branch, after ``prelude`` (e.g. an import of the helper); ``flag(top_package)`` names the HAVE_
+    flag. Imports already inside a try are untouched, which makes the rewrite idempotent."""
+    body = list(module.body)
+    out: list[cst.BaseStatement] = []
+    sites = 0
+    i = 0
+    while i < len(body):
+        node = _matching_import(body[i], packages)
+        if node is None:
+            out.append(body[i])
+            i += 1
+            continue
+        run = []
+        while i < len(body) and _matching_import(body[i], packages) is not None:
+            run.append(body[i])
+            i += 1
+        tops = sorted({_top(m) for stmt in run for m in import_names(stmt.body[0]) if _top(m) in packages})
+        flags = sorted({flag(t) for t in tops})
+        try_lines = [module.code_for_node(stmt).strip("\n") for stmt in run]
+        except_lines = [prelude] if prelude else []
+        for stmt in run:
+            imp = stmt.body[0]
+            for name, source in zip(bound_names(imp), _sources(imp)):
+                except_lines.append(f"{name} = {fallback(name, source, imp)}")
+        code = "try:\n" + "".join(f"    {ln}\n" for ln in "\n".join(try_lines).splitlines())
+        code += "".join(f"    {f} = True\n" for f in flags)
+        code += "except ImportError:\n"
+        code += "".join(f"    {ln}\n" for ln in except_lines)
+        code += "".join(f"    {f} = False\n" for f in flags)
+        new = cst.parse_statement(code)
+        first = run[0]
+        out.append(new.with_changes(leading_lines=first.leading_lines))
+        sites += len(run)
+    return (module.with_changes(body=out), sites) if sites else (module, 0)
+
+
+def _sources(imp: cst.Import | cst.ImportFrom) -> list[str]:
+    """The dotted thing each bound name stands for (`from a.b import c as d` -> 'a.b.c')."""
+    from rocmport.codemods.base import dotted
+
+    if isinstance(imp, cst.Import):
+        return [dotted(a.name) if a.asname else (dotted(a.name) or "").split(".")[0] for a in imp.names]
+    mod = dotted(imp.module) or ""
+    return [f"{mod}.{dotted(a.name)}" for a in imp.names]
+
+
+def helper_import(ctx: Context, *names: str) -> str:
+    return f"from {ctx.helper_module} import {', '.join(names)}"

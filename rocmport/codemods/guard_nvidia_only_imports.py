@@ -1,0 +1,32 @@
+"""guard-nvidia-only-imports: hard imports of modelopt and nvidia-resiliency-ext become guarded.
+
+With the package present nothing changes (same names, plus a True HAVE_ flag). Without it the
+names are bound to falsy placeholders that raise ModuleNotFoundError naming the package and the
+importing file when used: the failure moves from import time to the code path that needs it."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from rocmport.codemods.base import Codemod, Context
+from rocmport.codemods.guard import guard_imports, helper_import
+
+DEFAULT_PACKAGES = {"modelopt": "nvidia-modelopt", "nvidia_resiliency_ext": "nvidia-resiliency-ext"}
+
+
+class GuardNvidiaOnlyImports(Codemod):
+    NAME = "guard-nvidia-only-imports"
+    VERSION = "1"
+    DESCRIPTION = "Guard hard imports of modelopt / nvidia-resiliency-ext; uses fail clearly, not imports"
+    TRIGGERS = ("modelopt", "nvidia_resiliency_ext")
+    USES_HELPER = True
+
+    def transform(self, module: cst.Module, ctx: Context):
+        packages = dict(DEFAULT_PACKAGES)
+        packages.update(ctx.options.get("packages", {}))
+        # The placeholder class is imported inside the except branch: nothing extra runs on CUDA.
+        def fallback(name: str, source: str, node) -> str:
+            return f"MissingPackage({packages[source.split('.')[0]]!r}, {source!r}, {ctx.relpath!r})"
+
+        return guard_imports(module, ctx, set(packages), fallback, lambda top: f"HAVE_{top.upper()}",
+                             prelude=helper_import(ctx, "MissingPackage"))

@@ -1,0 +1,184 @@
+"""Run codemods over a tree: one parse per file, one layer per codemod, files in parallel,
+results cached by (file content, codemod names+versions+options)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import libcst as cst
+
+from rocmport.codemods.base import Context
+
+SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", "build", "dist", ".tox"}
+HELPER_PATHS = {"megatron.core._rocm": "megatron/core/_rocm.py", "megatron.bridge._rocm": "src/megatron/bridge/_rocm.py"}
+
+
+@dataclass
+class Layer:
+    name: str
+    version: str
+    files: dict[str, str] = field(default_factory=dict)
+    sites: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class FileFailure:
+    path: str
+    line: int | None
+    message: str
+
+
+@dataclass
+class LayersResult:
+    layers: list[Layer]
+    failures: list[FileFailure]
+    files_total: int = 0
+    files_parsed: int = 0
+    cache_hits: int = 0
+
+    def changed_files(self) -> set[str]:
+        return {f for layer in self.layers for f in layer.files}
+
+
+def _specs(codemods) -> list[dict]:
+    from rocmport.codemods import registry
+
+    out = []
+    for entry in codemods:
+        entry = {"name": entry, "options": {}} if isinstance(entry, str) else entry
+        if entry["name"] not in registry:
+            from rocmport.errors import BadInput
+
+            raise BadInput(f"unknown codemod '{entry['name']}'; known: {', '.join(sorted(registry))}")
+        out.append({"name": entry["name"], "options": entry.get("options") or {}, "version": registry[entry["name"]].VERSION})
+    return out
+
+
+def python_files(tree: Path) -> list[str]:
+    out = []
+    for root, dirs, files in os.walk(tree):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        rel_root = Path(root).relative_to(tree)
+        out += [str(rel_root / f) if str(rel_root) != "." else f for f in sorted(files) if f.endswith(".py")]
+    return out
+
+
+def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str, tuple[str, int]], FileFailure | None]:
+    """{codemod name: (text after it, sites)} for the codemods that changed the file."""
+    from rocmport.codemods import registry
+
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        return {}, FileFailure(relpath, exc.raw_line, str(exc).splitlines()[0])
+    out = {}
+    prev = text
+    for spec in specs:
+        mod = registry[spec["name"]]
+        if not mod.triggered(prev):
+            continue
+        try:
+            module, sites = mod.transform(module, Context(relpath, spec["options"]))
+        except Exception as exc:  # a codemod bug must not take the whole run down
+            return out, FileFailure(relpath, None, f"{spec['name']}: {type(exc).__name__}: {exc}")
+        code = module.code
+        if code != prev:
+            out[spec["name"]] = (code, sites)
+            prev = code
+    return out, None
+
+
+def _work(args):
+    relpath, text, specs = args
+    return relpath, *transform_text(relpath, text, specs)
+
+
+def _cache_key(relpath: str, text: str, specs_key: str) -> str:
+    return hashlib.sha256(f"{relpath}\0{specs_key}\0".encode() + text.encode()).hexdigest()
+
+
+def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Path | None = None) -> LayersResult:
+    tree = Path(tree)
+    specs = _specs(codemods)
+    from rocmport.codemods import registry
+
+    result = LayersResult([Layer(s["name"], s["version"]) for s in specs], [])
+    if not specs:
+        return result
+    specs_key = json.dumps(specs, sort_keys=True)
+    if cache_dir is None:
+        from rocmport.config import default_cache_dir
+
+        cache_dir = default_cache_dir()
+    cache = Path(cache_dir) / "codemods"
+    todo, outcomes = [], {}
+    files = python_files(tree)
+    result.files_total = len(files)
+    for rel in files:
+        try:
+            text = (tree / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as exc:
+            result.failures.append(FileFailure(rel, None, f"unreadable: {exc}"))
+            continue
+        if not any(registry[s["name"]].triggered(text) for s in specs):
+            continue
+        key = _cache_key(rel, text, specs_key)
+        hit = cache / key[:2] / f"{key}.json"
+        if hit.is_file():
+            outcomes[rel] = json.loads(hit.read_text())
+            result.cache_hits += 1
+        else:
+            todo.append((rel, text, specs, hit))
+    result.files_parsed = len(todo)
+    jobs = jobs or os.cpu_count() or 1
+    work = [(rel, text, s) for rel, text, s, _ in todo]
+    if jobs > 1 and len(work) > 8:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(_work, work, chunksize=max(1, len(work) // (jobs * 4))))
+    else:
+        done = [_work(w) for w in work]
+    for (rel, changes, failure), (_, _, _, hit) in zip(done, todo):
+        if failure:
+            result.failures.append(failure)
+            continue
+        outcomes[rel] = changes
+        hit.parent.mkdir(parents=True, exist_ok=True)
+        tmp = hit.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(changes))
+        os.replace(tmp, hit)
+    by_name = {layer.name: layer for layer in result.layers}
+    for rel in sorted(outcomes):
+        for name, (code, sites) in outcomes[rel].items():
+            by_name[name].files[rel] = code
+            by_name[name].sites[rel] = sites
+    _add_helpers(tree, result, specs)
+    return result
+
+
+def helper_text(codemod_names: list[str]) -> str:
+    template = resources.files("rocmport").joinpath("data/_rocm.py.tmpl").read_text(encoding="utf-8")
+    return template.replace("{codemods}", ", ".join(codemod_names))
+
+
+def _add_helpers(tree: Path, result: LayersResult, specs: list[dict]) -> None:
+    """Write the runtime helper into the first layer whose rewritten sites import it."""
+    from rocmport.codemods import registry
+
+    users = [s["name"] for s in specs if registry[s["name"]].USES_HELPER]
+    text = helper_text(users)
+    for module, rel in HELPER_PATHS.items():
+        if not (tree / rel).parent.is_dir():
+            continue
+        for layer in result.layers:
+            if registry[layer.name].USES_HELPER and any(Context(f).helper_module == module for f in layer.files):
+                current = (tree / rel).read_text(encoding="utf-8") if (tree / rel).is_file() else None
+                if current != text:
+                    layer.files[rel] = text
+                    layer.sites[rel] = 0
+                break
