@@ -1,0 +1,99 @@
+"""guard-nvidia-only-imports: before/after on upstream-shaped code, and both ways at run time."""
+
+from codemod_helpers import assert_idempotent, rewrite, run_tree
+
+BEFORE = '''\
+"""Post-training checkpointing (shaped like megatron/post_training/checkpointing.py)."""
+import os
+
+import modelopt.torch.opt as mto
+import torch
+from modelopt.torch.opt.plugins import restore_sharded_modelopt_state
+from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+
+def load_modelopt_state(model, path):
+    """Restore modelopt state."""
+    return restore_sharded_modelopt_state([model], path)
+'''
+
+AFTER = '''\
+"""Post-training checkpointing (shaped like megatron/post_training/checkpointing.py)."""
+import os
+
+try:
+    import modelopt.torch.opt as mto
+    HAVE_MODELOPT = True
+except ImportError:
+    from megatron.core._rocm import MissingPackage
+    mto = MissingPackage('nvidia-modelopt', 'modelopt.torch.opt', 'megatron/post_training/checkpointing.py')
+    HAVE_MODELOPT = False
+import torch
+try:
+    from modelopt.torch.opt.plugins import restore_sharded_modelopt_state
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+    HAVE_MODELOPT = True
+    HAVE_NVIDIA_RESILIENCY_EXT = True
+except ImportError:
+    from megatron.core._rocm import MissingPackage
+    restore_sharded_modelopt_state = MissingPackage('nvidia-modelopt', 'modelopt.torch.opt.plugins.restore_sharded_modelopt_state', 'megatron/post_training/checkpointing.py')
+    RankMonitorClient = MissingPackage('nvidia-resiliency-ext', 'nvidia_resiliency_ext.fault_tolerance.RankMonitorClient', 'megatron/post_training/checkpointing.py')
+    HAVE_MODELOPT = False
+    HAVE_NVIDIA_RESILIENCY_EXT = False
+
+
+def load_modelopt_state(model, path):
+    """Restore modelopt state."""
+    return restore_sharded_modelopt_state([model], path)
+'''
+
+REL = "megatron/post_training/checkpointing.py"
+
+
+def test_before_after():
+    after, sites = rewrite("guard-nvidia-only-imports", BEFORE, REL)
+    assert after == AFTER
+    assert sites == 3
+
+
+def test_idempotent_and_guarded_imports_untouched():
+    assert_idempotent("guard-nvidia-only-imports", BEFORE, REL)
+    guarded = "try:\n    import modelopt\nexcept ImportError:\n    modelopt = None\n"
+    assert rewrite("guard-nvidia-only-imports", guarded, REL) == (guarded, 0)
+    lazy = "def f():\n    import modelopt\n    return modelopt\n"
+    assert rewrite("guard-nvidia-only-imports", lazy, REL) == (lazy, 0)
+
+
+def test_bridge_files_use_the_bridge_helper():
+    after, _ = rewrite("guard-nvidia-only-imports", "from modelopt.torch.distill import DistillationModel\n",
+                       "src/megatron/bridge/models/gpt_provider.py")
+    assert "from megatron.bridge._rocm import MissingPackage" in after
+
+
+def test_absent_package_fails_at_use_not_import(tmp_path):
+    proc = run_tree(tmp_path, {REL: AFTER, "megatron/post_training/__init__.py": ""}, """
+        import megatron.post_training.checkpointing as c
+        assert c.HAVE_MODELOPT is False and not c.mto
+        try:
+            c.load_modelopt_state(object(), "/ckpt")
+        except ModuleNotFoundError as e:
+            print("ERR", e)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "needs the NVIDIA-only package 'nvidia-modelopt'" in proc.stdout
+    assert "megatron/post_training/checkpointing.py" in proc.stdout
+
+
+def test_present_package_behaves_as_upstream(tmp_path):
+    fake = {
+        "modelopt/__init__.py": "", "modelopt/torch/__init__.py": "", "modelopt/torch/opt/__init__.py": "NAME = 'real mto'\n",
+        "modelopt/torch/opt/plugins.py": "def restore_sharded_modelopt_state(models, path):\n    return ('restored', path)\n",
+        "nvidia_resiliency_ext/__init__.py": "", "nvidia_resiliency_ext/fault_tolerance.py": "class RankMonitorClient: pass\n",
+        REL: AFTER, "megatron/post_training/__init__.py": "",
+    }
+    proc = run_tree(tmp_path, fake, """
+        import megatron.post_training.checkpointing as c
+        print(c.HAVE_MODELOPT, c.HAVE_NVIDIA_RESILIENCY_EXT, c.mto.NAME, c.load_modelopt_state(None, "/p"))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True True real mto ('restored', '/p')"
