@@ -1,0 +1,179 @@
+"""One rank of verify's GPT training stage (run by torchrun; imports megatron from the tree).
+
+A small GPTModel (local layer spec) trained with megatron's own schedule, DDP, finalize_model_grads
+and optimizer (Adam, grad clipping). Writes losses and tied-embedding checks as JSON (rank 0).
+With --save-init it saves the initial full weights (the tp1/pp1 reference run); with --load-init
+it starts from them, split along each parameter's partition_dim and per pipeline stage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+
+SEQ, MBS, MICROBATCHES, VOCAB, HIDDEN, HEADS, LAYERS = 32, 2, 4, 128, 64, 4, 4
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--out", required=True)
+    p.add_argument("--save-init")
+    p.add_argument("--load-init")
+    return p.parse_args()
+
+
+def main():
+    args = parse()
+    proxy = os.environ.get("ROCMPORT_PROXY") == "1"
+    import torch
+
+    if proxy:
+        from rocmport.verify import proxy_shim
+
+        try:
+            proxy_shim.install()
+        except proxy_shim.Unsupported as exc:
+            _write(args.out, {"unsupported": str(exc)}, force=True)
+            return
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    backend = os.environ.get("ROCMPORT_BACKEND", "gloo")
+    torch.distributed.init_process_group(backend)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer import TransformerConfig
+
+    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
+    model_parallel_cuda_manual_seed(args.seed)
+    config = TransformerConfig(
+        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
+        # Trap G1: the real tp/pp sizes, or the tied-embedding sync is silently skipped.
+        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
+        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=proxy, batch_p2p_sync=not proxy,
+        params_dtype=torch.float32, bf16=False, fp16=False,
+    )
+    first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                     max_sequence_length=SEQ, pre_process=first, post_process=last,
+                     share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute")
+    if backend == "nccl":
+        model.cuda()
+    tied_start = _tied_ok(model, ps)
+    if args.save_init:
+        torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, args.save_init)
+    if args.load_init:
+        _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=False), model)
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = ddp.no_sync
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=3e-3, clip_grad=1.0, params_dtype=torch.float32, use_distributed_optimizer=False), [ddp])
+    forward_backward = get_forward_backward_func()
+    device = "cuda" if backend == "nccl" else "cpu"
+
+    def batches(it):
+        # The same micro-batches every iteration: a tiny model can learn them, so the loss must fall.
+        g = torch.Generator().manual_seed(args.seed)
+        for _ in range(MICROBATCHES):
+            tokens = torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=g)
+            yield tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+    def forward_step(data_iterator, model):
+        tokens, labels = next(data_iterator)
+        positions = torch.arange(SEQ, device=device).unsqueeze(0).expand(MBS, -1)
+        out = model(tokens, positions, attention_mask=None, labels=labels)
+
+        def loss_func(output):
+            loss = output.float().mean()
+            # Trap G2: the schedule divides the returned loss in place; report a clone.
+            return loss, {"lm loss": loss.detach().clone()}
+
+        return out, loss_func
+
+    losses = []
+    for it in range(args.iters):
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        reduced = forward_backward(forward_step_func=forward_step, data_iterator=batches(it), model=[ddp],
+                                   num_microbatches=MICROBATCHES, seq_length=SEQ, micro_batch_size=MBS, forward_only=False)
+        optimizer.step()
+        if last:
+            losses.append(float(torch.stack([r["lm loss"] for r in reduced]).mean()))
+    tied_end = _tied_ok(model, ps)
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank()})
+    if torch.distributed.get_rank() == 0:
+        reporter = next(g for g in gathered if g["last"] and g["tp_rank"] == 0)
+        redirects = {}
+        if proxy:
+            from rocmport.verify.proxy_shim import REDIRECTS
+
+            redirects = dict(REDIRECTS.most_common())
+        _write(args.out, {"losses": reporter["losses"], "tied_embeddings_equal": tied_start and tied_end,
+                          "tied_start": tied_start, "tied_end": tied_end, "redirects": redirects})
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def _tied_ok(model, ps) -> bool:
+    """Are the embedding on the first stage and the output layer on the last stage identical?"""
+    import torch
+
+    mine = None
+    if ps.is_pipeline_first_stage():
+        mine = model.embedding.word_embeddings.weight
+    elif ps.is_pipeline_last_stage():
+        mine = model.output_layer.weight
+    digest = None if mine is None else [float(mine.double().sum()), float((mine.double() ** 2).sum())]
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, (ps.get_tensor_model_parallel_rank(), digest))
+    by_tp: dict[int, list] = {}
+    for tp_rank, d in gathered:
+        if d is not None:
+            by_tp.setdefault(tp_rank, []).append(d)
+    return all(all(d == ds[0] for d in ds) for ds in by_tp.values())
+
+
+def _load_split(model, full: dict, ps, layers_per_stage: int) -> None:
+    """Copy the tp1/pp1 weights into this rank's shard: pipeline layer offset, then TP slice."""
+    import torch
+
+    offset = ps.get_pipeline_model_parallel_rank() * layers_per_stage
+    tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            ref_name = re.sub(r"decoder\.layers\.(\d+)\.", lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", name)
+            if ref_name == "output_layer.weight" and ref_name not in full:
+                ref_name = "embedding.word_embeddings.weight"  # tied: the last stage holds a copy
+            ref = full[ref_name]
+            if getattr(param, "tensor_model_parallel", False) and tp > 1:
+                ref = torch.chunk(ref, tp, dim=param.partition_dim)[rank]
+            if ref.shape != param.shape:
+                raise RuntimeError(f"{name}: reference shape {tuple(ref.shape)} does not split to {tuple(param.shape)}")
+            param.copy_(ref)
+
+
+def _write(path, data, force=False):
+    import torch
+
+    if force or not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()
