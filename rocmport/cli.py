@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "patches": "patches",
     "status": "status",
     "sync": "sync",
+    "verify": "verify",
 }
 
 

@@ -1,0 +1,22 @@
+"""The launcher environment recommended for Megatron on AMD GPUs: one list, used by
+`rocmport env`, by verify (applied to the processes it starts on ROCm) and by the container recipe."""
+
+from __future__ import annotations
+
+LAUNCH_ENV: list[tuple[str, str, str]] = [
+    ("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron's TP/SP overlap assumes one hardware queue orders comms before compute"),
+    ("GPU_MAX_HW_QUEUES", "2", "HIP's equivalent knob: few hardware queues keep RCCL and compute streams ordered"),
+    ("HSA_NO_SCRATCH_RECLAIM", "1", "stops the ROCm runtime reclaiming scratch memory mid-run (stalls and hangs in RCCL)"),
+    ("TORCH_NCCL_HIGH_PRIORITY", "1", "puts RCCL collectives on high-priority streams so they are not starved by compute"),
+    ("NCCL_CHECKS_DISABLE", "1", "skips RCCL's per-call argument checks (latency on every collective)"),
+    ("RCCL_MSCCL_ENABLE", "0", "MSCCL algorithms are not validated for Megatron's collectives; use RCCL's defaults"),
+]
+
+DETERMINISTIC_ENV: list[tuple[str, str, str]] = [
+    ("NCCL_ALGO", "Ring", "a fixed collective algorithm gives run-to-run identical reductions"),
+    ("ROCBLAS_DEFAULT_ATOMICS_MODE", "0", "rocBLAS without atomics: bitwise reproducible GEMMs"),
+]
+
+
+def launch_env(deterministic: bool = False) -> dict[str, str]:
+    return {k: v for k, v, _ in LAUNCH_ENV + (DETERMINISTIC_ENV if deterministic else [])}

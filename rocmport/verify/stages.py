@@ -1,0 +1,133 @@
+"""verify's stages. Each returns a StageResult: pass | fail | skipped | unsupported-in-proxy."""
+
+from __future__ import annotations
+
+import ast
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
+EQUIVALENCE_TOL = {"gloo": 1e-5, "nccl": 1e-3}  # fp32 CPU proxy is exact to ~1e-6; GPU kernels are not bitwise
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str
+    reason: str = ""
+    seconds: float = 0.0
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 2), **self.details}
+
+
+IMPORT_PROBE = r'''
+import importlib, json, sys, traceback
+out = {}
+for m in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(m)
+        out[m] = None
+    except BaseException as e:
+        chain = [f"{fr.filename}:{fr.lineno}" for fr in traceback.extract_tb(e.__traceback__) if "/megatron/" in fr.filename or fr.filename.endswith("pretrain_gpt.py")]
+        out[m] = {"error": f"{type(e).__name__}: {e}", "chain": chain[-6:], "missing": getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None}
+print("ROCMPORT-IMPORTS " + json.dumps(out))
+'''
+
+
+def modules_to_import(tree: Path) -> list[str]:
+    mods = ["megatron.core"]
+    if (tree / "megatron" / "training").is_dir():
+        mods.append("megatron.training")
+    script = tree / "pretrain_gpt.py"
+    if script.is_file():
+        for node in ast.parse(script.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                mods += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                mods.append(node.module)
+        mods.append("pretrain_gpt")
+    return list(dict.fromkeys(mods))
+
+
+def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResult:
+    start = time.monotonic()
+    mods = modules_to_import(tree)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)], cwd=tree, env=env,
+                          capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROCMPORT-IMPORTS ")), None)
+    if line is None:
+        return StageResult("imports", FAIL, f"the import probe crashed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}", time.monotonic() - start)
+    results = json.loads(line.split(" ", 1)[1])
+    failed = {m: r for m, r in results.items() if r}
+    details = {"modules": mods, "failures": failed}
+    if not failed:
+        return StageResult("imports", PASS, f"{len(mods)} modules import behind the firewall", time.monotonic() - start, details)
+    m, r = next(iter(failed.items()))
+    missing = r.get("missing")
+    hint = ""
+    if missing and missing.split(".")[0] in blocked:
+        hint = f" (NVIDIA-only package {missing} is firewalled: a port bug)"
+    elif missing:
+        hint = f" (missing dependency: `{sys.executable} -m pip install {missing.split('.')[0]}`)"
+    chain = " -> ".join(r["chain"])
+    return StageResult("imports", FAIL, f"{m}: {r['error']}{hint}; import chain: {chain}", time.monotonic() - start, details)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, worker_args: list[str], env: dict, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", "-m", "rocmport.verify.gpt_worker", *worker_args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _last_error(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln.lower()]
+    return (lines[0] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1])[:400]
+
+
+def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, backend: str) -> tuple[StageResult, dict]:
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp:
+        tmp = Path(tmp)
+        ref = torchrun(1, ["--tp", "1", "--pp", "1", "--iters", str(iters), "--out", str(tmp / "ref.json"),
+                           "--save-init", str(tmp / "init.pt")], env, tree)
+        ref_data = json.loads((tmp / "ref.json").read_text()) if (tmp / "ref.json").exists() else None
+        if ref_data and "unsupported" in ref_data:
+            return StageResult("gpt-training", UNSUPPORTED, f"proxy shim hook missing: {ref_data['unsupported']}", time.monotonic() - start), {}
+        if ref.returncode != 0 or not ref_data:
+            return StageResult("gpt-training", FAIL, f"tp1/pp1 reference run failed: {_last_error(ref)}", time.monotonic() - start), {}
+        run = torchrun(tp * pp * dp, ["--tp", str(tp), "--pp", str(pp), "--iters", str(iters), "--out", str(tmp / "run.json"),
+                                      "--load-init", str(tmp / "init.pt")], env, tree)
+        data = json.loads((tmp / "run.json").read_text()) if (tmp / "run.json").exists() else None
+        if run.returncode != 0 or not data:
+            return StageResult("gpt-training", FAIL, f"tp{tp}/pp{pp}/dp{dp} run failed: {_last_error(run)}", time.monotonic() - start), {}
+    losses, ref_losses = data["losses"], ref_data["losses"]
+    diff = max(abs(a - b) for a, b in zip(losses, ref_losses)) if losses and len(losses) == len(ref_losses) else float("inf")
+    training = {"losses": losses, "reference_losses": ref_losses, "max_abs_diff": diff,
+                "tied_embeddings_equal": data["tied_embeddings_equal"], "redirects": data.get("redirects", {})}
+    tol = EQUIVALENCE_TOL.get(backend, 1e-3)
+    problems = []
+    if not losses or losses[-1] >= losses[0]:
+        problems.append(f"loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "no losses reported")
+    if not data["tied_embeddings_equal"]:
+        problems.append(f"tied embedding copies differ (start equal: {data['tied_start']}, end equal: {data['tied_end']})")
+    if diff > tol:
+        problems.append(f"tp{tp}xpp{pp} losses differ from tp1/pp1 by {diff:.3g} > {tol:g}")
+    seconds = time.monotonic() - start
+    if problems:
+        return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
+    reason = f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations; max |Δ| vs tp1/pp1 {diff:.2g} (≤ {tol:g}); tied embeddings equal"
+    return StageResult("gpt-training", PASS, reason, seconds), training
