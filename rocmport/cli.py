@@ -20,6 +20,8 @@ from rocmport.errors import EXIT_USAGE, RocmportError
 COMMANDS: dict[str, str] = {
     "apply": "apply",
     "codemod": "codemod",
+    "doctor": "doctor",
+    "env": "env",
     "patches": "patches",
     "status": "status",
     "sync": "sync",

@@ -101,3 +101,33 @@ def test_pypi_sync_apply(tmp_path, monkeypatch):
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=root / "build" / "megatron-lm", capture_output=True, text=True, timeout=300)
     assert out.stdout.splitlines() == ["6.3.42131-fa1d09cbd blocking", "7.1.0 synchronize", "None synchronize"], out.stderr[-2000:]
+    # verify stages 1-2 at tp2×pp2 on the ported sdist tree: the CPU proxy on gloo (runs in CI).
+    verify_ported(root, tmp_path)
+
+
+def verify_ported(root: Path, tmp_path: Path) -> dict:
+    report_file, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
+    start = time.monotonic()
+    rc = main(["-C", str(root), "verify", "--tp", "2", "--pp", "2", "--report", str(report_file), "--junit", str(junit)])
+    seconds = time.monotonic() - start
+    data = json.loads(report_file.read_text())
+    assert rc == 0, data["stages"]
+    assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and (data["tp"], data["pp"], data["world_size"]) == (2, 2, 4)
+    assert [s["status"] for s in data["stages"]] == ["pass", "pass"]
+    t = data["training"]
+    assert t["losses"][-1] < t["losses"][0] and t["tied_embeddings_equal"] and t["max_abs_diff"] <= 1e-5
+    assert junit.read_text().startswith("<testsuite")
+    print(f"verify tp2×pp2 proxy: {seconds:.1f}s, loss {t['losses'][0]:.3f} -> {t['losses'][-1]:.3f}, max |Δ| {t['max_abs_diff']:.2g}")
+    return data
+
+
+@pytest.mark.mirror
+@pytest.mark.skipif(not (MLM and BRIDGE), reason="set ROCMPORT_TEST_MLM_MIRROR and ROCMPORT_TEST_BRIDGE_MIRROR to local mirrors")
+def test_mirror_v016_verify(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
+    root = project(tmp_path)
+    assert main(["-C", str(root), "sync", "--ref", "v0.16", "--remote", f"megatron-lm={MLM}", "--remote", f"megatron-bridge={BRIDGE}"]) == 0
+    assert main(["-C", str(root), "apply"]) == 0
+    with capsys.disabled():
+        data = verify_ported(root, tmp_path)
+        print(f"stage 1 imported {len(data['stages'][0]['modules'])} modules; stage 2 {data['stages'][1]['seconds']}s")

@@ -11,7 +11,6 @@ import click
 from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
-from rocmport.launch_env import launch_env
 from rocmport.nvidia_only import blocked
 from rocmport.verify import environment, firewall, report, stages
 
@@ -42,7 +41,7 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
     extra = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile)}
     if mode == "cpu-proxy":
         extra["ROCMPORT_PROXY"] = "1"
-    applied_launch_env = launch_env() if env_info.hip else {}
+    applied_launch_env = environment.launcher_env_for(env_info)
     extra.update(applied_launch_env)
     result = {"mode": mode, "backend": backend, "world_size": world, "tp": tp, "pp": pp, "dp": dp, "tree": str(tree),
               "env": {**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile},

@@ -71,6 +71,13 @@ def missing_deps(tree: Path) -> dict[str, str]:
     return {m: dist for m, dist in needed.items() if importlib.util.find_spec(m) is None}
 
 
+def launcher_env_for(env: Environment) -> dict[str, str]:
+    """The AMD launcher environment applies to the processes verify starts on ROCm only."""
+    from rocmport.launch_env import launch_env
+
+    return launch_env() if env.hip else {}
+
+
 def child_env(tree: Path, bootstrap: Path, extra: dict[str, str]) -> dict[str, str]:
     """The started processes' environment: the tree (and the firewall) put first on the path."""
     env = dict(os.environ)

@@ -1,0 +1,136 @@
+"""verify: firewall, environment, bad input, reports, the proxy shim's limits, env and doctor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from rocmport.cli import main
+from rocmport.verify import environment, firewall, report
+from rocmport.verify.stages import StageResult
+
+
+def fake_package(root: Path, name: str) -> None:
+    (root / name / "sub").mkdir(parents=True)
+    (root / name / "__init__.py").write_text("X = 1\n")
+    (root / name / "sub" / "__init__.py").write_text("")
+
+
+def test_firewall_emulates_absence(tmp_path):
+    site = tmp_path / "site"
+    for pkg in ("modelopt", "apex", "einops_like"):
+        fake_package(site, pkg)
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    code = (
+        "import importlib.util as u\n"
+        "print(u.find_spec('modelopt'), u.find_spec('apex'), u.find_spec('einops_like') is not None)\n"
+        "for m in ('modelopt', 'modelopt.sub', 'apex.sub'):\n"
+        "    try:\n        __import__(m); print('imported', m)\n"
+        "    except ModuleNotFoundError as e:\n        print('absent', e.name)\n"
+    )
+    env = environment.child_env(site, boot, firewall.firewall_env("cpu-proxy"))
+    env["PYTHONPATH"] = f"{boot}:{site}"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.split("\n")
+    assert out[0] == "None None True"
+    assert out[1:4] == ["absent modelopt", "absent modelopt", "absent apex"]
+    # The rocm profile keeps apex (ROCm builds exist) and still hides modelopt.
+    env.update(firewall.firewall_env("rocm"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.split("\n")
+    assert out[0].startswith("None ModuleSpec(name='apex'")
+
+
+def minimal_tree(root: Path, random_py: str = "") -> Path:
+    for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": "",
+                      "megatron/core/tensor_parallel/__init__.py": "", "megatron/core/tensor_parallel/random.py": random_py}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "2", "--pp", "2", "--nproc", "6"], "--nproc 6 is not a multiple of tp×pp = 4"),
+    (["--tp", "3"], "--tp 3: the verify model has 4 heads"),
+])
+def test_bad_parallel_sizes(tmp_path, capsys, args, message):
+    tree = minimal_tree(tmp_path / "t")
+    assert main(["verify", "--tree", str(tree), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_tree_and_not_megatron(tmp_path, capsys):
+    assert main(["-C", str(tmp_path), "verify"]) == 2
+    assert "run `rocmport apply` first or pass --tree" in capsys.readouterr().err
+    assert main(["verify", "--tree", str(tmp_path)]) == 2
+    assert "not a Megatron-LM tree" in capsys.readouterr().err
+
+
+def test_interpreter_too_old(tmp_path, capsys):
+    tree = minimal_tree(tmp_path / "t")
+    (tree / "pyproject.toml").write_text('[project]\nname = "megatron-core"\nrequires-python = ">=3.99"\n')
+    assert main(["verify", "--tree", str(tree)]) == 2
+    assert "requires Python >=3.99 but rocmport runs on Python" in capsys.readouterr().err
+
+
+def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
+    # A tree whose RNG internals differ from what the proxy shim knows.
+    tree = minimal_tree(tmp_path / "t", "def model_parallel_cuda_manual_seed(seed):\n    pass\n")
+    rc = main(["verify", "--tree", str(tree), "--json", "--junit", str(tmp_path / "j.xml")])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0, data
+    assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
+    imports, training = data["stages"]
+    assert imports["status"] == "pass"
+    assert training["status"] == "unsupported-in-proxy"
+    assert "megatron.core.tensor_parallel.random._get_cuda_rng_state" in training["reason"]
+    suite = ET.parse(tmp_path / "j.xml").getroot()
+    assert suite.get("tests") == "2" and suite.get("skipped") == "1" and suite.get("failures") == "0"
+
+
+def test_import_failure_names_chain(tmp_path, capsys):
+    tree = minimal_tree(tmp_path / "t")
+    (tree / "megatron/core/__init__.py").write_text("from megatron.core import inner\n")
+    (tree / "megatron/core/inner.py").write_text("import modelopt.torch.opt\n")
+    assert main(["verify", "--tree", str(tree), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    imports, training = data["stages"]
+    assert imports["status"] == "fail" and training["status"] == "skipped"
+    assert "NVIDIA-only package modelopt" in imports["reason"] and "megatron/core/inner.py:1" in imports["reason"]
+
+
+def test_launch_env_applied_only_on_rocm():
+    from rocmport.launch_env import launch_env
+
+    rocm = environment.Environment("3.11", "2.8", "6.4.1", None, 8, ["AMD Instinct MI300X"] * 8)
+    cuda = environment.Environment("3.11", "2.8", None, "12.8", 8, ["H100"] * 8)
+    assert environment.launcher_env_for(rocm) == launch_env() and launch_env()["HSA_NO_SCRATCH_RECLAIM"] == "1"
+    assert environment.launcher_env_for(cuda) == {}
+
+
+def test_report_schema_junit_and_plot(tmp_path):
+    r = {"mode": "cpu-proxy", "backend": "gloo", "world_size": 4, "tp": 2, "pp": 2, "dp": 1, "tree": "t", "env": {},
+         "stages": [StageResult("imports", "pass", "ok", 1.0).to_dict(), StageResult("gpt-training", "fail", "loss did not fall", 2.0).to_dict()],
+         "training": {}}
+    report.write_json(r, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["stages"][1]["status"] == "fail"
+    suite = ET.fromstring(report.junit_xml(r))
+    assert suite.get("failures") == "1" and suite.find("testcase[@name='gpt-training']/failure").get("message") == "loss did not fall"
+    plot = report.loss_plot([5.0, 4.0, 3.0])
+    assert plot.splitlines()[0].endswith("*  ") and "(3 iterations)" in plot
+
+
+def test_env_and_doctor(capsys):
+    assert main(["env", "--json"]) == 0
+    names = [e["name"] for e in json.loads(capsys.readouterr().out)]
+    assert names[:2] == ["CUDA_DEVICE_MAX_CONNECTIONS", "GPU_MAX_HW_QUEUES"] and "NCCL_ALGO" not in names
+    assert main(["env", "--deterministic"]) == 0
+    out = capsys.readouterr().out
+    assert "export NCCL_ALGO=Ring" in out and "export NCCL_CHECKS_DISABLE=1" in out and out.count("# ") == 8
+    assert main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d["packages"]) == {"apex", "transformer_engine", "flash_attn", "grouped_gemm"}
+    assert d["devices"] == [] and d["hip"] is None
