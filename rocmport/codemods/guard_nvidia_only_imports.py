@@ -18,7 +18,7 @@ class GuardNvidiaOnlyImports(Codemod):
     NAME = "guard-nvidia-only-imports"
     VERSION = "1"
     DESCRIPTION = "Guard hard imports of modelopt / nvidia-resiliency-ext; uses fail clearly, not imports"
-    TRIGGERS = ("modelopt", "nvidia_resiliency_ext")
+    TRIGGERS = ("import modelopt", "from modelopt", "import nvidia_resiliency_ext", "from nvidia_resiliency_ext")
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
