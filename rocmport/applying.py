@@ -109,6 +109,11 @@ def report_path(tree: Path) -> Path:
 
 def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=False, force=False,
                    mode: str = "apply", say=print) -> ApplyReport:
+    with wt.locked(settings.worktree_path(name)):
+        return _apply_upstream(settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=say)
+
+
+def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only, force, mode, say) -> ApplyReport:
     pin = lock.upstreams[name]
     series = default_series(name, pin.version or "0") if codemods_only else select_series(settings.patchsets_dir, name, pin.version)
     for patch in series.patches:  # reject unsafe or malformed patches before touching anything

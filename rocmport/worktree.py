@@ -5,7 +5,11 @@ under .git so an interrupted or stopped apply can be recovered, continued or abo
 from __future__ import annotations
 
 import json
+import shutil
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+
+from filelock import FileLock, Timeout
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
@@ -63,10 +67,16 @@ def ensure_clone(mirror: Path, tree: Path) -> bool:
     if tree.exists() and any(tree.iterdir()):
         raise BadInput(f"{tree}: exists and is not a rocmport work tree; move it away or set [tool.rocmport] worktree-dir")
     tree.parent.mkdir(parents=True, exist_ok=True)
+    # Clone beside the target and rename: a kill mid-clone never leaves a half work tree.
+    staging = tree.parent / f".{tree.name}.cloning"
+    shutil.rmtree(staging, ignore_errors=True)
     # --shared: borrow the cache's objects (alternates); refs live only in the work tree.
-    git("clone", "-q", "--shared", "--no-checkout", "--no-tags", str(mirror), str(tree))
-    git("config", "user.name", FIXED_IDENTITY["GIT_AUTHOR_NAME"], cwd=tree)
-    git("config", "user.email", FIXED_IDENTITY["GIT_AUTHOR_EMAIL"], cwd=tree)
+    git("clone", "-q", "--shared", "--no-checkout", "--no-tags", str(mirror), str(staging))
+    git("config", "user.name", FIXED_IDENTITY["GIT_AUTHOR_NAME"], cwd=staging)
+    git("config", "user.email", FIXED_IDENTITY["GIT_AUTHOR_EMAIL"], cwd=staging)
+    if tree.exists():
+        tree.rmdir()
+    staging.rename(tree)
     return True
 
 
@@ -78,6 +88,21 @@ def set_sparse(tree: Path, commit: str, excluded: list[str]) -> None:
         return
     # Cone mode with a sparse index: the only mode in which git can commit over blobs the mirror lacks.
     git("sparse-checkout", "set", "--cone", "--sparse-index", *dirs, cwd=tree)
+
+
+@contextmanager
+def locked(tree: Path, timeout: float = 5):
+    """One apply per work tree at a time."""
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(tree.parent / f".{tree.name}.lock"))
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        raise BadInput(f"{tree}: another rocmport apply is running on this work tree; wait for it to finish") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def dirty_paths(tree: Path) -> list[str]:

@@ -274,3 +274,15 @@ def test_json_output(proj, capsys):
     data = json.loads(capsys.readouterr().out)
     r = data["upstreams"]["megatron-lm"]
     assert r["status"] == "done" and r["totals"] == {"clean": 1} and len(r["series_hash"]) == 64
+
+
+def test_concurrent_apply_on_one_tree_is_refused(proj, capsys):
+    from filelock import FileLock
+
+    proj.tree.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(proj.tree.parent / ".megatron-lm.lock")):
+        rc, out, err = run_apply_subprocess(proj.root)
+    assert rc == 2 and "another rocmport apply is running on this work tree" in err
+    assert not proj.tree.exists()
+    assert apply(proj) == 0
+    assert not (proj.tree.parent / ".megatron-lm.cloning").exists()
