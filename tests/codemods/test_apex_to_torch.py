@@ -147,3 +147,35 @@ def test_vision_model_with_apex_is_unchanged(tmp_path):
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True apex.parallel apex.normalization apex.optimizers"
+
+
+def test_apex_amp_fallback_trains_with_torch_amp(tmp_path):
+    src = '''\
+import torch
+from apex import amp
+
+
+def train(steps=3):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O1")
+    x, y = torch.ones(8, 4), torch.zeros(8, 1)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        with amp.scale_loss(loss, opt) as scaled:
+            scaled.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+'''
+    after, sites = rewrite("apex-to-torch", src, "megatron/legacy/amp_user.py")
+    assert sites == 1 and "    amp = apex_fallback('apex.amp')" in after
+    proc = run_tree(tmp_path, {"megatron/legacy/__init__.py": "", "megatron/legacy/amp_user.py": after}, """
+        from megatron.legacy import amp_user as m
+        losses = m.train()
+        print(m.HAVE_APEX, losses[-1] < losses[0], type(m.amp.scaler).__name__)
+    """, hip="6.3.0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False True GradScaler"

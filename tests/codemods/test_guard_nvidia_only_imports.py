@@ -82,6 +82,7 @@ def test_absent_package_fails_at_use_not_import(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "needs the NVIDIA-only package 'nvidia-modelopt'" in proc.stdout
     assert "megatron/post_training/checkpointing.py" in proc.stdout
+    assert "ModelOpt post-training options" in proc.stdout  # what asked for it
 
 
 def test_present_package_behaves_as_upstream(tmp_path):
