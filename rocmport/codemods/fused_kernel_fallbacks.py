@@ -14,6 +14,7 @@ from __future__ import annotations
 import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context
+from rocmport.codemods.edits import prepend_to_function
 from rocmport.codemods.guard import guard_imports, helper_import
 
 KERNEL_MODULES = {
@@ -22,11 +23,9 @@ KERNEL_MODULES = {
 }
 
 
-def _is_docstring(stmt) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.SimpleString)
+class _ValidateArgsReturn(cst.CSTTransformer):
+    """`return args` in validate_args() goes through disable_missing_fusions(args)."""
 
-
-class _Rewrite(cst.CSTTransformer):
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.sites = 0
@@ -41,15 +40,6 @@ class _Rewrite(cst.CSTTransformer):
             return updated
         name, path = original.name.value, self.ctx.relpath
         code = cst.Module([]).code_for_node(updated)
-        if name == "load" and path.endswith("fused_kernels/__init__.py") and "cuda_toolkit_missing" not in code:
-            self.sites += 1
-            guard = [
-                cst.parse_statement(helper_import(self.ctx, "cuda_toolkit_missing") + "\n"),
-                cst.parse_statement("if cuda_toolkit_missing():\n    return  # rocmport: no nvcc (ROCm, or CUDA_HOME unset): nothing to build\n"),
-            ]
-            body = list(updated.body.body)
-            at = 1 if body and _is_docstring(body[0]) else 0
-            return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], *guard, *body[at:]]))
         if name == "validate_args" and path.endswith("training/arguments.py") and "disable_missing_fusions" not in code:
             new_body = []
             for stmt in updated.body.body:
@@ -72,7 +62,14 @@ class FusedKernelFallbacks(Codemod):
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
-        rewrite = _Rewrite(ctx)
+        load_sites = 0
+        if ctx.relpath.endswith("fused_kernels/__init__.py"):
+            module, load_sites = prepend_to_function(module, ("load",), (
+                f"{helper_import(ctx, 'cuda_toolkit_missing')}\n"
+                "if cuda_toolkit_missing():\n"
+                "    return  # rocmport: no nvcc (ROCm, or CUDA_HOME unset): nothing to build\n"
+            ), "cuda_toolkit_missing")
+        rewrite = _ValidateArgsReturn(ctx)
         module = module.visit(rewrite)
 
         def fallback(name, source, node):
@@ -83,4 +80,4 @@ class FusedKernelFallbacks(Codemod):
             module, ctx, KERNEL_MODULES, fallback, lambda top: f"HAVE_{top.upper()}",
             prelude=helper_import(ctx, "AmpCFallback") if needs_ampc else None,
         )
-        return module, rewrite.sites + guarded
+        return module, load_sites + rewrite.sites + guarded

@@ -66,12 +66,40 @@ def test_megatron_core_sdist(tmp_path):
     # modelopt/resiliency or fused-kernel imports (those live in megatron/training, legacy, post_training).
     assert sites["apex-to-torch"] == 4
     assert sites["fused-kernel-fallbacks"] == 0 and sites["guard-nvidia-only-imports"] == 0
+    # te-version-gates: megatron/core/utils.py and the vendored megatron_fsdp/utils.py
+    assert sites["attention-backend-env"] == 1 and sites["te-version-gates"] == 2
     write_layers(tree, result)
     for path in tree.rglob("*.py"):
         py_compile.compile(str(path), doraise=True, cfile=str(tmp_path / "x.pyc"))
     assert scan_unguarded_imports(tree, "rocm") == []
     proc = import_check(tree, ["megatron.core", "megatron.core.models.gpt", "megatron.core._rocm"])
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # ROCm simulated on the real ported code: the backend setter keeps ROCm's NVTE values and the
+    # TE gate answers without TE; with torch.version.hip = None both behave as upstream.
+    sim = (
+        "import os, sys, types, torch\n"
+        "from torch.utils import cpp_extension\n"
+        "torch.version.hip = sys.argv[1] if sys.argv[1] != 'None' else None\n"
+        "cpp_extension.IS_HIP_EXTENSION = torch.version.hip is not None\n"
+        "cpp_extension.CUDA_HOME = None\n"
+        "from megatron.core.models.common.language_module.language_module import LanguageModule\n"
+        "from megatron.core.transformer.enums import AttnBackend\n"
+        "from megatron.core.utils import is_te_min_version\n"
+        "os.environ.update(NVTE_FLASH_ATTN='0', NVTE_FUSED_ATTN='1')\n"
+        "try:\n"
+        "    LanguageModule._set_attention_backend(types.SimpleNamespace(config=types.SimpleNamespace(attention_backend=AttnBackend.auto)))\n"
+        "    print('auto', os.environ['NVTE_FLASH_ATTN'], os.environ['NVTE_FUSED_ATTN'], os.environ['NVTE_UNFUSED_ATTN'])\n"
+        "except AssertionError:\n"
+        "    print('auto AssertionError')\n"
+        "print('te', is_te_min_version('2.7'))\n"
+    )
+    rocm = subprocess.run([sys.executable, "-W", "ignore", "-c", sim, "6.4.43482"], cwd=tree, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tree)}, timeout=300)
+    assert rocm.stdout.split("\n")[:2] == ["auto 0 1 1", "te False"], rocm.stderr[-2000:]
+    cuda = subprocess.run([sys.executable, "-W", "ignore", "-c", sim, "None"], cwd=tree, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(tree)}, timeout=300)
+    # Without TE, upstream's is_te_min_version raises TypeError (None >= Version); the port answers False.
+    assert cuda.stdout.split("\n")[:2] == ["auto AssertionError", "te False"], cuda.stderr[-2000:]
     again = compute_layers(tree, list(registry), cache_dir=tmp_path / "cache")
     assert again.changed_files() == set()
     print(f"codemods over the 0.16.1 sdist: {result.files_total} files, {result.files_parsed} parsed, {cold:.2f}s cold")

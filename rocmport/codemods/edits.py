@@ -1,0 +1,40 @@
+"""Small shared edits: prepend statements to a function found by its nesting path."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+
+def _is_docstring(stmt) -> bool:
+    return (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr)
+            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+
+
+class _Prepend(cst.CSTTransformer):
+    def __init__(self, path: tuple[str, ...], code: str, marker: str):
+        self.path, self.code, self.marker = path, code, marker
+        self.stack: list[str] = []
+        self.sites = 0
+
+    def visit_FunctionDef(self, node):
+        self.stack.append(node.name.value)
+
+    def leave_FunctionDef(self, original, updated):
+        path = tuple(self.stack)
+        self.stack.pop()
+        if path != self.path or not isinstance(updated.body, cst.IndentedBlock):
+            return updated
+        if self.marker in cst.Module([]).code_for_node(updated):
+            return updated  # already rewritten: idempotent
+        new = list(cst.parse_module(self.code).body)
+        body = list(updated.body.body)
+        at = 1 if body and _is_docstring(body[0]) else 0
+        self.sites += 1
+        return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], *new, *body[at:]]))
+
+
+def prepend_to_function(module: cst.Module, path: tuple[str, ...], code: str, marker: str) -> tuple[cst.Module, int]:
+    """Insert ``code`` at the start of the function whose def-nesting is ``path`` (classes ignored),
+    after its docstring, unless the function already contains ``marker``."""
+    edit = _Prepend(path, code, marker)
+    return module.visit(edit), edit.sites
