@@ -200,7 +200,7 @@ def default_series(upstream: str, version: str) -> Series:
         upstream=upstream,
         line="default",
         versions=SpecifierSet(f"=={version}"),
-        codemods=[{"name": n, "options": {}} for n in DEFAULT_CODEMODS.get(upstream, [])],
+        codemods=[c if isinstance(c, dict) else {"name": c, "options": {}} for c in DEFAULT_CODEMODS.get(upstream, [])],
         excluded_paths=["docs"] if upstream == "megatron-bridge" else [],
     )
 

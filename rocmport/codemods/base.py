@@ -31,8 +31,12 @@ class Codemod:
     # Rewritten call sites import megatron/core/_rocm.py (written by the runner when needed).
     USES_HELPER: bool = False
 
-    def triggered(self, text: str) -> bool:
-        return any(t in text for t in self.TRIGGERS)
+    def triggers(self, options: dict) -> tuple[str, ...]:
+        """Cheap text tokens: a file containing none of them is never parsed."""
+        return self.TRIGGERS
+
+    def triggered(self, text: str, options: dict | None = None) -> bool:
+        return any(t in text for t in self.triggers(options or {}))
 
     def transform(self, module: cst.Module, ctx: Context) -> tuple[cst.Module, int]:
         raise NotImplementedError

@@ -16,10 +16,14 @@ DEFAULT_PACKAGES = {"modelopt": "nvidia-modelopt", "nvidia_resiliency_ext": "nvi
 
 class GuardNvidiaOnlyImports(Codemod):
     NAME = "guard-nvidia-only-imports"
-    VERSION = "1"
+    VERSION = "2"
     DESCRIPTION = "Guard hard imports of modelopt / nvidia-resiliency-ext; uses fail clearly, not imports"
     TRIGGERS = ("import modelopt", "from modelopt", "import nvidia_resiliency_ext", "from nvidia_resiliency_ext")
     USES_HELPER = True
+
+    def triggers(self, options: dict) -> tuple[str, ...]:
+        extra = options.get("packages", {})
+        return self.TRIGGERS + tuple(t for pkg in extra for t in (f"import {pkg}", f"from {pkg}"))
 
     def transform(self, module: cst.Module, ctx: Context):
         packages = dict(DEFAULT_PACKAGES)

@@ -81,7 +81,7 @@ def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str
     prev = text
     for spec in specs:
         mod = registry[spec["name"]]
-        if not mod.triggered(prev):
+        if not mod.triggered(prev, spec["options"]):
             continue
         try:
             module, sites = mod.transform(module, Context(relpath, spec["options"]))
@@ -126,7 +126,7 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
         except (UnicodeDecodeError, OSError) as exc:
             result.failures.append(FileFailure(rel, None, f"unreadable: {exc}"))
             continue
-        if not any(registry[s["name"]].triggered(text) for s in specs):
+        if not any(registry[s["name"]].triggered(text, s["options"]) for s in specs):
             continue
         key = _cache_key(rel, text, specs_key)
         hit = cache / key[:2] / f"{key}.json"

@@ -98,3 +98,30 @@ def test_present_package_behaves_as_upstream(tmp_path):
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True True real mto ('restored', '/p')"
+
+
+def test_series_options_add_packages_and_their_triggers(tmp_path):
+    """Bridge series guard transformer_engine too: peft/lora_layers.py imports it unconditionally."""
+    from rocmport.codemods import compute_layers
+
+    src = "import torch\nimport transformer_engine.pytorch as te\n\n\nclass TELinearAdapter(te.Linear):\n    pass\n\n\ndef is_te(m):\n    return isinstance(m, te.Linear)\n"
+    rel = "src/megatron/bridge/peft/lora_layers.py"
+    (tmp_path / rel).parent.mkdir(parents=True)
+    (tmp_path / rel).write_text(src)
+    spec = {"name": "guard-nvidia-only-imports", "options": {"packages": {"transformer_engine": "transformer-engine"}}}
+    assert compute_layers(tmp_path, ["guard-nvidia-only-imports"], cache_dir=tmp_path / "c").layers[0].files == {}
+    layer = compute_layers(tmp_path, [spec], cache_dir=tmp_path / "c").layers[0]
+    after = layer.files[rel]
+    assert "    te = MissingPackage('transformer-engine', 'transformer_engine.pytorch', " in after
+    files = {"megatron/bridge/__init__.py": "", "megatron/bridge/peft/__init__.py": "",
+             "megatron/bridge/peft/lora_layers.py": after, "megatron/bridge/_rocm.py": layer.files["src/megatron/bridge/_rocm.py"]}
+    proc = run_tree(tmp_path / "run", files, """
+        from megatron.bridge.peft import lora_layers as m
+        print(m.HAVE_TRANSFORMER_ENGINE, m.is_te(object()))
+        try:
+            m.TELinearAdapter()
+        except ModuleNotFoundError as e:
+            print("ERR", "transformer-engine" in str(e))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["False False", "ERR True"]
