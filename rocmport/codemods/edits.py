@@ -38,3 +38,19 @@ def prepend_to_function(module: cst.Module, path: tuple[str, ...], code: str, ma
     after its docstring, unless the function already contains ``marker``."""
     edit = _Prepend(path, code, marker)
     return module.visit(edit), edit.sites
+
+
+def insert_after_binding(module: cst.Module, name: str, code: str, marker: str) -> tuple[cst.Module, int]:
+    """Insert ``code`` after the last module-level statement that assigns ``name`` (also inside a
+    top-level try/if), unless the module already contains ``marker``."""
+    if marker in module.code:
+        return module, 0
+    body = list(module.body)
+    last = None
+    for i, stmt in enumerate(body):
+        if f"{name} =" in module.code_for_node(stmt) and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            last = i
+    if last is None:
+        return module, 0
+    body[last + 1:last + 1] = list(cst.parse_module(code).body)
+    return module.with_changes(body=body), 1

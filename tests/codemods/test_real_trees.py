@@ -68,6 +68,7 @@ def test_megatron_core_sdist(tmp_path):
     assert sites["fused-kernel-fallbacks"] == 0 and sites["guard-nvidia-only-imports"] == 0
     # te-version-gates: megatron/core/utils.py and the vendored megatron_fsdp/utils.py
     assert sites["attention-backend-env"] == 1 and sites["te-version-gates"] == 2
+    assert sites["device-probes"] == 2 and sites["flash-attention-hooks"] == 2  # affinity+energy; FA3 flag+fa version
     write_layers(tree, result)
     for path in tree.rglob("*.py"):
         py_compile.compile(str(path), doraise=True, cfile=str(tmp_path / "x.pyc"))
