@@ -6,6 +6,7 @@ order and returns one Layer per codemod (the files it changed, with their text a
 from rocmport.codemods.apex_to_torch import ApexToTorch
 from rocmport.codemods.attention_backend_env import AttentionBackendEnv
 from rocmport.codemods.base import Codemod, Context
+from rocmport.codemods.capability_gates import CapabilityGates
 from rocmport.codemods.device_probes import DeviceProbes
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
 from rocmport.codemods.fused_kernel_fallbacks import FusedKernelFallbacks
@@ -15,7 +16,7 @@ from rocmport.codemods.te_version_gates import TeVersionGates
 registry: dict[str, Codemod] = {
     c.NAME: c
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
-              DeviceProbes(), FlashAttentionHooks())
+              DeviceProbes(), FlashAttentionHooks(), CapabilityGates())
 }
 
 from rocmport.codemods.runner import FileFailure, Layer, LayersResult, compute_layers  # noqa: E402

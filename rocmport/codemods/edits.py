@@ -54,3 +54,16 @@ def insert_after_binding(module: cst.Module, name: str, code: str, marker: str) 
         return module, 0
     body[last + 1:last + 1] = list(cst.parse_module(code).body)
     return module.with_changes(body=body), 1
+
+
+def add_module_import(module: cst.Module, line: str) -> cst.Module:
+    """Add an import line after the last top-level import (never twice)."""
+    if line in module.code:
+        return module
+    body = list(module.body)
+    last = -1
+    for i, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom)):
+            last = i
+    body.insert(last + 1, cst.parse_statement(line + "\n"))
+    return module.with_changes(body=body)

@@ -121,6 +121,8 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     files = python_files(tree)
     result.files_total = len(files)
     for rel in files:
+        if rel in HELPER_PATHS.values():
+            continue  # the generated helper is written by the runner, never rewritten by codemods
         try:
             text = (tree / rel).read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError) as exc:

@@ -69,6 +69,7 @@ def test_megatron_core_sdist(tmp_path):
     # te-version-gates: megatron/core/utils.py and the vendored megatron_fsdp/utils.py
     assert sites["attention-backend-env"] == 1 and sites["te-version-gates"] == 2
     assert sites["device-probes"] == 2 and sites["flash-attention-hooks"] == 2  # affinity+energy; FA3 flag+fa version
+    assert sites["capability-gates"] == 1  # transformer/cuda_graphs.py
     write_layers(tree, result)
     for path in tree.rglob("*.py"):
         py_compile.compile(str(path), doraise=True, cfile=str(tmp_path / "x.pyc"))
@@ -93,14 +94,17 @@ def test_megatron_core_sdist(tmp_path):
         "except AssertionError:\n"
         "    print('auto AssertionError')\n"
         "print('te', is_te_min_version('2.7'))\n"
+        "from megatron.core._rocm import nvidia_arch_major\n"
+        "torch.cuda.get_device_capability = lambda *a: (12, 0)  # an RDNA4 GPU under HIP, or a CUDA GPU\n"
+        "print('arch', nvidia_arch_major())\n"
     )
     rocm = subprocess.run([sys.executable, "-W", "ignore", "-c", sim, "6.4.43482"], cwd=tree, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(tree)}, timeout=300)
-    assert rocm.stdout.split("\n")[:2] == ["auto 0 1 1", "te False"], rocm.stderr[-2000:]
+    assert rocm.stdout.split("\n")[:3] == ["auto 0 1 1", "te False", "arch 9"], rocm.stderr[-2000:]
     cuda = subprocess.run([sys.executable, "-W", "ignore", "-c", sim, "None"], cwd=tree, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(tree)}, timeout=300)
     # Without TE, upstream's is_te_min_version raises TypeError (None >= Version); the port answers False.
-    assert cuda.stdout.split("\n")[:2] == ["auto AssertionError", "te False"], cuda.stderr[-2000:]
+    assert cuda.stdout.split("\n")[:3] == ["auto AssertionError", "te False", "arch 12"], cuda.stderr[-2000:]
     again = compute_layers(tree, list(registry), cache_dir=tmp_path / "cache")
     assert again.changed_files() == set()
     print(f"codemods over the 0.16.1 sdist: {result.files_total} files, {result.files_parsed} parsed, {cold:.2f}s cold")
