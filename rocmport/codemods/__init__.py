@@ -10,13 +10,14 @@ from rocmport.codemods.capability_gates import CapabilityGates
 from rocmport.codemods.device_probes import DeviceProbes
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
 from rocmport.codemods.fused_kernel_fallbacks import FusedKernelFallbacks
+from rocmport.codemods.grouped_gemm import GroupedGemm
 from rocmport.codemods.guard_nvidia_only_imports import GuardNvidiaOnlyImports
 from rocmport.codemods.te_version_gates import TeVersionGates
 
 registry: dict[str, Codemod] = {
     c.NAME: c
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
-              DeviceProbes(), FlashAttentionHooks(), CapabilityGates())
+              DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm())
 }
 
 from rocmport.codemods.runner import FileFailure, Layer, LayersResult, compute_layers  # noqa: E402

@@ -69,7 +69,7 @@ def test_megatron_core_sdist(tmp_path):
     # te-version-gates: megatron/core/utils.py and the vendored megatron_fsdp/utils.py
     assert sites["attention-backend-env"] == 1 and sites["te-version-gates"] == 2
     assert sites["device-probes"] == 2 and sites["flash-attention-hooks"] == 2  # affinity+energy; FA3 flag+fa version
-    assert sites["capability-gates"] == 1  # transformer/cuda_graphs.py
+    assert sites["capability-gates"] == 1 and sites["grouped-gemm"] == 1  # cuda_graphs.py; grouped_gemm_util.py
     write_layers(tree, result)
     for path in tree.rglob("*.py"):
         py_compile.compile(str(path), doraise=True, cfile=str(tmp_path / "x.pyc"))

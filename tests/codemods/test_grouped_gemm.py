@@ -1,0 +1,58 @@
+"""grouped-gemm: the install hint on ROCm vs CUDA, and the sequential fallback in validate_args."""
+
+from codemod_helpers import assert_idempotent, rewrite, run_tree
+
+UTIL = '''\
+try:
+    import grouped_gemm
+except ImportError:
+    grouped_gemm = None
+
+
+def assert_grouped_gemm_is_available():
+    """Assert that grouped_gemm is available."""
+    assert grouped_gemm is not None, (
+        "Grouped GEMM is not available. Please run "
+        "`pip install git+https://github.com/fanshiqing/grouped_gemm@v1.1.4`."
+    )
+'''
+
+REL = "megatron/core/transformer/moe/grouped_gemm_util.py"
+PROBE = "from megatron.core.transformer.moe.grouped_gemm_util import assert_grouped_gemm_is_available as a\ntry:\n    a()\nexcept AssertionError as e:\n    print(e)\n"
+
+
+def test_before_after():
+    after, sites = rewrite("grouped-gemm", UTIL, REL)
+    assert sites == 1
+    assert after.startswith("from megatron.core._rocm import grouped_gemm_hint\n")
+    assert "    assert grouped_gemm is not None, grouped_gemm_hint((\n" in after
+    assert_idempotent("grouped-gemm", UTIL, REL)
+
+
+def test_hint_names_amds_build_on_rocm_only(tmp_path):
+    after, _ = rewrite("grouped-gemm", UTIL, REL)
+    files = {"megatron/core/transformer/__init__.py": "", "megatron/core/transformer/moe/__init__.py": "", REL: after}
+    assert "ROCm/grouped_gemm" in run_tree(tmp_path / "r", files, PROBE, hip="6.4.1").stdout
+    assert "fanshiqing/grouped_gemm@v1.1.4" in run_tree(tmp_path / "c", files, PROBE).stdout
+
+
+def test_moe_grouped_gemm_falls_back_to_sequential_on_rocm(tmp_path):
+    code = """
+        import types, warnings
+        from megatron.core._rocm import disable_missing_fusions
+        for impl in ("local", "transformer_engine"):
+            args = types.SimpleNamespace(moe_grouped_gemm=True, transformer_impl=impl)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                disable_missing_fusions(args)
+            print(impl, args.moe_grouped_gemm, any("sequential expert GEMMs" in str(x.message) for x in w))
+    """
+    assert run_tree(tmp_path / "r", {}, code, hip="6.4.1").stdout.split("\n")[:2] == ["local False True", "transformer_engine False True"]
+    fake_te = {"transformer_engine/__init__.py": ""}
+    assert run_tree(tmp_path / "t", fake_te, code, hip="6.4.1").stdout.split("\n")[1] == "transformer_engine True False"
+    assert run_tree(tmp_path / "c", {}, code).stdout.split("\n")[:2] == ["local True False", "transformer_engine True False"]
+
+
+def test_docstrings_citing_the_repo_are_left_alone():
+    src = 'class Config:\n    moe_grouped_gemm: bool = False\n    """GEMM feature since CUTLASS 2.8 (https://github.com/fanshiqing/grouped_gemm)."""\n'
+    assert rewrite("grouped-gemm", src, "megatron/core/transformer/transformer_config.py") == (src, 0)
