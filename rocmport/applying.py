@@ -63,7 +63,12 @@ def codemod_versions(series: Series) -> dict[str, str]:
 
 
 def inputs_hash(pin: Pin, series: Series, versions: dict[str, str]) -> str:
-    data = {"commit": pin.commit, "recipe": recipe_digest(series, versions), "codemods": versions, "rocmport": __version__}
+    from importlib import resources
+
+    # The generated runtime helper is part of what the codemod layers write.
+    helper = resources.files("rocmport").joinpath("data/_rocm.py.tmpl").read_bytes() if series.codemods else b""
+    data = {"commit": pin.commit, "recipe": recipe_digest(series, versions), "codemods": versions, "rocmport": __version__,
+            "helper": hashlib.sha256(helper).hexdigest()}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

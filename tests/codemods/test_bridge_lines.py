@@ -23,9 +23,8 @@ BRIDGE = os.environ.get("ROCMPORT_TEST_BRIDGE_MIRROR")
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.mirror, pytest.mark.skipif(not (MLM and BRIDGE), reason="set ROCMPORT_TEST_MLM_MIRROR and ROCMPORT_TEST_BRIDGE_MIRROR")]
 
-# Bridge companion -> its Megatron-LM release (the companions sync pins); Python-3.11-runnable ones import-checked.
-LINES = {"v0.2.2": ("core_v0.15.3", True), "v0.3.1": ("core_v0.16.1", True), "v0.4.2": ("core_v0.17.1", False),
-         "v0.5.1": ("core_v0.18.2", False), "v0.6.0": ("core_v0.19.0", False)}
+# Bridge release -> can this Python (3.11) import it? v0.4+ declare Python >=3.12.
+LINES = {"v0.2.2": True, "v0.3.1": True, "v0.4.2": False, "v0.5.1": False, "v0.6.0": False}
 
 
 def archive(mirror: str, tag: str, dest: Path, *paths: str) -> Path:
@@ -48,7 +47,7 @@ def port(tree: Path, upstream: str, version: str, cache: Path) -> dict:
 
 @pytest.mark.parametrize("tag", list(LINES))
 def test_bridge_line(tmp_path, tag, capsys):
-    mlm_tag, importable = LINES[tag]
+    importable = LINES[tag]
     bridge = archive(BRIDGE, tag, tmp_path / "bridge", "src", "pyproject.toml")
     version = tag.lstrip("v")
     start = time.monotonic()
@@ -58,18 +57,26 @@ def test_bridge_line(tmp_path, tag, capsys):
     te_left = [x for x in scan_unguarded_imports(bridge / "src", "cpu-proxy") if x[2].startswith("transformer_engine")]
     assert leftovers == [] and te_left == [], (leftovers, te_left)
     note = "import not checked (needs Python 3.12)"
-    deps = all(importlib.util.find_spec(m) for m in ("transformers", "omegaconf"))
+    # Bridge's ordinary (non-NVIDIA) dependencies for these imports.
+    deps = all(importlib.util.find_spec(m) for m in ("transformers", "omegaconf", "datasets", "tensorboard"))
     if importable and deps:
-        mlm = archive(MLM, mlm_tag, tmp_path / "mlm", "megatron")
-        port(mlm, "megatron-lm", mlm_tag.removeprefix("core_v"), tmp_path / "cache")
+        # The Megatron-LM commit this Bridge release gitlinks, ported with its own series.
+        from rocmport.companion import gitlink
+        from rocmport.refs import version_at
+
+        mlm_commit = gitlink(Path(BRIDGE), tag)
+        mlm = archive(MLM, mlm_commit, tmp_path / "mlm", "megatron")
+        port(mlm, "megatron-lm", version_at(Path(MLM), mlm_commit, "megatron-lm"), tmp_path / "cache")
         boot = write_bootstrap(tmp_path / "boot")
         env = {**os.environ, **firewall_env("cpu-proxy"), "PYTHONPATH": os.pathsep.join(map(str, (boot, bridge / "src", mlm)))}
-        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", "import megatron.bridge, megatron.bridge.peft.lora, megatron.bridge.models.gpt_provider"],
+        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", "import megatron.bridge, megatron.bridge.peft.lora, megatron.bridge.models.gpt_provider, "
+                               "megatron.bridge.training.pretrain, megatron.bridge.training.gpt_step, megatron.bridge.training.train, "
+                               "megatron.bridge.training.checkpointing, megatron.bridge.training.post_training.distillation"],
                               env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert all(importlib.util.find_spec(m) is None for m in ("transformer_engine", "modelopt"))
-        note = "import megatron.bridge, peft.lora, models.gpt_provider: ok behind the cpu-proxy firewall"
+        note = "megatron.bridge, peft.lora, models.gpt_provider and the training modules import behind the cpu-proxy firewall"
     elif importable:
-        note = "import not checked (install transformers and omegaconf)"
+        note = "import not checked (install transformers, omegaconf, datasets, tensorboard)"
     with capsys.disabled():
         print(f"\nBridge {tag}: codemods {sites} in {seconds:.2f}s; unguarded NVIDIA-only/TE imports in src/: 0; {note}")

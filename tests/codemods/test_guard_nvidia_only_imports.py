@@ -125,3 +125,11 @@ def test_series_options_add_packages_and_their_triggers(tmp_path):
     """)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["False False", "ERR True"]
+
+
+def test_placeholders_survive_annotations_evaluated_at_import(tmp_path):
+    src = "from modelopt.torch.distill import DistillationModel\n\n\ndef f(m: DistillationModel | None = None) -> list[DistillationModel]:\n    return m\n"
+    after, _ = rewrite("guard-nvidia-only-imports", src, "megatron/core/x.py")
+    proc = run_tree(tmp_path, {"megatron/core/x.py": after}, "from megatron.core import x\nprint(x.f(), x.HAVE_MODELOPT)\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "None False"
