@@ -98,7 +98,7 @@ class ApexToTorch(Codemod):
     NAME = "apex-to-torch"
     VERSION = "1"
     DESCRIPTION = "torch.cuda.amp -> torch.amp; unguarded apex imports -> guarded, with torch fallbacks"
-    TRIGGERS = ("torch.cuda.amp", "import apex", "from apex")
+    TRIGGERS = ("torch.cuda.amp", "\nimport apex", "\nfrom apex")  # only module-level imports are guarded
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):

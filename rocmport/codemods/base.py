@@ -36,6 +36,8 @@ class Codemod:
         return self.TRIGGERS
 
     def triggered(self, text: str, options: dict | None = None) -> bool:
+        # Tokens starting with "\n" match at the start of a line (the file's first line too).
+        text = "\n" + text
         return any(t in text for t in self.triggers(options or {}))
 
     def transform(self, module: cst.Module, ctx: Context) -> tuple[cst.Module, int]:

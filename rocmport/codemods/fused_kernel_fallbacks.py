@@ -58,7 +58,7 @@ class FusedKernelFallbacks(Codemod):
     NAME = "fused-kernel-fallbacks"
     VERSION = "1"
     DESCRIPTION = "No nvcc build on ROCm; guarded CUDA-extension imports; fusion flags off on ROCm without kernels"
-    TRIGGERS = ("def load(", "def validate_args(", *(f"import {m}" for m in sorted(KERNEL_MODULES)))
+    TRIGGERS = ("\ndef load(args", "\ndef validate_args(args", *(f"\nimport {m}" for m in sorted(KERNEL_MODULES)))
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):

@@ -18,12 +18,13 @@ class GuardNvidiaOnlyImports(Codemod):
     NAME = "guard-nvidia-only-imports"
     VERSION = "2"
     DESCRIPTION = "Guard hard imports of modelopt / nvidia-resiliency-ext; uses fail clearly, not imports"
-    TRIGGERS = ("import modelopt", "from modelopt", "import nvidia_resiliency_ext", "from nvidia_resiliency_ext")
+    # Only module-level (unindented) imports are guarded.
+    TRIGGERS = ("\nimport modelopt", "\nfrom modelopt", "\nimport nvidia_resiliency_ext", "\nfrom nvidia_resiliency_ext")
     USES_HELPER = True
 
     def triggers(self, options: dict) -> tuple[str, ...]:
         extra = options.get("packages", {})
-        return self.TRIGGERS + tuple(t for pkg in extra for t in (f"import {pkg}", f"from {pkg}"))
+        return self.TRIGGERS + tuple(t for pkg in extra for t in (f"\nimport {pkg}", f"\nfrom {pkg}"))
 
     def transform(self, module: cst.Module, ctx: Context):
         packages = dict(DEFAULT_PACKAGES)
