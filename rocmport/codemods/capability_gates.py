@@ -11,7 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context, dotted
-from rocmport.codemods.edits import add_module_import, prepend_to_function
+from rocmport.codemods.edits import prepend_to_function, visit_with_helper_import
 from rocmport.codemods.guard import helper_import
 
 
@@ -37,13 +37,10 @@ class CapabilityGates(Codemod):
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
-        edit = _CapabilityIndex()
-        module = module.visit(edit)
-        if edit.sites:
-            module = add_module_import(module, helper_import(ctx, "nvidia_arch_major"))
+        module, sites = visit_with_helper_import(module, _CapabilityIndex(), helper_import(ctx, "nvidia_arch_major"))
         module, arch = prepend_to_function(module, ("get_device_arch_version",), (
             f"{helper_import(ctx, 'is_hip', 'HIP_ARCH_EQUIVALENT')}\n"
             "if is_hip():\n"
             "    return HIP_ARCH_EQUIVALENT  # rocmport: AMD gfx numbers are not NVIDIA architectures\n"
         ), "HIP_ARCH_EQUIVALENT")
-        return module, edit.sites + arch
+        return module, sites + arch

@@ -67,3 +67,11 @@ def add_module_import(module: cst.Module, line: str) -> cst.Module:
             last = i
     body.insert(last + 1, cst.parse_statement(line + "\n"))
     return module.with_changes(body=body)
+
+
+def visit_with_helper_import(module: cst.Module, transformer, import_line: str) -> tuple[cst.Module, int]:
+    """Run a site-counting transformer; when it rewrote anything, add the helper import it needs."""
+    module = module.visit(transformer)
+    if transformer.sites:
+        module = add_module_import(module, import_line)
+    return module, transformer.sites

@@ -9,7 +9,7 @@ from __future__ import annotations
 import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context
-from rocmport.codemods.edits import add_module_import
+from rocmport.codemods.edits import visit_with_helper_import
 from rocmport.codemods.guard import helper_import
 
 CUDA_REPO = "fanshiqing/grouped_gemm"
@@ -58,8 +58,4 @@ class GroupedGemm(Codemod):
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
-        edit = _HintRewrite()
-        module = module.visit(edit)
-        if edit.sites:
-            module = add_module_import(module, helper_import(ctx, "grouped_gemm_hint"))
-        return module, edit.sites
+        return visit_with_helper_import(module, _HintRewrite(), helper_import(ctx, "grouped_gemm_hint"))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmport.codemods import compute_layers, registry
-from rocmport.nvidia_only import CPU_PROXY, scan_unguarded_imports
+from rocmport.codemods import compute_layers
+from rocmport.nvidia_only import scan_unguarded_imports
 from rocmport.patchset import select_series
 from rocmport.verify.firewall import firewall_env, write_bootstrap
 

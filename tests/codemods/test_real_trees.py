@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import py_compile
-import shutil
 import subprocess
 import sys
 import tarfile
