@@ -89,9 +89,10 @@ def git(*args, cwd=None, **kw) -> str:
     return run_git(*args, cwd=cwd, **kw).stdout.rstrip("\n")
 
 
-def rev_parse(ref: str, cwd, verify: bool = True) -> str | None:
+def rev_parse(ref: str, cwd) -> str | None:
+    """The commit ``ref`` names, or None (unborn HEAD, unknown ref)."""
     proc = run_git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=cwd, check=False)
-    return proc.stdout.strip() or None if proc.returncode == 0 else None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
 
 
 def is_git_dir(path: str | os.PathLike) -> bool:

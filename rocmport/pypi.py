@@ -118,7 +118,7 @@ def select_sdist(files: list[SdistFile], requested: str, pre: bool = False) -> S
         finals = [str(f.version) for f in files if is_final(f.version)]
         import difflib
 
-        close = difflib.get_close_matches(requested.lstrip("core_v"), finals, n=5, cutoff=0.5) or finals[-5:][::-1]
+        close = difflib.get_close_matches(re.sub(r"^(core_)?v", "", requested), finals, n=5, cutoff=0.5) or finals[-5:][::-1]
         raise BadInput(f"{dist}: no {'release' if pre else 'final release'} matching '{requested}' on the index; closest: {', '.join(close)}")
     return cands[-1]
 

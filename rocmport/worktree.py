@@ -13,7 +13,7 @@ from filelock import FileLock, Timeout
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.gitutil import FIXED_IDENTITY, git, run_git
+from rocmport.gitutil import FIXED_IDENTITY, git, rev_parse, run_git
 
 STATE = "rocmport-state.json"
 
@@ -111,8 +111,7 @@ def dirty_paths(tree: Path) -> list[str]:
 
 
 def head(tree: Path) -> str | None:
-    proc = run_git("rev-parse", "--verify", "-q", "HEAD", cwd=tree, check=False)
-    return proc.stdout.strip() or None
+    return rev_parse("HEAD", tree)
 
 
 def commits_between(tree: Path, old: str, new: str) -> list[str]:
@@ -121,11 +120,10 @@ def commits_between(tree: Path, old: str, new: str) -> list[str]:
 
 def save_backup(tree: Path, what: str) -> str:
     """Keep HEAD and any uncommitted edits on refs/rocmport/backup/<n> before --force resets."""
-    stash = git("stash", "create", f"rocmport backup ({what})", cwd=tree) if dirty_paths(tree) else ""
     untracked = run_git("ls-files", "--others", "--exclude-standard", cwd=tree).stdout.split()
     if untracked:
-        git("add", "--", *untracked, cwd=tree)
-        stash = git("stash", "create", f"rocmport backup ({what})", cwd=tree)
+        git("add", "--", *untracked, cwd=tree)  # so the stash commit holds them too
+    stash = git("stash", "create", f"rocmport backup ({what})", cwd=tree) if dirty_paths(tree) else ""
     target = stash or head(tree)
     existing = git("for-each-ref", "--format=%(refname)", "refs/rocmport/backup/", cwd=tree).split()
     ref = f"refs/rocmport/backup/{len(existing) + 1}"

@@ -34,17 +34,7 @@ def lock_url(settings: Settings, remote: Remote) -> str:
 def _git_pin(settings, store, remote, requested, pre, offline, say) -> Pin:
     with output.progress(f"fetching {remote.name} from {remote.url}"):
         mirror = update_mirror(store, remote, offline)
-    res = refs.resolve(mirror, requested, pre=pre, upstream=remote.name)
-    say(f"{remote.name}: {res.explanation}")
-    return Pin(
-        url=lock_url(settings, remote),
-        source="git",
-        requested_ref=requested,
-        resolved_ref=res.resolved_ref,
-        commit=res.commit,
-        commit_date=refs.commit_date(mirror, res.commit),
-        version=refs.version_at(mirror, res.commit, remote.name),
-    )
+    return _pin_at(settings, mirror, remote, requested, pre, say)
 
 
 def _bridge_pin_git(settings, store, remote, mlm: Pin, bridge_ref, pre, offline, say, warn) -> Pin | None:

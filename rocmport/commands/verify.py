@@ -13,6 +13,7 @@ from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.nvidia_only import blocked
 from rocmport.verify import environment, firewall, report, stages
+from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 
 
 def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, backend: str, iters: int) -> dict:
@@ -26,10 +27,10 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
         dp = nproc // (tp * pp)
     dp = dp or 1
     world = tp * pp * dp
-    if 4 % pp and pp > 1 or pp > 4:
-        raise BadInput(f"--pp {pp}: the verify model has 4 layers; use pp in 1, 2, 4")
-    if 4 % tp:
-        raise BadInput(f"--tp {tp}: the verify model has 4 heads; use tp in 1, 2, 4")
+    if LAYERS % pp:
+        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
+    if HEADS % tp:
+        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
     environment.check_python(tree)
     env_info = environment.probe()
     if backend == "auto":

@@ -47,20 +47,26 @@ def probe() -> Environment:
     )
 
 
-def check_python(tree: Path) -> None:
-    """Stop with exit 2 when the tree declares a newer Python than this interpreter."""
+def unmet_python(tree: Path) -> str | None:
+    """The tree's `requires-python` when this interpreter does not satisfy it, else None."""
     pyproject = tree / "pyproject.toml"
     if not pyproject.is_file():
-        return
+        return None
     try:
         spec = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("requires-python")
-        if spec and not SpecifierSet(spec).contains(platform.python_version()):
-            raise BadInput(
-                f"{tree} requires Python {spec} but rocmport runs on Python {platform.python_version()} ({sys.executable}); "
-                f"run verify with a Python that satisfies {spec}"
-            )
+        return spec if spec and not SpecifierSet(spec).contains(platform.python_version()) else None
     except (tomllib.TOMLDecodeError, InvalidSpecifier):
-        return
+        return None
+
+
+def check_python(tree: Path) -> None:
+    """Stop with exit 2 when the tree declares a newer Python than this interpreter."""
+    spec = unmet_python(tree)
+    if spec:
+        raise BadInput(
+            f"{tree} requires Python {spec} but rocmport runs on Python {platform.python_version()} ({sys.executable}); "
+            f"run verify with a Python that satisfies {spec}"
+        )
 
 
 def missing_deps(tree: Path) -> dict[str, str]:

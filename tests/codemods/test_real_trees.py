@@ -15,6 +15,7 @@ import pytest
 
 from rocmport.codemods import compute_layers, registry
 from rocmport.nvidia_only import CPU_PROXY, scan_unguarded_imports
+from rocmport.verify.environment import unmet_python
 
 CACHE = Path.home() / ".cache" / "rocmport-test"
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
@@ -140,7 +141,7 @@ def test_megatron_lm_release_lines(tmp_path, tag, capsys):
     upstream = probe_imports(tmp_path / "upstream", tag, modules)
     ported = probe_imports(tree, None, modules)
     nvidia_only = [m for m, err in upstream.items() if err and err.split("'")[1].split(".")[0] in CPU_PROXY]
-    too_new = not python_ok(tree)  # v0.17+ declare Python >= 3.12; v0.18+ use typing.override
+    too_new = unmet_python(tree) is not None  # v0.17+ declare Python >= 3.12; v0.18+ use typing.override
     newer_python = {m for m, err in ported.items() if err and too_new and "from 'typing'" in err}
     still = {m: ported[m] for m in nvidia_only if ported[m] and m not in newer_python}
     assert not still, still
@@ -151,15 +152,6 @@ def test_megatron_lm_release_lines(tmp_path, tag, capsys):
               f"packages {len(nvidia_only)} -> {len(newer_python & set(nvidia_only))} (needing a newer Python: {len(newer_python)}); "
               f"other import failures {sum(1 for m, e in ported.items() if e and m not in newer_python)}")
 
-
-def python_ok(tree: Path) -> bool:
-    import platform
-    import tomllib
-
-    from packaging.specifiers import SpecifierSet
-
-    spec = tomllib.loads((tree / "pyproject.toml").read_text()).get("project", {}).get("requires-python", "")
-    return SpecifierSet(spec).contains(platform.python_version())
 
 
 def probe_imports(tree: Path, tag: str | None, modules: list[str]) -> dict[str, str | None]:
