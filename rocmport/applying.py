@@ -113,14 +113,16 @@ def report_path(tree: Path) -> Path:
 
 
 def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=False, force=False,
-                   mode: str = "apply", say=print) -> ApplyReport:
+                   mode: str = "apply", say=print, series: Series | None = None) -> ApplyReport:
+    """``series`` overrides the selection from the project's patchsets (refresh applies a staged copy)."""
     with wt.locked(settings.worktree_path(name)):
-        return _apply_upstream(settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=say)
+        return _apply_upstream(settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=say, series=series)
 
 
-def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only, force, mode, say) -> ApplyReport:
+def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only, force, mode, say, series) -> ApplyReport:
     pin = lock.upstreams[name]
-    series = default_series(name, pin.version or "0") if codemods_only else select_series(settings.patchsets_dir, name, pin.version)
+    if series is None:
+        series = default_series(name, pin.version or "0") if codemods_only else select_series(settings.patchsets_dir, name, pin.version)
     for patch in series.patches:  # reject unsafe or malformed patches before touching anything
         touched_paths(patch)
     versions = codemod_versions(series)
@@ -144,7 +146,8 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
             raise BadInput(f"{tree}: uncommitted changes ({', '.join(dirty[:5])}); commit your resolution of {state['patches'][-1]['name']}, then `rocmport apply --continue`")
         if head == state["last_good"]:
             raise BadInput(f"{tree}: HEAD is still the last good commit; resolve {state['patches'][-1]['name']} and commit it first")
-        state["patches"][-1]["detail"] = f"resolved by hand in {head[:12]}"
+        state["patches"][-1].update(detail=f"resolved by hand in {head[:12]}", resolved_by_hand=True, commit=head, parent=state["last_good"])
+        state["last_good"] = head
         return _run(tree, pin, series, state, state["index"] + 1, say, settings.cache_dir)
 
     if state and state.get("status") == "conflict":
@@ -190,13 +193,16 @@ def _run(tree: Path, pin: Pin, series: Series, state: dict, start: int, say, cac
     for index in range(start, len(series.patches)):
         patch = series.patches[index]
         outcome = apply_patch(patch, tree)
-        state["patches"].append(outcome.to_dict())
+        entry = outcome.to_dict()
+        state["patches"].append(entry)
         if outcome.bucket == "conflict":
             state.update(status="conflict", index=index)
             wt.write_state(tree, state)
             return _report(tree, pin, series, state, None, "conflict")
         if outcome.bucket in ("clean", "offset", "merged-3way"):
-            state["last_good"] = wt.commit_all(tree, _commit_message(patch, outcome))
+            # The commit each patch became: refresh regenerates drifted patches from it.
+            entry["parent"] = state["last_good"]
+            state["last_good"] = entry["commit"] = wt.commit_all(tree, _commit_message(patch, outcome))
         wt.write_state(tree, state)
         if sleep:
             time.sleep(sleep)

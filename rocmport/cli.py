@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "doctor",
     "env": "env",
     "patches": "patches",
+    "refresh": "refresh",
     "status": "status",
     "sync": "sync",
     "verify": "verify",

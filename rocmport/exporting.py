@@ -27,15 +27,15 @@ def commit_diff(tree: Path, commit: str) -> str:
     return git("diff", "--full-index", "--no-color", "--no-ext-diff", "--no-renames", "-U3", f"{commit}^", commit, cwd=tree) + "\n"
 
 
-def patch_matches_commit(tree: Path, diff: str, commit: str) -> bool:
-    """Does applying ``diff`` to the commit's parent give exactly the commit's tree?
+def patch_matches_commit(tree: Path, diff: str, commit: str, parent: str | None = None) -> bool:
+    """Does applying ``diff`` to the commit's parent (or ``parent``) give exactly the commit's tree?
 
     Compares effects, not text: a hand-written patch with less context still matches."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="rocmport-idx-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git("read-tree", f"{commit}^", cwd=tree, env=env)
+        git("read-tree", parent or f"{commit}^", cwd=tree, env=env)
         if run_git("apply", "--cached", "-", cwd=tree, env=env, input=diff, check=False).returncode != 0:
             return False
         return git("write-tree", cwd=tree, env=env) == git("rev-parse", f"{commit}^{{tree}}", cwd=tree)

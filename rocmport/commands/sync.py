@@ -101,6 +101,17 @@ def sync(settings: Settings, ref: str | None, *, pre=False, offline=False, sourc
     if ref is None:
         return verify_lock(settings, store, remotes, offline, say)
     load_lock_or_none(settings.lock_path)  # a malformed lock is reported before anything is replaced
+    lock = resolve_lock(settings, ref, pre=pre, offline=offline, source=source, bridge_ref=bridge_ref,
+                        no_bridge=no_bridge, say=say, warn=warn)
+    lock.save(settings.lock_path)
+    return SyncResult(lock=lock, written=True)
+
+
+def resolve_lock(settings: Settings, ref: str, *, pre=False, offline=False, source="auto", bridge_ref=None,
+                 no_bridge=False, say=output.info, warn=output.warn) -> Lock:
+    """Resolve ``ref`` (and the companion) into a Lock, fetching into the cache; writes nothing else."""
+    remotes = {name: validate_url(name, url) for name, url in settings.remotes.items()}
+    store = Store(settings.cache_dir)
     pins: dict[str, Pin] = {}
     use_pypi = source == "pypi"
     if source in ("auto", "git"):
@@ -117,9 +128,7 @@ def sync(settings: Settings, ref: str | None, *, pre=False, offline=False, sourc
         bridge = _bridge_pin_git(settings, store, remotes["megatron-bridge"], pins["megatron-lm"], bridge_ref, pre, offline, say, warn)
         if bridge:
             pins["megatron-bridge"] = bridge
-    lock = Lock(upstreams=pins)
-    lock.save(settings.lock_path)
-    return SyncResult(lock=lock, written=True)
+    return Lock(upstreams=pins)
 
 
 def verify_lock(settings, store, remotes, offline, say) -> SyncResult:

@@ -1,0 +1,160 @@
+"""What a refresh tells a reviewer: codemod sites old vs new, a range-diff of the old and new
+series, verify on the new pin (and on the old one when a stage fails), and the Markdown PR body."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from rocmport.applying import apply_upstream, report_path
+from rocmport.config import Settings
+from rocmport.errors import BadInput
+from rocmport.gitutil import FIXED_IDENTITY, git, run_git
+from rocmport.lock import Lock
+from rocmport.patchset import select_series
+from rocmport import worktree as wt
+
+
+def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
+    """A work tree holding the port of the old pin: the project's own when it is that, else one built aside."""
+    tree = settings.worktree_path(name)
+    state = wt.read_state(tree) or {}
+    if state.get("status") == "done" and state.get("base") == old.upstreams[name].commit:
+        return tree
+    import dataclasses
+
+    from rocmport.refreshing import area
+
+    aside = dataclasses.replace(settings, worktree_dir=area(settings) / "old")
+    apply_upstream(aside, old, name, force=True, say=say)
+    return aside.worktree_path(name)
+
+
+def codemod_changes(settings: Settings, old: Lock, name: str, new_report: dict) -> list[dict]:
+    """Per codemod: sites and files on the old port vs the new, and files it newly rewrites."""
+    old_layers: dict[str, dict] = {}
+    if name in old.upstreams:
+        rp = report_path(_old_port(settings, old, name))
+        if rp.is_file():
+            old_layers = {c["name"]: c for c in json.loads(rp.read_text()).get("codemods", [])}
+    rows = []
+    for layer in new_report.get("codemods", []):
+        before = old_layers.get(layer["name"], {"sites": 0, "files": []})
+        rows.append({"name": layer["name"], "old_sites": before["sites"], "new_sites": layer["sites"],
+                     "old_files": len(before["files"]), "new_files": len(layer["files"]),
+                     "newly_rewritten": sorted(set(layer["files"]) - set(before["files"]))})
+    return rows
+
+
+def _series_tip(tree: Path, base: str, patches: list[tuple[str, str]], index: Path) -> str:
+    """Commit each (subject, diff) on top of ``base`` through a private index: no checkout needed."""
+    env = {**FIXED_IDENTITY, "GIT_INDEX_FILE": str(index)}
+    git("read-tree", base, cwd=tree, env=env)
+    tip = base
+    for subject, diff in patches:
+        if run_git("apply", "--cached", "-", cwd=tree, env=env, input=diff, check=False).returncode != 0:
+            continue
+        tip = git("commit-tree", git("write-tree", cwd=tree, env=env), "-p", tip, "-m", subject, cwd=tree, env=env)
+    return tip
+
+
+def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict, outcomes: dict) -> str:
+    """`git range-diff` of the old series on the old base vs the new series on the new base."""
+    chunks = []
+    for name, outcome in outcomes.items():
+        if name not in old.upstreams:
+            continue
+        tree = rsettings.worktree_path(name)
+        try:
+            old_series = select_series(rsettings.patchsets_dir, name, old.upstreams[name].version)
+        except BadInput:  # the old pin had no series: nothing to compare against
+            old_series = None
+        before = [(p.description.splitlines()[0], p.diff) for p in old_series.patches] if old_series else []
+        new_series = staged[name].series
+        after = [(p.description.splitlines()[0], _diff_of(outcome["regenerated"].get(p.name), p.diff))
+                 for p in new_series.patches if p.name not in outcome["dropped"]]
+        if not before and not after:
+            continue
+        with tempfile.TemporaryDirectory(prefix="rocmport-rd-") as tmp:
+            o_base, n_base = old.upstreams[name].commit, new.upstreams[name].commit
+            o_tip = _series_tip(tree, o_base, before, Path(tmp) / "a")
+            n_tip = _series_tip(tree, n_base, after, Path(tmp) / "b")
+            rd = run_git("range-diff", "--no-color", f"{o_base}..{o_tip}", f"{n_base}..{n_tip}", cwd=tree, check=False).stdout
+        chunks.append(f"{name}:\n{rd.rstrip()}")
+    return "\n\n".join(chunks)
+
+
+def _diff_of(patch_text: str | None, fallback: str) -> str:
+    if patch_text is None:
+        return fallback
+    from rocmport.patchset import split_header
+
+    return split_header(patch_text)[1]
+
+
+def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: dict, say=print) -> dict:
+    """Verify the new port; when a stage fails, verify the old port too and label each failure."""
+    from rocmport.commands.verify import run_verify
+    from rocmport.verify.environment import unmet_python
+
+    tree = rsettings.worktree_path("megatron-lm")
+    need = unmet_python(tree)
+    if need:
+        return {"skipped": f"the new tree requires Python {need}; this machine runs an older one", "stages": [], "failed": []}
+    args = (opts.get("tp", 2), opts.get("pp", 2), None, None, opts.get("backend", "auto"), opts.get("iters", 10))
+    new = run_verify(tree.resolve(), *args)
+    failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
+    out = {"mode": new["mode"], "stages": new["stages"], "failed": failed}
+    if failed:
+        old_tree = _old_port(settings, old, "megatron-lm", say)
+        before = {s["name"]: s["status"] for s in run_verify(old_tree.resolve(), *args)["stages"]}
+        out["labels"] = {n: ("also fails on the old pin: upstream or environment" if before.get(n) == "fail"
+                             else "passes on the old pin: introduced by the new upstream or a drifted patch") for n in failed}
+    return out
+
+
+def markdown(result: dict) -> str:
+    """The PR body."""
+    lines = [f"# rocmport refresh to `{result['to']}`", ""]
+    status = {"ready": "ready to merge", "needs-human": "needs a human", "up-to-date": "already up to date"}[result["status"]]
+    lines += [f"**Status:** {status}", ""]
+    lines += ["| upstream | from | to |", "|---|---|---|"]
+    for name, pin in result["new_lock"]["upstreams"].items():
+        before = result["old_lock"]["upstreams"].get(name)
+        frm = f"`{before['resolved_ref']}` ({before['commit'][:12]})" if before else "—"
+        lines.append(f"| {name} | {frm} | `{pin['resolved_ref']}` ({pin['commit'][:12]}) |")
+    if result.get("conflict"):
+        c = result["conflict"]
+        hunks = ", ".join(f"{h['file']}:{h['line']}" for h in c["hunks"]) or "—"
+        lines += ["", "## Conflict", "", f"`{c['patch']}` ({c['upstream']}) does not apply: {c['detail']}.",
+                  f"Files: {', '.join(c['files'])}; hunks: {hunks}. Work tree: `{c['tree']}`.",
+                  "Resolve there, commit, then `rocmport refresh --continue` (or `--abort`)."]
+    for name, up in result["upstreams"].items():
+        lines += ["", f"## {name}: patches ({'new series' if up['created'] else 'series'} `{up['series']}`)", ""]
+        if up["patches"]:
+            lines += ["| patch | outcome | action | detail |", "|---|---|---|---|"]
+            lines += [f"| `{p['name']}` | {p['bucket']} | {p['action']} | {p['evidence'] or p['detail']} |" for p in up["patches"]]
+        else:
+            lines.append("No patches in this series.")
+        if up["dropped"]:
+            lines += ["", "Dropped (upstream has them):"] + [f"- `{n}`: {why}" for n, why in up["dropped"].items()]
+        if up["codemods"]:
+            lines += ["", "| codemod | sites old → new | files old → new | newly rewritten |", "|---|---|---|---|"]
+            for c in up["codemods"]:
+                new_files = ", ".join(f"`{f}`" for f in c["newly_rewritten"][:5]) + (" …" if len(c["newly_rewritten"]) > 5 else "")
+                lines.append(f"| {c['name']} | {c['old_sites']} → {c['new_sites']} | {c['old_files']} → {c['new_files']} | {new_files or '—'} |")
+    v = result.get("verify")
+    lines += ["", "## Verify", ""]
+    if v is None:
+        lines.append("Skipped (`--no-verify`).")
+    elif v.get("skipped"):
+        lines.append(f"Not run: {v['skipped']}.")
+    else:
+        lines += [f"Mode: {v['mode']}.", "", "| stage | status | reason |", "|---|---|---|"]
+        for s in v["stages"]:
+            label = (v.get("labels") or {}).get(s["name"], "")
+            lines.append(f"| {s['name']} | {s['status']} | {s['reason']}{' — ' + label if label else ''} |")
+    if result.get("range_diff"):
+        lines += ["", "<details><summary>range-diff of the old vs new series</summary>", "", "```", result["range_diff"], "```", "", "</details>"]
+    return "\n".join(lines) + "\n"

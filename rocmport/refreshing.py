@@ -1,0 +1,236 @@
+"""`refresh` as plain functions: carry the port from the locked upstream to a new ref.
+
+Everything happens in a refresh area (work trees, a staged copy of each series, a state file)
+beside the normal work trees; the project's series, lock and work trees change only when the
+refresh finished. A conflict stops with the tree ready for a human (--continue / --abort)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocmport import worktree as wt
+from rocmport.applying import apply_upstream, report_path
+from rocmport.config import Settings
+from rocmport.errors import BadInput
+from rocmport.fsutil import atomic_write_text
+from rocmport.lock import Lock, load_lock, parse_lock
+from rocmport.regenerate import patch_id, regenerate, upstream_patch_ids
+from rocmport.series_staging import StagedSeries, drop_from_series_text, promote, stage_series
+
+READY, NEEDS_HUMAN = "ready", "needs-human"
+
+
+@dataclass
+class RefreshResult:
+    status: str                 # ready | needs-human | up-to-date
+    to: str
+    old_lock: dict
+    new_lock: dict
+    upstreams: dict = field(default_factory=dict)   # name -> per-upstream outcome (patches, codemods, series)
+    verify: dict | None = None
+    conflict: dict | None = None
+    range_diff: str = ""
+    seconds: float = 0.0
+    promoted: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def area(settings: Settings) -> Path:
+    return settings.worktree_path("megatron-lm").parent / "refresh"
+
+
+def _state_path(settings: Settings) -> Path:
+    return area(settings) / "state.json"
+
+
+def _refresh_settings(settings: Settings) -> Settings:
+    return dataclasses.replace(settings, worktree_dir=area(settings))
+
+
+def read_state(settings: Settings) -> dict | None:
+    p = _state_path(settings)
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
+def _write_state(settings: Settings, state: dict) -> None:
+    atomic_write_text(_state_path(settings), json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+
+def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print) -> RefreshResult:
+    """Start a refresh to ``to``. ``verify_opts`` None means --no-verify."""
+    from rocmport.commands.sync import resolve_lock
+
+    state = read_state(settings)
+    if state and state.get("status") == "conflict":
+        raise BadInput(f"{_state_path(settings)}: a refresh to {state['to']} stopped at a conflict; resolve it and run "
+                       f"`rocmport refresh --continue`, or `rocmport refresh --abort`")
+    old = load_lock(settings.lock_path)
+    mlm = old.upstreams.get("megatron-lm")
+    if mlm is None:
+        raise BadInput(f"{settings.lock_path}: pins no megatron-lm; run `rocmport sync --ref REF` first")
+    started = time.time()
+    new = resolve_lock(settings, to, source=mlm.source, no_bridge="megatron-bridge" not in old.upstreams, say=say, warn=warn)
+    if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
+        return RefreshResult("up-to-date", to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"])
+    area(settings).mkdir(parents=True, exist_ok=True)
+    staged = {}
+    for name, pin in new.upstreams.items():
+        before = old.upstreams.get(name)
+        staged[name] = stage_series(settings.patchsets_dir, area(settings) / "patchsets", name, pin.version or "0",
+                                    before.resolved_ref if before else "-", pin.resolved_ref).to_dict()
+    state = {"status": "in-progress", "to": to, "old_lock": old.to_dict(), "new_lock": new.to_dict(), "staged": staged,
+             "applied": {}, "verify_opts": verify_opts, "started": started}
+    _write_state(settings, state)
+    return _advance(settings, state, say, warn, mode="apply")
+
+
+def continue_refresh(settings: Settings, *, say=print, warn=print) -> RefreshResult:
+    state = read_state(settings)
+    if not state or state.get("status") != "conflict":
+        raise BadInput(f"{area(settings)}: no stopped refresh to continue")
+    return _advance(settings, state, say, warn, mode="continue")
+
+
+def abort_refresh(settings: Settings, *, say=print) -> None:
+    state = read_state(settings)
+    if not state:
+        raise BadInput(f"{area(settings)}: no refresh to abort")
+    shutil.rmtree(area(settings), ignore_errors=True)
+    say(f"refresh to {state['to']} aborted; {settings.lock_path} and patchsets/ are as they were")
+
+
+def _lock_from(data: dict, where: str) -> Lock:
+    import yaml
+
+    return parse_lock(yaml.safe_dump(data), where)
+
+
+def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshResult:
+    new = _lock_from(state["new_lock"], "refresh state")
+    rsettings = _refresh_settings(settings)
+    for name in new.upstreams:
+        if name in state["applied"]:
+            continue
+        st = StagedSeries.from_dict(state["staged"][name])
+        step = mode if state.get("conflict_in") == name else "apply"
+        report = apply_upstream(rsettings, new, name, series=st.series, force=True, mode=step, say=say)
+        if report.status == "conflict":
+            bad = report.patches[-1]
+            state.update(status="conflict", conflict_in=name)
+            _write_state(settings, state)
+            result = _result(state, NEEDS_HUMAN)
+            result.conflict = {"upstream": name, "patch": bad["name"], "files": bad["files"], "hunks": bad["failed_hunks"],
+                               "detail": bad["detail"], "tree": report.tree}
+            return result
+        state["applied"][name] = report.to_dict()
+        state.pop("conflict_in", None)
+        state["status"] = "in-progress"
+        _write_state(settings, state)
+    return _finish(settings, state, say, warn)
+
+
+def _result(state: dict, status: str) -> RefreshResult:
+    return RefreshResult(status, state["to"], state["old_lock"], state["new_lock"])
+
+
+def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
+    from rocmport.refresh_report import codemod_changes, range_diff, run_verify_both
+
+    old = _lock_from(state["old_lock"], "refresh state")
+    new = _lock_from(state["new_lock"], "refresh state")
+    result = _result(state, READY)
+    rsettings = _refresh_settings(settings)
+    outcomes = {}
+    for name, report in state["applied"].items():
+        st = StagedSeries.from_dict(state["staged"][name])
+        tree = rsettings.worktree_path(name)
+        before = old.upstreams.get(name)
+        outcome = _refresh_patches(st, tree, report, before.commit if before else None, new.upstreams[name].commit)
+        outcome["codemods"] = codemod_changes(settings, old, name, report)
+        outcome["from"] = {"ref": before.resolved_ref, "commit": before.commit} if before else None
+        outcome["to"] = {"ref": new.upstreams[name].resolved_ref, "commit": new.upstreams[name].commit}
+        outcomes[name] = outcome
+    result.upstreams = outcomes
+    result.range_diff = range_diff(rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes)
+    if state.get("verify_opts") is not None:
+        result.verify = run_verify_both(settings, rsettings, old, state["verify_opts"], say)
+        if result.verify.get("failed"):
+            result.status = NEEDS_HUMAN
+    if result.status == READY:
+        result.promoted = _promote(settings, new, state, outcomes, warn)
+    result.seconds = round(time.time() - state["started"], 1)
+    return result
+
+
+def _refresh_patches(st: StagedSeries, tree: Path, report: dict, old_commit: str | None, new_commit: str) -> dict:
+    """Regenerate drifted patches in the staged series, drop the ones upstream merged."""
+    series = st.series
+    by_name = {p["name"]: p for p in report["patches"]}
+    rows, files, dropped = [], {}, {}
+    ids = None
+    for patch in series.patches:
+        o = by_name.get(patch.name, {"bucket": "not-applicable", "detail": "not reached"})
+        bucket = "resolved-by-hand" if o.get("resolved_by_hand") else o["bucket"]
+        row = {"name": patch.name, "bucket": bucket, "action": "kept", "detail": o.get("detail", ""), "evidence": ""}
+        if bucket in ("offset", "merged-3way", "resolved-by-hand"):
+            regen = regenerate(patch, tree, o["parent"], o["commit"], "merged-3way" if bucket == "resolved-by-hand" else bucket)
+            row["action"] = f"{regen.how}" if regen.changed else "unchanged"
+            if regen.changed:
+                files[patch.name] = regen.text
+        elif bucket == "already-upstream":
+            if ids is None and old_commit:
+                ids = upstream_patch_ids(tree, old_commit, new_commit)
+            pid = patch_id(patch.diff, tree)
+            match = (ids or {}).get(pid or "")
+            row["evidence"] = "reverse-applies on the new base" + (f"; patch-id {pid[:12]} matches upstream commit {match[:12]}" if match else "")
+            row["action"] = "dropped"
+            dropped[patch.name] = row["evidence"]
+        rows.append(row)
+    text = (st.staged_dir / "series").read_text(encoding="utf-8")
+    return {"series": str(st.target_dir / "series"), "created": st.created, "from_series": str(st.source_dir),
+            "patches": rows, "regenerated": files, "dropped": dropped,
+            "series_text": text, "series_text_final": drop_from_series_text(text, dropped) if dropped else text}
+
+
+def _promote(settings: Settings, new: Lock, state: dict, outcomes: dict, warn) -> list[str]:
+    changed = []
+    for name, outcome in outcomes.items():
+        st = StagedSeries.from_dict(state["staged"][name])
+        changed += promote(st, outcome["series_text_final"], outcome["regenerated"], list(outcome["dropped"]))
+    new.save(settings.lock_path)  # the commit point: after the series it needs are in place
+    changed.append(str(settings.lock_path))
+    for name in outcomes:
+        _swap_tree(settings, name, warn)
+    shutil.rmtree(area(settings) / "patchsets", ignore_errors=True)
+    _state_path(settings).unlink(missing_ok=True)
+    return changed
+
+
+def _swap_tree(settings: Settings, name: str, warn) -> None:
+    """Make the refreshed tree the project's work tree when the old one holds nothing of a user's."""
+    fresh = _refresh_settings(settings).worktree_path(name)
+    current = settings.worktree_path(name)
+    if current.exists():
+        state = wt.read_state(current) or {}
+        owned = state.get("status") == "done" and wt.head(current) == state.get("result") and not wt.dirty_paths(current)
+        if not owned:
+            warn(f"{current}: has work rocmport did not make; left as it is (the refreshed port is in {fresh})")
+            return
+    with wt.locked(current):
+        trash = current.parent / f".{current.name}.old"
+        shutil.rmtree(trash, ignore_errors=True)
+        if current.exists():
+            current.rename(trash)
+        fresh.rename(current)
+        rp = report_path(fresh)
+        if rp.is_file():
+            rp.replace(report_path(current))
+        shutil.rmtree(trash, ignore_errors=True)

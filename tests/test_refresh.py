@@ -1,0 +1,146 @@
+"""`rocmport refresh` on real local upstreams whose new tags move, touch, merge or conflict with patches."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from refresh_helpers import LAYERS, Ported, edit_line
+from sync_helpers import g
+
+
+@pytest.fixture()
+def port(tmp_path, monkeypatch):
+    return Ported(tmp_path, monkeypatch)
+
+
+def _hunks_and_body(text: str) -> tuple[list[str], str]:
+    """Hunk headers / index lines, and everything else."""
+    moving = [ln for ln in text.splitlines() if ln.startswith(("@@", "index "))]
+    rest = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("@@", "index ")))
+    return moving, rest
+
+
+def test_offset_patch_is_shifted_into_a_new_series_and_lock_is_bumped(port, capsys):
+    new = port.tag({"megatron/core/layers.py": "".join(f"new {i}\n" for i in range(5)) + LAYERS}, "core_v0.17.0", "0.17.0")
+    old_lock = (port.root / "upstream.lock").read_text()
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
+    rows = port.rows()
+    assert rows["0001-layers-ten.patch"]["bucket"] == "offset" and rows["0001-layers-ten.patch"]["action"] == "shifted"
+    assert rows["0002-layers-thirty.patch"]["action"] == "shifted"
+    assert rows["0003-utils.patch"] == {**rows["0003-utils.patch"], "bucket": "clean", "action": "kept"}
+    v17 = port.root / "patchsets" / "megatron-lm" / "v0.17"
+    assert port.series("v0.17")["versions"] == ">=0.17.0rc0,<0.18.0rc0" and port.series("v0.17")["line"] == "v0.17"
+    assert port.series("v0.17")["patches"] == list(port.patches)
+    # Byte-stable: header, hunk bodies and context width kept; only positions and blob ids moved.
+    old_text, new_text = port.patches["0001-layers-ten.patch"], (v17 / "0001-layers-ten.patch").read_text()
+    assert _hunks_and_body(old_text)[1] == _hunks_and_body(new_text)[1]
+    assert "@@ -8,5 +8,5 @@" in old_text and "@@ -13,5 +13,5 @@" in new_text
+    assert (v17 / "0003-utils.patch").read_text() == port.patches["0003-utils.patch"]
+    # The old series is untouched; the lock pins the new tag; the work tree is the new port.
+    assert (port.series_dir / "0001-layers-ten.patch").read_text() == old_text
+    assert port.lock["upstreams"]["megatron-lm"]["commit"] == new and (port.root / "upstream.lock").read_text() != old_lock
+    tree = port.root / "build" / "megatron-lm"
+    assert g(tree, "rev-parse", "rocmport/base/core_v0.17.0^{commit}") == new
+    assert "line 10 rocm" in (tree / "megatron/core/layers.py").read_text()
+    # The refreshed series now applies exactly: a rebuild puts every patch in the clean bucket.
+    assert port.run("apply") == 0
+    assert json.loads((port.root / "build" / "megatron-lm.report.json").read_text())["totals"] == {"clean": 3}
+    # A second refresh to the same ref has nothing to do.
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
+    assert port.summary["status"] == "up-to-date"
+    md = (port.root / "build" / "refresh" / "summary.md").read_text()
+    assert "already up to date" in md
+
+
+def test_three_way_patch_is_regenerated_with_its_context_width(port):
+    # Upstream edits a context line of patch 0002: exact apply fails, the 3-way merge succeeds.
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 28, "line 28 upstream")}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "core_v0.17.0", "--no-verify") == 0
+    row = port.rows()["0002-layers-thirty.patch"]
+    assert row["bucket"] == "merged-3way" and row["action"] == "regenerated"
+    text = (port.root / "patchsets/megatron-lm/v0.17/0002-layers-thirty.patch").read_text()
+    assert " line 28 upstream" in text and "+line 30 rocm" in text
+    assert text.startswith("Description: rocm line thirty\n more words\nUpstream-Status: ROCm-only\nBug: https://example.invalid/2\n---\n")
+    assert len([ln for ln in text.split("\n---\n", 1)[1].splitlines() if ln.startswith(" ")]) == 6
+    assert re.search(r"2:  [0-9a-f]+ ! 2:  [0-9a-f]+ rocm line thirty", port.summary["range_diff"])  # three lines each side, as written
+    assert port.run("apply") == 0
+    assert json.loads((port.root / "build" / "megatron-lm.report.json").read_text())["totals"] == {"clean": 3}
+
+
+def test_patch_upstream_merged_is_dropped_with_evidence(port):
+    # Upstream lands exactly patch 0003's change (same patch-id), then tags.
+    merged = port.upstream_commit({"megatron/core/utils.py": "def f():\n    return 2\n"}, "upstream: f returns 2")
+    port.tag({"docs/index.md": "docs 2\n"}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
+    row = port.rows()["0003-utils.patch"]
+    assert row["bucket"] == "already-upstream" and row["action"] == "dropped"
+    assert "reverse-applies" in row["evidence"] and merged[:12] in row["evidence"]
+    v17 = port.root / "patchsets" / "megatron-lm" / "v0.17"
+    assert port.series("v0.17")["patches"] == ["0001-layers-ten.patch", "0002-layers-thirty.patch"]
+    assert not (v17 / "0003-utils.patch").exists() and (port.series_dir / "0003-utils.patch").exists()
+    assert f"# dropped 0003-utils.patch: reverse-applies on the new base; patch-id" in (v17 / "series").read_text()
+    assert "0003-utils.patch" in (port.root / "build/refresh/summary.md").read_text()
+
+
+def test_conflict_stops_for_a_human_then_continue(port):
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    lock_before = (port.root / "upstream.lock").read_text()
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    conflict = port.summary["conflict"]
+    assert conflict["patch"] == "0002-layers-thirty.patch" and conflict["files"] == ["megatron/core/layers.py"]
+    assert conflict["hunks"] == [{"file": "megatron/core/layers.py", "line": 27}]
+    # Nothing of the project changed; the refresh tree is clean at the last good commit.
+    assert (port.root / "upstream.lock").read_text() == lock_before
+    assert not (port.root / "patchsets/megatron-lm/v0.17").exists()
+    assert g(port.root, "status", "--porcelain") == ""
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 2  # a stopped refresh is not started over
+    rtree = port.root / "build" / "refresh" / "megatron-lm"
+    assert g(rtree, "status", "--porcelain") == ""
+    (rtree / "megatron/core/layers.py").write_text(edit_line(LAYERS, 30, "line 30 upstream rocm"))
+    assert port.run("refresh", "--continue") == 2  # uncommitted resolution
+    g(rtree, "commit", "-qam", "resolve 0002 by hand")
+    assert port.run("refresh", "--continue") == 0
+    row = port.rows()["0002-layers-thirty.patch"]
+    assert row["bucket"] == "resolved-by-hand" and row["action"] == "regenerated"
+    text = (port.root / "patchsets/megatron-lm/v0.17/0002-layers-thirty.patch").read_text()
+    assert "-line 30 upstream\n+line 30 upstream rocm\n" in text
+    assert port.lock["upstreams"]["megatron-lm"]["resolved_ref"] == "core_v0.17.0"
+    assert port.run("apply") == 0
+    assert json.loads((port.root / "build" / "megatron-lm.report.json").read_text())["totals"] == {"clean": 3}
+
+
+def test_conflict_abort_leaves_everything_as_it_was(port):
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    lock_before = (port.root / "upstream.lock").read_text()
+    head_before = g(port.root / "build/megatron-lm", "rev-parse", "HEAD")
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    assert port.run("refresh", "--abort") == 0
+    assert not (port.root / "build" / "refresh").exists()
+    assert (port.root / "upstream.lock").read_text() == lock_before and g(port.root, "status", "--porcelain") == ""
+    assert g(port.root / "build/megatron-lm", "rev-parse", "HEAD") == head_before
+    assert port.run("refresh", "--continue") == 2
+
+
+def test_tag_touching_nothing_ported_changes_only_the_lock(port):
+    new = port.tag({"docs/index.md": "more docs\n"}, "core_v0.16.2", "0.16.2")
+    assert port.run("refresh", "--to", "v0.16", "--no-verify") == 0
+    assert {p["action"] for p in port.rows().values()} == {"kept"}
+    assert g(port.root, "status", "--porcelain") == "M upstream.lock"
+    assert port.lock["upstreams"]["megatron-lm"]["commit"] == new
+    assert port.summary["upstreams"]["megatron-lm"]["created"] is False
+
+
+def test_refresh_json_and_bad_input(port, capsys):
+    assert port.run("refresh") == 2
+    assert port.run("refresh", "--to", "v0.99", "--no-verify") == 2
+    assert "v0.99" in capsys.readouterr().err
+    port.tag({"megatron/core/layers.py": "x\n" + LAYERS}, "core_v0.17.0", "0.17.0")
+    capsys.readouterr()
+    assert port.run("refresh", "--to", "v0.17", "--no-verify", "--json") == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "ready" and data["to"] == "v0.17" and "series_text" not in data["upstreams"]["megatron-lm"]
+    # Moved but unchanged patches read as equal in the range-diff.
+    assert re.search(r"1:  [0-9a-f]+ = 1:  [0-9a-f]+ rocm line ten", data["range_diff"])
