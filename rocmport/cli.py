@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "codemod": "codemod",
     "doctor": "doctor",
     "env": "env",
+    "bot": "bot",
     "patches": "patches",
     "refresh": "refresh",
     "status": "status",

@@ -174,7 +174,7 @@ def _refresh_patches(st: StagedSeries, tree: Path, report: dict, old_commit: str
     """Regenerate drifted patches in the staged series, drop the ones upstream merged."""
     series = st.series
     by_name = {p["name"]: p for p in report["patches"]}
-    rows, files, dropped = [], {}, {}
+    rows, files, dropped, dropped_texts = [], {}, {}, {}
     ids = None
     for patch in series.patches:
         o = by_name.get(patch.name, {"bucket": "not-applicable", "detail": "not reached"})
@@ -193,10 +193,11 @@ def _refresh_patches(st: StagedSeries, tree: Path, report: dict, old_commit: str
             row["evidence"] = "reverse-applies on the new base" + (f"; patch-id {pid[:12]} matches upstream commit {match[:12]}" if match else "")
             row["action"] = "dropped"
             dropped[patch.name] = row["evidence"]
+            dropped_texts[patch.name] = patch.path.read_text(encoding="utf-8")
         rows.append(row)
     text = (st.staged_dir / "series").read_text(encoding="utf-8")
     return {"series": str(st.target_dir / "series"), "created": st.created, "from_series": str(st.source_dir),
-            "patches": rows, "regenerated": files, "dropped": dropped,
+            "patches": rows, "regenerated": files, "dropped": dropped, "dropped_texts": dropped_texts,
             "series_text": text, "series_text_final": drop_from_series_text(text, dropped) if dropped else text}
 
 

@@ -81,7 +81,7 @@ def test_patch_upstream_merged_is_dropped_with_evidence(port):
     v17 = port.root / "patchsets" / "megatron-lm" / "v0.17"
     assert port.series("v0.17")["patches"] == ["0001-layers-ten.patch", "0002-layers-thirty.patch"]
     assert not (v17 / "0003-utils.patch").exists() and (port.series_dir / "0003-utils.patch").exists()
-    assert f"# dropped 0003-utils.patch: reverse-applies on the new base; patch-id" in (v17 / "series").read_text()
+    assert "# dropped 0003-utils.patch: reverse-applies on the new base; patch-id" in (v17 / "series").read_text()
     assert "0003-utils.patch" in (port.root / "build/refresh/summary.md").read_text()
 
 

@@ -18,7 +18,7 @@ def public(result: RefreshResult) -> dict:
     """The result without file texts (they are in the series already): what --json and summary.json hold."""
     data = result.to_dict()
     for up in data["upstreams"].values():
-        for key in ("regenerated", "series_text", "series_text_final"):
+        for key in ("regenerated", "dropped_texts", "series_text", "series_text_final"):
             up.pop(key, None)
     return data
 

@@ -1,0 +1,244 @@
+"""The refresh bot: one refresh per new upstream release, each on its own branch of the project
+repository in bisectable commits, with a record so no tag is processed twice and a failed tag is
+not retried until its inputs change."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+from packaging.version import Version
+
+from rocmport import __version__, refs
+from rocmport.config import Settings, load_settings
+from rocmport.errors import BadInput, RocmportError
+from rocmport.fsutil import atomic_write_text
+from rocmport.gitutil import git, rev_parse, run_git
+from rocmport.lock import load_lock
+from rocmport.patchset import all_series
+from rocmport.remotes import update_mirror, validate_url
+from rocmport.store import Store
+
+BOT_NAME, BOT_EMAIL = "rocmport-bot", "rocmport-bot@users.noreply.github.com"
+BOT_ENV = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL, "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
+EXIT_BUSY = 3
+SUMMARIES = "refresh-summaries"
+
+
+class Busy(RocmportError):
+    exit_code = EXIT_BUSY
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str      # the tag (or main@<sha12>)
+    ref: str       # what refresh resolves
+    commit: str
+
+    @property
+    def branch(self) -> str:
+        return f"rocmport/refresh-{self.name.replace('@', '-')}"
+
+
+def state_dir(settings: Settings) -> Path:
+    return settings.root / ".rocmport"
+
+
+def read_record(settings: Settings) -> dict:
+    p = state_dir(settings) / "bot-state.json"
+    return json.loads(p.read_text()) if p.is_file() else {"tags": {}}
+
+
+def write_record(settings: Settings, record: dict) -> None:
+    atomic_write_text(state_dir(settings) / "bot-state.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+@contextmanager
+def exclusive(settings: Settings):
+    """One bot run per project at a time; a second one is refused at once."""
+    state_dir(settings).mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(state_dir(settings) / "bot.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise Busy(f"{state_dir(settings) / 'bot.lock'}: another rocmport bot run holds it; wait for it or stop it") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _line(v: Version) -> str:
+    return f"v{v.major}.{v.minor}"
+
+
+def candidates(settings: Settings, track: str, lines: list[str] | None, say=print) -> list[Candidate]:
+    """Upstream releases newer than the lock, oldest version first (versions, not dates: patch
+    releases of an older line are often tagged after the next line's first release)."""
+    lock = load_lock(settings.lock_path)
+    pin = lock.upstreams.get("megatron-lm")
+    if pin is None:
+        raise BadInput(f"{settings.lock_path}: pins no megatron-lm; run `rocmport sync --ref REF` first")
+    current = Version(pin.version or "0")
+    by_version: dict[Version, Candidate] = {}
+    if pin.source == "pypi":
+        if track == "main":
+            raise BadInput(f"{settings.lock_path}: pins a package-index release; --track main needs a git upstream (`rocmport sync --source git`)")
+        from rocmport import pypi
+        from rocmport.config import PYPI_DISTRIBUTIONS
+
+        for v in pypi.list_final_versions(PYPI_DISTRIBUTIONS["megatron-lm"]):
+            if v > current:
+                by_version[v] = Candidate(f"v{v}", str(v), f"pypi:{v}")
+    else:
+        mirror = update_mirror(Store(settings.cache_dir), validate_url("megatron-lm", settings.remotes["megatron-lm"]))
+        if track == "main":
+            head = rev_parse("refs/heads/main", mirror)
+            if head is None:
+                raise BadInput(f"{settings.remotes['megatron-lm']}: has no branch 'main' to track")
+            return [] if head == pin.commit else [Candidate(f"main@{head[:12]}", head, head)]
+        # Twin tags (v0.15.3 / core_v0.15.3): release_tags sorts the core_ one last, so it wins.
+        for t in refs.release_tags(mirror):
+            if t.is_final and t.version > current:
+                by_version[t.version] = Candidate(t.name, t.name, t.commit)
+    wanted = set(lines or [])
+    if not wanted:
+        newest = max((_line(v) for v in by_version), key=lambda s: Version(s[1:]), default=None)
+        wanted = {s.line for s in all_series(settings.patchsets_dir, "megatron-lm")} | ({newest} if newest else set())
+    out = [c for v, c in sorted(by_version.items()) if _line(v) in wanted]
+    say(f"bot: {len(out)} release(s) newer than {pin.resolved_ref} on lines {', '.join(sorted(wanted, key=lambda s: Version(s[1:])))}: "
+        f"{', '.join(c.name for c in out) or 'none'}")
+    return out
+
+
+def inputs_of(root: Path, base: str, cand: Candidate) -> str:
+    """What a refresh of ``cand`` depends on: the upstream commit, the series, rocmport itself."""
+    series_tree = run_git("rev-parse", f"{base}:patchsets", cwd=root, check=False).stdout.strip()
+    return hashlib.sha256(f"{cand.commit}\0{series_tree}\0{__version__}".encode()).hexdigest()[:16]
+
+
+def _commit(root: Path, paths: list[str], message: str) -> bool:
+    git("add", "-A", "--", *paths, cwd=root)
+    if not run_git("diff", "--cached", "--quiet", cwd=root, check=False).returncode:
+        return False
+    git("commit", "-q", "--no-verify", "-m", message, cwd=root, env=BOT_ENV)
+    return True
+
+
+def _human_commits(root: Path, base: str, tip: str) -> list[str]:
+    out = git("log", "--format=%H %ae", f"{base}..{tip}", cwd=root)
+    return [line.split()[0] for line in out.splitlines() if line.split()[1] != BOT_EMAIL]
+
+
+def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | None, say, warn) -> dict:
+    """Refresh to ``cand`` on its own branch from ``base``; the caller's branch is restored after."""
+    from rocmport.commands.refresh import public, write_summary
+    from rocmport.refresh_report import markdown
+    from rocmport.refreshing import READY, abort_refresh, read_state, refresh
+
+    root = settings.root
+    start = git("symbolic-ref", "-q", "--short", "HEAD", cwd=root)
+    existing = rev_parse(f"refs/heads/{cand.branch}", root)
+    if existing and _human_commits(root, base, existing):
+        return {"status": "failed", "reason": f"branch {cand.branch} has commits by a human; not rebuilding it"}
+    git("checkout", "-q", "-B", cand.branch, base, cwd=root)
+    try:
+        if read_state(settings):
+            abort_refresh(settings, say=say)  # a leftover from a killed run: the record says it never finished
+        result = refresh(load_settings(root), cand.ref, verify_opts=verify_opts, say=say, warn=warn)
+        summary = write_summary(result, settings.worktree_path("megatron-lm").parent / "refresh")
+        if result.status != READY and result.status != "up-to-date":
+            reason = (f"conflict in {result.conflict['patch']}" if result.conflict else
+                      f"verify failed: {', '.join(result.verify['failed'])}" if result.verify else "needs a human")
+            if result.conflict:
+                abort_refresh(settings, say=say)
+            git("checkout", "-q", "--force", start, cwd=root)
+            git("branch", "-q", "-D", cand.branch, cwd=root)
+            return {"status": "failed", "reason": reason, "summary": markdown(public(result))}
+        _bisectable_commits(root, cand, result)
+        summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"
+        summary_file.parent.mkdir(exist_ok=True)
+        summary_file.write_text(summary.read_text(encoding="utf-8"), encoding="utf-8")
+        _commit(root, [SUMMARIES], f"summary of the refresh to {cand.name}")
+        return {"status": "done", "branch": cand.branch, "commit": rev_parse("HEAD", root), "summary_file": str(summary_file.relative_to(root))}
+    finally:
+        if git("symbolic-ref", "-q", "--short", "HEAD", cwd=root) != start:
+            git("checkout", "-q", start, cwd=root)
+
+
+def _bisectable_commits(root: Path, cand: Candidate, result) -> None:
+    """bump the lock -> refreshed series (dropped patches still listed) -> the drops."""
+    _commit(root, ["upstream.lock"], f"bump upstream.lock to {cand.name}")
+    dropped_any = False
+    for up in result.upstreams.values():
+        series = Path(up["series"])
+        if up["dropped"]:
+            dropped_any = True
+            series.write_text(up["series_text"], encoding="utf-8")
+            for name, text in up["dropped_texts"].items():
+                (series.parent / name).write_text(text, encoding="utf-8")
+    _commit(root, ["patchsets"], f"refresh patches for {cand.name}")
+    if dropped_any:
+        for up in result.upstreams.values():
+            series = Path(up["series"])
+            series.write_text(up["series_text_final"], encoding="utf-8")
+            for name in up["dropped"]:
+                (series.parent / name).unlink(missing_ok=True)
+        evidence = "\n".join(f"- {n}: {why}" for up in result.upstreams.values() for n, why in up["dropped"].items())
+        _commit(root, ["patchsets"], f"drop upstreamed patches\n\n{evidence}\n")
+
+
+def push(root: Path, remote: str, branch: str, warn) -> str:
+    """Push without ever overwriting a human's commits on the remote branch."""
+    remote_sha = run_git("ls-remote", remote, f"refs/heads/{branch}", cwd=root).stdout.split()
+    local = git("rev-parse", branch, cwd=root)
+    if remote_sha and remote_sha[0] != local:
+        git("fetch", "-q", remote, f"+refs/heads/{branch}:refs/rocmport/remote-check", cwd=root)
+        theirs = remote_sha[0]
+        if run_git("merge-base", "--is-ancestor", theirs, local, cwd=root, check=False).returncode != 0:
+            humans = _human_commits(root, local, theirs)
+            if humans:
+                warn(f"{remote} {branch}: has {len(humans)} commit(s) by a human ({humans[0][:12]}); not force-pushing")
+                return "refused"
+            git("push", "-q", f"--force-with-lease=refs/heads/{branch}:{theirs}", remote, f"{branch}:refs/heads/{branch}", cwd=root)
+            return "replaced"
+    git("push", "-q", remote, f"{branch}:refs/heads/{branch}", cwd=root)
+    return "pushed"
+
+
+def run_once(settings: Settings, *, track="release", lines=None, retry=False, push_remote=None, verify_opts=None,
+             say=print, warn=print) -> list[dict]:
+    with exclusive(settings):
+        root = settings.root
+        if run_git("status", "--porcelain", "--untracked-files=no", cwd=root).stdout.strip():
+            raise BadInput(f"{root}: has uncommitted changes; the bot works on branches of a clean checkout")
+        record = read_record(settings)
+        base = rev_parse("HEAD", root)
+        results = []
+        for cand in candidates(settings, track, lines, say):
+            inputs = inputs_of(root, base, cand)
+            prev = record["tags"].get(cand.name)
+            if prev and prev["status"] == "done":
+                say(f"bot: {cand.name} already done on {prev['branch']}")
+                if rev_parse(f"refs/heads/{prev['branch']}", root) == prev.get("commit"):
+                    base = prev["commit"]  # later releases build on it, as the PRs stack
+                continue
+            if prev and prev["status"] == "failed" and prev.get("inputs") == inputs and not retry:
+                say(f"bot: {cand.name} failed before ({prev['reason']}); inputs unchanged, not retrying (--retry to force)")
+                continue
+            say(f"bot: refreshing to {cand.name} on {cand.branch}")
+            outcome = {"tag": cand.name, "commit": cand.commit, "inputs": inputs,
+                       **process(settings, cand, base, verify_opts, say, warn)}
+            if outcome["status"] == "done":
+                base = outcome["commit"]
+                if push_remote:
+                    outcome["push"] = push(root, push_remote, cand.branch, warn)
+            record["tags"][cand.name] = {k: v for k, v in outcome.items() if k not in ("tag", "summary")}
+            write_record(settings, record)
+            results.append(outcome)
+            say(f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}")
+        return results

@@ -1,0 +1,70 @@
+"""`rocmport bot`: refresh the port for every new upstream release (once, or polling)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import click
+
+from rocmport import output
+from rocmport.bot import run_once
+from rocmport.config import load_settings
+from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
+
+
+def _line(text: str) -> str:
+    m = re.match(r"^(?:core_)?v?(\d+)\.(\d+)$", str(text).strip())
+    if not m:
+        raise BadInput(f"release line {text!r}: expected the form v0.16")
+    return f"v{int(m.group(1))}.{int(m.group(2))}"
+
+
+@click.command("bot")
+@click.option("--once", is_flag=True, help="Process new releases once and exit.")
+@click.option("--watch", is_flag=True, help="Keep polling upstream every --interval seconds.")
+@click.option("--interval", type=float, default=3600, show_default=True, help="Seconds between polls with --watch.")
+@click.option("--track", type=click.Choice(["release", "main"]), default="release", show_default=True,
+              help="Follow release tags, or upstream's main branch (one refresh per new main commit seen).")
+@click.option("--lines", help="Release lines to follow, e.g. v0.16,v0.17 (default: [tool.rocmport] release-lines, "
+                              "else the newest line and every line that has a series).")
+@click.option("--retry", is_flag=True, help="Retry releases that failed before even if nothing changed.")
+@click.option("--push", "push_remote", metavar="REMOTE", help="Push each refresh branch to this git remote (never over a human's commits).")
+@click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` in each refresh.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was processed as JSON (with --once).")
+@click.pass_obj
+def command(obj, once, watch, interval, track, lines, retry, push_remote, no_verify, as_json):
+    """Open one refresh branch per new upstream release: rocmport/refresh-<tag>.
+
+    \b
+    Each branch holds bisectable commits: "bump upstream.lock to <tag>", "refresh patches for
+    <tag>", "drop upstreamed patches" (when any), and the summary in refresh-summaries/<tag>.md.
+    State in .rocmport/bot-state.json: done tags are never redone; a failed tag is retried only
+    when its inputs change (upstream commit, the series, rocmport) or with --retry.
+    Exit: 0 every release ready (or none new), 1 a release needs a human, 2 bad input,
+    3 another bot run holds the lock.
+    """
+    if once == watch:
+        raise BadInput("give exactly one of --once or --watch")
+    if interval <= 0:
+        raise BadInput(f"--interval {interval}: must be a positive number of seconds")
+    settings = load_settings(obj["project"])
+    wanted = [_line(s) for s in (lines.split(",") if lines else settings.tool.get("release-lines") or [])]
+    verify_opts = None if no_verify else {"tp": int(settings.tool.get("tp", 2)), "pp": int(settings.tool.get("pp", 2))}
+    kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
+              say=output.info, warn=output.warn)
+    if once:
+        results = run_once(settings, **kw)
+        if as_json:
+            output.emit_json({"processed": results})
+        return EXIT_PROBLEM if any(r["status"] != "done" for r in results) else EXIT_OK
+    cycle = 0
+    while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
+        cycle += 1
+        output.info(f"bot: cycle {cycle} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+        try:
+            results = run_once(settings, **kw)
+            output.info(f"bot: cycle {cycle} processed {len(results)} release(s)")
+        except RocmportError as exc:  # a bad cycle (network, a busy lock) must not end the poller
+            output.warn(f"bot: cycle {cycle} failed: {exc}")
+        time.sleep(interval)
