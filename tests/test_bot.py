@@ -15,6 +15,7 @@ from filelock import FileLock
 
 from refresh_helpers import LAYERS, Ported, edit_line
 from rocmport import bot
+from rocmport.cli import main
 from rocmport.config import load_settings
 from sync_helpers import commit, g
 
@@ -192,3 +193,28 @@ def test_shipped_workflow_passes_the_github_workflow_schema_and_runs_the_bot(tmp
     broken = tmp_path / "broken.yml"
     broken.write_text(text.replace("runs-on: ubuntu-latest", "runs_on: ubuntu-latest"))
     assert _lint(broken).returncode != 0  # the linter does reject a broken workflow
+
+
+@pytest.mark.network
+def test_bot_on_the_package_index_refreshes_a_patch_release(tmp_path, monkeypatch, capsys):
+    """Lock at megatron-core 0.16.0 from the real index: the bot refreshes to 0.16.1 on its branch."""
+    import shutil
+
+    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(Path.home() / ".cache" / "rocmport-test"))
+    monkeypatch.delenv("ROCMPORT_INDEX_URL", raising=False)
+    root = tmp_path / "project"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "patchsets" / "megatron-lm" / "v0.16", root / "patchsets" / "megatron-lm" / "v0.16")
+    g(tmp_path, "init", "-q", "-b", "main", str(root))
+    (root / ".gitignore").write_text("/build/\n/.rocmport/\n")
+    run = lambda *a: main(["-C", str(root), *a])  # noqa: E731
+    assert run("sync", "--ref", "0.16.0", "--source", "pypi", "--no-bridge") == 0
+    g(root, "add", "-A")
+    g(root, "commit", "-qm", "port at 0.16.0")
+    capsys.readouterr()
+    assert run("bot", "--once", "--no-verify", "--lines", "v0.16", "--json") == 0
+    done = json.loads(capsys.readouterr().out)["processed"]
+    assert [(d["tag"], d["status"]) for d in done] == [("v0.16.1", "done")]
+    lock = g(root, "show", "rocmport/refresh-v0.16.1:upstream.lock")
+    assert "resolved_ref: 0.16.1" in lock and "source: pypi" in lock
+    summary = g(root, "show", "rocmport/refresh-v0.16.1:refresh-summaries/v0.16.1.md")
+    assert "0001-dist-ckpt-no-pinned-preload-on-hip.patch" in summary and "ready to merge" in summary

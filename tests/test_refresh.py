@@ -144,3 +144,18 @@ def test_refresh_json_and_bad_input(port, capsys):
     assert data["status"] == "ready" and data["to"] == "v0.17" and "series_text" not in data["upstreams"]["megatron-lm"]
     # Moved but unchanged patches read as equal in the range-diff.
     assert re.search(r"1:  [0-9a-f]+ = 1:  [0-9a-f]+ rocm line ten", data["range_diff"])
+
+
+def test_verify_failure_is_labelled_against_the_old_pin(port):
+    """The new release breaks imports; the old port imports fine, so the failure is the new upstream's."""
+    port.tag({"megatron/core/__init__.py": "import rocmport_test_no_such_package  # noqa\n"}, "core_v0.17.0", "0.17.0")
+    lock_before = (port.root / "upstream.lock").read_text()
+    assert port.run("refresh", "--to", "v0.17", "--tp", "1", "--pp", "1") == 1
+    v = port.summary["verify"]
+    assert v["failed"] == ["imports"] and port.summary["status"] == "needs-human"
+    assert v["labels"]["imports"].startswith("passes on the old pin")
+    assert "rocmport_test_no_such_package" in next(s["reason"] for s in v["stages"] if s["name"] == "imports")
+    # Nothing promoted: the lock and the series stay; the summary says why.
+    assert (port.root / "upstream.lock").read_text() == lock_before
+    assert not (port.root / "patchsets/megatron-lm/v0.17").exists()
+    assert "passes on the old pin" in (port.root / "build/refresh/summary.md").read_text()
