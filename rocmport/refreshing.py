@@ -19,7 +19,7 @@ from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.lock import Lock, load_lock, parse_lock
-from rocmport.regenerate import patch_id, regenerate, upstream_patch_ids
+from rocmport.regenerate import patch_id, regenerate, reverse_applies, upstream_patch_ids
 from rocmport.series_staging import StagedSeries, drop_from_series_text, promote, stage_series
 
 READY, NEEDS_HUMAN = "ready", "needs-human"
@@ -86,8 +86,10 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
         before = old.upstreams.get(name)
         staged[name] = stage_series(settings.patchsets_dir, area(settings) / "patchsets", name, pin.version or "0",
                                     before.resolved_ref if before else "-", pin.resolved_ref).to_dict()
+    merged = {name: _merged_upstream(settings, StagedSeries.from_dict(staged[name]), old.upstreams.get(name), pin)
+              for name, pin in new.upstreams.items()}
     state = {"status": "in-progress", "to": to, "old_lock": old.to_dict(), "new_lock": new.to_dict(), "staged": staged,
-             "applied": {}, "verify_opts": verify_opts, "started": started}
+             "merged_upstream": merged, "applied": {}, "verify_opts": verify_opts, "started": started}
     _write_state(settings, state)
     return _advance(settings, state, say, warn, mode="apply")
 
@@ -121,7 +123,10 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshRe
             continue
         st = StagedSeries.from_dict(state["staged"][name])
         step = mode if state.get("conflict_in") == name else "apply"
-        report = apply_upstream(rsettings, new, name, series=st.series, force=True, mode=step, say=say)
+        series = st.series
+        # Patches upstream merged (by patch-id) are not applied: they could only conflict.
+        series.patches = [p for p in series.patches if p.name not in state.get("merged_upstream", {}).get(name, {})]
+        report = apply_upstream(rsettings, new, name, series=series, force=True, mode=step, say=say)
         if report.status == "conflict":
             bad = report.patches[-1]
             state.update(status="conflict", conflict_in=name)
@@ -135,6 +140,24 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshRe
         state["status"] = "in-progress"
         _write_state(settings, state)
     return _finish(settings, state, say, warn)
+
+
+def _merged_upstream(settings: Settings, st: StagedSeries, before, pin) -> dict[str, str]:
+    """Patches whose `git patch-id --stable` matches an upstream commit in old..new -> evidence."""
+    series = st.series
+    if not series.patches or before is None or before.source != "git" or pin.source != "git":
+        return {}  # package-index sources have no upstream history to search
+    from rocmport.store import Store
+
+    mirror = Store(settings.cache_dir).mirror_dir(st.upstream)
+    ids = upstream_patch_ids(mirror, before.commit, pin.commit)
+    found = {}
+    for patch in series.patches:
+        pid = patch_id(patch.diff, mirror)
+        if pid and pid in ids:
+            how = "reverse-applies on the new base; " if reverse_applies(mirror, patch.diff, pin.commit) else ""
+            found[patch.name] = f"{how}patch-id {pid[:12]} matches upstream commit {ids[pid][:12]}"
+    return found
 
 
 def _result(state: dict, status: str) -> RefreshResult:
@@ -153,7 +176,7 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
         st = StagedSeries.from_dict(state["staged"][name])
         tree = rsettings.worktree_path(name)
         before = old.upstreams.get(name)
-        outcome = _refresh_patches(st, tree, report, before.commit if before else None, new.upstreams[name].commit)
+        outcome = _refresh_patches(st, tree, report, state.get("merged_upstream", {}).get(name, {}))
         outcome["codemods"] = codemod_changes(settings, old, name, report)
         outcome["from"] = {"ref": before.resolved_ref, "commit": before.commit} if before else None
         outcome["to"] = {"ref": new.upstreams[name].resolved_ref, "commit": new.upstreams[name].commit}
@@ -170,13 +193,14 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
     return result
 
 
-def _refresh_patches(st: StagedSeries, tree: Path, report: dict, old_commit: str | None, new_commit: str) -> dict:
+def _refresh_patches(st: StagedSeries, tree: Path, report: dict, merged: dict[str, str]) -> dict:
     """Regenerate drifted patches in the staged series, drop the ones upstream merged."""
     series = st.series
     by_name = {p["name"]: p for p in report["patches"]}
     rows, files, dropped, dropped_texts = [], {}, {}, {}
-    ids = None
     for patch in series.patches:
+        if patch.name in merged:
+            by_name[patch.name] = {"bucket": "already-upstream", "detail": "", "evidence": merged[patch.name]}
         o = by_name.get(patch.name, {"bucket": "not-applicable", "detail": "not reached"})
         bucket = "resolved-by-hand" if o.get("resolved_by_hand") else o["bucket"]
         row = {"name": patch.name, "bucket": bucket, "action": "kept", "detail": o.get("detail", ""), "evidence": ""}
@@ -186,12 +210,7 @@ def _refresh_patches(st: StagedSeries, tree: Path, report: dict, old_commit: str
             if regen.changed:
                 files[patch.name] = regen.text
         elif bucket == "already-upstream":
-            if ids is None and old_commit:
-                ids = upstream_patch_ids(tree, old_commit, new_commit)
-            pid = patch_id(patch.diff, tree)
-            match = (ids or {}).get(pid or "")
-            row["evidence"] = "reverse-applies on the new base" + (f"; patch-id {pid[:12]} matches upstream commit {match[:12]}" if match else "")
-            row["action"] = "dropped"
+            row.update(action="dropped", evidence=o.get("evidence") or "reverse-applies on the new base")
             dropped[patch.name] = row["evidence"]
             dropped_texts[patch.name] = patch.path.read_text(encoding="utf-8")
         rows.append(row)

@@ -145,3 +145,13 @@ def upstream_patch_ids(repo: Path, old: str, new: str) -> dict[str, str]:
         pid, sha = line.split()
         found.setdefault(pid, sha)
     return found
+
+
+def reverse_applies(repo: Path, diff: str, commit: str) -> bool:
+    """Does ``diff`` reverse-apply on ``commit`` (checked in a private index, no checkout)?"""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="rocmport-rev-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git("read-tree", commit, cwd=repo, env=env)
+        return run_git("apply", "--cached", "--check", "--reverse", "-", cwd=repo, env=env, input=diff, check=False).returncode == 0

@@ -159,3 +159,14 @@ def test_verify_failure_is_labelled_against_the_old_pin(port):
     assert (port.root / "upstream.lock").read_text() == lock_before
     assert not (port.root / "patchsets/megatron-lm/v0.17").exists()
     assert "passes on the old pin" in (port.root / "build/refresh/summary.md").read_text()
+
+
+def test_patch_merged_then_changed_upstream_is_dropped_by_patch_id(port):
+    """Upstream landed patch 0002 and then edited the same line: it neither applies nor reverse-applies,
+    but its patch-id names the upstream commit, so it is dropped instead of stopping as a conflict."""
+    landed = port.upstream_commit({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")}, "upstream takes 0002")
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm, tuned")}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
+    row = port.rows()["0002-layers-thirty.patch"]
+    assert row["action"] == "dropped" and row["evidence"] == f"patch-id {row['evidence'].split()[1]} matches upstream commit {landed[:12]}"
+    assert port.series("v0.17")["patches"] == ["0001-layers-ten.patch", "0003-utils.patch"]
