@@ -1,0 +1,167 @@
+"""te-version-gates, part 2: version gates on a TE class's keyword argument become API probes on HIP."""
+
+from __future__ import annotations
+
+from codemod_helpers import assert_idempotent, rewrite, run_tree
+from test_attention_and_te_gates import UTILS_V016
+
+# Shaped like megatron/core/extensions/transformer_engine.py at core_v0.16.1.
+EXTENSIONS = '''\
+import transformer_engine as te
+
+from megatron.core.utils import get_te_version, is_te_min_version
+
+
+class TELinear(te.pytorch.Linear):
+    def __init__(self, input_size, output_size, config):
+        extra_kwargs = {"params_dtype": config.params_dtype}
+        if is_te_min_version("2.3.0"):
+            extra_kwargs["delay_wgrad_compute"] = config.delay_wgrad_compute
+        else:
+            if config.delay_wgrad_compute:
+                raise RuntimeError("Only TE with version >=2.3.0 supports delay_wgrad_compute now.")
+        self.config = config
+        super().__init__(in_features=input_size, out_features=output_size, **extra_kwargs)
+
+
+class TEDotProductAttention(te.pytorch.DotProductAttention):
+    def __init__(self, config):
+        extra_kwargs = {}
+        if config.softmax_type != "vanilla":
+            assert is_te_min_version("2.8.0"), (
+                f"Transformer-Engine v{get_te_version()} must be >= 2.8.0 to support"
+                "`softmax_type`."
+            )
+            extra_kwargs["softmax_type"] = config.softmax_type
+        super().__init__(**extra_kwargs)
+
+
+class TEGroupedLinear(te.pytorch.GroupedLinear):
+    def _split_extra_state(self, state):
+        tmp_state = {}
+        # TE 2.0 adds recipe in extra_state: a checkpoint format, not an argument
+        if is_te_min_version("2.0.0"):
+            tmp_state["recipe"] = state["recipe"]
+        return tmp_state
+
+
+def te_checkpoint(forward_func, *args):
+    if is_te_min_version("1.5.0"):
+        return "new checkpoint API"
+    return "old checkpoint API"
+'''
+
+
+def test_kwarg_gates_become_probes_before_after():
+    after, sites = rewrite("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
+    assert sites == 2
+    assert 'if te_gate(is_te_min_version("2.3.0"), "pytorch.Linear", "delay_wgrad_compute"):\n' in after
+    assert 'assert te_gate(is_te_min_version("2.8.0"), "pytorch.DotProductAttention", "softmax_type"), (\n' in after
+    # Left: a checkpoint-format gate (the dict is never spread into a call) and a module-level gate.
+    assert 'if is_te_min_version("2.0.0"):\n            tmp_state["recipe"]' in after
+    assert 'if is_te_min_version("1.5.0"):\n        return "new checkpoint API"' in after
+    assert after.count("from megatron.core._rocm import te_gate\n") == 1
+    assert_idempotent("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
+
+
+def _fake_te(version: str, linear_kwargs: str) -> dict[str, str]:
+    """A transformer_engine package with its own version number and Linear's real signature."""
+    return {
+        "transformer_engine/__init__.py": f"__version__ = {version!r}\nfrom transformer_engine import pytorch\n",
+        "transformer_engine/pytorch/__init__.py": (
+            "class Linear:\n"
+            f"    def __init__(self, in_features, out_features, params_dtype=None{linear_kwargs}):\n"
+            "        self.got = dict(locals())\n"
+            "class DotProductAttention:\n"
+            "    def __init__(self, **kwargs):\n"
+            "        self.got = kwargs\n"
+            "class GroupedLinear:\n"
+            "    pass\n"
+        ),
+    }
+
+
+PROBE = """
+from types import SimpleNamespace
+from megatron.core.extensions.transformer_engine import TELinear
+cfg = SimpleNamespace(params_dtype=None, delay_wgrad_compute=True)
+try:
+    layer = TELinear(4, 4, cfg)
+    print("passed" if "delay_wgrad_compute" in layer.got else "not passed")
+except RuntimeError as exc:
+    print("refused:", exc)
+"""
+
+
+def _tree(extensions: str, te: dict[str, str]) -> dict[str, str]:
+    utils, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
+    return {"megatron/core/utils.py": utils, "megatron/core/extensions/__init__.py": "",
+            "megatron/core/extensions/transformer_engine.py": extensions, **te}
+
+
+def test_rocm_te_with_its_own_version_number_gets_the_argument_on_hip(tmp_path):
+    """ROCm TE numbered 1.14 whose Linear takes delay_wgrad_compute: HIP asks the API and passes it;
+    CUDA keeps upstream's version answer (refuses), exactly as the unported code does."""
+    after, _ = rewrite("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
+    te = _fake_te("1.14.0", ", delay_wgrad_compute=False")
+    hip = run_tree(tmp_path / "hip", _tree(after, te), PROBE, hip="6.4.43482")
+    assert hip.stdout.strip() == "passed", hip.stderr
+    cuda = run_tree(tmp_path / "cuda", _tree(after, te), PROBE, hip=None)
+    upstream = run_tree(tmp_path / "up", _tree(EXTENSIONS, te), PROBE, hip=None)
+    assert cuda.stdout == upstream.stdout and cuda.stdout.startswith("refused: Only TE with version >=2.3.0"), cuda.stderr
+
+
+def test_api_without_the_argument_is_refused_on_hip_even_with_a_high_version(tmp_path):
+    after, _ = rewrite("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
+    te = _fake_te("2.9.0", "")
+    hip = run_tree(tmp_path / "hip", _tree(after, te), PROBE, hip="6.4.43482")
+    assert hip.stdout.startswith("refused:"), hip.stderr
+    cuda = run_tree(tmp_path / "cuda", _tree(after, te), PROBE, hip=None)
+    assert "unexpected keyword argument 'delay_wgrad_compute'" in cuda.stderr  # upstream: the version says yes
+    upstream = run_tree(tmp_path / "up", _tree(EXTENSIONS, te), PROBE, hip=None)
+    assert (cuda.stdout, cuda.returncode) == (upstream.stdout, upstream.returncode)
+
+
+def test_kwargs_only_signature_falls_back_to_the_version_gate(tmp_path):
+    after, _ = rewrite("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
+    code = """
+from types import SimpleNamespace
+from megatron.core.extensions.transformer_engine import TEDotProductAttention
+try:
+    print(sorted(TEDotProductAttention(SimpleNamespace(softmax_type="learnable")).got))
+except AssertionError:
+    print("refused")
+"""
+    low = run_tree(tmp_path / "low", _tree(after, _fake_te("2.7.0", "")), code, hip="6.4.43482")
+    high = run_tree(tmp_path / "high", _tree(after, _fake_te("2.8.0", "")), code, hip="6.4.43482")
+    assert (low.stdout.strip(), high.stdout.strip()) == ("refused", "['softmax_type']"), low.stderr + high.stderr
+
+
+CLASS_GATE = '''\
+import transformer_engine as te
+
+from megatron.core.utils import is_te_min_version
+
+HAVE_TE = True
+
+if HAVE_TE and is_te_min_version("1.9.0.dev0"):
+
+    class TEGroupedLinear(te.pytorch.GroupedLinear):
+        """Wrapper for the Transformer-Engine's `GroupedLinear` layer."""
+
+else:
+
+    TEGroupedLinear = None
+'''
+
+
+def test_class_availability_gate_asks_whether_te_has_the_class(tmp_path):
+    rel = "megatron/core/extensions/transformer_engine.py"
+    after, sites = rewrite("te-version-gates", CLASS_GATE, rel)
+    assert sites == 1 and 'if HAVE_TE and te_has(is_te_min_version("1.9.0.dev0"), "pytorch.GroupedLinear"):\n' in after
+    assert_idempotent("te-version-gates", CLASS_GATE, rel)
+    code = "from megatron.core.extensions.transformer_engine import TEGroupedLinear\nprint(TEGroupedLinear is not None)\n"
+    te = _fake_te("1.6.0", "")  # ROCm-style number below the gate, but the class is there
+    assert run_tree(tmp_path / "hip", _tree(after, te), code, hip="6.4.43482").stdout.strip() == "True"
+    assert run_tree(tmp_path / "cuda", _tree(after, te), code, hip=None).stdout.strip() == "False"
+    assert run_tree(tmp_path / "up", _tree(CLASS_GATE, te), code, hip=None).stdout.strip() == "False"
