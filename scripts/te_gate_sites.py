@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
-from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
