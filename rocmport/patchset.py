@@ -17,7 +17,7 @@ from rocmport.errors import BadInput
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
-_SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths"}
+_SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths", "manifests"}
 KNOWN_FIELDS = ("Description", "Upstream-Status", "Bug", "Forwarded", "Author", "Origin", "Last-Update")
 
 
@@ -46,6 +46,8 @@ class Series:
     patches: list[PatchFile] = field(default_factory=list)
     codemods: list[dict] = field(default_factory=list)
     excluded_paths: list[str] = field(default_factory=list)
+    # Dependency-manifest rewrite: None = the defaults, False = off, or {drop: {name: reason}, keep: [names]}.
+    manifests: dict | bool | None = None
 
     @property
     def dir(self) -> Path:
@@ -143,6 +145,12 @@ def load_series(path: Path) -> Series:
     excluded = data.get("excluded_paths") or []
     if not isinstance(excluded, list) or not all(isinstance(p, str) and p.strip("/") and ".." not in p.split("/") and not p.startswith("/") for p in excluded):
         raise BadInput(f"{path}: key 'excluded_paths' must be a list of relative directories")
+    manifests = data.get("manifests")
+    if not (manifests is None or manifests is False or (
+            isinstance(manifests, dict) and set(manifests) <= {"drop", "keep"}
+            and isinstance(manifests.get("drop", {}), dict) and all(isinstance(v, str) for v in (manifests.get("drop") or {}).values())
+            and isinstance(manifests.get("keep", []), list) and all(isinstance(v, str) for v in manifests.get("keep") or []))):
+        raise BadInput(f"{path}: key 'manifests' must be false or a mapping with 'drop' ({{name: reason}}) and 'keep' ([names])")
     return Series(
         path=path,
         upstream=data["upstream"],
@@ -151,6 +159,7 @@ def load_series(path: Path) -> Series:
         patches=[load_patch(path.parent / p) for p in patches],
         codemods=codemods,
         excluded_paths=[p.strip("/") for p in excluded],
+        manifests=manifests,
     )
 
 

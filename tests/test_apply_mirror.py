@@ -34,9 +34,10 @@ def check_layered(root: Path, upstream: str, ref: str, n_patches: int) -> dict:
     base = g(tree, "rev-parse", f"rocmport/base/{ref}^{{commit}}")
     assert base == report["base"]
     layers = [c for c in report["codemods"] if c["files"]]
-    assert len(g(tree, "rev-list", f"{base}..HEAD").split()) == n_patches + len(layers)
+    manifest_layer = ["manifests: ROCm dependency declarations 1"] if report["manifests"] else []
+    assert len(g(tree, "rev-list", f"{base}..HEAD").split()) == n_patches + len(layers) + len(manifest_layer)
     subjects = g(tree, "log", "--format=%s", f"{base}..HEAD").splitlines()[::-1]
-    assert subjects[n_patches:] == [f"codemod: {c['name']} {c['version']}" for c in layers]
+    assert subjects[n_patches:] == [f"codemod: {c['name']} {c['version']}" for c in layers] + manifest_layer
     assert g(tree, "rev-parse", f"rocmport/port/{ref}^{{commit}}") == g(tree, "rev-parse", "HEAD") == report["result"]
     return report
 

@@ -1,0 +1,166 @@
+"""Dependency manifests: format-preserving rewrite, the denylist, and pip's own resolution."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rocmport import manifests
+from rocmport.manifests import Policy, cuda_only_requirements, rewrite_pyproject, rewrite_requirements, rewrite_tree
+
+# Shaped like Megatron-LM's pyproject at core_v0.19.0 (comments, tool tables, a dropped-only extra).
+MLM = '''\
+[build-system]
+requires = ["setuptools<80.0.0", "pybind11", "packaging>=24.2"]
+
+[project]
+name = "megatron-core"
+dynamic = ["version", "readme"]
+dependencies = ["torch>=2.6.0", "numpy", "packaging>=24.2"]
+
+[project.optional-dependencies]
+mlm = ["flask-restful", "sentencepiece", "tiktoken", "wandb", "transformers"]
+dev = [
+    "nvidia-modelopt[torch]>=0.44; sys_platform != 'darwin'",
+    "nvidia-resiliency-ext==0.6.0",
+    "tqdm",
+    "einops~=0.8",                # keep me and my comment
+    "flashinfer-python>=0.5.0,<0.7.0",
+    "nvidia-cudnn-frontend[cutedsl]==1.26.0",
+    "jax[cuda12,tpu]",
+    "fastapi~=0.50",
+]
+te = ["transformer-engine[pytorch,core_cu13]"]
+ssm = [
+    "mamba-ssm",
+    "causal-conv1d~=1.5",
+]
+
+[dependency-groups]
+build = ["nvidia-mathdx", "pybind11"]
+
+[tool.uv]
+no-build-isolation-package = ["transformer-engine", "mamba-ssm"]
+
+[tool.uv.sources]
+transformer-engine = { git = "https://github.com/NVIDIA/TransformerEngine.git", rev = "5671fd36" }
+'''
+
+BRIDGE = '''\
+[project]
+name = "megatron-bridge"
+dependencies = [
+    "transformers<5.0.0",
+    "megatron-core[dev,mlm]>=0.15.0a0,<0.17.0",
+    "transformer-engine[pytorch,core_cu13]>=2.10.0a0,<2.13.0",
+    "nvidia-resiliency-ext~=0.4.1",
+    "torch>=2.6.0",
+]
+
+[tool.uv.sources]
+megatron-core = { path = "3rdparty/Megatron-LM/", editable = true }
+nvidia-modelopt = { index = "nvidia" }
+'''
+
+
+def test_pyproject_rewrite_drops_cuda_only_and_touches_nothing_else():
+    new, changes = rewrite_pyproject(MLM, Policy())
+    dropped = {(c.where, c.requirement) for c in changes if c.action == "dropped"}
+    assert dropped == {
+        ("optional-dependencies.dev", "nvidia-modelopt[torch]>=0.44; sys_platform != 'darwin'"),
+        ("optional-dependencies.dev", "nvidia-resiliency-ext==0.6.0"),
+        ("optional-dependencies.dev", "flashinfer-python>=0.5.0,<0.7.0"),
+        ("optional-dependencies.dev", "nvidia-cudnn-frontend[cutedsl]==1.26.0"),
+        ("optional-dependencies.te", "transformer-engine[pytorch,core_cu13]"),
+        ("optional-dependencies.ssm", "mamba-ssm"),
+        ("optional-dependencies.ssm", "causal-conv1d~=1.5"),
+    }
+    assert all(c.reason for c in changes)
+    trimmed = [c for c in changes if c.action == "extras-trimmed"]
+    assert [(c.requirement, c.reason) for c in trimmed] == [("jax[cuda12,tpu]", "CUDA-specific extras removed: now jax[tpu]")]
+    # Everything else byte for byte: tool tables, dependency groups, the base dependencies, comments.
+    for kept in ('[tool.uv]\nno-build-isolation-package = ["transformer-engine", "mamba-ssm"]\n',
+                 '[dependency-groups]\nbuild = ["nvidia-mathdx", "pybind11"]\n',
+                 'dependencies = ["torch>=2.6.0", "numpy", "packaging>=24.2"]\n',
+                 '    "einops~=0.8",                # keep me and my comment\n',
+                 'transformer-engine = { git = "https://github.com/NVIDIA/TransformerEngine.git", rev = "5671fd36" }\n'):
+        assert kept in new
+    assert "# rocmport: transformer-engine has no ROCm build on PyPI; on ROCm: pip install" in new
+    assert "ROCm/mamba" in new
+    again, more = rewrite_pyproject(new, Policy())
+    assert (again, more) == (new, [])  # idempotent
+
+
+def test_bridge_path_dependency_is_repointed_at_the_ported_tree():
+    new, changes = rewrite_pyproject(BRIDGE, Policy(megatron_lm_path="../megatron-lm"))
+    assert 'megatron-core = { path = "../megatron-lm", editable = true }' in new
+    assert '"megatron-core[dev,mlm]>=0.15.0a0,<0.17.0",' in new and "nvidia-resiliency-ext" not in new
+    assert [c.action for c in changes].count("repointed") == 1
+    assert rewrite_pyproject(new, Policy(megatron_lm_path="../megatron-lm")) == (new, [])
+
+
+def test_series_policy_keeps_drops_and_turns_off():
+    new, _ = rewrite_pyproject(MLM, Policy(keep=["mamba_ssm"], drop={"fastapi": "not on our ROCm image"}))
+    assert '"mamba-ssm",' in new and "fastapi" not in new
+    assert manifests.policy_from_series(False) is None
+    assert manifests.policy_from_series({"keep": ["x"]}).keep == ["x"]
+
+
+def test_requirements_file_rewrite_keeps_comments_and_options():
+    text = "# base\n--extra-index-url https://example.invalid\ntorch\nnvidia-modelopt  # ptq\npackaging\n"
+    new, changes = rewrite_requirements(text, Policy(), "requirements.txt")
+    assert new == "# base\n--extra-index-url https://example.invalid\ntorch\npackaging\n"
+    assert [(c.where, c.requirement) for c in changes] == [("line 4", "nvidia-modelopt")]
+
+
+def test_denylist_check_finds_cuda_only_before_and_nothing_after(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(MLM)
+    (tmp_path / "requirements.txt").write_text("torch\nnv-grouped-gemm~=1.1\n")
+    before = cuda_only_requirements(tmp_path)
+    assert ("requirements.txt", "nv-grouped-gemm~=1.1") in before and len(before) == 8
+    texts, _ = rewrite_tree(tmp_path, Policy())
+    for rel, text in texts.items():
+        (tmp_path / rel).write_text(text)
+    assert cuda_only_requirements(tmp_path) == []
+
+
+def _dist(root: Path, name: str, deps: list[str]) -> Path:
+    """A buildable sdist-style project directory (pyproject + setuptools) for a fake distribution."""
+    d = root / name
+    (d / name.replace("-", "_")).mkdir(parents=True)
+    (d / name.replace("-", "_") / "__init__.py").write_text("")
+    (d / "pyproject.toml").write_text(textwrap.dedent(f'''\
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "{name}"
+        version = "1.0"
+        dependencies = {deps!r}
+        '''.replace("'", '"')))
+    return d
+
+
+@pytest.mark.slow
+def test_pip_dry_run_shows_what_would_be_pulled(tmp_path):
+    """pip's own resolver on a local wheel house: the unported manifest pulls a CUDA-only chain
+    (transformer-engine -> nvidia-cudnn-cu12), the ported one pulls nothing CUDA-only."""
+    house = tmp_path / "house"
+    house.mkdir()
+    for name, deps in (("transformer-engine", ["nvidia-cudnn-cu12"]), ("nvidia-cudnn-cu12", []), ("tqdm-fake", [])):
+        src = _dist(tmp_path / "src", name, deps)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(house), str(src)],
+                       check=True, capture_output=True)
+    project = _dist(tmp_path, "ported-core", ["torch>=2.0", "tqdm-fake", "transformer-engine[pytorch]"])
+    args = ("--no-index", "--find-links", str(house))
+    names, error = manifests.pip_dry_run([str(project)], extra_args=args)
+    assert error == "" and manifests.cuda_only_installs(names) == ["nvidia-cudnn-cu12", "transformer-engine"]
+    assert "torch" not in names  # the installed torch satisfies it: never replaced
+    texts, _ = rewrite_tree(project, Policy())
+    (project / "pyproject.toml").write_text(texts["pyproject.toml"])
+    names, error = manifests.pip_dry_run([str(project)], extra_args=args)
+    assert error == "" and manifests.cuda_only_installs(names) == [] and "tqdm-fake" in names
