@@ -232,7 +232,8 @@ def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_arg
                "--no-build-isolation", *(["--index-url", index_url] if index_url else []), *extra_args, *requirements]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not report.is_file():
-            return [], (proc.stderr.strip().splitlines() or ["pip failed"])[-1]
+            errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR:")] or proc.stderr.strip().splitlines() or ["pip failed"]
+            return [], errors[-1]
         data = json.loads(report.read_text())
     return sorted(canonical(item["metadata"]["name"]) for item in data.get("install", [])), ""
 
