@@ -114,7 +114,11 @@ def verify_ported(root: Path, tmp_path: Path) -> dict:
     data = json.loads(report_file.read_text())
     assert rc == 0, data["stages"]
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and (data["tp"], data["pp"], data["world_size"]) == (2, 2, 4)
-    assert [s["status"] for s in data["stages"]] == ["pass", "pass"]
+    bridge = ["bridge"] if (root / "build" / "megatron-bridge").is_dir() else []
+    assert [(s["name"], s["status"]) for s in data["stages"]] == [(n, "pass") for n in ["imports", "gpt-training", *bridge]]
+    if bridge:
+        b = data["bridge_training"]
+        assert b["losses"][-1] < b["losses"][0] and b["tied_embeddings_equal"]
     t = data["training"]
     assert t["losses"][-1] < t["losses"][0] and t["tied_embeddings_equal"] and t["max_abs_diff"] <= 1e-5
     assert junit.read_text().startswith("<testsuite")

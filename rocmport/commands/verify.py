@@ -16,7 +16,8 @@ from rocmport.verify import environment, firewall, report, stages
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 
 
-def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, backend: str, iters: int) -> dict:
+def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, backend: str, iters: int,
+               bridge_tree: Path | None = None) -> dict:
     if not (tree / "megatron" / "core").is_dir():
         raise BadInput(f"{tree}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
     if tp < 1 or pp < 1 or iters < 2:
@@ -64,7 +65,21 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
                 training, data = stages.stage_training(tree, env, tp, pp, dp, iters, backend)
             result["stages"].append(training.to_dict())
             result["training"] = data
+        if bridge_tree is not None:
+            _bridge(result, bridge_tree, env, tp, pp, dp, iters)
     return result
+
+
+def _bridge(result: dict, bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int) -> None:
+    from rocmport.verify.bridge_stage import stage_bridge
+
+    if result["stages"][0]["status"] != stages.PASS:
+        result["stages"].append(stages.StageResult("bridge", stages.SKIPPED, "Megatron-LM imports failed").to_dict())
+        return
+    with output.progress(f"stage 3: Megatron-Bridge imports and GPTModelProvider training tp{tp}×pp{pp}"):
+        bridge, data = stage_bridge(bridge_tree, env, tp, pp, dp, iters)
+    result["stages"].append(bridge.to_dict())
+    result["bridge_training"] = data
 
 
 def _print_summary(r: dict) -> None:
@@ -87,24 +102,32 @@ def _print_summary(r: dict) -> None:
 @click.option("--nproc", type=int, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
 @click.option("--iters", type=int, default=10, show_default=True, help="Training iterations in stage 2.")
+@click.option("--bridge/--no-bridge", "with_bridge", default=None,
+              help="Run the Megatron-Bridge stage (default: when the megatron-bridge work tree exists and --tree is not given).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in the README).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
 @click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here.")
 @click.pass_obj
-def command(obj, tree, tp, pp, dp, nproc, backend, iters, as_json, report_path, junit):
+def command(obj, tree, tp, pp, dp, nproc, backend, iters, with_bridge, as_json, report_path, junit):
     """Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.
 
     \b
     Stage 1 imports: megatron.core, megatron.training, pretrain_gpt's imports, behind the firewall.
     Stage 2 gpt-training: megatron's schedule/DDP/optimizer via torchrun; the loss falls, tied
             embeddings stay equal, and losses match a tp1/pp1 run from the same weights.
+    Stage 3 bridge: Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains.
     Exit: 0 no stage failed, 1 a stage failed, 2 bad input.
     """
     settings = load_settings(obj["project"])
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
-    result = run_verify(path.resolve(), tp, pp, dp, nproc, backend, iters)
+    bridge_tree = settings.worktree_path("megatron-bridge")
+    if with_bridge is None:
+        with_bridge = not tree and bridge_tree.is_dir()
+    if with_bridge and not bridge_tree.is_dir():
+        raise BadInput(f"{bridge_tree}: no Megatron-Bridge work tree; run `rocmport apply` with a Bridge pin or pass --no-bridge")
+    result = run_verify(path.resolve(), tp, pp, dp, nproc, backend, iters, bridge_tree.resolve() if with_bridge else None)
     if report_path:
         report.write_json(result, report_path)
     if junit:

@@ -24,6 +24,7 @@ def parse():
     p.add_argument("--out", required=True)
     p.add_argument("--save-init")
     p.add_argument("--load-init")
+    p.add_argument("--bridge", action="store_true", help="build the model through Megatron-Bridge's GPTModelProvider")
     return p.parse_args()
 
 
@@ -65,9 +66,12 @@ def main():
         params_dtype=torch.float32, bf16=False, fp16=False,
     )
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
-                     max_sequence_length=SEQ, pre_process=first, post_process=last,
-                     share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute")
+    if args.bridge:
+        config, model = _bridge_model(args, proxy, first, last)
+    else:
+        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+                         max_sequence_length=SEQ, pre_process=first, post_process=last,
+                         share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute")
     if backend == "nccl":
         model.cuda()
     tied_start = _tied_ok(model, ps)
@@ -125,6 +129,25 @@ def main():
                           "tied_start": tied_start, "tied_end": tied_end, "redirects": redirects})
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+
+
+def _bridge_model(args, proxy, first, last):
+    """The same small GPT, configured and built by Megatron-Bridge's GPTModelProvider (a
+    TransformerConfig that provides the model); local layer spec, so no Transformer Engine."""
+    import torch
+    from megatron.bridge.models.gpt_provider import GPTModelProvider, local_layer_spec
+
+    provider = GPTModelProvider(
+        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, vocab_size=VOCAB, seq_length=SEQ,
+        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
+        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=proxy, batch_p2p_sync=not proxy,
+        params_dtype=torch.float32, bf16=False, fp16=False, transformer_layer_spec=local_layer_spec,
+        share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute",
+        make_vocab_size_divisible_by=VOCAB,
+    )
+    if hasattr(provider, "finalize"):  # Bridge defers TransformerConfig's __post_init__ to finalize()
+        provider.finalize()
+    return provider, provider.provide(pre_process=first, post_process=last)
 
 
 def _tied_ok(model, ps) -> bool:

@@ -1,0 +1,76 @@
+"""verify's Megatron-Bridge stage: with the ported Megatron-LM and Bridge behind the firewall,
+Bridge and its training/recipe modules import, and a small GPT configured and built by Bridge's
+GPTModelProvider trains with megatron's schedule (loss falls, tied embeddings stay equal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rocmport.verify.environment import unmet_python
+from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, torchrun
+
+# The package, the GPT provider, and the training entry points and recipes users run.
+BRIDGE_MODULES = ("megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.peft.lora",
+                  "megatron.bridge.training.gpt_step", "megatron.bridge.training.pretrain",
+                  "megatron.bridge.training.train", "megatron.bridge.training.checkpointing", "megatron.bridge.recipes")
+
+
+def _modules(bridge_tree: Path) -> list[str]:
+    src = bridge_tree / "src"
+    return [m for m in BRIDGE_MODULES
+            if (src / m.replace(".", "/")).with_suffix(".py").is_file() or (src / m.replace(".", "/") / "__init__.py").is_file()]
+
+
+def bridge_env(env: dict, bridge_tree: Path) -> dict:
+    env = dict(env)
+    parts = env.get("PYTHONPATH", "").split(os.pathsep)
+    # After the firewall bootstrap (first), before the Megatron-LM tree.
+    env["PYTHONPATH"] = os.pathsep.join([parts[0], str(bridge_tree / "src"), *parts[1:]])
+    return env
+
+
+def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int) -> tuple[StageResult, dict]:
+    start = time.monotonic()
+    need = unmet_python(bridge_tree)
+    if need:
+        return StageResult("bridge", SKIPPED, f"{bridge_tree} requires Python {need}; this is Python {sys.version.split()[0]}"), {}
+    env = bridge_env(env, bridge_tree)
+    mods = _modules(bridge_tree)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)], cwd=bridge_tree, env=env,
+                          capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROCMPORT-IMPORTS ")), None)
+    if line is None:
+        return StageResult("bridge", FAIL, f"the import probe crashed: {_last_error(proc)}", time.monotonic() - start), {}
+    failed = {m: r for m, r in json.loads(line.split(" ", 1)[1]).items() if r}
+    if failed:
+        m, r = next(iter(failed.items()))
+        missing = f" (missing: {r['missing']})" if r.get("missing") else ""
+        return StageResult("bridge", FAIL, f"{m}: {r['error']}{missing}", time.monotonic() - start, {"modules": mods, "failures": failed}), {}
+    with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
+        out = Path(tmp) / "bridge.json"
+        run = torchrun(tp * pp * dp, ["--bridge", "--tp", str(tp), "--pp", str(pp), "--iters", str(iters), "--out", str(out)], env, bridge_tree)
+        data = json.loads(out.read_text()) if out.exists() else None
+    details = {"modules": mods}
+    if data and "unsupported" in data:
+        return StageResult("bridge", UNSUPPORTED, f"proxy shim hook missing: {data['unsupported']}", time.monotonic() - start, details), {}
+    if run.returncode != 0 or not data:
+        return StageResult("bridge", FAIL, f"training through GPTModelProvider failed: {_last_error(run)}", time.monotonic() - start, details), {}
+    losses = data["losses"]
+    training = {"losses": losses, "tied_embeddings_equal": data["tied_embeddings_equal"]}
+    problems = []
+    if not losses or losses[-1] >= losses[0]:
+        problems.append(f"loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "no losses reported")
+    if not data["tied_embeddings_equal"]:
+        problems.append("tied embedding copies differ")
+    seconds = time.monotonic() - start
+    if problems:
+        return StageResult("bridge", FAIL, "; ".join(problems), seconds, details), training
+    reason = (f"{len(mods)} Bridge modules import behind the firewall; GPTModelProvider model tp{tp}×pp{pp}: "
+              f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations, tied embeddings equal")
+    return StageResult("bridge", PASS, reason, seconds, details), training

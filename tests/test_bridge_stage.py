@@ -1,0 +1,56 @@
+"""verify's Megatron-Bridge stage on Bridge-shaped fixture trees (the real one runs in CI's main job
+and in tests/test_apply_mirror.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rocmport.verify import environment, firewall
+from rocmport.verify.bridge_stage import BRIDGE_MODULES, stage_bridge
+
+
+def _bridge_tree(root: Path, init: str, pyproject: str = '[project]\nname = "megatron-bridge"\n') -> Path:
+    tree = root / "megatron-bridge"
+    pkg = tree / "src" / "megatron" / "bridge"
+    (pkg / "models").mkdir(parents=True)
+    (tree / "pyproject.toml").write_text(pyproject)
+    (tree / "src" / "megatron" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(init)
+    (pkg / "models" / "__init__.py").write_text("")
+    (pkg / "models" / "gpt_provider.py").write_text("import megatron.bridge\n")
+    return tree
+
+
+def _env(tmp: Path, mlm: Path) -> dict:
+    extra = {"ROCMPORT_BACKEND": "gloo", "ROCMPORT_PROXY": "1", **firewall.firewall_env("cpu-proxy")}
+    return environment.child_env(mlm, firewall.write_bootstrap(tmp), extra)
+
+
+def test_nvidia_only_import_in_bridge_fails_the_stage(tmp_path):
+    mlm = tmp_path / "megatron-lm"
+    (mlm / "megatron").mkdir(parents=True)
+    tree = _bridge_tree(tmp_path, "import modelopt.torch.opt  # an unguarded NVIDIA-only import\n")
+    result, training = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
+    assert result.status == "fail" and training == {}
+    assert result.reason.startswith("megatron.bridge: ModuleNotFoundError") and "(missing: modelopt" in result.reason
+    assert result.details["modules"] == ["megatron.bridge", "megatron.bridge.models.gpt_provider"]
+
+
+def test_bridge_needing_a_newer_python_is_skipped(tmp_path):
+    mlm = tmp_path / "megatron-lm"
+    (mlm / "megatron").mkdir(parents=True)
+    tree = _bridge_tree(tmp_path, "", '[project]\nname = "megatron-bridge"\nrequires-python = ">=3.99"\n')
+    result, _ = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
+    assert result.status == "skipped" and ">=3.99" in result.reason and sys.version.split()[0] in result.reason
+
+
+def test_bridge_src_goes_after_the_firewall_and_before_the_megatron_lm_tree(tmp_path):
+    from rocmport.verify.bridge_stage import bridge_env
+
+    mlm = tmp_path / "megatron-lm"
+    env = bridge_env(_env(tmp_path, mlm), tmp_path / "megatron-bridge")
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[1:3] == [str(tmp_path / "megatron-bridge" / "src"), str(mlm)]
+    assert "megatron.bridge.training.pretrain" in BRIDGE_MODULES
