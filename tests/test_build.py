@@ -36,19 +36,28 @@ def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, monkeyp
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(Path.home() / ".cache" / "rocmport-test"))
     monkeypatch.delenv("ROCMPORT_INDEX_URL", raising=False)
     root = tmp_path / "project"
-    (root / "patchsets" / "megatron-lm").mkdir(parents=True)
-    subprocess.run(["cp", "-r", str(REPO / "patchsets/megatron-lm/v0.16"), str(root / "patchsets/megatron-lm/")], check=True)
+    for up, line in (("megatron-lm", "v0.16"), ("megatron-bridge", "v0.3")):
+        (root / "patchsets" / up).mkdir(parents=True)
+        subprocess.run(["cp", "-r", str(REPO / "patchsets" / up / line), str(root / "patchsets" / up)], check=True)
     g(tmp_path, "init", "-q", "-b", "main", str(root))
     run = lambda *a: main(["-C", str(root), *a])  # noqa: E731
-    assert run("sync", "--ref", "v0.16", "--source", "pypi", "--no-bridge") == 0
+    assert run("sync", "--ref", "v0.16", "--source", "pypi") == 0
     assert run("apply") == 0
     g(root, "add", "patchsets")
     g(root, "commit", "-qm", "series")
     capsys.readouterr()
     assert run("build", "--json") == 0
     out = json.loads(capsys.readouterr().out)
-    built = out["built"][0]
+    built, bridge = out["built"]
     assert built["version"] == "0.16.1+rocm.1" and out["problems"] == []
+    # Megatron-Bridge: built against the installed torch (its build wants torch), its generated helper inside.
+    assert bridge["version"] == "0.3.1+rocm.1" and bridge["isolation"] is False
+    bridge_wheel = next(Path(f) for f in bridge["files"] if f.endswith(".whl"))
+    assert "megatron/bridge/_rocm.py" in zipfile.ZipFile(bridge_wheel).namelist()
+    # Its megatron-core[dev] asks for emerging_optimizers, which upstream installs from git (not on
+    # PyPI): pip says so, and that is reported; whatever pip could resolve has nothing CUDA-only.
+    assert bridge["dry_run"]["cuda_only"] == []
+    assert bridge["dry_run"]["error"] == "" or "emerging_optimizers" in bridge["dry_run"]["error"]
     assert built["dry_run"]["cuda_only"] == [] and "torch" not in built["dry_run"]["would_install"]
     wheel = next(Path(f) for f in built["files"] if f.endswith(".whl"))
     assert wheel.parent == root / "dist" and any(f.endswith(".tar.gz") for f in built["files"])
