@@ -17,7 +17,7 @@ from rocmport.errors import BadInput
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
-_SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths", "manifests"}
+_SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths", "manifests", "verify"}
 KNOWN_FIELDS = ("Description", "Upstream-Status", "Bug", "Forwarded", "Author", "Origin", "Last-Update")
 
 
@@ -48,6 +48,8 @@ class Series:
     excluded_paths: list[str] = field(default_factory=list)
     # Dependency-manifest rewrite: None = the defaults, False = off, or {drop: {name: reason}, keep: [names]}.
     manifests: dict | bool | None = None
+    # verify's settings for this line: {unit_tests: [paths], known_failures: {test id or file: reason}}.
+    verify: dict = field(default_factory=dict)
 
     @property
     def dir(self) -> Path:
@@ -151,6 +153,10 @@ def load_series(path: Path) -> Series:
             and isinstance(manifests.get("drop", {}), dict) and all(isinstance(v, str) for v in (manifests.get("drop") or {}).values())
             and isinstance(manifests.get("keep", []), list) and all(isinstance(v, str) for v in manifests.get("keep") or []))):
         raise BadInput(f"{path}: key 'manifests' must be false or a mapping with 'drop' ({{name: reason}}) and 'keep' ([names])")
+    verify = data.get("verify") or {}
+    if not (isinstance(verify, dict) and set(verify) <= {"unit_tests", "known_failures"}
+            and isinstance(verify.get("unit_tests", []), list) and isinstance(verify.get("known_failures", {}), dict)):
+        raise BadInput(f"{path}: key 'verify' must be a mapping with 'unit_tests' ([paths]) and 'known_failures' ({{test id: reason}})")
     return Series(
         path=path,
         upstream=data["upstream"],
@@ -160,6 +166,7 @@ def load_series(path: Path) -> Series:
         codemods=codemods,
         excluded_paths=[p.strip("/") for p in excluded],
         manifests=manifests,
+        verify=verify,
     )
 
 
