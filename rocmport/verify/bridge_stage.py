@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from rocmport.verify.environment import unmet_python
-from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, torchrun
+from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch, took_part
+from rocmport.verify.launcher import Launcher
 
 # The package, the GPT provider, and the training entry points and recipes users run.
 BRIDGE_MODULES = ("megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.peft.lora",
@@ -35,7 +36,13 @@ def bridge_env(env: dict, bridge_tree: Path) -> dict:
     return env
 
 
-def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int) -> tuple[StageResult, dict]:
+def bridge_command(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, out: Path) -> list[str]:
+    return launcher.command(tp * pp * dp, ["-m", "rocmport.verify.gpt_worker", "--bridge", "--tp", str(tp), "--pp", str(pp),
+                                           "--iters", str(iters), "--out", str(out)], "bridge")
+
+
+def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
+                 launcher: Launcher = Launcher()) -> tuple[StageResult, dict]:
     start = time.monotonic()
     need = unmet_python(bridge_tree)
     if need:
@@ -54,8 +61,10 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
         return StageResult("bridge", FAIL, f"{m}: {r['error']}{missing}", time.monotonic() - start, {"modules": mods, "failures": failed}), {}
     with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
         out = Path(tmp) / "bridge.json"
-        run = torchrun(tp * pp * dp, ["--bridge", "--tp", str(tp), "--pp", str(pp), "--iters", str(iters), "--out", str(out)], env, bridge_tree)
+        run = launch(bridge_command(launcher, tp, pp, dp, iters, out), env, bridge_tree)
         data = json.loads(out.read_text()) if out.exists() else None
+    if run.returncode == 0 and not data and launcher.multi_node:
+        return took_part("bridge", launcher, time.monotonic() - start), {}
     details = {"modules": mods}
     if data and "unsupported" in data:
         return StageResult("bridge", UNSUPPORTED, f"proxy shim hook missing: {data['unsupported']}", time.monotonic() - start, details), {}

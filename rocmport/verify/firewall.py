@@ -36,6 +36,13 @@ if _BLOCKED:
     sys.meta_path[:] = [f if isinstance(f, _Firewall) else _Firewall(f) for f in sys.meta_path]
     for _name in [m for m in sys.modules if m.partition(".")[0] in _BLOCKED]:
         del sys.modules[_name]
+
+# Upstream scripts (pretrain_gpt.py) in CPU-proxy mode: the shim goes into each torchrun worker.
+# (Under Slurm, rocmport.verify.slurm_task installs it once it has set the rank variables.)
+if os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in os.environ:
+    from rocmport.verify import proxy_shim as _shim
+
+    _shim.install_for_upstream_code()
 '''
 
 

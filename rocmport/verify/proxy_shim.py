@@ -82,3 +82,34 @@ def install() -> None:
     mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
     CudaToCpu().__enter__()
+
+
+def install_for_upstream_code() -> list[str]:
+    """install(), plus what upstream's own entry points (unit tests, pretrain_gpt.py) need on CPU:
+    they call `cuda.set_device`, size things by `cuda.device_count()` and ask for nccl. Returns
+    the list of swaps, for the report."""
+    import torch.distributed as dist
+
+    if getattr(torch.cuda.set_device, "_rocmport_proxy", False):
+        return _UPSTREAM_SWAPS
+    install()
+
+    def set_device(*args, **kwargs):
+        return None
+
+    set_device._rocmport_proxy = True
+    torch.cuda.set_device = set_device
+    torch.cuda.device_count = lambda: 1
+    real_init = dist.init_process_group
+
+    def init_process_group(backend=None, *args, **kwargs):
+        if backend in (None, "nccl", "cuda:nccl"):
+            backend = "gloo"
+        return real_init(backend, *args, **kwargs)
+
+    dist.init_process_group = init_process_group
+    return _UPSTREAM_SWAPS
+
+
+_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu)", "cuda.set_device no-op", "cuda.device_count = 1",
+                   "init_process_group nccl -> gloo"]

@@ -10,6 +10,7 @@ from rocmport.fsutil import atomic_write_text
 SCHEMA = """\
 {mode: "gpu" | "cpu-proxy", backend, world_size, tp, pp, dp, tree,
  env: {python, torch, hip, cuda, device_count, devices, launcher_env, firewall_profile},
+ launcher: {kind, nnodes, node_rank, rdzv_endpoint},
  stages: [{name, status: pass|fail|skipped|unsupported-in-proxy, reason, seconds, ...}],
  training: {losses, reference_losses, max_abs_diff, tied_embeddings_equal, redirects}}"""
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ast
 import json
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rocmport.verify.launcher import Launcher
 
 PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
 EQUIVALENCE_TOL = {"gloo": 1e-5, "nccl": 1e-3}  # fp32 CPU proxy is exact to ~1e-6; GPU kernels are not bitwise
@@ -81,16 +82,24 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
     return StageResult("imports", FAIL, f"{m}: {r['error']}{hint}; import chain: {chain}", time.monotonic() - start, details)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def training_commands(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path) -> dict[str, list[str]]:
+    """Stage 2's two launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run."""
+    worker = ["-m", "rocmport.verify.gpt_worker", "--iters", str(iters)]
+    return {"reference": launcher.command(1, [*worker, "--tp", "1", "--pp", "1", "--out", str(tmp / "ref.json"),
+                                              "--save-init", str(tmp / "init.pt")], "gpt-reference"),
+            "run": launcher.command(tp * pp * dp, [*worker, "--tp", str(tp), "--pp", str(pp), "--out", str(tmp / "run.json"),
+                                                   "--load-init", str(tmp / "init.pt")], "gpt-training")}
 
 
-def torchrun(nproc: int, worker_args: list[str], env: dict, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "-m", "rocmport.verify.gpt_worker", *worker_args]
+def launch(cmd: list[str], env: dict, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def took_part(name: str, launcher: Launcher, seconds: float) -> StageResult:
+    """A node without global rank 0 of a multi-node run: its processes finished cleanly, the
+    numbers are reported by the node that held rank 0."""
+    return StageResult(name, PASS, f"node {launcher.node_rank} of {launcher.nnodes} took part and exited 0; "
+                                   "the node that held global rank 0 reports the results", seconds)
 
 
 def _last_error(proc: subprocess.CompletedProcess) -> str:
@@ -98,20 +107,22 @@ def _last_error(proc: subprocess.CompletedProcess) -> str:
     return (lines[0] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1])[:400]
 
 
-def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, backend: str) -> tuple[StageResult, dict]:
+def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, backend: str,
+                   launcher: Launcher = Launcher()) -> tuple[StageResult, dict]:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp:
         tmp = Path(tmp)
-        ref = torchrun(1, ["--tp", "1", "--pp", "1", "--iters", str(iters), "--out", str(tmp / "ref.json"),
-                           "--save-init", str(tmp / "init.pt")], env, tree)
+        cmds = training_commands(launcher, tp, pp, dp, iters, tmp)
+        ref = launch(cmds["reference"], env, tree)
         ref_data = json.loads((tmp / "ref.json").read_text()) if (tmp / "ref.json").exists() else None
         if ref_data and "unsupported" in ref_data:
             return StageResult("gpt-training", UNSUPPORTED, f"proxy shim hook missing: {ref_data['unsupported']}", time.monotonic() - start), {}
         if ref.returncode != 0 or not ref_data:
             return StageResult("gpt-training", FAIL, f"tp1/pp1 reference run failed: {_last_error(ref)}", time.monotonic() - start), {}
-        run = torchrun(tp * pp * dp, ["--tp", str(tp), "--pp", str(pp), "--iters", str(iters), "--out", str(tmp / "run.json"),
-                                      "--load-init", str(tmp / "init.pt")], env, tree)
+        run = launch(cmds["run"], env, tree)
         data = json.loads((tmp / "run.json").read_text()) if (tmp / "run.json").exists() else None
+        if run.returncode == 0 and not data and launcher.multi_node:
+            return took_part("gpt-training", launcher, time.monotonic() - start), {}
         if run.returncode != 0 or not data:
             return StageResult("gpt-training", FAIL, f"tp{tp}/pp{pp}/dp{dp} run failed: {_last_error(run)}", time.monotonic() - start), {}
     losses, ref_losses = data["losses"], ref_data["losses"]

@@ -1,0 +1,121 @@
+"""rocmport's pytest plugin for upstream's unit tests in verify (loaded with `-p`).
+
+In CPU-proxy mode it swaps only what proxy mode must: nccl -> gloo, no `cuda.set_device`, one
+"device" per rank, the CPU-proxy shim, and the local layer spec where a test asks for Transformer
+Engine's and TE is absent. Tests that need CUDA still skip by their own `skipif`; nothing else is
+patched, so a port bug still fails. On GPUs it only records outcomes.
+
+In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a test that hangs
+(ranks waiting on a collective that never completes) into a failure, not a stage without end.
+
+Every rank writes its outcomes to $ROCMPORT_UNIT_OUT/rank<RANK>.json after each test (a stage
+stopped from outside still shows what ran, and which test was running)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+SWAPS: list[str] = []
+_STATE: dict[str, str] = {}   # nodeid -> passed | failed | error | skipped
+_DETAIL: dict[str, str] = {}  # nodeid -> last line of the failure
+_RUNNING: list[str] = []
+_HUNG: list[str] = []
+_TIMERS: list = []
+
+
+def _proxy_swaps() -> None:
+    from rocmport.verify import proxy_shim
+
+    SWAPS.extend(proxy_shim.install_for_upstream_code())
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        try:
+            from megatron.core.models.gpt import gpt_layer_specs
+        except ImportError:
+            return
+        local = gpt_layer_specs.get_gpt_layer_local_spec
+
+        def te_spec_without_te(*args, **kwargs):
+            names = ("num_experts", "moe_grouped_gemm", "qk_layernorm", "multi_latent_attention")
+            return local(**{k: v for k, v in kwargs.items() if k in names})
+
+        gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec = te_spec_without_te
+        SWAPS.append("TE layer spec -> local spec (TE absent)")
+
+
+def _watchdog(nodeid: str) -> None:
+    import time
+
+    started = time.time()
+    """After the timeout this rank records the test as hung and exits; torchrun then stops the
+    other ranks, and verify starts the run again without the tests that have an outcome."""
+    seconds = float(os.environ.get("ROCMPORT_UNIT_TEST_TIMEOUT") or 0)
+    if not seconds:
+        return
+    import threading
+
+    def fire():
+        _STATE[nodeid] = "failed"
+        _DETAIL[nodeid] = (f"hung: no result after {seconds:g} s on rank {os.environ.get('RANK', '0')} "
+                           "(waiting on a collective other ranks never entered)")
+        _HUNG.append([nodeid, started])
+        _RUNNING.clear()
+        _write()
+        os._exit(3)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    _TIMERS.append(timer)
+
+
+def pytest_configure(config):
+    if os.environ.get("ROCMPORT_PROXY") == "1":
+        _proxy_swaps()
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _RUNNING[:] = [nodeid]
+    _write()
+    _watchdog(nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    while _TIMERS:
+        _TIMERS.pop().cancel()
+    _RUNNING.clear()
+    _write()
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        key = report.nodeid
+        state = _STATE.setdefault(key, "passed")
+        if report.outcome == "failed":
+            _STATE[key] = "failed" if report.when == "call" else "error"
+            _DETAIL[key] = str(report.longrepr).strip().splitlines()[-1][:300] if report.longrepr else ""
+        elif report.outcome == "skipped" and state == "passed":
+            _STATE[key] = "skipped"
+
+
+def pytest_collectreport(report):
+    if report.failed:  # a module that does not even import: every test in it is an error
+        _STATE[report.nodeid] = "error"
+        _DETAIL[report.nodeid] = str(report.longrepr).strip().splitlines()[-1][:300] if report.longrepr else ""
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _write(int(exitstatus))
+
+
+def _write(exitstatus: int | None = None) -> None:
+    out = os.environ.get("ROCMPORT_UNIT_OUT")
+    if not out:
+        return
+    path = os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"outcomes": _STATE, "details": _DETAIL, "swaps": SWAPS, "running": _RUNNING, "hung": _HUNG,
+                   "exitstatus": exitstatus}, fh)
+    os.replace(path + ".tmp", path)
