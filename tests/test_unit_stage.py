@@ -93,6 +93,9 @@ def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     assert labels == {"test_add": "port-regression", "test_upstream_broken": "upstream-known", "test_listed": "known-failure",
                       "tests/unit_tests/test_needs_te.py": "upstream-known", "test_fails_on_rank_one_only": "port-regression"}
     assert d["counts"] == {"passed": 0, "skipped": 1, "failed": 4, "error": 1}
+    on_base = {k.split("::")[-1]: v for k, v in d["on_baseline"].items()}
+    assert on_base["test_add"] == "passed" and on_base["test_upstream_broken"] == "failed"
+    assert on_base["tests/unit_tests/test_needs_te.py"] == "error"
     assert d["baseline"]["commit"] == base and not d["baseline"]["cached"]
     assert d["baseline"]["counts"] == {"passed": 3, "skipped": 1, "failed": 1, "error": 1}
     assert "2 port-regression, 2 upstream-known, 1 known-failure" in res.reason

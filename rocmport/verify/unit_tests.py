@@ -160,6 +160,10 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
     counts = {k: sum(1 for v in port["outcomes"].values() if v == k) for k in ("passed", "skipped", "failed", "error")}
     by_label = {k: sum(1 for v in labels.values() if v == k) for k in ("port-regression", "upstream-known", "known-failure")}
     details = {"tests": tests, "nproc": nproc, "counts": counts, "labels": labels, "failures": {k: port["details"].get(k, "") for k in labels},
+               # what the unported tree did with each labelled test: its outcome, or why its module did not import
+               "on_baseline": {k: base_result["outcomes"].get(k) or (f"module error: {base_result.get('details', {}).get(k.split('::')[0], '')}"
+                                                                     if base_result["outcomes"].get(k.split("::")[0]) == "error" else "not run")
+                               for k in labels},
                "swaps": port["swaps"], "hung": port["hung"], "restarts": port["restarts"], "baseline": {"commit": base, "cached": cached, "counts": {
                    k: sum(1 for v in base_result["outcomes"].values() if v == k) for k in ("passed", "skipped", "failed", "error")}},
                "known_failures": known, "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0}
