@@ -130,6 +130,19 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
     assert other.status == "pass" and "no golden for this device kind" in other.reason
 
 
+def test_upstream_a100_golden_side_by_side(tmp_path):
+    from rocmport.verify.functional import upstream_golden
+
+    cdir = tmp_path / "case"
+    cdir.mkdir()
+    assert upstream_golden(cdir, [1.0]) is None
+    (cdir / "golden_values_dev_dgx_a100.json").write_text(json.dumps(
+        {"lm loss": {"start_step": 1, "end_step": 50, "step_interval": 5, "values": {"1": 10.92717, "5": 10.92928, "10": 10.91616}}}))
+    ref = upstream_golden(cdir, [10.9, 10.8, 10.7, 10.6, 10.5, 10.4])
+    assert [s["step"] for s in ref["steps"]] == [1, 5] and ref["steps"][1] == {"step": 5, "a100": 10.92928, "here": 10.5}
+    assert ref["summary"] == "step 1: 10.9272 vs 10.9000, step 5: 10.9293 vs 10.5000"
+
+
 @pytest.mark.slow
 def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
     tree = make_tree(tmp_path / "tree", BLOCKED_PRETRAIN)

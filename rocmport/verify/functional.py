@@ -82,6 +82,19 @@ def golden_path(series_dir: Path, case: str, device_kind: str) -> Path:
     return series_dir / "goldens" / f"{case}.{device_kind}.json"
 
 
+def upstream_golden(cdir: Path, losses: list[float]) -> dict | None:
+    """Upstream's DGX A100 `lm loss` values for the case, side by side with this run's at the same
+    steps (shown for reference with real data: a different machine, never a pass/fail gate)."""
+    path = cdir / "golden_values_dev_dgx_a100.json"
+    if not path.is_file():
+        return None
+    values = {int(k): float(v) for k, v in json.loads(path.read_text()).get("lm loss", {}).get("values", {}).items()}
+    steps = [k for k in sorted(values) if k <= len(losses)]
+    pairs = [(k, values[k], losses[k - 1]) for k in steps]
+    summary = ", ".join(f"step {k}: {a:.4f} vs {b:.4f}" for k, a, b in pairs[:1] + pairs[-1:]) or "no common steps"
+    return {"path": str(path), "steps": [{"step": k, "a100": a, "here": b} for k, a, b in pairs], "summary": summary}
+
+
 def _blocker(stderr: str, tree: Path) -> str | None:
     """The first CUDA-only requirement that stopped upstream's script on CPU, with its upstream site
     (the innermost traceback frame inside the tree, e.g. megatron/training/initialize.py:62)."""
@@ -163,7 +176,9 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
                 status = FAIL
         else:
             reason += "; no golden for this device kind yet (--record-golden)"
-    upstream = cdir / "golden_values_dev_dgx_a100.json"
-    if data_path and upstream.is_file():
-        details["upstream_golden_a100"] = str(upstream)
+    if data_path:
+        reference = upstream_golden(cdir, losses)
+        if reference:
+            details["upstream_golden_a100"] = reference
+            reason += f"; upstream's A100 golden (reference only): {reference['summary']}"
     return StageResult("functional", status, reason, seconds, details), details
