@@ -83,11 +83,18 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
     return result
 
 
+def _skipped_without_imports(result: dict, name: str) -> bool:
+    """Stages after 1 need the tree to import: otherwise they are listed as skipped."""
+    if result["stages"][0]["status"] == stages.PASS:
+        return False
+    result["stages"].append(stages.StageResult(name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)").to_dict())
+    return True
+
+
 def _unit_tests(result: dict, tree: Path, env: dict, unit: dict, launcher: Launcher) -> None:
     from rocmport.verify.unit_tests import stage_unit_tests
 
-    if result["stages"][0]["status"] != stages.PASS:
-        result["stages"].append(stages.StageResult("unit-tests", stages.SKIPPED, "imports failed").to_dict())
+    if _skipped_without_imports(result, "unit-tests"):
         return
     with output.progress(f"stage 3: upstream unit tests on {unit['nproc']} ranks ({len(unit['tests'])} files) and the unported baseline"):
         res = stage_unit_tests(tree, env, unit["tests"], unit["nproc"], unit["known"], unit["cache_dir"], unit["base"], launcher)
@@ -105,8 +112,7 @@ def device_kind(mode: str, env_info: environment.Environment) -> str:
 def _functional(result: dict, tree: Path, env: dict, opts: dict, dp: int, mode: str, env_info, launcher: Launcher) -> None:
     from rocmport.verify.functional import stage_functional
 
-    if result["stages"][0]["status"] != stages.PASS:
-        result["stages"].append(stages.StageResult("functional", stages.SKIPPED, "imports failed").to_dict())
+    if _skipped_without_imports(result, "functional"):
         return
     with output.progress(f"stage 4: upstream's functional case {opts['case']} (pretrain_gpt.py, {opts['iters']} iterations)"):
         res, data = stage_functional(tree, env, case=opts["case"], dp=dp, iters=opts["iters"], proxy=mode == "cpu-proxy",
@@ -119,8 +125,7 @@ def _functional(result: dict, tree: Path, env: dict, opts: dict, dp: int, mode: 
 def _bridge(result: dict, bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, launcher: Launcher) -> None:
     from rocmport.verify.bridge_stage import stage_bridge
 
-    if result["stages"][0]["status"] != stages.PASS:
-        result["stages"].append(stages.StageResult("bridge", stages.SKIPPED, "Megatron-LM imports failed").to_dict())
+    if _skipped_without_imports(result, "bridge"):
         return
     with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{tp}×pp{pp}"):
         bridge, data = stage_bridge(bridge_tree, env, tp, pp, dp, iters, launcher)
