@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, run_git
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, StageResult
@@ -120,10 +121,7 @@ def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cac
             result = run_tests(checkout, tests, _swap_tree(env, tree, checkout), nproc, launcher)
         finally:
             run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp_file = cached.with_suffix(".tmp")
-    tmp_file.write_text(json.dumps(result, indent=1, sort_keys=True))
-    tmp_file.replace(cached)
+    atomic_write_text(cached, json.dumps(result, indent=1, sort_keys=True))
     return result, False
 
 
@@ -142,6 +140,10 @@ def label(port: dict, base: dict, known: dict[str, str]) -> dict[str, str]:
     return labels
 
 
+def _counts(outcomes: dict[str, str]) -> dict[str, int]:
+    return {k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "skipped", "failed", "error")}
+
+
 def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known: dict[str, str], cache_dir: Path,
                      base: str | None, launcher: Launcher = Launcher()) -> StageResult:
     start = time.monotonic()
@@ -157,15 +159,15 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
         return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results: {port['crash']}", time.monotonic() - start)
     base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher) if base else ({"outcomes": {}}, False))
     labels = label(port, base_result, known)
-    counts = {k: sum(1 for v in port["outcomes"].values() if v == k) for k in ("passed", "skipped", "failed", "error")}
+    counts = _counts(port["outcomes"])
     by_label = {k: sum(1 for v in labels.values() if v == k) for k in ("port-regression", "upstream-known", "known-failure")}
     details = {"tests": tests, "nproc": nproc, "counts": counts, "labels": labels, "failures": {k: port["details"].get(k, "") for k in labels},
                # what the unported tree did with each labelled test: its outcome, or why its module did not import
                "on_baseline": {k: base_result["outcomes"].get(k) or (f"module error: {base_result.get('details', {}).get(k.split('::')[0], '')}"
                                                                      if base_result["outcomes"].get(k.split("::")[0]) == "error" else "not run")
                                for k in labels},
-               "swaps": port["swaps"], "hung": port["hung"], "restarts": port["restarts"], "baseline": {"commit": base, "cached": cached, "counts": {
-                   k: sum(1 for v in base_result["outcomes"].values() if v == k) for k in ("passed", "skipped", "failed", "error")}},
+               "swaps": port["swaps"], "hung": port["hung"], "restarts": port["restarts"],
+               "baseline": {"commit": base, "cached": cached, "counts": _counts(base_result["outcomes"])},
                "known_failures": known, "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0}
     summary = (f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed "
                f"({by_label['port-regression']} port-regression, {by_label['upstream-known']} upstream-known, "
