@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -134,3 +135,61 @@ def test_env_and_doctor(capsys):
     d = json.loads(capsys.readouterr().out)
     assert set(d["packages"]) == {"apex", "transformer_engine", "flash_attn", "grouped_gemm"}
     assert d["devices"] == [] and d["hip"] is None
+
+
+
+PER_VIEW_GROUPS = """
+import json, sys
+import torch, torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+if sys.argv[1] == "proxy":
+    from rocmport.verify.proxy_shim import _name_groups_by_members
+    _name_groups_by_members()
+dist.init_process_group("gloo")
+r = dist.get_rank()
+view = [r % 2, r % 2 + 2]  # each rank's own pipeline, as upstream's test helper makes it
+# The rendezvous names new_group would use, at the same creation count on every rank (plain gloo
+# would connect under them right away, and may hang or cross-connect the pairs doing so).
+names = [c10d._process_group_name([0, 1, 2, 3], False), c10d._process_group_name(view, False)]
+result = {"rank": r, "names": names}
+if sys.argv[1] == "proxy":
+    everyone, mine = dist.new_group([0, 1, 2, 3]), dist.new_group(view)
+    t, u = torch.tensor([float(r)]), torch.tensor([1.0])
+    dist.all_reduce(t, group=mine)
+    dist.all_reduce(u, group=everyone)
+    result.update(sum=t.item(), everyone=u.item(), groups=[everyone.group_name, mine.group_name])
+open(f"rank{r}.json", "w").write(json.dumps(result))  # files: ranks' prints interleave
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):
+    """torch names a group by its creation count and gloo connects it at creation under that name:
+    per-rank views ([0, 2] on ranks 0 and 2, [1, 3] on 1 and 3, same count) share one rendezvous on
+    plain gloo. The proxy names them by their members too; groups made alike keep one name."""
+    (tmp_path / "groups.py").write_text(PER_VIEW_GROUPS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master-port",
+                          str(_free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ranks = {d["rank"]: d for d in (json.loads(f.read_text()) for f in tmp_path.glob("rank*.json"))}
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert len({d["names"][0] for d in ranks.values()}) == 1  # a group every rank makes alike: one name
+    assert ranks[0]["names"][1] == ranks[2]["names"][1] and ranks[1]["names"][1] == ranks[3]["names"][1]
+    if mode == "plain":  # the clash: two different groups under one rendezvous name
+        assert ranks[0]["names"][1] == ranks[1]["names"][1]
+    else:
+        assert ranks[0]["names"][1] != ranks[1]["names"][1]
+        assert {r: d["sum"] for r, d in ranks.items()} == {0: 2.0, 1: 4.0, 2: 2.0, 3: 4.0}
+        assert all(d["everyone"] == 4.0 for d in ranks.values())
+        assert len({d["groups"][0] for d in ranks.values()}) == 1 and ranks[0]["groups"][1] != ranks[1]["groups"][1]

@@ -108,8 +108,33 @@ def install_for_upstream_code() -> list[str]:
         return real_init(backend, *args, **kwargs)
 
     dist.init_process_group = init_process_group
+    _name_groups_by_members()
     return _UPSTREAM_SWAPS
 
 
+def _name_groups_by_members() -> None:
+    """gloo connects a subgroup's members when the group is created, through the store under the
+    group's name, and torch names a group by a creation counter; NCCL connects on first use. Upstream
+    tests create groups from each rank's own pipeline view (`dist.new_group([0, 6])` on ranks 0 and 6
+    while ranks 1 and 7 make `[1, 7]` at the same count): NCCL never notices, gloo's two pairs share
+    one rendezvous and hang. Adding the members to the name keeps groups that every rank creates
+    alike exactly as before and gives such per-view groups rendezvous of their own."""
+    import hashlib
+
+    from torch.distributed import distributed_c10d as c10d
+
+    counted = c10d._process_group_name
+
+    def process_group_name(ranks, use_hashed_name):
+        name = counted(ranks, use_hashed_name)
+        if use_hashed_name or not ranks:  # the default group, or already named by its members
+            return name
+        members = hashlib.sha1(",".join(map(str, ranks)).encode()).hexdigest()[:12]
+        return f"{name}-{members}"
+
+    c10d._process_group_name = process_group_name
+
+
 _UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu)", "cuda.set_device no-op", "cuda.device_count = 1",
-                   "init_process_group nccl -> gloo"]
+                   "init_process_group nccl -> gloo",
+                   "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)"]

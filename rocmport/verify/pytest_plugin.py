@@ -1,9 +1,10 @@
 """rocmport's pytest plugin for upstream's unit tests in verify (loaded with `-p`).
 
-In CPU-proxy mode it swaps only what proxy mode must: nccl -> gloo, no `cuda.set_device`, one
-"device" per rank, the CPU-proxy shim, and the local layer spec where a test asks for Transformer
-Engine's and TE is absent. Tests that need CUDA still skip by their own `skipif`; nothing else is
-patched, so a port bug still fails. On GPUs it only records outcomes.
+In CPU-proxy mode it swaps only what proxy mode must: nccl -> gloo (with subgroup rendezvous named
+by their members, see proxy_shim), no `cuda.set_device`, one "device" per rank, the CPU-proxy shim,
+and the local layer spec where a test asks for Transformer Engine's and TE is absent. Tests that
+need CUDA still skip by their own `skipif`; nothing else is patched, so a port bug still fails. On
+GPUs it only records outcomes.
 
 In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a test that hangs
 (ranks waiting on a collective that never completes) into a failure, not a stage without end.
@@ -46,11 +47,11 @@ def _proxy_swaps() -> None:
 
 
 def _watchdog(nodeid: str) -> None:
+    """After the timeout this rank records the test as hung and exits; torchrun then stops the
+    other ranks, and verify starts the run again without the tests that have an outcome."""
     import time
 
     started = time.time()
-    """After the timeout this rank records the test as hung and exits; torchrun then stops the
-    other ranks, and verify starts the run again without the tests that have an outcome."""
     seconds = float(os.environ.get("ROCMPORT_UNIT_TEST_TIMEOUT") or 0)
     if not seconds:
         return
