@@ -178,3 +178,27 @@ def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, 
                     env, nproc=2, timeout=25)
     assert res["timed_out"] and res["outcomes"]["tests/unit_tests/test_hangs.py::test_first"] == "passed"
     assert "still running when the stage stopped it" in res["details"]["tests/unit_tests/test_hangs.py::test_sleeps_forever"]
+
+
+@pytest.mark.slow
+def test_a_rank_that_finishes_first_with_a_failure_does_not_cut_its_peers_short(tmp_path, child_env):
+    """torchrun stops every rank once one exits non-zero: rank 0 fails fast and ends, rank 1 is
+    still in a test that fails only there; that failure must still be recorded."""
+    tree = tmp_path / "up"
+    (tree / "tests" / "unit_tests").mkdir(parents=True)
+    (tree / "tests" / "unit_tests" / "test_slow.py").write_text(textwrap.dedent("""\
+        import os, time
+
+        def test_fails_everywhere():
+            assert False
+
+        def test_slow_failure_on_rank_one():
+            if os.environ["RANK"] == "1":
+                time.sleep(4)
+                assert False, "rank one's own failure"
+        """))
+    res = run_tests(tree, ["tests/unit_tests/test_slow.py"], child_env(tree), nproc=2)
+    assert res["ranks"] == 2
+    assert res["outcomes"] == {"tests/unit_tests/test_slow.py::test_fails_everywhere": "failed",
+                               "tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one": "failed"}
+    assert "rank one's own failure" in res["details"]["tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one"]
