@@ -123,6 +123,10 @@ def verify_ported(root: Path, tmp_path: Path) -> dict:
     if full:
         unit, functional = data["stages"][2], data["stages"][3]
         assert unit["counts"]["passed"] > 0 and unit["labels"] and "port-regression" not in unit["labels"].values()
+        # gloo subgroups named by their members: test_schedules' custom-PG tests no longer hang
+        assert unit["hung"] == [] and unit["restarts"] == 0
+        # v0.16's remaining failures are in tests written for TE that ran with the local spec
+        assert set(unit["labels"]) <= set(unit["local_spec_instead_of_te"])
         assert "Megatron requires CUDA" in functional["reason"] and "megatron/training/initialize.py:" in functional["reason"]
         print(f"unit-tests: {unit['reason']} ({unit['seconds']}s); functional: {functional['reason']}")
     if bridge:

@@ -207,6 +207,13 @@ def _print_summary(r: dict) -> None:
     output.info(f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
                 f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}")
     output.table(["stage", "status", "seconds", "reason"], [[s["name"], s["status"], s["seconds"], s["reason"]] for s in r["stages"]])
+    for stage in r["stages"]:
+        if stage["name"] == "unit-tests" and stage.get("labels"):
+            local = set(stage.get("local_spec_instead_of_te", []))
+            for nodeid, lab in sorted(stage["labels"].items()):
+                click.echo(f"{lab}: {nodeid}" + ("  (ran with the local spec in place of TE's)" if nodeid in local else ""))
+                click.echo(f"    failure: {stage['failures'].get(nodeid) or '-'}")
+                click.echo(f"    unported tree: {' '.join(stage['on_baseline'].get(nodeid, '').split())}")
     t = r["training"]
     if t.get("losses"):
         click.echo(report.loss_plot(t["losses"]))
