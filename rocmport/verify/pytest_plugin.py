@@ -19,7 +19,7 @@ import os
 
 SWAPS: list[str] = []
 _STATE: dict[str, str] = {}   # nodeid -> passed | failed | error | skipped
-_DETAIL: dict[str, str] = {}  # nodeid -> last line of the failure
+_DETAIL: dict[str, str] = {}  # nodeid -> the exception and its site
 _RUNNING: list[str] = []
 _HUNG: list[str] = []
 _TIMERS: list = []
