@@ -2,9 +2,9 @@
 
 In CPU-proxy mode it swaps only what proxy mode must: nccl -> gloo (with subgroup rendezvous named
 by their members, see proxy_shim), no `cuda.set_device`, one "device" per rank, the CPU-proxy shim,
-and the local layer spec where a test asks for Transformer Engine's and TE is absent. Tests that
-need CUDA still skip by their own `skipif`; nothing else is patched, so a port bug still fails. On
-GPUs it only records outcomes.
+and the local layer spec (with the memory buffer it needs) where a test asks for Transformer
+Engine's and TE is absent. Tests that need CUDA still skip by their own `skipif`; nothing else is
+patched, so a port bug still fails. On GPUs it only records outcomes.
 
 In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a test that hangs
 (ranks waiting on a collective that never completes) into a failure, not a stage without end.
@@ -43,11 +43,26 @@ def _proxy_swaps() -> None:
             nodeid = _RUNNING[0] if _RUNNING else "(collection)"
             if nodeid not in _LOCAL_SPEC:
                 _LOCAL_SPEC.append(nodeid)
+            _buffer_for_local_attention()
             names = ("num_experts", "moe_grouped_gemm", "qk_layernorm", "multi_latent_attention")
             return local(**{k: v for k, v in kwargs.items() if k in names})
 
         gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec = te_spec_without_te
         SWAPS.append("TE layer spec -> local spec (TE absent)")
+
+
+def _buffer_for_local_attention() -> None:
+    """The local spec's DotProductAttention takes its scratch tensor from parallel_state's global
+    memory buffer, which TE's attention never asks for: a test written for TE may build its model
+    without initialize_model_parallel (the custom-process-group tests do). Where the plugin gives
+    such a test the local spec, it provides that buffer too, if nothing has; the test's own
+    teardown (destroy_model_parallel) frees it."""
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return
+    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", True) is None and hasattr(parallel_state, "_set_global_memory_buffer"):
+        parallel_state._set_global_memory_buffer()
 
 
 def _watchdog(nodeid: str) -> None:

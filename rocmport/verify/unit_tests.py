@@ -21,7 +21,7 @@ from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, StageResult
 
 DEFAULT_TESTS = ("tests/unit_tests/models/test_gpt_model.py", "tests/unit_tests/pipeline_parallel/test_schedules.py")
-PLUGIN_VERSION = "5"
+PLUGIN_VERSION = "6"
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
 
 
