@@ -13,6 +13,7 @@ import pytest
 
 from rocmport.cli import main
 from rocmport.verify import environment, firewall, report
+from rocmport.verify.launcher import free_port
 from rocmport.verify.stages import StageResult
 
 
@@ -163,14 +164,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["plain", "proxy"])
 def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):
@@ -180,7 +173,7 @@ def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):
     (tmp_path / "groups.py").write_text(PER_VIEW_GROUPS)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master-port",
-                          str(_free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                          str(free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     ranks = {d["rank"]: d for d in (json.loads(f.read_text()) for f in tmp_path.glob("rank*.json"))}
     assert sorted(ranks) == [0, 1, 2, 3]
