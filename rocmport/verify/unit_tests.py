@@ -142,8 +142,10 @@ def label(port: dict, base: dict, known: dict[str, str]) -> dict[str, str]:
     return labels
 
 
-def _counts(outcomes: dict[str, str]) -> dict[str, int]:
-    return {k: sum(1 for v in outcomes.values() if v == k) for k in ("passed", "skipped", "failed", "error")}
+def _counts(values: dict[str, str], keys=("passed", "skipped", "failed", "error")) -> dict[str, int]:
+    """How many of ``values`` are each of ``keys`` (outcomes by default, or labels)."""
+    tally = Counter(values.values())
+    return {k: tally[k] for k in keys}
 
 
 def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known: dict[str, str], cache_dir: Path,
@@ -162,7 +164,7 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
     base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher) if base else ({"outcomes": {}}, False))
     labels = label(port, base_result, known)
     counts = _counts(port["outcomes"])
-    by_label = {k: sum(1 for v in labels.values() if v == k) for k in ("port-regression", "upstream-known", "known-failure")}
+    by_label = _counts(labels, ("port-regression", "upstream-known", "known-failure"))
     details = {"tests": tests, "nproc": nproc, "counts": counts, "labels": labels, "failures": {k: port["details"].get(k, "") for k in labels},
                # what the unported tree did with each labelled test: its outcome, or why its module did not import
                "on_baseline": {k: base_result["outcomes"].get(k) or (f"module error: {base_result.get('details', {}).get(k.split('::')[0], '')}"
