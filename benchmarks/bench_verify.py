@@ -14,8 +14,8 @@ import shutil
 import time
 from pathlib import Path
 
-from rocmport import worktree as wt
-from rocmport.commands.verify import run_verify
+from rocmport.port import worktree as wt
+from rocmport.verify.run import run_verify
 from rocmport.verify.unit_tests import DEFAULT_TESTS
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from rocmport.lock import Lock, Pin
+from rocmport.upstream.lock import Lock, Pin
 from sync_helpers import commit, g, init, package_info
 
 HEADER = "Description: {desc}\n more words\nUpstream-Status: {status}\n---\n"

@@ -14,9 +14,9 @@ import pytest
 from filelock import FileLock
 
 from refresh_helpers import LAYERS, Ported, edit_line
-from rocmport import bot
 from rocmport.cli import main
 from rocmport.config import load_settings
+from rocmport.refresh import bot
 from sync_helpers import commit, g
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from patch_helpers import Project
 from rocmport.cli import main
-from rocmport.docker import dockerfile, remaining_requirements
-from rocmport.manifests import Policy, rewrite_tree
+from rocmport.package.docker import dockerfile, remaining_requirements
+from rocmport.port.manifests import Policy, rewrite_tree
 from test_manifests import BRIDGE, MLM
 
 HADOLINT = Path(sys.executable).with_name("hadolint")

@@ -3,7 +3,7 @@
 import pytest
 
 from rocmport.errors import BadInput
-from rocmport.lock import Lock, Pin, load_lock, parse_lock
+from rocmport.upstream.lock import Lock, Pin, load_lock, parse_lock
 
 SHA = "55ac7082517c3878ae653c07c09c534b8aed49f6"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmport import manifests
-from rocmport.manifests import Policy, cuda_only_requirements, rewrite_pyproject, rewrite_requirements, rewrite_tree
+from rocmport.port import manifests
+from rocmport.port.manifests import Policy, cuda_only_requirements, rewrite_pyproject, rewrite_requirements, rewrite_tree
 
 # Shaped like Megatron-LM's pyproject at core_v0.19.0 (comments, tool tables, a dropped-only extra).
 MLM = '''\

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from pypi_helpers import Index, make_sdist
-from rocmport import pypi
 from rocmport.cli import main
 from rocmport.errors import BadInput, ProblemFound
-from rocmport.store import Store
+from rocmport.upstream import package_index
+from rocmport.upstream.store import Store
 from sync_helpers import g, package_info
 
 CORE_FILES = {"megatron/core/package_info.py": package_info("0.16.1"), "megatron/core/__init__.py": "", "tools/run.sh": "#!/bin/sh\n"}
@@ -32,23 +32,23 @@ def index(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("ref, want", [("v0.16", "0.16.1"), ("0.16", "0.16.1"), ("core_v0.16.0", "0.16.0"), ("v0.15.3", "0.15.3"), ("0.16.2rc1", "0.16.2rc1")])
 def test_version_selection_ignores_dev_and_rc(index, tmp_path, ref, want):
-    pin = pypi.pin_from_index(Store(tmp_path / "c"), "megatron-lm", ref)
+    pin = package_index.pin_from_index(Store(tmp_path / "c"), "megatron-lm", ref)
     assert pin.resolved_ref == want and pin.version == want and pin.source == "pypi"
     assert pin.sdist["filename"] == f"megatron_core-{want}.tar.gz"
 
 
 def test_pre_and_unknown(index, tmp_path):
     store = Store(tmp_path / "c")
-    assert pypi.pin_from_index(store, "megatron-lm", "v0.16", pre=True).version == "0.16.3.dev20250101"
+    assert package_index.pin_from_index(store, "megatron-lm", "v0.16", pre=True).version == "0.16.3.dev20250101"
     with pytest.raises(BadInput, match=r"no final release matching 'v0.18'.*closest"):
-        pypi.pin_from_index(store, "megatron-lm", "v0.18")
+        package_index.pin_from_index(store, "megatron-lm", "v0.18")
     with pytest.raises(BadInput, match="knows versions, not 'main'"):
-        pypi.pin_from_index(store, "megatron-lm", "main")
+        package_index.pin_from_index(store, "megatron-lm", "main")
 
 
 def test_commit_is_deterministic_and_holds_the_tree(index, tmp_path):
-    a = pypi.pin_from_index(Store(tmp_path / "a"), "megatron-lm", "v0.16")
-    b = pypi.pin_from_index(Store(tmp_path / "b"), "megatron-lm", "v0.16")
+    a = package_index.pin_from_index(Store(tmp_path / "a"), "megatron-lm", "v0.16")
+    b = package_index.pin_from_index(Store(tmp_path / "b"), "megatron-lm", "v0.16")
     assert a.commit == b.commit
     mirror = Store(tmp_path / "a").mirror_dir("megatron-lm")
     files = g(mirror, "ls-tree", "-r", "--name-only", a.commit).split()
@@ -60,8 +60,8 @@ def test_commit_is_deterministic_and_holds_the_tree(index, tmp_path):
 
 def test_cache_reuse_downloads_once(index, tmp_path):
     store = Store(tmp_path / "c")
-    pypi.pin_from_index(store, "megatron-lm", "v0.16")
-    pypi.pin_from_index(store, "megatron-lm", "v0.16")
+    package_index.pin_from_index(store, "megatron-lm", "v0.16")
+    package_index.pin_from_index(store, "megatron-lm", "v0.16")
     assert index.hits["megatron_core-0.16.1.tar.gz"] == 1
 
 
@@ -71,7 +71,7 @@ def test_tampered_file_is_refused_and_removed(index, tmp_path):
     index.add("megatron-core", sdist)  # the index advertises the hash of the untampered file
     store = Store(tmp_path / "c")
     with pytest.raises(ProblemFound, match="megatron_core-0.19.0.tar.gz: sha256 .* does not match"):
-        pypi.pin_from_index(store, "megatron-lm", "0.19.0")
+        package_index.pin_from_index(store, "megatron-lm", "0.19.0")
     assert not list(store.sdist_dir().glob("megatron_core-0.19.0*"))
 
 
@@ -84,14 +84,14 @@ def test_unsafe_members_are_refused(index, tmp_path, name, link):
     sdist = make_sdist(index.root, "megatron-core", "0.20.0", CORE_FILES, members=[info])
     index.add("megatron-core", sdist)
     with pytest.raises(BadInput, match="megatron_core-0.20.0.tar.gz: .*(escapes|outside)"):
-        pypi.pin_from_index(Store(tmp_path / "c"), "megatron-lm", "0.20.0")
+        package_index.pin_from_index(Store(tmp_path / "c"), "megatron-lm", "0.20.0")
 
 
 def test_bridge_companion_needs_a_bounded_range(index, tmp_path):
     store = Store(tmp_path / "c")
-    assert str(pypi.choose_bridge_from_index(store, "0.16.1").version) == "0.3.1"
-    assert str(pypi.choose_bridge_from_index(store, "0.15.3").version) == "0.3.1"
-    assert pypi.choose_bridge_from_index(store, "0.18.0") is None  # 0.4.0 is unbounded: never a match
+    assert str(package_index.choose_bridge_from_index(store, "0.16.1").version) == "0.3.1"
+    assert str(package_index.choose_bridge_from_index(store, "0.15.3").version) == "0.3.1"
+    assert package_index.choose_bridge_from_index(store, "0.18.0") is None  # 0.4.0 is unbounded: never a match
 
 
 def test_cli_source_pypi_and_auto_fallback(index, tmp_path, monkeypatch, capsys):
@@ -116,8 +116,8 @@ def test_cli_source_pypi_and_auto_fallback(index, tmp_path, monkeypatch, capsys)
 
 def test_unreachable_index(tmp_path, monkeypatch):
     monkeypatch.setenv("ROCMPORT_INDEX_URL", "http://127.0.0.1:9/simple")
-    with pytest.raises(pypi.IndexUnreachable, match="cannot read http://127.0.0.1:9/simple/megatron-core/"):
-        pypi.pin_from_index(Store(tmp_path / "c"), "megatron-lm", "v0.16")
+    with pytest.raises(package_index.IndexUnreachable, match="cannot read http://127.0.0.1:9/simple/megatron-core/"):
+        package_index.pin_from_index(Store(tmp_path / "c"), "megatron-lm", "v0.16")
 
 
 @pytest.mark.network
@@ -128,12 +128,12 @@ def test_real_megatron_core_sdist(tmp_path, monkeypatch):
 
     cache = Path.home() / ".cache" / "rocmport-test"
     start = time.monotonic()
-    pin = pypi.pin_from_index(Store(cache), "megatron-lm", "v0.16.1")
+    pin = package_index.pin_from_index(Store(cache), "megatron-lm", "v0.16.1")
     assert pin.version == "0.16.1" and pin.sdist["filename"] == "megatron_core-0.16.1.tar.gz"
     assert len(pin.sdist["sha256"]) == 64
     mirror = Store(cache).mirror_dir("megatron-lm")
     assert "MINOR = 16" in g(mirror, "show", f"{pin.commit}:megatron/core/package_info.py")
     # Same sdist, fresh cache: the same commit id.
-    again = pypi.sdist_to_commit(Store(cache).sdist_dir() / pin.sdist["filename"], tmp_path / "m.git", "megatron-core", "0.16.1", pin.sdist["sha256"])
+    again = package_index.sdist_to_commit(Store(cache).sdist_dir() / pin.sdist["filename"], tmp_path / "m.git", "megatron-core", "0.16.1", pin.sdist["sha256"])
     assert again == pin.commit
     print(f"real sdist pin took {time.monotonic() - start:.1f}s")

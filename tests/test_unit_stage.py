@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmport.patchset import load_series
 from rocmport.errors import BadInput
+from rocmport.patches.series import load_series
 from rocmport.verify import environment
 from rocmport.verify.unit_tests import label, run_tests, stage_unit_tests
 from sync_helpers import g

@@ -5,10 +5,10 @@ from __future__ import annotations
 import click
 
 from rocmport import output
-from rocmport.applying import apply_upstream
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
-from rocmport.lock import load_lock
+from rocmport.port.apply import apply_upstream
+from rocmport.upstream.lock import load_lock
 
 
 def _print_report(r) -> None:

@@ -8,9 +8,9 @@ import time
 import click
 
 from rocmport import output
-from rocmport.bot import run_once
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
+from rocmport.refresh.bot import run_once
 
 
 def _line(text: str) -> str:

@@ -6,13 +6,14 @@ from pathlib import Path
 
 import click
 
-from rocmport import manifests, output
-from rocmport import building
-from rocmport.building import PACKAGES, build_upstream
+from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
-from rocmport.lock import load_lock
-from rocmport.patchset import select_series
+from rocmport.package import build
+from rocmport.package.build import PACKAGES, build_upstream
+from rocmport.patches.series import select_series
+from rocmport.port import manifests
+from rocmport.upstream.lock import load_lock
 
 
 @click.command("build")
@@ -42,7 +43,7 @@ def command(obj, upstream, out_dir, build_number, check_deps, as_json):
     for name in names:
         tree = settings.worktree_path(name)
         series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
-        number = build_number if build_number is not None else building.build_number(settings.root, series.dir)
+        number = build_number if build_number is not None else build.build_number(settings.root, series.dir)
         with output.progress(f"building {PACKAGES[name][1]} from {tree}"):
             built = build_upstream(tree, name, number, out, say=output.info)
         found = manifests.cuda_only_requirements(tree)

@@ -8,9 +8,9 @@ import click
 
 from rocmport import output
 from rocmport.config import load_settings
-from rocmport.docker import DEFAULT_ARCH, DEFAULT_BASE_TAG, dockerfile, remaining_requirements
 from rocmport.errors import EXIT_OK, BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.package.docker import DEFAULT_ARCH, DEFAULT_BASE_TAG, dockerfile, remaining_requirements
 
 
 @click.group("emit")

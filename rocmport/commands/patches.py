@@ -7,10 +7,10 @@ import click
 from rocmport import output
 from rocmport.config import UPSTREAMS, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
-from rocmport.exporting import check as check_drift
-from rocmport.exporting import export as export_commits
-from rocmport.lock import load_lock
-from rocmport.patchset import all_series, select_series, series_hash
+from rocmport.patches.export import check as check_drift
+from rocmport.patches.export import export as export_commits
+from rocmport.patches.series import all_series, select_series, series_hash
+from rocmport.upstream.lock import load_lock
 
 
 @click.group("patches")

@@ -10,27 +10,8 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.refresh_report import markdown
-from rocmport.refreshing import NEEDS_HUMAN, RefreshResult, abort_refresh, area, continue_refresh, refresh
-
-
-def public(result: RefreshResult) -> dict:
-    """The result without file texts (they are in the series already): what --json and summary.json hold."""
-    data = result.to_dict()
-    for up in data["upstreams"].values():
-        for key in ("regenerated", "dropped_texts", "series_text", "series_text_final"):
-            up.pop(key, None)
-    return data
-
-
-def write_summary(result: RefreshResult, directory: Path) -> Path:
-    """summary.md (the PR body) and summary.json beside it, written atomically."""
-    import json
-
-    data = public(result)
-    atomic_write_text(directory / "summary.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(directory / "summary.md", markdown(data))
-    return directory / "summary.md"
+from rocmport.refresh.engine import NEEDS_HUMAN, RefreshResult, abort_refresh, area, continue_refresh, refresh
+from rocmport.refresh.summary import public, write_summary
 
 
 @click.command("refresh")

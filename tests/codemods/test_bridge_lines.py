@@ -15,7 +15,7 @@ import pytest
 
 from rocmport.codemods import compute_layers
 from rocmport.nvidia_only import scan_unguarded_imports
-from rocmport.patchset import select_series
+from rocmport.patches.series import select_series
 from rocmport.verify.firewall import firewall_env, write_bootstrap
 
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
@@ -61,8 +61,8 @@ def test_bridge_line(tmp_path, tag, capsys):
     deps = all(importlib.util.find_spec(m) for m in ("transformers", "omegaconf", "datasets", "tensorboard"))
     if importable and deps:
         # The Megatron-LM commit this Bridge release gitlinks, ported with its own series.
-        from rocmport.companion import gitlink
-        from rocmport.refs import version_at
+        from rocmport.upstream.companion import gitlink
+        from rocmport.upstream.refs import version_at
 
         mlm_commit = gitlink(Path(BRIDGE), tag)
         mlm = archive(MLM, mlm_commit, tmp_path / "mlm", "megatron")

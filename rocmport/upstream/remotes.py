@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlparse
 
 from rocmport.errors import BadInput, RocmportError
 from rocmport.gitutil import GitError, git, run_git
-from rocmport.store import Store
+from rocmport.upstream.store import Store
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _SCP_RE = re.compile(r"^(?:[A-Za-z0-9._~-]+@)?([A-Za-z0-9._-]+):(?!//)(.+)$")

@@ -28,8 +28,8 @@ from packaging.version import InvalidVersion, Version
 from rocmport.config import PYPI_DISTRIBUTIONS
 from rocmport.errors import BadInput, ProblemFound, RocmportError
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
-from rocmport.lock import Pin
-from rocmport.store import Store
+from rocmport.upstream.lock import Pin
+from rocmport.upstream.store import Store
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -245,7 +245,7 @@ def declared_requirement(sdist_path: Path, name: str) -> Requirement | None:
 
 def choose_bridge_from_index(store: Store, core_version: str, index_url: str | None = None) -> SdistFile | None:
     """Newest final megatron-bridge sdist whose declared megatron-core range is bounded and admits the version."""
-    from rocmport.companion import has_upper_bound
+    from rocmport.upstream.companion import has_upper_bound
 
     finals = [s for s in list_sdists(PYPI_DISTRIBUTIONS["megatron-bridge"], index_url) if is_final(s.version)]
     for sdist in reversed(finals):

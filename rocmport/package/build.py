@@ -22,7 +22,7 @@ import tomlkit
 from rocmport import __version__
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.gitutil import run_git
-from rocmport import worktree as wt
+from rocmport.port import worktree as wt
 
 PACKAGES = {  # upstream -> (package directory holding package_info.py, distribution)
     "megatron-lm": ("megatron/core", "megatron-core"),

@@ -13,15 +13,16 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from packaging.version import Version
 
-from rocmport import __version__, refs
+from rocmport import __version__
 from rocmport.config import Settings, load_settings
 from rocmport.errors import BadInput, RocmportError
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, rev_parse, run_git
-from rocmport.lock import load_lock
-from rocmport.patchset import all_series
-from rocmport.remotes import update_mirror, validate_url
-from rocmport.store import Store
+from rocmport.patches.series import all_series
+from rocmport.upstream import refs
+from rocmport.upstream.lock import load_lock
+from rocmport.upstream.remotes import update_mirror, validate_url
+from rocmport.upstream.store import Store
 
 BOT_NAME, BOT_EMAIL = "rocmport-bot", "rocmport-bot@users.noreply.github.com"
 BOT_ENV = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL, "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
@@ -88,10 +89,10 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
     if pin.source == "pypi":
         if track == "main":
             raise BadInput(f"{settings.lock_path}: pins a package-index release; --track main needs a git upstream (`rocmport sync --source git`)")
-        from rocmport import pypi
         from rocmport.config import PYPI_DISTRIBUTIONS
+        from rocmport.upstream import package_index
 
-        for v in pypi.list_final_versions(PYPI_DISTRIBUTIONS["megatron-lm"]):
+        for v in package_index.list_final_versions(PYPI_DISTRIBUTIONS["megatron-lm"]):
             if v > current:
                 by_version[v] = Candidate(f"v{v}", str(v), f"pypi:{v}")
     else:
@@ -136,9 +137,9 @@ def _human_commits(root: Path, base: str, tip: str) -> list[str]:
 
 def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | None, say, warn) -> dict:
     """Refresh to ``cand`` on its own branch from ``base``; the caller's branch is restored after."""
-    from rocmport.commands.refresh import public, write_summary
-    from rocmport.refresh_report import markdown
-    from rocmport.refreshing import READY, abort_refresh, read_state, refresh
+    from rocmport.refresh.engine import READY, abort_refresh, read_state, refresh
+    from rocmport.refresh.report import markdown
+    from rocmport.refresh.summary import public, write_summary
 
     root = settings.root
     start = git("symbolic-ref", "-q", "--short", "HEAD", cwd=root)

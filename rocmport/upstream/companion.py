@@ -18,7 +18,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from rocmport.gitutil import run_git
-from rocmport.refs import read_file, release_tags, version_at
+from rocmport.upstream.refs import read_file, release_tags, version_at
 
 GITLINK_PATH = "3rdparty/Megatron-LM"
 

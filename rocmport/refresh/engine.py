@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocmport import worktree as wt
-from rocmport.applying import apply_upstream, report_path
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.lock import Lock, load_lock, parse_lock
-from rocmport.regenerate import patch_id, regenerate, reverse_applies, upstream_patch_ids
-from rocmport.series_staging import StagedSeries, drop_from_series_text, promote, stage_series
+from rocmport.patches.regenerate import patch_id, regenerate, reverse_applies, upstream_patch_ids
+from rocmport.port import worktree as wt
+from rocmport.port.apply import apply_upstream, report_path
+from rocmport.refresh.staging import StagedSeries, drop_from_series_text, promote, stage_series
+from rocmport.upstream.lock import Lock, load_lock, parse_lock
 
 READY, NEEDS_HUMAN = "ready", "needs-human"
 
@@ -66,7 +66,7 @@ def _write_state(settings: Settings, state: dict) -> None:
 
 def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print) -> RefreshResult:
     """Start a refresh to ``to``. ``verify_opts`` None means --no-verify."""
-    from rocmport.commands.sync import resolve_lock
+    from rocmport.upstream.resolve import resolve_lock
 
     state = read_state(settings)
     if state and state.get("status") == "conflict":
@@ -147,7 +147,7 @@ def _merged_upstream(settings: Settings, st: StagedSeries, before, pin) -> dict[
     series = st.series
     if not series.patches or before is None or before.source != "git" or pin.source != "git":
         return {}  # package-index sources have no upstream history to search
-    from rocmport.store import Store
+    from rocmport.upstream.store import Store
 
     mirror = Store(settings.cache_dir).mirror_dir(st.upstream)
     ids = upstream_patch_ids(mirror, before.commit, pin.commit)
@@ -165,7 +165,7 @@ def _result(state: dict, status: str) -> RefreshResult:
 
 
 def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
-    from rocmport.refresh_report import codemod_changes, range_diff, run_verify_both
+    from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
 
     old = _lock_from(state["old_lock"], "refresh state")
     new = _lock_from(state["new_lock"], "refresh state")

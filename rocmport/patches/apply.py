@@ -13,7 +13,7 @@ from unidiff.errors import UnidiffParseError
 
 from rocmport.errors import BadInput
 from rocmport.gitutil import run_git
-from rocmport.patchset import PatchFile
+from rocmport.patches.series import PatchFile
 
 BUCKETS = ("clean", "offset", "merged-3way", "already-upstream", "not-applicable", "conflict")
 _OFFSET_RE = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")

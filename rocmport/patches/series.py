@@ -209,7 +209,7 @@ def series_hash(series: Series) -> str:
 
 def default_series(upstream: str, version: str) -> Series:
     """`--codemods-only`: no patches, the default codemod recipe for the upstream."""
-    from rocmport.codemods_default import DEFAULT_CODEMODS
+    from rocmport.codemods.defaults import DEFAULT_CODEMODS
 
     return Series(
         path=Path(f"<default recipe for {upstream}>"),

@@ -16,12 +16,12 @@ from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, run_git
-from rocmport.lock import Lock, Pin
-from rocmport.patching import PatchOutcome, apply_patch, touched_paths
-from rocmport.patchset import Series, default_series, recipe_digest, select_series
-from rocmport.remotes import has_commit, update_mirror, validate_url
-from rocmport.store import Store
-from rocmport import worktree as wt
+from rocmport.patches.apply import PatchOutcome, apply_patch, touched_paths
+from rocmport.patches.series import Series, default_series, recipe_digest, select_series
+from rocmport.port import worktree as wt
+from rocmport.upstream.lock import Lock, Pin
+from rocmport.upstream.remotes import has_commit, update_mirror, validate_url
+from rocmport.upstream.store import Store
 
 
 @dataclass
@@ -68,7 +68,7 @@ def inputs_hash(pin: Pin, series: Series, versions: dict[str, str]) -> str:
 
     # The generated runtime helper is part of what the codemod layers write.
     helper = resources.files("rocmport").joinpath("data/_rocm.py.tmpl").read_bytes() if series.codemods else b""
-    from rocmport import manifests
+    from rocmport.port import manifests
 
     data = {"commit": pin.commit, "recipe": recipe_digest(series, versions), "codemods": versions, "rocmport": __version__,
             "helper": hashlib.sha256(helper).hexdigest(), "manifests": manifests.VERSION}
@@ -88,16 +88,16 @@ def _ensure_commit(settings: Settings, store: Store, name: str, pin: Pin) -> Pat
         if has_commit(mirror, pin.commit):
             return mirror
     elif pin.source == "pypi":
-        from rocmport import pypi
+        from rocmport.upstream import package_index
 
-        if pypi.pin_from_index(store, name, pin.resolved_ref).commit == pin.commit:
+        if package_index.pin_from_index(store, name, pin.resolved_ref).commit == pin.commit:
             return mirror
     raise BadInput(f"{name}: pinned commit {pin.commit[:12]} is not in the cache {mirror}; run `rocmport sync` (with --remote if needed)")
 
 
 def unexplained_commits(tree: Path, series: Series, since: str, head: str) -> list[str]:
     """Commits after the recorded result that no patch of the series explains (same effect)."""
-    from rocmport.exporting import explaining_patch
+    from rocmport.patches.export import explaining_patch
 
     if run_git("merge-base", "--is-ancestor", since, head, cwd=tree, check=False).returncode != 0:
         return [head]
@@ -244,7 +244,7 @@ def _codemod_layers(tree: Path, series: Series, cache_dir: Path) -> list[dict]:
 
 def _manifest_layer(tree: Path, series: Series, megatron_lm_path: str | None) -> list[dict]:
     """Dependency manifests without CUDA-only distributions: one commit, every change listed."""
-    from rocmport import manifests
+    from rocmport.port import manifests
 
     policy = manifests.policy_from_series(series.manifests, megatron_lm_path)
     if policy is None:

@@ -7,13 +7,13 @@ import json
 import tempfile
 from pathlib import Path
 
-from rocmport.applying import apply_upstream, report_path
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
-from rocmport.lock import Lock
-from rocmport.patchset import select_series
-from rocmport import worktree as wt
+from rocmport.patches.series import select_series
+from rocmport.port import worktree as wt
+from rocmport.port.apply import apply_upstream, report_path
+from rocmport.upstream.lock import Lock
 
 
 def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
@@ -24,7 +24,7 @@ def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
         return tree
     import dataclasses
 
-    from rocmport.refreshing import area
+    from rocmport.refresh.engine import area
 
     aside = dataclasses.replace(settings, worktree_dir=area(settings) / "old")
     apply_upstream(aside, old, name, force=True, say=say)
@@ -88,15 +88,15 @@ def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict, outcomes
 def _diff_of(patch_text: str | None, fallback: str) -> str:
     if patch_text is None:
         return fallback
-    from rocmport.patchset import split_header
+    from rocmport.patches.series import split_header
 
     return split_header(patch_text)[1]
 
 
 def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: dict, say=print) -> dict:
     """Verify the new port; when a stage fails, verify the old port too and label each failure."""
-    from rocmport.commands.verify import run_verify
     from rocmport.verify.environment import unmet_python
+    from rocmport.verify.run import run_verify
 
     tree = rsettings.worktree_path("megatron-lm")
     need = unmet_python(tree)

@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 
 from rocmport import __version__
 from rocmport.launch_env import LAUNCH_ENV
-from rocmport.manifests import canonical, is_cuda_only
+from rocmport.port.manifests import canonical, is_cuda_only
 
 DEFAULT_BASE_TAG = "rocm6.4.1_ubuntu24.04_py3.12_pytorch_release_2.7.1"
 DEFAULT_ARCH = "gfx942;gfx950"

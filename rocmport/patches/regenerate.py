@@ -11,9 +11,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocmport.exporting import patch_matches_commit
 from rocmport.gitutil import git, run_git
-from rocmport.patchset import PatchFile
+from rocmport.patches.export import patch_matches_commit
+from rocmport.patches.series import PatchFile
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 _DIFF_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$")

@@ -12,8 +12,8 @@ from pathlib import Path
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, run_git
-from rocmport.patchset import Series, lint_header, parse_header, split_header
-from rocmport import worktree as wt
+from rocmport.patches.series import Series, lint_header, parse_header, split_header
+from rocmport.port import worktree as wt
 
 
 @dataclass

@@ -12,7 +12,7 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.patchset import Series, all_series, load_series
+from rocmport.patches.series import Series, all_series, load_series
 
 
 def line_of(version: str) -> str:

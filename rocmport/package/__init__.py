@@ -1,0 +1,1 @@
+"""Package: ship the port: wheels and sdists of the ported trees (build) and a container recipe (docker)."""

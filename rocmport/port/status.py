@@ -1,0 +1,58 @@
+"""What a project's port holds: the lock, whether the cache has the pinned commits, and each
+ported work tree (branch, base, head, clean, series, apply status)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rocmport.config import UPSTREAMS, Settings
+from rocmport.gitutil import git, is_git_dir, run_git
+from rocmport.port.worktree import read_state
+from rocmport.upstream.lock import load_lock_or_none
+from rocmport.upstream.remotes import has_commit
+from rocmport.upstream.store import Store
+
+
+def worktree_info(path: Path) -> dict | None:
+    """Where a ported tree is and what it holds, or None when there is none."""
+    if not (path / ".git").exists() or not is_git_dir(path):
+        return None
+    branch = run_git("symbolic-ref", "--short", "-q", "HEAD", cwd=path, check=False).stdout.strip() or None
+    base_tags = git("tag", "--list", "rocmport/base/*", "--points-at", "HEAD", cwd=path).split() or git(
+        "tag", "--list", "rocmport/base/*", "--merged", "HEAD", cwd=path
+    ).split()
+    base = git("rev-parse", f"{base_tags[0]}^{{commit}}", cwd=path) if base_tags else None
+    state = read_state(path) or {}
+    clean = run_git("status", "--porcelain", "--untracked-files=no", cwd=path).stdout.strip() == ""
+    return {
+        "path": str(path),
+        "branch": branch,
+        "base": base,
+        "head": git("rev-parse", "HEAD", cwd=path),
+        "clean": clean,
+        "series": state.get("series"),
+        "series_hash": state.get("series_hash"),
+        "apply_status": state.get("status"),
+    }
+
+
+def status(settings: Settings) -> dict:
+    lock = load_lock_or_none(settings.lock_path)
+    store = Store(settings.cache_dir)
+    cache = {}
+    if lock:
+        for name, pin in lock.upstreams.items():
+            mirror = store.mirror_dir(name)
+            cache[name] = bool((mirror / "HEAD").exists() and has_commit(mirror, pin.commit))
+    worktrees = {}
+    for name in UPSTREAMS:
+        info = worktree_info(settings.worktree_path(name))
+        if info:
+            worktrees[name] = info
+    return {
+        "lock": lock.to_dict() if lock else None,
+        "lock_path": str(settings.lock_path),
+        "cache_dir": str(settings.cache_dir),
+        "cached": cache,
+        "worktrees": worktrees,
+    }
