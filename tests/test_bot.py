@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from refresh_helpers import LAYERS, Ported, edit_line
 from rocmport.cli import main
 from rocmport.config import load_settings
 from rocmport.refresh import bot
-from sync_helpers import commit, g
+from tests.helpers.real import REPO, project_with
+from tests.helpers.refresh import LAYERS, Ported, edit_line
+from tests.helpers.sync import commit, g
 
 
 @pytest.fixture()
@@ -177,7 +178,7 @@ def test_lines_option_is_normalised_and_checked(port, capsys):
     assert port.run("bot", "--once", "--no-verify", "--lines", "sixteen") == 2
 
 
-WORKFLOW = Path(__file__).resolve().parents[1] / ".github" / "workflows" / "rocmport-refresh.yml"
+WORKFLOW = REPO / ".github" / "workflows" / "rocmport-refresh.yml"
 
 
 def _lint(path: Path) -> subprocess.CompletedProcess:
@@ -196,14 +197,9 @@ def test_shipped_workflow_passes_the_github_workflow_schema_and_runs_the_bot(tmp
 
 
 @pytest.mark.network
-def test_bot_on_the_package_index_refreshes_a_patch_release(tmp_path, monkeypatch, capsys):
+def test_bot_on_the_package_index_refreshes_a_patch_release(tmp_path, real_index, capsys):
     """Lock at megatron-core 0.16.0 from the real index: the bot refreshes to 0.16.1 on its branch."""
-    import shutil
-
-    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(Path.home() / ".cache" / "rocmport-test"))
-    monkeypatch.delenv("ROCMPORT_INDEX_URL", raising=False)
-    root = tmp_path / "project"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "patchsets" / "megatron-lm" / "v0.16", root / "patchsets" / "megatron-lm" / "v0.16")
+    root = project_with(tmp_path / "project", {"megatron-lm": "v0.16"})
     g(tmp_path, "init", "-q", "-b", "main", str(root))
     (root / ".gitignore").write_text("/build/\n/.rocmport/\n")
     run = lambda *a: main(["-C", str(root), *a])  # noqa: E731

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from rocmport.verify import environment, firewall
-from rocmport.verify.bridge_stage import BRIDGE_MODULES, stage_bridge
+from rocmport.verify.bridge_stage import bridge_env, stage_bridge
 
 
 def _bridge_tree(root: Path, init: str, pyproject: str = '[project]\nname = "megatron-bridge"\n') -> Path:
@@ -47,10 +47,24 @@ def test_bridge_needing_a_newer_python_is_skipped(tmp_path):
 
 
 def test_bridge_src_goes_after_the_firewall_and_before_the_megatron_lm_tree(tmp_path):
-    from rocmport.verify.bridge_stage import bridge_env
-
     mlm = tmp_path / "megatron-lm"
     env = bridge_env(_env(tmp_path, mlm), tmp_path / "megatron-bridge")
     parts = env["PYTHONPATH"].split(os.pathsep)
     assert parts[1:3] == [str(tmp_path / "megatron-bridge" / "src"), str(mlm)]
-    assert "megatron.bridge.training.pretrain" in BRIDGE_MODULES
+
+
+def test_bridge_training_entry_point_is_imported_behind_the_firewall(tmp_path):
+    """A tree that has Bridge's training entry point gets it imported too: an NVIDIA-only import
+    there fails the stage, named by module."""
+    mlm = tmp_path / "megatron-lm"
+    (mlm / "megatron").mkdir(parents=True)
+    tree = _bridge_tree(tmp_path, "")
+    training = tree / "src" / "megatron" / "bridge" / "training"
+    training.mkdir()
+    (training / "__init__.py").write_text("")
+    (training / "pretrain.py").write_text("import modelopt.torch.opt  # an unguarded NVIDIA-only import\n")
+    result, training_data = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
+    assert result.status == "fail" and training_data == {}
+    assert result.details["modules"] == ["megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.training.pretrain"]
+    assert list(result.details["failures"]) == ["megatron.bridge.training.pretrain"]
+    assert result.reason.startswith("megatron.bridge.training.pretrain: ModuleNotFoundError") and "(missing: modelopt" in result.reason

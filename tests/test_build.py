@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from patch_helpers import Project
 from rocmport.cli import main
-from sync_helpers import g
+from tests.helpers.patches import Project
+from tests.helpers.real import project_with
+from tests.helpers.sync import g
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,13 +33,8 @@ def test_build_refuses_without_a_port_or_with_edits(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.network
-def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(Path.home() / ".cache" / "rocmport-test"))
-    monkeypatch.delenv("ROCMPORT_INDEX_URL", raising=False)
-    root = tmp_path / "project"
-    for up, line in (("megatron-lm", "v0.16"), ("megatron-bridge", "v0.3")):
-        (root / "patchsets" / up).mkdir(parents=True)
-        subprocess.run(["cp", "-r", str(REPO / "patchsets" / up / line), str(root / "patchsets" / up)], check=True)
+def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, real_index, capsys):
+    root = project_with(tmp_path / "project", {"megatron-lm": "v0.16", "megatron-bridge": "v0.3"})
     g(tmp_path, "init", "-q", "-b", "main", str(root))
     run = lambda *a: main(["-C", str(root), *a])  # noqa: E731
     assert run("sync", "--ref", "v0.16", "--source", "pypi") == 0

@@ -7,18 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from patch_helpers import Project
 from rocmport.cli import main
 from rocmport.package.docker import dockerfile, remaining_requirements
 from rocmport.port.manifests import Policy, rewrite_tree
-from test_manifests import BRIDGE, MLM
+from tests.helpers.manifests import BRIDGE_PYPROJECT, MLM_PYPROJECT
+from tests.helpers.patches import Project
 
 HADOLINT = Path(sys.executable).with_name("hadolint")
 
 
 def _trees(tmp_path: Path) -> list[Path]:
     trees = []
-    for name, text in (("megatron-lm", MLM), ("megatron-bridge", BRIDGE)):
+    for name, text in (("megatron-lm", MLM_PYPROJECT), ("megatron-bridge", BRIDGE_PYPROJECT)):
         tree = tmp_path / name
         tree.mkdir()
         (tree / "pyproject.toml").write_text(text)

@@ -11,64 +11,11 @@ import pytest
 
 from rocmport.port import manifests
 from rocmport.port.manifests import Policy, cuda_only_requirements, rewrite_pyproject, rewrite_requirements, rewrite_tree
-
-# Shaped like Megatron-LM's pyproject at core_v0.19.0 (comments, tool tables, a dropped-only extra).
-MLM = '''\
-[build-system]
-requires = ["setuptools<80.0.0", "pybind11", "packaging>=24.2"]
-
-[project]
-name = "megatron-core"
-dynamic = ["version", "readme"]
-dependencies = ["torch>=2.6.0", "numpy", "packaging>=24.2"]
-
-[project.optional-dependencies]
-mlm = ["flask-restful", "sentencepiece", "tiktoken", "wandb", "transformers"]
-dev = [
-    "nvidia-modelopt[torch]>=0.44; sys_platform != 'darwin'",
-    "nvidia-resiliency-ext==0.6.0",
-    "tqdm",
-    "einops~=0.8",                # keep me and my comment
-    "flashinfer-python>=0.5.0,<0.7.0",
-    "nvidia-cudnn-frontend[cutedsl]==1.26.0",
-    "jax[cuda12,tpu]",
-    "fastapi~=0.50",
-]
-te = ["transformer-engine[pytorch,core_cu13]"]
-ssm = [
-    "mamba-ssm",
-    "causal-conv1d~=1.5",
-]
-
-[dependency-groups]
-build = ["nvidia-mathdx", "pybind11"]
-
-[tool.uv]
-no-build-isolation-package = ["transformer-engine", "mamba-ssm"]
-
-[tool.uv.sources]
-transformer-engine = { git = "https://github.com/NVIDIA/TransformerEngine.git", rev = "5671fd36" }
-'''
-
-BRIDGE = '''\
-[project]
-name = "megatron-bridge"
-dependencies = [
-    "transformers<5.0.0",
-    "megatron-core[dev,mlm]>=0.15.0a0,<0.17.0",
-    "transformer-engine[pytorch,core_cu13]>=2.10.0a0,<2.13.0",
-    "nvidia-resiliency-ext~=0.4.1",
-    "torch>=2.6.0",
-]
-
-[tool.uv.sources]
-megatron-core = { path = "3rdparty/Megatron-LM/", editable = true }
-nvidia-modelopt = { index = "nvidia" }
-'''
+from tests.helpers.manifests import BRIDGE_PYPROJECT, MLM_PYPROJECT
 
 
 def test_pyproject_rewrite_drops_cuda_only_and_touches_nothing_else():
-    new, changes = rewrite_pyproject(MLM, Policy())
+    new, changes = rewrite_pyproject(MLM_PYPROJECT, Policy())
     dropped = {(c.where, c.requirement) for c in changes if c.action == "dropped"}
     assert dropped == {
         ("optional-dependencies.dev", "nvidia-modelopt[torch]>=0.44; sys_platform != 'darwin'"),
@@ -96,7 +43,7 @@ def test_pyproject_rewrite_drops_cuda_only_and_touches_nothing_else():
 
 
 def test_bridge_path_dependency_is_repointed_at_the_ported_tree():
-    new, changes = rewrite_pyproject(BRIDGE, Policy(megatron_lm_path="../megatron-lm"))
+    new, changes = rewrite_pyproject(BRIDGE_PYPROJECT, Policy(megatron_lm_path="../megatron-lm"))
     assert 'megatron-core = { path = "../megatron-lm", editable = true }' in new
     assert '"megatron-core[dev,mlm]>=0.15.0a0,<0.17.0",' in new and "nvidia-resiliency-ext" not in new
     assert [c.action for c in changes].count("repointed") == 1
@@ -104,7 +51,7 @@ def test_bridge_path_dependency_is_repointed_at_the_ported_tree():
 
 
 def test_series_policy_keeps_drops_and_turns_off():
-    new, _ = rewrite_pyproject(MLM, Policy(keep=["mamba_ssm"], drop={"fastapi": "not on our ROCm image"}))
+    new, _ = rewrite_pyproject(MLM_PYPROJECT, Policy(keep=["mamba_ssm"], drop={"fastapi": "not on our ROCm image"}))
     assert '"mamba-ssm",' in new and "fastapi" not in new
     assert manifests.policy_from_series(False) is None
     assert manifests.policy_from_series({"keep": ["x"]}).keep == ["x"]
@@ -118,7 +65,7 @@ def test_requirements_file_rewrite_keeps_comments_and_options():
 
 
 def test_denylist_check_finds_cuda_only_before_and_nothing_after(tmp_path):
-    (tmp_path / "pyproject.toml").write_text(MLM)
+    (tmp_path / "pyproject.toml").write_text(MLM_PYPROJECT)
     (tmp_path / "requirements.txt").write_text("torch\nnv-grouped-gemm~=1.1\n")
     before = cuda_only_requirements(tmp_path)
     assert ("requirements.txt", "nv-grouped-gemm~=1.1") in before and len(before) == 8

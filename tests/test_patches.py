@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from patch_helpers import Project, make_patch
 from rocmport.cli import main
-from sync_helpers import g
+from tests.helpers.patches import Project, make_patch
+from tests.helpers.sync import g
 
 
 @pytest.fixture()

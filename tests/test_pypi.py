@@ -8,12 +8,13 @@ import time
 import pytest
 import yaml
 
-from pypi_helpers import Index, make_sdist
 from rocmport.cli import main
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.upstream import package_index
 from rocmport.upstream.store import Store
-from sync_helpers import g, package_info
+from rocmport.verify.launcher import free_port
+from tests.helpers.pypi import Index, make_sdist
+from tests.helpers.sync import g, package_info
 
 CORE_FILES = {"megatron/core/package_info.py": package_info("0.16.1"), "megatron/core/__init__.py": "", "tools/run.sh": "#!/bin/sh\n"}
 
@@ -106,8 +107,6 @@ def test_cli_source_pypi_and_auto_fallback(index, tmp_path, monkeypatch, capsys)
     assert main(["-C", str(project), "sync"]) == 0  # verifies the pins against the index
     (project / "upstream.lock").unlink()
     capsys.readouterr()
-    from sync_helpers import free_port
-
     dead = f"git://127.0.0.1:{free_port()}/x"
     assert main(["-C", str(project), "sync", "--ref", "v0.16", "--remote", f"megatron-lm={dead}"]) == 0
     assert "FALLING BACK TO THE PACKAGE INDEX" in capsys.readouterr().err
@@ -121,12 +120,9 @@ def test_unreachable_index(tmp_path, monkeypatch):
 
 
 @pytest.mark.network
-def test_real_megatron_core_sdist(tmp_path, monkeypatch):
+def test_real_megatron_core_sdist(tmp_path, real_index):
     """Integration: the real megatron-core 0.16.1 sdist from the package index (cached between runs)."""
-    monkeypatch.delenv("ROCMPORT_INDEX_URL", raising=False)
-    from pathlib import Path
-
-    cache = Path.home() / ".cache" / "rocmport-test"
+    cache = real_index
     start = time.monotonic()
     pin = package_index.pin_from_index(Store(cache), "megatron-lm", "v0.16.1")
     assert pin.version == "0.16.1" and pin.sdist["filename"] == "megatron_core-0.16.1.tar.gz"

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from refresh_helpers import LAYERS, Ported, edit_line
-from sync_helpers import g
+from tests.helpers.refresh import LAYERS, Ported, edit_line
+from tests.helpers.sync import g
 
 
 @pytest.fixture()
@@ -168,5 +168,7 @@ def test_patch_merged_then_changed_upstream_is_dropped_by_patch_id(port):
     port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm, tuned")}, "core_v0.17.0", "0.17.0")
     assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
     row = port.rows()["0002-layers-thirty.patch"]
-    assert row["action"] == "dropped" and row["evidence"] == f"patch-id {row['evidence'].split()[1]} matches upstream commit {landed[:12]}"
+    # The evidence names the patch-id git computes for the upstream commit itself.
+    upstream_pid = g(port.up, "patch-id", "--stable", input=g(port.up, "show", landed) + "\n").split()[0]
+    assert row["action"] == "dropped" and row["evidence"] == f"patch-id {upstream_pid[:12]} matches upstream commit {landed[:12]}"
     assert port.series("v0.17")["patches"] == ["0001-layers-ten.patch", "0003-utils.patch"]

@@ -3,36 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
 from rocmport.cli import main
-from sync_helpers import g
+from tests.helpers.real import BRIDGE, MLM, needs_mirrors, project_with
+from tests.helpers.sync import g
 
-MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
-BRIDGE = os.environ.get("ROCMPORT_TEST_BRIDGE_MIRROR")
-REPO = Path(__file__).resolve().parents[1]
-needs_mirrors = pytest.mark.skipif(not (MLM and BRIDGE), reason="set ROCMPORT_TEST_MLM_MIRROR and ROCMPORT_TEST_BRIDGE_MIRROR to local mirrors")
-
-
-def project_with(tmp_path: Path, series: dict[str, str]) -> Path:
-    """A project holding only the given series (upstream -> line): refresh has to start the next line."""
-    root = tmp_path / "project"
-    for upstream, line in series.items():
-        shutil.copytree(REPO / "patchsets" / upstream / line, root / "patchsets" / upstream / line)
-    return root
 
 
 @pytest.mark.mirror
 @needs_mirrors
 def test_refresh_v016_port_to_v017(tmp_path, monkeypatch):
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
-    root = project_with(tmp_path, {"megatron-lm": "v0.16", "megatron-bridge": "v0.3"})
+    # Only the old line's series: refresh has to start the next line.
+    root = project_with(tmp_path / "project", {"megatron-lm": "v0.16", "megatron-bridge": "v0.3"})
     run = lambda *a: main(["-C", str(root), *a])  # noqa: E731
     assert run("sync", "--ref", "v0.16", "--remote", f"megatron-lm={MLM}", "--remote", f"megatron-bridge={BRIDGE}") == 0
     assert run("apply") == 0
@@ -63,7 +50,7 @@ def test_refresh_v016_port_to_v017(tmp_path, monkeypatch):
 def test_refresh_patch_release_with_verify(tmp_path, monkeypatch):
     """core_v0.16.0 -> core_v0.16.1 in place, verify (tp2 x pp2 CPU proxy) on the refreshed port."""
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
-    root = project_with(tmp_path, {"megatron-lm": "v0.16"})
+    root = project_with(tmp_path / "project", {"megatron-lm": "v0.16"})
     run = lambda *a: main(["-C", str(root), *a])  # noqa: E731
     assert run("sync", "--ref", "core_v0.16.0", "--no-bridge", "--remote", f"megatron-lm={MLM}") == 0
     assert run("apply") == 0

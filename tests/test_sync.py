@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from rocmport.cli import main
-from sync_helpers import GitDaemon, build_bridge, build_mlm, g
+from rocmport.verify.launcher import free_port
+from tests.helpers.sync import GitDaemon, build_bridge, build_mlm, commit, g, package_info
 
 
 @pytest.fixture()
@@ -180,8 +181,6 @@ def test_network_fetch_is_incremental_and_skips_pull_refs(upstreams):
         # The lock records the URL as given: it is not a machine-local path.
         assert lock(upstreams)["megatron-lm"]["url"] == daemon.url("mlm")
         # A new upstream release arrives; the next sync fetches just that.
-        from sync_helpers import commit, package_info
-
         new = commit(upstreams["mlm"], {"megatron/core/package_info.py": package_info("0.16.2")}, "0.16.2")
         g(upstreams["mlm"], "tag", "core_v0.16.2")
         assert run(upstreams, "sync", "--ref", "v0.16") == 0
@@ -189,8 +188,6 @@ def test_network_fetch_is_incremental_and_skips_pull_refs(upstreams):
 
 
 def test_unreachable_remote(upstreams, capsys):
-    from sync_helpers import free_port
-
     url = f"git://127.0.0.1:{free_port()}/nothing"
     assert run(upstreams, "sync", "--ref", "v0.16", "--source", "git", "--remote", f"megatron-lm={url}") == 2
     err = capsys.readouterr().err
@@ -222,8 +219,6 @@ def test_dangerous_urls_are_refused_and_nothing_runs(upstreams, capsys, url):
 
 def test_mirror_with_missing_blob(upstreams, capsys):
     """A mirror lacking a large blob: plain-path import works; a packing transport says what to do."""
-    from sync_helpers import commit
-
     big = commit(upstreams["bridge"], {"docs/big.gif": "GIF89a" + "x" * 5000}, "docs")
     g(upstreams["bridge"], "tag", "v0.3.2")
     mirror = upstreams["tmp"] / "up" / "bridge-mirror.git"

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 import yaml
 
 from rocmport.cli import main
+from tests.helpers.real import BRIDGE, MLM, needs_mirrors
 
-MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
-BRIDGE = os.environ.get("ROCMPORT_TEST_BRIDGE_MIRROR")
-pytestmark = [
-    pytest.mark.mirror,
-    pytest.mark.skipif(not (MLM and BRIDGE), reason="set ROCMPORT_TEST_MLM_MIRROR and ROCMPORT_TEST_BRIDGE_MIRROR to local mirrors"),
-]
+pytestmark = [pytest.mark.mirror, needs_mirrors]
 
 # Release line -> (Megatron-LM tag, companion Bridge tag, rule). Facts of the real upstreams.
 EXPECTED = {

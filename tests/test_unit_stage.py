@@ -12,7 +12,7 @@ from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.verify import environment
 from rocmport.verify.unit_tests import label, run_tests, stage_unit_tests
-from sync_helpers import g
+from tests.helpers.sync import g
 
 TESTS = textwrap.dedent("""\
     import os

@@ -1,6 +1,6 @@
 """attention-backend-env and te-version-gates: before/after, and ROCm vs CUDA behaviour."""
 
-from codemod_helpers import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import UTILS_V016, assert_idempotent, rewrite, run_tree
 
 LANGUAGE_MODULE = '''\
 import os
@@ -83,31 +83,6 @@ def test_attention_on_cuda_is_upstream(tmp_path):
     assert ported.stdout.startswith("auto AssertionError")
 
 
-UTILS_V016 = '''\
-from packaging.version import Version as PkgVersion
-
-HAVE_PACKAGING = True
-_te_version = None
-
-
-def get_te_version():
-    """Get TE version; None without TE."""
-    try:
-        import transformer_engine as te
-    except ImportError:
-        return None
-    return PkgVersion(te.__version__)
-
-
-def is_te_min_version(version, check_equality=True):
-    """Check if minimum version of `transformer-engine` is installed."""
-    if not HAVE_PACKAGING:
-        raise ImportError("packaging is not installed.")
-
-    if check_equality:
-        return get_te_version() >= PkgVersion(version)
-    return get_te_version() > PkgVersion(version)
-'''
 
 
 def test_te_gate_before_after():

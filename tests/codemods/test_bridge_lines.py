@@ -17,11 +17,9 @@ from rocmport.codemods import compute_layers
 from rocmport.nvidia_only import scan_unguarded_imports
 from rocmport.patches.series import select_series
 from rocmport.verify.firewall import firewall_env, write_bootstrap
+from tests.helpers.real import BRIDGE, MLM, REPO, needs_mirrors
 
-MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
-BRIDGE = os.environ.get("ROCMPORT_TEST_BRIDGE_MIRROR")
-REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.mirror, pytest.mark.skipif(not (MLM and BRIDGE), reason="set ROCMPORT_TEST_MLM_MIRROR and ROCMPORT_TEST_BRIDGE_MIRROR")]
+pytestmark = [pytest.mark.mirror, needs_mirrors]
 
 # Bridge release -> can this Python (3.11) import it? v0.4+ declare Python >=3.12.
 LINES = {"v0.2.2": True, "v0.3.1": True, "v0.4.2": False, "v0.5.1": False, "v0.6.0": False}

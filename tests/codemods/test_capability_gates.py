@@ -1,6 +1,6 @@
 """capability-gates: before/after, and what the gates see on ROCm vs CUDA."""
 
-from codemod_helpers import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 CUDA_GRAPHS = '''\
 import os

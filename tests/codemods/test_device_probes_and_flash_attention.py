@@ -1,6 +1,6 @@
 """device-probes and flash-attention-hooks: before/after, and ROCm vs CUDA behaviour."""
 
-from codemod_helpers import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 ENERGY = '''\
 """Megatron Energy Monitoring (NVML)"""

@@ -1,6 +1,6 @@
 """fused-kernel-fallbacks: before/after on upstream-shaped code, and both ways at run time."""
 
-from codemod_helpers import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 LOAD_BEFORE = '''\
 import os

@@ -1,6 +1,6 @@
 """grouped-gemm: the install hint on ROCm vs CUDA, and the sequential fallback in validate_args."""
 
-from codemod_helpers import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 UTIL = '''\
 try:

@@ -1,6 +1,6 @@
 """guard-nvidia-only-imports: before/after on upstream-shaped code, and both ways at run time."""
 
-from codemod_helpers import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 BEFORE = '''\
 """Post-training checkpointing (shaped like megatron/post_training/checkpointing.py)."""

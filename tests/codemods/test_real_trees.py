@@ -16,10 +16,8 @@ import pytest
 from rocmport.codemods import compute_layers, registry
 from rocmport.nvidia_only import CPU_PROXY, scan_unguarded_imports
 from rocmport.verify.environment import unmet_python
+from tests.helpers.real import MLM, REAL_CACHE as CACHE, needs_mlm_mirror
 
-CACHE = Path.home() / ".cache" / "rocmport-test"
-MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
-BRIDGE = os.environ.get("ROCMPORT_TEST_BRIDGE_MIRROR")
 
 
 def sdist_tree(dest: Path) -> Path:
@@ -115,7 +113,7 @@ LINES = ["core_v0.15.3", "core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v
 
 
 @pytest.mark.mirror
-@pytest.mark.skipif(not MLM, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
+@needs_mlm_mirror
 @pytest.mark.parametrize("tag", LINES)
 def test_megatron_lm_release_lines(tmp_path, tag, capsys):
     tree = tmp_path / tag

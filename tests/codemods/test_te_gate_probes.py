@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from codemod_helpers import assert_idempotent, rewrite, run_tree
-from test_attention_and_te_gates import UTILS_V016
+from tests.helpers.codemods import UTILS_V016, assert_idempotent, rewrite, run_tree
 
 # Shaped like megatron/core/extensions/transformer_engine.py at core_v0.16.1.
 EXTENSIONS = '''\

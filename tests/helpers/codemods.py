@@ -39,3 +39,31 @@ def run_tree(tmp: Path, files: dict[str, str], code: str, hip: str | None = None
         [sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=tmp, capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(tmp), **(env or {})},
     )
+
+
+# megatron/core/utils.py's TE version helpers at v0.16 (get_te_version() returns None without TE).
+UTILS_V016 = '''\
+from packaging.version import Version as PkgVersion
+
+HAVE_PACKAGING = True
+_te_version = None
+
+
+def get_te_version():
+    """Get TE version; None without TE."""
+    try:
+        import transformer_engine as te
+    except ImportError:
+        return None
+    return PkgVersion(te.__version__)
+
+
+def is_te_min_version(version, check_equality=True):
+    """Check if minimum version of `transformer-engine` is installed."""
+    if not HAVE_PACKAGING:
+        raise ImportError("packaging is not installed.")
+
+    if check_equality:
+        return get_te_version() >= PkgVersion(version)
+    return get_te_version() > PkgVersion(version)
+'''

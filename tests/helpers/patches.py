@@ -2,33 +2,37 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
 
 from rocmport.upstream.lock import Lock, Pin
-from sync_helpers import commit, g, init, package_info
+from tests.helpers.sync import commit, g, init, package_info
 
-HEADER = "Description: {desc}\n more words\nUpstream-Status: {status}\n---\n"
+LAYERS = "".join(f"line {i}\n" for i in range(1, 41))
+HEADER = "Description: {desc}\n more words\nUpstream-Status: {status}\n{extra}---\n"
 
 BASE_FILES = {
     "megatron/core/package_info.py": package_info("0.16.1"),
-    "megatron/core/layers.py": "".join(f"line {i}\n" for i in range(1, 41)),
+    "megatron/core/layers.py": LAYERS,
     "megatron/core/utils.py": "def f():\n    return 1\n",
     "docs/index.md": "docs\n",
 }
 
 
-def make_patch(repo: Path, edits: dict[str, str], desc="fix a thing", status="ROCm-only", context=3) -> str:
-    """Edit files in ``repo`` on top of HEAD, return a DEP-3 patch of the change, and restore HEAD."""
+def make_patch(repo: Path, edits: dict[str, str], desc="fix a thing", status="ROCm-only", context=3, bug: str | None = None) -> str:
+    """Edit files in ``repo`` on top of HEAD, return a DEP-3 patch of the change (``-U<context>``, a
+    ``Bug:`` field when given), and restore HEAD."""
     for rel, text in edits.items():
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
     g(repo, "add", "-A")
     diff = g(repo, "diff", "--cached", "--full-index", f"-U{context}") + "\n"
     g(repo, "reset", "-q", "--hard", "HEAD")
-    return HEADER.format(desc=desc, status=status) + diff
+    return HEADER.format(desc=desc, status=status, extra=f"Bug: {bug}\n" if bug else "") + diff
 
 
 class Project:
@@ -76,9 +80,6 @@ class Project:
 
 
 def run_apply_subprocess(root: Path, *args, env=None, wait=True):
-    import os
-    import sys
-
     cmd = [sys.executable, "-m", "rocmport", "-C", str(root), "apply", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     if wait:

@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from rocmport.verify.launcher import free_port
+
 ENV = {
     **os.environ,
     "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
@@ -84,12 +86,6 @@ def build_bridge(root: Path, mlm: dict[str, str]) -> dict[str, str]:
                                  "src/megatron/bridge/package_info.py": package_info(version)}, tag)
         g(repo, "tag", tag)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GitDaemon:

@@ -9,19 +9,8 @@ from pathlib import Path
 import yaml
 
 from rocmport.cli import main
-from sync_helpers import commit, g, init, package_info
-
-LAYERS = "".join(f"line {i}\n" for i in range(1, 41))
-HEADER = "Description: {desc}\n more words\nUpstream-Status: ROCm-only\nBug: https://example.invalid/{n}\n---\n"
-
-
-def _patch(repo: Path, edits: dict[str, str], desc: str, n: int, context: int = 3) -> str:
-    for rel, text in edits.items():
-        (repo / rel).write_text(text)
-    g(repo, "add", "-A")
-    diff = g(repo, "diff", "--cached", "--full-index", f"-U{context}") + "\n"
-    g(repo, "reset", "-q", "--hard", "HEAD")
-    return HEADER.format(desc=desc, n=n) + diff
+from tests.helpers.patches import BASE_FILES, LAYERS, make_patch
+from tests.helpers.sync import commit, g, init, package_info
 
 
 def edit_line(text: str, n: int, new: str) -> str:
@@ -36,18 +25,13 @@ class Ported:
     def __init__(self, tmp: Path, monkeypatch):
         monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp / "cache"))
         self.up = init(tmp / "upstream")
-        self.files = {
-            "megatron/core/package_info.py": package_info("0.16.1"),
-            "megatron/core/layers.py": LAYERS,
-            "megatron/core/utils.py": "def f():\n    return 1\n",
-            "docs/index.md": "docs\n",
-        }
+        self.files = dict(BASE_FILES)
         self.base = commit(self.up, self.files, "0.16.1")
         g(self.up, "tag", "core_v0.16.1")
         self.patches = {
-            "0001-layers-ten.patch": _patch(self.up, {"megatron/core/layers.py": edit_line(LAYERS, 10, "line 10 rocm")}, "rocm line ten", 1, context=2),
-            "0002-layers-thirty.patch": _patch(self.up, {"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")}, "rocm line thirty", 2),
-            "0003-utils.patch": _patch(self.up, {"megatron/core/utils.py": "def f():\n    return 2\n"}, "f returns 2", 3),
+            "0001-layers-ten.patch": make_patch(self.up, {"megatron/core/layers.py": edit_line(LAYERS, 10, "line 10 rocm")}, "rocm line ten", context=2, bug="https://example.invalid/1"),
+            "0002-layers-thirty.patch": make_patch(self.up, {"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")}, "rocm line thirty", bug="https://example.invalid/2"),
+            "0003-utils.patch": make_patch(self.up, {"megatron/core/utils.py": "def f():\n    return 2\n"}, "f returns 2", bug="https://example.invalid/3"),
         }
         self.root = tmp / "project"
         self.series_dir = self.root / "patchsets" / "megatron-lm" / "v0.16"
