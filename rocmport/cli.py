@@ -1,20 +1,28 @@
-"""The `rocmport` command line: a thin click layer over rocmport.commands.*.
+"""The `rocmport` command line: a thin click layer over rocmport.commands.*, and the one place
+where exceptions become a message and an exit code (no user ever sees a traceback).
 
 Each subcommand lives in its own module (rocmport/commands/<name>.py) exposing a click command
 named ``command``; they are imported lazily so `rocmport --help` stays fast.
-Exit codes: 0 ok, 1 the operation found a problem, 2 usage / bad input.
+Exit codes (rocmport.errors): 0 ok, 1 the operation found a problem, 2 usage / bad input,
+3 another run holds the lock, 70 an internal error (its traceback goes to a log file).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
 
 import click
 
 from rocmport import __version__
-from rocmport.errors import EXIT_USAGE, RocmportError
+from rocmport.config import default_cache_dir
+from rocmport.errors import EXIT_INTERNAL, EXIT_PROBLEM, EXIT_USAGE, RocmportError
 
 # name -> module under rocmport.commands; each module defines `command`.
 COMMANDS: dict[str, str] = {
@@ -64,7 +72,7 @@ def cli(ctx, verbose, project):
     rocmport apply                build the ported work trees (patches + codemods)
     rocmport verify --tp 2 --pp 2 prove the port imports and trains
 
-    Exit codes: 0 ok, 1 a problem was found, 2 usage or bad input.
+    Exit codes: 0 ok, 1 a problem was found, 2 usage or bad input, 3 busy (bot), 70 internal error.
     """
     logging.basicConfig(level=logging.WARNING - 10 * verbose, format="%(levelname)s %(name)s: %(message)s")
     ctx.ensure_object(dict)
@@ -88,7 +96,36 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # the file system or the machine said no (a full disk, a path that is a directory)
+        click.secho(f"rocmport: error: {_one_line(exc)}", err=True, fg="red")
+        return EXIT_PROBLEM
+    except Exception as exc:  # a bug in rocmport: one line here, the traceback in a log file
+        log = write_crash_log(sys.argv[1:] if argv is None else list(argv))
+        click.secho(f"rocmport: internal error: {type(exc).__name__}: {_one_line(exc)}; the traceback is in {log}; "
+                    f"please report it with that file", err=True, fg="red")
+        return EXIT_INTERNAL
     return rv if isinstance(rv, int) else 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def write_crash_log(argv: list[str]) -> Path:
+    """The current exception's traceback, with the command line and versions, in a new file under
+    <cache>/logs (or the temporary directory when the cache cannot be written)."""
+    text = (f"rocmport {__version__} on Python {sys.version.split()[0]}\nargv: {argv!r}\ncwd: {os.getcwd()}\n\n"
+            + traceback.format_exc())
+    name = f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    for directory in (default_cache_dir() / "logs", Path(tempfile.gettempdir())):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / name).write_text(text, encoding="utf-8")
+            return directory / name
+        except OSError:
+            continue
+    return Path(os.devnull)
 
 
 if __name__ == "__main__":

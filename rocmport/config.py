@@ -15,19 +15,9 @@ import yaml
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.upstreams import NAMES, UPSTREAMS
 
-UPSTREAMS = ("megatron-lm", "megatron-bridge")
-
-DEFAULT_REMOTES = {
-    "megatron-lm": "https://github.com/NVIDIA/Megatron-LM.git",
-    "megatron-bridge": "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git",
-}
-
-# The package-index distribution each upstream is published as (for `--source pypi`).
-PYPI_DISTRIBUTIONS = {
-    "megatron-lm": "megatron-core",
-    "megatron-bridge": "megatron-bridge",
-}
+DEFAULT_REMOTES = {name: u.url for name, u in UPSTREAMS.items()}
 
 LOCK_NAME = "upstream.lock"
 LOCAL_CONFIG = Path(".rocmport") / "local.yaml"
@@ -65,9 +55,18 @@ class Settings:
     def patchsets_dir(self) -> Path:
         return self.root / "patchsets"
 
+    @property
+    def worktrees_dir(self) -> Path:
+        """Where the ported work trees live: build/ or [tool.rocmport] worktree-dir."""
+        return self.worktree_dir if self.worktree_dir is not None else self.root / "build"
+
     def worktree_path(self, upstream: str) -> Path:
-        base = self.worktree_dir if self.worktree_dir is not None else self.root / "build"
-        return base / upstream
+        return self.worktrees_dir / upstream
+
+    @property
+    def refresh_dir(self) -> Path:
+        """Where `refresh` works aside, beside the work trees: its trees, staged series, state and summary."""
+        return self.worktrees_dir / "refresh"
 
     def is_default_remote(self, upstream: str) -> bool:
         return self.remotes.get(upstream) == DEFAULT_REMOTES.get(upstream)
@@ -91,8 +90,8 @@ def _read_tool_table(root: Path) -> dict:
     if not isinstance(remotes, dict) or not all(isinstance(v, str) for v in remotes.values()):
         raise BadInput(f"{pyproject}: [tool.rocmport].remotes must map upstream names to URL strings")
     for name in remotes:
-        if name not in UPSTREAMS:
-            raise BadInput(f"{pyproject}: [tool.rocmport].remotes.{name}: unknown upstream; known: {', '.join(UPSTREAMS)}")
+        if name not in NAMES:
+            raise BadInput(f"{pyproject}: [tool.rocmport].remotes.{name}: unknown upstream; known: {', '.join(NAMES)}")
     return table
 
 
@@ -136,8 +135,8 @@ def load_settings(root: str | os.PathLike, remotes: dict[str, str] | None = None
         settings.worktree_dir = Path(local["worktree_dir"])
     if remotes:
         for name in remotes:
-            if name not in UPSTREAMS:
-                raise BadInput(f"--remote {name}=...: unknown upstream; known: {', '.join(UPSTREAMS)}")
+            if name not in NAMES:
+                raise BadInput(f"--remote {name}=...: unknown upstream; known: {', '.join(NAMES)}")
         settings.remotes.update(remotes)
     if cache_dir:
         settings.cache_dir = Path(cache_dir).expanduser().resolve()

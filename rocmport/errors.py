@@ -1,12 +1,16 @@
-"""Exceptions that carry the exit code a CI script can rely on.
+"""Exceptions that carry the exit code a CI script can rely on (the README's exit-code table).
 
-0 ok, 1 the operation found a problem (conflicts, failed verification, drift),
-2 usage / bad input (unknown ref, malformed lock, dangerous URL ...).
+0 ok, 1 the operation found a problem (conflicts, failed verification, drift, a git or file-system
+failure), 2 usage / bad input (unknown ref, malformed lock, dangerous URL ...), 3 another run holds
+a lock that is never waited for (the bot's), 70 an internal error: a bug in rocmport (the cli
+writes its traceback to a log file and prints where).
 """
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
+EXIT_BUSY = 3
+EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h)
 
 
 class RocmportError(Exception):
@@ -30,3 +34,9 @@ class ProblemFound(RocmportError):
     """The operation ran and found a problem (exit 1): a conflict, drift, a failed stage."""
 
     exit_code = EXIT_PROBLEM
+
+
+class Busy(RocmportError):
+    """Another run holds a lock this one does not wait for (exit 3)."""
+
+    exit_code = EXIT_BUSY

@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from rocmport.errors import RocmportError
+from rocmport.errors import EXIT_PROBLEM, RocmportError
 
 # Transports git may use at all (defence in depth behind URL validation): never ext:: or fd::.
 ALLOWED_PROTOCOLS = "file:git:http:https:ssh"
@@ -27,7 +27,10 @@ FIXED_IDENTITY = {
 
 
 class GitError(RocmportError):
-    """A git command failed; carries its stderr."""
+    """A git command failed; carries its stderr. Exit 1: the input was checked before git ran, so
+    a failing git is a problem found (bad input raises BadInput before it gets here)."""
+
+    exit_code = EXIT_PROBLEM
 
     def __init__(self, args, returncode: int, stderr: str, exit_code: int | None = None):
         self.args_run = list(args)

@@ -15,6 +15,7 @@ from filelock import FileLock
 
 from rocmport.cli import main
 from rocmport.config import load_settings
+from rocmport.errors import EXIT_BUSY
 from rocmport.refresh import bot
 from tests.helpers.real import REPO, project_with
 from tests.helpers.refresh import LAYERS, Ported, edit_line
@@ -105,7 +106,7 @@ def test_concurrent_run_is_refused(port, capsys):
     with FileLock(str(port.root / ".rocmport" / "bot.lock")):
         cmd = [sys.executable, "-m", "rocmport", "-C", str(port.root), "bot", "--once", "--no-verify"]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), timeout=120)
-    assert proc.returncode == bot.EXIT_BUSY and "another rocmport bot run" in proc.stderr
+    assert proc.returncode == EXIT_BUSY and "another rocmport bot run" in proc.stderr
     assert "rocmport/refresh-core_v0.17.0" not in g(port.root, "branch", "--list")
 
 

@@ -4,9 +4,9 @@ transform over a parsed libcst Module that returns the new Module and its change
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
-
 import libcst as cst
+
+from rocmport.upstreams import upstream_of_path
 
 
 @dataclass
@@ -19,8 +19,7 @@ class Context:
     @property
     def helper_module(self) -> str:
         """The generated runtime helper rewritten sites import (megatron-core ships only megatron.core)."""
-        parts = PurePosixPath(self.relpath).parts
-        return "megatron.bridge._rocm" if "bridge" in parts[:3] or parts[:3] == ("src", "megatron", "bridge") else "megatron.core._rocm"
+        return upstream_of_path(self.relpath).helper_module
 
 
 class Codemod:

@@ -7,7 +7,7 @@ from typing import Callable
 
 import libcst as cst
 
-from rocmport.codemods.base import Context, bound_names, import_names
+from rocmport.codemods.base import Context, bound_names, dotted, import_names
 
 
 def _top(modname: str) -> str:
@@ -72,8 +72,6 @@ def guard_imports(
 
 def _sources(imp: cst.Import | cst.ImportFrom) -> list[str]:
     """The dotted thing each bound name stands for (`from a.b import c as d` -> 'a.b.c')."""
-    from rocmport.codemods.base import dotted
-
     if isinstance(imp, cst.Import):
         return [dotted(a.name) if a.asname else (dotted(a.name) or "").split(".")[0] for a in imp.names]
     mod = dotted(imp.module) or ""

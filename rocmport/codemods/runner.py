@@ -14,9 +14,13 @@ from pathlib import Path
 import libcst as cst
 
 from rocmport.codemods.base import Context
+from rocmport.codemods.catalog import registry
+from rocmport.config import default_cache_dir
+from rocmport.errors import BadInput
+from rocmport.upstreams import UPSTREAMS
 
 SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", "build", "dist", ".tox"}
-HELPER_PATHS = {"megatron.core._rocm": "megatron/core/_rocm.py", "megatron.bridge._rocm": "src/megatron/bridge/_rocm.py"}
+HELPER_PATHS = {u.helper_module: u.helper_path for u in UPSTREAMS.values()}
 
 
 @dataclass
@@ -47,14 +51,10 @@ class LayersResult:
 
 
 def _specs(codemods) -> list[dict]:
-    from rocmport.codemods import registry
-
     out = []
     for entry in codemods:
         entry = {"name": entry, "options": {}} if isinstance(entry, str) else entry
         if entry["name"] not in registry:
-            from rocmport.errors import BadInput
-
             raise BadInput(f"unknown codemod '{entry['name']}'; known: {', '.join(sorted(registry))}")
         out.append({"name": entry["name"], "options": entry.get("options") or {}, "version": registry[entry["name"]].VERSION})
     return out
@@ -71,8 +71,6 @@ def python_files(tree: Path) -> list[str]:
 
 def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str, tuple[str, int]], FileFailure | None]:
     """{codemod name: (text after it, sites)} for the codemods that changed the file."""
-    from rocmport.codemods import registry
-
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -106,15 +104,11 @@ def _cache_key(relpath: str, text: str, specs_key: str) -> str:
 def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Path | None = None) -> LayersResult:
     tree = Path(tree)
     specs = _specs(codemods)
-    from rocmport.codemods import registry
-
     result = LayersResult([Layer(s["name"], s["version"]) for s in specs], [])
     if not specs:
         return result
     specs_key = json.dumps(specs, sort_keys=True)
     if cache_dir is None:
-        from rocmport.config import default_cache_dir
-
         cache_dir = default_cache_dir()
     cache = Path(cache_dir) / "codemods"
     todo, outcomes = [], {}
@@ -170,8 +164,6 @@ def helper_text(codemod_names: list[str]) -> str:
 
 def _add_helpers(tree: Path, result: LayersResult, specs: list[dict]) -> None:
     """Write the runtime helper into the first layer whose rewritten sites import it."""
-    from rocmport.codemods import registry
-
     users = [s["name"] for s in specs if registry[s["name"]].USES_HELPER]
     text = helper_text(users)
     for module, rel in HELPER_PATHS.items():

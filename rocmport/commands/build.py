@@ -10,14 +10,15 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.package import build
-from rocmport.package.build import PACKAGES, build_upstream
+from rocmport.package.build import build_upstream
 from rocmport.patches.series import select_series
+from rocmport.upstreams import NAMES, UPSTREAMS
 from rocmport.port import manifests
 from rocmport.upstream.lock import load_lock
 
 
 @click.command("build")
-@click.option("--upstream", type=click.Choice(sorted(PACKAGES)), help="Only this upstream (default: every applied one).")
+@click.option("--upstream", type=click.Choice(sorted(NAMES)), help="Only this upstream (default: every applied one).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="dist", show_default=True, help="Where wheels and sdists go.")
 @click.option("--build-number", type=int, help="The N of +rocm.N (default: commits that touched the series in this project).")
 @click.option("--check-deps/--no-check-deps", default=True, show_default=True,
@@ -34,7 +35,7 @@ def command(obj, upstream, out_dir, build_number, check_deps, as_json):
     """
     settings = load_settings(obj["project"])
     lock = load_lock(settings.lock_path)
-    names = [upstream] if upstream else [n for n in ("megatron-lm", "megatron-bridge") if n in lock.upstreams
+    names = [upstream] if upstream else [n for n in NAMES if n in lock.upstreams
                                           and settings.worktree_path(n).is_dir()]
     if not names:
         raise BadInput(f"{settings.worktree_path('megatron-lm')}: no ported tree to build; run `rocmport apply` first")
@@ -44,7 +45,7 @@ def command(obj, upstream, out_dir, build_number, check_deps, as_json):
         tree = settings.worktree_path(name)
         series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
         number = build_number if build_number is not None else build.build_number(settings.root, series.dir)
-        with output.progress(f"building {PACKAGES[name][1]} from {tree}"):
+        with output.progress(f"building {UPSTREAMS[name].distribution} from {tree}"):
             built = build_upstream(tree, name, number, out, say=output.info)
         found = manifests.cuda_only_requirements(tree)
         problems += [f"{name}: {f}: {r} is CUDA-only" for f, r in found]
@@ -64,7 +65,7 @@ def command(obj, upstream, out_dir, build_number, check_deps, as_json):
         output.emit_json({"built": results, "problems": problems})
     else:
         output.table(["distribution", "version", "files"],
-                     [[PACKAGES[r["upstream"]][1], r["version"], "\n".join(Path(f).name for f in r["files"])] for r in results])
+                     [[UPSTREAMS[r["upstream"]].distribution, r["version"], "\n".join(Path(f).name for f in r["files"])] for r in results])
     for p in problems:
         output.warn(p)
     return EXIT_PROBLEM if problems else EXIT_OK

@@ -5,11 +5,12 @@ from __future__ import annotations
 import click
 
 from rocmport import output
-from rocmport.config import UPSTREAMS, load_settings
+from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
-from rocmport.patches.export import check as check_drift
-from rocmport.patches.export import export as export_commits
+from rocmport.port.export import check as check_drift
+from rocmport.port.export import export as export_commits
 from rocmport.patches.series import all_series, select_series, series_hash
+from rocmport.upstreams import NAMES
 from rocmport.upstream.lock import load_lock
 
 
@@ -21,7 +22,7 @@ def command():
 def _selected(obj, upstream):
     settings = load_settings(obj["project"])
     lock = load_lock(settings.lock_path)
-    names = [upstream] if upstream else [n for n in UPSTREAMS if n in lock.upstreams]
+    names = [upstream] if upstream else [n for n in NAMES if n in lock.upstreams]
     out = []
     for name in names:
         if name not in lock.upstreams:
@@ -41,7 +42,7 @@ def list_cmd(obj, as_json):
     """Every series with its version range, codemods and patches."""
     settings = load_settings(obj["project"])
     data = []
-    for name in UPSTREAMS:
+    for name in NAMES:
         for s in all_series(settings.patchsets_dir, name):
             data.append({
                 "upstream": name, "line": s.line, "versions": str(s.versions), "hash": series_hash(s),
@@ -60,7 +61,7 @@ def list_cmd(obj, as_json):
 
 
 @command.command("export")
-@click.option("--upstream", type=click.Choice(UPSTREAMS))
+@click.option("--upstream", type=click.Choice(NAMES))
 @click.option("--description", help="Description for the new patches (default: the commit message).")
 @click.option("--upstream-status", default="Pending", show_default=True, help="Pending | Submitted <url> | Backport <commit> | Inappropriate <reason> | ROCm-only")
 @click.option("--dry-run", is_flag=True, help="Print what would be written; change nothing.")
@@ -86,7 +87,7 @@ def export_cmd(obj, upstream, description, upstream_status, dry_run, as_json):
 
 
 @command.command("check")
-@click.option("--upstream", type=click.Choice(UPSTREAMS))
+@click.option("--upstream", type=click.Choice(NAMES))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def check_cmd(obj, upstream, as_json):

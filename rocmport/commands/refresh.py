@@ -10,7 +10,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.refresh.engine import NEEDS_HUMAN, RefreshResult, abort_refresh, area, continue_refresh, refresh
+from rocmport.refresh.engine import NEEDS_HUMAN, RefreshResult, abort_refresh, continue_refresh, refresh
 from rocmport.refresh.summary import public, write_summary
 
 
@@ -46,7 +46,7 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
             result = continue_refresh(settings, say=output.info, warn=output.warn)
         else:
             result = refresh(settings, to, verify_opts=opts, say=output.info, warn=output.warn)
-    path = write_summary(result, area(settings))
+    path = write_summary(result, settings.refresh_dir)
     if summary_path:
         atomic_write_text(summary_path, path.read_text(encoding="utf-8"))
     if as_json:

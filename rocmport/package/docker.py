@@ -12,11 +12,12 @@ from packaging.requirements import Requirement
 from rocmport import __version__
 from rocmport.launch_env import LAUNCH_ENV
 from rocmport.port.manifests import canonical, is_cuda_only
+from rocmport.upstreams import MEGATRON_LM, UPSTREAMS
 
 DEFAULT_BASE_TAG = "rocm6.4.1_ubuntu24.04_py3.12_pytorch_release_2.7.1"
 DEFAULT_ARCH = "gfx942;gfx950"
 # Provided by the image (torch and its ROCm builds) or by the wheels themselves.
-NOT_FROM_INDEX = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm", "megatron-core", "megatron-bridge"}
+NOT_FROM_INDEX = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm", *(u.distribution for u in UPSTREAMS.values())}
 ROCM_TE_ENV = [("NVTE_FLASH_ATTN", "0", "ROCm TE: flash-attention backend off"),
                ("NVTE_FUSED_ATTN", "1", "ROCm TE: fused (CK/aiter) attention on")]
 
@@ -85,5 +86,5 @@ RUN pip install --no-cache-dir --no-deps /tmp/rocmport-wheels/*.whl \\
 
 {install_reqs}# Fails the build if torch changed after all, or the port does not import.
 RUN python -c "import torch; assert 'torch==' + torch.__version__ == open('/opt/rocmport/torch-constraint.txt').read().strip()" \\
- && python -c "import megatron.core, megatron.core._rocm as r; assert r.is_hip()"
+ && python -c "import {MEGATRON_LM.module}, {MEGATRON_LM.helper_module} as r; assert r.is_hip()"
 """

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocmport.gitutil import git, run_git
-from rocmport.patches.export import patch_matches_commit
+from rocmport.patches.commits import patch_matches_commit
 from rocmport.patches.series import PatchFile
 
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")

@@ -14,6 +14,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
+from rocmport.upstreams import UPSTREAMS
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
@@ -209,15 +210,14 @@ def series_hash(series: Series) -> str:
 
 def default_series(upstream: str, version: str) -> Series:
     """`--codemods-only`: no patches, the default codemod recipe for the upstream."""
-    from rocmport.codemods.defaults import DEFAULT_CODEMODS
-
+    up = UPSTREAMS[upstream]
     return Series(
         path=Path(f"<default recipe for {upstream}>"),
         upstream=upstream,
         line="default",
         versions=SpecifierSet(f"=={version}"),
-        codemods=[c if isinstance(c, dict) else {"name": c, "options": {}} for c in DEFAULT_CODEMODS.get(upstream, [])],
-        excluded_paths=["docs"] if upstream == "megatron-bridge" else [],
+        codemods=[c if isinstance(c, dict) else {"name": c, "options": {}} for c in up.default_codemods],
+        excluded_paths=list(up.excluded_paths),
     )
 
 

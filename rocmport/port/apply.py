@@ -9,16 +9,21 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from rocmport import __version__
+from rocmport.codemods import compute_layers, registry
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, run_git
 from rocmport.patches.apply import PatchOutcome, apply_patch, touched_paths
+from rocmport.patches.commits import explaining_patch
 from rocmport.patches.series import Series, default_series, recipe_digest, select_series
+from rocmport.port import manifests
 from rocmport.port import worktree as wt
+from rocmport.upstream import package_index
 from rocmport.upstream.lock import Lock, Pin
 from rocmport.upstream.remotes import has_commit, update_mirror, validate_url
 from rocmport.upstream.store import Store
@@ -50,10 +55,6 @@ class ApplyReport:
 def codemod_versions(series: Series) -> dict[str, str]:
     if not series.codemods:
         return {}
-    try:
-        from rocmport.codemods import registry
-    except ImportError:
-        raise BadInput(f"{series.path}: lists codemods but this rocmport has no codemod framework") from None
     out = {}
     for entry in series.codemods:
         mod = registry.get(entry["name"])
@@ -64,12 +65,8 @@ def codemod_versions(series: Series) -> dict[str, str]:
 
 
 def inputs_hash(pin: Pin, series: Series, versions: dict[str, str]) -> str:
-    from importlib import resources
-
     # The generated runtime helper is part of what the codemod layers write.
     helper = resources.files("rocmport").joinpath("data/_rocm.py.tmpl").read_bytes() if series.codemods else b""
-    from rocmport.port import manifests
-
     data = {"commit": pin.commit, "recipe": recipe_digest(series, versions), "codemods": versions, "rocmport": __version__,
             "helper": hashlib.sha256(helper).hexdigest(), "manifests": manifests.VERSION}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -88,8 +85,6 @@ def _ensure_commit(settings: Settings, store: Store, name: str, pin: Pin) -> Pat
         if has_commit(mirror, pin.commit):
             return mirror
     elif pin.source == "pypi":
-        from rocmport.upstream import package_index
-
         if package_index.pin_from_index(store, name, pin.resolved_ref).commit == pin.commit:
             return mirror
     raise BadInput(f"{name}: pinned commit {pin.commit[:12]} is not in the cache {mirror}; run `rocmport sync` (with --remote if needed)")
@@ -97,8 +92,6 @@ def _ensure_commit(settings: Settings, store: Store, name: str, pin: Pin) -> Pat
 
 def unexplained_commits(tree: Path, series: Series, since: str, head: str) -> list[str]:
     """Commits after the recorded result that no patch of the series explains (same effect)."""
-    from rocmport.patches.export import explaining_patch
-
     if run_git("merge-base", "--is-ancestor", since, head, cwd=tree, check=False).returncode != 0:
         return [head]
     return [c for c in wt.commits_between(tree, since, head) if not explaining_patch(tree, series, c)]
@@ -224,8 +217,6 @@ def _run(tree: Path, pin: Pin, series: Series, state: dict, start: int, say, cac
 def _codemod_layers(tree: Path, series: Series, cache_dir: Path) -> list[dict]:
     if not series.codemods:
         return []
-    from rocmport.codemods import compute_layers
-
     result = compute_layers(tree, series.codemods, cache_dir=cache_dir)
     if result.failures:
         first = result.failures[0]
@@ -244,8 +235,6 @@ def _codemod_layers(tree: Path, series: Series, cache_dir: Path) -> list[dict]:
 
 def _manifest_layer(tree: Path, series: Series, megatron_lm_path: str | None) -> list[dict]:
     """Dependency manifests without CUDA-only distributions: one commit, every change listed."""
-    from rocmport.port import manifests
-
     policy = manifests.policy_from_series(series.manifests, megatron_lm_path)
     if policy is None:
         return []

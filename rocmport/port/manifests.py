@@ -15,6 +15,8 @@ from pathlib import Path
 import tomlkit
 from packaging.requirements import InvalidRequirement, Requirement
 
+from rocmport.upstreams import MEGATRON_LM
+
 VERSION = "1"
 
 # Distribution (PEP 503 name) -> why it goes and what to install on ROCm instead.
@@ -141,11 +143,11 @@ def rewrite_pyproject(text: str, policy: Policy, file: str = "pyproject.toml") -
         for extra, array in (project.get("optional-dependencies") or {}).items():
             _rewrite_array(array, policy, file, f"optional-dependencies.{extra}", changes)
     sources = doc.get("tool", {}).get("uv", {}).get("sources", {})
-    core = sources.get("megatron-core") if hasattr(sources, "get") else None
+    core = sources.get(MEGATRON_LM.distribution) if hasattr(sources, "get") else None
     if policy.megatron_lm_path and core is not None and hasattr(core, "get") and core.get("path") not in (None, policy.megatron_lm_path):
         before = core["path"]
         core["path"] = policy.megatron_lm_path
-        changes.append(Change(file, "tool.uv.sources.megatron-core", f"path = {before!r}", "repointed",
+        changes.append(Change(file, f"tool.uv.sources.{MEGATRON_LM.distribution}", f"path = {before!r}", "repointed",
                               f"the gitlinked 3rdparty/Megatron-LM is empty in a checkout; use the ported tree {policy.megatron_lm_path}"))
     return tomlkit.dumps(doc), changes
 

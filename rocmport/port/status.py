@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rocmport.config import UPSTREAMS, Settings
+from rocmport.config import Settings
 from rocmport.gitutil import git, is_git_dir, run_git
 from rocmport.port.worktree import read_state
 from rocmport.upstream.lock import load_lock_or_none
 from rocmport.upstream.remotes import has_commit
 from rocmport.upstream.store import Store
+from rocmport.upstreams import NAMES
 
 
 def worktree_info(path: Path) -> dict | None:
@@ -45,7 +46,7 @@ def status(settings: Settings) -> dict:
             mirror = store.mirror_dir(name)
             cache[name] = bool((mirror / "HEAD").exists() and has_commit(mirror, pin.commit))
     worktrees = {}
-    for name in UPSTREAMS:
+    for name in NAMES:
         info = worktree_info(settings.worktree_path(name))
         if info:
             worktrees[name] = info

@@ -15,23 +15,22 @@ from packaging.version import Version
 
 from rocmport import __version__
 from rocmport.config import Settings, load_settings
-from rocmport.errors import BadInput, RocmportError
+from rocmport.errors import BadInput, Busy
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
-from rocmport.upstream import refs
+from rocmport.refresh.engine import READY, abort_refresh, read_state, refresh
+from rocmport.refresh.report import markdown
+from rocmport.refresh.summary import public, write_summary
+from rocmport.upstream import package_index, refs
 from rocmport.upstream.lock import load_lock
 from rocmport.upstream.remotes import update_mirror, validate_url
 from rocmport.upstream.store import Store
+from rocmport.upstreams import MEGATRON_LM
 
 BOT_NAME, BOT_EMAIL = "rocmport-bot", "rocmport-bot@users.noreply.github.com"
 BOT_ENV = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL, "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
-EXIT_BUSY = 3
 SUMMARIES = "refresh-summaries"
-
-
-class Busy(RocmportError):
-    exit_code = EXIT_BUSY
 
 
 @dataclass(frozen=True)
@@ -89,10 +88,7 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
     if pin.source == "pypi":
         if track == "main":
             raise BadInput(f"{settings.lock_path}: pins a package-index release; --track main needs a git upstream (`rocmport sync --source git`)")
-        from rocmport.config import PYPI_DISTRIBUTIONS
-        from rocmport.upstream import package_index
-
-        for v in package_index.list_final_versions(PYPI_DISTRIBUTIONS["megatron-lm"]):
+        for v in package_index.list_final_versions(MEGATRON_LM.distribution):
             if v > current:
                 by_version[v] = Candidate(f"v{v}", str(v), f"pypi:{v}")
     else:
@@ -137,10 +133,6 @@ def _human_commits(root: Path, base: str, tip: str) -> list[str]:
 
 def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | None, say, warn) -> dict:
     """Refresh to ``cand`` on its own branch from ``base``; the caller's branch is restored after."""
-    from rocmport.refresh.engine import READY, abort_refresh, read_state, refresh
-    from rocmport.refresh.report import markdown
-    from rocmport.refresh.summary import public, write_summary
-
     root = settings.root
     start = git("symbolic-ref", "-q", "--short", "HEAD", cwd=root)
     existing = rev_parse(f"refs/heads/{cand.branch}", root)
@@ -151,7 +143,7 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
         if read_state(settings):
             abort_refresh(settings, say=say)  # a leftover from a killed run: the record says it never finished
         result = refresh(load_settings(root), cand.ref, verify_opts=verify_opts, say=say, warn=warn)
-        summary = write_summary(result, settings.worktree_path("megatron-lm").parent / "refresh")
+        summary = write_summary(result, settings.refresh_dir)
         if result.status != READY and result.status != "up-to-date":
             reason = (f"conflict in {result.conflict['patch']}" if result.conflict else
                       f"verify failed: {', '.join(result.verify['failed'])}" if result.verify else "needs a human")

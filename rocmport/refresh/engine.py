@@ -13,14 +13,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.patches.regenerate import patch_id, regenerate, reverse_applies, upstream_patch_ids
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
-from rocmport.refresh.staging import StagedSeries, drop_from_series_text, promote, stage_series
+from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
+from rocmport.patches.series_edit import drop_from_series_text
+from rocmport.refresh.staging import StagedSeries, promote, stage_series
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
+from rocmport.upstream.resolve import resolve_lock
+from rocmport.upstream.store import Store
 
 READY, NEEDS_HUMAN = "ready", "needs-human"
 
@@ -43,16 +49,12 @@ class RefreshResult:
         return dataclasses.asdict(self)
 
 
-def area(settings: Settings) -> Path:
-    return settings.worktree_path("megatron-lm").parent / "refresh"
-
-
 def _state_path(settings: Settings) -> Path:
-    return area(settings) / "state.json"
+    return settings.refresh_dir / "state.json"
 
 
 def _refresh_settings(settings: Settings) -> Settings:
-    return dataclasses.replace(settings, worktree_dir=area(settings))
+    return dataclasses.replace(settings, worktree_dir=settings.refresh_dir)
 
 
 def read_state(settings: Settings) -> dict | None:
@@ -66,8 +68,6 @@ def _write_state(settings: Settings, state: dict) -> None:
 
 def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print) -> RefreshResult:
     """Start a refresh to ``to``. ``verify_opts`` None means --no-verify."""
-    from rocmport.upstream.resolve import resolve_lock
-
     state = read_state(settings)
     if state and state.get("status") == "conflict":
         raise BadInput(f"{_state_path(settings)}: a refresh to {state['to']} stopped at a conflict; resolve it and run "
@@ -80,11 +80,11 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
     new = resolve_lock(settings, to, source=mlm.source, no_bridge="megatron-bridge" not in old.upstreams, say=say, warn=warn)
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
         return RefreshResult("up-to-date", to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"])
-    area(settings).mkdir(parents=True, exist_ok=True)
+    settings.refresh_dir.mkdir(parents=True, exist_ok=True)
     staged = {}
     for name, pin in new.upstreams.items():
         before = old.upstreams.get(name)
-        staged[name] = stage_series(settings.patchsets_dir, area(settings) / "patchsets", name, pin.version or "0",
+        staged[name] = stage_series(settings.patchsets_dir, settings.refresh_dir / "patchsets", name, pin.version or "0",
                                     before.resolved_ref if before else "-", pin.resolved_ref).to_dict()
     merged = {name: _merged_upstream(settings, StagedSeries.from_dict(staged[name]), old.upstreams.get(name), pin)
               for name, pin in new.upstreams.items()}
@@ -97,21 +97,19 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
 def continue_refresh(settings: Settings, *, say=print, warn=print) -> RefreshResult:
     state = read_state(settings)
     if not state or state.get("status") != "conflict":
-        raise BadInput(f"{area(settings)}: no stopped refresh to continue")
+        raise BadInput(f"{settings.refresh_dir}: no stopped refresh to continue")
     return _advance(settings, state, say, warn, mode="continue")
 
 
 def abort_refresh(settings: Settings, *, say=print) -> None:
     state = read_state(settings)
     if not state:
-        raise BadInput(f"{area(settings)}: no refresh to abort")
-    shutil.rmtree(area(settings), ignore_errors=True)
+        raise BadInput(f"{settings.refresh_dir}: no refresh to abort")
+    shutil.rmtree(settings.refresh_dir, ignore_errors=True)
     say(f"refresh to {state['to']} aborted; {settings.lock_path} and patchsets/ are as they were")
 
 
 def _lock_from(data: dict, where: str) -> Lock:
-    import yaml
-
     return parse_lock(yaml.safe_dump(data), where)
 
 
@@ -147,8 +145,6 @@ def _merged_upstream(settings: Settings, st: StagedSeries, before, pin) -> dict[
     series = st.series
     if not series.patches or before is None or before.source != "git" or pin.source != "git":
         return {}  # package-index sources have no upstream history to search
-    from rocmport.upstream.store import Store
-
     mirror = Store(settings.cache_dir).mirror_dir(st.upstream)
     ids = upstream_patch_ids(mirror, before.commit, pin.commit)
     found = {}
@@ -165,8 +161,6 @@ def _result(state: dict, status: str) -> RefreshResult:
 
 
 def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
-    from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
-
     old = _lock_from(state["old_lock"], "refresh state")
     new = _lock_from(state["new_lock"], "refresh state")
     result = _result(state, READY)
@@ -229,7 +223,7 @@ def _promote(settings: Settings, new: Lock, state: dict, outcomes: dict, warn) -
     changed.append(str(settings.lock_path))
     for name in outcomes:
         _swap_tree(settings, name, warn)
-    shutil.rmtree(area(settings) / "patchsets", ignore_errors=True)
+    shutil.rmtree(settings.refresh_dir / "patchsets", ignore_errors=True)
     _state_path(settings).unlink(missing_ok=True)
     return changed
 

@@ -3,6 +3,7 @@ series, verify on the new pin (and on the old one when a stage fails), and the M
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
@@ -10,10 +11,12 @@ from pathlib import Path
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
-from rocmport.patches.series import select_series
+from rocmport.patches.series import select_series, split_header
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
 from rocmport.upstream.lock import Lock
+from rocmport.verify.environment import unmet_python
+from rocmport.verify.run import run_verify
 
 
 def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
@@ -22,11 +25,7 @@ def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
     state = wt.read_state(tree) or {}
     if state.get("status") == "done" and state.get("base") == old.upstreams[name].commit:
         return tree
-    import dataclasses
-
-    from rocmport.refresh.engine import area
-
-    aside = dataclasses.replace(settings, worktree_dir=area(settings) / "old")
+    aside = dataclasses.replace(settings, worktree_dir=settings.refresh_dir / "old")
     apply_upstream(aside, old, name, force=True, say=say)
     return aside.worktree_path(name)
 
@@ -88,16 +87,11 @@ def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict, outcomes
 def _diff_of(patch_text: str | None, fallback: str) -> str:
     if patch_text is None:
         return fallback
-    from rocmport.patches.series import split_header
-
     return split_header(patch_text)[1]
 
 
 def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: dict, say=print) -> dict:
     """Verify the new port; when a stage fails, verify the old port too and label each failure."""
-    from rocmport.verify.environment import unmet_python
-    from rocmport.verify.run import run_verify
-
     tree = rsettings.worktree_path("megatron-lm")
     need = unmet_python(tree)
     if need:

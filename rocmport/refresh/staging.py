@@ -3,7 +3,6 @@ the nearest existing one. Refresh works on a staged copy and promotes it only wh
 
 from __future__ import annotations
 
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from packaging.version import InvalidVersion, Version
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.patches.series import Series, all_series, load_series
+from rocmport.patches.series_edit import renamed_series_text
 
 
 def line_of(version: str) -> str:
@@ -75,43 +75,6 @@ def stage_series(patchsets_dir: Path, staging_root: Path, upstream: str, version
     text = (staged_dir / "series").read_text(encoding="utf-8")
     atomic_write_text(staged_dir / "series", renamed_series_text(text, src.line, new_line, line_range(version), from_ref, to_ref))
     return StagedSeries(upstream, src.dir, target, staged_dir, created=True)
-
-
-def renamed_series_text(text: str, old_line: str, new_line: str, versions: str, from_ref: str, to_ref: str) -> str:
-    """The series file for a new release line: line and versions rewritten, comments kept."""
-    out = []
-    for line in text.splitlines():
-        if re.match(r"^line:\s", line):
-            line = f"line: {new_line}"
-        elif re.match(r"^versions:\s", line):
-            line = f'versions: "{versions}"'
-        elif line.startswith("#"):
-            line = re.sub(rf"\b{re.escape(old_line)}\b", new_line, line)
-        out.append(line)
-    note = f"# Started by `rocmport refresh` from {old_line} ({from_ref} -> {to_ref})."
-    first_key = next(i for i, ln in enumerate(out) if ln and not ln.startswith("#"))
-    out.insert(first_key, note)
-    return "\n".join(out) + "\n"
-
-
-_ITEM_RE = re.compile(r"^\s*-\s*(\S+\.patch)\s*(#.*)?$")
-
-
-def drop_from_series_text(text: str, dropped: dict[str, str]) -> str:
-    """Remove patch names from `patches:` and record why above the list, keeping everything else."""
-    lines = text.splitlines()
-    remaining = [m.group(1) for ln in lines if (m := _ITEM_RE.match(ln)) and m.group(1) not in dropped]
-    out = []
-    for line in lines:
-        m = _ITEM_RE.match(line)
-        if m and m.group(1) in dropped:
-            continue
-        if re.match(r"^patches:", line):
-            out += [f"# dropped {name}: {why}" for name, why in dropped.items()]
-            if not remaining:
-                line = "patches: []"
-        out.append(line)
-    return "\n".join(out) + "\n"
 
 
 def promote(staged: StagedSeries, series_text: str, files: dict[str, str], removed: list[str]) -> list[str]:

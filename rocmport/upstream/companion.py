@@ -19,6 +19,7 @@ from packaging.version import Version
 
 from rocmport.gitutil import run_git
 from rocmport.upstream.refs import read_file, release_tags, version_at
+from rocmport.upstreams import MEGATRON_LM
 
 GITLINK_PATH = "3rdparty/Megatron-LM"
 
@@ -51,7 +52,7 @@ def declared_core_spec(bridge_mirror: Path, commit: str):
             req = Requirement(dep)
         except InvalidRequirement:
             continue
-        if req.name == "megatron-core":
+        if req.name == MEGATRON_LM.distribution:
             return req.specifier
     return None
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from rocmport.config import UPSTREAMS
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.upstreams import NAMES
 
 SCHEMA_VERSION = 1
 SOURCES = ("git", "pypi")
@@ -93,8 +93,8 @@ def parse_lock(text: str, path: str | Path = "upstream.lock") -> Lock:
     lock = Lock()
     for name, entry in ups.items():
         prefix = f"upstreams.{name}"
-        if name not in UPSTREAMS:
-            _fail(path, prefix, f"names an unknown upstream (known: {', '.join(UPSTREAMS)})")
+        if name not in NAMES:
+            _fail(path, prefix, f"names an unknown upstream (known: {', '.join(NAMES)})")
         if not isinstance(entry, dict):
             _fail(path, prefix, "must be a mapping")
         for key in _REQUIRED:

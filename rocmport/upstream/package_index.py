@@ -25,11 +25,12 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from rocmport.config import PYPI_DISTRIBUTIONS
 from rocmport.errors import BadInput, ProblemFound, RocmportError
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
+from rocmport.upstream.companion import has_upper_bound
 from rocmport.upstream.lock import Pin
 from rocmport.upstream.store import Store
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM, UPSTREAMS
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -209,7 +210,7 @@ def pypi_url(dist: str) -> str:
 
 def pin_from_index(store: Store, upstream: str, requested_ref: str, *, pre: bool = False, index_url: str | None = None) -> Pin:
     """Resolve ``requested_ref`` on the index, fetch and verify the sdist, import it, return its Pin."""
-    dist = PYPI_DISTRIBUTIONS[upstream]
+    dist = UPSTREAMS[upstream].distribution
     sdist = select_sdist(list_sdists(dist, index_url), requested_ref, pre)
     with store.locked():
         path = download(store, sdist)
@@ -245,11 +246,9 @@ def declared_requirement(sdist_path: Path, name: str) -> Requirement | None:
 
 def choose_bridge_from_index(store: Store, core_version: str, index_url: str | None = None) -> SdistFile | None:
     """Newest final megatron-bridge sdist whose declared megatron-core range is bounded and admits the version."""
-    from rocmport.upstream.companion import has_upper_bound
-
-    finals = [s for s in list_sdists(PYPI_DISTRIBUTIONS["megatron-bridge"], index_url) if is_final(s.version)]
+    finals = [s for s in list_sdists(MEGATRON_BRIDGE.distribution, index_url) if is_final(s.version)]
     for sdist in reversed(finals):
-        req = declared_requirement(download(store, sdist), "megatron-core")
+        req = declared_requirement(download(store, sdist), MEGATRON_LM.distribution)
         if req is not None and has_upper_bound(req.specifier) and req.specifier.contains(core_version, prereleases=True):
             return sdist
     return None

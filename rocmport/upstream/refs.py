@@ -15,14 +15,11 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
 from rocmport.gitutil import git, run_git
+from rocmport.upstreams import UPSTREAMS
 
 _TAG_RE = re.compile(r"^(?P<prefix>core_)?v(?P<version>\d+\.\d+\.\d+(?:(?:rc|a|b)\d+|\.dev\d+|\.post\d+)?)$")
 _LINE_RE = re.compile(r"^(?:core_)?v?(?P<major>\d+)\.(?P<minor>\d+)$")
 _SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
-PACKAGE_INFO = {
-    "megatron-lm": "megatron/core/package_info.py",
-    "megatron-bridge": "src/megatron/bridge/package_info.py",
-}
 
 
 @dataclass(frozen=True)
@@ -143,7 +140,7 @@ def read_file(mirror: Path, commit: str, path: str) -> str | None:
 
 def version_at(mirror: Path, commit: str, upstream: str) -> str | None:
     """The package version the tree declares at ``commit`` (package_info.py), e.g. '0.16.1'."""
-    text = read_file(mirror, commit, PACKAGE_INFO[upstream])
+    text = read_file(mirror, commit, UPSTREAMS[upstream].package_info)
     return parse_package_info(text) if text else None
 
 

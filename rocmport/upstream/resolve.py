@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rocmport import output
-from rocmport.config import DEFAULT_REMOTES, Settings
+from rocmport.config import Settings
 from rocmport.errors import BadInput
-from rocmport.upstream import refs
+from rocmport.upstream import package_index, refs
 from rocmport.upstream.companion import choose_bridge
 from rocmport.upstream.lock import Lock, Pin, load_lock, load_lock_or_none
 from rocmport.upstream.remotes import Remote, RemoteUnreachable, has_commit, update_mirror, validate_url
 from rocmport.upstream.store import Store
+from rocmport.upstreams import UPSTREAMS
 
 SOURCES = ("auto", "git", "pypi")
 
@@ -28,7 +29,7 @@ class SyncResult:
 
 def lock_url(settings: Settings, remote: Remote) -> str:
     """What the lock records: the canonical URL, never a machine-local override path."""
-    return DEFAULT_REMOTES[remote.name] if remote.is_local else remote.url
+    return UPSTREAMS[remote.name].url if remote.is_local else remote.url
 
 
 def _git_pin(settings, store, remote, requested, pre, offline, say) -> Pin:
@@ -69,8 +70,6 @@ def _pin_at(settings, mirror, remote, requested, pre, say) -> Pin:
 
 
 def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[str, Pin]:
-    from rocmport.upstream import package_index
-
     mlm = package_index.pin_from_index(store, "megatron-lm", requested, pre=pre)
     say(f"megatron-lm: {requested} -> megatron-core {mlm.version} sdist {mlm.sdist['filename']} (sha256 verified)")
     pins = {"megatron-lm": mlm}
@@ -137,8 +136,6 @@ def verify_lock(settings, store, remotes, offline, say) -> SyncResult:
     result = SyncResult(lock=lock)
     for name, pin in lock.upstreams.items():
         if pin.source == "pypi":
-            from rocmport.upstream import package_index
-
             fresh = package_index.pin_from_index(store, name, pin.resolved_ref) if not offline else pin
             if fresh.sdist != pin.sdist or fresh.commit != pin.commit:
                 result.problems.append(f"{name}: the index's {pin.sdist['filename']} no longer matches the lock (sha256 or commit changed)")

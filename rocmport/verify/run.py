@@ -17,6 +17,7 @@ from rocmport.port import worktree as wt
 from rocmport.verify import environment, firewall, stages
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
+from rocmport.upstreams import MEGATRON_LM
 
 
 def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, backend: str, iters: int,
@@ -25,7 +26,7 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
     """``unit``: {tests, nproc, known, cache_dir, base} for stage 3, upstream's unit tests;
     ``functional``: {case, defaulted, data_path, record, series_dir, iters} for stage 4, upstream's
     functional GPT case (None: the stage is not run)."""
-    if not (tree / "megatron" / "core").is_dir():
+    if not (tree / MEGATRON_LM.package_dir).is_dir():
         raise BadInput(f"{tree}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
     if tp < 1 or pp < 1 or iters < 2:
         raise BadInput("--tp and --pp must be >= 1 and --iters >= 2")

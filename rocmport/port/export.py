@@ -1,7 +1,6 @@
-"""Patch export and the drift gate: commits on the work branch <-> patch files in the series.
-
-Exports are byte-stable: the same commit always gives the same file (no dates, no commit ids,
-no version footers), and a patch whose `git patch-id --stable` is unchanged is never rewritten."""
+"""`patches export` and `patches check` on a ported work tree: the commits a user made on the work
+branch after the applied port become patch files of its series, and the drift gate says where the
+stored patches and the branch differ. A commit some patch already explains is never rewritten."""
 
 from __future__ import annotations
 
@@ -12,7 +11,9 @@ from pathlib import Path
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, run_git
+from rocmport.patches.commits import commit_diff, explaining_patch, patch_matches_commit, render_patch, slug
 from rocmport.patches.series import Series, lint_header, parse_header, split_header
+from rocmport.patches.series_edit import add_to_series
 from rocmport.port import worktree as wt
 
 
@@ -21,44 +22,6 @@ class ExportResult:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
-
-
-def commit_diff(tree: Path, commit: str) -> str:
-    return git("diff", "--full-index", "--no-color", "--no-ext-diff", "--no-renames", "-U3", f"{commit}^", commit, cwd=tree) + "\n"
-
-
-def patch_matches_commit(tree: Path, diff: str, commit: str, parent: str | None = None) -> bool:
-    """Does applying ``diff`` to the commit's parent (or ``parent``) give exactly the commit's tree?
-
-    Compares effects, not text: a hand-written patch with less context still matches."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="rocmport-idx-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git("read-tree", parent or f"{commit}^", cwd=tree, env=env)
-        if run_git("apply", "--cached", "-", cwd=tree, env=env, input=diff, check=False).returncode != 0:
-            return False
-        return git("write-tree", cwd=tree, env=env) == git("rev-parse", f"{commit}^{{tree}}", cwd=tree)
-
-
-def explaining_patch(tree: Path, series: Series, commit: str) -> str | None:
-    """The name of the series patch whose effect is exactly ``commit``, if any."""
-    return next((p.name for p in series.patches if patch_matches_commit(tree, p.diff, commit)), None)
-
-
-def render_patch(description: str, status: str, diff: str, extra: dict[str, str] | None = None) -> str:
-    subject, _, body = description.strip().partition("\n")
-    lines = [f"Description: {subject.strip()}"]
-    for line in body.strip("\n").splitlines():
-        lines.append(" " + line.rstrip() if line.strip() else " .")
-    lines.append(f"Upstream-Status: {status}")
-    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
-    return "\n".join(lines) + "\n---\n" + diff
-
-
-def slug(text: str) -> str:
-    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return s[:50].rstrip("-") or "patch"
 
 
 def user_commits(tree: Path) -> list[str]:
@@ -97,22 +60,6 @@ def export(tree: Path, series: Series, description: str | None, status: str, dry
     if new_names:
         atomic_write_text(series.path, add_to_series(series.path.read_text(encoding="utf-8"), new_names))
     return result
-
-
-def add_to_series(text: str, names: list[str]) -> str:
-    """Append patch names to the `patches:` list, keeping the file's comments and layout."""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if re.match(r"^patches:\s*(\[\s*\])?\s*(#.*)?$", line):
-            lines[i] = "patches:"
-            j, indent = i + 1, "  "
-            while j < len(lines) and re.match(r"^\s*(- |#)", lines[j]):
-                if lines[j].lstrip().startswith("- "):
-                    indent = lines[j][: len(lines[j]) - len(lines[j].lstrip())]
-                j += 1
-            lines[j:j] = [f"{indent}- {n}" for n in names]
-            return "\n".join(lines) + "\n"
-    raise BadInput("series file has no 'patches:' list to append to")
 
 
 def check(tree: Path, series: Series) -> list[str]:

@@ -1,0 +1,131 @@
+"""The layout's rules, read from the source with ast: the engine never imports the command layer,
+no import cycle (function-level imports included, so none can hide one), and every package
+imports only from the packages before it in the pipeline."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rocmport"
+# The pipeline, in order: a package may import from itself and from the ones before it.
+# Top-level modules (errors, output, config, gitutil, upstreams ...) come first; the command layer
+# and its entry points last.
+PIPELINE = ["", "upstream", "patches", "codemods", "port", "verify", "refresh", "package", "commands", "cli"]
+ENTRY_POINTS = {"rocmport.cli", "rocmport.__main__"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The rocmport modules ``name`` imports anywhere in its file (function bodies included)."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` imports mod.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target.startswith("rocmport") and target != name:
+                found.add(target)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def layer(name: str) -> int:
+    if name in ENTRY_POINTS:
+        return PIPELINE.index("cli")
+    parts = name.split(".")
+    return PIPELINE.index(parts[1]) if len(parts) > 2 or (len(parts) == 2 and parts[1] in PIPELINE) else 0
+
+
+def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
+    """The reader itself: an import inside a function body and a relative import both count."""
+    known = {"rocmport.a": tmp_path / "a.py", "rocmport.b": tmp_path / "b.py", "rocmport.p": tmp_path / "p" / "__init__.py",
+             "rocmport.p.c": tmp_path / "p" / "c.py"}
+    (tmp_path / "a.py").write_text("def f():\n    from rocmport.b import x\n")
+    assert imports("rocmport.a", known["rocmport.a"], known) == {"rocmport.b"}
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "__init__.py").write_text("from . import c\nfrom ..a import y\n")
+    assert imports("rocmport.p", known["rocmport.p"], known) == {"rocmport.p.c", "rocmport.a"}
+
+
+def test_only_the_command_layer_imports_the_command_layer():
+    offenders = {name: sorted(d for d in deps if d.startswith("rocmport.commands") or d in ENTRY_POINTS)
+                 for name, deps in graph().items()
+                 if not name.startswith("rocmport.commands") and name not in ENTRY_POINTS}
+    assert {n: d for n, d in offenders.items() if d} == {}
+
+
+def test_no_import_cycle():
+    deps = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(deps[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(deps):
+        if v not in index:
+            visit(v)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("package", PIPELINE[1:-1])
+def test_packages_import_only_what_comes_before_them_in_the_pipeline(package):
+    deps = graph()
+    mine = [n for n in deps if n.startswith(f"rocmport.{package}.") or n == f"rocmport.{package}"]
+    assert mine, f"no modules in rocmport/{package}/"
+    upward = {n: sorted(d for d in deps[n] if layer(d) > layer(n)) for n in mine}
+    assert {n: d for n, d in upward.items() if d} == {}
+
+
+def test_top_level_modules_import_no_package():
+    deps = graph()
+    top = [n for n in deps if layer(n) == 0 and n != "rocmport"]
+    assert "rocmport.config" in top and "rocmport.upstreams" in top
+    assert {n: sorted(d for d in deps[n] if layer(d) > 0) for n in top if any(layer(d) > 0 for d in deps[n])} == {}
