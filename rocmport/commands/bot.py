@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 
 import click
@@ -11,13 +10,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
-
-
-def _line(text: str) -> str:
-    m = re.match(r"^(?:core_)?v?(\d+)\.(\d+)$", str(text).strip())
-    if not m:
-        raise BadInput(f"release line {text!r}: expected the form v0.16")
-    return f"v{int(m.group(1))}.{int(m.group(2))}"
+from rocmport.release_line import ReleaseLine
 
 
 @click.command("bot")
@@ -49,7 +42,7 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     if interval <= 0:
         raise BadInput(f"--interval {interval}: must be a positive number of seconds")
     settings = load_settings(obj["project"])
-    wanted = [_line(s) for s in (lines.split(",") if lines else settings.tool.get("release-lines") or [])]
+    wanted = [str(ReleaseLine.parse(s)) for s in (lines.split(",") if lines else settings.tool.get("release-lines") or [])]
     verify_opts = None if no_verify else {"tp": int(settings.tool.get("tp", 2)), "pp": int(settings.tool.get("pp", 2))}
     kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
               say=output.info, warn=output.warn)

@@ -22,6 +22,7 @@ from rocmport.patches.series import all_series
 from rocmport.refresh.engine import READY, abort_refresh, read_state, refresh
 from rocmport.refresh.report import markdown
 from rocmport.refresh.summary import public, write_summary
+from rocmport.release_line import ReleaseLine
 from rocmport.upstream import package_index, refs
 from rocmport.upstream.lock import load_lock
 from rocmport.upstream.remotes import update_mirror, validate_url
@@ -72,10 +73,6 @@ def exclusive(settings: Settings):
         lock.release()
 
 
-def _line(v: Version) -> str:
-    return f"v{v.major}.{v.minor}"
-
-
 def candidates(settings: Settings, track: str, lines: list[str] | None, say=print) -> list[Candidate]:
     """Upstream releases newer than the lock, oldest version first (versions, not dates: patch
     releases of an older line are often tagged after the next line's first release)."""
@@ -102,12 +99,13 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
         for t in refs.release_tags(mirror):
             if t.is_final and t.version > current:
                 by_version[t.version] = Candidate(t.name, t.name, t.commit)
-    wanted = set(lines or [])
+    wanted = {ReleaseLine.parse(s) for s in lines or []}
     if not wanted:
-        newest = max((_line(v) for v in by_version), key=lambda s: Version(s[1:]), default=None)
-        wanted = {s.line for s in all_series(settings.patchsets_dir, "megatron-lm")} | ({newest} if newest else set())
-    out = [c for v, c in sorted(by_version.items()) if _line(v) in wanted]
-    say(f"bot: {len(out)} release(s) newer than {pin.resolved_ref} on lines {', '.join(sorted(wanted, key=lambda s: Version(s[1:])))}: "
+        newest = max((ReleaseLine.of(v) for v in by_version), default=None)
+        series_lines = (ReleaseLine.match(s.line) for s in all_series(settings.patchsets_dir, "megatron-lm"))
+        wanted = {line for line in series_lines if line} | ({newest} if newest else set())
+    out = [c for v, c in sorted(by_version.items()) if ReleaseLine.of(v) in wanted]
+    say(f"bot: {len(out)} release(s) newer than {pin.resolved_ref} on lines {', '.join(map(str, sorted(wanted)))}: "
         f"{', '.join(c.name for c in out) or 'none'}")
     return out
 

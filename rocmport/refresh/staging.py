@@ -7,29 +7,15 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
-
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.patches.series import Series, all_series, load_series
 from rocmport.patches.series_edit import renamed_series_text
+from rocmport.release_line import ReleaseLine
 
 
-def line_of(version: str) -> str:
-    v = Version(version)
-    return f"v{v.major}.{v.minor}"
-
-
-def line_range(version: str) -> str:
-    v = Version(version)
-    return f">={v.major}.{v.minor}.0rc0,<{v.major}.{v.minor + 1}.0rc0"
-
-
-def _line_key(series: Series) -> Version:
-    try:
-        return Version(series.line.lstrip("v"))
-    except InvalidVersion:
-        return Version("0")
+def _line_key(series: Series) -> ReleaseLine:
+    return ReleaseLine.match(series.line) or ReleaseLine(0, 0)
 
 
 @dataclass
@@ -65,15 +51,15 @@ def stage_series(patchsets_dir: Path, staging_root: Path, upstream: str, version
         src = admitting[0]
         shutil.copytree(src.dir, staged_dir)
         return StagedSeries(upstream, src.dir, src.dir, staged_dir, created=False)
-    new_line = line_of(version)
-    below = [s for s in found if _line_key(s) <= Version(new_line.lstrip("v"))]
+    new_line = ReleaseLine.of(version)
+    below = [s for s in found if _line_key(s) <= new_line]
     src = max(below, key=_line_key) if below else min(found, key=_line_key)
-    target = patchsets_dir / upstream / new_line
+    target = patchsets_dir / upstream / str(new_line)
     if target.exists():
         raise BadInput(f"{target}: exists but its series does not admit {version}; fix its 'versions' range or move it away")
     shutil.copytree(src.dir, staged_dir)
     text = (staged_dir / "series").read_text(encoding="utf-8")
-    atomic_write_text(staged_dir / "series", renamed_series_text(text, src.line, new_line, line_range(version), from_ref, to_ref))
+    atomic_write_text(staged_dir / "series", renamed_series_text(text, src.line, str(new_line), new_line.versions, from_ref, to_ref))
     return StagedSeries(upstream, src.dir, target, staged_dir, created=True)
 
 

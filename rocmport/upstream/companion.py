@@ -18,6 +18,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from rocmport.gitutil import run_git
+from rocmport.release_line import ReleaseLine
 from rocmport.upstream.refs import read_file, release_tags, version_at
 from rocmport.upstreams import MEGATRON_LM
 
@@ -69,16 +70,16 @@ def choose_bridge(bridge_mirror: Path, mlm_mirror: Path, mlm_commit: str, mlm_ve
             return Companion(t.name, t.commit, "gitlink-exact", f"{t.name}: its {GITLINK_PATH} gitlink is exactly {mlm_commit[:12]}")
     if mlm_version is None:
         return None
-    want = Version(mlm_version).release[:2]
+    want = ReleaseLine.of(mlm_version)
     for t in finals:
         link = links[t.name]
         if not link:
             continue
         linked = version_at(mlm_mirror, link, "megatron-lm")
-        if linked and Version(linked).release[:2] == want:
+        if linked and want.admits(Version(linked)):
             return Companion(
                 t.name, t.commit, "gitlink-minor",
-                f"{t.name}: newest release whose gitlinked Megatron-LM ({link[:12]}, {linked}) is also {want[0]}.{want[1]}",
+                f"{t.name}: newest release whose gitlinked Megatron-LM ({link[:12]}, {linked}) is also {want.major}.{want.minor}",
             )
     for t in finals:
         spec = declared_core_spec(bridge_mirror, t.commit)

@@ -27,6 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput, ProblemFound, RocmportError
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
+from rocmport.release_line import ReleaseLine
 from rocmport.upstream.companion import has_upper_bound
 from rocmport.upstream.lock import Pin
 from rocmport.upstream.store import Store
@@ -34,7 +35,6 @@ from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM, UPSTREAMS
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _ACCEPT = "application/vnd.pypi.simple.v1+json"
-_LINE_RE = re.compile(r"^(?:core_)?v?(?P<mm>\d+\.\d+)$")
 _EXACT_RE = re.compile(r"^(?:core_)?v?(?P<v>\d+\.\d+\.\d+\S*)$")
 
 
@@ -103,10 +103,9 @@ def list_final_versions(dist: str, index: str | None = None) -> list[Version]:
 def select_sdist(files: list[SdistFile], requested: str, pre: bool = False) -> SdistFile:
     """`v0.16` -> newest final 0.16.x; `core_v0.16.1` / `v0.16.1` / `0.16.1` -> exactly that."""
     dist = files[0].dist if files else "the distribution"
-    line, exact = _LINE_RE.match(requested), _EXACT_RE.match(requested)
+    line, exact = ReleaseLine.match(requested), _EXACT_RE.match(requested)
     if line:
-        mm = tuple(int(x) for x in line.group("mm").split("."))
-        cands = [f for f in files if f.version.release[:2] == mm and (pre or is_final(f.version))]
+        cands = [f for f in files if line.admits(f.version) and (pre or is_final(f.version))]
     elif exact:
         try:
             want = Version(exact.group("v"))

@@ -15,10 +15,10 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
 from rocmport.gitutil import git, run_git
+from rocmport.release_line import ReleaseLine
 from rocmport.upstreams import UPSTREAMS
 
 _TAG_RE = re.compile(r"^(?P<prefix>core_)?v(?P<version>\d+\.\d+\.\d+(?:(?:rc|a|b)\d+|\.dev\d+|\.post\d+)?)$")
-_LINE_RE = re.compile(r"^(?:core_)?v?(?P<major>\d+)\.(?P<minor>\d+)$")
 _SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
 
 
@@ -79,12 +79,12 @@ def _branches(mirror: Path) -> dict[str, str]:
 def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = "megatron-lm") -> Resolution:
     tag_map = tags(mirror)
     rels = release_tags(mirror, tag_map)
-    line = _LINE_RE.match(requested)
+    line = ReleaseLine.match(requested)
     if line and requested not in tag_map:
-        major, minor = int(line.group("major")), int(line.group("minor"))
-        cands = [t for t in rels if t.version.release[:2] == (major, minor) and (pre or t.is_final)]
+        major, minor = line.major, line.minor
+        cands = [t for t in rels if line.admits(t.version) and (pre or t.is_final)]
         if not cands:
-            others = [t.name for t in rels if t.version.release[:2] == (major, minor)]
+            others = [t.name for t in rels if line.admits(t.version)]
             hint = f" (only pre-releases: {', '.join(others)}; add --pre)" if others else ""
             raise BadInput(f"{upstream}: no final release tag for {requested}{hint}; {_closest(requested, rels)}")
         best = cands[-1]
