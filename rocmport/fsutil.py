@@ -1,10 +1,17 @@
-"""Small filesystem helpers: atomic writes, so lock and report files are never half-written."""
+"""Small filesystem helpers: atomic writes, so lock and report files are never half-written, and
+the one file-lock wrapper (the cache, a work tree, the bot)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from rocmport.errors import BadInput, RocmportError
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -24,3 +31,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+@contextmanager
+def file_lock(path: Path, busy: str, *, timeout: float, error: type[RocmportError] = BadInput) -> Iterator[None]:
+    """Hold the file lock ``path`` (its directory is created). When another process holds it for
+    ``timeout`` seconds (0: do not wait), raise ``error`` in one line naming the lock file: ``path: busy``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        raise error(f"{path}: {busy}") from None
+    try:
+        yield
+    finally:
+        lock.release()

@@ -98,6 +98,11 @@ def rev_parse(ref: str, cwd) -> str | None:
     return (proc.stdout.strip() or None) if proc.returncode == 0 else None
 
 
+def has_commit(git_dir: str | os.PathLike, commit: str) -> bool:
+    """Does the repository hold ``commit`` (a commit, not just any object)?"""
+    return run_git("cat-file", "-e", f"{commit}^{{commit}}", cwd=git_dir, check=False).returncode == 0
+
+
 def is_git_dir(path: str | os.PathLike) -> bool:
     p = Path(path)
     if not p.exists():

@@ -130,6 +130,6 @@ def test_real_megatron_core_sdist(tmp_path, real_index):
     mirror = Store(cache).mirror_dir("megatron-lm")
     assert "MINOR = 16" in g(mirror, "show", f"{pin.commit}:megatron/core/package_info.py")
     # Same sdist, fresh cache: the same commit id.
-    again = package_index.sdist_to_commit(Store(cache).sdist_dir() / pin.sdist["filename"], tmp_path / "m.git", "megatron-core", "0.16.1", pin.sdist["sha256"])
+    again = Store(tmp_path / "fresh").import_sdist(Store(cache).sdist_dir() / pin.sdist["filename"], "megatron-lm", "0.16.1", pin.sdist["sha256"])
     assert again == pin.commit
     print(f"real sdist pin took {time.monotonic() - start:.1f}s")

@@ -25,7 +25,7 @@ from rocmport.port import manifests
 from rocmport.port import worktree as wt
 from rocmport.upstream import package_index
 from rocmport.upstream.lock import Lock, Pin
-from rocmport.upstream.remotes import has_commit, update_mirror, validate_url
+from rocmport.upstream.remotes import validate_url
 from rocmport.upstream.store import Store
 
 
@@ -78,11 +78,11 @@ def branch_name(pin: Pin) -> str:
 
 def _ensure_commit(settings: Settings, store: Store, name: str, pin: Pin) -> Path:
     mirror = store.mirror_dir(name)
-    if (mirror / "HEAD").exists() and has_commit(mirror, pin.commit):
+    if store.has_commit(name, pin.commit):
         return mirror
     if pin.source == "git":
-        update_mirror(store, validate_url(name, settings.remotes[name]))
-        if has_commit(mirror, pin.commit):
+        store.update_mirror(validate_url(name, settings.remotes[name]))
+        if store.has_commit(name, pin.commit):
             return mirror
     elif pin.source == "pypi":
         if package_index.pin_from_index(store, name, pin.resolved_ref).commit == pin.commit:

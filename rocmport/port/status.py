@@ -9,7 +9,6 @@ from rocmport.config import Settings
 from rocmport.gitutil import git, is_git_dir, run_git
 from rocmport.port.worktree import read_state
 from rocmport.upstream.lock import load_lock_or_none
-from rocmport.upstream.remotes import has_commit
 from rocmport.upstream.store import Store
 from rocmport.upstreams import NAMES
 
@@ -43,8 +42,7 @@ def status(settings: Settings) -> dict:
     cache = {}
     if lock:
         for name, pin in lock.upstreams.items():
-            mirror = store.mirror_dir(name)
-            cache[name] = bool((mirror / "HEAD").exists() and has_commit(mirror, pin.commit))
+            cache[name] = store.has_commit(name, pin.commit)
     worktrees = {}
     for name in NAMES:
         info = worktree_info(settings.worktree_path(name))

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from filelock import FileLock, Timeout
-
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text
+from rocmport.fsutil import atomic_write_text, file_lock
 from rocmport.gitutil import FIXED_IDENTITY, git, rev_parse, run_git
 
 STATE = "rocmport-state.json"
@@ -91,18 +90,11 @@ def set_sparse(tree: Path, commit: str, excluded: list[str]) -> None:
 
 
 @contextmanager
-def locked(tree: Path, timeout: float = 5):
+def locked(tree: Path, timeout: float = 5) -> Iterator[None]:
     """One apply per work tree at a time."""
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(tree.parent / f".{tree.name}.lock"))
-    try:
-        lock.acquire(timeout=timeout)
-    except Timeout:
-        raise BadInput(f"{tree}: another rocmport apply is running on this work tree; wait for it to finish") from None
-    try:
+    with file_lock(tree.parent / f".{tree.name}.lock", f"another rocmport apply is running on this work tree ({tree}); "
+                                                       f"wait for it to finish", timeout=timeout):
         yield
-    finally:
-        lock.release()
 
 
 def dirty_paths(tree: Path) -> list[str]:

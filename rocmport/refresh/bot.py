@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
 from packaging.version import Version
 
 from rocmport import __version__
 from rocmport.config import Settings, load_settings
 from rocmport.errors import BadInput, Busy
-from rocmport.fsutil import atomic_write_text
+from rocmport.fsutil import atomic_write_text, file_lock
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
 from rocmport.refresh.engine import READY, abort_refresh, read_state, refresh
@@ -25,7 +24,7 @@ from rocmport.refresh.summary import public, write_summary
 from rocmport.release_line import ReleaseLine
 from rocmport.upstream import package_index, refs
 from rocmport.upstream.lock import load_lock
-from rocmport.upstream.remotes import update_mirror, validate_url
+from rocmport.upstream.remotes import validate_url
 from rocmport.upstream.store import Store
 from rocmport.upstreams import MEGATRON_LM
 
@@ -58,19 +57,9 @@ def write_record(settings: Settings, record: dict) -> None:
     atomic_write_text(state_dir(settings) / "bot-state.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-@contextmanager
-def exclusive(settings: Settings):
+def exclusive(settings: Settings) -> AbstractContextManager[None]:
     """One bot run per project at a time; a second one is refused at once."""
-    state_dir(settings).mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(state_dir(settings) / "bot.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise Busy(f"{state_dir(settings) / 'bot.lock'}: another rocmport bot run holds it; wait for it or stop it") from None
-    try:
-        yield
-    finally:
-        lock.release()
+    return file_lock(state_dir(settings) / "bot.lock", "another rocmport bot run holds it; wait for it or stop it", timeout=0, error=Busy)
 
 
 def candidates(settings: Settings, track: str, lines: list[str] | None, say=print) -> list[Candidate]:
@@ -89,7 +78,7 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
             if v > current:
                 by_version[v] = Candidate(f"v{v}", str(v), f"pypi:{v}")
     else:
-        mirror = update_mirror(Store(settings.cache_dir), validate_url("megatron-lm", settings.remotes["megatron-lm"]))
+        mirror = Store(settings.cache_dir).update_mirror(validate_url("megatron-lm", settings.remotes["megatron-lm"]))
         if track == "main":
             head = rev_parse("refs/heads/main", mirror)
             if head is None:

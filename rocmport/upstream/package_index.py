@@ -8,14 +8,10 @@ torch (build isolation), and v0.17+ declare Requires-Python >=3.12, which pip wo
 from __future__ import annotations
 
 import email.parser
-import hashlib
 import json
 import os
 import re
-import shutil
-import stat
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -25,8 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from rocmport.errors import BadInput, ProblemFound, RocmportError
-from rocmport.gitutil import FIXED_IDENTITY, git, run_git
+from rocmport.errors import BadInput, RocmportError
 from rocmport.release_line import ReleaseLine
 from rocmport.upstream.companion import has_upper_bound
 from rocmport.upstream.lock import Pin
@@ -123,84 +118,9 @@ def select_sdist(files: list[SdistFile], requested: str, pre: bool = False) -> S
     return cands[-1]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def download(store: Store, sdist: SdistFile) -> Path:
     """The verified sdist in the cache, downloaded only when the cached copy is absent or wrong."""
-    dest = store.sdist_dir() / sdist.filename
-    if dest.is_file() and _sha256(dest) == sdist.sha256:
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    data = _get(sdist.url, timeout=600)
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    got = hashlib.sha256(data).hexdigest()
-    if got != sdist.sha256:
-        tmp.unlink()
-        raise ProblemFound(f"{sdist.filename}: sha256 {got} does not match the index's {sdist.sha256}; the download was discarded")
-    os.replace(tmp, dest)
-    return dest
-
-
-def _safe_members(tar: tarfile.TarFile, filename: str):
-    """Members below the single top-level directory, with that directory stripped; refuse escapes."""
-    for m in tar.getmembers():
-        p = PurePosixPath(m.name)
-        if p.is_absolute() or ".." in p.parts:
-            raise BadInput(f"{filename}: member '{m.name}' escapes the archive; refusing to import it")
-        target = PurePosixPath(m.linkname)
-        if m.islnk() and (target.is_absolute() or ".." in target.parts):
-            raise BadInput(f"{filename}: hard link '{m.name}' -> '{m.linkname}' points outside the archive")
-        if m.issym() and (target.is_absolute() or _escapes(p.parent, target)):
-            raise BadInput(f"{filename}: symlink '{m.name}' -> '{m.linkname}' points outside the archive")
-        # Generated *.egg-info directories are build output, not source.
-        if not (m.isfile() or m.issym()) or len(p.parts) < 2 or any(x.endswith(".egg-info") for x in p.parts[1:-1]):
-            continue
-        yield m, PurePosixPath(*p.parts[1:])
-
-
-def _escapes(base: PurePosixPath, target: PurePosixPath) -> bool:
-    depth = len(base.parts) - 1  # below the stripped top directory
-    for part in target.parts:
-        depth += -1 if part == ".." else (0 if part == "." else 1)
-        if depth < 0:
-            return True
-    return False
-
-
-def sdist_to_commit(sdist_path: Path, repo: Path, dist: str, version: str, sha256: str) -> str:
-    """Import the sdist as one commit with a fixed author, date and message: same sdist, same id."""
-    if not (repo / "HEAD").exists():
-        repo.mkdir(parents=True, exist_ok=True)
-        git("init", "--bare", "-q", str(repo))
-    with tempfile.TemporaryDirectory(prefix="rocmport-sdist-") as tmp:
-        work = Path(tmp) / "tree"
-        work.mkdir()
-        with tarfile.open(sdist_path, "r:gz") as tar:
-            for member, rel in _safe_members(tar, sdist_path.name):
-                target = work / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if member.issym():
-                    os.symlink(member.linkname, target)
-                    continue
-                with tar.extractfile(member) as src, open(target, "wb") as out:
-                    shutil.copyfileobj(src, out)
-                os.chmod(target, 0o755 if member.mode & stat.S_IXUSR else 0o644)
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        common = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.symlinks=true",
-                  f"--git-dir={repo}", f"--work-tree={work}"]
-        run_git(*common, "add", "-A", "-f", ".", cwd=work, env=env)
-        tree = git(*common, "write-tree", cwd=work, env=env)
-    message = f"{dist} {version} from the package index\n\nsdist sha256: {sha256}\n"
-    commit = git("commit-tree", tree, "-m", message, cwd=repo, env=FIXED_IDENTITY)
-    git("update-ref", f"refs/rocmport/pypi/{dist}/{version}", commit, cwd=repo)
-    return commit
+    return store.sdist(sdist.filename, sdist.sha256, lambda: _get(sdist.url, timeout=600))
 
 
 def pypi_url(dist: str) -> str:
@@ -213,7 +133,7 @@ def pin_from_index(store: Store, upstream: str, requested_ref: str, *, pre: bool
     sdist = select_sdist(list_sdists(dist, index_url), requested_ref, pre)
     with store.locked():
         path = download(store, sdist)
-        commit = sdist_to_commit(path, store.mirror_dir(upstream), dist, str(sdist.version), sdist.sha256)
+        commit = store.import_sdist(path, upstream, str(sdist.version), sdist.sha256)
     return Pin(
         url=pypi_url(dist),
         source="pypi",

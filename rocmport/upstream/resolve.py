@@ -12,7 +12,7 @@ from rocmport.errors import BadInput
 from rocmport.upstream import package_index, refs
 from rocmport.upstream.companion import choose_bridge
 from rocmport.upstream.lock import Lock, Pin, load_lock, load_lock_or_none
-from rocmport.upstream.remotes import Remote, RemoteUnreachable, has_commit, update_mirror, validate_url
+from rocmport.upstream.remotes import Remote, RemoteUnreachable, validate_url
 from rocmport.upstream.store import Store
 from rocmport.upstreams import UPSTREAMS
 
@@ -34,13 +34,13 @@ def lock_url(settings: Settings, remote: Remote) -> str:
 
 def _git_pin(settings, store, remote, requested, pre, offline, say) -> Pin:
     with output.progress(f"fetching {remote.name} from {remote.url}"):
-        mirror = update_mirror(store, remote, offline)
+        mirror = store.update_mirror(remote, offline)
     return _pin_at(settings, mirror, remote, requested, pre, say)
 
 
 def _bridge_pin_git(settings, store, remote, mlm: Pin, bridge_ref, pre, offline, say, warn) -> Pin | None:
     with output.progress(f"fetching {remote.name} from {remote.url}"):
-        mirror = update_mirror(store, remote, offline)
+        mirror = store.update_mirror(remote, offline)
     if bridge_ref:
         pin = _pin_at(settings, mirror, remote, bridge_ref, pre, say)
         pin.chosen_by = "override"
@@ -144,8 +144,8 @@ def verify_lock(settings, store, remotes, offline, say) -> SyncResult:
             continue
         remote = remotes[name]
         with output.progress(f"fetching {name} from {remote.url}"):
-            mirror = update_mirror(store, remote, offline)
-        if not has_commit(mirror, pin.commit):
+            mirror = store.update_mirror(remote, offline)
+        if not store.has_commit(name, pin.commit):
             result.problems.append(f"{name}: pinned commit {pin.commit} is not in {remote.url}; re-pin with `rocmport sync --ref REF`")
             continue
         tag_now = refs.tags(mirror).get(pin.resolved_ref)
