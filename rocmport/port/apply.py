@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 from rocmport import __version__
 from rocmport.codemods import compute_layers, registry
@@ -29,6 +30,10 @@ from rocmport.upstream.remotes import validate_url
 from rocmport.upstream.store import Store
 
 
+# done: the port is built; conflict: stopped at a patch for a human; aborted: --abort restored the branch.
+ApplyOutcome = Literal["done", "conflict", "aborted"]
+
+
 @dataclass
 class ApplyReport:
     upstream: str
@@ -38,7 +43,7 @@ class ApplyReport:
     series_hash: str
     base: str
     result: str | None
-    status: str  # done | conflict
+    status: ApplyOutcome
     noop: bool = False
     patches: list[dict] = field(default_factory=list)
     codemods: list[dict] = field(default_factory=list)

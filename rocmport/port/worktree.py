@@ -4,15 +4,16 @@ under .git so an interrupted or stopped apply can be recovered, continued or abo
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import Any, Literal
 
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text, file_lock
+from rocmport.fsutil import file_lock
 from rocmport.gitutil import FIXED_IDENTITY, git, rev_parse, run_git
+from rocmport.state import expect, one_of, read_json, value_of, write_json
 
 STATE = "rocmport-state.json"
 
@@ -21,13 +22,26 @@ def state_path(tree: Path) -> Path:
     return tree / ".git" / STATE
 
 
-def read_state(tree: Path) -> dict | None:
-    p = state_path(tree)
-    return json.loads(p.read_text()) if p.is_file() else None
+# new: cloned, nothing applied; in-progress: an apply is (or was, when killed) running; conflict: stopped
+# at a patch for a human (--continue / --abort); done: the port is built.
+ApplyStatus = Literal["new", "in-progress", "conflict", "done"]
+_FIX = "delete it; `rocmport apply --force` then rebuilds the tree (keeping your commits on refs/rocmport/backup/<n>)"
 
 
-def write_state(tree: Path, state: dict) -> None:
-    atomic_write_text(state_path(tree), json.dumps(state, indent=2, sort_keys=True) + "\n")
+def _parse_state(data: Any) -> dict[str, Any]:
+    expect(data, dict, "the apply state")
+    one_of(value_of(data, "status", str), ApplyStatus, "key 'status'")
+    expect(data.get("patches", []), list, "key 'patches'")
+    return data
+
+
+def read_state(tree: Path) -> dict[str, Any] | None:
+    """The state of the last apply in ``tree``, None when there is none (BadInput when unreadable)."""
+    return read_json(state_path(tree), _parse_state, _FIX)
+
+
+def write_state(tree: Path, state: dict[str, Any]) -> None:
+    write_json(state_path(tree), state)
 
 
 def clear_state(tree: Path) -> None:

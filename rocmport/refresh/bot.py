@@ -4,24 +4,26 @@ not retried until its inputs change."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from packaging.version import Version
 
 from rocmport import __version__
 from rocmport.config import Settings, load_settings
 from rocmport.errors import BadInput, Busy
-from rocmport.fsutil import atomic_write_text, file_lock
+from rocmport.fsutil import file_lock
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
 from rocmport.refresh.engine import READY, abort_refresh, read_state, refresh
 from rocmport.refresh.report import markdown
 from rocmport.refresh.summary import public, write_summary
 from rocmport.release_line import ReleaseLine
+from rocmport.state import Invalid, expect, one_of, read_json, value_of, write_json
 from rocmport.upstream import package_index, refs
 from rocmport.upstream.lock import load_lock
 from rocmport.upstream.remotes import validate_url
@@ -48,13 +50,67 @@ def state_dir(settings: Settings) -> Path:
     return settings.root / ".rocmport"
 
 
-def read_record(settings: Settings) -> dict:
-    p = state_dir(settings) / "bot-state.json"
-    return json.loads(p.read_text()) if p.is_file() else {"tags": {}}
+TagStatus = Literal["done", "failed"]
+_RECORD_FIX = "fix it, or delete it to have the bot treat every release newer than the lock as new"
 
 
-def write_record(settings: Settings, record: dict) -> None:
-    atomic_write_text(state_dir(settings) / "bot-state.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+@dataclass
+class TagRecord:
+    """What the bot did with one release: done on ``branch`` at ``commit`` (its tip), or failed for
+    ``reason`` at upstream ``commit``; ``inputs`` says when a failed one is worth retrying."""
+
+    status: TagStatus
+    commit: str
+    inputs: str
+    branch: str | None = None
+    summary_file: str | None = None
+    reason: str | None = None
+    push: str | None = None
+
+    def to_dict(self) -> dict[str, str]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> TagRecord:
+        expect(data, dict, f"key '{where}'")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise Invalid(f"key '{where}.{unknown[0]}' is not part of the bot's record")
+        one_of(value_of(data, "status", str, where), TagStatus, f"key '{where}.status'")
+        for key in ("commit", "inputs"):
+            value_of(data, key, str, where)
+        for key in ("branch", "summary_file", "reason", "push"):
+            value_of(data, key, str, where, required=False)
+        if data["status"] == "done" and not data.get("branch"):
+            raise Invalid(f"key '{where}.branch' is missing")
+        return cls(**data)
+
+
+@dataclass
+class BotRecord:
+    """.rocmport/bot-state.json: every release the bot processed, by tag."""
+
+    tags: dict[str, TagRecord] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> BotRecord:
+        tags = value_of(expect(data, dict, "the bot's record"), "tags", dict)
+        return cls({name: TagRecord.from_dict(entry, f"tags.{name}") for name, entry in tags.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tags": {name: r.to_dict() for name, r in self.tags.items()}}
+
+
+def record_path(settings: Settings) -> Path:
+    return state_dir(settings) / "bot-state.json"
+
+
+def read_record(settings: Settings) -> BotRecord:
+    return read_json(record_path(settings), BotRecord.from_dict, _RECORD_FIX) or BotRecord()
+
+
+def write_record(settings: Settings, record: BotRecord) -> None:
+    write_json(record_path(settings), record.to_dict())
 
 
 def exclusive(settings: Settings) -> AbstractContextManager[None]:
@@ -201,14 +257,14 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
         results = []
         for cand in candidates(settings, track, lines, say):
             inputs = inputs_of(root, base, cand)
-            prev = record["tags"].get(cand.name)
-            if prev and prev["status"] == "done":
-                say(f"bot: {cand.name} already done on {prev['branch']}")
-                if rev_parse(f"refs/heads/{prev['branch']}", root) == prev.get("commit"):
-                    base = prev["commit"]  # later releases build on it, as the PRs stack
+            prev = record.tags.get(cand.name)
+            if prev and prev.status == "done":
+                say(f"bot: {cand.name} already done on {prev.branch}")
+                if rev_parse(f"refs/heads/{prev.branch}", root) == prev.commit:
+                    base = prev.commit  # later releases build on it, as the PRs stack
                 continue
-            if prev and prev["status"] == "failed" and prev.get("inputs") == inputs and not retry:
-                say(f"bot: {cand.name} failed before ({prev['reason']}); inputs unchanged, not retrying (--retry to force)")
+            if prev and prev.status == "failed" and prev.inputs == inputs and not retry:
+                say(f"bot: {cand.name} failed before ({prev.reason}); inputs unchanged, not retrying (--retry to force)")
                 continue
             say(f"bot: refreshing to {cand.name} on {cand.branch}")
             outcome = {"tag": cand.name, "commit": cand.commit, "inputs": inputs,
@@ -217,7 +273,7 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
                 base = outcome["commit"]
                 if push_remote:
                     outcome["push"] = push(root, push_remote, cand.branch, warn)
-            record["tags"][cand.name] = {k: v for k, v in outcome.items() if k not in ("tag", "summary")}
+            record.tags[cand.name] = TagRecord(**{k: v for k, v in outcome.items() if k not in ("tag", "summary")})
             write_record(settings, record)
             results.append(outcome)
             say(f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}")

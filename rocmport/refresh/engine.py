@@ -7,33 +7,38 @@ refresh finished. A conflict stops with the tree ready for a human (--continue /
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 import yaml
 
 from rocmport.config import Settings
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text
 from rocmport.patches.regenerate import patch_id, regenerate, reverse_applies, upstream_patch_ids
+from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
 from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
-from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.refresh.staging import StagedSeries, promote, stage_series
+from rocmport.state import expect, one_of, read_json, value_of, write_json
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
 from rocmport.upstream.resolve import resolve_lock
 from rocmport.upstream.store import Store
 
-READY, NEEDS_HUMAN = "ready", "needs-human"
+RefreshStatus = Literal["ready", "needs-human", "up-to-date"]
+READY: RefreshStatus = "ready"
+NEEDS_HUMAN: RefreshStatus = "needs-human"
+# The state file of a refresh under way: in-progress (or killed), or stopped at a conflict for a human.
+StateStatus = Literal["in-progress", "conflict"]
+_FIX = "run `rocmport refresh --abort` to start over"
 
 
 @dataclass
 class RefreshResult:
-    status: str                 # ready | needs-human | up-to-date
+    status: RefreshStatus
     to: str
     old_lock: dict
     new_lock: dict
@@ -57,13 +62,21 @@ def _refresh_settings(settings: Settings) -> Settings:
     return dataclasses.replace(settings, worktree_dir=settings.refresh_dir)
 
 
-def read_state(settings: Settings) -> dict | None:
-    p = _state_path(settings)
-    return json.loads(p.read_text()) if p.is_file() else None
+def _parse_state(data: Any) -> dict[str, Any]:
+    expect(data, dict, "the refresh state")
+    one_of(value_of(data, "status", str), StateStatus, "key 'status'")
+    for key, kind in (("to", str), ("old_lock", dict), ("new_lock", dict), ("staged", dict), ("applied", dict)):
+        value_of(data, key, kind)
+    return data
 
 
-def _write_state(settings: Settings, state: dict) -> None:
-    atomic_write_text(_state_path(settings), json.dumps(state, indent=2, sort_keys=True) + "\n")
+def read_state(settings: Settings) -> dict[str, Any] | None:
+    """The state of a refresh under way, None when there is none (BadInput when unreadable)."""
+    return read_json(_state_path(settings), _parse_state, _FIX)
+
+
+def _write_state(settings: Settings, state: dict[str, Any]) -> None:
+    write_json(_state_path(settings), state)
 
 
 def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print) -> RefreshResult:
@@ -102,11 +115,14 @@ def continue_refresh(settings: Settings, *, say=print, warn=print) -> RefreshRes
 
 
 def abort_refresh(settings: Settings, *, say=print) -> None:
-    state = read_state(settings)
-    if not state:
+    try:
+        to = (read_state(settings) or {}).get("to")
+    except BadInput:  # a state that cannot be read is aborted all the same
+        to = "an unknown ref"
+    if not to:
         raise BadInput(f"{settings.refresh_dir}: no refresh to abort")
     shutil.rmtree(settings.refresh_dir, ignore_errors=True)
-    say(f"refresh to {state['to']} aborted; {settings.lock_path} and patchsets/ are as they were")
+    say(f"refresh to {to} aborted; {settings.lock_path} and patchsets/ are as they were")
 
 
 def _lock_from(data: dict, where: str) -> Lock:
