@@ -18,7 +18,7 @@ _POS_AMP = {"torch.cuda.amp.autocast": "autocast", "torch.cuda.amp.GradScaler": 
 
 
 def _torch_amp(name: str) -> cst.Attribute:
-    return cst.parse_expression(f"torch.amp.{name}")
+    return cst.ensure_type(cst.parse_expression(f"torch.amp.{name}"), cst.Attribute)
 
 
 class _AmpRewrite(cst.CSTTransformer):

@@ -67,10 +67,10 @@ def bound_names(stmt: cst.Import | cst.ImportFrom) -> list[str]:
     out = []
     if isinstance(stmt, cst.Import):
         for a in stmt.names:
-            out.append(a.asname.name.value if a.asname else (dotted(a.name) or "").split(".")[0])
+            out.append(cst.ensure_type(a.asname.name, cst.Name).value if a.asname else (dotted(a.name) or "").split(".")[0])
     elif not isinstance(stmt.names, cst.ImportStar):
         for a in stmt.names:
-            out.append(a.asname.name.value if a.asname else dotted(a.name))
+            out.append(cst.ensure_type(a.asname.name, cst.Name).value if a.asname else dotted(a.name) or "")
     return out
 
 

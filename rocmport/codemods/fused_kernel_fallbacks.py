@@ -41,7 +41,7 @@ class _ValidateArgsReturn(cst.CSTTransformer):
         name, path = original.name.value, self.ctx.relpath
         code = cst.Module([]).code_for_node(updated)
         if name == "validate_args" and path.endswith("training/arguments.py") and "disable_missing_fusions" not in code:
-            new_body = []
+            new_body: list[cst.BaseStatement] = []
             for stmt in updated.body.body:
                 if (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return)
                         and isinstance(stmt.body[0].value, cst.Name) and stmt.body[0].value.value == "args"):

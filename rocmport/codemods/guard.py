@@ -46,16 +46,15 @@ def guard_imports(
             out.append(body[i])
             i += 1
             continue
-        run = []
-        while i < len(body) and _matching_import(body[i], packages) is not None:
-            run.append(body[i])
+        run: list[tuple[cst.BaseStatement, cst.Import | cst.ImportFrom]] = []
+        while i < len(body) and (imp := _matching_import(body[i], packages)) is not None:
+            run.append((body[i], imp))
             i += 1
-        tops = sorted({_top(m) for stmt in run for m in import_names(stmt.body[0]) if _top(m) in packages})
+        tops = sorted({_top(m) for _, imp in run for m in import_names(imp) if _top(m) in packages})
         flags = sorted({flag(t) for t in tops})
-        try_lines = [module.code_for_node(stmt).strip("\n") for stmt in run]
+        try_lines = [module.code_for_node(stmt).strip("\n") for stmt, _ in run]
         except_lines = [prelude] if prelude else []
-        for stmt in run:
-            imp = stmt.body[0]
+        for _, imp in run:
             for name, source in zip(bound_names(imp), _sources(imp)):
                 except_lines.append(f"{name} = {fallback(name, source, imp)}")
         code = "try:\n" + "".join(f"    {ln}\n" for ln in "\n".join(try_lines).splitlines())
@@ -64,7 +63,7 @@ def guard_imports(
         code += "".join(f"    {ln}\n" for ln in except_lines)
         code += "".join(f"    {f} = False\n" for f in flags)
         new = cst.parse_statement(code)
-        first = run[0]
+        first = cst.ensure_type(run[0][0], cst.SimpleStatementLine)
         out.append(new.with_changes(leading_lines=first.leading_lines))
         sites += len(run)
     return (module.with_changes(body=out), sites) if sites else (module, 0)
@@ -73,7 +72,9 @@ def guard_imports(
 def _sources(imp: cst.Import | cst.ImportFrom) -> list[str]:
     """The dotted thing each bound name stands for (`from a.b import c as d` -> 'a.b.c')."""
     if isinstance(imp, cst.Import):
-        return [dotted(a.name) if a.asname else (dotted(a.name) or "").split(".")[0] for a in imp.names]
+        return [(dotted(a.name) or "") if a.asname else (dotted(a.name) or "").split(".")[0] for a in imp.names]
+    if isinstance(imp.names, cst.ImportStar):
+        return []
     mod = dotted(imp.module) or ""
     return [f"{mod}.{dotted(a.name)}" for a in imp.names]
 

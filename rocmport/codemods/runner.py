@@ -75,7 +75,7 @@ def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         return {}, FileFailure(relpath, exc.raw_line, str(exc).splitlines()[0])
-    out = {}
+    out: dict[str, tuple[str, int]] = {}
     prev = text
     for spec in specs:
         mod = registry[spec["name"]]

@@ -21,6 +21,8 @@ single argument to probe, and on ROCm TE they follow the same API lineage or are
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context, dotted
@@ -30,7 +32,7 @@ from rocmport.codemods.guard import helper_import
 GATE = "is_te_min_version"
 
 
-def _is_gate(node: cst.BaseExpression) -> bool:
+def _is_gate(node: cst.BaseExpression) -> TypeGuard[cst.Call]:
     return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == GATE
             and len(node.args) >= 1 and isinstance(node.args[0].value, cst.SimpleString))
 
@@ -43,7 +45,8 @@ def _kwarg_set(stmt: cst.BaseStatement, spread: set[str]) -> str | None:
     if (isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and target.value.value in spread
             and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index)
             and isinstance(target.slice[0].slice.value, cst.SimpleString)):
-        return target.slice[0].slice.value.evaluated_value
+        key = target.slice[0].slice.value.evaluated_value
+        return key if isinstance(key, str) else None
     return None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,12 +55,13 @@ def command(path, only, show_diff, check, list_only, jobs, as_json):
         for rel, text in final.items():
             (tree / rel).parent.mkdir(parents=True, exist_ok=True)
             (tree / rel).write_text(text, encoding="utf-8")
-    files = {rel: {"outcome": "changed", "sites": sites} for rel, sites in per_file.items()}
+    files: dict[str, dict[str, Any]] = {rel: {"outcome": "changed", "sites": sites} for rel, sites in per_file.items()}
     for f in result.failures:
         files[f.path] = {"outcome": "failed", "line": f.line, "message": f.message}
+    sites = {layer.name: sum(layer.sites.values()) for layer in result.layers}
     summary = {
         "files_total": result.files_total, "files_parsed": result.files_parsed, "cache_hits": result.cache_hits,
-        "sites": {layer.name: sum(layer.sites.values()) for layer in result.layers},
+        "sites": sites,
         "files": files, "written": not (show_diff or check),
     }
     if as_json:
@@ -68,7 +70,7 @@ def command(path, only, show_diff, check, list_only, jobs, as_json):
         for f in result.failures:
             output.warn(f"{tree / f.path}:{f.line or '?'}: {f.message}")
         verb = "would change" if (show_diff or check) else "changed"
-        output.info(f"{len(final)} files {verb} ({', '.join(f'{k}: {v} sites' for k, v in summary['sites'].items())}); "
+        output.info(f"{len(final)} files {verb} ({', '.join(f'{k}: {v} sites' for k, v in sites.items())}); "
                     f"{result.files_total} files, {result.files_parsed} parsed, {result.cache_hits} from cache, {len(result.failures)} failed")
     if result.failures or (check and final):
         return EXIT_PROBLEM

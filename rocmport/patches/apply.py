@@ -88,7 +88,7 @@ def apply_patch(patch: PatchFile, tree: Path) -> PatchOutcome:
     files = touched_paths(patch)
     names = [f[0] for f in files]
     check_symlinks(patch, tree)
-    existing = [src for _, src, new in files if not new and _in_tree(tree, src)]
+    existing = [src for _, src, new in files if src is not None and not new and _in_tree(tree, src)]
     if not any(new for _, _, new in files) and not existing:
         return PatchOutcome(patch.name, "not-applicable", names, detail="none of the files it changes exist in this source")
     data = patch.diff

@@ -145,7 +145,7 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
             return _abort(tree, state, pin, series, digest, say)
         if dirty:
             raise BadInput(f"{tree}: uncommitted changes ({', '.join(dirty[:5])}); commit your resolution of {state['patches'][-1]['name']}, then `rocmport apply --continue`")
-        if head == state["last_good"]:
+        if head is None or head == state["last_good"]:
             raise BadInput(f"{tree}: HEAD is still the last good commit; resolve {state['patches'][-1]['name']} and commit it first")
         state["patches"][-1].update(detail=f"resolved by hand in {head[:12]}", resolved_by_hand=True, commit=head, parent=state["last_good"])
         state["last_good"] = head
@@ -178,7 +178,7 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
             say(f"{name}: saved {'; '.join(problems)} on {ref}")
 
     recovering = (state or {}).get("status") == "in-progress"
-    state = {"status": "in-progress", "inputs": inputs, "prev_head": state.get("prev_head") if recovering else head,
+    state = {"status": "in-progress", "inputs": inputs, "prev_head": (state or {}).get("prev_head") if recovering else head,
              "base": pin.commit, "branch": branch_name(pin), "series": str(series.path), "series_hash": digest, "patches": [],
              # Bridge's manifest points its Megatron-LM source at the ported tree beside it.
              "megatron_lm_path": os.path.relpath(settings.worktree_path("megatron-lm"), tree) if name == "megatron-bridge" else None}

@@ -29,7 +29,7 @@ def user_commits(tree: Path) -> list[str]:
     if state.get("status") != "done" or not state.get("result"):
         raise BadInput(f"{tree}: no finished apply to export from; run `rocmport apply` first")
     head = wt.head(tree)
-    if run_git("merge-base", "--is-ancestor", state["result"], head, cwd=tree, check=False).returncode != 0:
+    if head is None or run_git("merge-base", "--is-ancestor", state["result"], head, cwd=tree, check=False).returncode != 0:
         raise BadInput(f"{tree}: HEAD does not descend from the applied port {state['result'][:12]}; rebase your commits onto it")
     return wt.commits_between(tree, state["result"], head)
 

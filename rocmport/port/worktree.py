@@ -139,4 +139,4 @@ def save_backup(tree: Path, what: str) -> str:
 
 def commit_all(tree: Path, message: str) -> str:
     git("commit", "-q", "--no-verify", "--allow-empty-message", "-m", message, cwd=tree, env=FIXED_IDENTITY)
-    return head(tree)
+    return git("rev-parse", "HEAD", cwd=tree)

@@ -254,6 +254,8 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
             raise BadInput(f"{root}: has uncommitted changes; the bot works on branches of a clean checkout")
         record = read_record(settings)
         base = rev_parse("HEAD", root)
+        if base is None:
+            raise BadInput(f"{root}: has no commit yet; commit the project (its patchsets/ and upstream.lock) first")
         results = []
         for cand in candidates(settings, track, lines, say):
             inputs = inputs_of(root, base, cand)

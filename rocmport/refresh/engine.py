@@ -172,7 +172,7 @@ def _merged_upstream(settings: Settings, st: StagedSeries, before, pin) -> dict[
     return found
 
 
-def _result(state: dict, status: str) -> RefreshResult:
+def _result(state: dict, status: RefreshStatus) -> RefreshResult:
     return RefreshResult(status, state["to"], state["old_lock"], state["new_lock"])
 
 

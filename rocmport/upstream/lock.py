@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -43,6 +44,13 @@ class Pin:
     chosen_by: str | None = None
     version: str | None = None  # megatron-core version at that commit (package_info.py), when known
 
+    @property
+    def sdist_filename(self) -> str:
+        """The sdist a package-index pin was imported from (the lock requires one for source pypi)."""
+        if self.sdist is None:
+            raise ValueError(f"{self.resolved_ref}: a {self.source} pin has no sdist")
+        return str(self.sdist["filename"])
+
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in _REQUIRED}
         for k in _OPTIONAL:
@@ -69,7 +77,7 @@ class Lock:
         atomic_write_text(path, self.dumps())
 
 
-def _fail(path, key: str, what: str):
+def _fail(path, key: str, what: str) -> NoReturn:
     raise BadInput(f"{path}: key '{key}' {what}; re-run `rocmport sync --ref REF` to rewrite the lock")
 
 
@@ -118,7 +126,9 @@ def parse_lock(text: str, path: str | Path = "upstream.lock") -> Lock:
         for key in ("chosen_by", "version"):
             if key in entry and not isinstance(entry[key], str):
                 _fail(path, f"{prefix}.{key}", "must be a string")
-        lock.upstreams[name] = Pin(**{k: entry.get(k) for k in (*_REQUIRED, *_OPTIONAL)})
+        lock.upstreams[name] = Pin(entry["url"], entry["source"], entry["requested_ref"], entry["resolved_ref"], entry["commit"],
+                                   entry["commit_date"], sdist=entry.get("sdist"), chosen_by=entry.get("chosen_by"),
+                                   version=entry.get("version"))
     return lock
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import tarfile
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -82,7 +83,7 @@ def list_sdists(dist: str, index: str | None = None) -> list[SdistFile]:
         sha = (f.get("hashes") or {}).get("sha256")
         if not sha:
             continue
-        url = urllib.request.urljoin(page_url, f["url"])
+        url = urllib.parse.urljoin(page_url, f["url"])
         out.append(SdistFile(dist, version, name, url, sha, f.get("upload-time")))
     return sorted(out, key=lambda s: s.version)
 
@@ -150,9 +151,10 @@ def declared_requirement(sdist_path: Path, name: str) -> Requirement | None:
     """The `Requires-Dist` entry for ``name`` in the sdist's PKG-INFO (no build needed)."""
     with tarfile.open(sdist_path, "r:gz") as tar:
         pkg_info = next((m for m in tar.getmembers() if PurePosixPath(m.name).parts[1:] == ("PKG-INFO",)), None)
-        if pkg_info is None:
+        data = tar.extractfile(pkg_info) if pkg_info is not None else None
+        if data is None:
             return None
-        meta = email.parser.Parser().parsestr(tar.extractfile(pkg_info).read().decode("utf-8", "replace"))
+        meta = email.parser.Parser().parsestr(data.read().decode("utf-8", "replace"))
     for dep in meta.get_all("Requires-Dist") or []:
         try:
             req = Requirement(dep)

@@ -98,17 +98,17 @@ def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = "me
         why = f"{requested} -> exact tag ({commit[:12]})"
         m = _TAG_RE.match(requested)
         if m:
-            twins = [t for t in rels if str(t.version) == str(Version(m.group("version"))) and t.name != requested]
-            for t in twins:
-                same = "same commit" if t.commit == commit else f"a different commit {t.commit[:12]}"
-                why += f"; {t.name} also exists ({same}), the tag was taken as given"
+            same_version = [t for t in rels if str(t.version) == str(Version(m.group("version"))) and t.name != requested]
+            for other in same_version:
+                same = "same commit" if other.commit == commit else f"a different commit {other.commit[:12]}"
+                why += f"; {other.name} also exists ({same}), the tag was taken as given"
         return Resolution(requested, requested, commit, "tag", why)
     m = _TAG_RE.match(requested) or re.match(r"^v?(?P<version>\d+\.\d+\.\d+\S*)$", requested)
     if m:
         wanted = m.group("version")
-        for t in reversed(rels):
-            if str(t.version) == wanted or t.name.endswith("v" + wanted):
-                return Resolution(requested, t.name, t.commit, "tag", f"{requested} -> {t.name} ({t.commit[:12]}): no tag named {requested}, {t.name} is that release")
+        for tag in reversed(rels):
+            if str(tag.version) == wanted or tag.name.endswith("v" + wanted):
+                return Resolution(requested, tag.name, tag.commit, "tag", f"{requested} -> {tag.name} ({tag.commit[:12]}): no tag named {requested}, {tag.name} is that release")
     branches = _branches(mirror)
     if requested in branches:
         commit = branches[requested]

@@ -69,7 +69,7 @@ def _local(name: str, url: str, path: Path) -> Remote:
 
 def local_git_dir(remote: Remote) -> Path:
     """The git directory of a local repository (bare mirror or work tree)."""
-    if not remote.local_path.is_dir():
+    if remote.local_path is None or not remote.local_path.is_dir():
         raise BadInput(f"remote {remote.name}={remote.url!r}: no such directory; give the path of a git repository or mirror")
     proc = run_git("rev-parse", "--absolute-git-dir", cwd=remote.local_path, check=False)
     if proc.returncode != 0:

@@ -71,7 +71,7 @@ def _pin_at(settings, mirror, remote, requested, pre, say) -> Pin:
 
 def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[str, Pin]:
     mlm = package_index.pin_from_index(store, "megatron-lm", requested, pre=pre)
-    say(f"megatron-lm: {requested} -> megatron-core {mlm.version} sdist {mlm.sdist['filename']} (sha256 verified)")
+    say(f"megatron-lm: {requested} -> megatron-core {mlm.version} sdist {mlm.sdist_filename} (sha256 verified)")
     pins = {"megatron-lm": mlm}
     if no_bridge:
         return pins
@@ -79,7 +79,7 @@ def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[
         pin = package_index.pin_from_index(store, "megatron-bridge", bridge_ref, pre=pre)
         pin.chosen_by = "override"
     else:
-        found = package_index.choose_bridge_from_index(store, mlm.version)
+        found = package_index.choose_bridge_from_index(store, mlm.resolved_ref)  # a package-index pin resolves to its version
         if found is None:
             warn(f"megatron-bridge: no sdist on the index declares a bounded megatron-core range admitting {mlm.version}; no companion pinned")
             return pins
@@ -138,7 +138,7 @@ def verify_lock(settings, store, remotes, offline, say) -> SyncResult:
         if pin.source == "pypi":
             fresh = package_index.pin_from_index(store, name, pin.resolved_ref) if not offline else pin
             if fresh.sdist != pin.sdist or fresh.commit != pin.commit:
-                result.problems.append(f"{name}: the index's {pin.sdist['filename']} no longer matches the lock (sha256 or commit changed)")
+                result.problems.append(f"{name}: the index's {pin.sdist_filename} no longer matches the lock (sha256 or commit changed)")
             else:
                 say(f"{name}: pypi {pin.resolved_ref} ok ({pin.commit[:12]})")
             continue

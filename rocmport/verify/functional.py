@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -42,7 +43,7 @@ def case_dir(tree: Path, case: str) -> Path:
 
 def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, work: Path) -> list[str]:
     """MODEL_ARGS as a command line, with CI's paths replaced and (in proxy mode) the model scaled down."""
-    args: dict[str, object] = dict(config.get("MODEL_ARGS") or {})
+    args: dict[str, Any] = dict(config.get("MODEL_ARGS") or {})  # YAML values: str, int, float, bool
     paths = {"TENSORBOARD_PATH": work / "tensorboard", "CHECKPOINT_SAVE_PATH": work / "ckpt", "CHECKPOINT_LOAD_PATH": work / "ckpt",
              "DATA_CACHE_PATH": work / "data-cache", "DATA_PATH": Path(data_path) if data_path else work / "data"}
     if not data_path:

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import re
+from typing import Any
 
 SEQ, MBS, MICROBATCHES, VOCAB, HIDDEN, HEADS, LAYERS = 32, 2, 4, 128, 64, 4, 4
 
@@ -116,7 +117,7 @@ def main():
         if last:
             losses.append(float(torch.stack([r["lm loss"] for r in reduced]).mean()))
     tied_end = _tied_ok(model, ps)
-    gathered = [None] * torch.distributed.get_world_size()
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank()})
     if torch.distributed.get_rank() == 0:
         reporter = next(g for g in gathered if g["last"] and g["tp_rank"] == 0)
@@ -160,7 +161,7 @@ def _tied_ok(model, ps) -> bool:
     elif ps.is_pipeline_last_stage():
         mine = model.output_layer.weight
     digest = None if mine is None else [float(mine.double().sum()), float((mine.double() ** 2).sum())]
-    gathered = [None] * torch.distributed.get_world_size()
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, (ps.get_tensor_model_parallel_rank(), digest))
     by_tp: dict[int, list] = {}
     for tp_rank, d in gathered:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import sys
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -21,7 +22,7 @@ class Unsupported(Exception):
 
 
 def _site() -> str:
-    f = sys._getframe(3)
+    f: FrameType | None = sys._getframe(3)
     while f is not None:
         name = f.f_code.co_filename
         if "/megatron/" in name:
@@ -97,7 +98,7 @@ def install_for_upstream_code() -> list[str]:
     def set_device(*args, **kwargs):
         return None
 
-    set_device._rocmport_proxy = True
+    setattr(set_device, "_rocmport_proxy", True)  # marks the swap as done (a second install is a no-op)
     torch.cuda.set_device = set_device
     torch.cuda.device_count = lambda: 1
     real_init = dist.init_process_group

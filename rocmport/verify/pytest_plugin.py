@@ -21,7 +21,7 @@ SWAPS: list[str] = []
 _STATE: dict[str, str] = {}   # nodeid -> passed | failed | error | skipped
 _DETAIL: dict[str, str] = {}  # nodeid -> the exception and its site
 _RUNNING: list[str] = []
-_HUNG: list[str] = []
+_HUNG: list[list] = []  # [nodeid, start time] of each test the watchdog ended
 _TIMERS: list = []
 _LOCAL_SPEC: list[str] = []  # tests that asked for TE's layer spec and got the local one
 

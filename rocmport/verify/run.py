@@ -7,6 +7,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rocmport import output
 from rocmport.config import Settings
@@ -55,7 +56,7 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
         extra["ROCMPORT_PROXY"] = "1"
     applied_launch_env = environment.launcher_env_for(env_info)
     extra.update(applied_launch_env)
-    result = {"mode": mode, "backend": backend, "world_size": world, "tp": tp, "pp": pp, "dp": dp, "tree": str(tree),
+    result: dict[str, Any] = {"mode": mode, "backend": backend, "world_size": world, "tp": tp, "pp": pp, "dp": dp, "tree": str(tree),
               "env": {**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile},
               "launcher": launcher.to_dict(), "stages": [], "training": {}}
     missing = environment.missing_deps(tree)

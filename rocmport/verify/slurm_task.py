@@ -8,6 +8,7 @@ import os
 import re
 import runpy
 import sys
+from collections.abc import Mapping
 
 _BRACKET = re.compile(r"^([^\[,]*)\[([^\]]+)\](.*)$")
 
@@ -23,7 +24,7 @@ def first_host(nodelist: str) -> str:
     return head.split(",")[0]
 
 
-def torch_env(environ: dict, master_port: int) -> dict[str, str]:
+def torch_env(environ: Mapping[str, str], master_port: int) -> dict[str, str]:
     try:
         rank, world, local = (int(environ[k]) for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"))
     except KeyError as exc:

@@ -110,8 +110,8 @@ def _last_error(proc: subprocess.CompletedProcess) -> str:
 def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, backend: str,
                    launcher: Launcher = Launcher()) -> tuple[StageResult, dict]:
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp_dir:
+        tmp = Path(tmp_dir)
         cmds = training_commands(launcher, tp, pp, dp, iters, tmp)
         ref = launch(cmds["reference"], env, tree)
         ref_data = json.loads((tmp / "ref.json").read_text()) if (tmp / "ref.json").exists() else None
