@@ -7,8 +7,7 @@ import click
 from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
-from rocmport.port.apply import apply_upstream
-from rocmport.upstream.lock import load_lock
+from rocmport.port.apply import apply_project
 
 
 def _print_report(r) -> None:
@@ -52,21 +51,13 @@ def command(obj, upstream, codemods_only, cont, abort, force, as_json):
     """
     if cont and abort:
         raise BadInput("--continue and --abort contradict each other; give one")
-    settings = load_settings(obj["project"])
-    lock = load_lock(settings.lock_path)
-    names = [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != "megatron-lm")
     mode = "continue" if cont else "abort" if abort else "apply"
     reports = []
-    for name in names:
-        if name not in lock.upstreams:
-            raise BadInput(f"{settings.lock_path}: no pin for {name}; run `rocmport sync`")
-        with output.progress(f"applying the {name} port"):
-            report = apply_upstream(settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=output.info)
+    for report in apply_project(load_settings(obj["project"]), upstream, codemods_only=codemods_only, force=force, mode=mode,
+                                say=output.info):
         reports.append(report)
         if not as_json:
             _print_report(report)
-        if report.status == "conflict":
-            break
     if as_json:
         output.emit_json({"upstreams": {r.upstream: r.to_dict() for r in reports}})
     return EXIT_PROBLEM if any(r.status == "conflict" for r in reports) else EXIT_OK

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
-from typing import Any
 
 import click
 
 from rocmport import output
-from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
+from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 
 
 @click.command("codemod")
@@ -26,7 +24,8 @@ def command(path, only, show_diff, check, list_only, jobs, as_json):
     Per file: changed | unchanged | failed, with changed-site counts per codemod.
     Exit: 0 ok, 1 --check found changes or a file failed to parse, 2 bad input.
     """
-    from rocmport.codemods import compute_layers, registry
+    from rocmport.codemods import registry  # libcst: imported when a codemod command runs, not for --help
+    from rocmport.codemods.on_tree import rewrite_tree
 
     if list_only:
         rows = [[c.NAME, c.VERSION, c.DESCRIPTION] for c in registry.values()]
@@ -35,43 +34,20 @@ def command(path, only, show_diff, check, list_only, jobs, as_json):
         else:
             output.table(["codemod", "version", "purpose"], rows)
         return EXIT_OK
-    for name in only:
-        if name not in registry:
-            raise BadInput(f"--only {name}: unknown codemod; known: {', '.join(registry)}")
     tree = Path(path)
     with output.progress(f"running codemods over {tree}"):
-        result = compute_layers(tree, list(only) or list(registry), jobs=jobs)
-    final: dict[str, str] = {}
-    per_file: dict[str, dict[str, int]] = {}
-    for layer in result.layers:
-        for rel, text in layer.files.items():
-            final[rel] = text
-            per_file.setdefault(rel, {})[layer.name] = layer.sites.get(rel, 0)
+        done = rewrite_tree(tree, list(only), jobs, write=not (show_diff or check))
     if show_diff and not as_json:
-        for rel in sorted(final):
-            old = (tree / rel).read_text(encoding="utf-8").splitlines(keepends=True) if (tree / rel).exists() else []
-            click.echo("".join(difflib.unified_diff(old, final[rel].splitlines(keepends=True), f"a/{rel}", f"b/{rel}")), nl=False)
-    if not (show_diff or check):
-        for rel, text in final.items():
-            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tree / rel).write_text(text, encoding="utf-8")
-    files: dict[str, dict[str, Any]] = {rel: {"outcome": "changed", "sites": sites} for rel, sites in per_file.items()}
-    for f in result.failures:
-        files[f.path] = {"outcome": "failed", "line": f.line, "message": f.message}
-    sites = {layer.name: sum(layer.sites.values()) for layer in result.layers}
-    summary = {
-        "files_total": result.files_total, "files_parsed": result.files_parsed, "cache_hits": result.cache_hits,
-        "sites": sites,
-        "files": files, "written": not (show_diff or check),
-    }
+        click.echo(done.diff(), nl=False)
+    result = done.result
     if as_json:
-        output.emit_json(summary)
+        output.emit_json(done.summary())
     else:
         for f in result.failures:
             output.warn(f"{tree / f.path}:{f.line or '?'}: {f.message}")
         verb = "would change" if (show_diff or check) else "changed"
-        output.info(f"{len(final)} files {verb} ({', '.join(f'{k}: {v} sites' for k, v in sites.items())}); "
+        output.info(f"{len(done.final)} files {verb} ({', '.join(f'{k}: {v} sites' for k, v in done.sites.items())}); "
                     f"{result.files_total} files, {result.files_parsed} parsed, {result.cache_hits} from cache, {len(result.failures)} failed")
-    if result.failures or (check and final):
+    if result.failures or (check and done.final):
         return EXIT_PROBLEM
     return EXIT_OK

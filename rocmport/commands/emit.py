@@ -10,8 +10,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.upstreams import NAMES
-from rocmport.package.docker import DEFAULT_ARCH, DEFAULT_BASE_TAG, dockerfile, remaining_requirements
+from rocmport.package.docker import DEFAULT_ARCH, DEFAULT_BASE_TAG, project_dockerfile
 
 
 @click.group("emit")
@@ -42,10 +41,7 @@ def docker(obj, out, base_tag, arch, extras, dist):
             raise BadInput(f"--extra {item}: expected DIST:EXTRA, e.g. megatron-core:mlm")
         name, extra = item.split(":", 1)
         wanted.setdefault(name, []).append(extra)
-    trees = [settings.worktree_path(n) for n in NAMES if settings.worktree_path(n).is_dir()]
-    if not trees:
-        raise BadInput(f"{settings.worktree_path('megatron-lm')}: no ported tree; run `rocmport apply` (and `rocmport build`) first")
-    text = dockerfile(remaining_requirements(trees, wanted), base_tag=base_tag, arch=arch, dist=dist)
+    text = project_dockerfile(settings, wanted, base_tag=base_tag, arch=arch, dist=dist)
     if out:
         atomic_write_text(Path(out), text)
         output.info(f"wrote {out}")

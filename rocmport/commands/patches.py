@@ -6,33 +6,17 @@ import click
 
 from rocmport import output
 from rocmport.config import load_settings
-from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
+from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.port.export import check as check_drift
 from rocmport.port.export import export as export_commits
-from rocmport.patches.series import all_series, select_series, series_hash
+from rocmport.port.export import ported_trees
+from rocmport.patches.series import all_series, describe
 from rocmport.upstreams import NAMES
-from rocmport.upstream.lock import load_lock
 
 
 @click.group("patches")
 def command():
     """List, export and check the patch series in patchsets/."""
-
-
-def _selected(obj, upstream):
-    settings = load_settings(obj["project"])
-    lock = load_lock(settings.lock_path)
-    names = [upstream] if upstream else [n for n in NAMES if n in lock.upstreams]
-    out = []
-    for name in names:
-        if name not in lock.upstreams:
-            raise BadInput(f"{settings.lock_path}: no pin for {name}")
-        series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
-        tree = settings.worktree_path(name)
-        if not (tree / ".git").exists():
-            raise BadInput(f"{tree}: no work tree; run `rocmport apply` first")
-        out.append((name, series, tree))
-    return out
 
 
 @command.command("list")
@@ -41,14 +25,7 @@ def _selected(obj, upstream):
 def list_cmd(obj, as_json):
     """Every series with its version range, codemods and patches."""
     settings = load_settings(obj["project"])
-    data = []
-    for name in NAMES:
-        for s in all_series(settings.patchsets_dir, name):
-            data.append({
-                "upstream": name, "line": s.line, "versions": str(s.versions), "hash": series_hash(s),
-                "codemods": [c["name"] for c in s.codemods], "excluded_paths": s.excluded_paths,
-                "patches": [{"name": p.name, "description": p.description.splitlines()[0], "upstream_status": p.upstream_status} for p in s.patches],
-            })
+    data = [describe(s) for name in NAMES for s in all_series(settings.patchsets_dir, name)]
     if as_json:
         output.emit_json({"series": data})
         return EXIT_OK
@@ -70,7 +47,7 @@ def list_cmd(obj, as_json):
 def export_cmd(obj, upstream, description, upstream_status, dry_run, as_json):
     """Turn your commits on the work branch (after the applied port) into patches in the series."""
     results = {}
-    for name, series, tree in _selected(obj, upstream):
+    for name, series, tree in ported_trees(load_settings(obj["project"]), upstream):
         r = export_commits(tree, series, description, upstream_status, dry_run=dry_run)
         results[name] = {"written": r.written, "unchanged": r.unchanged, "would_write": sorted(r.texts) if dry_run else []}
         if not as_json:
@@ -93,7 +70,7 @@ def export_cmd(obj, upstream, description, upstream_status, dry_run, as_json):
 def check_cmd(obj, upstream, as_json):
     """Drift gate for CI: exit 1 if the stored patches differ from the work branch or a header is bad."""
     problems = {}
-    for name, series, tree in _selected(obj, upstream):
+    for name, series, tree in ported_trees(load_settings(obj["project"]), upstream):
         problems[name] = check_drift(tree, series)
     if as_json:
         output.emit_json({"problems": problems})

@@ -19,11 +19,15 @@ from pathlib import Path
 
 import tomlkit
 
-from rocmport import __version__
+from rocmport import __version__, output
+from rocmport.config import Settings
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.gitutil import run_git
+from rocmport.patches.series import select_series
+from rocmport.port import manifests
 from rocmport.port import worktree as wt
-from rocmport.upstreams import UPSTREAMS
+from rocmport.upstream.lock import load_lock
+from rocmport.upstreams import NAMES, UPSTREAMS
 
 
 
@@ -39,7 +43,7 @@ class Built:
         return self.__dict__.copy()
 
 
-def build_number(project: Path, series_dir: Path) -> int:
+def count_builds(project: Path, series_dir: Path) -> int:
     """How many project commits touched the series: grows whenever the port's recipe changes."""
     proc = run_git("rev-list", "--count", "HEAD", "--", str(series_dir), cwd=project, check=False)
     return max(int(proc.stdout.strip() or 0), 1) if proc.returncode == 0 else 1
@@ -114,3 +118,41 @@ def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=prin
             files.append(str(out / built.name))
     (out / f"{dist}-{version}.rocmport.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return Built(upstream, version, files, isolation, meta)
+
+
+@dataclass
+class ProjectBuild:
+    built: list[dict] = field(default_factory=list)     # Built.to_dict() of each upstream, with its pip dry run
+    problems: list[str] = field(default_factory=list)   # CUDA-only requirements left, or pulled by an install
+
+
+def build_project(settings: Settings, upstream: str | None, out_dir: str, build_number: int | None, check_deps: bool,
+                  say=print, warn=print) -> ProjectBuild:
+    """`rocmport build`: every applied upstream (or ``upstream``) built into ``out_dir``, each wheel's
+    dependencies checked with pip's dry run against the wheels built before it."""
+    lock = load_lock(settings.lock_path)
+    names = [upstream] if upstream else [n for n in NAMES if n in lock.upstreams and settings.worktree_path(n).is_dir()]
+    if not names:
+        raise BadInput(f"{settings.worktree_path('megatron-lm')}: no ported tree to build; run `rocmport apply` first")
+    out = (settings.root / out_dir) if not Path(out_dir).is_absolute() else Path(out_dir)
+    result, wheels = ProjectBuild(), []
+    for name in names:
+        tree = settings.worktree_path(name)
+        series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
+        number = build_number if build_number is not None else count_builds(settings.root, series.dir)
+        with output.progress(f"building {UPSTREAMS[name].distribution} from {tree}"):
+            built = build_upstream(tree, name, number, out, say=say)
+        result.problems += [f"{name}: {f}: {r} is CUDA-only" for f, r in manifests.cuda_only_requirements(tree)]
+        record = built.to_dict()
+        if check_deps:
+            wheel = next(f for f in built.files if f.endswith(".whl"))
+            wheels.append(wheel)  # Bridge resolves against the ported megatron-core built just before
+            with output.progress(f"pip install --dry-run {Path(wheel).name}"):
+                would, error = manifests.pip_dry_run(list(reversed(wheels)))
+            cuda = manifests.cuda_only_installs(would)
+            record["dry_run"] = {"would_install": would, "cuda_only": cuda, "error": error}
+            result.problems += [f"{name}: installing {Path(wheel).name} would pull {', '.join(cuda)}"] if cuda else []
+            if error:
+                warn(f"{name}: pip could not resolve the wheel's dependencies here: {error}")
+        result.built.append(record)
+    return result

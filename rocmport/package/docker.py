@@ -10,9 +10,11 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from rocmport import __version__
+from rocmport.config import Settings
+from rocmport.errors import BadInput
 from rocmport.launch_env import LAUNCH_ENV
 from rocmport.port.manifests import canonical, is_cuda_only
-from rocmport.upstreams import MEGATRON_LM, UPSTREAMS
+from rocmport.upstreams import MEGATRON_LM, NAMES, UPSTREAMS
 
 DEFAULT_BASE_TAG = "rocm6.4.1_ubuntu24.04_py3.12_pytorch_release_2.7.1"
 DEFAULT_ARCH = "gfx942;gfx950"
@@ -88,3 +90,12 @@ RUN pip install --no-cache-dir --no-deps /tmp/rocmport-wheels/*.whl \\
 RUN python -c "import torch; assert 'torch==' + torch.__version__ == open('/opt/rocmport/torch-constraint.txt').read().strip()" \\
  && python -c "import {MEGATRON_LM.module}, {MEGATRON_LM.helper_module} as r; assert r.is_hip()"
 """
+
+
+def project_dockerfile(settings: Settings, extras: dict[str, list[str]], *, base_tag: str = DEFAULT_BASE_TAG,
+                       arch: str = DEFAULT_ARCH, dist: str = "dist") -> str:
+    """`rocmport emit docker`: the recipe for the project's ported trees and the chosen extras."""
+    trees = [settings.worktree_path(n) for n in NAMES if settings.worktree_path(n).is_dir()]
+    if not trees:
+        raise BadInput(f"{settings.worktree_path('megatron-lm')}: no ported tree; run `rocmport apply` (and `rocmport build`) first")
+    return dockerfile(remaining_requirements(trees, extras), base_tag=base_tag, arch=arch, dist=dist)

@@ -208,6 +208,16 @@ def series_hash(series: Series) -> str:
     return h.hexdigest()
 
 
+def describe(series: Series) -> dict:
+    """What `patches list --json` says of a series."""
+    return {
+        "upstream": series.upstream, "line": series.line, "versions": str(series.versions), "hash": series_hash(series),
+        "codemods": [c["name"] for c in series.codemods], "excluded_paths": series.excluded_paths,
+        "patches": [{"name": p.name, "description": p.description.splitlines()[0], "upstream_status": p.upstream_status}
+                    for p in series.patches],
+    }
+
+
 def default_series(upstream: str, version: str) -> Series:
     """`--codemods-only`: no patches, the default codemod recipe for the upstream."""
     up = UPSTREAMS[upstream]

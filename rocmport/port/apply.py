@@ -8,12 +8,13 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from rocmport import __version__
+from rocmport import __version__, output
 from rocmport.codemods import compute_layers, registry
 from rocmport.config import Settings
 from rocmport.errors import BadInput
@@ -25,7 +26,7 @@ from rocmport.patches.series import Series, default_series, recipe_digest, selec
 from rocmport.port import manifests
 from rocmport.port import worktree as wt
 from rocmport.upstream import package_index
-from rocmport.upstream.lock import Lock, Pin
+from rocmport.upstream.lock import Lock, Pin, load_lock
 from rocmport.upstream.remotes import validate_url
 from rocmport.upstream.store import Store
 
@@ -111,6 +112,21 @@ def _commit_message(patch, outcome: PatchOutcome) -> str:
 
 def report_path(tree: Path) -> Path:
     return tree.parent / f"{tree.name}.report.json"
+
+
+def apply_project(settings: Settings, upstream: str | None, *, codemods_only=False, force=False, mode: str = "apply",
+                  say=print) -> Iterator[ApplyReport]:
+    """`rocmport apply`: each pinned upstream (Megatron-LM first) or only ``upstream``, one report
+    each as it finishes; a conflict ends the run there."""
+    lock = load_lock(settings.lock_path)
+    for name in [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != "megatron-lm"):
+        if name not in lock.upstreams:
+            raise BadInput(f"{settings.lock_path}: no pin for {name}; run `rocmport sync`")
+        with output.progress(f"applying the {name} port"):
+            report = apply_upstream(settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=say)
+        yield report
+        if report.status == "conflict":
+            return
 
 
 def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=False, force=False,

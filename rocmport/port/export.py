@@ -8,13 +8,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, run_git
 from rocmport.patches.commits import commit_diff, explaining_patch, patch_matches_commit, render_patch, slug
-from rocmport.patches.series import Series, lint_header, parse_header, split_header
+from rocmport.patches.series import Series, lint_header, parse_header, select_series, split_header
 from rocmport.patches.series_edit import add_to_series
 from rocmport.port import worktree as wt
+from rocmport.upstream.lock import load_lock
+from rocmport.upstreams import NAMES
 
 
 @dataclass
@@ -22,6 +25,23 @@ class ExportResult:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
+
+
+def ported_trees(settings: Settings, upstream: str | None) -> list[tuple[str, Series, Path]]:
+    """(upstream, its series, its work tree) for each pinned upstream, or only ``upstream``: what
+    `patches export` and `patches check` work on."""
+    lock = load_lock(settings.lock_path)
+    names = [upstream] if upstream else [n for n in NAMES if n in lock.upstreams]
+    out = []
+    for name in names:
+        if name not in lock.upstreams:
+            raise BadInput(f"{settings.lock_path}: no pin for {name}")
+        series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
+        tree = settings.worktree_path(name)
+        if not (tree / ".git").exists():
+            raise BadInput(f"{tree}: no work tree; run `rocmport apply` first")
+        out.append((name, series, tree))
+    return out
 
 
 def user_commits(tree: Path) -> list[str]:

@@ -1,0 +1,62 @@
+"""`rocmport codemod` over any tree: the codemods' layers folded into each file's final text, a
+per-file outcome (changed with its sites per codemod, or failed), written in place unless asked
+only to show or check."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocmport.codemods.catalog import registry
+from rocmport.codemods.runner import LayersResult, compute_layers
+from rocmport.errors import BadInput
+
+
+@dataclass
+class TreeRewrite:
+    tree: Path
+    result: LayersResult
+    final: dict[str, str] = field(default_factory=dict)                 # file -> text after every layer
+    per_file: dict[str, dict[str, int]] = field(default_factory=dict)   # file -> codemod -> sites
+    written: bool = False
+
+    @property
+    def sites(self) -> dict[str, int]:
+        return {layer.name: sum(layer.sites.values()) for layer in self.result.layers}
+
+    def summary(self) -> dict[str, Any]:
+        """What `codemod --json` prints."""
+        files: dict[str, dict[str, Any]] = {rel: {"outcome": "changed", "sites": sites} for rel, sites in self.per_file.items()}
+        for f in self.result.failures:
+            files[f.path] = {"outcome": "failed", "line": f.line, "message": f.message}
+        return {"files_total": self.result.files_total, "files_parsed": self.result.files_parsed, "cache_hits": self.result.cache_hits,
+                "sites": self.sites, "files": files, "written": self.written}
+
+    def diff(self) -> str:
+        """The changes as a unified diff (a/ and b/ prefixes)."""
+        chunks = []
+        for rel in sorted(self.final):
+            path = self.tree / rel
+            old = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else []
+            chunks.append("".join(difflib.unified_diff(old, self.final[rel].splitlines(keepends=True), f"a/{rel}", f"b/{rel}")))
+        return "".join(chunks)
+
+
+def rewrite_tree(tree: Path, only: list[str], jobs: int | None, write: bool) -> TreeRewrite:
+    """Run ``only`` (default: every codemod) over ``tree``; write the changed files when ``write``."""
+    for name in only:
+        if name not in registry:
+            raise BadInput(f"--only {name}: unknown codemod; known: {', '.join(registry)}")
+    out = TreeRewrite(tree, compute_layers(tree, list(only) or list(registry), jobs=jobs))
+    for layer in out.result.layers:
+        for rel, text in layer.files.items():
+            out.final[rel] = text
+            out.per_file.setdefault(rel, {})[layer.name] = layer.sites.get(rel, 0)
+    if write:
+        for rel, text in out.final.items():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tree / rel).write_text(text, encoding="utf-8")
+        out.written = True
+    return out
