@@ -7,10 +7,10 @@ import click
 from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
+from rocmport.patches.series import all_series, describe
 from rocmport.port.export import check as check_drift
 from rocmport.port.export import export as export_commits
 from rocmport.port.export import ported_trees
-from rocmport.patches.series import all_series, describe
 from rocmport.upstreams import NAMES
 
 

@@ -10,7 +10,8 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.refresh.engine import NEEDS_HUMAN, RefreshResult, abort_refresh, continue_refresh, refresh
+from rocmport.refresh.engine import abort_refresh, continue_refresh, refresh
+from rocmport.refresh.result import NEEDS_HUMAN, RefreshResult
 from rocmport.refresh.summary import public, write_summary
 
 
@@ -59,8 +60,8 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
 def _print(result: RefreshResult, path: Path) -> None:
     for name, up in result.upstreams.items():
         output.table(["patch", "outcome", "action", "detail"],
-                     [[p["name"], p["bucket"], p["action"], p["evidence"] or p["detail"]] for p in up["patches"]],
-                     title=f"{name}: {up['from']['ref'] if up['from'] else '-'} -> {up['to']['ref']}")
+                     [[p.name, p.bucket, p.action, p.evidence or p.detail] for p in up.patches],
+                     title=f"{name}: {up.from_.ref if up.from_ else '-'} -> {up.to.ref if up.to else '-'}")
     if result.conflict:
         c = result.conflict
         where = ", ".join(f"{h['file']}:{h['line']}" for h in c["hunks"]) or c["detail"]

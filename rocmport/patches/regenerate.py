@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rocmport.gitutil import git, run_git
 from rocmport.patches.commits import patch_matches_commit
@@ -110,7 +111,7 @@ def diff_between(tree: Path, parent: str, commit: str, context: int) -> str:
 class Regenerated:
     text: str       # the whole new patch file
     changed: bool   # differs from the file on disk
-    how: str        # kept | shifted | regenerated
+    how: Literal["kept", "shifted", "regenerated"]
 
 
 def regenerate(patch: PatchFile, tree: Path, parent: str, commit: str, bucket: str) -> Regenerated:

@@ -19,8 +19,9 @@ from rocmport.errors import BadInput, Busy
 from rocmport.fsutil import file_lock
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
-from rocmport.refresh.engine import READY, abort_refresh, read_state, refresh
+from rocmport.refresh.engine import abort_refresh, read_state, refresh
 from rocmport.refresh.report import markdown
+from rocmport.refresh.result import READY, UP_TO_DATE, RefreshResult
 from rocmport.refresh.summary import public, write_summary
 from rocmport.release_line import ReleaseLine
 from rocmport.state import Invalid, expect, one_of, read_json, value_of, write_json
@@ -187,7 +188,7 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
             abort_refresh(settings, say=say)  # a leftover from a killed run: the record says it never finished
         result = refresh(load_settings(root), cand.ref, verify_opts=verify_opts, say=say, warn=warn)
         summary = write_summary(result, settings.refresh_dir)
-        if result.status != READY and result.status != "up-to-date":
+        if result.status not in (READY, UP_TO_DATE):
             reason = (f"conflict in {result.conflict['patch']}" if result.conflict else
                       f"verify failed: {', '.join(result.verify['failed'])}" if result.verify else "needs a human")
             if result.conflict:
@@ -206,25 +207,25 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
             git("checkout", "-q", start, cwd=root)
 
 
-def _bisectable_commits(root: Path, cand: Candidate, result) -> None:
+def _bisectable_commits(root: Path, cand: Candidate, result: RefreshResult) -> None:
     """bump the lock -> refreshed series (dropped patches still listed) -> the drops."""
     _commit(root, ["upstream.lock"], f"bump upstream.lock to {cand.name}")
     dropped_any = False
     for up in result.upstreams.values():
-        series = Path(up["series"])
-        if up["dropped"]:
+        series = Path(up.series)
+        if up.dropped:
             dropped_any = True
-            series.write_text(up["series_text"], encoding="utf-8")
-            for name, text in up["dropped_texts"].items():
+            series.write_text(up.series_text, encoding="utf-8")
+            for name, text in up.dropped_texts.items():
                 (series.parent / name).write_text(text, encoding="utf-8")
     _commit(root, ["patchsets"], f"refresh patches for {cand.name}")
     if dropped_any:
         for up in result.upstreams.values():
-            series = Path(up["series"])
-            series.write_text(up["series_text_final"], encoding="utf-8")
-            for name in up["dropped"]:
+            series = Path(up.series)
+            series.write_text(up.series_text_final, encoding="utf-8")
+            for name in up.dropped:
                 (series.parent / name).unlink(missing_ok=True)
-        evidence = "\n".join(f"- {n}: {why}" for up in result.upstreams.values() for n, why in up["dropped"].items())
+        evidence = "\n".join(f"- {n}: {why}" for up in result.upstreams.values() for n, why in up.dropped.items())
         _commit(root, ["patchsets"], f"drop upstreamed patches\n\n{evidence}\n")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,36 +21,16 @@ from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
 from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
+from rocmport.refresh.result import NEEDS_HUMAN, READY, UP_TO_DATE, PatchRow, Pinned, RefreshResult, RefreshStatus, UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries, promote, stage_series
 from rocmport.state import expect, one_of, read_json, value_of, write_json
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
 from rocmport.upstream.resolve import resolve_lock
 from rocmport.upstream.store import Store
 
-RefreshStatus = Literal["ready", "needs-human", "up-to-date"]
-READY: RefreshStatus = "ready"
-NEEDS_HUMAN: RefreshStatus = "needs-human"
 # The state file of a refresh under way: in-progress (or killed), or stopped at a conflict for a human.
 StateStatus = Literal["in-progress", "conflict"]
 _FIX = "run `rocmport refresh --abort` to start over"
-
-
-@dataclass
-class RefreshResult:
-    status: RefreshStatus
-    to: str
-    old_lock: dict
-    new_lock: dict
-    upstreams: dict = field(default_factory=dict)   # name -> per-upstream outcome (patches, codemods, series)
-    verify: dict | None = None
-    conflict: dict | None = None
-    range_diff: str = ""
-    seconds: float = 0.0
-    promoted: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def _state_path(settings: Settings) -> Path:
@@ -92,7 +71,7 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
     started = time.time()
     new = resolve_lock(settings, to, source=mlm.source, no_bridge="megatron-bridge" not in old.upstreams, say=say, warn=warn)
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
-        return RefreshResult("up-to-date", to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"])
+        return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"])
     settings.refresh_dir.mkdir(parents=True, exist_ok=True)
     staged = {}
     for name, pin in new.upstreams.items():
@@ -181,15 +160,15 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
     new = _lock_from(state["new_lock"], "refresh state")
     result = _result(state, READY)
     rsettings = _refresh_settings(settings)
-    outcomes = {}
+    outcomes: dict[str, UpstreamOutcome] = {}
     for name, report in state["applied"].items():
         st = StagedSeries.from_dict(state["staged"][name])
         tree = rsettings.worktree_path(name)
         before = old.upstreams.get(name)
         outcome = _refresh_patches(st, tree, report, state.get("merged_upstream", {}).get(name, {}))
-        outcome["codemods"] = codemod_changes(settings, old, name, report)
-        outcome["from"] = {"ref": before.resolved_ref, "commit": before.commit} if before else None
-        outcome["to"] = {"ref": new.upstreams[name].resolved_ref, "commit": new.upstreams[name].commit}
+        outcome.codemods = codemod_changes(settings, old, name, report)
+        outcome.from_ = Pinned(before.resolved_ref, before.commit) if before else None
+        outcome.to = Pinned(new.upstreams[name].resolved_ref, new.upstreams[name].commit)
         outcomes[name] = outcome
     result.upstreams = outcomes
     result.range_diff = range_diff(rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes)
@@ -203,38 +182,36 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
     return result
 
 
-def _refresh_patches(st: StagedSeries, tree: Path, report: dict, merged: dict[str, str]) -> dict:
+def _refresh_patches(st: StagedSeries, tree: Path, report: dict, merged: dict[str, str]) -> UpstreamOutcome:
     """Regenerate drifted patches in the staged series, drop the ones upstream merged."""
     series = st.series
+    text = (st.staged_dir / "series").read_text(encoding="utf-8")
+    out = UpstreamOutcome(str(st.target_dir / "series"), st.created, str(st.source_dir), series_text=text)
     by_name = {p["name"]: p for p in report["patches"]}
-    rows, files, dropped, dropped_texts = [], {}, {}, {}
     for patch in series.patches:
         if patch.name in merged:
             by_name[patch.name] = {"bucket": "already-upstream", "detail": "", "evidence": merged[patch.name]}
         o = by_name.get(patch.name, {"bucket": "not-applicable", "detail": "not reached"})
-        bucket = "resolved-by-hand" if o.get("resolved_by_hand") else o["bucket"]
-        row = {"name": patch.name, "bucket": bucket, "action": "kept", "detail": o.get("detail", ""), "evidence": ""}
-        if bucket in ("offset", "merged-3way", "resolved-by-hand"):
-            regen = regenerate(patch, tree, o["parent"], o["commit"], "merged-3way" if bucket == "resolved-by-hand" else bucket)
-            row["action"] = f"{regen.how}" if regen.changed else "unchanged"
+        row = PatchRow(patch.name, "resolved-by-hand" if o.get("resolved_by_hand") else o["bucket"], detail=o.get("detail", ""))
+        if row.bucket in ("offset", "merged-3way", "resolved-by-hand"):
+            regen = regenerate(patch, tree, o["parent"], o["commit"], "merged-3way" if row.bucket == "resolved-by-hand" else row.bucket)
+            row.action = regen.how if regen.changed else "unchanged"
             if regen.changed:
-                files[patch.name] = regen.text
-        elif bucket == "already-upstream":
-            row.update(action="dropped", evidence=o.get("evidence") or "reverse-applies on the new base")
-            dropped[patch.name] = row["evidence"]
-            dropped_texts[patch.name] = patch.path.read_text(encoding="utf-8")
-        rows.append(row)
-    text = (st.staged_dir / "series").read_text(encoding="utf-8")
-    return {"series": str(st.target_dir / "series"), "created": st.created, "from_series": str(st.source_dir),
-            "patches": rows, "regenerated": files, "dropped": dropped, "dropped_texts": dropped_texts,
-            "series_text": text, "series_text_final": drop_from_series_text(text, dropped) if dropped else text}
+                out.regenerated[patch.name] = regen.text
+        elif row.bucket == "already-upstream":
+            row.action, row.evidence = "dropped", o.get("evidence") or "reverse-applies on the new base"
+            out.dropped[patch.name] = row.evidence
+            out.dropped_texts[patch.name] = patch.path.read_text(encoding="utf-8")
+        out.patches.append(row)
+    out.series_text_final = drop_from_series_text(text, out.dropped) if out.dropped else text
+    return out
 
 
-def _promote(settings: Settings, new: Lock, state: dict, outcomes: dict, warn) -> list[str]:
+def _promote(settings: Settings, new: Lock, state: dict, outcomes: dict[str, UpstreamOutcome], warn) -> list[str]:
     changed = []
     for name, outcome in outcomes.items():
         st = StagedSeries.from_dict(state["staged"][name])
-        changed += promote(st, outcome["series_text_final"], outcome["regenerated"], list(outcome["dropped"]))
+        changed += promote(st, outcome.series_text_final, outcome.regenerated, list(outcome.dropped))
     new.save(settings.lock_path)  # the commit point: after the series it needs are in place
     changed.append(str(settings.lock_path))
     for name in outcomes:

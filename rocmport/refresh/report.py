@@ -14,6 +14,8 @@ from rocmport.gitutil import FIXED_IDENTITY, git, run_git
 from rocmport.patches.series import select_series, split_header
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
+from rocmport.refresh.result import UpstreamOutcome
+from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
 from rocmport.verify.environment import unmet_python
 from rocmport.verify.run import run_verify
@@ -58,7 +60,7 @@ def _series_tip(tree: Path, base: str, patches: list[tuple[str, str]], index: Pa
     return tip
 
 
-def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict, outcomes: dict) -> str:
+def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict[str, StagedSeries], outcomes: dict[str, UpstreamOutcome]) -> str:
     """`git range-diff` of the old series on the old base vs the new series on the new base."""
     chunks = []
     for name, outcome in outcomes.items():
@@ -71,8 +73,8 @@ def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict, outcomes
             old_series = None
         before = [(p.description.splitlines()[0], p.diff) for p in old_series.patches] if old_series else []
         new_series = staged[name].series
-        after = [(p.description.splitlines()[0], _diff_of(outcome["regenerated"].get(p.name), p.diff))
-                 for p in new_series.patches if p.name not in outcome["dropped"]]
+        after = [(p.description.splitlines()[0], _diff_of(outcome.regenerated.get(p.name), p.diff))
+                 for p in new_series.patches if p.name not in outcome.dropped]
         if not before and not after:
             continue
         with tempfile.TemporaryDirectory(prefix="rocmport-rd-") as tmp:

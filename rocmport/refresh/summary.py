@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from rocmport.fsutil import atomic_write_text
-from rocmport.refresh.engine import RefreshResult
 from rocmport.refresh.report import markdown
+from rocmport.refresh.result import RefreshResult
 
 
 def public(result: RefreshResult) -> dict:
