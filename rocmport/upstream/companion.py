@@ -86,6 +86,6 @@ def choose_bridge(bridge_mirror: Path, mlm_mirror: Path, mlm_commit: str, mlm_ve
         if spec is not None and has_upper_bound(spec) and spec.contains(mlm_version, prereleases=True):
             return Companion(
                 t.name, t.commit, "declared-range",
-                f"{t.name}: newest release whose declared megatron-core{spec} admits {mlm_version}",
+                f"{t.name}: newest release whose declared {MEGATRON_LM.distribution}{spec} admits {mlm_version}",
             )
     return None

@@ -14,7 +14,7 @@ from rocmport.upstream.companion import choose_bridge
 from rocmport.upstream.lock import Lock, Pin, load_lock, load_lock_or_none
 from rocmport.upstream.remotes import Remote, RemoteUnreachable, validate_url
 from rocmport.upstream.store import Store
-from rocmport.upstreams import UPSTREAMS
+from rocmport.upstreams import MEGATRON_LM, UPSTREAMS
 
 SOURCES = ("auto", "git", "pypi")
 
@@ -71,7 +71,7 @@ def _pin_at(settings, mirror, remote, requested, pre, say) -> Pin:
 
 def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[str, Pin]:
     mlm = package_index.pin_from_index(store, "megatron-lm", requested, pre=pre)
-    say(f"megatron-lm: {requested} -> megatron-core {mlm.version} sdist {mlm.sdist_filename} (sha256 verified)")
+    say(f"megatron-lm: {requested} -> {MEGATRON_LM.distribution} {mlm.version} sdist {mlm.sdist_filename} (sha256 verified)")
     pins = {"megatron-lm": mlm}
     if no_bridge:
         return pins
@@ -81,11 +81,11 @@ def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[
     else:
         found = package_index.choose_bridge_from_index(store, mlm.resolved_ref)  # a package-index pin resolves to its version
         if found is None:
-            warn(f"megatron-bridge: no sdist on the index declares a bounded megatron-core range admitting {mlm.version}; no companion pinned")
+            warn(f"megatron-bridge: no sdist on the index declares a bounded {MEGATRON_LM.distribution} range admitting {mlm.version}; no companion pinned")
             return pins
         pin = package_index.pin_from_index(store, "megatron-bridge", str(found.version))
         pin.requested_ref, pin.chosen_by = f"companion of {mlm.resolved_ref}", "declared-range"
-        say(f"megatron-bridge: {found.version} chosen by rule declared-range (its sdist's megatron-core requirement admits {mlm.version})")
+        say(f"megatron-bridge: {found.version} chosen by rule declared-range (its sdist's {MEGATRON_LM.distribution} requirement admits {mlm.version})")
     pins["megatron-bridge"] = pin
     return pins
 
