@@ -25,7 +25,8 @@ def index(tmp_path, monkeypatch):
     with Index(files) as idx:
         for v in ("0.15.3", "0.16.0", "0.16.1", "0.16.2rc1", "0.16.3.dev20250101", "0.17.0"):
             idx.add("megatron-core", make_sdist(files, "megatron-core", v, {**CORE_FILES, "megatron/core/package_info.py": package_info(v.split("rc")[0].split(".dev")[0])}))
-        for v, req in (("0.2.0", "megatron-core<0.16.0,>=0.15.0a0"), ("0.3.1", "megatron-core[dev,mlm]<0.17.0,>=0.15.0a0"), ("0.4.0", "megatron-core[dev,mlm]")):
+        for v, req in (("0.2.0", "megatron-core<0.16.0,>=0.15.0a0"), ("0.2.2", "megatron-core<0.16.0,>=0.15.0a0"),
+                       ("0.3.1", "megatron-core[dev,mlm]<0.17.0,>=0.15.0a0"), ("0.4.0", "megatron-core[dev,mlm]")):
             idx.add("megatron-bridge", make_sdist(files, "megatron-bridge", v, {"src/megatron/bridge/__init__.py": ""}, f"Requires-Dist: {req}\n"))
         monkeypatch.setenv("ROCMPORT_INDEX_URL", idx.url)
         yield idx
@@ -88,10 +89,13 @@ def test_unsafe_members_are_refused(index, tmp_path, name, link):
         package_index.pin_from_index(Store(tmp_path / "c"), "megatron-lm", "0.20.0")
 
 
-def test_bridge_companion_needs_a_bounded_range(index, tmp_path):
+def test_bridge_companion_is_the_tightest_bounded_range(index, tmp_path):
     store = Store(tmp_path / "c")
-    assert str(package_index.choose_bridge_from_index(store, "0.16.1").version) == "0.3.1"
-    assert str(package_index.choose_bridge_from_index(store, "0.15.3").version) == "0.3.1"
+    sdist, why = package_index.choose_bridge_from_index(store, "0.16.1")
+    assert str(sdist.version) == "0.3.1"
+    sdist, why = package_index.choose_bridge_from_index(store, "0.15.3")  # 0.3.1 admits it too; 0.2.x is its line
+    assert str(sdist.version) == "0.2.2"
+    assert "candidates (newest first): 0.3.1 declares <0.17.0,>=0.15.0a0; 0.2.2, 0.2.0 declare <0.16.0,>=0.15.0a0" in why
     assert package_index.choose_bridge_from_index(store, "0.18.0") is None  # 0.4.0 is unbounded: never a match
 
 

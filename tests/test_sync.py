@@ -45,7 +45,7 @@ def lock(u):
         ("v0.16", "core_v0.16.1", "0.16.1", "v0.3.1", "gitlink-exact"),
         ("0.16", "core_v0.16.1", "0.16.1", "v0.3.1", "gitlink-exact"),
         ("core_v0.16.0", "core_v0.16.0", "0.16.0", "v0.3.1", "gitlink-minor"),
-        ("v0.15", "core_v0.15.3", "0.15.3", "v0.2.0", "declared-range"),
+        ("v0.15", "core_v0.15.3", "0.15.3", "v0.2.2", "declared-range"),
         ("core_r0.16.0", "core_r0.16.0", "0.16.1", "v0.3.1", "gitlink-exact"),
     ],
 )
@@ -86,6 +86,47 @@ def test_prerelease_only_with_pre(upstreams, capsys):
     pins = lock(upstreams)
     assert pins["megatron-lm"]["resolved_ref"] == "core_v0.17.0rc0"
     assert pins["megatron-bridge"]["resolved_ref"] == "v0.4.0"  # its gitlink is exactly that commit
+
+
+def test_declared_range_takes_the_tightest_range_and_lists_the_candidates(upstreams, capsys):
+    """0.15.3: v0.3.1 (<0.17) and v0.2.x (<0.16) all admit it; the 0.2 line, made for 0.15, wins, newest first."""
+    assert run(upstreams, "sync", "--ref", "v0.15", *remotes(upstreams)) == 0
+    assert lock(upstreams)["megatron-bridge"]["resolved_ref"] == "v0.2.2"
+    err = " ".join(capsys.readouterr().err.split())
+    assert "v0.2.2: the tightest declared megatron-core range admitting 0.15.3 (<0.16.0,>=0.15.0a0)" in err
+    assert "candidates (newest first): v0.3.1 declares <0.17.0,>=0.15.0a0; v0.2.2, v0.2.0 declare <0.16.0,>=0.15.0a0" in err
+
+
+@pytest.mark.parametrize("spec, upper, lower", [
+    ("<0.16.0,>=0.15.0a0", ("0.16.0", 0), "0.15.0a0"),
+    ("<=0.16.0", ("0.16.0", 1), None),
+    ("~=0.15.2", ("0.16", 0), "0.15.2"),
+    ("~=1.4", ("2", 0), "1.4"),
+    ("==0.15.*", ("0.16", 0), "0.15"),
+    ("==0.15.3", ("0.15.3", 1), "0.15.3"),
+    (">=0.15", None, "0.15"),
+])
+def test_range_bounds(spec, upper, lower):
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from rocmport.upstream.companion import range_bounds
+
+    got_upper, got_lower = range_bounds(SpecifierSet(spec))
+    assert got_upper == ((Version(upper[0]), upper[1]) if upper else None)
+    assert got_lower == (Version(lower) if lower else None)
+
+
+def test_tightest_range_orders_upper_then_lower_then_newest():
+    from packaging.specifiers import SpecifierSet as S
+
+    from rocmport.upstream.companion import tightest_range
+
+    cands = [("c", S(">=0.15,<0.17")), ("b2", S(">=0.15,<0.16")), ("b1", S(">=0.14,<0.16")), ("a", S("<=0.16")), ("x", None), ("u", S(">=0.1"))]
+    assert tightest_range(cands, "0.15.3")[0] == "b2"   # <0.16 beats <=0.16 and <0.17; >=0.15 beats >=0.14
+    assert tightest_range(cands, "0.16.0")[0] == "a"    # only <=0.16 and <0.17 admit it
+    assert tightest_range(cands, "0.17.0") is None      # the unbounded range never matches
+    assert tightest_range([("n", S("<0.16")), ("o", S("<0.16"))], "0.15")[0] == "n"  # equals: the newest
 
 
 def test_no_companion_is_a_warning_and_unbounded_range_never_matches(upstreams, capsys):

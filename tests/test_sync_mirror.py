@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.mirror, needs_mirrors]
 
 # Release line -> (Megatron-LM tag, companion Bridge tag, rule). Facts of the real upstreams.
 EXPECTED = {
-    "v0.15": ("core_v0.15.3", "v0.3.1", "declared-range"),
+    "v0.15": ("core_v0.15.3", "v0.2.2", "declared-range"),
     "v0.16": ("core_v0.16.1", "v0.3.1", "gitlink-exact"),
     "v0.17": ("core_v0.17.1", "v0.4.2", "gitlink-minor"),
     "v0.18": ("core_v0.18.2", "v0.5.1", "gitlink-minor"),

@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput, RocmportError
 from rocmport.release_line import ReleaseLine
-from rocmport.upstream.companion import has_upper_bound
+from rocmport.upstream.companion import tightest_range
 from rocmport.upstream.lock import Pin
 from rocmport.upstream.store import Store
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM, UPSTREAMS
@@ -165,11 +165,15 @@ def declared_requirement(sdist_path: Path, name: str) -> Requirement | None:
     return None
 
 
-def choose_bridge_from_index(store: Store, core_version: str, index_url: str | None = None) -> SdistFile | None:
-    """Newest final megatron-bridge sdist whose declared megatron-core range is bounded and admits the version."""
-    finals = [s for s in list_sdists(MEGATRON_BRIDGE.distribution, index_url) if is_final(s.version)]
-    for sdist in reversed(finals):
+def choose_bridge_from_index(store: Store, core_version: str, index_url: str | None = None) -> tuple[SdistFile, str] | None:
+    """The final megatron-bridge sdist made for ``core_version``: of those whose declared megatron-core
+    range is bounded and admits it, the tightest range (companion rule 3), with the explanation."""
+    finals = [s for s in list_sdists(MEGATRON_BRIDGE.distribution, index_url) if is_final(s.version)][::-1]
+    declared = []
+    for sdist in finals:
         req = declared_requirement(download(store, sdist), MEGATRON_LM.distribution)
-        if req is not None and has_upper_bound(req.specifier) and req.specifier.contains(core_version, prereleases=True):
-            return sdist
-    return None
+        declared.append((str(sdist.version), req.specifier if req is not None else None))
+    chosen = tightest_range(declared, core_version)
+    if chosen is None:
+        return None
+    return next(s for s in finals if str(s.version) == chosen[0]), chosen[1]

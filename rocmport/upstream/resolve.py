@@ -83,9 +83,10 @@ def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[
         if found is None:
             warn(f"megatron-bridge: no sdist on the index declares a bounded {MEGATRON_LM.distribution} range admitting {mlm.version}; no companion pinned")
             return pins
-        pin = package_index.pin_from_index(store, "megatron-bridge", str(found.version))
+        sdist, why = found
+        pin = package_index.pin_from_index(store, "megatron-bridge", str(sdist.version))
         pin.requested_ref, pin.chosen_by = f"companion of {mlm.resolved_ref}", "declared-range"
-        say(f"megatron-bridge: {found.version} chosen by rule declared-range (its sdist's {MEGATRON_LM.distribution} requirement admits {mlm.version})")
+        say(f"megatron-bridge: {sdist.version} chosen by rule declared-range: {why} (sdists' Requires-Dist)")
     pins["megatron-bridge"] = pin
     return pins
 

@@ -70,13 +70,15 @@ def bridge_pyproject(core_spec: str) -> str:
 
 
 def build_bridge(root: Path, mlm: dict[str, str]) -> dict[str, str]:
-    """Bridge-shaped repo: v0.2.0 (gitlink an untagged 0.16.0rc0, declares <0.16), v0.3.1 (gitlink exactly 0.16.1,
-    declares >=0.16,<0.17), v0.4.0 (gitlink 0.17.0rc0, unbounded), and a pre-release v0.5.0rc0."""
+    """Bridge-shaped repo, ranges as upstream declares them: v0.2.0 and v0.2.2 (gitlink an untagged 0.16.0rc0,
+    declare >=0.15.0a0,<0.16), v0.3.1 (gitlink exactly 0.16.1, declares >=0.15.0a0,<0.17: admits 0.15.x too),
+    v0.4.0 (gitlink 0.17.0rc0, unbounded), and a pre-release v0.5.0rc0."""
     repo = init(root)
     out = {}
     for tag, link, spec in (
         ("v0.2.0", mlm["0.16.0rc0"], ">=0.15.0a0,<0.16.0"),
-        ("v0.3.1", mlm["0.16.1"], ">=0.16.0,<0.17.0"),
+        ("v0.2.2", mlm["0.16.0rc0"], ">=0.15.0a0,<0.16.0"),
+        ("v0.3.1", mlm["0.16.1"], ">=0.15.0a0,<0.17.0"),
         ("v0.4.0", mlm["0.17.0rc0"], ""),
         ("v0.5.0rc0", mlm["0.18.0"], ""),
     ):
