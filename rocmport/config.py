@@ -7,12 +7,12 @@ Precedence, lowest first: built-in defaults < [tool.rocmport] < .rocmport/local.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from rocmport._compat import tomllib
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.upstreams import NAMES, UPSTREAMS

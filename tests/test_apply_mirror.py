@@ -64,6 +64,7 @@ def test_mirror_sync_apply_every_line(tmp_path, monkeypatch, capsys, line, ref, 
         print(f"\n{line}: apply cold {cold:.2f}s, no-op {warm:.3f}s, patch bucket {report['patches'][0]['bucket']}")
 
 
+@pytest.mark.torch
 @pytest.mark.network
 def test_pypi_sync_apply(tmp_path, real_index, capsys):
     """`sync --source pypi` + `apply` on the real megatron-core 0.16.1 sdist (cached between runs)."""

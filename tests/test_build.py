@@ -32,6 +32,7 @@ def test_build_refuses_without_a_port_or_with_edits(tmp_path, monkeypatch, capsy
     assert not (proj.root / "dist").exists()
 
 
+@pytest.mark.torch
 @pytest.mark.network
 def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, real_index, capsys):
     root = project_with(tmp_path / "project", {"megatron-lm": "v0.16", "megatron-bridge": "v0.3"})

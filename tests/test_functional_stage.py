@@ -112,6 +112,7 @@ def test_parse_losses_and_default_case():
     assert default_case(2, 2, te_present=True) == "gpt3_mcore_te_tp2_pp2"
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_functional_case_runs_records_and_compares_golden(tmp_path):
     tree = make_tree(tmp_path / "tree", FAKE_PRETRAIN)
@@ -143,6 +144,7 @@ def test_upstream_a100_golden_side_by_side(tmp_path):
     assert ref["summary"] == "step 1: 10.9272 vs 10.9000, step 5: 10.9293 vs 10.5000"
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
     tree = make_tree(tmp_path / "tree", BLOCKED_PRETRAIN)

@@ -89,6 +89,7 @@ def fixture_tree(root: Path) -> Path:
     return root
 
 
+@pytest.mark.torch
 def test_verify_dry_run_renders_every_stage(tmp_path, capsys):
     tree = fixture_tree(tmp_path / "tree")
     rc = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--dry-run", "--json", "--nnodes", "2", "--node-rank", "0",
@@ -105,6 +106,7 @@ def test_verify_dry_run_renders_every_stage(tmp_path, capsys):
     assert plan["unit-tests"][3] == "--nproc_per_node=8" and "rocmport.verify.pytest_plugin" in plan["unit-tests"]
 
 
+@pytest.mark.torch
 def test_verify_rejects_bad_launch_flags(tmp_path, capsys):
     tree = fixture_tree(tmp_path / "tree")
     assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--dry-run", "--nnodes", "2"]) == 2
@@ -121,6 +123,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_two_torchrun_nodes_rendezvous_on_this_machine(tmp_path):
     """Both "nodes" run the command their Launcher renders; c10d joins them into one world of 4."""
@@ -152,6 +155,7 @@ def test_slurm_environment_mapping():
                    "MASTER_ADDR": "mi300-07", "MASTER_PORT": "29400"}
 
 
+@pytest.mark.torch
 def test_slurm_task_runs_target_with_torch_env(tmp_path):
     """One real task, as srun would start it: rank variables from Slurm's, then the script runs."""
     (tmp_path / "allreduce.py").write_text(ALLREDUCE)

@@ -92,6 +92,7 @@ def _dist(root: Path, name: str, deps: list[str]) -> Path:
     return d
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_pip_dry_run_shows_what_would_be_pulled(tmp_path):
     """pip's own resolver on a local wheel house: the unported manifest pulls a CUDA-only chain

@@ -146,6 +146,7 @@ def test_refresh_json_and_bad_input(port, capsys):
     assert re.search(r"1:  [0-9a-f]+ = 1:  [0-9a-f]+ rocm line ten", data["range_diff"])
 
 
+@pytest.mark.torch
 def test_verify_failure_is_labelled_against_the_old_pin(port):
     """The new release breaks imports; the old port imports fine, so the failure is the new upstream's."""
     port.tag({"megatron/core/__init__.py": "import rocmport_test_no_such_package  # noqa\n"}, "core_v0.17.0", "0.17.0")

@@ -70,6 +70,7 @@ def child_env(tmp_path):
 FILES = ["tests/unit_tests/test_ops.py", "tests/unit_tests/test_needs_te.py"]
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_port_run_merges_ranks(tmp_path, child_env):
     tree, _ = upstream_repo(tmp_path / "up")
@@ -82,6 +83,7 @@ def test_port_run_merges_ranks(tmp_path, child_env):
     assert "transformer_engine_not_here" in res["details"]["tests/unit_tests/test_needs_te.py"]
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     tree, base = upstream_repo(tmp_path / "up")
@@ -159,6 +161,7 @@ HANGS = textwrap.dedent("""\
     """)
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, child_env):
     tree, _ = upstream_repo(tmp_path / "up")
@@ -181,6 +184,7 @@ def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, 
     assert "still running when the stage stopped it" in res["details"]["tests/unit_tests/test_hangs.py::test_sleeps_forever"]
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 def test_a_rank_that_finishes_first_with_a_failure_does_not_cut_its_peers_short(tmp_path, child_env):
     """torchrun stops every rank once one exits non-zero: rank 0 fails fast and ends, rank 1 is

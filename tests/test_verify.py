@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -54,6 +55,7 @@ def minimal_tree(root: Path, random_py: str = "") -> Path:
     return root
 
 
+@pytest.mark.torch
 @pytest.mark.parametrize("args, message", [
     (["--tp", "2", "--pp", "2", "--nproc", "6"], "--nproc 6 is not a multiple of tp×pp = 4"),
     (["--tp", "3"], "--tp 3: the verify model has 4 heads"),
@@ -72,12 +74,28 @@ def test_missing_tree_and_not_megatron(tmp_path, capsys):
 
 
 def test_interpreter_too_old(tmp_path, capsys):
+    """Like Megatron-LM v0.17+ (>=3.12) on 3.11: exit 2, one line, saying how to get that Python."""
+    nxt = f"3.{sys.version_info.minor + 1}"
     tree = minimal_tree(tmp_path / "t")
-    (tree / "pyproject.toml").write_text('[project]\nname = "megatron-core"\nrequires-python = ">=3.99"\n')
+    (tree / "pyproject.toml").write_text(f'[project]\nname = "megatron-core"\nrequires-python = ">={nxt}"\n')
+    before = sorted(p.name for p in tmp_path.rglob("*"))
     assert main(["verify", "--tree", str(tree)]) == 2
-    assert "requires Python >=3.99 but rocmport runs on Python" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert f"requires Python >={nxt} but rocmport runs on Python {platform.python_version()}" in err
+    assert f"make a Python {nxt} environment" in err and f"python{nxt} -m venv" in err and "pip install torch" in err
+    assert "on ROCm" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written
 
 
+def test_verify_without_torch_is_bad_input_naming_the_fix(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, as where none is installed
+    tree = minimal_tree(tmp_path / "t")
+    assert main(["verify", "--tree", str(tree)]) == 2
+    err = capsys.readouterr().err
+    assert "verify needs torch" in err and "pip install torch" in err and "never be replaced" in err
+
+
+@pytest.mark.torch
 def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     # A tree whose RNG internals differ from what the proxy shim knows.
     tree = minimal_tree(tmp_path / "t", "def model_parallel_cuda_manual_seed(seed):\n    pass\n")
@@ -93,6 +111,7 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     assert suite.get("tests") == "2" and suite.get("skipped") == "1" and suite.get("failures") == "0"
 
 
+@pytest.mark.torch
 def test_import_failure_names_chain(tmp_path, capsys):
     tree = minimal_tree(tmp_path / "t")
     (tree / "megatron/core/__init__.py").write_text("from megatron.core import inner\n")
@@ -125,6 +144,7 @@ def test_report_schema_junit_and_plot(tmp_path):
     assert plot.splitlines()[0].endswith("*  ") and "(3 iterations)" in plot
 
 
+@pytest.mark.torch
 def test_env_and_doctor(capsys):
     assert main(["env", "--json"]) == 0
     names = [e["name"] for e in json.loads(capsys.readouterr().out)]
@@ -164,6 +184,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["plain", "proxy"])
 def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):

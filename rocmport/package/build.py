@@ -13,13 +13,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomlkit
 
 from rocmport import __version__, output
+from rocmport._compat import tomllib
 from rocmport.config import Settings
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.gitutil import run_git

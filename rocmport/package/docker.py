@@ -4,12 +4,12 @@ constraint that pins the image's own (ROCm) torch, so nothing can replace it."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 from packaging.requirements import Requirement
 
 from rocmport import __version__
+from rocmport._compat import tomllib
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.launch_env import LAUNCH_ENV

@@ -194,7 +194,7 @@ def rewrite_tree(tree: Path, policy: Policy) -> tuple[dict[str, str], list[Chang
 
 def cuda_only_requirements(tree: Path) -> list[tuple[str, str]]:
     """(file, requirement) for every CUDA-only requirement left in the tree's install manifests."""
-    import tomllib
+    from rocmport._compat import tomllib
 
     found = []
     pyproject = tree / "pyproject.toml"

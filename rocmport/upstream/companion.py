@@ -14,7 +14,6 @@ Rules, in order, over Bridge's final release tags (newest first):
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from rocmport._compat import tomllib
 from rocmport.gitutil import run_git
 from rocmport.release_line import ReleaseLine
 from rocmport.upstream.refs import read_file, release_tags, version_at

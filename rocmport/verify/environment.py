@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import shlex
 import sys
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from rocmport._compat import tomllib
 from rocmport.errors import BadInput
 
 # Ordinary (non-NVIDIA) dependencies megatron imports, by module -> what to pip install.
@@ -37,7 +38,12 @@ class Environment:
 
 
 def probe() -> Environment:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise BadInput(f"verify needs torch in the Python it runs with ({sys.executable}) and there is none: "
+                       f"on a CPU or CUDA machine `{sys.executable} -m pip install torch`; on ROCm run rocmport "
+                       f"with the image's Python, whose torch must never be replaced") from None
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return Environment(
@@ -59,13 +65,34 @@ def unmet_python(tree: Path) -> str | None:
         return None
 
 
+def wanted_python(spec: str) -> str | None:
+    """The oldest Python 3.x (3.10 to 3.14) that ``spec`` admits, e.g. '3.12' for '>=3.12'."""
+    try:
+        specs = SpecifierSet(spec)
+    except InvalidSpecifier:
+        return None
+    return next((f"3.{minor}" for minor in range(10, 15) if specs.contains(f"3.{minor}.0")), None)
+
+
+def python_setup_hint(spec: str) -> str:
+    """How to get an environment whose Python satisfies ``spec``: one sentence, concrete commands."""
+    want = wanted_python(spec) or "3"
+    venv = f".venv{want.replace('.', '')}"
+    source = Path(__file__).resolve().parents[2]
+    install = (f"pip install -e {shlex.quote(f'{source}[verify,bridge,proxy]')}" if (source / "pyproject.toml").is_file()
+               else "pip install 'rocmport[verify,bridge,proxy]'")
+    return (f"make a Python {want} environment and run rocmport from it: `python{want} -m venv {venv} && . {venv}/bin/activate && "
+            f"pip install torch && {install}` (on ROCm: a rocm/pytorch image with Python {want}, installing rocmport "
+            f"without touching the image's torch; see the README's \"Python 3.12 for v0.17 and later\")")
+
+
 def check_python(tree: Path) -> None:
-    """Stop with exit 2 when the tree declares a newer Python than this interpreter."""
+    """Stop with exit 2 when the tree declares a newer Python than this interpreter, saying how to get one."""
     spec = unmet_python(tree)
     if spec:
         raise BadInput(
             f"{tree} requires Python {spec} but rocmport runs on Python {platform.python_version()} ({sys.executable}); "
-            f"run verify with a Python that satisfies {spec}"
+            + python_setup_hint(spec)
         )
 
 

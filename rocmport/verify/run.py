@@ -218,6 +218,9 @@ def prepare(settings: Settings, tree: str | None, *, tp: int, pp: int, iters: in
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
+    if not (path / "megatron" / "core").is_dir():
+        raise BadInput(f"{path}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
+    environment.check_python(path)  # before anything imports torch: a 3.12 tree on 3.11 says how to get 3.12
     bridge_tree = settings.worktree_path("megatron-bridge")
     if with_bridge is None:
         with_bridge = not tree and bridge_tree.is_dir()

@@ -1,5 +1,7 @@
 """apex-to-torch: before/after on upstream-shaped code, and both ways at run time."""
 
+import pytest
+
 from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 AMP_BEFORE = '''\
@@ -94,6 +96,7 @@ def test_amp_idempotent_and_functools_never_duplicated():
     assert after.count("import functools") == 1
 
 
+@pytest.mark.torch
 def test_rewritten_amp_module_runs(tmp_path):
     body = AMP_AFTER.replace("from .utils import divide\n", "").replace("is_torch_min_version(\"2.4.0a0\")", "False")
     proc = run_tree(tmp_path, {"megatron/core/layers.py": body}, """
@@ -118,6 +121,7 @@ def test_vision_imports_guarded_with_torch_fallbacks():
     assert_idempotent("apex-to-torch", VISION_BEFORE, "megatron/legacy/model/vision/inpainting.py")
 
 
+@pytest.mark.torch
 def test_vision_model_without_apex_uses_torch(tmp_path):
     after, _ = rewrite("apex-to-torch", VISION_BEFORE, "megatron/legacy/model/vision/inpainting.py")
     proc = run_tree(tmp_path, {"megatron/legacy/__init__.py": "", "megatron/legacy/inpainting.py": after}, """
@@ -132,6 +136,7 @@ def test_vision_model_without_apex_uses_torch(tmp_path):
     assert proc.stdout.strip() == "False SyncBatchNorm LayerNorm AdamW (2, 8)"
 
 
+@pytest.mark.torch
 def test_vision_model_with_apex_is_unchanged(tmp_path):
     fake_apex = {
         "apex/__init__.py": "from . import parallel\n",
@@ -149,6 +154,7 @@ def test_vision_model_with_apex_is_unchanged(tmp_path):
     assert proc.stdout.strip() == "True apex.parallel apex.normalization apex.optimizers"
 
 
+@pytest.mark.torch
 def test_apex_amp_fallback_trains_with_torch_amp(tmp_path):
     src = '''\
 import torch

@@ -1,5 +1,7 @@
 """attention-backend-env and te-version-gates: before/after, and ROCm vs CUDA behaviour."""
 
+import pytest
+
 from tests.helpers.codemods import UTILS_V016, assert_idempotent, rewrite, run_tree
 
 LANGUAGE_MODULE = '''\
@@ -68,6 +70,7 @@ def test_attention_before_after():
     assert_idempotent("attention-backend-env", LANGUAGE_MODULE, REL)
 
 
+@pytest.mark.torch
 def test_attention_on_rocm_keeps_image_values(tmp_path):
     after, _ = rewrite("attention-backend-env", LANGUAGE_MODULE, REL)
     proc = run_tree(tmp_path, _tree(after), PROBE, hip="6.4.1")
@@ -75,6 +78,7 @@ def test_attention_on_rocm_keeps_image_values(tmp_path):
     assert proc.stdout.split("\n")[:2] == ["auto 0 1 1", "flash 1 0 0"]
 
 
+@pytest.mark.torch
 def test_attention_on_cuda_is_upstream(tmp_path):
     after, _ = rewrite("attention-backend-env", LANGUAGE_MODULE, REL)
     ported = run_tree(tmp_path / "a", _tree(after), PROBE, hip=None)
@@ -96,6 +100,7 @@ def test_te_gate_before_after():
     assert rewrite("te-version-gates", v017, "megatron/core/utils.py") == (v017, 0)
 
 
+@pytest.mark.torch
 def test_te_gate_without_and_with_te(tmp_path):
     after, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
     code = "from megatron.core.utils import is_te_min_version\nprint(is_te_min_version('2.7'), is_te_min_version('1.0'))\n"

@@ -1,5 +1,7 @@
 """capability-gates: before/after, and what the gates see on ROCm vs CUDA."""
 
+import pytest
+
 from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 CUDA_GRAPHS = '''\
@@ -35,6 +37,7 @@ def test_before_after():
     assert_idempotent("capability-gates", TRAINING_UTILS, "megatron/training/utils.py")
 
 
+@pytest.mark.torch
 def test_rdna4_is_not_blackwell_but_cuda_unchanged(tmp_path):
     after, _ = rewrite("capability-gates", CUDA_GRAPHS, "megatron/core/transformer/cuda_graphs.py")
     files = {"megatron/core/transformer/__init__.py": "", "megatron/core/transformer/cuda_graphs.py": after}

@@ -1,5 +1,7 @@
 """device-probes and flash-attention-hooks: before/after, and ROCm vs CUDA behaviour."""
 
+import pytest
+
 from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 ENERGY = '''\
@@ -76,6 +78,7 @@ def test_energy_and_affinity_before_after():
     assert_idempotent("device-probes", AFFINITY, "megatron/core/pipeline_parallel/utils.py")
 
 
+@pytest.mark.torch
 def test_energy_monitor_off_on_rocm_upstream_on_cuda(tmp_path):
     after, _ = rewrite("device-probes", ENERGY, "megatron/core/energy_monitor.py")
     files = {**FAKE_PYNVML, "megatron/core/energy_monitor.py": after}
@@ -84,6 +87,7 @@ def test_energy_monitor_off_on_rocm_upstream_on_cuda(tmp_path):
     assert run_tree(tmp_path / "c", files, code).stdout.strip() == "True NVML Shared Library Not Found"
 
 
+@pytest.mark.torch
 def test_affinity_noop_on_rocm(tmp_path):
     after, _ = rewrite("device-probes", AFFINITY, "megatron/core/pipeline_parallel/utils.py")
     files = {**FAKE_PYNVML, "megatron/core/pipeline_parallel/__init__.py": "", "megatron/core/pipeline_parallel/utils.py": after}
@@ -92,6 +96,7 @@ def test_affinity_noop_on_rocm(tmp_path):
     assert run_tree(tmp_path / "c", files, code).stdout.strip() == "NVML Shared Library Not Found"
 
 
+@pytest.mark.torch
 def test_fa3_off_on_rocm(tmp_path):
     after, sites = rewrite("flash-attention-hooks", ATTENTION, "megatron/core/transformer/attention.py")
     assert sites == 1 and "if _rocmport_is_hip():\n    HAVE_FA3 = False  # rocmport:" in after
@@ -104,6 +109,7 @@ def test_fa3_off_on_rocm(tmp_path):
     assert run_tree(tmp_path / "c", fa3, code).stdout.strip() == "True"
 
 
+@pytest.mark.torch
 def test_fa_version_without_flash_attn(tmp_path):
     after, sites = rewrite("flash-attention-hooks", UTILS, "megatron/core/utils.py")
     assert sites == 1

@@ -1,5 +1,7 @@
 """fused-kernel-fallbacks: before/after on upstream-shaped code, and both ways at run time."""
 
+import pytest
+
 from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 LOAD_BEFORE = '''\
@@ -96,6 +98,7 @@ def _load_tree(tmp_path):
     return {"megatron/legacy/__init__.py": "", LOAD_REL: after}
 
 
+@pytest.mark.torch
 def test_load_returns_early_on_rocm(tmp_path):
     proc = run_tree(tmp_path, _load_tree(tmp_path), """
         from megatron.legacy import fused_kernels
@@ -105,6 +108,7 @@ def test_load_returns_early_on_rocm(tmp_path):
     assert proc.stdout.strip() == "None"
 
 
+@pytest.mark.torch
 def test_load_on_cuda_still_runs_nvcc(tmp_path):
     cuda = tmp_path / "cuda"
     (cuda / "bin").mkdir(parents=True)
@@ -121,6 +125,7 @@ def test_load_on_cuda_still_runs_nvcc(tmp_path):
     assert proc.stdout.strip() == "12"
 
 
+@pytest.mark.torch
 def test_fusion_flags_off_on_rocm_only(tmp_path):
     files = {"megatron/training/__init__.py": "", ARGS_REL: ARGS_AFTER}
     code = """

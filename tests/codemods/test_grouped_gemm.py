@@ -1,5 +1,7 @@
 """grouped-gemm: the install hint on ROCm vs CUDA, and the sequential fallback in validate_args."""
 
+import pytest
+
 from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 UTIL = '''\
@@ -29,6 +31,7 @@ def test_before_after():
     assert_idempotent("grouped-gemm", UTIL, REL)
 
 
+@pytest.mark.torch
 def test_hint_names_amds_build_on_rocm_only(tmp_path):
     after, _ = rewrite("grouped-gemm", UTIL, REL)
     files = {"megatron/core/transformer/__init__.py": "", "megatron/core/transformer/moe/__init__.py": "", REL: after}
@@ -36,6 +39,7 @@ def test_hint_names_amds_build_on_rocm_only(tmp_path):
     assert "fanshiqing/grouped_gemm@v1.1.4" in run_tree(tmp_path / "c", files, PROBE).stdout
 
 
+@pytest.mark.torch
 def test_moe_grouped_gemm_falls_back_to_sequential_on_rocm(tmp_path):
     code = """
         import types, warnings

@@ -1,5 +1,7 @@
 """guard-nvidia-only-imports: before/after on upstream-shaped code, and both ways at run time."""
 
+import pytest
+
 from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
 
 BEFORE = '''\
@@ -70,6 +72,7 @@ def test_bridge_files_use_the_bridge_helper():
     assert "from megatron.bridge._rocm import MissingPackage" in after
 
 
+@pytest.mark.torch
 def test_absent_package_fails_at_use_not_import(tmp_path):
     proc = run_tree(tmp_path, {REL: AFTER, "megatron/post_training/__init__.py": ""}, """
         import megatron.post_training.checkpointing as c
@@ -85,6 +88,7 @@ def test_absent_package_fails_at_use_not_import(tmp_path):
     assert "ModelOpt post-training options" in proc.stdout  # what asked for it
 
 
+@pytest.mark.torch
 def test_present_package_behaves_as_upstream(tmp_path):
     fake = {
         "modelopt/__init__.py": "", "modelopt/torch/__init__.py": "", "modelopt/torch/opt/__init__.py": "NAME = 'real mto'\n",
@@ -100,6 +104,7 @@ def test_present_package_behaves_as_upstream(tmp_path):
     assert proc.stdout.strip() == "True True real mto ('restored', '/p')"
 
 
+@pytest.mark.torch
 def test_series_options_add_packages_and_their_triggers(tmp_path):
     """Bridge series guard transformer_engine too: peft/lora_layers.py imports it unconditionally."""
     from rocmport.codemods import compute_layers
@@ -127,6 +132,7 @@ def test_series_options_add_packages_and_their_triggers(tmp_path):
     assert proc.stdout.split("\n")[:2] == ["False False", "ERR True"]
 
 
+@pytest.mark.torch
 def test_placeholders_survive_annotations_evaluated_at_import(tmp_path):
     src = "from modelopt.torch.distill import DistillationModel\n\n\ndef f(m: DistillationModel | None = None) -> list[DistillationModel]:\n    return m\n"
     after, _ = rewrite("guard-nvidia-only-imports", src, "megatron/core/x.py")

@@ -52,6 +52,7 @@ def import_check(tree: Path, modules: list[str]) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(tree)})
 
 
+@pytest.mark.torch
 @pytest.mark.network
 def test_megatron_core_sdist(tmp_path):
     tree = sdist_tree(tmp_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers.codemods import UTILS_V016, assert_idempotent, rewrite, run_tree
 
 # Shaped like megatron/core/extensions/transformer_engine.py at core_v0.16.1.
@@ -98,6 +100,7 @@ def _tree(extensions: str, te: dict[str, str]) -> dict[str, str]:
             "megatron/core/extensions/transformer_engine.py": extensions, **te}
 
 
+@pytest.mark.torch
 def test_rocm_te_with_its_own_version_number_gets_the_argument_on_hip(tmp_path):
     """ROCm TE numbered 1.14 whose Linear takes delay_wgrad_compute: HIP asks the API and passes it;
     CUDA keeps upstream's version answer (refuses), exactly as the unported code does."""
@@ -110,6 +113,7 @@ def test_rocm_te_with_its_own_version_number_gets_the_argument_on_hip(tmp_path):
     assert cuda.stdout == upstream.stdout and cuda.stdout.startswith("refused: Only TE with version >=2.3.0"), cuda.stderr
 
 
+@pytest.mark.torch
 def test_api_without_the_argument_is_refused_on_hip_even_with_a_high_version(tmp_path):
     after, _ = rewrite("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
     te = _fake_te("2.9.0", "")
@@ -121,6 +125,7 @@ def test_api_without_the_argument_is_refused_on_hip_even_with_a_high_version(tmp
     assert (cuda.stdout, cuda.returncode) == (upstream.stdout, upstream.returncode)
 
 
+@pytest.mark.torch
 def test_kwargs_only_signature_falls_back_to_the_version_gate(tmp_path):
     after, _ = rewrite("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
     code = """
@@ -154,6 +159,7 @@ else:
 '''
 
 
+@pytest.mark.torch
 def test_class_availability_gate_asks_whether_te_has_the_class(tmp_path):
     rel = "megatron/core/extensions/transformer_engine.py"
     after, sites = rewrite("te-version-gates", CLASS_GATE, rel)
