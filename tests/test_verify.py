@@ -158,6 +158,44 @@ def test_env_and_doctor(capsys):
     assert d["devices"] == [] and d["hip"] is None
 
 
+RNG_HOOKS = "def _get_cuda_rng_state():\n    pass\ndef _set_cuda_rng_state(s):\n    pass\nclass CudaRNGStatesTracker:\n    pass\n"
+# Megatron-LM v0.19's DDP (core/distributed/param_and_grad_buffer.py, start_grad_sync), in miniature.
+GRAD_SYNC_V019 = """
+import torch
+def start_grad_sync(params):
+    current_stream = torch.cuda.current_stream()
+    waited = set()
+    for param in params:
+        event = getattr(param, "_cudagraph_wgrad_ready_event", None)
+        if event is not None and id(event) not in waited:
+            current_stream.wait_event(event)
+            waited.add(id(event))
+    return len(waited)
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("shim", [False, True])
+def test_proxy_answers_current_stream_for_v019_grad_sync(tmp_path, shim):
+    """v0.19's grad sync asks torch.cuda.current_stream() unconditionally: no CUDA here raises; the
+    proxy answers with the CPU stream, whose waits return at once."""
+    tree = minimal_tree(tmp_path / "t", RNG_HOOKS)
+    (tree / "megatron/core/distributed").mkdir(parents=True)
+    (tree / "megatron/core/distributed/__init__.py").write_text("")
+    (tree / "megatron/core/distributed/param_and_grad_buffer.py").write_text(GRAD_SYNC_V019)
+    code = ("import torch\n"
+            + ("from rocmport.verify import proxy_shim\nproxy_shim.install()\n" if shim else "")
+            + "from megatron.core.distributed.param_and_grad_buffer import start_grad_sync\n"
+            "p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))\n"
+            "p._cudagraph_wgrad_ready_event = q._cudagraph_wgrad_ready_event = torch.Event('cpu')\n"
+            "try:\n    print('waited', start_grad_sync([p, q, torch.nn.Parameter(torch.ones(1))]))\n"
+            "except (RuntimeError, AssertionError) as exc:\n    print('no cuda:', type(exc).__name__)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).parents[1])]), "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    last = out.stdout.strip().splitlines()[-1:]
+    # Without the shim: a CPU build of torch asserts it has no CUDA, a CUDA build finds no driver.
+    assert last == ["waited 1"] if shim else last in (["no cuda: AssertionError"], ["no cuda: RuntimeError"]), out.stderr[-2000:]
+
 
 PER_VIEW_GROUPS = """
 import json, sys

@@ -67,6 +67,9 @@ def install() -> None:
     """Patch torch.cuda and megatron's RNG hooks; enter the redirecting mode for this process."""
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *a, **k: None
+    # DDP's start_grad_sync (v0.19+) waits through torch.cuda.current_stream() for events a CUDA graph
+    # replay recorded; on the CPU everything runs in order: torch's CPU stream answers (its waits return).
+    torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()
     torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
     torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
     torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
