@@ -76,3 +76,14 @@ def upstream_of_path(relpath: str) -> Upstream:
     """The upstream a file of a ported tree belongs to, by its path (Bridge's files live under a
     `bridge` directory near the top; everything else is Megatron-LM's)."""
     return MEGATRON_BRIDGE if "bridge" in PurePosixPath(relpath).parts[:3] else MEGATRON_LM
+
+
+# The install manifests apply's last step rewrites (globs relative to a work tree).
+MANIFEST_GLOBS: tuple[str, ...] = ("pyproject.toml", "requirements*.txt", "requirements/*.txt", "megatron/*/requirements*.txt")
+
+
+def later_step_paths() -> tuple[str, ...]:
+    """Where the steps after the patches write in a work tree (globs): the codemods' helper, the
+    manifests, and what `build` stamps into its copy. A patch may not put a symlink at or above one."""
+    stamped = [p for u in UPSTREAMS.values() for p in (u.helper_path, u.package_info, f"{u.package_dir}/_rocm_build.py")]
+    return (*stamped, *MANIFEST_GLOBS)

@@ -29,6 +29,8 @@ class Codemod:
     TRIGGERS: tuple[str, ...] = ()
     # Rewritten call sites import megatron/core/_rocm.py (written by the runner when needed).
     USES_HELPER: bool = False
+    # The options a series may give it: name -> spec (see codemods/options.py); none by default.
+    OPTIONS: dict = {}
 
     def triggers(self, options: dict) -> tuple[str, ...]:
         """Cheap text tokens: a file containing none of them is never parsed."""

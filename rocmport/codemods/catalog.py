@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from rocmport.errors import BadInput
+
 from rocmport.codemods.apex_to_torch import ApexToTorch
 from rocmport.codemods.attention_backend_env import AttentionBackendEnv
 from rocmport.codemods.base import Codemod
+from rocmport.codemods.options import problems
 from rocmport.codemods.capability_gates import CapabilityGates
 from rocmport.codemods.device_probes import DeviceProbes
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
@@ -18,3 +21,15 @@ registry: dict[str, Codemod] = {
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
               DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm())
 }
+
+
+def check_recipe(codemods: list[dict], where) -> None:
+    """Every codemod of a recipe (`{name, options}` entries) exists and gets options it declares, of
+    the declared kind: BadInput naming ``where`` and the entry otherwise (before anything runs)."""
+    for i, entry in enumerate(codemods):
+        mod = registry.get(entry["name"])
+        if mod is None:
+            raise BadInput(f"{where}: key 'codemods[{i}]': unknown codemod '{entry['name']}'; known: {', '.join(sorted(registry))}")
+        found = problems(mod.OPTIONS, entry.get("options") or {})
+        if found:
+            raise BadInput(f"{where}: key 'codemods[{i}]' ({entry['name']}): {found[0]}")

@@ -10,6 +10,7 @@ import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context
 from rocmport.codemods.guard import guard_imports, helper_import
+from rocmport.codemods.options import DISTRIBUTION, MODULE
 
 DEFAULT_PACKAGES = {"modelopt": "nvidia-modelopt", "nvidia_resiliency_ext": "nvidia-resiliency-ext"}
 
@@ -21,6 +22,8 @@ class GuardNvidiaOnlyImports(Codemod):
     # Only module-level (unindented) imports are guarded.
     TRIGGERS = ("\nimport modelopt", "\nfrom modelopt", "\nimport nvidia_resiliency_ext", "\nfrom nvidia_resiliency_ext")
     USES_HELPER = True
+    # More modules to guard, each with the distribution that provides it (named in the error).
+    OPTIONS = {"packages": {MODULE: DISTRIBUTION}}
 
     def triggers(self, options: dict) -> tuple[str, ...]:
         extra = options.get("packages", {})

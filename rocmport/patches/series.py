@@ -9,16 +9,20 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
-from rocmport.upstreams import UPSTREAMS
+from rocmport.inputs import has_control, is_int, is_str_list, is_str_map, parse_yaml, read_text, type_name
+from rocmport.patches import diff as diffs
+from rocmport.upstreams import NAMES, UPSTREAMS
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
-_SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths", "manifests", "verify"}
+_SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths", "manifests", "verify", "allow",
+                "max_patch_bytes"}
+DEFAULT_MAX_PATCH_BYTES = 2 << 20  # a hand-kept patch is kilobytes; `max_patch_bytes:` in the series raises it
+MAX_SERIES_BYTES = 1 << 20
 KNOWN_FIELDS = ("Description", "Upstream-Status", "Bug", "Forwarded", "Author", "Origin", "Last-Update")
 
 
@@ -28,6 +32,7 @@ class PatchFile:
     path: Path
     header: dict[str, str]
     diff: str  # the diff text after the header
+    files: list[diffs.FileChange] = field(default_factory=list)  # what the diff changes, checked
 
     @property
     def description(self) -> str:
@@ -51,6 +56,9 @@ class Series:
     manifests: dict | bool | None = None
     # verify's settings for this line: {unit_tests: [paths], known_failures: {test id or file: reason}}.
     verify: dict = field(default_factory=dict)
+    # What the patches may do beyond text edits (`allow:`): binary, gitlinks, mode-changes, symlinks.
+    allow: frozenset[str] = frozenset()
+    max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES
 
     @property
     def dir(self) -> Path:
@@ -62,12 +70,19 @@ class Series:
 
 def split_header(text: str) -> tuple[list[str], str]:
     """Header lines before the first `---`/`diff --git` line, and the rest."""
+    header, body, _ = _split(text)
+    return header, body
+
+
+def _split(text: str) -> tuple[list[str], str, int]:
+    """Header lines, the diff text, and the file line the diff starts on."""
     lines = text.splitlines(keepends=True)
     for i, line in enumerate(lines):
         if line.startswith("diff --git ") or line.rstrip("\n") == "---" or line.startswith("--- "):
-            body = lines[i + 1:] if line.rstrip("\n") == "---" else lines[i:]
-            return [ln.rstrip("\n") for ln in lines[:i]], "".join(body)
-    return [ln.rstrip("\n") for ln in lines], ""
+            sep = line.rstrip("\n") == "---"
+            body = lines[i + 1:] if sep else lines[i:]
+            return [ln.rstrip("\n") for ln in lines[:i]], "".join(body), i + 1 + sep
+    return [ln.rstrip("\n") for ln in lines], "", len(lines) + 1
 
 
 def parse_header(lines: list[str], where: Path) -> dict[str, str]:
@@ -103,71 +118,138 @@ def lint_header(header: dict[str, str], where: Path) -> list[str]:
     return problems
 
 
-def load_patch(path: Path) -> PatchFile:
+def load_patch(path: Path, *, allow: frozenset[str] = frozenset(), max_bytes: int = DEFAULT_MAX_PATCH_BYTES) -> PatchFile:
+    """A patch file, fully checked: UTF-8, its DEP-3 header, its diff (paths, modes, links; git can parse it)."""
     if not path.is_file():
         raise BadInput(f"{path}: listed in the series but missing; add the file or drop it from `patches:`")
-    text = path.read_text(encoding="utf-8")
-    header_lines, diff = split_header(text)
+    text = read_text(path, "patch", max_bytes=max_bytes,
+                     fix="save it as UTF-8 (a binary change needs `allow: [binary]` and git's base85 form)")
+    return parse_patch(text, path, allow=allow)
+
+
+def parse_patch(text: str, path: Path, *, allow: frozenset[str] = frozenset()) -> PatchFile:
+    header_lines, diff, first_line = _split(text)
     header = parse_header(header_lines, path)
     problems = lint_header(header, path)
     if problems:
         raise BadInput(problems[0])
     if not diff.strip():
         raise BadInput(f"{path}: no diff after the header")
-    return PatchFile(path.name, path, header, diff)
+    files = diffs.parse(diff, path, first_line=first_line, allow=allow)
+    return PatchFile(path.name, path, header, diff, files)
+
+
+def _series_fail(path: Path, key: str, what: str) -> BadInput:
+    return BadInput(f"{path}: key '{key}' {what}")
+
+
+def _plain_name(name) -> bool:
+    return isinstance(name, str) and bool(name) and name not in (".", "..") and not any(c in name for c in "/\\") and not has_control(name)
+
+
+def _rel_dir(p) -> bool:
+    return (isinstance(p, str) and bool(p.strip("/")) and not p.startswith("/") and ".." not in p.split("/")
+            and not has_control(p))
+
+
+def _check_upstream(path: Path, upstream: str) -> None:
+    if upstream not in NAMES:
+        raise _series_fail(path, "upstream", f"is {upstream!r}; known upstreams: {', '.join(NAMES)}")
+    # patchsets/<upstream>/<line>/series (or a refresh's staged <upstream>/series)
+    for d in (path.parent.parent.name, path.parent.name):
+        if d in NAMES:
+            if d != upstream:
+                raise _series_fail(path, "upstream", f"is {upstream!r} but the series lives under {d}/; "
+                                                     f"move it to patchsets/{upstream}/ or fix the key")
+            return
+
+
+def _codemods(path: Path, raw) -> list[dict]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _series_fail(path, "codemods", f"must be a list of codemod names or {{name, options}} (found {type_name(raw)})")
+    out, seen = [], set()
+    for i, entry in enumerate(raw):
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if (not isinstance(entry, dict) or set(map(str, entry)) - {"name", "options"} or not _plain_name(entry.get("name"))
+                or not isinstance(entry.get("options") if entry.get("options") is not None else {}, dict)
+                or not all(isinstance(k, str) for k in (entry.get("options") or {}))):
+            raise _series_fail(path, f"codemods[{i}]", "must be a codemod name or {name: NAME, options: {OPTION: VALUE}}")
+        if entry["name"] in seen:
+            raise _series_fail(path, f"codemods[{i}]", f"lists {entry['name']!r} a second time")
+        seen.add(entry["name"])
+        out.append({"name": entry["name"], "options": entry.get("options") or {}})
+    return out
+
+
+def _manifests(path: Path, raw):
+    ok = raw is None or raw is False or (
+        isinstance(raw, dict) and set(map(str, raw)) <= {"drop", "keep"}
+        and (raw.get("drop") is None or is_str_map(raw["drop"])) and (raw.get("keep") is None or is_str_list(raw["keep"])))
+    if not ok:
+        raise _series_fail(path, "manifests", "must be false or a mapping with 'drop' ({name: reason}) and 'keep' ([names])")
+    return raw
+
+
+def _verify(path: Path, raw) -> dict:
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict) or set(map(str, raw)) - {"unit_tests", "known_failures"}:
+        raise _series_fail(path, "verify", "must be a mapping with 'unit_tests' ([paths]) and 'known_failures' ({test id: reason})")
+    tests = raw.get("unit_tests")
+    if tests is not None and not (is_str_list(tests) and all(t and not t.startswith("-") and not has_control(t) for t in tests)):
+        raise _series_fail(path, "verify.unit_tests", "must be a list of test paths (strings) under the tree")
+    failures = raw.get("known_failures")
+    if failures is not None and not (is_str_map(failures) and all(k and not has_control(k) for k in failures)):
+        raise _series_fail(path, "verify.known_failures", "must map test ids, files or directories (strings) to reasons (strings)")
+    return {k: v for k, v in raw.items() if v is not None}
 
 
 def load_series(path: Path) -> Series:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise BadInput(f"{path}: not valid YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+    """A series file and every patch it lists, fully checked before anything uses them (exit 2 naming
+    the file and key otherwise)."""
+    data = parse_yaml(read_text(path, "series file", max_bytes=MAX_SERIES_BYTES), path)
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a mapping with upstream, line, versions, patches, codemods, excluded_paths")
-    unknown = set(data) - _SERIES_KEYS
+    unknown = sorted(str(k) for k in set(data) - _SERIES_KEYS)
     if unknown:
-        raise BadInput(f"{path}: unknown key '{sorted(unknown)[0]}'; known: {', '.join(sorted(_SERIES_KEYS))}")
+        raise BadInput(f"{path}: unknown key '{unknown[0]}'; known: {', '.join(sorted(_SERIES_KEYS))}")
     for key in ("upstream", "line", "versions"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise BadInput(f"{path}: key '{key}' must be a non-empty string")
+        if not isinstance(data.get(key), str) or not data[key] or has_control(data[key]):
+            raise _series_fail(path, key, f"must be a non-empty one-line string (found {type_name(data.get(key))})")
+    _check_upstream(path, data["upstream"])
     try:
         spec = SpecifierSet(data["versions"])
     except InvalidSpecifier:
-        raise BadInput(f"{path}: key 'versions' is not a PEP 440 specifier set: {data['versions']!r}") from None
+        raise _series_fail(path, "versions", f"is not a PEP 440 specifier set: {data['versions']!r}") from None
     patches = data.get("patches") or []
-    if not isinstance(patches, list) or not all(isinstance(p, str) and "/" not in p for p in patches):
-        raise BadInput(f"{path}: key 'patches' must be a list of file names in the series directory")
-    codemods = []
-    for i, entry in enumerate(data.get("codemods") or []):
-        if isinstance(entry, str):
-            entry = {"name": entry, "options": {}}
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("options", {}), dict):
-            raise BadInput(f"{path}: key 'codemods[{i}]' must be a name or {{name, options}}")
-        codemods.append({"name": entry["name"], "options": entry.get("options") or {}})
+    if not isinstance(patches, list) or not all(_plain_name(p) for p in patches):
+        raise _series_fail(path, "patches", "must be a list of file names in the series directory")
+    dup = next((p for i, p in enumerate(patches) if p in patches[:i]), None)
+    if dup:
+        raise _series_fail(path, "patches", f"lists {dup} twice; a patch applies once")
     excluded = data.get("excluded_paths") or []
-    if not isinstance(excluded, list) or not all(isinstance(p, str) and p.strip("/") and ".." not in p.split("/") and not p.startswith("/") for p in excluded):
-        raise BadInput(f"{path}: key 'excluded_paths' must be a list of relative directories")
-    manifests = data.get("manifests")
-    if not (manifests is None or manifests is False or (
-            isinstance(manifests, dict) and set(manifests) <= {"drop", "keep"}
-            and isinstance(manifests.get("drop", {}), dict) and all(isinstance(v, str) for v in (manifests.get("drop") or {}).values())
-            and isinstance(manifests.get("keep", []), list) and all(isinstance(v, str) for v in manifests.get("keep") or []))):
-        raise BadInput(f"{path}: key 'manifests' must be false or a mapping with 'drop' ({{name: reason}}) and 'keep' ([names])")
-    verify = data.get("verify") or {}
-    if not (isinstance(verify, dict) and set(verify) <= {"unit_tests", "known_failures"}
-            and isinstance(verify.get("unit_tests", []), list) and isinstance(verify.get("known_failures", {}), dict)):
-        raise BadInput(f"{path}: key 'verify' must be a mapping with 'unit_tests' ([paths]) and 'known_failures' ({{test id: reason}})")
+    if not isinstance(excluded, list) or not all(_rel_dir(p) for p in excluded):
+        raise _series_fail(path, "excluded_paths", "must be a list of relative directories")
+    allow = data.get("allow") or []
+    if not isinstance(allow, list) or not all(isinstance(a, str) and a in diffs.ALLOWABLE for a in allow):
+        raise _series_fail(path, "allow", f"must be a list of: {', '.join(diffs.ALLOWABLE)}")
+    limit = data.get("max_patch_bytes", DEFAULT_MAX_PATCH_BYTES)
+    if not is_int(limit) or limit < 1:
+        raise _series_fail(path, "max_patch_bytes", f"must be a positive number of bytes (found {limit!r})")
     return Series(
         path=path,
         upstream=data["upstream"],
         line=data["line"],
         versions=spec,
-        patches=[load_patch(path.parent / p) for p in patches],
-        codemods=codemods,
+        patches=[load_patch(path.parent / p, allow=frozenset(allow), max_bytes=limit) for p in patches],
+        codemods=_codemods(path, data.get("codemods")),
         excluded_paths=[p.strip("/") for p in excluded],
-        manifests=manifests,
-        verify=verify,
+        manifests=_manifests(path, data.get("manifests")),
+        verify=_verify(path, data.get("verify")),
+        allow=frozenset(allow),
+        max_patch_bytes=limit,
     )
 
 

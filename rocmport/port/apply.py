@@ -16,6 +16,7 @@ from typing import Literal
 
 from rocmport import __version__, output
 from rocmport.codemods import compute_layers, registry
+from rocmport.codemods.catalog import check_recipe
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
@@ -59,15 +60,10 @@ class ApplyReport:
 
 
 def codemod_versions(series: Series) -> dict[str, str]:
-    if not series.codemods:
-        return {}
-    out = {}
-    for entry in series.codemods:
-        mod = registry.get(entry["name"])
-        if mod is None:
-            raise BadInput(f"{series.path}: unknown codemod '{entry['name']}'; known: {', '.join(sorted(registry))}")
-        out[entry["name"]] = mod.VERSION
-    return out
+    """Each codemod's version; unknown codemods and options they do not declare are refused here,
+    before anything is touched."""
+    check_recipe(series.codemods, series.path)
+    return {entry["name"]: registry[entry["name"]].VERSION for entry in series.codemods}
 
 
 def inputs_hash(pin: Pin, series: Series, versions: dict[str, str]) -> str:

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import NoReturn
 
 import yaml
+from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.inputs import decode, has_control, is_int, parse_yaml, read_text, ref_problem, type_name
+from rocmport.redact import CREDENTIAL_HELP, has_credentials
+from rocmport.upstream.remotes import validate_url
 from rocmport.upstreams import NAMES
 
 SCHEMA_VERSION = 1
@@ -81,23 +86,66 @@ def _fail(path, key: str, what: str) -> NoReturn:
     raise BadInput(f"{path}: key '{key}' {what}; re-run `rocmport sync --ref REF` to rewrite the lock")
 
 
-def parse_lock(text: str, path: str | Path = "upstream.lock") -> Lock:
+FIX = "re-run `rocmport sync --ref REF` to rewrite the lock"
+MAX_BYTES = 1 << 20  # a lock is a few hundred bytes; anything near this is not one
+COMPANION_RULES = ("gitlink-exact", "gitlink-minor", "declared-range", "override")
+_SDIST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.(tar\.gz|zip)")
+
+
+def _check_pin(path, prefix: str, entry: dict) -> None:
+    """Every value of one pin, by its meaning: refs git can use, a PEP 440 version, a URL without credentials."""
+    if entry["source"] not in SOURCES:
+        _fail(path, f"{prefix}.source", f"must be one of {', '.join(SOURCES)}")
+    if not _SHA_RE.fullmatch(entry["commit"]):
+        _fail(path, f"{prefix}.commit", "must be a full 40-hex commit id")
+    why = ref_problem(entry["resolved_ref"])
+    if why:
+        _fail(path, f"{prefix}.resolved_ref", f"{why}: not a ref git can use")
+    if has_control(entry["requested_ref"]) or len(entry["requested_ref"]) > 200:
+        _fail(path, f"{prefix}.requested_ref", "must be one line of text (no control characters)")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise BadInput(f"{path}: not valid YAML{where}; re-run `rocmport sync --ref REF` to rewrite the lock") from None
+        datetime.fromisoformat(entry["commit_date"])
+    except ValueError:
+        _fail(path, f"{prefix}.commit_date", "must be an ISO 8601 date and time")
+    try:
+        validate_url(prefix.rpartition(".")[2], entry["url"])
+    except BadInput as exc:
+        _fail(path, f"{prefix}.url", f"is not a usable URL ({str(exc).partition(': ')[2]})")
+    if has_credentials(entry["url"]):
+        _fail(path, f"{prefix}.url", f"holds credentials; a lock never does ({CREDENTIAL_HELP})")
+    sdist = entry.get("sdist")
+    if entry["source"] == "pypi":
+        if (not isinstance(sdist, dict) or set(sdist) != {"filename", "sha256"} or not isinstance(sdist["filename"], str)
+                or not _SDIST_NAME_RE.fullmatch(sdist["filename"]) or not isinstance(sdist["sha256"], str)
+                or not _SHA256_RE.fullmatch(sdist["sha256"])):
+            _fail(path, f"{prefix}.sdist", "must hold 'filename' (an sdist file name) and a 64-hex 'sha256' for a pypi source")
+    elif sdist is not None:
+        _fail(path, f"{prefix}.sdist", "is only valid for a pypi source")
+    for key in ("chosen_by", "version"):
+        if key in entry and not isinstance(entry[key], str):
+            _fail(path, f"{prefix}.{key}", f"must be a string (found {type_name(entry[key])})")
+    if "chosen_by" in entry and entry["chosen_by"] not in COMPANION_RULES:
+        _fail(path, f"{prefix}.chosen_by", f"must be one of {', '.join(COMPANION_RULES)}")
+    if "version" in entry:
+        try:
+            Version(entry["version"])
+        except InvalidVersion:
+            _fail(path, f"{prefix}.version", f"{entry['version']!r} is not a PEP 440 version")
+
+
+def parse_lock(text: str, path: str | Path = "upstream.lock") -> Lock:
+    data = parse_yaml(text, path, FIX)
     if not isinstance(data, dict):
-        raise BadInput(f"{path}: expected a mapping with 'schema_version' and 'upstreams'")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        _fail(path, "schema_version", f"must be {SCHEMA_VERSION} (found {data.get('schema_version')!r})")
+        raise BadInput(f"{path}: expected a mapping with 'schema_version' and 'upstreams'; {FIX}")
+    version = data.get("schema_version")
+    if not is_int(version) or version != SCHEMA_VERSION:
+        _fail(path, "schema_version", f"must be {SCHEMA_VERSION} (found {version!r})")
     ups = data.get("upstreams")
     if not isinstance(ups, dict) or not ups:
         _fail(path, "upstreams", "must be a non-empty mapping")
-    extra = set(data) - {"schema_version", "upstreams"}
+    extra = sorted(str(k) for k in set(data) - {"schema_version", "upstreams"})
     if extra:
-        _fail(path, sorted(extra)[0], "is not part of the lock schema")
+        _fail(path, extra[0], "is not part of the lock schema")
     lock = Lock()
     for name, entry in ups.items():
         prefix = f"upstreams.{name}"
@@ -109,34 +157,27 @@ def parse_lock(text: str, path: str | Path = "upstream.lock") -> Lock:
             if key not in entry:
                 _fail(path, f"{prefix}.{key}", "is missing")
             if not isinstance(entry[key], str) or not entry[key]:
-                _fail(path, f"{prefix}.{key}", "must be a non-empty string")
-        unknown = set(entry) - set(_REQUIRED) - set(_OPTIONAL)
+                _fail(path, f"{prefix}.{key}", f"must be a non-empty string (found {type_name(entry[key])})")
+        unknown = sorted(str(k) for k in set(entry) - set(_REQUIRED) - set(_OPTIONAL))
         if unknown:
-            _fail(path, f"{prefix}.{sorted(unknown)[0]}", "is not part of the lock schema")
-        if entry["source"] not in SOURCES:
-            _fail(path, f"{prefix}.source", f"must be one of {', '.join(SOURCES)}")
-        if not _SHA_RE.match(entry["commit"]):
-            _fail(path, f"{prefix}.commit", "must be a full 40-hex commit id")
-        sdist = entry.get("sdist")
-        if entry["source"] == "pypi":
-            if not isinstance(sdist, dict) or not isinstance(sdist.get("filename"), str) or not _SHA256_RE.match(str(sdist.get("sha256", ""))):
-                _fail(path, f"{prefix}.sdist", "must hold 'filename' and a 64-hex 'sha256' for a pypi source")
-        elif sdist is not None:
-            _fail(path, f"{prefix}.sdist", "is only valid for a pypi source")
-        for key in ("chosen_by", "version"):
-            if key in entry and not isinstance(entry[key], str):
-                _fail(path, f"{prefix}.{key}", "must be a string")
+            _fail(path, f"{prefix}.{unknown[0]}", "is not part of the lock schema")
+        _check_pin(path, prefix, entry)
         lock.upstreams[name] = Pin(entry["url"], entry["source"], entry["requested_ref"], entry["resolved_ref"], entry["commit"],
                                    entry["commit_date"], sdist=entry.get("sdist"), chosen_by=entry.get("chosen_by"),
                                    version=entry.get("version"))
     return lock
 
 
+def parse_lock_bytes(data: bytes, path: str | Path = "upstream.lock") -> Lock:
+    """The lock in ``data`` (a file's bytes): not UTF-8 is refused with the byte offset."""
+    return parse_lock(decode(data, path, FIX), path)
+
+
 def load_lock(path: str | Path) -> Lock:
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"{path}: no lock file; run `rocmport sync --ref REF` first")
-    return parse_lock(path.read_text(encoding="utf-8"), path)
+    return parse_lock(read_text(path, "lock file", max_bytes=MAX_BYTES, fix=FIX), path)
 
 
 def load_lock_or_none(path: str | Path) -> Lock | None:
