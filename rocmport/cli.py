@@ -22,6 +22,7 @@ import click
 
 from rocmport import __version__
 from rocmport.config import default_cache_dir
+from rocmport.redact import redact
 from rocmport.errors import EXIT_INTERNAL, EXIT_PROBLEM, EXIT_USAGE, RocmportError
 
 # name -> module under rocmport.commands; each module defines `command`.
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     try:
         rv = cli.main(args=argv, prog_name="rocmport", standalone_mode=False)
     except RocmportError as exc:
-        click.secho(f"rocmport: error: {exc}", err=True, fg="red")
+        click.secho(f"rocmport: error: {redact(str(exc))}", err=True, fg="red")
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -97,11 +98,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 130
     except OSError as exc:  # the file system or the machine said no (a full disk, a path that is a directory)
-        click.secho(f"rocmport: error: {_one_line(exc)}", err=True, fg="red")
+        click.secho(f"rocmport: error: {redact(_one_line(exc))}", err=True, fg="red")
         return EXIT_PROBLEM
     except Exception as exc:  # a bug in rocmport: one line here, the traceback in a log file
         log = write_crash_log(sys.argv[1:] if argv is None else list(argv))
-        click.secho(f"rocmport: internal error: {type(exc).__name__}: {_one_line(exc)}; the traceback is in {log}; "
+        click.secho(f"rocmport: internal error: {type(exc).__name__}: {redact(_one_line(exc))}; the traceback is in {log}; "
                     f"please report it with that file", err=True, fg="red")
         return EXIT_INTERNAL
     return rv if isinstance(rv, int) else 0
@@ -121,7 +122,7 @@ def write_crash_log(argv: list[str]) -> Path:
     for directory in (default_cache_dir() / "logs", Path(tempfile.gettempdir())):
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(text, encoding="utf-8")
+            (directory / name).write_text(redact(text), encoding="utf-8")
             return directory / name
         except OSError:
             continue

@@ -15,6 +15,8 @@ import yaml
 from rocmport._compat import tomllib
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.inputs import is_str_map, parse_yaml, read_text
+from rocmport.redact import without_credentials
 from rocmport.upstreams import NAMES, UPSTREAMS
 
 DEFAULT_REMOTES = {name: u.url for name, u in UPSTREAMS.items()}
@@ -99,12 +101,18 @@ def read_local_config(root: Path) -> dict:
     path = root / LOCAL_CONFIG
     if not path.is_file():
         return {}
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix or delete it") from None
+    data = parse_yaml(read_text(path, "local settings file", max_bytes=1 << 20, fix="fix or delete it"), path, "fix or delete it") or {}
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a mapping; fix or delete it")
+    unknown = sorted(str(k) for k in set(data) - {"remotes", "cache_dir", "worktree_dir"})
+    if unknown:
+        raise BadInput(f"{path}: unknown key '{unknown[0]}' (known: cache_dir, remotes, worktree_dir); fix or delete it")
+    remotes = data.get("remotes") or {}
+    if not is_str_map(remotes) or set(remotes) - set(NAMES):
+        raise BadInput(f"{path}: key 'remotes' must map upstream names ({', '.join(NAMES)}) to URLs; fix or delete it")
+    for key in ("cache_dir", "worktree_dir"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise BadInput(f"{path}: key '{key}' must be a directory path; fix or delete it")
     return data
 
 
@@ -114,6 +122,8 @@ def write_local_config(root: Path, data: dict) -> None:
     ignore = path.parent / ".gitignore"
     if not ignore.exists():
         atomic_write_text(ignore, "*\n")
+    if isinstance(data.get("remotes"), dict):  # never a credential on disk: git's credential helpers keep those
+        data = {**data, "remotes": {k: without_credentials(v) for k, v in data["remotes"].items()}}
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=True, default_flow_style=False))
 
 

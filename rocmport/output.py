@@ -8,18 +8,23 @@ from contextlib import contextmanager
 
 import click
 
+from rocmport.redact import redact
+
+
+# Everything printed goes through redact(): a credential in a URL is never shown, wherever it came from.
+
 
 def emit_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+    click.echo(redact(json.dumps(data, indent=2, sort_keys=True, default=str)))
 
 
 def info(msg: str) -> None:
     """A line for the human reader, on stderr so --json stdout stays clean."""
-    click.echo(msg, err=True)
+    click.echo(redact(msg), err=True)
 
 
 def warn(msg: str) -> None:
-    click.secho(f"warning: {msg}", err=True, fg="yellow")
+    click.secho(f"warning: {redact(msg)}", err=True, fg="yellow")
 
 
 @contextmanager
@@ -28,7 +33,7 @@ def progress(description: str):
     if sys.stderr.isatty():
         from rich.console import Console
 
-        with Console(stderr=True).status(description):
+        with Console(stderr=True).status(redact(description)):
             yield
     else:
         info(f"... {description}")
@@ -40,7 +45,7 @@ def table(headers: list[str], rows: list[list], title: str | None = None) -> Non
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(*headers, title=title, show_lines=False)
+    t = Table(*headers, title=redact(title) if title else title, show_lines=False)
     for row in rows:
-        t.add_row(*[str(c) for c in row])
+        t.add_row(*[redact(str(c)) for c in row])
     Console(width=None if sys.stdout.isatty() else 160).print(t)

@@ -30,6 +30,9 @@ def test_build_refuses_without_a_port_or_with_edits(tmp_path, monkeypatch, capsy
     assert main(["-C", str(proj.root), "build", "--no-check-deps"]) == 2
     assert "uncommitted changes (megatron/core/utils.py)" in capsys.readouterr().err
     assert not (proj.root / "dist").exists()
+    assert main(["-C", str(proj.root), "build", "--build-number", "-3"]) == 2
+    assert "'--build-number': -3 is not in the range x>=0" in capsys.readouterr().err
+    assert not (proj.root / "dist").exists()
 
 
 @pytest.mark.torch

@@ -306,3 +306,58 @@ def test_json_output_and_status(upstreams, capsys):
     assert st["lock"]["schema_version"] == 1
     assert st["cached"] == {"megatron-bridge": True, "megatron-lm": True}
     assert st["worktrees"] == {}
+
+
+def test_credentials_are_used_never_stored_or_printed(upstreams, capsys):
+    """`user:TOKEN@` in a URL: not in upstream.lock, not in .rocmport/local.yaml, not in any output
+    (progress, errors, --json), and the user is pointed at git credential helpers."""
+    url = "https://user:TOKEN123@127.0.0.1:9/NVIDIA/Megatron-LM.git"
+    assert run(upstreams, "sync", "--ref", "v0.16", "--source", "git", "--no-bridge", "--remote", f"megatron-lm={url}") == 2
+    out, err = capsys.readouterr()
+    assert "TOKEN123" not in out + err and "https://***@127.0.0.1:9/" in err and "credential helper" in err
+    assert run(upstreams, "sync", "--ref", "v0.16", *remotes(upstreams)) == 0
+    capsys.readouterr()
+    assert run(upstreams, "sync", "--ref", "v0.16", "--offline", "--json", "--remote", f"megatron-lm={url}") == 0
+    out, err = capsys.readouterr()
+    assert "TOKEN123" not in out + err
+    lock_text = (upstreams["project"] / "upstream.lock").read_text()
+    local = (upstreams["project"] / ".rocmport" / "local.yaml").read_text()
+    assert "TOKEN123" not in lock_text + local and "user" not in lock_text + local
+    assert lock(upstreams)["megatron-lm"]["url"] == "https://127.0.0.1:9/NVIDIA/Megatron-LM.git"
+
+
+@pytest.mark.parametrize("url", ["ssh://%2DoProxyCommand=touch%20{marker}/x", "ssh://git@host/%2D-upload-pack=touch%20{marker}",
+                                 "ssh://%2Duser@host/x", "ssh://host%0Aevil/x", "https://host/%0Ax"])
+def test_urls_are_checked_after_percent_decoding(upstreams, capsys, url):
+    marker = upstreams["tmp"] / "pwned"
+    assert run(upstreams, "sync", "--ref", "v0.16", "--remote", f"megatron-lm={url.format(marker=marker)}") == 2
+    assert "after percent-decoding" in capsys.readouterr().err
+    assert not marker.exists() and not (upstreams["tmp"] / "cache" / "mirrors").exists()
+
+
+def test_offline_with_a_missing_remote_path_stores_nothing(upstreams, capsys):
+    assert run(upstreams, "sync", "--ref", "v0.16", *remotes(upstreams)) == 0
+    local = (upstreams["project"] / ".rocmport" / "local.yaml").read_bytes()
+    capsys.readouterr()
+    assert run(upstreams, "sync", "--ref", "v0.16", "--offline", "--remote", "megatron-lm=/nonexistent/Megatron-LM") == 2
+    assert "/nonexistent/Megatron-LM': no such directory" in capsys.readouterr().err
+    assert (upstreams["project"] / ".rocmport" / "local.yaml").read_bytes() == local
+
+
+def test_deleted_tag_is_reported_like_a_moved_one(upstreams, capsys):
+    assert run(upstreams, "sync", "--ref", "v0.16", *remotes(upstreams)) == 0
+    before = (upstreams["project"] / "upstream.lock").read_bytes()
+    g(upstreams["mlm"], "tag", "-d", "core_v0.16.1")
+    capsys.readouterr()
+    assert run(upstreams, "sync") == 1
+    assert "core_v0.16.1 is gone upstream (the tag was deleted)" in capsys.readouterr().err
+    assert (upstreams["project"] / "upstream.lock").read_bytes() == before
+
+
+def test_unknown_line_suggests_the_nearest_lines(upstreams, capsys):
+    g(upstreams["mlm"], "tag", "core_v0.60.0")
+    g(upstreams["mlm"], "tag", "core_v0.62.0")
+    assert run(upstreams, "sync", "--ref", "v0.61", *remotes(upstreams)) == 2
+    err = capsys.readouterr().err
+    assert "nearest release lines: v0.18 (newest core_v0.18.0), v0.60 (newest core_v0.60.0), v0.62 (newest core_v0.62.0)" in err
+    assert "v0.15.3" not in err

@@ -16,7 +16,7 @@ from rocmport.upstreams import NAMES, UPSTREAMS
 @click.command("build")
 @click.option("--upstream", type=click.Choice(sorted(NAMES)), help="Only this upstream (default: every applied one).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="dist", show_default=True, help="Where wheels and sdists go.")
-@click.option("--build-number", type=int, help="The N of +rocm.N (default: commits that touched the series in this project).")
+@click.option("--build-number", type=click.IntRange(min=0), help="The N of +rocm.N (default: commits that touched the series in this project).")
 @click.option("--check-deps/--no-check-deps", default=True, show_default=True,
               help="Check with `pip install --dry-run --report` that installing the wheels pulls nothing CUDA-only.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")

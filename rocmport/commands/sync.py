@@ -8,6 +8,8 @@ import click
 from rocmport import output
 from rocmport.config import load_settings, persist_overrides
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
+from rocmport.redact import CREDENTIAL_HELP, has_credentials
+from rocmport.upstream.remotes import local_git_dir, validate_url
 from rocmport.upstream.resolve import SOURCES, sync
 
 
@@ -45,6 +47,12 @@ def command(obj, ref, pre, remote_args, cache_dir, offline, source, bridge_ref, 
         raise BadInput("--bridge-ref and --no-bridge contradict each other; give one")
     remotes = _parse_remotes(remote_args)
     settings = load_settings(obj["project"], remotes=remotes, cache_dir=cache_dir)
+    for name, url in remotes.items():  # what will be remembered must exist, even --offline
+        remote = validate_url(name, url)
+        if remote.is_local:
+            local_git_dir(remote)
+    if any(has_credentials(url) for url in remotes.values()):
+        output.warn(CREDENTIAL_HELP)
     result = sync(settings, ref, pre=pre, offline=offline, source=source, bridge_ref=bridge_ref, no_bridge=no_bridge)
     persist_overrides(settings, remotes, cache_dir)
     if as_json:

@@ -93,7 +93,7 @@ def resolves_inside(link: str, target: str) -> bool:
         return False
     joined = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
     parts = PurePosixPath(joined).parts
-    return bool(parts) and parts[0] != ".." and ".git" not in parts and joined != "."
+    return bool(parts) and parts[0] != ".." and ".git" not in parts
 
 
 def later_step_writes(path: str) -> str | None:

@@ -71,7 +71,7 @@ def release_tags(mirror: Path, tag_map: dict[str, str] | None = None) -> list[Re
     return sorted(found, key=lambda t: (t.version, t.core_prefixed, t.name))
 
 
-def _branches(mirror: Path) -> dict[str, str]:
+def branches(mirror: Path) -> dict[str, str]:
     out = git("for-each-ref", "--format=%(refname:strip=2) %(objectname)", "refs/heads", cwd=mirror)
     return dict(line.split(" ", 1) for line in out.splitlines() if line)
 
@@ -109,9 +109,9 @@ def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = "me
         for tag in reversed(rels):
             if str(tag.version) == wanted or tag.name.endswith("v" + wanted):
                 return Resolution(requested, tag.name, tag.commit, "tag", f"{requested} -> {tag.name} ({tag.commit[:12]}): no tag named {requested}, {tag.name} is that release")
-    branches = _branches(mirror)
-    if requested in branches:
-        commit = branches[requested]
+    heads = branches(mirror)
+    if requested in heads:
+        commit = heads[requested]
         return Resolution(requested, requested, commit, "branch", f"{requested} -> branch head {commit[:12]}")
     if _SHA_RE.match(requested):
         proc = run_git("rev-parse", "--verify", "--quiet", f"{requested}^{{commit}}", cwd=mirror, check=False)
@@ -122,6 +122,26 @@ def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = "me
 
 
 def _closest(requested: str, rels: list[ReleaseTag]) -> str:
+    """What to suggest for a ref that names nothing: for a release line, the nearest existing lines
+    by number; for a version, the release tags nearest it; for anything else, the tags spelled most alike."""
+    line = ReleaseLine.match(requested)
+    m = None if line else (_TAG_RE.match(requested) or re.match(r"^v?(?P<version>\d+\.\d+\.\d+\S*)$", requested))
+    if line is not None and rels:
+        newest: dict[ReleaseLine, ReleaseTag] = {}
+        for t in rels:  # oldest first: the last final one seen per line is its newest
+            if t.is_final or ReleaseLine.of(t.version) not in newest:
+                newest[ReleaseLine.of(t.version)] = t
+        near = sorted(newest, key=lambda ln: (abs((ln.major - line.major) * 1000 + ln.minor - line.minor), ln))[:3]
+        return "nearest release lines: " + ", ".join(f"{ln} (newest {newest[ln].name})" for ln in sorted(near))
+    if m is not None and rels:
+        try:
+            wanted = Version(m.group("version"))
+        except InvalidVersion:
+            wanted = None
+        if wanted is not None:
+            below = [t.name for t in rels if t.version < wanted][-3:][::-1]
+            above = [t.name for t in rels if t.version > wanted][:2]
+            return f"nearest release tags: {', '.join(below + above)}"
     names = [t.name for t in rels]
     close = difflib.get_close_matches(requested, names, n=5, cutoff=0.5)
     if not close:

@@ -10,6 +10,7 @@ from urllib.parse import unquote, urlparse
 
 from rocmport.errors import BadInput
 from rocmport.gitutil import run_git
+from rocmport.redact import redact, without_credentials
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _SCP_RE = re.compile(r"^(?:[A-Za-z0-9._~-]+@)?([A-Za-z0-9._-]+):(?!//)(.+)$")
@@ -31,10 +32,27 @@ class Remote:
     def is_local(self) -> bool:
         return self.kind == "local"
 
+    @property
+    def shown(self) -> str:
+        """The URL as it may be printed: credentials redacted."""
+        return redact(self.url)
+
+    @property
+    def stored(self) -> str:
+        """The URL as it may be written to a file: without credentials."""
+        return without_credentials(self.url)
+
+
+def _unsafe(part: str) -> bool:
+    """A host, user or path of a URL that git or ssh could read as an option or that hides a
+    control character, after percent-decoding (git decodes `%2D` to `-` before it runs ssh)."""
+    decoded = unquote(part)
+    return decoded.startswith("-") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in decoded)
+
 
 def validate_url(name: str, url: str) -> Remote:
     """Classify ``url`` or raise BadInput; runs nothing, touches no network."""
-    what = f"remote {name}={url!r}"
+    what = f"remote {name}={redact(url)!r}"
     if not url or not url.strip():
         raise BadInput(f"{what}: empty URL")
     if url.startswith("-"):
@@ -51,13 +69,18 @@ def validate_url(name: str, url: str) -> Remote:
             return _local(name, url, Path(unquote(parsed.path)))
         if scheme not in NETWORK_SCHEMES:
             raise BadInput(f"{what}: transport '{scheme}' is not allowed; use https, ssh, git, a local path or file://")
-        host = parsed.hostname or ""
-        if not host or host.startswith("-") or (parsed.username or "").startswith("-"):
-            raise BadInput(f"{what}: bad host in URL")
+        try:
+            host, user, _ = parsed.hostname or "", parsed.username or "", parsed.port
+        except ValueError:
+            raise BadInput(f"{what}: bad port in URL") from None
+        if not host or _unsafe(host) or _unsafe(user) or any(c in unquote(host) for c in "/@ "):
+            raise BadInput(f"{what}: bad host or user in URL (after percent-decoding)")
+        if _unsafe(parsed.path.lstrip("/")) or _unsafe(parsed.path):
+            raise BadInput(f"{what}: bad path in URL (after percent-decoding)")
         return Remote(name, url, "network")
     scp = _SCP_RE.match(url)
     if scp and not Path(url).exists() and "/" not in url.split(":", 1)[0]:
-        if scp.group(1).startswith("-") or scp.group(2).startswith("-"):
+        if _unsafe(scp.group(1)) or _unsafe(scp.group(2)):
             raise BadInput(f"{what}: bad host or path in ssh URL")
         return Remote(name, url, "network")
     return _local(name, url, Path(url).expanduser())
@@ -70,8 +93,8 @@ def _local(name: str, url: str, path: Path) -> Remote:
 def local_git_dir(remote: Remote) -> Path:
     """The git directory of a local repository (bare mirror or work tree)."""
     if remote.local_path is None or not remote.local_path.is_dir():
-        raise BadInput(f"remote {remote.name}={remote.url!r}: no such directory; give the path of a git repository or mirror")
+        raise BadInput(f"remote {remote.name}={remote.shown!r}: no such directory; give the path of a git repository or mirror")
     proc = run_git("rev-parse", "--absolute-git-dir", cwd=remote.local_path, check=False)
     if proc.returncode != 0:
-        raise BadInput(f"remote {remote.name}={remote.url!r}: not a git repository; give a clone or bare mirror")
+        raise BadInput(f"remote {remote.name}={remote.shown!r}: not a git repository; give a clone or bare mirror")
     return Path(proc.stdout.strip())

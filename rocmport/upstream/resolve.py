@@ -28,18 +28,18 @@ class SyncResult:
 
 
 def lock_url(settings: Settings, remote: Remote) -> str:
-    """What the lock records: the canonical URL, never a machine-local override path."""
-    return UPSTREAMS[remote.name].url if remote.is_local else remote.url
+    """What the lock records: the canonical URL, never a machine-local override path, never credentials."""
+    return UPSTREAMS[remote.name].url if remote.is_local else remote.stored
 
 
 def _git_pin(settings, store, remote, requested, pre, offline, say) -> Pin:
-    with output.progress(f"fetching {remote.name} from {remote.url}"):
+    with output.progress(f"fetching {remote.name} from {remote.shown}"):
         mirror = store.update_mirror(remote, offline)
     return _pin_at(settings, mirror, remote, requested, pre, say)
 
 
 def _bridge_pin_git(settings, store, remote, mlm: Pin, bridge_ref, pre, offline, say, warn) -> Pin | None:
-    with output.progress(f"fetching {remote.name} from {remote.url}"):
+    with output.progress(f"fetching {remote.name} from {remote.shown}"):
         mirror = store.update_mirror(remote, offline)
     if bridge_ref:
         pin = _pin_at(settings, mirror, remote, bridge_ref, pre, say)
@@ -144,12 +144,18 @@ def verify_lock(settings, store, remotes, offline, say) -> SyncResult:
                 say(f"{name}: pypi {pin.resolved_ref} ok ({pin.commit[:12]})")
             continue
         remote = remotes[name]
-        with output.progress(f"fetching {name} from {remote.url}"):
+        with output.progress(f"fetching {name} from {remote.shown}"):
             mirror = store.update_mirror(remote, offline)
         if not store.has_commit(name, pin.commit):
-            result.problems.append(f"{name}: pinned commit {pin.commit} is not in {remote.url}; re-pin with `rocmport sync --ref REF`")
+            result.problems.append(f"{name}: pinned commit {pin.commit} is not in {remote.shown}; re-pin with `rocmport sync --ref REF`")
             continue
         tag_now = refs.tags(mirror).get(pin.resolved_ref)
+        if tag_now is None and pin.resolved_ref != pin.commit and pin.resolved_ref not in refs.branches(mirror):
+            result.problems.append(
+                f"{name}: {pin.resolved_ref} is gone upstream (the tag was deleted): the lock pins {pin.commit[:12]}, which "
+                f"nothing upstream names any more; the lock keeps it (re-pin with `rocmport sync --ref REF`)"
+            )
+            continue
         if tag_now is not None and tag_now != pin.commit:
             result.problems.append(
                 f"{name}: tag {pin.resolved_ref} moved: lock pins {pin.commit[:12]}, upstream now {tag_now[:12]}; "

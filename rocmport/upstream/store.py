@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 from rocmport.errors import BadInput, ProblemFound, RocmportError
 from rocmport.fsutil import file_lock
+from rocmport.redact import redact
 from rocmport.gitutil import FIXED_IDENTITY, GitError, git, has_commit, run_git
 from rocmport.upstream.remotes import Remote, RemoteUnreachable, local_git_dir
 from rocmport.upstreams import UPSTREAMS
@@ -72,7 +73,7 @@ class Store:
                 else:
                     _fetch_network(mirror, remote)
             except GitError as exc:
-                raise RocmportError(f"updating the cache mirror of {remote.name} from {remote.url} failed: {exc}") from None
+                raise RocmportError(f"updating the cache mirror of {remote.name} from {remote.shown} failed: {redact(str(exc))}") from None
         return mirror
 
     # -- sdists ----------------------------------------------------------------------------------
@@ -163,11 +164,11 @@ def _fetch_network(mirror: Path, remote: Remote) -> None:
     err = proc.stderr
     if "pack-objects died" in err or re.search(r"unable to read [0-9a-f]{40}|missing blob object", err):
         raise RocmportError(
-            f"fetching {remote.name} from {remote.url} failed: the source lacks objects (pack-objects died); "
+            f"fetching {remote.name} from {remote.shown} failed: the source lacks objects (pack-objects died); "
             f"clone it by plain path instead: `rocmport sync --remote {remote.name}=/path/to/mirror`"
         )
     first = next((ln for ln in err.splitlines() if ln.strip()), f"exit {proc.returncode}").strip()
-    raise RemoteUnreachable(f"cannot reach {remote.name} at {remote.url}: {first}; check the URL, or use --offline / --source pypi")
+    raise RemoteUnreachable(f"cannot reach {remote.name} at {remote.shown}: {redact(first)}; check the URL, or use --offline / --source pypi")
 
 
 def _check_alternates(mirror: Path, name: str) -> None:

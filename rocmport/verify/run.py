@@ -21,6 +21,12 @@ from rocmport.verify.launcher import Launcher
 from rocmport.upstreams import MEGATRON_LM
 
 
+def check_sizes(tp: int, pp: int, iters: int) -> None:
+    """The option checks a run and a --dry-run share."""
+    if tp < 1 or pp < 1 or iters < 2:
+        raise BadInput("--tp and --pp must be >= 1 and --iters >= 2")
+
+
 def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, backend: str, iters: int,
                bridge_tree: Path | None = None, unit: dict | None = None, functional: dict | None = None,
                launcher: Launcher = Launcher()) -> dict:
@@ -29,8 +35,7 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
     functional GPT case (None: the stage is not run)."""
     if not (tree / MEGATRON_LM.package_dir).is_dir():
         raise BadInput(f"{tree}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
-    if tp < 1 or pp < 1 or iters < 2:
-        raise BadInput("--tp and --pp must be >= 1 and --iters >= 2")
+    check_sizes(tp, pp, iters)
     if nproc is not None:
         if nproc % (tp * pp):
             raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
@@ -215,6 +220,7 @@ def prepare(settings: Settings, tree: str | None, *, tp: int, pp: int, iters: in
             record_golden: bool, with_bridge: bool | None, launcher_kind: str, nnodes: int, node_rank: int,
             rdzv_endpoint: str | None) -> Prepared:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
+    check_sizes(tp, pp, iters)
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")

@@ -35,6 +35,22 @@ def make_patch(repo: Path, edits: dict[str, str], desc="fix a thing", status="RO
     return HEADER.format(desc=desc, status=status, extra=f"Bug: {bug}\n" if bug else "") + diff
 
 
+def link_patch(path: str, target: str, desc="add a link") -> str:
+    """A DEP-3 patch that creates the symlink ``path`` -> ``target`` (mode 120000), as git writes it."""
+    return (HEADER.format(desc=desc, status="Pending", extra="") + f"diff --git a/{path} b/{path}\nnew file mode 120000\n"
+            f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+{target}\n\\ No newline at end of file\n")
+
+
+def file_to_link_patch(path: str, old: str, target: str) -> str:
+    """A DEP-3 patch that turns the regular file ``path`` (content ``old``) into a symlink to ``target``."""
+    lines = old.splitlines()
+    return (HEADER.format(desc="file to link", status="Pending", extra="")
+            + f"diff --git a/{path} b/{path}\ndeleted file mode 100644\n--- a/{path}\n+++ /dev/null\n"
+            + f"@@ -1,{len(lines)} +0,0 @@\n" + "".join(f"-{ln}\n" for ln in lines)
+            + f"diff --git a/{path} b/{path}\nnew file mode 120000\n--- /dev/null\n+++ b/{path}\n"
+            + f"@@ -0,0 +1 @@\n+{target}\n\\ No newline at end of file\n")
+
+
 class Project:
     def __init__(self, tmp: Path, monkeypatch):
         self.tmp = tmp
@@ -64,11 +80,11 @@ class Project:
         Lock(upstreams={"megatron-lm": Pin("https://github.com/NVIDIA/Megatron-LM.git", "git", "v0.16", ref, sha,
                                            "2025-01-01T00:00:00+00:00", version=version)}).save(self.root / "upstream.lock")
 
-    def write_series(self, patches: dict[str, str], excluded=(), codemods=()):
+    def write_series(self, patches: dict[str, str], excluded=(), codemods=(), **extra):
         for name, text in patches.items():
             (self.series_dir / name).write_text(text)
         data = {"upstream": "megatron-lm", "line": "v0.16", "versions": ">=0.16.0,<0.17.0", "patches": list(patches),
-                "codemods": list(codemods), "excluded_paths": list(excluded)}
+                "codemods": list(codemods), "excluded_paths": list(excluded), **extra}
         (self.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
 
     @property
