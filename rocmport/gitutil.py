@@ -109,3 +109,83 @@ def is_git_dir(path: str | os.PathLike) -> bool:
         return False
     proc = run_git("rev-parse", "--git-dir", cwd=p, check=False)
     return proc.returncode == 0
+
+
+def z_paths(out: str) -> list[str]:
+    """The paths of a NUL-separated (`-z`) git listing: names with spaces, quotes, newlines or
+    non-ASCII characters come through as they are, never quoted or split."""
+    return [p for p in out.split("\0") if p]
+
+
+def status_paths(tree: str | os.PathLike, untracked: str = "normal") -> list[str]:
+    """Every path `git status` reports as changed or untracked (a rename: both its names), exactly."""
+    fields = run_git("status", "--porcelain", "-z", f"--untracked-files={untracked}", cwd=tree).stdout.split("\0")
+    out, i = [], 0
+    while i < len(fields):
+        entry = fields[i]
+        i += 1
+        if len(entry) < 4:
+            continue
+        out.append(entry[3:])
+        if entry[0] in "RC":  # `R  new\0old`: the source follows
+            out.append(fields[i])
+            i += 1
+    return out
+
+
+# Lock files git creates while it writes (never under objects/): a killed git leaves them behind.
+_TOP_LOCKS = ("index.lock", "HEAD.lock", "ORIG_HEAD.lock", "FETCH_HEAD.lock", "config.lock", "packed-refs.lock", "shallow.lock",
+              "MERGE_HEAD.lock", "CHERRY_PICK_HEAD.lock", "AUTO_MERGE.lock")
+
+
+def git_lock_files(git_dir: Path) -> list[Path]:
+    """git's own *.lock files in ``git_dir`` (top level, refs/, info/, logs/)."""
+    found = [git_dir / n for n in _TOP_LOCKS if (git_dir / n).is_file()]
+    for sub in ("refs", "info", "logs"):
+        base = git_dir / sub
+        if base.is_dir():
+            found += sorted(p for p in base.rglob("*.lock") if p.is_file() and not p.is_symlink())
+    return found
+
+
+def live_git_processes(root: Path) -> list[int]:
+    """Pids of running git processes working in ``root`` (their cwd, or a file they hold open, is
+    inside it). Linux /proc; elsewhere nothing can be told, and every git counts as live."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return [-1]
+    base = os.path.realpath(root) + os.sep
+    me, found = os.getpid(), []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            if not (entry / "comm").read_text().startswith("git"):
+                continue
+            if (os.readlink(entry / "cwd") + os.sep).startswith(base):
+                found.append(int(entry.name))
+                continue
+            for fd in (entry / "fd").iterdir():
+                try:
+                    if os.readlink(fd).startswith(base):
+                        found.append(int(entry.name))
+                        break
+                except OSError:
+                    continue
+        except OSError:  # gone, or not ours to look at
+            continue
+    return found
+
+
+def clear_stale_locks(git_dir: Path, work_root: Path | None = None) -> list[Path]:
+    """Remove git's lock files in ``git_dir`` that a killed process left behind, and return them.
+
+    Only call this while holding rocmport's own file lock for that repository: then no other
+    rocmport works there, and a lock file no live git process (working in ``work_root``, default
+    the git dir) can hold is stale. When a git process is live there, nothing is removed."""
+    locks = git_lock_files(git_dir)
+    if not locks or live_git_processes(work_root or git_dir):
+        return []
+    for lock in locks:
+        lock.unlink(missing_ok=True)
+    return locks

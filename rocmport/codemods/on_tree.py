@@ -12,6 +12,7 @@ from typing import Any
 from rocmport.codemods.catalog import registry
 from rocmport.codemods.runner import LayersResult, compute_layers
 from rocmport.errors import BadInput
+from rocmport.fsutil import tree_kind, tree_read_text, tree_write_text
 
 
 @dataclass
@@ -38,8 +39,7 @@ class TreeRewrite:
         """The changes as a unified diff (a/ and b/ prefixes)."""
         chunks = []
         for rel in sorted(self.final):
-            path = self.tree / rel
-            old = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else []
+            old = tree_read_text(self.tree, rel).splitlines(keepends=True) if tree_kind(self.tree, rel) == "file" else []
             chunks.append("".join(difflib.unified_diff(old, self.final[rel].splitlines(keepends=True), f"a/{rel}", f"b/{rel}")))
         return "".join(chunks)
 
@@ -56,7 +56,6 @@ def rewrite_tree(tree: Path, only: list[str], jobs: int | None, write: bool) -> 
             out.per_file.setdefault(rel, {})[layer.name] = layer.sites.get(rel, 0)
     if write:
         for rel, text in out.final.items():
-            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tree / rel).write_text(text, encoding="utf-8")
+            tree_write_text(tree, rel, text)  # never through a link
         out.written = True
     return out

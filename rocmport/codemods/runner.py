@@ -9,7 +9,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
@@ -17,6 +17,7 @@ from rocmport.codemods.base import Context
 from rocmport.codemods.catalog import registry
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
+from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
 from rocmport.upstreams import UPSTREAMS
 
 SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", "build", "dist", ".tox"}
@@ -65,7 +66,10 @@ def python_files(tree: Path) -> list[str]:
     for root, dirs, files in os.walk(tree):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
         rel_root = Path(root).relative_to(tree)
-        out += [str(rel_root / f) if str(rel_root) != "." else f for f in sorted(files) if f.endswith(".py")]
+        # A symlinked file is not a source file (its target, when inside the tree, is read on its own);
+        # os.walk never descends into a linked directory.
+        out += [str(rel_root / f) if str(rel_root) != "." else f for f in sorted(files)
+                if f.endswith(".py") and not os.path.islink(os.path.join(root, f))]
     return out
 
 
@@ -118,8 +122,8 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
         if rel in HELPER_PATHS.values():
             continue  # the generated helper is written by the runner, never rewritten by codemods
         try:
-            text = (tree / rel).read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError) as exc:
+            text = tree_read_text(tree, rel)
+        except (UnicodeDecodeError, OSError, UnsafePath) as exc:
             result.failures.append(FileFailure(rel, None, f"unreadable: {exc}"))
             continue
         if not any(registry[s["name"]].triggered(text, s["options"]) for s in specs):
@@ -167,11 +171,15 @@ def _add_helpers(tree: Path, result: LayersResult, specs: list[dict]) -> None:
     users = [s["name"] for s in specs if registry[s["name"]].USES_HELPER]
     text = helper_text(users)
     for module, rel in HELPER_PATHS.items():
-        if not (tree / rel).parent.is_dir():
+        if tree_kind(tree, str(PurePosixPath(rel).parent)) != "dir":
             continue
         for layer in result.layers:
             if registry[layer.name].USES_HELPER and any(Context(f).helper_module == module for f in layer.files):
-                current = (tree / rel).read_text(encoding="utf-8") if (tree / rel).is_file() else None
+                kind = tree_kind(tree, rel)
+                if kind not in ("file", "missing"):  # never written or read through a link
+                    raise UnsafePath(f"{tree / rel}: the codemods' helper goes here, but it is {'a symlink' if kind == 'link' else 'not a file'}; "
+                                     f"rocmport never writes through a link (remove it from the patches or upstream)")
+                current = tree_read_text(tree, rel) if kind == "file" else None
                 if current != text:
                     layer.files[rel] = text
                     layer.sites[rel] = 0

@@ -12,7 +12,9 @@ from rocmport.port.apply import apply_project
 
 def _print_report(r) -> None:
     if r.noop:
-        output.info(f"{r.upstream}: up to date ({r.branch} at {r.result[:12]}, series {r.series_hash[:12]}); nothing to do")
+        output.info(f"{r.upstream}: up to date ({r.branch} at {(r.result or '')[:12]}, series {r.series_hash[:12]}); nothing to do")
+        return
+    if r.status == "aborted":  # the engine said where the branch is; there is no table to show
         return
     if not r.patches and not r.codemods:
         output.info(f"{r.upstream}: series {r.series} has no patches or codemods; {r.branch} is the upstream commit")

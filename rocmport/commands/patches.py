@@ -49,8 +49,11 @@ def export_cmd(obj, upstream, description, upstream_status, dry_run, as_json):
     results = {}
     for name, series, tree in ported_trees(load_settings(obj["project"]), upstream):
         r = export_commits(tree, series, description, upstream_status, dry_run=dry_run)
-        results[name] = {"written": r.written, "unchanged": r.unchanged, "would_write": sorted(r.texts) if dry_run else []}
+        results[name] = {"written": r.written, "unchanged": r.unchanged, "would_write": sorted(r.texts) if dry_run else [],
+                         "notes": r.notes}
         if not as_json:
+            for note in r.notes:
+                output.warn(f"{name}: {note}")
             for n in r.written:
                 output.info(f"{name}: wrote {series.dir / n}")
             for n in sorted(r.texts) if dry_run else []:

@@ -125,7 +125,7 @@ def parse(diff: str, where: Path, *, first_line: int = 1, allow: frozenset[str] 
             why = _bad_path(_strip(raw))
             if why:
                 raise BadInput(f"{where}: path {_strip(raw)!r} {why}; refusing the patch")
-        old, new = _modes([str(x) for x in pf.patch_info])
+        old, new = _modes([str(x) for x in pf.patch_info or ()])
         source = None if pf.is_added_file else _strip(pf.source_file)
         path = pf.path if not pf.is_removed_file else (source or pf.path)
         if (not len(pf) and not pf.is_binary_file and not pf.is_added_file and not pf.is_removed_file

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -19,9 +18,9 @@ from rocmport.codemods import compute_layers, registry
 from rocmport.codemods.catalog import check_recipe
 from rocmport.config import Settings
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text
+from rocmport.fsutil import atomic_write_text, tree_write_text
 from rocmport.gitutil import git, run_git
-from rocmport.patches.apply import PatchOutcome, apply_patch, touched_paths
+from rocmport.patches.apply import PatchOutcome, apply_patch
 from rocmport.patches.commits import explaining_patch
 from rocmport.patches.series import Series, default_series, recipe_digest, select_series
 from rocmport.port import manifests
@@ -113,16 +112,29 @@ def report_path(tree: Path) -> Path:
 def apply_project(settings: Settings, upstream: str | None, *, codemods_only=False, force=False, mode: str = "apply",
                   say=print) -> Iterator[ApplyReport]:
     """`rocmport apply`: each pinned upstream (Megatron-LM first) or only ``upstream``, one report
-    each as it finishes; a conflict ends the run there."""
+    each as it finishes; a conflict ends the run there. --continue/--abort without --upstream act on
+    the work trees that have a stopped apply (BadInput when none has)."""
     lock = load_lock(settings.lock_path)
-    for name in [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != "megatron-lm"):
+    names = [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != "megatron-lm")
+    for name in names:
         if name not in lock.upstreams:
             raise BadInput(f"{settings.lock_path}: no pin for {name}; run `rocmport sync`")
+    if mode in ("continue", "abort") and not upstream:
+        stopped = [n for n in names if _stopped(settings.worktree_path(n))]
+        if not stopped:
+            raise BadInput(f"no stopped apply to {mode} in {', '.join(str(settings.worktree_path(n)) for n in names)}")
+        names = stopped
+    for name in names:
         with output.progress(f"applying the {name} port"):
             report = apply_upstream(settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=say)
         yield report
         if report.status == "conflict":
             return
+
+
+def _stopped(tree: Path) -> bool:
+    state = wt.read_state(tree) if (tree / ".git").is_dir() else None
+    return state is not None and state.status == "conflict"
 
 
 def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=False, force=False,
@@ -135,150 +147,226 @@ def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=F
 def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only, force, mode, say, series) -> ApplyReport:
     pin = lock.upstreams[name]
     if series is None:
+        # Loading checks every patch (paths, modes, links, size, that git can parse it) before anything is touched.
         series = default_series(name, pin.version or "0") if codemods_only else select_series(settings.patchsets_dir, name, pin.version)
-    for patch in series.patches:  # reject unsafe or malformed patches before touching anything
-        touched_paths(patch)
     versions = codemod_versions(series)
     inputs = inputs_hash(pin, series, versions)
+    digest = recipe_digest(series, versions)
+    tree = settings.worktree_path(name)
+    if mode in ("continue", "abort") and not _stopped(tree):
+        raise BadInput(f"{tree}: no stopped apply to {mode}")
     store = Store(settings.cache_dir)
     mirror = _ensure_commit(settings, store, name, pin)
-    tree = settings.worktree_path(name)
     if wt.ensure_clone(mirror, tree):
-        wt.write_state(tree, {"status": "new", "prev_head": None, "patches": []})
+        wt.write_state(tree, wt.ApplyState(status="new"))
+    for lock_file in wt.clear_stale_git_locks(tree):  # we hold the tree's lock: no rocmport of ours runs here
+        say(f"{name}: removed {lock_file}, left behind by an interrupted git (no git process works in {tree})")
     state = wt.read_state(tree)
     head = wt.head(tree)
-    dirty = wt.dirty_paths(tree) if head else []
-    digest = recipe_digest(series, versions)
+    dirty = wt.dirty_paths(tree) if head and (state is None or state.status != "new") else []
 
     if mode in ("continue", "abort"):
-        if not state or state.get("status") != "conflict":
-            raise BadInput(f"{tree}: no stopped apply to {mode}")
+        assert state is not None and state.status == "conflict"
         if mode == "abort":
-            return _abort(tree, state, pin, series, digest, say)
+            return _abort(tree, state, pin, series, digest, dirty, say)
+        conflicting = state.patches[-1]["name"]
         if dirty:
-            raise BadInput(f"{tree}: uncommitted changes ({', '.join(dirty[:5])}); commit your resolution of {state['patches'][-1]['name']}, then `rocmport apply --continue`")
-        if head is None or head == state["last_good"]:
-            raise BadInput(f"{tree}: HEAD is still the last good commit; resolve {state['patches'][-1]['name']} and commit it first")
-        state["patches"][-1].update(detail=f"resolved by hand in {head[:12]}", resolved_by_hand=True, commit=head, parent=state["last_good"])
-        state["last_good"] = head
-        return _run(tree, pin, series, state, state["index"] + 1, say, settings.cache_dir)
+            raise BadInput(f"{tree}: uncommitted changes ({', '.join(dirty[:5])}); commit your resolution of {conflicting}, then `rocmport apply --continue`")
+        if head is None or head == state.last_good or state.last_good is None:
+            raise BadInput(f"{tree}: HEAD is still the last good commit; resolve {conflicting} and commit it first")
+        resolved = state.patches[-1]
+        resolved["detail"], resolved["resolved_by_hand"] = f"resolved by hand in {head[:12]}", True
+        resolved["commit"], resolved["parent"] = head, state.last_good
+        state.last_good = head
+        state.status = "in-progress"
+        return _run(tree, pin, series, state, (state.index or 0) + 1, say, settings.cache_dir)
 
-    if state and state.get("status") == "conflict":
-        raise BadInput(f"{tree}: an apply stopped at a conflict in {state['patches'][-1]['name']}; resolve and commit, then `rocmport apply --continue`, or `rocmport apply --abort`")
-    if state and state.get("status") == "done" and state.get("inputs") == inputs and head == state.get("result") and not dirty:
-        return ApplyReport(**{**state["report"], "noop": True})
+    if state and state.status == "conflict":
+        raise BadInput(f"{tree}: an apply stopped at a conflict in {state.patches[-1]['name']}; resolve and commit, then `rocmport apply --continue`, or `rocmport apply --abort`")
+    if state and state.status == "done" and state.inputs == inputs and head == state.result and not dirty and state.report:
+        return ApplyReport(**{**state.report, "noop": True})
 
-    if state and state.get("status") == "in-progress":
+    recovering = state is not None and state.status == "in-progress"
+    if recovering:
         say(f"{name}: recovering from an interrupted apply: rebuilding from the base commit")
-    elif head and (state or {}).get("status") != "new":
-        problems = []
-        if dirty:
-            problems.append(f"uncommitted changes in {', '.join(dirty[:5])}{' ...' if len(dirty) > 5 else ''}")
-        if state and state.get("result") and head != state["result"]:
-            extra = unexplained_commits(tree, series, state["result"], head)
-            if extra:
-                problems.append(f"{len(extra)} commit(s) on {git('rev-parse', '--abbrev-ref', 'HEAD', cwd=tree)} that no patch explains ({', '.join(c[:12] for c in extra[:3])})")
-        elif not state:
-            problems.append("a work tree rocmport did not build (no state file)")
-        if problems:
-            if not force:
-                raise BadInput(
-                    f"{tree}: refusing to rebuild over {'; '.join(problems)}; keep them with `rocmport patches export` "
-                    f"(or commit them elsewhere), or pass --force to save them on refs/rocmport/backup/<n> first"
-                )
-            ref = wt.save_backup(tree, "; ".join(problems))
-            say(f"{name}: saved {'; '.join(problems)} on {ref}")
+    if head and state is not None and state.status != "new":
+        problems, leftovers = _user_work(tree, series, state, head, dirty)
+        if problems and not force:
+            raise BadInput(
+                f"{tree}: refusing to rebuild over {'; '.join(problems)}; keep them with `rocmport patches export` "
+                f"(or commit them elsewhere), or pass --force to save them on refs/rocmport/backup/<n> first"
+            )
+        if problems or leftovers:
+            what = "; ".join(problems + [f"what the interrupted apply left in {', '.join(leftovers[:3])}{' ...' if len(leftovers) > 3 else ''}"] * bool(leftovers))
+            ref = wt.save_backup(tree, what)
+            say(f"{name}: saved {what} on {ref}")
+    elif head and state is None:
+        if not force:
+            raise BadInput(f"{tree}: refusing to rebuild over a work tree rocmport did not build (no state file); "
+                           f"pass --force to save what it holds on refs/rocmport/backup/<n> first")
+        ref = wt.save_backup(tree, "a work tree without a state file")
+        say(f"{name}: saved the work tree as it was on {ref}")
 
-    recovering = (state or {}).get("status") == "in-progress"
-    state = {"status": "in-progress", "inputs": inputs, "prev_head": (state or {}).get("prev_head") if recovering else head,
-             "base": pin.commit, "branch": branch_name(pin), "series": str(series.path), "series_hash": digest, "patches": [],
-             # Bridge's manifest points its Megatron-LM source at the ported tree beside it.
-             "megatron_lm_path": os.path.relpath(settings.worktree_path("megatron-lm"), tree) if name == "megatron-bridge" else None}
-    wt.write_state(tree, state)
+    prev_head = state.prev_head if recovering and state else head
+    prev_state = (state.prev_state if recovering else _returnable(state, head)) if state else None
+    new = wt.ApplyState(status="in-progress", inputs=inputs, prev_head=prev_head, prev_state=prev_state, base=pin.commit,
+                        branch=branch_name(pin), series=str(series.path), series_hash=digest,
+                        step=wt.Step("checkout", parent=head),
+                        # Bridge's manifest points its Megatron-LM source at the ported tree beside it.
+                        megatron_lm_path=os.path.relpath(settings.worktree_path("megatron-lm"), tree) if name == "megatron-bridge" else None)
+    wt.write_state(tree, new)
     wt.set_sparse(tree, pin.commit, series.excluded_paths)
     git("checkout", "-q", "--force", "-B", branch_name(pin), pin.commit, cwd=tree)
     git("clean", "-fdq", cwd=tree)
     git("tag", "-f", f"rocmport/base/{pin.resolved_ref}", pin.commit, cwd=tree)
-    state["last_good"] = pin.commit
-    return _run(tree, pin, series, state, 0, say, settings.cache_dir)
+    new.last_good, new.step = pin.commit, None
+    wt.write_state(tree, new)
+    return _run(tree, pin, series, new, 0, say, settings.cache_dir)
 
 
-def _run(tree: Path, pin: Pin, series: Series, state: dict, start: int, say, cache_dir: Path) -> ApplyReport:
-    sleep = float(os.environ.get("ROCMPORT_TEST_SLEEP_AFTER_PATCH", "0") or 0)  # crash-recovery tests only
+def _returnable(state: wt.ApplyState | None, head: str | None) -> dict | None:
+    """The state --abort goes back to: a finished port that HEAD still is."""
+    if state is not None and state.status in ("done", "aborted") and head is not None and head == state.result:
+        return state.to_json()
+    return None
+
+
+def _user_work(tree: Path, series: Series, state: wt.ApplyState, head: str, dirty: list[str]) -> tuple[list[str], list[str]]:
+    """What a user did in the tree since rocmport last wrote it (problems: refused without --force),
+    and what an interrupted apply itself left half-written (leftovers: saved, never refused). The same
+    checks for a fresh apply and for the recovery of a killed one."""
+    step = state.step if state.status == "in-progress" else None
+    leftovers = [p for p in dirty if step is not None and step.covers(p)]
+    edits = [p for p in dirty if p not in leftovers]
+    problems = []
+    if edits:
+        problems.append(f"uncommitted changes in {', '.join(edits[:5])}{' ...' if len(edits) > 5 else ''}")
+    branch = git("rev-parse", "--abbrev-ref", "HEAD", cwd=tree)
+    if state.status == "in-progress":
+        # rocmport's own commits end at last_good (or, before the checkout finished, at the HEAD it began from
+        # or the base); a kill between a commit and the state update leaves one more, on that parent, its own.
+        anchors = [a for a in ([state.last_good] if state.last_good else [state.step.parent if state.step else None, state.base]) if a]
+        anchor = next((a for a in anchors if _descends(tree, a, head)), None)
+        if anchor is None:
+            problems.append(f"HEAD moved to {head[:12]}, off the commits the interrupted apply made")
+        else:
+            extra = wt.commits_between(tree, anchor, head)
+            if extra and wt.is_own_commit(tree, extra[0], anchor):
+                extra = extra[1:]
+            if extra:
+                problems.append(f"{len(extra)} commit(s) on {branch} made after the interrupted apply ({', '.join(c[:12] for c in extra[:3])})")
+    elif state.result and head != state.result:
+        extra = unexplained_commits(tree, series, state.result, head)
+        if extra:
+            problems.append(f"{len(extra)} commit(s) on {branch} that no patch explains ({', '.join(c[:12] for c in extra[:3])})")
+    return problems, leftovers
+
+
+def _descends(tree: Path, ancestor: str, head: str) -> bool:
+    return run_git("merge-base", "--is-ancestor", ancestor, head, cwd=tree, check=False).returncode == 0
+
+
+def _run(tree: Path, pin: Pin, series: Series, state: wt.ApplyState, start: int, say, cache_dir: Path) -> ApplyReport:
     for index in range(start, len(series.patches)):
         patch = series.patches[index]
+        paths = sorted({p for f in patch.files for p in (f.path, f.source) if p})
+        state.step = wt.Step("patch", patch.name, paths, parent=state.last_good)
+        wt.write_state(tree, state)
         outcome = apply_patch(patch, tree)
-        entry = outcome.to_dict()
-        state["patches"].append(entry)
+        entry = wt.PatchEntry(**outcome.to_dict())
         if outcome.bucket == "conflict":
-            state.update(status="conflict", index=index)
+            state.patches.append(entry)
+            state.status, state.index, state.step = "conflict", index, None
             wt.write_state(tree, state)
             return _report(tree, pin, series, state, None, "conflict")
         if outcome.bucket in ("clean", "offset", "merged-3way"):
             # The commit each patch became: refresh regenerates drifted patches from it.
-            entry["parent"] = state["last_good"]
-            state["last_good"] = entry["commit"] = wt.commit_all(tree, _commit_message(patch, outcome))
+            entry["parent"] = state.last_good or pin.commit
+            state.last_good = entry["commit"] = wt.commit_all(tree, _commit_message(patch, outcome))
+        state.patches.append(entry)
+        state.step = None
         wt.write_state(tree, state)
-        if sleep:
-            time.sleep(sleep)
-    state["codemods"] = _codemod_layers(tree, series, cache_dir)
-    state["manifests"] = _manifest_layer(tree, series, state.get("megatron_lm_path"))
+    state.codemods = _codemod_layers(tree, series, cache_dir, state)
+    state.manifests = _manifest_layer(tree, series, state)
     result = wt.head(tree)
+    assert result is not None
+    state.step = wt.Step("finish", parent=result)
+    wt.write_state(tree, state)
     git("tag", "-f", f"rocmport/port/{pin.resolved_ref}", result, cwd=tree)
     report = _report(tree, pin, series, state, result, "done")
-    state.update(status="done", result=result, report={k: v for k, v in report.to_dict().items() if k != "totals"})
+    state.status, state.result, state.step = "done", result, None
+    state.report = {k: v for k, v in report.to_dict().items() if k != "totals"}
     wt.write_state(tree, state)
     return report
 
 
-def _codemod_layers(tree: Path, series: Series, cache_dir: Path) -> list[dict]:
+def _codemod_layers(tree: Path, series: Series, cache_dir: Path, state: wt.ApplyState) -> list[dict]:
     if not series.codemods:
         return []
     result = compute_layers(tree, series.codemods, cache_dir=cache_dir)
     if result.failures:
         first = result.failures[0]
         raise BadInput(f"{tree / first.path}:{first.line or '?'}: codemods could not parse this file ({first.message})")
+    touched = sorted({rel for layer in result.layers for rel in layer.files})
     layers = []
     for layer in result.layers:
-        for rel, text in layer.files.items():
-            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tree / rel).write_text(text, encoding="utf-8")
         if layer.files:
-            git("add", "--", *layer.files, cwd=tree)
-            wt.commit_all(tree, f"codemod: {layer.name} {layer.version}\n\nGenerated by rocmport; regenerate, never edit.\n\nCodemod: {layer.name}\n")
+            state.step = wt.Step("codemods", layer.name, touched, parent=state.last_good)
+            wt.write_state(tree, state)
+            for rel, text in layer.files.items():
+                tree_write_text(tree, rel, text)  # never through a link, never outside the tree
+            git("add", "--pathspec-from-file=-", "--pathspec-file-nul", cwd=tree, input="\0".join(layer.files) + "\0")
+            state.last_good = wt.commit_all(tree, f"codemod: {layer.name} {layer.version}\n\nGenerated by rocmport; regenerate, never edit.\n\nCodemod: {layer.name}\n")
+            state.step = None
+            wt.write_state(tree, state)
         layers.append({"name": layer.name, "version": layer.version, "files": sorted(layer.files), "sites": sum(layer.sites.values())})
     return layers
 
 
-def _manifest_layer(tree: Path, series: Series, megatron_lm_path: str | None) -> list[dict]:
+def _manifest_layer(tree: Path, series: Series, state: wt.ApplyState) -> list[dict]:
     """Dependency manifests without CUDA-only distributions: one commit, every change listed."""
-    policy = manifests.policy_from_series(series.manifests, megatron_lm_path)
+    policy = manifests.policy_from_series(series.manifests, state.megatron_lm_path)
     if policy is None:
         return []
     texts, changes = manifests.rewrite_tree(tree, policy)
-    for rel, text in texts.items():
-        atomic_write_text(tree / rel, text)
     if texts:
-        git("add", "--", *texts, cwd=tree)
+        state.step = wt.Step("manifests", "", sorted(texts), parent=state.last_good)
+        wt.write_state(tree, state)
+        for rel, text in texts.items():
+            tree_write_text(tree, rel, text)
+        git("add", "--pathspec-from-file=-", "--pathspec-file-nul", cwd=tree, input="\0".join(texts) + "\0")
         lines = "\n".join(f"- {c.file} {c.where}: {c.action} {c.requirement} ({c.reason})" for c in changes)
-        wt.commit_all(tree, f"manifests: ROCm dependency declarations {manifests.VERSION}\n\nGenerated by rocmport; regenerate, never edit.\n\n{lines}\n")
+        state.last_good = wt.commit_all(tree, f"manifests: ROCm dependency declarations {manifests.VERSION}\n\nGenerated by rocmport; regenerate, never edit.\n\n{lines}\n")
+        state.step = None
+        wt.write_state(tree, state)
     return [c.to_dict() for c in changes]
 
 
-def _report(tree, pin, series, state, result, status) -> ApplyReport:
+def _report(tree: Path, pin: Pin, series: Series, state: wt.ApplyState, result: str | None, status: ApplyOutcome) -> ApplyReport:
     report = ApplyReport(
         upstream=series.upstream, tree=str(tree), branch=branch_name(pin), series=str(series.path),
-        series_hash=state["series_hash"], base=pin.commit, result=result, status=status,
-        patches=list(state["patches"]), codemods=state.get("codemods", []), manifests=state.get("manifests", []),
+        series_hash=state.series_hash or "", base=pin.commit, result=result, status=status,
+        patches=[dict(p) for p in state.patches], codemods=state.codemods, manifests=state.manifests,
     )
     atomic_write_text(report_path(tree), json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
     return report
 
 
-def _abort(tree: Path, state: dict, pin: Pin, series, digest, say) -> ApplyReport:
-    target = state.get("prev_head") or pin.commit
-    git("checkout", "-q", "--force", "-B", state["branch"], target, cwd=tree)
+def _abort(tree: Path, state: wt.ApplyState, pin: Pin, series: Series, digest: str, dirty: list[str], say) -> ApplyReport:
+    """Give up a stopped apply: anything in the tree is saved first (a backup ref), then the branch goes
+    back to where it was, and so does the state, so a plain `apply` works again afterwards."""
+    branch = state.branch or branch_name(pin)
+    if dirty:
+        ref = wt.save_backup(tree, f"uncommitted work when the apply stopped at {state.patches[-1]['name']} was aborted")
+        say(f"{series.upstream}: saved the uncommitted changes and untracked files ({', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''}) on {ref}")
+    target = state.prev_head or pin.commit
+    git("checkout", "-q", "--force", "-B", branch, target, cwd=tree)
     git("clean", "-fdq", cwd=tree)
-    wt.clear_state(tree)
-    say(f"{series.upstream}: aborted; {state['branch']} is back at {target[:12]}")
-    return ApplyReport(series.upstream, str(tree), state["branch"], str(series.path), digest, pin.commit, target, "aborted")
+    previous = wt.ApplyState.from_json(state.prev_state) if state.prev_state else None
+    if previous is not None and previous.result == target:
+        wt.write_state(tree, previous)
+    else:
+        wt.write_state(tree, wt.ApplyState(status="aborted", base=pin.commit, branch=branch, result=target,
+                                           series=str(series.path), series_hash=digest))
+    say(f"{series.upstream}: aborted; {branch} is back at {target[:12]}")
+    return ApplyReport(series.upstream, str(tree), branch, str(series.path), digest, pin.commit, target, "aborted")

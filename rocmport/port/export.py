@@ -4,13 +4,14 @@ stored patches and the branch differ. A commit some patch already explains is ne
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocmport.config import Settings
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text
+from rocmport.fsutil import tree_read_text, tree_write_text
 from rocmport.gitutil import git, run_git
 from rocmport.patches.commits import commit_diff, explaining_patch, patch_matches_commit, render_patch, slug
 from rocmport.patches.series import Series, lint_header, parse_header, select_series, split_header
@@ -25,6 +26,7 @@ class ExportResult:
     written: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def ported_trees(settings: Settings, upstream: str | None) -> list[tuple[str, Series, Path]]:
@@ -45,13 +47,13 @@ def ported_trees(settings: Settings, upstream: str | None) -> list[tuple[str, Se
 
 
 def user_commits(tree: Path) -> list[str]:
-    state = wt.read_state(tree) or {}
-    if state.get("status") != "done" or not state.get("result"):
+    state = wt.read_state(tree)
+    if state is None or state.status != "done" or not state.result:
         raise BadInput(f"{tree}: no finished apply to export from; run `rocmport apply` first")
     head = wt.head(tree)
-    if head is None or run_git("merge-base", "--is-ancestor", state["result"], head, cwd=tree, check=False).returncode != 0:
-        raise BadInput(f"{tree}: HEAD does not descend from the applied port {state['result'][:12]}; rebase your commits onto it")
-    return wt.commits_between(tree, state["result"], head)
+    if head is None or run_git("merge-base", "--is-ancestor", state.result, head, cwd=tree, check=False).returncode != 0:
+        raise BadInput(f"{tree}: HEAD does not descend from the applied port {state.result[:12]}; rebase your commits onto it")
+    return wt.commits_between(tree, state.result, head)
 
 
 def export(tree: Path, series: Series, description: str | None, status: str, dry_run: bool = False) -> ExportResult:
@@ -60,7 +62,8 @@ def export(tree: Path, series: Series, description: str | None, status: str, dry
         raise BadInput(problems[0])
     result = ExportResult()
     number = len(series.patches)
-    new_names = []
+    new_names: list[str] = []
+    listed = {p.name for p in series.patches}
     for c in user_commits(tree):
         known = explaining_patch(tree, series, c)
         if known:
@@ -68,17 +71,27 @@ def export(tree: Path, series: Series, description: str | None, status: str, dry
             continue
         diff = commit_diff(tree, c)
         message = git("log", "-1", "--format=%B", c, cwd=tree)
+        subject = slug(message.splitlines()[0] if message else "patch")
         number += 1
-        name = f"{number:04d}-{slug(message.splitlines()[0] if message else 'patch')}.patch"
+        name = f"{number:04d}-{subject}.patch"
+        # The next free name: a file export did not write (listed or not) is never replaced.
+        while name in listed or name in result.texts or os.path.lexists(series.dir / name):
+            if name not in listed and name not in result.texts:
+                result.notes.append(f"{series.dir / name} exists and is not in the series: left alone")
+            number += 1
+            name = f"{number:04d}-{subject}.patch"
         result.texts[name] = render_patch(description or message, status, diff)
         new_names.append(name)
     if dry_run:
         return result
     for name, text in result.texts.items():
-        atomic_write_text(series.dir / name, text)
+        try:
+            tree_write_text(series.dir, name, text, replace=False)  # create-only, never through a link
+        except FileExistsError:
+            raise BadInput(f"{series.dir / name}: appeared while exporting; left alone, run `rocmport patches export` again") from None
         result.written.append(name)
     if new_names:
-        atomic_write_text(series.path, add_to_series(series.path.read_text(encoding="utf-8"), new_names))
+        tree_write_text(series.dir, series.path.name, add_to_series(tree_read_text(series.dir, series.path.name), new_names))
     return result
 
 
@@ -92,10 +105,9 @@ def check(tree: Path, series: Series) -> list[str]:
         if not explaining_patch(tree, series, c):
             subject = git("log", "-1", "--format=%s", c, cwd=tree)
             problems.append(f"{tree}: commit {c[:12]} '{subject}' is not in the series; run `rocmport patches export`")
-    state = wt.read_state(tree) or {}
-    base = state.get("base")
-    if base:
-        for c in wt.commits_between(tree, base, state["result"]):
+    state = wt.read_state(tree)
+    if state is not None and state.base and state.result:
+        for c in wt.commits_between(tree, state.base, state.result):
             trailer = re.search(r"^Patch: (\S+)$", git("log", "-1", "--format=%B", c, cwd=tree), re.M)
             if not trailer:
                 continue

@@ -15,7 +15,8 @@ from pathlib import Path
 import tomlkit
 from packaging.requirements import InvalidRequirement, Requirement
 
-from rocmport.upstreams import MEGATRON_LM
+from rocmport.fsutil import tree_files, tree_is_file, tree_read_text
+from rocmport.upstreams import MANIFEST_GLOBS, MEGATRON_LM
 
 VERSION = "1"
 
@@ -165,26 +166,24 @@ def rewrite_requirements(text: str, policy: Policy, file: str) -> tuple[str, lis
 
 
 def requirement_files(tree: Path) -> list[Path]:
-    """Requirements files used to install the package (not examples', tests' or docs')."""
-    found = sorted(tree.glob("requirements*.txt")) + sorted(tree.glob("requirements/*.txt"))
-    found += sorted(p for p in tree.glob("megatron/*/requirements*.txt"))
-    return [p for p in found if p.is_file()]
+    """Requirements files used to install the package (not examples', tests' or docs'): regular
+    files reached without following a link (a link is never read or rewritten)."""
+    return [tree / rel for pattern in MANIFEST_GLOBS if pattern != "pyproject.toml" for rel in tree_files(tree, pattern)]
 
 
 def rewrite_tree(tree: Path, policy: Policy) -> tuple[dict[str, str], list[Change]]:
     """New texts of the manifests that change, and every change; writes nothing."""
     texts: dict[str, str] = {}
     changes: list[Change] = []
-    pyproject = tree / "pyproject.toml"
-    if pyproject.is_file():
-        old = pyproject.read_text(encoding="utf-8")
+    if tree_is_file(tree, "pyproject.toml"):
+        old = tree_read_text(tree, "pyproject.toml")
         new, found = rewrite_pyproject(old, policy)
         if new != old:
             texts["pyproject.toml"] = new
         changes += found
     for path in requirement_files(tree):
         rel = path.relative_to(tree).as_posix()
-        old = path.read_text(encoding="utf-8")
+        old = tree_read_text(tree, rel)
         new, found = rewrite_requirements(old, policy, rel)
         if new != old:
             texts[rel] = new
@@ -197,15 +196,14 @@ def cuda_only_requirements(tree: Path) -> list[tuple[str, str]]:
     from rocmport._compat import tomllib
 
     found = []
-    pyproject = tree / "pyproject.toml"
-    if pyproject.is_file():
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    if tree_is_file(tree, "pyproject.toml"):
+        project = tomllib.loads(tree_read_text(tree, "pyproject.toml")).get("project", {})
         reqs = list(project.get("dependencies", []))
         for extra in (project.get("optional-dependencies") or {}).values():
             reqs += extra
         found += [("pyproject.toml", r) for r in reqs if is_cuda_only(r)]
     for path in requirement_files(tree):
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in tree_read_text(tree, path.relative_to(tree)).splitlines():
             body = line.split("#", 1)[0].strip()
             if body and not body.startswith("-") and is_cuda_only(body):
                 found.append((path.relative_to(tree).as_posix(), body))

@@ -22,17 +22,17 @@ def worktree_info(path: Path) -> dict | None:
         "tag", "--list", "rocmport/base/*", "--merged", "HEAD", cwd=path
     ).split()
     base = git("rev-parse", f"{base_tags[0]}^{{commit}}", cwd=path) if base_tags else None
-    state = read_state(path) or {}
-    clean = run_git("status", "--porcelain", "--untracked-files=no", cwd=path).stdout.strip() == ""
+    state = read_state(path)
+    clean = run_git("status", "--porcelain", "-z", "--untracked-files=no", cwd=path).stdout.strip("\0") == ""
     return {
         "path": str(path),
         "branch": branch,
         "base": base,
         "head": git("rev-parse", "HEAD", cwd=path),
         "clean": clean,
-        "series": state.get("series"),
-        "series_hash": state.get("series_hash"),
-        "apply_status": state.get("status"),
+        "series": state.series if state else None,
+        "series_hash": state.series_hash if state else None,
+        "apply_status": state.status if state else None,
     }
 
 

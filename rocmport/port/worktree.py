@@ -4,16 +4,18 @@ under .git so an interrupted or stopped apply can be recovered, continued or abo
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TypedDict
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import file_lock
-from rocmport.gitutil import FIXED_IDENTITY, git, rev_parse, run_git
-from rocmport.state import expect, one_of, read_json, value_of, write_json
+from rocmport.gitutil import FIXED_IDENTITY, clear_stale_locks, git, rev_parse, run_git, status_paths, z_paths
+from rocmport.state import Invalid, expect, one_of, read_json, value_of, write_json
 
 STATE = "rocmport-state.json"
 
@@ -23,25 +25,110 @@ def state_path(tree: Path) -> Path:
 
 
 # new: cloned, nothing applied; in-progress: an apply is (or was, when killed) running; conflict: stopped
-# at a patch for a human (--continue / --abort); done: the port is built.
-ApplyStatus = Literal["new", "in-progress", "conflict", "done"]
+# at a patch for a human (--continue / --abort); done: the port is built; aborted: --abort put the branch
+# back where it was before an apply that had no finished port to return to.
+ApplyStatus = Literal["new", "in-progress", "conflict", "done", "aborted"]
+StepKind = Literal["checkout", "patch", "codemods", "manifests", "finish"]
 _FIX = "delete it; `rocmport apply --force` then rebuilds the tree (keeping your commits on refs/rocmport/backup/<n>)"
 
 
-def _parse_state(data: Any) -> dict[str, Any]:
-    expect(data, dict, "the apply state")
-    one_of(value_of(data, "status", str), ApplyStatus, "key 'status'")
-    expect(data.get("patches", []), list, "key 'patches'")
-    return data
+class PatchEntry(TypedDict, total=False):
+    """One patch of an apply, as the state file and the report hold it."""
+
+    name: str
+    bucket: str
+    files: list[str]
+    offsets: list[dict[str, int]]
+    failed_hunks: list[dict[str, Any]]
+    detail: str
+    commit: str             # the commit the patch became
+    parent: str             # the commit it was applied on
+    resolved_by_hand: bool
 
 
-def read_state(tree: Path) -> dict[str, Any] | None:
+@dataclass
+class Step:
+    """What an apply is in the middle of: if it is killed there, the paths it was writing are its own
+    leftovers (kept on a backup ref, never mistaken for a user's work), and a commit on ``parent``
+    with rocmport's fixed identity and date is its own commit."""
+
+    kind: StepKind
+    name: str = ""
+    paths: list[str] | None = None   # None: any path (checkout and clean rewrite the whole tree)
+    parent: str | None = None        # the commit the step builds on
+
+    def covers(self, path: str) -> bool:
+        """Could the step have left ``path`` dirty (one of its files, or the temp file of one being written)?"""
+        if self.paths is None or path in self.paths:
+            return True
+        head, _, base = path.rpartition("/")
+        m = re.fullmatch(r"\.(.+)\.\d+\.tmp", base)
+        if m is None:
+            return False
+        return (f"{head}/{m.group(1)}" if head else m.group(1)) in self.paths
+
+
+@dataclass
+class ApplyState:
+    """The state file under .git of a work tree (`rocmport-state.json`)."""
+
+    status: ApplyStatus
+    inputs: str | None = None
+    base: str | None = None
+    branch: str | None = None
+    series: str | None = None
+    series_hash: str | None = None
+    patches: list[PatchEntry] = field(default_factory=list)
+    last_good: str | None = None
+    index: int | None = None               # the conflicting patch (status conflict)
+    step: Step | None = None
+    codemods: list[dict[str, Any]] = field(default_factory=list)
+    manifests: list[dict[str, Any]] = field(default_factory=list)
+    result: str | None = None              # the finished port (done), or where --abort put the branch (aborted)
+    report: dict[str, Any] | None = None
+    prev_head: str | None = None           # HEAD before this apply began
+    prev_state: dict[str, Any] | None = None  # the state before it (a finished port --abort goes back to)
+    megatron_lm_path: str | None = None    # Bridge: where the ported Megatron-LM tree is, from this tree
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {k: v for k, v in data.items() if v is not None}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ApplyState:
+        expect(data, dict, "the apply state")
+        status = one_of(value_of(data, "status", str), ApplyStatus, "key 'status'")
+        for key in ("inputs", "base", "branch", "series", "series_hash", "last_good", "result", "prev_head", "megatron_lm_path"):
+            value_of(data, key, str, required=False)
+        for key in ("patches", "codemods", "manifests"):
+            for i, item in enumerate(expect(data.get(key) or [], list, f"key '{key}'")):
+                expect(item, dict, f"key '{key}[{i}]'")
+        for key in ("report", "prev_state"):
+            value_of(data, key, dict, required=False)
+        index = value_of(data, "index", int, required=False)
+        step = None
+        if data.get("step") is not None:
+            raw = expect(data["step"], dict, "key 'step'")
+            paths = value_of(raw, "paths", list, "step", required=False)
+            if paths is not None and not all(isinstance(p, str) for p in paths):
+                raise Invalid("key 'step.paths' must be a list of strings")
+            step = Step(one_of(value_of(raw, "kind", str, "step"), StepKind, "key 'step.kind'"),
+                        value_of(raw, "name", str, "step", required=False) or "", paths,
+                        value_of(raw, "parent", str, "step", required=False))
+        return cls(status=status, inputs=data.get("inputs"), base=data.get("base"), branch=data.get("branch"),
+                   series=data.get("series"), series_hash=data.get("series_hash"), patches=list(data.get("patches") or []),
+                   last_good=data.get("last_good"), index=index, step=step, codemods=list(data.get("codemods") or []),
+                   manifests=list(data.get("manifests") or []), result=data.get("result"), report=data.get("report"),
+                   prev_head=data.get("prev_head"), prev_state=data.get("prev_state"), megatron_lm_path=data.get("megatron_lm_path"))
+
+
+def read_state(tree: Path) -> ApplyState | None:
     """The state of the last apply in ``tree``, None when there is none (BadInput when unreadable)."""
-    return read_json(state_path(tree), _parse_state, _FIX)
+    return read_json(state_path(tree), ApplyState.from_json, _FIX)
 
 
-def write_state(tree: Path, state: dict[str, Any]) -> None:
-    write_json(state_path(tree), state)
+def write_state(tree: Path, state: ApplyState) -> None:
+    write_json(state_path(tree), state.to_json())
 
 
 def clear_state(tree: Path) -> None:
@@ -112,8 +199,8 @@ def locked(tree: Path, timeout: float = 5) -> Iterator[None]:
 
 
 def dirty_paths(tree: Path) -> list[str]:
-    out = run_git("status", "--porcelain", "--untracked-files=normal", cwd=tree).stdout
-    return [line[3:] for line in out.splitlines() if line.strip()]
+    """Tracked files changed and untracked files (not ignored ones), by their exact names."""
+    return status_paths(tree)
 
 
 def head(tree: Path) -> str | None:
@@ -124,19 +211,44 @@ def commits_between(tree: Path, old: str, new: str) -> list[str]:
     return git("rev-list", "--reverse", f"{old}..{new}", cwd=tree).split()
 
 
+BACKUP_PREFIX = "refs/rocmport/backup/"
+_ZERO = "0" * 40
+
+
 def save_backup(tree: Path, what: str) -> str:
-    """Keep HEAD and any uncommitted edits on refs/rocmport/backup/<n> before --force resets."""
-    untracked = run_git("ls-files", "--others", "--exclude-standard", cwd=tree).stdout.split()
-    if untracked:
-        git("add", "--", *untracked, cwd=tree)  # so the stash commit holds them too
+    """Keep HEAD, every uncommitted edit and every untracked file on a new refs/rocmport/backup/<n>
+    (the next free number: an existing backup is never overwritten) before anything resets them."""
+    untracked = z_paths(run_git("ls-files", "-z", "--others", "--exclude-standard", cwd=tree).stdout)
+    if untracked:  # so the stash commit holds them too
+        git("add", "--pathspec-from-file=-", "--pathspec-file-nul", "--", cwd=tree, input="\0".join(untracked) + "\0")
     stash = git("stash", "create", f"rocmport backup ({what})", cwd=tree) if dirty_paths(tree) else ""
-    target = stash or head(tree)
-    existing = git("for-each-ref", "--format=%(refname)", "refs/rocmport/backup/", cwd=tree).split()
-    ref = f"refs/rocmport/backup/{len(existing) + 1}"
-    git("update-ref", ref, target, cwd=tree)
-    return ref
+    target = stash or git("rev-parse", "HEAD", cwd=tree)
+    taken = [r.removeprefix(BACKUP_PREFIX) for r in git("for-each-ref", "--format=%(refname)", BACKUP_PREFIX, cwd=tree).split()]
+    n = max((int(t) for t in taken if t.isdigit()), default=0)
+    while True:
+        n += 1
+        ref = f"{BACKUP_PREFIX}{n}"
+        # Create-only (old value: none): a ref that appeared meanwhile is never replaced.
+        if run_git("update-ref", "-m", f"rocmport backup: {what}", ref, target, _ZERO, cwd=tree, check=False).returncode == 0:
+            return ref
+
+
+def clear_stale_git_locks(tree: Path) -> list[str]:
+    """git lock files a killed apply left in the work tree's repository (the caller holds the work
+    tree's file lock): removed, and named for a note."""
+    return [str(p.relative_to(tree)) for p in clear_stale_locks(tree / ".git", tree)]
 
 
 def commit_all(tree: Path, message: str) -> str:
     git("commit", "-q", "--no-verify", "--allow-empty-message", "-m", message, cwd=tree, env=FIXED_IDENTITY)
     return git("rev-parse", "HEAD", cwd=tree)
+
+
+def is_own_commit(tree: Path, commit: str, parent: str | None) -> bool:
+    """Is ``commit`` one rocmport made (its fixed identity and date) directly on ``parent``?"""
+    if parent is None:
+        return False
+    fields = git("show", "-s", "--format=%P%x00%an%x00%cn%x00%aI%x00%cI", commit, cwd=tree).split("\0")
+    fixed = "2000-01-01T00:00:00+00:00"
+    return (fields[0] == parent and fields[1] == fields[2] == FIXED_IDENTITY["GIT_AUTHOR_NAME"]
+            and fields[3] == fields[4] == fixed)

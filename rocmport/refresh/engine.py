@@ -226,8 +226,8 @@ def _swap_tree(settings: Settings, name: str, warn) -> None:
     fresh = _refresh_settings(settings).worktree_path(name)
     current = settings.worktree_path(name)
     if current.exists():
-        state = wt.read_state(current) or {}
-        owned = state.get("status") == "done" and wt.head(current) == state.get("result") and not wt.dirty_paths(current)
+        state = wt.read_state(current)
+        owned = state is not None and state.status == "done" and wt.head(current) == state.result and not wt.dirty_paths(current)
         if not owned:
             warn(f"{current}: has work rocmport did not make; left as it is (the refreshed port is in {fresh})")
             return

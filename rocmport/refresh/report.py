@@ -24,8 +24,8 @@ from rocmport.verify.run import run_verify
 def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
     """A work tree holding the port of the old pin: the project's own when it is that, else one built aside."""
     tree = settings.worktree_path(name)
-    state = wt.read_state(tree) or {}
-    if state.get("status") == "done" and state.get("base") == old.upstreams[name].commit:
+    state = wt.read_state(tree)
+    if state is not None and state.status == "done" and state.base == old.upstreams[name].commit:
         return tree
     aside = dataclasses.replace(settings, worktree_dir=settings.refresh_dir / "old")
     apply_upstream(aside, old, name, force=True, say=say)

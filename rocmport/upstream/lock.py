@@ -104,7 +104,7 @@ def _check_pin(path, prefix: str, entry: dict) -> None:
     if has_control(entry["requested_ref"]) or len(entry["requested_ref"]) > 200:
         _fail(path, f"{prefix}.requested_ref", "must be one line of text (no control characters)")
     try:
-        datetime.fromisoformat(entry["commit_date"])
+        datetime.fromisoformat(entry["commit_date"].removesuffix("Z") + ("+00:00" if entry["commit_date"].endswith("Z") else ""))
     except ValueError:
         _fail(path, f"{prefix}.commit_date", "must be an ISO 8601 date and time")
     try:

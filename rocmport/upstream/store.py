@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from rocmport import output
 from rocmport.errors import BadInput, ProblemFound, RocmportError
 from rocmport.fsutil import file_lock
 from rocmport.redact import redact
-from rocmport.gitutil import FIXED_IDENTITY, GitError, git, has_commit, run_git
+from rocmport.gitutil import FIXED_IDENTITY, GitError, clear_stale_locks, git, has_commit, run_git
 from rocmport.upstream.remotes import Remote, RemoteUnreachable, local_git_dir
 from rocmport.upstreams import UPSTREAMS
 
@@ -48,7 +49,16 @@ class Store:
         """Hold the cache's file lock: concurrent syncs wait for each other instead of corrupting it."""
         with file_lock(self.root / ".lock", f"another rocmport process is updating the cache {self.root}; "
                                             f"wait for it, or remove the lock file if none runs", timeout=timeout, error=RocmportError):
+            self._clear_stale_git_locks()
             yield self
+
+    def _clear_stale_git_locks(self) -> None:
+        """Ref and config locks a killed sync left in a mirror: we hold the cache's lock, so no rocmport
+        writes there, and they are removed when no git process works in that mirror."""
+        mirrors = self.root / "mirrors"
+        for mirror in sorted(mirrors.glob("*.git")) if mirrors.is_dir() else []:
+            for lock in clear_stale_locks(mirror):
+                output.info(f"removed {lock}, left behind by an interrupted sync (no git process works in {mirror})")
 
     def has_commit(self, upstream: str, commit: str) -> bool:
         """Does the cache's mirror of ``upstream`` hold ``commit``?"""

@@ -142,11 +142,12 @@ def _bridge(result: dict, bridge_tree: Path, env: dict, tp: int, pp: int, dp: in
 
 def series_settings(tree: Path) -> tuple[dict, Path | None, str | None]:
     """The series the tree was ported with (verify's settings, its directory) and the base commit."""
-    state = wt.read_state(tree) or {}
-    series = Path(state["series"]) if state.get("series") else None
+    state = wt.read_state(tree)
+    series = Path(state.series) if state and state.series else None
+    base = state.base if state else None
     if series and series.is_file():
-        return load_series(series).verify, series.parent, state.get("base")
-    return {}, None, state.get("base")
+        return load_series(series).verify, series.parent, base
+    return {}, None, base
 
 
 def unit_options(cfg: dict, base: str | None, cache_dir: Path, tree: Path, wanted, tests, nproc: int) -> dict | None:

@@ -96,8 +96,12 @@ class Project:
 
 
 def run_apply_subprocess(root: Path, *args, env=None, wait=True):
+    """`rocmport apply` in a subprocess; with ``wait=False`` it runs in its own process group (the
+    group a test signals: the apply and every git it started)."""
     cmd = [sys.executable, "-m", "rocmport", "-C", str(root), "apply", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL if not wait else subprocess.PIPE,
+                            stderr=subprocess.DEVNULL if not wait else subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, start_new_session=not wait)
     if wait:
         out, err = proc.communicate(timeout=120)
         return proc.returncode, out, err
