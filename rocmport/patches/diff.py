@@ -115,7 +115,8 @@ def parse(diff: str, where: Path, *, first_line: int = 1, allow: frozenset[str] 
     except UnidiffParseError as exc:
         m = re.search(r"line (\d+)", str(exc))
         at = f":{int(m.group(1)) + first_line - 1}" if m else ""
-        raise BadInput(f"{where}{at}: corrupt patch: malformed diff ({exc}); regenerate it with `rocmport patches export`") from None
+        what = " ".join(str(exc).split())  # unidiff quotes the offending line, newline and all: one line here
+        raise BadInput(f"{where}{at}: corrupt patch: malformed diff ({what}); regenerate it with `rocmport patches export`") from None
     if not len(ps):
         raise BadInput(f"{where}: contains no file diff")
     _git_parses(diff, where, first_line)
