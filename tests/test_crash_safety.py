@@ -163,6 +163,10 @@ def test_backup_refs_never_overwrite(proj):
     assert apply(proj, "--force") == 0
     assert g(proj.tree, "rev-parse", "refs/rocmport/backup/2") == kept
     assert g(proj.tree, "show", "refs/rocmport/backup/3:megatron/core/utils.py") == "edit 3"
+    # Each apply remembers the finished port before it (for --abort), one level deep: no chain grows.
+    proj.write_series({"0001-f.patch": make_patch(proj.up, {"megatron/core/utils.py": "x = 9\n"})})
+    assert apply(proj) == 0
+    assert state(proj)["prev_state"]["status"] == "done" and "prev_state" not in state(proj)["prev_state"]
 
 
 def _conflict(proj):

@@ -227,7 +227,9 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
 def _returnable(state: wt.ApplyState | None, head: str | None) -> dict | None:
     """The state --abort goes back to: a finished port that HEAD still is."""
     if state is not None and state.status in ("done", "aborted") and head is not None and head == state.result:
-        return state.to_json()
+        data = state.to_json()
+        data.pop("prev_state", None)  # one level back is all --abort needs; no chain grows
+        return data
     return None
 
 
@@ -290,7 +292,7 @@ def _run(tree: Path, pin: Pin, series: Series, state: wt.ApplyState, start: int,
     state.manifests = _manifest_layer(tree, series, state)
     result = wt.head(tree)
     assert result is not None
-    state.step = wt.Step("finish", parent=result)
+    state.step = wt.Step("finish", paths=[], parent=result)  # tags and the report: nothing in the tree
     wt.write_state(tree, state)
     git("tag", "-f", f"rocmport/port/{pin.resolved_ref}", result, cwd=tree)
     report = _report(tree, pin, series, state, result, "done")
