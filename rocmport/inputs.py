@@ -84,10 +84,6 @@ def type_name(value) -> str:
             type(None): "empty"}.get(type(value), f"a {type(value).__name__}")
 
 
-def is_str(value) -> bool:
-    return isinstance(value, str)
-
-
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
