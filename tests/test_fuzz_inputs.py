@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from rocmport.errors import BadInput
 from rocmport.inputs import has_control, ref_problem
+from rocmport.patches.diff import later_step_writes, resolves_inside
 from rocmport.patches.series import load_patch, load_series
 from rocmport.upstream.lock import Lock, Pin, parse_lock, parse_lock_bytes
 
@@ -44,6 +45,14 @@ PATCH = (
     "@@ -1,3 +1,3 @@\n def f():\n-    return 1\n+    return 2\n # end\n"
     "diff --git a/megatron/core/new.py b/megatron/core/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/megatron/core/new.py\n"
     "@@ -0,0 +1,2 @@\n+x = 1\n+y = 2\n"
+)
+# What a series may allow: a symlink inside the tree, a mode change, a gitlink.
+PATCH_ALLOWED = PATCH + (
+    "diff --git a/megatron/core/alias.py b/megatron/core/alias.py\nnew file mode 120000\n--- /dev/null\n+++ b/megatron/core/alias.py\n"
+    "@@ -0,0 +1 @@\n+utils.py\n\\ No newline at end of file\n"
+    "diff --git a/tools/run.sh b/tools/run.sh\nold mode 100644\nnew mode 100755\n"
+    "diff --git a/third_party/dep b/third_party/dep\nnew file mode 160000\nindex 0000000..1234567\n--- /dev/null\n+++ b/third_party/dep\n"
+    "@@ -0,0 +1 @@\n+Subproject commit 1234567890123456789012345678901234567890\n"
 )
 SERIES = (
     "upstream: megatron-lm\nline: v0.16\nversions: '>=0.16.0rc0,<0.17.0rc0'  # a comment\npatches:\n  - 0001-f.patch\n"
@@ -222,12 +231,14 @@ def _load_patch(data: bytes | str, stats: Counter, allow: frozenset[str] = froze
             parts = Path(f.path).parts
             assert not Path(f.path).is_absolute() and ".." not in parts and ".git" not in parts
             assert allow or (f.link_target is None and not f.binary and f.new_mode not in ("120000", "160000"))
+            if f.link_target is not None:  # even allowed, a link stays inside the tree
+                assert resolves_inside(f.path, f.link_target) and later_step_writes(f.path) is None
 
 
 @pytest.mark.parametrize("kind", ["bytes", "text", "allowing-everything"])
 def test_fuzz_patch_loader(kind):
     stats: Counter = Counter()
-    strategy = mutated_bytes(PATCH) if kind == "bytes" else mutated_text(PATCH)
+    strategy = {"bytes": mutated_bytes(PATCH), "text": mutated_text(PATCH), "allowing-everything": mutated_text(PATCH_ALLOWED)}[kind]
     allow = frozenset({"binary", "gitlinks", "mode-changes", "symlinks"}) if kind == "allowing-everything" else frozenset()
 
     @FUZZ
@@ -245,4 +256,7 @@ def test_the_seeds_themselves_load(tmp_path):
     check_lock(LOCK.encode(), stats)
     _load_series(SERIES, PATCH, stats)
     _load_patch(PATCH, stats)
-    assert stats == Counter(accepted=3)
+    _load_patch(PATCH_ALLOWED, stats, frozenset({"binary", "gitlinks", "mode-changes", "symlinks"}))
+    assert stats == Counter(accepted=4)
+    _load_patch(PATCH_ALLOWED, stats)  # ... and refused when the series does not allow them
+    assert stats["refused"] == 1
