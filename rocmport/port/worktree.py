@@ -148,8 +148,8 @@ def cone_dirs(mirror_or_tree: Path, commit: str, excluded: list[str]) -> list[st
     while frontier:
         parent = frontier.pop()
         prefix = f"{parent}/" if parent else ""
-        listing = git("ls-tree", "-d", "--name-only", f"{commit}:{parent}" if parent else commit, cwd=mirror_or_tree)
-        for name in listing.splitlines():
+        listing = git("ls-tree", "-z", "-d", "--name-only", f"{commit}:{parent}" if parent else commit, cwd=mirror_or_tree)
+        for name in z_paths(listing):
             child = PurePosixPath(prefix + name)
             if child in skip:
                 continue
