@@ -46,7 +46,7 @@ class ApplyReport:
     result: str | None
     status: ApplyOutcome
     noop: bool = False
-    patches: list[dict] = field(default_factory=list)
+    patches: list[wt.PatchEntry] = field(default_factory=list)
     codemods: list[dict] = field(default_factory=list)
     manifests: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -348,7 +348,7 @@ def _report(tree: Path, pin: Pin, series: Series, state: wt.ApplyState, result: 
     report = ApplyReport(
         upstream=series.upstream, tree=str(tree), branch=branch_name(pin), series=str(series.path),
         series_hash=state.series_hash or "", base=pin.commit, result=result, status=status,
-        patches=[dict(p) for p in state.patches], codemods=state.codemods, manifests=state.manifests,
+        patches=list(state.patches), codemods=state.codemods, manifests=state.manifests,
     )
     atomic_write_text(report_path(tree), json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
     return report
