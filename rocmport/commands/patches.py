@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from rocmport import output
@@ -23,7 +25,7 @@ def command():
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def list_cmd(obj, as_json):
-    """Every series with its version range, codemods and patches."""
+    """Every series with its version range, codemods and patches, and each line's ROCm component matrix."""
     settings = load_settings(obj["project"])
     data = [describe(s) for name in NAMES for s in all_series(settings.patchsets_dir, name)]
     if as_json:
@@ -34,6 +36,15 @@ def list_cmd(obj, as_json):
     for d in data:
         for p in d["patches"]:
             output.info(f"  {d['upstream']} {d['line']}: {p['name']} [{p['upstream_status']}] {p['description']}")
+    rocm = [[d["line"], name + ("*" if c["required"] else ""), re.sub(r"^https://github.com/|\.git(?=@)", "", c["source"]),
+             c["versions"], ",".join(c["builds"]), ",".join(c["refuses"]) or "-", ",".join(c["variants"]) or "-"]
+            for d in data if d["rocm"] for name, c in d["rocm"]["components"].items()]
+    if rocm:
+        output.table(["line", "component", "source", "versions", "builds for", "refuses", "variants"], rocm,
+                     title="ROCm component matrix (rocm: in each series, the source of each choice in its comments; * required)")
+        for d in data:
+            if d["rocm"]:
+                output.info(f"  {d['upstream']} {d['line']}: base image {d['rocm']['base_image']} (Python {d['rocm']['python']})")
     return EXIT_OK
 
 

@@ -14,13 +14,15 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
 from rocmport.inputs import has_control, is_int, is_str_list, is_str_map, parse_yaml, read_text, type_name
+from rocmport.patches import components
 from rocmport.patches import diff as diffs
+from rocmport.patches.components import Matrix
 from rocmport.upstreams import NAMES, UPSTREAMS
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
 _SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths", "manifests", "verify", "allow",
-                "max_patch_bytes"}
+                "max_patch_bytes", "rocm"}
 DEFAULT_MAX_PATCH_BYTES = 2 << 20  # a hand-kept patch is kilobytes; `max_patch_bytes:` in the series raises it
 MAX_SERIES_BYTES = 1 << 20
 KNOWN_FIELDS = ("Description", "Upstream-Status", "Bug", "Forwarded", "Author", "Origin", "Last-Update")
@@ -59,6 +61,8 @@ class Series:
     # What the patches may do beyond text edits (`allow:`): binary, gitlinks, mode-changes, symlinks.
     allow: frozenset[str] = frozenset()
     max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES
+    # The ROCm component matrix (`rocm:`, rocmport/patches/components.py): None when the series has none.
+    rocm: Matrix | None = None
 
     @property
     def dir(self) -> Path:
@@ -250,6 +254,7 @@ def load_series(path: Path) -> Series:
         verify=_verify(path, data.get("verify")),
         allow=frozenset(allow),
         max_patch_bytes=limit,
+        rocm=components.parse(data["rocm"], path) if data.get("rocm") is not None else None,
     )
 
 
@@ -297,6 +302,7 @@ def describe(series: Series) -> dict:
         "codemods": [c["name"] for c in series.codemods], "excluded_paths": series.excluded_paths,
         "patches": [{"name": p.name, "description": p.description.splitlines()[0], "upstream_status": p.upstream_status}
                     for p in series.patches],
+        "rocm": series.rocm.to_dict() if series.rocm is not None else None,
     }
 
 
