@@ -1,5 +1,7 @@
-"""What this machine has for running a ported Megatron: torch and its HIP/CUDA build, ROCm and RCCL,
-the devices and their arch, ROCm builds of the accelerated packages, the launcher variables (`rocmport doctor`)."""
+"""What this machine has for running a ported Megatron (`rocmport doctor`): torch and its HIP/CUDA
+build, ROCm and RCCL, the devices and their arch, the launcher variables, and each ROCm component of
+the line's matrix — installed or not, version in range, built for this GPU's arch where its shared
+libraries record it — with what to use on this arch. `verify` asks `component_report` too."""
 
 from __future__ import annotations
 
@@ -7,48 +9,215 @@ import glob
 import importlib.metadata
 import importlib.util
 import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from rocmport.config import load_settings
+from rocmport.errors import BadInput
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
+from rocmport.patches.components import Matrix, base_arch, recommend
+from rocmport.patches.series import all_series, load_series, select_series
+from rocmport.upstream.lock import load_lock
+from rocmport.upstreams import MEGATRON_LM
 
-# import name -> distribution names to ask for a version (ROCm and CUDA builds differ in name)
-ACCELERATED = {
-    "apex": ("apex",),
-    "transformer_engine": ("transformer_engine", "transformer-engine", "transformer_engine_torch"),
-    "flash_attn": ("flash_attn", "flash-attn"),
-    "grouped_gemm": ("grouped_gemm", "grouped-gemm"),
-}
+# Code objects in a HIP fat binary are named by their offload target: hipv4-amdgcn-amd-amdhsa--gfx942[:features].
+_OFFLOAD_RE = re.compile(rb"amdgcn-amd-amdhsa--(gfx[0-9a-f]+)")
+_CHUNK = 1 << 22
+
+OK, MISSING, OUT_OF_RANGE, WRONG_ARCH, NOT_HERE = "ok", "missing", "out-of-range", "wrong-arch", "not-for-this-arch"
+NOT_IMPORTABLE, VERSION_UNKNOWN = "not-importable", "version-unknown"
+PROBLEMS = (MISSING, OUT_OF_RANGE, WRONG_ARCH, NOT_IMPORTABLE)
 
 
-def _version(dists) -> str | None:
-    for d in dists:
+@dataclass
+class ComponentRow:
+    name: str
+    required: bool
+    wanted: str
+    status: str                      # ok | missing | out-of-range | wrong-arch | not-importable | version-unknown | not-for-this-arch
+    distribution: str | None = None
+    version: str | None = None
+    built_for: list[str] | None = None   # archs its shared libraries carry code for; None: none recorded
+    detail: str = ""
+
+    @property
+    def problem(self) -> bool:
+        """A required component that is not usable here (doctor exits 1)."""
+        return self.required and self.status in PROBLEMS
+
+    def to_dict(self) -> dict:
+        return {**self.__dict__, "problem": self.problem}
+
+
+@dataclass
+class ComponentReport:
+    series: str | None
+    arch: str | None
+    arch_source: str                 # gpu | --arch | none
+    rows: list[ComponentRow] = field(default_factory=list)
+    recommendations: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[ComponentRow]:
+        return [r for r in self.rows if r.problem]
+
+    def usable(self, name: str) -> bool:
+        return any(r.name == name and r.status == OK for r in self.rows)
+
+    def versions(self) -> dict[str, str | None]:
+        return {r.name: r.version for r in self.rows}
+
+    def to_dict(self) -> dict:
+        return {"series": self.series, "arch": self.arch, "arch_source": self.arch_source,
+                "components": [r.to_dict() for r in self.rows],
+                "recommendations": [{"topic": t, "use": u, "why": w} for t, u, w in self.recommendations]}
+
+
+def offload_archs(path: Path) -> set[str]:
+    """The gfx targets whose code objects a shared library carries (uncompressed offload bundles;
+    a compressed bundle hides them, and the result is empty)."""
+    found: set[str] = set()
+    tail = b""
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                data = tail + chunk
+                found.update(m.decode() for m in _OFFLOAD_RE.findall(data))
+                tail = data[-64:]
+    except OSError:
+        return set()
+    return found
+
+
+def _installed(names: list[str]) -> importlib.metadata.Distribution | None:
+    for name in names:
         try:
-            return importlib.metadata.version(d)
+            return importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
 
 
-def doctor() -> dict:
-    import torch
+def _built_for(dist: importlib.metadata.Distribution) -> list[str] | None:
+    archs: set[str] = set()
+    libraries = [f for f in dist.files or [] if f.name.endswith(".so") or ".so." in f.name]
+    for f in libraries:
+        archs |= offload_archs(Path(str(dist.locate_file(f))))
+    return sorted(archs) if archs else None
 
-    hip = getattr(torch.version, "hip", None)
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    archs = []
+
+def gpu_arch() -> str | None:
+    """The first visible GPU's arch (gfx942 from 'gfx942:sramecc+:xnack-'), None without one."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not getattr(torch.version, "hip", None) or not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return None
+    return base_arch(getattr(torch.cuda.get_device_properties(0), "gcnArchName", None))
+
+
+def component_report(matrix: Matrix | None, arch: str | None = None) -> ComponentReport:
+    """Each component of the matrix against what is installed: one row each, and what to use on the arch.
+    ``arch`` None: the GPU's (none without one); a given arch stands in for it (planning, tests)."""
+    source = "--arch" if arch else "gpu"
+    arch = base_arch(arch) or gpu_arch()
+    report = ComponentReport(str(matrix.where) if matrix else None, arch, source if arch else "none")
+    for comp in (matrix.components.values() if matrix else ()):
+        support = comp.support(arch) if arch else None
+        row = ComponentRow(comp.name, comp.required, str(comp.versions) or "any", MISSING)
+        if support is not None and support.status == "refuses":
+            row.required = False  # not required where it cannot be built
+        dist = _installed(comp.distributions)
+        importable = importlib.util.find_spec(comp.module) is not None
+        if dist is None and importable:
+            row.status, row.detail = VERSION_UNKNOWN, f"{comp.module} imports but no distribution ({', '.join(comp.distributions)}) records its version"
+            report.rows.append(row)
+            continue
+        if dist is None:
+            row.detail = ("not installed" if support is None or support.status != "refuses"
+                          else f"not installed; does not build for {arch}: use {support.instead}")
+            if support is not None and support.status == "refuses":
+                row.status = NOT_HERE
+            report.rows.append(row)
+            continue
+        row.distribution, row.version = dist.metadata["Name"], dist.version
+        row.built_for = _built_for(dist)
+        if not importable:
+            row.status, row.detail = NOT_IMPORTABLE, f"{row.distribution} is installed but its module {comp.module} is not found"
+        elif not comp.admits(dist.version):
+            row.status, row.detail = OUT_OF_RANGE, f"{row.distribution} {dist.version} is outside {row.wanted}"
+        elif arch and row.built_for is not None and arch not in row.built_for:
+            row.status, row.detail = WRONG_ARCH, f"built for {', '.join(row.built_for)}, not {arch}; rebuild with PYTORCH_ROCM_ARCH={arch}"
+        else:
+            row.status = OK
+            row.detail = ("arch not recorded in its libraries" if row.built_for is None
+                          else ("no GPU to compare with" if not arch else f"built for {arch}"))
+        if support is not None and support.status == "refuses" and row.status == OK:
+            row.detail += f"; note: the matrix says it does not build for {arch} ({support.reason})"
+        report.rows.append(row)
+    report.recommendations = recommend(matrix, arch, {r.name: r.status == OK for r in report.rows})
+    return report
+
+
+def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    hip = getattr(torch.version, "hip", None) if torch else None
+    count = torch.cuda.device_count() if torch and torch.cuda.is_available() else 0
+    devices = []
     for i in range(count):
         props = torch.cuda.get_device_properties(i)
-        archs.append(getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}")
+        devices.append({"index": i, "name": torch.cuda.get_device_name(i),
+                        "arch": getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"})
     rocm_path = os.environ.get("ROCM_PATH") or ("/opt/rocm" if os.path.isdir("/opt/rocm") else None)
     rccl = sorted(glob.glob(os.path.join(rocm_path, "lib", "librccl.so*")))[:1] if rocm_path else []
-    packages = {}
-    for mod, dists in ACCELERATED.items():
-        found = importlib.util.find_spec(mod) is not None
-        packages[mod] = {"importable": found, "version": _version(dists) if found else None,
-                         "rocm_build": bool(found and hip)}
-    names = [n for n, _, _ in LAUNCH_ENV + DETERMINISTIC_ENV] + ["NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "PYTORCH_ROCM_ARCH", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+    names = [n for n, _, _ in LAUNCH_ENV + DETERMINISTIC_ENV] + [
+        "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "FLASH_ATTENTION_TRITON_AMD_ENABLE", "PYTORCH_ROCM_ARCH",
+        "HSA_OVERRIDE_GFX_VERSION", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+    report = component_report(matrix, arch)
     return {
-        "torch": torch.__version__, "hip": hip, "cuda": getattr(torch.version, "cuda", None),
+        "torch": torch.__version__ if torch else None, "hip": hip, "cuda": getattr(torch.version, "cuda", None) if torch else None,
         "rocm_path": rocm_path, "rccl": rccl[0] if rccl else None,
-        "devices": [{"index": i, "name": torch.cuda.get_device_name(i), "arch": archs[i]} for i in range(count)],
-        "packages": packages,
+        "devices": devices,
+        **report.to_dict(),
+        "problems": [f"{r.name}: {r.detail}" for r in report.problems],
         "env": {n: os.environ.get(n) for n in names},
     }
+
+
+def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
+    """The Megatron-LM line's matrix: --line's series, else the series of the version upstream.lock pins,
+    else None (no lock here). Bad input: an unknown line, a series without rocm:, a malformed one."""
+    settings = load_settings(project)
+    if line:
+        path = settings.patchsets_dir / MEGATRON_LM.name / line / "series"
+        if not path.is_file():
+            have = ", ".join(s.line for s in all_series(settings.patchsets_dir, MEGATRON_LM.name)) or "none"
+            raise BadInput(f"--line {line}: no {path}; lines with a series: {have}")
+        series = load_series(path)
+    elif settings.lock_path.is_file():
+        lock = load_lock(settings.lock_path)
+        if MEGATRON_LM.name not in lock.upstreams:
+            return None
+        series = select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version)
+        return series.rocm   # None when the locked line's series has no rocm: section (doctor says so)
+    else:
+        return None
+    if series.rocm is None:
+        raise BadInput(f"{series.path}: no rocm: section to check against (README \"ROCm component matrix\")")
+    return series.rocm
+
+
+def for_verify(series_path: Path | None) -> dict:
+    """What verify asks doctor: is Transformer Engine usable here (then upstream's TE functional case),
+    and the component versions for its report's env. Without a matrix: whether TE imports."""
+    matrix = load_series(series_path).rocm if series_path is not None and Path(series_path).is_file() else None
+    if matrix is None:
+        return {"te_usable": importlib.util.find_spec("transformer_engine") is not None, "components": {}, "arch": None}
+    report = component_report(matrix)
+    return {"te_usable": report.usable("transformer_engine"), "arch": report.arch,
+            "components": {r.name: {"version": r.version, "status": r.status} for r in report.rows}}

@@ -1,0 +1,179 @@
+"""`rocmport doctor` against the line's ROCm matrix: on this machine (nothing installed), and with fake
+installed distributions (real dist-info metadata and shared libraries carrying offload-bundle target
+names) in a site directory of a subprocess: in range, out of range, built for another arch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from rocmport.cli import main
+from rocmport.patches.series import load_series
+from rocmport.verify.doctor import component_report, for_verify, offload_archs
+from tests.helpers.patches import Project
+
+REPO = Path(__file__).resolve().parents[1]
+SERIES = REPO / "patchsets" / "megatron-lm" / "v0.16" / "series"
+
+
+def _project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    shutil.copytree(REPO / "patchsets", root / "patchsets")
+    return root
+
+
+def _library(archs: list[str]) -> bytes:
+    """What a HIP fat binary holds: an offload bundle naming each code object's target."""
+    body = b"\x7fELF" + b"\0" * 64 + b"__CLANG_OFFLOAD_BUNDLE__"
+    for arch in archs:
+        body += b"\0" * 16 + f"hipv4-amdgcn-amd-amdhsa--{arch}:sramecc+:xnack-".encode() + b"\0" * 32
+    return body + b"\0" * 128
+
+
+def fake_dist(site: Path, name: str, version: str, module: str, archs: list[str] | None = None) -> None:
+    """An installed distribution as pip leaves it: the module, a .dist-info with METADATA and RECORD."""
+    pkg = site / module
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    files = [f"{module}/__init__.py"]
+    if archs is not None:
+        (pkg / "_kernels.cpython-311-x86_64-linux-gnu.so").write_bytes(_library(archs))
+        files.append(f"{module}/_kernels.cpython-311-x86_64-linux-gnu.so")
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    files += [f"{info.name}/METADATA", f"{info.name}/RECORD"]
+    (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+
+
+def _doctor(root: Path, *args, site: Path | None = None) -> tuple[int, dict | str, str]:
+    env = dict(os.environ)
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(root), "doctor", *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+    out = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else proc.stdout
+    return proc.returncode, out, proc.stderr
+
+
+def _rows(data: dict) -> dict:
+    return {c["name"]: c for c in data["components"]}
+
+
+def test_this_machine_has_none_of_the_components_and_says_so(tmp_path):
+    root = _project(tmp_path)
+    rc, data, _ = _doctor(root, "--line", "v0.16", "--json")
+    assert rc == 1
+    rows = _rows(data)
+    assert set(rows) == {"transformer_engine", "flash_attn", "apex", "grouped_gemm"}
+    assert all(r["status"] == "missing" and r["detail"] == "not installed" for r in rows.values())
+    assert rows["transformer_engine"]["required"] and rows["transformer_engine"]["problem"]
+    assert not rows["flash_attn"]["problem"]   # optional: missing, but no reason to fail
+    assert data["arch"] is None and data["arch_source"] == "none" and data["devices"] == []
+    assert data["problems"] == ["transformer_engine: not installed"]
+    rc, text, err = _doctor(root, "--line", "v0.16")
+    assert rc == 1
+    assert "none of the matrix's components is installed here" in err
+    assert "no GPU and no --arch" in err and "transformer_engine: not installed" in err
+    assert "transformer_engine" in text and "not installed" in text and "missing" in text
+
+
+def test_in_range_and_built_for_the_arch(tmp_path):
+    root, site = _project(tmp_path), tmp_path / "site"
+    fake_dist(site, "transformer_engine", "2.10.0", "transformer_engine", ["gfx942", "gfx950"])
+    fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx90a", "gfx942", "gfx950"])
+    rc, data, err = _doctor(root, "--line", "v0.16", "--arch", "gfx942", "--json", site=site)
+    assert rc == 0, err
+    rows = _rows(data)
+    assert rows["transformer_engine"]["status"] == "ok" and rows["transformer_engine"]["built_for"] == ["gfx942", "gfx950"]
+    assert rows["transformer_engine"]["version"] == "2.10.0" and rows["flash_attn"]["status"] == "ok"
+    assert rows["apex"]["status"] == "missing" and not rows["apex"]["problem"]
+    use = {r["topic"]: r["use"] for r in data["recommendations"]}
+    assert use["layers"] == "--transformer-impl transformer_engine" and use["fp8"].startswith("available")
+    assert data["arch_source"] == "--arch" and data["problems"] == []
+
+
+def _report(monkeypatch, site: Path, line: str = "v0.16", arch: str | None = "gfx942") -> dict:
+    """The same engine in this process, with ``site`` on sys.path (importlib.metadata finds its dist-info)."""
+    monkeypatch.syspath_prepend(str(site))
+    return {r.name: r for r in component_report(load_series(REPO / "patchsets" / "megatron-lm" / line / "series").rocm, arch).rows}
+
+
+def test_out_of_range_wrong_arch_and_not_importable_fail(tmp_path, monkeypatch):
+    old = tmp_path / "old"
+    fake_dist(old, "transformer_engine", "2.14.1", "transformer_engine", ["gfx942"])   # v0.16 runs below 2.13
+    te = _report(monkeypatch, old)["transformer_engine"]
+    assert te.status == "out-of-range" and te.problem and "2.14.1 is outside <2.13,>=2.9.0a0" in te.detail
+    assert _report(monkeypatch, old, "v0.17")["transformer_engine"].status == "ok"   # the line decides
+    other = tmp_path / "other"
+    fake_dist(other, "transformer_engine", "2.10.0", "transformer_engine", ["gfx950"])
+    te = _report(monkeypatch, other)["transformer_engine"]
+    assert te.status == "wrong-arch" and te.problem and "built for gfx950, not gfx942" in te.detail
+
+
+def test_not_importable_and_unrecorded_arch(tmp_path, monkeypatch):
+    broken = tmp_path / "broken"
+    fake_dist(broken, "transformer_engine", "2.10.0", "transformer_engine")
+    shutil.rmtree(broken / "transformer_engine")
+    te = _report(monkeypatch, broken)["transformer_engine"]
+    assert te.status == "not-importable" and te.problem
+    plain = tmp_path / "plain"
+    fake_dist(plain, "flash_attn", "2.8.0.post2", "flash_attn")   # no shared library: nothing recorded
+    fa = _report(monkeypatch, plain)["flash_attn"]
+    assert fa.status == "ok" and fa.built_for is None and fa.detail == "arch not recorded in its libraries"
+
+
+def test_arch_recommendations_for_radeon_and_mi50(tmp_path, capsys):
+    root = _project(tmp_path)
+    matrix = load_series(SERIES).rocm
+    report = component_report(matrix, "gfx1100")
+    te = {r.name: r for r in report.rows}["transformer_engine"]
+    assert te.status == "not-for-this-arch" and not te.required and not report.problems  # TE does not build for gfx1100
+    use = {t: u for t, u, _ in report.recommendations}
+    assert use["layers"] == "--transformer-impl local" and "FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE" in use["flash-attention"]
+    assert use["fp8"].startswith("not available")
+    recs = {(t, u) for t, u, _ in component_report(matrix, "gfx906").recommendations}
+    assert ("environment", "HSA_OVERRIDE_GFX_VERSION=9.0.6") in recs and ("flash-attention", "none") in recs
+    assert main(["-C", str(root), "doctor", "--line", "v0.99"]) == 2
+    assert main(["-C", str(root), "doctor", "--arch", "sm_90"]) == 2
+    err = capsys.readouterr().err
+    assert "--line v0.99" in err and "v0.16" in err and "not a gfx arch" in err
+
+
+def test_the_locked_line_is_the_default(tmp_path, monkeypatch, capsys):
+    proj = Project(tmp_path, monkeypatch)   # locks megatron-lm 0.16.1; its series has no rocm: section yet
+    assert main(["-C", str(proj.root), "doctor", "--json", "--arch", "gfx1100"]) == 0
+    assert json.loads(capsys.readouterr().out)["components"] == []
+    assert main(["-C", str(proj.root), "doctor", "--line", "v0.16"]) == 2
+    assert "no rocm: section to check against" in capsys.readouterr().err
+    data = yaml.safe_load((proj.series_dir / "series").read_text())
+    data["rocm"] = yaml.safe_load(SERIES.read_text())["rocm"]
+    (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["-C", str(proj.root), "doctor", "--json", "--arch", "gfx1100"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["series"] == str(proj.series_dir / "series") and len(out["components"]) == 4
+
+
+def test_offload_archs_reads_the_bundle_and_not_a_compressed_one(tmp_path):
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"x" * (1 << 22) + _library(["gfx90a", "gfx1100"]))  # across a read boundary
+    assert offload_archs(lib) == {"gfx90a", "gfx1100"}
+    lib.write_bytes(b"CCOB" + os.urandom(256))
+    assert offload_archs(lib) == set()
+
+
+def test_verify_asks_doctor_which_functional_case(tmp_path, monkeypatch):
+    here = for_verify(SERIES)
+    assert not here["te_usable"] and here["components"]["transformer_engine"]["status"] == "missing"
+    site = tmp_path / "site"
+    fake_dist(site, "transformer_engine", "2.10.0", "transformer_engine", ["gfx942"])
+    monkeypatch.syspath_prepend(str(site))
+    with_te = for_verify(SERIES)
+    assert with_te["te_usable"] and with_te["components"]["transformer_engine"] == {"version": "2.10.0", "status": "ok"}
+
