@@ -177,3 +177,41 @@ def test_verify_asks_doctor_which_functional_case(tmp_path, monkeypatch):
     with_te = for_verify(SERIES)
     assert with_te["te_usable"] and with_te["components"]["transformer_engine"] == {"version": "2.10.0", "status": "ok"}
 
+
+def test_verify_takes_the_te_case_when_doctor_finds_te_usable(tmp_path, monkeypatch):
+    from rocmport.verify.run import functional_options
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pretrain_gpt.py").write_text("")
+
+    def case() -> str:
+        return functional_options(tree, SERIES.parent, None, None, 2, 2, None, False, 10)["case"]
+
+    assert case() == "gpt3_mcore_tp2_pp2_uninstall_te"
+    old = tmp_path / "old"
+    fake_dist(old, "transformer_engine", "2.14.1", "transformer_engine", ["gfx942"])   # importable, but outside v0.16's range
+    monkeypatch.syspath_prepend(str(old))
+    assert case() == "gpt3_mcore_tp2_pp2_uninstall_te"
+    monkeypatch.undo()
+    good = tmp_path / "good"
+    fake_dist(good, "transformer_engine", "2.10.0", "transformer_engine", ["gfx942"])
+    monkeypatch.syspath_prepend(str(good))
+    assert case() == "gpt3_mcore_te_tp2_pp2"
+
+
+def test_verify_reports_the_component_versions_in_its_env(tmp_path, monkeypatch, capsys):
+    from rocmport.port.worktree import write_state
+    from tests.test_verify import minimal_tree
+
+    tree = minimal_tree(tmp_path / "t")
+    (tree / "megatron/core/__init__.py").write_text("import modelopt\n")   # stage 1 fails at once: no training launched
+    (tree / ".git").mkdir(exist_ok=True)
+    write_state(tree, {"status": "done", "series": str(SERIES), "patches": []})   # as `rocmport apply` leaves it
+    site = tmp_path / "site"
+    fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx942"])
+    monkeypatch.syspath_prepend(str(site))
+    assert main(["verify", "--tree", str(tree), "--json", "--no-unit-tests", "--no-functional"]) == 1
+    env = json.loads(capsys.readouterr().out)["env"]
+    assert env["components"]["flash_attn"] == {"version": "2.8.0.post2", "status": "ok"}
+    assert env["components"]["transformer_engine"] == {"version": None, "status": "missing"}

@@ -51,7 +51,7 @@ def _print_summary(r: dict) -> None:
 @click.option("--functional/--no-functional", "with_functional", default=None,
               help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).")
 @click.option("--case", default=None, metavar="NAME",
-              help="Functional case under tests/functional_tests/test_cases/gpt (default: by tp/pp and whether TE is installed).")
+              help="Functional case under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE case where doctor finds TE usable).")
 @click.option("--data-path", default=None, help="Real data for the functional case (default: mock data, NullTokenizer).")
 @click.option("--record-golden", is_flag=True, help="Store this run's functional loss curve as the golden for this device kind.")
 @click.option("--bridge/--no-bridge", "with_bridge", default=None,

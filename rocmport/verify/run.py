@@ -62,7 +62,8 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
     applied_launch_env = environment.launcher_env_for(env_info)
     extra.update(applied_launch_env)
     result: dict[str, Any] = {"mode": mode, "backend": backend, "world_size": world, "tp": tp, "pp": pp, "dp": dp, "tree": str(tree),
-              "env": {**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile},
+              "env": {**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
+                      "components": _component_versions(tree)},
               "launcher": launcher.to_dict(), "stages": [], "training": {}}
     missing = environment.missing_deps(tree)
     with tempfile.TemporaryDirectory(prefix="rocmport-fw-") as tmp:
@@ -140,6 +141,14 @@ def _bridge(result: dict, bridge_tree: Path, env: dict, tp: int, pp: int, dp: in
     result["bridge_training"] = data
 
 
+def _component_versions(tree: Path) -> dict:
+    """doctor's view of the line's ROCm components here: {name: {version, status}} for the report's env."""
+    from rocmport.verify.doctor import for_verify
+
+    _, series_dir, _ = series_settings(tree)
+    return for_verify(series_dir / "series" if series_dir else None)["components"]
+
+
 def series_settings(tree: Path) -> tuple[dict, Path | None, str | None]:
     """The series the tree was ported with (verify's settings, its directory) and the base commit."""
     state = wt.read_state(tree)
@@ -163,8 +172,7 @@ def unit_options(cfg: dict, base: str | None, cache_dir: Path, tree: Path, wante
 
 def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: int, pp: int, data_path, record: bool,
                         iters: int) -> dict | None:
-    import importlib.util
-
+    from rocmport.verify.doctor import for_verify
     from rocmport.verify.functional import default_case
 
     if wanted is False or (wanted is None and not (tree / "pretrain_gpt.py").is_file()):
@@ -173,7 +181,9 @@ def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: in
         raise BadInput(f"--data-path {data_path}: no such directory; give the prefix of a Megatron .bin/.idx dataset")
     if record and series_dir is None:
         raise BadInput(f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)")
-    return {"case": case or default_case(tp, pp, importlib.util.find_spec("transformer_engine") is not None), "defaulted": not case,
+    # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU).
+    te_usable = for_verify(series_dir / "series" if series_dir else None)["te_usable"]
+    return {"case": case or default_case(tp, pp, te_usable), "defaulted": not case,
             "data_path": data_path, "record": record, "series_dir": series_dir, "iters": iters}
 
 
