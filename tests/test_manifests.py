@@ -112,3 +112,69 @@ def test_pip_dry_run_shows_what_would_be_pulled(tmp_path):
     (project / "pyproject.toml").write_text(texts["pyproject.toml"])
     names, error = manifests.pip_dry_run([str(project)], extra_args=args)
     assert error == "" and manifests.cuda_only_installs(names) == [] and "tqdm-fake" in names
+
+
+def _matrix(**changes):
+    import dataclasses
+
+    from rocmport.patches.series import load_series
+
+    matrix = load_series(Path(__file__).resolve().parents[1] / "patchsets" / "megatron-lm" / "v0.16" / "series").rocm
+    return dataclasses.replace(matrix, **changes)
+
+
+def test_the_line_matrix_gives_the_exact_install_command():
+    pyproject = MLM_PYPROJECT.replace('    "tqdm",\n', '    "tqdm",\n    "nv-grouped-gemm~=1.1",\n')
+    matrix = _matrix()
+    new, changes = rewrite_pyproject(pyproject, Policy(rocm=matrix))
+    te, gg = matrix.components["transformer_engine"], matrix.components["grouped_gemm"]
+    assert f"# rocmport: transformer-engine has no ROCm build on PyPI; on ROCm (gfx942;gfx950; set the archs for your GPUs): " \
+           f"{te.install_command('gfx942;gfx950')}\n" in new
+    assert "git clone --recursive --branch release_v2.10_rocm https://github.com/ROCm/TransformerEngine.git" in new
+    assert f"{gg.install_command('gfx942;gfx950')}\n" in new and "sed -i '/--offload-arch=gfx942/d' grouped_gemm/setup.py" in new
+    reasons = {c.requirement: c.reason for c in changes}
+    assert reasons["transformer-engine[pytorch,core_cu13]"].endswith("from https://github.com/ROCm/TransformerEngine.git@release_v2.10_rocm")
+    assert "nv-grouped-gemm" not in new.split("# rocmport")[0].split("[project.optional-dependencies]")[1]
+    assert rewrite_pyproject(new, Policy(rocm=matrix)) == (new, [])
+
+
+def test_a_rocm_package_index_makes_the_replacement_a_real_requirement(tmp_path):
+    matrix = _matrix(package_index="https://rocm.example.org/simple/")
+    new, changes = rewrite_pyproject(MLM_PYPROJECT, Policy(rocm=matrix))
+    assert 'te = ["transformer-engine-rocm-torch<2.13,>=2.9.0a0",' in new
+    assert "pip install --extra-index-url https://rocm.example.org/simple/" in new
+    replaced = [c for c in changes if c.action == "replaced"]
+    assert [(c.requirement, c.where) for c in replaced] == [("transformer-engine[pytorch,core_cu13]", "optional-dependencies.te")]
+    assert rewrite_pyproject(new, Policy(rocm=matrix)) == (new, [])   # the ROCm build is never dropped again
+    assert not manifests.is_cuda_only("transformer-engine-rocm-torch<2.13")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text(new)
+    (tree / "requirements.txt").write_text("transformer-engine>=2.9  # TE\nnumpy\n")
+    texts, _ = rewrite_tree(tree, Policy(rocm=matrix))
+    assert texts["requirements.txt"] == "transformer-engine-rocm-torch<2.13,>=2.9.0a0  # TE\nnumpy\n"
+    assert cuda_only_requirements(tree) == [("requirements.txt", "transformer-engine>=2.9")]
+    (tree / "requirements.txt").write_text(texts["requirements.txt"])
+    assert cuda_only_requirements(tree) == []
+    # Without an index, no distribution is named: the dependency goes and the comment says how to build it.
+    plain, _ = rewrite_pyproject(MLM_PYPROJECT, Policy(rocm=_matrix()))
+    assert "transformer-engine-rocm-torch" not in plain and "release_v2.10_rocm" in plain
+
+
+def test_apply_rewrites_with_the_series_matrix(tmp_path, monkeypatch):
+    import yaml
+
+    from rocmport.cli import main
+    from tests.helpers.patches import Project
+
+    proj = Project(tmp_path, monkeypatch)
+    proj.pin(proj.upstream_commit({"pyproject.toml": MLM_PYPROJECT}, "upstream pyproject"))
+    proj.refresh_mirror()
+    data = yaml.safe_load((proj.series_dir / "series").read_text())
+    data["rocm"] = yaml.safe_load((Path(__file__).resolve().parents[1] / "patchsets/megatron-lm/v0.16/series").read_text())["rocm"]
+    (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["-C", str(proj.root), "apply"]) == 0
+    ported = (proj.tree / "pyproject.toml").read_text()
+    assert "git clone --recursive --branch release_v2.10_rocm https://github.com/ROCm/TransformerEngine.git" in ported
+    log = subprocess.run(["git", "-C", str(proj.tree), "log", "-1", "--format=%B", "--", "pyproject.toml"], capture_output=True, text=True).stdout
+    assert "manifests: ROCm dependency declarations 2" in log and "ROCm/TransformerEngine.git@release_v2.10_rocm" in log

@@ -327,7 +327,7 @@ def _codemod_layers(tree: Path, series: Series, cache_dir: Path, state: wt.Apply
 
 def _manifest_layer(tree: Path, series: Series, state: wt.ApplyState) -> list[dict]:
     """Dependency manifests without CUDA-only distributions: one commit, every change listed."""
-    policy = manifests.policy_from_series(series.manifests, state.megatron_lm_path)
+    policy = manifests.policy_from_series(series.manifests, state.megatron_lm_path, series.rocm)
     if policy is None:
         return []
     texts, changes = manifests.rewrite_tree(tree, policy)

@@ -16,9 +16,10 @@ import tomlkit
 from packaging.requirements import InvalidRequirement, Requirement
 
 from rocmport.fsutil import tree_files, tree_is_file, tree_read_text
+from rocmport.patches.components import Component, Matrix
 from rocmport.upstreams import MANIFEST_GLOBS, MEGATRON_LM
 
-VERSION = "1"
+VERSION = "2"
 
 # Distribution (PEP 503 name) -> why it goes and what to install on ROCm instead.
 DEFAULT_DROP: dict[str, str] = {
@@ -45,6 +46,8 @@ ROCM_INSTALL = {
     "mamba-ssm": "pip install --no-build-isolation git+https://github.com/ROCm/mamba.git",
     "nv-grouped-gemm": "pip install --no-build-isolation git+https://github.com/ROCm/grouped_gemm.git",
 }
+# The archs a manifest's install hint builds for (the MI300/MI350 default of `emit docker --arch`).
+DEFAULT_ARCHS = "gfx942;gfx950"
 # Names no rule above lists but that are CUDA builds all the same.
 CUDA_ONLY_PATTERNS = (r"nvidia-.*", r"transformer-engine.*", r"flashinfer.*", r"cupy-cuda.*", r"cuda-python", r"pynvml",
                       r"nvidia-ml-py", r".*-cu1[0-9]+")
@@ -58,12 +61,17 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _rocm_build(name: str) -> bool:
+    """A ROCm build by its name (transformer-engine-rocm-torch): never a CUDA one."""
+    return "rocm" in name.split("-")
+
+
 def is_cuda_only(requirement: str) -> bool:
     try:
         name = canonical(Requirement(requirement).name)
     except InvalidRequirement:
         return False
-    return name not in NOT_CUDA and (name in DEFAULT_DROP or bool(_CUDA_ONLY.fullmatch(name)))
+    return name not in NOT_CUDA and not _rocm_build(name) and (name in DEFAULT_DROP or bool(_CUDA_ONLY.fullmatch(name)))
 
 
 @dataclass
@@ -73,6 +81,25 @@ class Policy:
     drop: dict[str, str] = field(default_factory=dict)   # extra distributions to drop, with reasons
     keep: list[str] = field(default_factory=list)        # distributions never dropped here
     megatron_lm_path: str | None = None                  # Bridge: where the ported Megatron-LM tree is
+    rocm: Matrix | None = None                           # the line's ROCm component matrix (`rocm:` in the series)
+
+    def component(self, name: str) -> Component | None:
+        """The matrix component that stands in for an upstream distribution (transformer-engine -> ROCm TE)."""
+        if self.rocm is None:
+            return None
+        return next((c for c in self.rocm.components.values() if name in {canonical(r) for r in c.replaces}), None)
+
+    @property
+    def package_index(self) -> str | None:
+        return self.rocm.package_index if self.rocm is not None else None
+
+    def replacement(self, requirement: str) -> str | None:
+        """The real requirement on the ROCm build, where the matrix names a package index that serves one."""
+        req = Requirement(requirement)
+        comp = self.component(canonical(req.name))
+        if comp is None or not comp.package or not self.package_index:
+            return None
+        return f"{comp.package}{comp.versions}" + (f"; {req.marker}" if req.marker else "")
 
     def reason(self, requirement: str) -> str | None:
         try:
@@ -80,7 +107,7 @@ class Policy:
         except InvalidRequirement:
             return None
         name = canonical(req.name)
-        if name in {canonical(k) for k in self.keep} or name in NOT_CUDA:
+        if name in {canonical(k) for k in self.keep} or name in NOT_CUDA or _rocm_build(name):
             return None
         drops = {**DEFAULT_DROP, **{canonical(k): v for k, v in self.drop.items()}}
         if name in drops:
@@ -95,7 +122,7 @@ class Change:
     file: str
     where: str          # dependencies | optional-dependencies.<extra> | tool.uv.sources | line N
     requirement: str
-    action: str         # dropped | extras-trimmed | repointed
+    action: str         # dropped | replaced | extras-trimmed | repointed
     reason: str
 
     def to_dict(self) -> dict:
@@ -118,8 +145,16 @@ def _rewrite_array(array, policy: Policy, file: str, where: str, out: list[Chang
         text = str(array[i])
         why = policy.reason(text)
         if why:
-            del array[i]
-            changes.append(Change(file, where, text, "dropped", why))
+            replacement = policy.replacement(text)
+            if replacement:
+                array[i] = replacement
+                changes.append(Change(file, where, text, "replaced", f"the ROCm build {replacement} from {policy.package_index}"))
+            else:
+                del array[i]
+                comp = policy.component(canonical(Requirement(text).name))
+                if comp is not None and comp.git:
+                    why = f"no ROCm build on PyPI; the line's ROCm matrix builds {comp.name} from {comp.git}@{comp.ref}"
+                changes.append(Change(file, where, text, "dropped", why))
             continue
         trimmed = _trim_cuda_extras(text) if text.strip() else None
         if trimmed:
@@ -128,9 +163,23 @@ def _rewrite_array(array, policy: Policy, file: str, where: str, out: list[Chang
     out += reversed(changes)
     hinted = set()
     for change in reversed(changes):
-        name = canonical(Requirement(change.requirement).name) if change.action == "dropped" else ""
-        if name in ROCM_INSTALL and name not in hinted:
-            hinted.add(name)
+        if change.action not in ("dropped", "replaced"):
+            continue
+        name = canonical(Requirement(change.requirement).name)
+        comp = policy.component(name)
+        key = comp.name if comp is not None else name
+        if key in hinted:
+            continue
+        if change.action == "replaced" and comp is not None:
+            hinted.add(key)
+            array.add_line(comment=f"rocmport: {comp.package} is on the ROCm package index: pip install --extra-index-url "
+                                   f"{policy.package_index} ...", indent="    ")
+        elif comp is not None:
+            hinted.add(key)
+            array.add_line(comment=f"rocmport: {name} has no ROCm build on PyPI; on ROCm ({DEFAULT_ARCHS}; set the archs "
+                                   f"for your GPUs): {comp.install_command(DEFAULT_ARCHS)}", indent="    ")
+        elif name in ROCM_INSTALL:
+            hinted.add(key)
             array.add_line(comment=f"rocmport: {name} has no ROCm build on PyPI; on ROCm: {ROCM_INSTALL[name]}", indent="    ")
 
 
@@ -159,7 +208,12 @@ def rewrite_requirements(text: str, policy: Policy, file: str) -> tuple[str, lis
         body = line.split("#", 1)[0].strip()
         why = policy.reason(body) if body and not body.startswith("-") else None
         if why:
-            changes.append(Change(file, f"line {n}", body, "dropped", why))
+            replacement = policy.replacement(body)
+            if replacement:
+                out.append(line.replace(body, replacement, 1))
+                changes.append(Change(file, f"line {n}", body, "replaced", f"the ROCm build {replacement} from {policy.package_index}"))
+            else:
+                changes.append(Change(file, f"line {n}", body, "dropped", why))
             continue
         out.append(line)
     return "".join(out), changes
@@ -210,12 +264,13 @@ def cuda_only_requirements(tree: Path) -> list[tuple[str, str]]:
     return found
 
 
-def policy_from_series(options: dict | bool | None, megatron_lm_path: str | None = None) -> Policy | None:
+def policy_from_series(options: dict | bool | None, megatron_lm_path: str | None = None, rocm: Matrix | None = None) -> Policy | None:
     """None when the series turns the rewrite off (`manifests: false`)."""
     if options is False:
         return None
     options = options if isinstance(options, dict) else {}
-    return Policy(drop=dict(options.get("drop") or {}), keep=list(options.get("keep") or []), megatron_lm_path=megatron_lm_path)
+    return Policy(drop=dict(options.get("drop") or {}), keep=list(options.get("keep") or []), megatron_lm_path=megatron_lm_path,
+                  rocm=rocm)
 
 
 def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_args: tuple[str, ...] = ()) -> tuple[list[str], str]:
