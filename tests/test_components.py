@@ -68,6 +68,8 @@ def _matrix() -> dict:
     (lambda m: m["base_image"].update(tag=""), "rocm.base_image.tag"),
     (lambda m: m.update(extra=1), "rocm.extra"),
     (lambda m: m.update(package_index="http://insecure.example/simple"), "rocm.package_index"),
+    (lambda m: m["components"]["apex"].update(build_requires=["torch==2.9"]), "rocm.components.apex.build_requires"),
+    (lambda m: m["components"]["apex"].update(build_requires=["ninja >>= 1"]), "rocm.components.apex.build_requires"),
 ])
 def test_schema_names_the_file_and_key(edit, key):
     data = _matrix()

@@ -108,6 +108,9 @@ def test_every_line_renders_and_lints(tmp_path, line):
         assert f'python -c "{c.smoke}"' in text.split("FROM base AS image")[1]
         if "{" not in c.ref:
             assert f"ARG {c.name.upper()}_REF={c.ref}\n" in text
+        # Built without isolation: what its build imports is installed first, the image's torch pinned.
+        needs = " ".join(f'"{r}"' for r in c.build_requires)
+        assert needs and f"pip install --no-cache-dir --constraint /opt/rocmport/torch-constraint.txt {needs}" in text
     assert "NVTE_ROCM_ARCH=\"$(echo \"${PYTORCH_ROCM_ARCH}\" | tr ';' ',')\"" in text   # ROCm TE's comma list
     assert 'GPU_ARCHS="${PYTORCH_ROCM_ARCH}"' in text                                      # flash-attention's ';' list
     assert ("sed -i '/--offload-arch=gfx942/d' /opt/rocmport/src/grouped_gemm/setup.py" in text) == ("grouped_gemm" in matrix.components)

@@ -146,6 +146,9 @@ def _component_stage(choice: Choice) -> str:
     build = (f'{env}\\\n    pip wheel --no-cache-dir --no-build-isolation --no-deps{pip_args} --wheel-dir {STATE}/wheels {src}')
     variant = f" ({choice.variant} variant)" if choice.variant else ""
     ref_args = f'ARG {arg}_REPO={c.git}\n' + ("" if dynamic_ref else f'ARG {arg}_REF={c.ref}\n')
+    # It builds without isolation (against the image's torch): what its build imports, torch pinned.
+    needs = " ".join(f'"{r}"' for r in c.build_requires)
+    requires = f"pip install --no-cache-dir --constraint {STATE}/torch-constraint.txt {needs}" if needs else ""
     if c.keep_image_build:
         smoke = c.smoke
         return f"""\
@@ -154,14 +157,14 @@ FROM base AS {_stage_name(choice)}
 {SHELL}
 {ref_args}ARG MAX_JOBS
 RUN if python -c "{smoke}" 2>/dev/null; then echo "{c.name}: the image's build is kept"; else \\
-    {fetch.replace(chr(10), chr(10) + '    ')} \\
+    {(requires + " && " + chr(92) + chr(10) + "    ") if requires else ""}{fetch.replace(chr(10), chr(10) + '    ')} \\
  && {build}; fi
 """
     return f"""\
 # {c.name}{variant}: {c.git}@{c.ref}, a wheel for ${{PYTORCH_ROCM_ARCH}}.
 FROM base AS {_stage_name(choice)}
 {SHELL}
-{ref_args}RUN {fetch}
+{("RUN " + requires + chr(10)) if requires else ""}{ref_args}RUN {fetch}
 ARG MAX_JOBS
 RUN {build}
 """

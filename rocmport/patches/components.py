@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
@@ -75,6 +76,7 @@ class Component:
     package: str | None = None         # a distribution a ROCm package index serves (manifests, with --rocm-index)
     replaces: list[str] = field(default_factory=list)    # upstream requirements it stands in for (manifests)
     prepare: list[str] = field(default_factory=list)     # shell commands run on the checkout before building
+    build_requires: list[str] = field(default_factory=list)   # what its build imports (it builds without isolation)
     pip_args: list[str] = field(default_factory=list)
     build_env: dict[str, str] = field(default_factory=dict)
     runtime_env: dict[str, str] = field(default_factory=dict)
@@ -132,7 +134,9 @@ class Component:
         env = " ".join(f"{k}={_shell_value(_fill(v, values))}" for k, v in build_env.items())
         ref = _fill(self.ref or "", values)
         extra = " ".join(self.pip_args)
-        return (f"git clone --recursive --branch {ref} {self.git} {self.name} && "
+        needs = " ".join(f"'{r}'" for r in self.build_requires)
+        return ((f"pip install {needs} && " if needs else "")
+                + f"git clone --recursive --branch {ref} {self.git} {self.name} && "
                 + "".join(f"{_fill(p, values)} && " for p in self.prepare)
                 + f"{env + ' ' if env else ''}pip install --no-build-isolation {extra + ' ' if extra else ''}./{self.name}")
 
@@ -170,10 +174,22 @@ def _fill(text: str, values: dict[str, str]) -> str:
 _TOP_KEYS = {"base_image", "components", "package_index"}
 _BASE_KEYS = {"repository", "tag", "python"}
 _COMPONENT_KEYS = {"required", "versions", "distributions", "smoke", "source", "package", "replaces", "prepare",
-                   "pip_args", "build_env", "runtime_env", "archs", "variants"}
+                   "pip_args", "build_requires", "build_env", "runtime_env", "archs", "variants"}
 _SOURCE_KEYS = {"git", "ref", "image"}
 _ARCH_KEYS = {"builds", "unverified", "refuses"}
 _VARIANT_KEYS = {"description", "build_env", "runtime_env", "archs"}
+
+
+def _requirement(text: str) -> bool:
+    try:
+        Requirement(text)
+    except InvalidRequirement:
+        return False
+    return canonical_name(text) not in ("torch", "torchvision", "torchaudio")   # never a second torch
+
+
+def canonical_name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", Requirement(requirement).name).lower()
 
 
 def _str_list(value, key, errors, check=None, what="strings") -> list[str]:
@@ -295,6 +311,7 @@ def _component(name: str, value, errors) -> Component | None:
             if ph not in PLACEHOLDERS:
                 errors.append((f"{key}.prepare", f"unknown placeholder {{{ph}}}"))
     pip_args = _str_list(value.get("pip_args", []), f"{key}.pip_args", errors, None, "pip arguments")
+    build_requires = _str_list(value.get("build_requires", []), f"{key}.build_requires", errors, _requirement, "PEP 508 requirements")
     build_env = _env(value.get("build_env", {}), f"{key}.build_env", errors)
     runtime_env = _env(value.get("runtime_env", {}), f"{key}.runtime_env", errors)
     builds, unverified, refuses = _archs(value.get("archs", {}), f"{key}.archs", errors)
@@ -321,7 +338,7 @@ def _component(name: str, value, errors) -> Component | None:
         if m and m.group(1) not in variants:
             errors.append((f"{key}.archs.refuses.{arch}.instead", f"names variant {m.group(1)!r}, which {key}.variants lacks"))
     return Component(name, bool(value.get("required", False)), versions, dists, smoke, git, ref, keep_image, package,
-                     replaces, prepare, pip_args, build_env, runtime_env, builds, unverified, refuses, variants)
+                     replaces, prepare, build_requires, pip_args, build_env, runtime_env, builds, unverified, refuses, variants)
 
 
 def validate(data, where: Path | str) -> tuple[Matrix | None, list[str]]:
