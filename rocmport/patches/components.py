@@ -524,7 +524,9 @@ def recommend(matrix: Matrix | None, arch: str | None, installed_ok: dict[str, b
     if fa is not None:
         s = fa.support(arch)
         if s.status == "builds":
-            out.append(("flash-attention", "the CK build (default backend)", f"CK flash-attention targets {', '.join(fa.builds)}"))
+            have = ("installed and usable here" if installed_ok.get("flash_attn")
+                    else "not usable here yet: install or rebuild it for this arch (see the table)")
+            out.append(("flash-attention", "the CK build (default backend)", f"CK flash-attention targets {', '.join(fa.builds)}; {have}"))
         else:
             alt = next((v for v in fa.variants.values() if arch in v.builds + v.unverified), None)
             if alt is not None:
