@@ -24,8 +24,8 @@ def command(obj, line, arch, as_json):
     One row per component (Transformer Engine, flash-attention, apex, grouped_gemm): installed or
     not, version in the line's range, built for this GPU's arch where its libraries record it;
     then what to use on this arch (layers, attention backend, FP8, environment overrides).
-    Exit: 0 fine, 1 a required component is missing, out of range or built for another arch,
-    2 bad input (unknown line, malformed matrix).
+    Exit: 0 fine, 1 a required component is missing, out of range, not importable or built for
+    another arch, 2 bad input (unknown line or arch, malformed matrix).
     """
     if arch is not None:
         arch = parse_archs(arch)[0]
