@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rocmport.cli import main
@@ -200,6 +201,7 @@ def test_verify_takes_the_te_case_when_doctor_finds_te_usable(tmp_path, monkeypa
     assert case() == "gpt3_mcore_te_tp2_pp2"
 
 
+@pytest.mark.torch
 def test_verify_reports_the_component_versions_in_its_env(tmp_path, monkeypatch, capsys):
     from rocmport.port.worktree import write_state
     from tests.test_verify import minimal_tree
