@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rocmport.cli import main
+from rocmport.port import manifests
 from tests.helpers.real import BRIDGE, MLM, needs_mirrors, project_with
 from tests.helpers.sync import g
 
@@ -22,7 +23,7 @@ def check_layered(root: Path, upstream: str, ref: str, n_patches: int) -> dict:
     base = g(tree, "rev-parse", f"rocmport/base/{ref}^{{commit}}")
     assert base == report["base"]
     layers = [c for c in report["codemods"] if c["files"]]
-    manifest_layer = ["manifests: ROCm dependency declarations 1"] if report["manifests"] else []
+    manifest_layer = [f"manifests: ROCm dependency declarations {manifests.VERSION}"] if report["manifests"] else []
     assert len(g(tree, "rev-list", f"{base}..HEAD").split()) == n_patches + len(layers) + len(manifest_layer)
     subjects = g(tree, "log", "--format=%s", f"{base}..HEAD").splitlines()[::-1]
     assert subjects[n_patches:] == [f"codemod: {c['name']} {c['version']}" for c in layers] + manifest_layer
