@@ -203,13 +203,13 @@ def test_verify_takes_the_te_case_when_doctor_finds_te_usable(tmp_path, monkeypa
 
 @pytest.mark.torch
 def test_verify_reports_the_component_versions_in_its_env(tmp_path, monkeypatch, capsys):
-    from rocmport.port.worktree import write_state
+    from rocmport.port.worktree import ApplyState, write_state
     from tests.test_verify import minimal_tree
 
     tree = minimal_tree(tmp_path / "t")
     (tree / "megatron/core/__init__.py").write_text("import modelopt\n")   # stage 1 fails at once: no training launched
     (tree / ".git").mkdir(exist_ok=True)
-    write_state(tree, {"status": "done", "series": str(SERIES), "patches": []})   # as `rocmport apply` leaves it
+    write_state(tree, ApplyState(status="done", series=str(SERIES)))   # as `rocmport apply` leaves it
     site = tmp_path / "site"
     fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx942"])
     monkeypatch.syspath_prepend(str(site))
