@@ -214,4 +214,5 @@ def test_bot_on_the_package_index_refreshes_a_patch_release(tmp_path, real_index
     lock = g(root, "show", "rocmport/refresh-v0.16.1:upstream.lock")
     assert "resolved_ref: 0.16.1" in lock and "source: pypi" in lock
     summary = g(root, "show", "rocmport/refresh-v0.16.1:refresh-summaries/v0.16.1.md")
-    assert "0001-dist-ckpt-no-pinned-preload-on-hip.patch" in summary and "ready to merge" in summary
+    assert "0001-dist-ckpt-no-pinned-preload-on-hip.patch" in summary
+    assert "not verified" in summary and "ready to merge" not in summary  # the bot ran with --no-verify

@@ -7,8 +7,9 @@ import re
 
 import pytest
 
+from rocmport.cli import main
 from tests.helpers.refresh import LAYERS, Ported, edit_line
-from tests.helpers.sync import g
+from tests.helpers.sync import commit, g, init, package_info
 
 
 @pytest.fixture()
@@ -45,8 +46,15 @@ def test_offset_patch_is_shifted_into_a_new_series_and_lock_is_bumped(port, caps
     tree = port.root / "build" / "megatron-lm"
     assert g(tree, "rev-parse", "rocmport/base/core_v0.17.0^{commit}") == new
     assert "line 10 rocm" in (tree / "megatron/core/layers.py").read_text()
-    # The refreshed series now applies exactly: a rebuild puts every patch in the clean bucket.
+    # The work tree is what `apply` makes from the promoted series (every patch clean): its state names
+    # the project's series, and the next apply is a no-op that keeps every commit (a wheel built in
+    # between still names a port commit that exists).
+    state = json.loads((tree / ".git" / "rocmport-state.json").read_text())
+    assert state["series"] == str(v17 / "series") and state["report"]["tree"] == str(tree)
+    head = g(tree, "rev-parse", "HEAD")
+    capsys.readouterr()
     assert port.run("apply") == 0
+    assert "megatron-lm: up to date" in capsys.readouterr().err and g(tree, "rev-parse", "HEAD") == head
     assert json.loads((port.root / "build" / "megatron-lm.report.json").read_text())["totals"] == {"clean": 3}
     # A second refresh to the same ref has nothing to do.
     assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
@@ -173,3 +181,41 @@ def test_patch_merged_then_changed_upstream_is_dropped_by_patch_id(port):
     upstream_pid = g(port.up, "patch-id", "--stable", input=g(port.up, "show", landed) + "\n").split()[0]
     assert row["action"] == "dropped" and row["evidence"] == f"patch-id {upstream_pid[:12]} matches upstream commit {landed[:12]}"
     assert port.series("v0.17")["patches"] == ["0001-layers-ten.patch", "0003-utils.patch"]
+
+
+def guarded(name: str) -> str:
+    return f"import modelopt\n\n\ndef {name}():\n    return modelopt\n"
+
+
+def test_unverified_summary_explains_files_a_codemod_lost_and_holds_no_machine_path(tmp_path, monkeypatch):
+    """Upstream deletes one file a codemod rewrote, moves another, edits the import out of a third: the
+    summary says which, calls a --no-verify refresh "not verified", and names no path of this machine."""
+    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
+    up = init(tmp_path / "upstream")
+    commit(up, {"megatron/core/package_info.py": package_info("0.16.1"), "megatron/core/a.py": guarded("a"),
+                "megatron/core/b.py": guarded("b"), "megatron/core/c.py": guarded("c")}, "0.16.1")
+    g(up, "tag", "core_v0.16.1")
+    root = tmp_path / "project"
+    (root / "patchsets/megatron-lm/v0.16").mkdir(parents=True)
+    (root / "patchsets/megatron-lm/v0.16/series").write_text(
+        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\ncodemods:\n  - guard-nvidia-only-imports\n')
+    run = lambda *a: main(["-C", str(root), *a])  # noqa: E731
+    assert run("sync", "--ref", "v0.16", "--no-bridge", "--remote", f"megatron-lm={up}") == 0
+    assert run("apply") == 0
+    g(up, "rm", "-q", "megatron/core/a.py")
+    g(up, "mv", "megatron/core/b.py", "megatron/core/b2.py")
+    commit(up, {"megatron/core/package_info.py": package_info("0.17.0"), "megatron/core/c.py": "def f():\n    return None\n"}, "0.17.0")
+    g(up, "tag", "core_v0.17.0")
+    assert run("refresh", "--to", "v0.17", "--no-verify") == 0
+    md = (root / "build/refresh/summary.md").read_text()
+    assert "**Status:** not verified: the patches and codemods carried over, but verify was skipped (`--no-verify`)" in md
+    assert "ready to merge" not in md
+    assert "| guard-nvidia-only-imports | 3 → 1 | 4 → 2 | `megatron/core/b2.py` |" in md  # with the generated _rocm.py
+    assert "- guard-nvidia-only-imports: `megatron/core/a.py`: deleted upstream" in md
+    assert "- guard-nvidia-only-imports: `megatron/core/b.py`: moved upstream to `megatron/core/b2.py`" in md
+    assert "- guard-nvidia-only-imports: `megatron/core/c.py`: changed upstream: nothing left for the codemod to rewrite" in md
+    assert "(new series `patchsets/megatron-lm/v0.17/series`)" in md
+    assert str(tmp_path) not in md and str(tmp_path.resolve()) not in md
+    summary = json.loads((root / "build/refresh/summary.json").read_text())
+    gone = summary["upstreams"]["megatron-lm"]["codemods"][0]["no_longer_rewritten"]
+    assert [f["file"] for f in gone] == ["megatron/core/a.py", "megatron/core/b.py", "megatron/core/c.py"]

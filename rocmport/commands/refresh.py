@@ -12,6 +12,7 @@ from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.refresh.engine import abort_refresh, continue_refresh, refresh
 from rocmport.refresh.result import NEEDS_HUMAN, RefreshResult
+from rocmport.refresh.report import verified
 from rocmport.refresh.summary import public, write_summary
 
 
@@ -47,7 +48,7 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
             result = continue_refresh(settings, say=output.info, warn=output.warn)
         else:
             result = refresh(settings, to, verify_opts=opts, say=output.info, warn=output.warn)
-    path = write_summary(result, settings.refresh_dir)
+    path = write_summary(result, settings.refresh_dir, settings)
     if summary_path:
         atomic_write_text(summary_path, path.read_text(encoding="utf-8"))
     if as_json:
@@ -69,4 +70,7 @@ def _print(result: RefreshResult, path: Path) -> None:
                     f"resolve in {c['tree']}, commit, then `rocmport refresh --continue` (or --abort)")
     if result.verify and result.verify.get("failed"):
         output.warn(f"verify failed: {', '.join(result.verify['failed'])}")
-    output.info(f"refresh {result.status} in {result.seconds} s; summary: {path}")
+    said: str = result.status
+    if result.status == "ready" and not verified(public(result)):
+        said = "ready, not verified" + (" (--no-verify)" if result.verify is None else f": {result.verify['skipped']}")
+    output.info(f"refresh {said} in {result.seconds} s; summary: {path}")

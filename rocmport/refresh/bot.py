@@ -22,7 +22,7 @@ from rocmport.patches.series import all_series
 from rocmport.refresh.engine import abort_refresh, read_state, refresh
 from rocmport.refresh.report import markdown
 from rocmport.refresh.result import READY, UP_TO_DATE, RefreshResult
-from rocmport.refresh.summary import public, write_summary
+from rocmport.refresh.summary import machine_paths, public, write_summary
 from rocmport.release_line import ReleaseLine
 from rocmport.state import Invalid, expect, one_of, read_json, value_of, write_json
 from rocmport.upstream import package_index, refs
@@ -187,7 +187,7 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
         if read_state(settings):
             abort_refresh(settings, say=say)  # a leftover from a killed run: the record says it never finished
         result = refresh(load_settings(root), cand.ref, verify_opts=verify_opts, say=say, warn=warn)
-        summary = write_summary(result, settings.refresh_dir)
+        summary = write_summary(result, settings.refresh_dir, settings)
         if result.status not in (READY, UP_TO_DATE):
             reason = (f"conflict in {result.conflict['patch']}" if result.conflict else
                       f"verify failed: {', '.join(result.verify['failed'])}" if result.verify else "needs a human")
@@ -195,7 +195,7 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
                 abort_refresh(settings, say=say)
             git("checkout", "-q", "--force", start, cwd=root)
             git("branch", "-q", "-D", cand.branch, cwd=root)
-            return {"status": "failed", "reason": reason, "summary": markdown(public(result))}
+            return {"status": "failed", "reason": reason, "summary": markdown(public(result), machine_paths(settings))}
         _bisectable_commits(root, cand, result)
         summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"
         summary_file.parent.mkdir(exist_ok=True)

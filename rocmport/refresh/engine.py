@@ -7,6 +7,7 @@ refresh finished. A conflict stops with the tree ready for a human (--continue /
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import yaml
 
 from rocmport.config import Settings
 from rocmport.errors import BadInput
+from rocmport.fsutil import atomic_write_text
 from rocmport.patches.regenerate import patch_id, regenerate, reverse_applies, upstream_patch_ids
 from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
@@ -170,6 +172,14 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
         outcome.from_ = Pinned(before.resolved_ref, before.commit) if before else None
         outcome.to = Pinned(new.upstreams[name].resolved_ref, new.upstreams[name].commit)
         outcomes[name] = outcome
+        if _settle(st, outcome):
+            # Rebuilt from the series as it will be promoted: the tree (and its commit ids) is then
+            # exactly what `apply` makes from the project's series, and the next apply is a no-op.
+            rebuilt = apply_upstream(rsettings, new, name, series=st.series, force=True, say=say)
+            if rebuilt.status != "done":
+                result.status = NEEDS_HUMAN
+                result.notes.append(f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
+                                    f"({rebuilt.status}); the refresh tree is {tree}")
     result.upstreams = outcomes
     result.range_diff = range_diff(rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes)
     if state.get("verify_opts") is not None:
@@ -207,6 +217,19 @@ def _refresh_patches(st: StagedSeries, tree: Path, report: dict, merged: dict[st
     return out
 
 
+def _settle(st: StagedSeries, outcome: UpstreamOutcome) -> bool:
+    """Write the refreshed texts into the staged series (regenerated patches, upstreamed ones gone,
+    the series file as it will be promoted); True when that changed anything."""
+    if not (outcome.regenerated or outcome.dropped):
+        return False
+    for name, text in outcome.regenerated.items():
+        atomic_write_text(st.staged_dir / name, text)
+    for name in outcome.dropped:
+        (st.staged_dir / name).unlink(missing_ok=True)
+    atomic_write_text(st.staged_dir / "series", outcome.series_text_final)
+    return True
+
+
 def _promote(settings: Settings, new: Lock, state: dict, outcomes: dict[str, UpstreamOutcome], warn) -> list[str]:
     changed = []
     for name, outcome in outcomes.items():
@@ -215,13 +238,14 @@ def _promote(settings: Settings, new: Lock, state: dict, outcomes: dict[str, Ups
     new.save(settings.lock_path)  # the commit point: after the series it needs are in place
     changed.append(str(settings.lock_path))
     for name in outcomes:
-        _swap_tree(settings, name, warn)
+        if _swap_tree(settings, name, warn):
+            _record_series(settings.worktree_path(name), StagedSeries.from_dict(state["staged"][name]).target_dir / "series")
     shutil.rmtree(settings.refresh_dir / "patchsets", ignore_errors=True)
     _state_path(settings).unlink(missing_ok=True)
     return changed
 
 
-def _swap_tree(settings: Settings, name: str, warn) -> None:
+def _swap_tree(settings: Settings, name: str, warn) -> bool:
     """Make the refreshed tree the project's work tree when the old one holds nothing of a user's."""
     fresh = _refresh_settings(settings).worktree_path(name)
     current = settings.worktree_path(name)
@@ -230,7 +254,7 @@ def _swap_tree(settings: Settings, name: str, warn) -> None:
         owned = state is not None and state.status == "done" and wt.head(current) == state.result and not wt.dirty_paths(current)
         if not owned:
             warn(f"{current}: has work rocmport did not make; left as it is (the refreshed port is in {fresh})")
-            return
+            return False
     with wt.locked(current):
         trash = current.parent / f".{current.name}.old"
         shutil.rmtree(trash, ignore_errors=True)
@@ -241,3 +265,22 @@ def _swap_tree(settings: Settings, name: str, warn) -> None:
         if rp.is_file():
             rp.replace(report_path(current))
         shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
+def _record_series(tree: Path, series: Path) -> None:
+    """The swapped-in tree was built from the staged copy of the series, byte for byte the project's
+    series now: its state and report name the project's series file and the tree where it now lives
+    (same series hash, same inputs), so `build` records the release line and the next apply is a no-op."""
+    state = wt.read_state(tree)
+    if state is None:
+        return
+    state.series = str(series)
+    if state.report is not None:
+        state.report.update(series=str(series), tree=str(tree))
+    wt.write_state(tree, state)
+    rp = report_path(tree)
+    if rp.is_file():
+        data = json.loads(rp.read_text(encoding="utf-8"))
+        data.update(series=str(series), tree=str(tree))
+        atomic_write_text(rp, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import platform
+import re
 import tempfile
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from rocmport.port.apply import apply_upstream, report_path
 from rocmport.refresh.result import UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
-from rocmport.verify.environment import unmet_python
+from rocmport.verify.environment import python_setup_hint, unmet_python
 from rocmport.verify.run import run_verify
 
 
@@ -33,19 +35,47 @@ def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
 
 
 def codemod_changes(settings: Settings, old: Lock, name: str, new_report: dict) -> list[dict]:
-    """Per codemod: sites and files on the old port vs the new, and files it newly rewrites."""
+    """Per codemod: sites and files on the old port vs the new, files it newly rewrites, and why each
+    file it no longer rewrites dropped out (upstream deleted it, moved it, or changed it)."""
     old_layers: dict[str, dict] = {}
     if name in old.upstreams:
         rp = report_path(_old_port(settings, old, name))
         if rp.is_file():
             old_layers = {c["name"]: c for c in json.loads(rp.read_text()).get("codemods", [])}
+    gone = sorted({f for layer in new_report.get("codemods", []) for f in
+                   set(old_layers.get(layer["name"], {"files": []})["files"]) - set(layer["files"])})
+    why = _upstream_fate(Path(new_report["tree"]), old.upstreams[name].commit, new_report["base"], gone) if gone else {}
     rows = []
     for layer in new_report.get("codemods", []):
         before = old_layers.get(layer["name"], {"sites": 0, "files": []})
         rows.append({"name": layer["name"], "old_sites": before["sites"], "new_sites": layer["sites"],
                      "old_files": len(before["files"]), "new_files": len(layer["files"]),
-                     "newly_rewritten": sorted(set(layer["files"]) - set(before["files"]))})
+                     "newly_rewritten": sorted(set(layer["files"]) - set(before["files"])),
+                     "no_longer_rewritten": [{"file": f, "why": why[f]} for f in sorted(set(before["files"]) - set(layer["files"]))]})
     return rows
+
+
+def _upstream_fate(tree: Path, old_base: str, new_base: str, files: list[str]) -> dict[str, str]:
+    """What upstream did between the two bases to each file a codemod no longer rewrites."""
+    out = {f: "changed upstream: nothing left for the codemod to rewrite" for f in files}
+    status = run_git("diff", "--name-status", "-M", "--no-color", old_base, new_base, cwd=tree, check=False)
+    changed: dict[str, str] = {}
+    for line in status.stdout.splitlines():
+        parts = line.split("\t")
+        if parts[0] == "D":
+            changed[parts[1]] = "deleted upstream"
+        elif parts[0].startswith("R") and len(parts) == 3:
+            changed[parts[1]] = f"moved upstream to `{parts[2]}`"
+        elif parts[0] == "M":
+            changed[parts[1]] = "changed upstream: nothing left for the codemod to rewrite"
+    for f in files:
+        if f in changed:
+            out[f] = changed[f]
+        elif run_git("cat-file", "-e", f"{old_base}:{f}", cwd=tree, check=False).returncode != 0:
+            out[f] = "written by rocmport (not an upstream file)"
+        else:
+            out[f] = "unchanged upstream: the codemod itself no longer rewrites it"
+    return out
 
 
 def _series_tip(tree: Path, base: str, patches: list[tuple[str, str]], index: Path) -> str:
@@ -97,7 +127,8 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     tree = rsettings.worktree_path("megatron-lm")
     need = unmet_python(tree)
     if need:
-        return {"skipped": f"the new tree requires Python {need}; this machine runs an older one", "stages": [], "failed": []}
+        return {"skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
+                           + python_setup_hint(need), "stages": [], "failed": []}
     args = (opts.get("tp", 2), opts.get("pp", 2), None, None, opts.get("backend", "auto"), opts.get("iters", 10))
     new = run_verify(tree.resolve(), *args)
     failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
@@ -110,16 +141,45 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     return out
 
 
-def markdown(result: dict) -> str:
-    """The PR body."""
+def verified(result: dict) -> bool:
+    """Whether verify ran on the new port (not `--no-verify`, not stopped by an older Python)."""
+    v = result.get("verify")
+    return v is not None and not v.get("skipped")
+
+
+def status_line(result: dict) -> str:
+    """The status a reviewer reads first: "ready to merge" only when verify ran and passed."""
+    if result["status"] == "ready" and not verified(result):
+        v = result.get("verify")
+        why = f"verify did not run: {v['skipped']}" if v else "verify was skipped (`--no-verify`)"
+        return (f"not verified: the patches and codemods carried over, but {why}; "
+                f"run `rocmport verify --tp 2 --pp 2` on the port before merging")
+    return {"ready": "ready to merge", "needs-human": "needs a human", "up-to-date": "already up to date"}[result["status"]]
+
+
+def portable(text: str, places: dict[str, str]) -> str:
+    """``text`` without this machine's absolute paths: each prefix in ``places`` (longest first)
+    becomes its replacement, e.g. the project root a relative path."""
+    for prefix in sorted(places, key=len, reverse=True):
+        if prefix and prefix != "/":  # a whole path component only: /tmp is not the start of /tmpfs
+            end = "" if prefix.endswith("/") else r"(?![\w.-])"
+            new = places[prefix]
+            text = re.sub(re.escape(prefix) + end, lambda _m: new, text)
+    return text
+
+
+def markdown(result: dict, places: dict[str, str] | None = None) -> str:
+    """The PR body. ``places``: absolute path prefixes of this machine -> what the body says instead."""
     lines = [f"# rocmport refresh to `{result['to']}`", ""]
-    status = {"ready": "ready to merge", "needs-human": "needs a human", "up-to-date": "already up to date"}[result["status"]]
-    lines += [f"**Status:** {status}", ""]
+    lines += [f"**Status:** {status_line(result)}", ""]
     lines += ["| upstream | from | to |", "|---|---|---|"]
     for name, pin in result["new_lock"]["upstreams"].items():
         before = result["old_lock"]["upstreams"].get(name)
         frm = f"`{before['resolved_ref']}` ({before['commit'][:12]})" if before else "—"
         lines.append(f"| {name} | {frm} | `{pin['resolved_ref']}` ({pin['commit'][:12]}) |")
+    for name, before in result["old_lock"]["upstreams"].items():
+        if name not in result["new_lock"]["upstreams"]:
+            lines.append(f"| {name} | `{before['resolved_ref']}` ({before['commit'][:12]}) | — (no companion release; no longer pinned) |")
     if result.get("conflict"):
         c = result["conflict"]
         hunks = ", ".join(f"{h['file']}:{h['line']}" for h in c["hunks"]) or "—"
@@ -140,17 +200,20 @@ def markdown(result: dict) -> str:
             for c in up["codemods"]:
                 new_files = ", ".join(f"`{f}`" for f in c["newly_rewritten"][:5]) + (" …" if len(c["newly_rewritten"]) > 5 else "")
                 lines.append(f"| {c['name']} | {c['old_sites']} → {c['new_sites']} | {c['old_files']} → {c['new_files']} | {new_files or '—'} |")
+            gone = [(c["name"], f) for c in up["codemods"] for f in c.get("no_longer_rewritten", [])]
+            if gone:
+                lines += ["", "No longer rewritten:"] + [f"- {name}: `{f['file']}`: {f['why']}" for name, f in gone]
     v = result.get("verify")
     lines += ["", "## Verify", ""]
     if v is None:
-        lines.append("Skipped (`--no-verify`).")
+        lines.append("Skipped (`--no-verify`): this port is not verified.")
     elif v.get("skipped"):
-        lines.append(f"Not run: {v['skipped']}.")
+        lines.append(f"Not run: {v['skipped']}. This port is not verified.")
     else:
-        lines += [f"Mode: {v['mode']}.", "", "| stage | status | reason |", "|---|---|---|"]
+        lines += [f"Mode: {v['mode']}.", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
         for s in v["stages"]:
             label = (v.get("labels") or {}).get(s["name"], "")
-            lines.append(f"| {s['name']} | {s['status']} | {s['reason']}{' — ' + label if label else ''} |")
+            lines.append(f"| {s['name']} | {s['status']} | {s.get('seconds', '')} | {s['reason']}{' — ' + label if label else ''} |")
     if result.get("range_diff"):
         lines += ["", "<details><summary>range-diff of the old vs new series</summary>", "", "```", result["range_diff"], "```", "", "</details>"]
-    return "\n".join(lines) + "\n"
+    return portable("\n".join(lines) + "\n", places or {})

@@ -4,8 +4,10 @@ body) beside it, written atomically; what `refresh --json` prints and the bot co
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
+from rocmport.config import Settings
 from rocmport.fsutil import atomic_write_text
 from rocmport.refresh.report import markdown
 from rocmport.refresh.result import RefreshResult
@@ -20,9 +22,23 @@ def public(result: RefreshResult) -> dict:
     return data
 
 
-def write_summary(result: RefreshResult, directory: Path) -> Path:
-    """summary.md (the PR body) and summary.json beside it, written atomically."""
+def machine_paths(settings: Settings) -> dict[str, str]:
+    """This machine's absolute paths a summary may hold -> what the PR body says instead: the project's
+    own paths become relative, the cache, the home and the temporary directory are named."""
+    places = {}
+    for path, name in ((Path(tempfile.gettempdir()), "$TMPDIR"), (Path.home(), "~"), (settings.cache_dir, "$ROCMPORT_CACHE_DIR"),
+                       (settings.root, ".")):
+        for form in {str(path), str(path.resolve())}:
+            places[form] = name
+            if name == ".":
+                places[form + "/"] = ""
+    return places
+
+
+def write_summary(result: RefreshResult, directory: Path, settings: Settings) -> Path:
+    """summary.md (the PR body, with no absolute path of this machine) and summary.json beside it,
+    written atomically."""
     data = public(result)
     atomic_write_text(directory / "summary.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(directory / "summary.md", markdown(data))
+    atomic_write_text(directory / "summary.md", markdown(data, machine_paths(settings)))
     return directory / "summary.md"
