@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import sysconfig
@@ -79,3 +80,50 @@ def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, real_in
     assert proc.returncode == 0, proc.stderr[-2000:]
     version, same_hash, hip, where = proc.stdout.split()
     assert (version, same_hash, hip) == ("0.16.1+rocm.1", "True", "False") and str(venv) in where
+
+
+def _buildable(proj: Project, requires_python: str | None, setup_py: str | None = None) -> None:
+    """The project's upstream becomes a buildable megatron-core (setuptools) declaring ``requires_python``."""
+    project = '[project]\nname = "megatron-core"\n' + (
+        f'requires-python = "{requires_python}"\ndynamic = ["version"]\n' if requires_python else 'dynamic = ["version", "requires-python"]\n')
+    files = {"pyproject.toml": '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n' + project
+             + '\n[tool.setuptools.packages.find]\ninclude = ["megatron*"]\n'
+             + ('' if setup_py else '\n[tool.setuptools.dynamic]\nversion = {attr = "megatron.core.package_info.__version__"}\n'),
+             "megatron/__init__.py": "", "megatron/core/__init__.py": "",
+             "megatron/core/package_info.py": "MAJOR, MINOR, PATCH = 0, 16, 1\n__version__ = '0.16.1'\n"}
+    if setup_py:
+        files["setup.py"] = setup_py
+    sha = proj.upstream_commit(files, "buildable")
+    proj.refresh_mirror()
+    proj.pin(sha)
+    assert main(["-C", str(proj.root), "apply"]) == 0
+
+
+def test_build_needs_the_python_the_tree_requires(tmp_path, monkeypatch, capsys):
+    """Like Megatron-LM v0.17+ (>=3.12) where no such Python is: exit 2 before building, saying how to
+    get one; a --python that does not satisfy it is refused the same way."""
+    proj = Project(tmp_path, monkeypatch)
+    _buildable(proj, ">=3.99")
+    capsys.readouterr()
+    assert main(["-C", str(proj.root), "build", "--no-check-deps"]) == 2
+    err = capsys.readouterr().err
+    assert "megatron-lm requires Python >=3.99; no such Python here" in err and "give --python PATH" in err
+    assert main(["-C", str(proj.root), "build", "--python", sys.executable]) == 2
+    assert f"--python {sys.executable} is Python {platform.python_version()}, but megatron-lm requires Python >=3.99" in capsys.readouterr().err
+    assert not (proj.root / "dist").exists()
+
+
+@pytest.mark.network
+def test_a_wheel_its_python_cannot_install_fails_the_build(tmp_path, monkeypatch, capsys):
+    """The tree declares no requires-python in pyproject.toml, its setup.py does (>=3.99): the wheel
+    is built, but this Python cannot install it, so build exits 1 naming why (pip's refusal)."""
+    proj = Project(tmp_path, monkeypatch)
+    _buildable(proj, None, "from setuptools import setup\nsetup(version='0.16.1', python_requires='>=3.99')\n")
+    capsys.readouterr()
+    assert main(["-C", str(proj.root), "build", "--no-check-deps", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    [record] = out["built"]
+    assert any(f.endswith(".whl") for f in record["files"]) and out["python"] == platform.python_version()
+    assert "requires a different Python" in record["installable"]["error"]
+    assert out["problems"] == [f"megatron-lm: {Path(next(f for f in record['files'] if f.endswith('.whl'))).name} cannot be installed by "
+                               f"Python {platform.python_version()} ({sys.executable}): {record['installable']['error']}"]

@@ -19,20 +19,26 @@ from rocmport.upstreams import NAMES, UPSTREAMS
 @click.option("--build-number", type=click.IntRange(min=0), help="The N of +rocm.N (default: commits that touched the series in this project).")
 @click.option("--check-deps/--no-check-deps", default=True, show_default=True,
               help="Check with `pip install --dry-run --report` that installing the wheels pulls nothing CUDA-only.")
+@click.option("--python", "python", metavar="PATH",
+              help="The Python to build for (default: this one when it satisfies the trees' requires-python, "
+                   "else a python3.X on PATH or under pyenv that does).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
 @click.pass_obj
-def command(obj, upstream, out_dir, build_number, check_deps, as_json):
+def command(obj, upstream, out_dir, build_number, check_deps, python, as_json):
     """Build installable wheels and sdists of the ported trees into dist/.
 
     \b
     Version: <upstream>+rocm.<n>; the upstream commit, series and its hash are in the package
     (megatron/core/_rocm_build.py) and its metadata (Project-URL). The work trees stay clean.
-    Exit: 0 built (and no CUDA-only dependency), 1 a build failed or would pull a CUDA-only package, 2 bad input.
+    Built for the Python the trees declare (Megatron-LM v0.17+: 3.12), and each wheel must install
+    with it (its tags and Requires-Python).
+    Exit: 0 built (installable, no CUDA-only dependency), 1 a build failed, a wheel its Python cannot
+    install, or one that would pull a CUDA-only package, 2 bad input (no Python the trees need here).
     """
     result = build_project(load_settings(obj["project"]), upstream, out_dir, build_number, check_deps,
-                           say=output.info, warn=output.warn)
+                           say=output.info, warn=output.warn, python=python)
     if as_json:
-        output.emit_json({"built": result.built, "problems": result.problems})
+        output.emit_json({"built": result.built, "python": result.python, "problems": result.problems})
     else:
         output.table(["distribution", "version", "files"],
                      [[UPSTREAMS[r["upstream"]].distribution, r["version"], "\n".join(Path(f).name for f in r["files"])]

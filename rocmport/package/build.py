@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -100,7 +101,44 @@ def needs_torch_to_build(tree: Path) -> bool:
     return any(re.match(r"^\s*torch\b", r) for r in requires)
 
 
-def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=print) -> Built:
+def build_python(trees: list[Path], requested: str | None, say=print) -> tuple[str, str]:
+    """(path, version) of the Python the wheels are built for: one that satisfies every tree's
+    `requires-python` (Megatron-LM v0.17+: 3.12), so the wheels it makes (cp312 for megatron-core's
+    C++ helpers) are installable by the Python the line needs. ``requested``: `--python`."""
+    from packaging.specifiers import SpecifierSet
+
+    from rocmport.verify.environment import find_interpreter, interpreter_version, python_setup_hint, requires_python
+
+    declared: dict[str, str] = {}
+    for tree in trees:
+        if (declared_here := requires_python(tree)) is not None:
+            declared[tree.name] = declared_here
+    wanted = SpecifierSet(",".join(declared.values()))
+    needs = " and ".join(f"{name} requires Python {s}" for name, s in declared.items()) or "the trees declare no Python"
+    found: tuple[str, str] | None
+    if requested:
+        running = interpreter_version(requested)
+        if running is None:
+            raise BadInput(f"--python {requested}: does not run")
+        if not wanted.contains(running):
+            raise BadInput(f"--python {requested} is Python {running}, but {needs}; give one that satisfies {wanted}")
+        found = (requested, running)
+    else:
+        found = find_interpreter(str(wanted)) if declared else (sys.executable, platform.python_version())
+        if found is None:
+            raise BadInput(f"{needs}; no such Python here (rocmport runs on {platform.python_version()}): give --python PATH, or "
+                           + python_setup_hint(str(wanted)))
+    python, version = found
+    if python != sys.executable:
+        say(f"building for Python {version} ({python}): {needs}")
+    probe = subprocess.run([python, "-c", "import build"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        raise BadInput(f"{python} (Python {version}) has no `build` package to build with; install it there "
+                       f"(`{python} -m pip install build`) or give --python an environment that has it")
+    return python, version
+
+
+def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=print, python: str | None = None) -> Built:
     state = wt.read_state(tree)
     if state is None or state.status != "done" or not (state.base and state.result and state.series and state.series_hash):
         raise BadInput(f"{tree}: no finished port to build; run `rocmport apply` first")
@@ -125,7 +163,7 @@ def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=prin
         _stage_copy(tree, copy)
         _stamp(copy, upstream, version, meta)
         staged = Path(tmp) / "dist"
-        cmd = [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(staged), str(copy)]
+        cmd = [python or sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(staged), str(copy)]
         if not isolation:  # its build wants torch: use the one installed here, never fetch one
             cmd[3:3] = ["--no-isolation", "--skip-dependency-check"]
         say(f"{dist} {version}: {' '.join(cmd[1:4])} ({'isolated' if isolation else 'against the installed torch'})")
@@ -144,36 +182,46 @@ def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=prin
 @dataclass
 class ProjectBuild:
     built: list[dict] = field(default_factory=list)     # Built.to_dict() of each upstream, with its pip dry run
-    problems: list[str] = field(default_factory=list)   # CUDA-only requirements left, or pulled by an install
+    problems: list[str] = field(default_factory=list)   # CUDA-only requirements left, or pulled by an install;
+                                                        # a wheel its Python cannot install
+    python: str = ""                                    # the Python version the wheels were built for
 
 
 def build_project(settings: Settings, upstream: str | None, out_dir: str, build_number: int | None, check_deps: bool,
-                  say=print, warn=print) -> ProjectBuild:
-    """`rocmport build`: every applied upstream (or ``upstream``) built into ``out_dir``, each wheel's
+                  say=print, warn=print, python: str | None = None) -> ProjectBuild:
+    """`rocmport build`: every applied upstream (or ``upstream``) built into ``out_dir`` for the Python
+    the trees need (``python``: `--python`), each wheel checked to install with that Python, and its
     dependencies checked with pip's dry run against the wheels built before it."""
     lock = load_lock(settings.lock_path)
     names = [upstream] if upstream else [n for n in NAMES if n in lock.upstreams and settings.worktree_path(n).is_dir()]
     if not names:
         raise BadInput(f"{settings.worktree_path('megatron-lm')}: no ported tree to build; run `rocmport apply` first")
     out = (settings.root / out_dir) if not Path(out_dir).is_absolute() else Path(out_dir)
-    result, wheels = ProjectBuild(), []
+    interpreter, version = build_python([settings.worktree_path(n) for n in names], python, say)
+    result, wheels = ProjectBuild(python=version), []
     for name in names:
         tree = settings.worktree_path(name)
         series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
         number = build_number if build_number is not None else count_builds(settings.root, series.dir)
         with output.progress(f"building {UPSTREAMS[name].distribution} from {tree}"):
-            built = build_upstream(tree, name, number, out, say=say)
+            built = build_upstream(tree, name, number, out, say=say, python=interpreter)
         result.problems += [f"{name}: {f}: {r} is CUDA-only" for f, r in manifests.cuda_only_requirements(tree)]
         record = built.to_dict()
+        wheel = next(f for f in built.files if f.endswith(".whl"))
+        # The wheel itself (its tags, its Requires-Python) must install with the Python it was built for.
+        with output.progress(f"pip install --dry-run --no-deps {Path(wheel).name} with Python {version}"):
+            _, refused = manifests.pip_dry_run([wheel], extra_args=("--no-deps",), python=interpreter)
+        record["installable"] = {"python": version, "error": refused}
+        if refused:
+            result.problems.append(f"{name}: {Path(wheel).name} cannot be installed by Python {version} ({interpreter}): {refused}")
         if check_deps:
-            wheel = next(f for f in built.files if f.endswith(".whl"))
             wheels.append(wheel)  # Bridge resolves against the ported megatron-core built just before
             with output.progress(f"pip install --dry-run {Path(wheel).name}"):
-                would, error = manifests.pip_dry_run(list(reversed(wheels)))
+                would, error = manifests.pip_dry_run(list(reversed(wheels)), python=interpreter)
             cuda = manifests.cuda_only_installs(would)
             record["dry_run"] = {"would_install": would, "cuda_only": cuda, "error": error}
             result.problems += [f"{name}: installing {Path(wheel).name} would pull {', '.join(cuda)}"] if cuda else []
-            if error:
+            if error and not refused:
                 warn(f"{name}: pip could not resolve the wheel's dependencies here: {error}")
         result.built.append(record)
     return result

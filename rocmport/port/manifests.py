@@ -273,9 +273,11 @@ def policy_from_series(options: dict | bool | None, megatron_lm_path: str | None
                   rocm=rocm)
 
 
-def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_args: tuple[str, ...] = ()) -> tuple[list[str], str]:
-    """What `pip install --dry-run --report` would install into this environment (torch and everything
-    already installed count as satisfied: that is the point on a ROCm image), and pip's error text."""
+def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_args: tuple[str, ...] = (),
+                python: str | None = None) -> tuple[list[str], str]:
+    """What `pip install --dry-run --report` would install into this environment (or ``python``'s;
+    torch and everything already installed count as satisfied: that is the point on a ROCm image),
+    and pip's error text."""
     import json
     import subprocess
     import sys
@@ -283,7 +285,7 @@ def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_arg
 
     with tempfile.TemporaryDirectory(prefix="rocmport-dry-") as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report),
+        cmd = [python or sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report),
                "--no-build-isolation", *(["--index-url", index_url] if index_url else []), *extra_args, *requirements]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not report.is_file():

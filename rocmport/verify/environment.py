@@ -6,6 +6,8 @@ import importlib.util
 import os
 import platform
 import shlex
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,16 +55,50 @@ def probe() -> Environment:
     )
 
 
-def unmet_python(tree: Path) -> str | None:
-    """The tree's `requires-python` when this interpreter does not satisfy it, else None."""
+def requires_python(tree: Path) -> str | None:
+    """The tree's declared `requires-python` (pyproject.toml), None when it declares none or it cannot be read."""
     pyproject = tree / "pyproject.toml"
     if not pyproject.is_file():
         return None
     try:
         spec = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("requires-python")
-        return spec if spec and not SpecifierSet(spec).contains(platform.python_version()) else None
+        SpecifierSet(spec or "")
     except (tomllib.TOMLDecodeError, InvalidSpecifier):
         return None
+    return spec or None
+
+
+def unmet_python(tree: Path) -> str | None:
+    """The tree's `requires-python` when this interpreter does not satisfy it, else None."""
+    spec = requires_python(tree)
+    return spec if spec and not SpecifierSet(spec).contains(platform.python_version()) else None
+
+
+def interpreter_version(python: str) -> str | None:
+    """The version of the Python at ``python`` (a path or a command), None when it does not run."""
+    try:
+        proc = subprocess.run([python, "-c", "import platform; print(platform.python_version())"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def find_interpreter(spec: str) -> tuple[str, str] | None:
+    """(path, version) of a Python that satisfies ``spec``: this one, else `python3.X` on PATH, else
+    a pyenv-installed 3.X (a pyenv shim that refuses until a version is selected is skipped)."""
+    wanted = SpecifierSet(spec)
+    if wanted.contains(platform.python_version()):
+        return sys.executable, platform.python_version()
+    minors = [m for m in range(10, 15) if wanted.contains(f"3.{m}.0") or wanted.contains(f"3.{m}.99")]
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    for minor in minors:
+        candidates = [shutil.which(f"python3.{minor}")] + sorted(str(p) for p in root.glob(f"versions/3.{minor}*/bin/python3.{minor}"))
+        for candidate in filter(None, candidates):
+            version = interpreter_version(candidate)
+            if version and wanted.contains(version):
+                return candidate, version
+    return None
 
 
 def wanted_python(spec: str) -> str | None:
