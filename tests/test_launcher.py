@@ -107,6 +107,25 @@ def test_verify_dry_run_renders_every_stage(tmp_path, capsys):
 
 
 @pytest.mark.torch
+def test_bridge_stage_by_default_only_when_the_lock_pins_bridge(tmp_path, capsys):
+    """A refresh to a release with no companion Bridge (upstream main) unpins it: the old Bridge tree
+    left under build/ is not verified against the new Megatron-LM by default."""
+    from rocmport.upstream.lock import Lock, Pin
+
+    fixture_tree(tmp_path / "build" / "megatron-lm")
+    (tmp_path / "build" / "megatron-bridge").mkdir()
+    pin = Pin("https://github.com/NVIDIA/Megatron-LM.git", "git", "v0.19", "core_v0.19.0", "a" * 40, "2026-01-01T00:00:00+00:00")
+
+    def stages(pins: dict) -> list[str]:
+        Lock(upstreams=pins).save(tmp_path / "upstream.lock")
+        assert main(["-C", str(tmp_path), "verify", "--dry-run", "--json", "--no-unit-tests", "--no-functional"]) == 0
+        return [step["stage"] for step in json.loads(capsys.readouterr().out)]
+
+    assert stages({"megatron-lm": pin})[-1] != "bridge"
+    assert stages({"megatron-lm": pin, "megatron-bridge": pin})[-1] == "bridge"
+
+
+@pytest.mark.torch
 def test_verify_rejects_bad_launch_flags(tmp_path, capsys):
     tree = fixture_tree(tmp_path / "tree")
     assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--dry-run", "--nnodes", "2"]) == 2

@@ -15,6 +15,7 @@ from rocmport.errors import BadInput
 from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
+from rocmport.upstream.lock import load_lock
 from rocmport.verify import environment, firewall, stages
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
@@ -215,6 +216,11 @@ def launch_plan(tree: Path, tp: int, pp: int, dp: int, iters: int, unit: dict | 
     return plan
 
 
+def _lock_pins(settings: Settings, name: str) -> bool:
+    """Whether the project's lock pins ``name`` (True when there is no lock to say otherwise)."""
+    return not settings.lock_path.is_file() or name in load_lock(settings.lock_path).upstreams
+
+
 @dataclass
 class Prepared:
     """What a verify run is given once the command's options are checked against the project."""
@@ -239,8 +245,8 @@ def prepare(settings: Settings, tree: str | None, *, tp: int, pp: int, iters: in
         raise BadInput(f"{path}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
     environment.check_python(path)  # before anything imports torch: a 3.12 tree on 3.11 says how to get 3.12
     bridge_tree = settings.worktree_path("megatron-bridge")
-    if with_bridge is None:
-        with_bridge = not tree and bridge_tree.is_dir()
+    if with_bridge is None:  # the Bridge tree of the lock: a refresh to a release without a companion unpins it
+        with_bridge = not tree and bridge_tree.is_dir() and _lock_pins(settings, "megatron-bridge")
     if with_bridge and not bridge_tree.is_dir():
         raise BadInput(f"{bridge_tree}: no Megatron-Bridge work tree; run `rocmport apply` with a Bridge pin or pass --no-bridge")
     launcher = Launcher(kind=launcher_kind, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
