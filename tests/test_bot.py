@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from filelock import FileLock
 
 from rocmport.cli import main
@@ -192,6 +193,12 @@ def test_shipped_workflow_passes_the_github_workflow_schema_and_runs_the_bot(tmp
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = WORKFLOW.read_text()
     assert "rocmport bot --once --push origin --json" in text and "schedule:" in text
+    # refresh's verify runs on new releases: Python 3.12 (v0.17+ require it) and verify's extras.
+    steps = yaml.safe_load(text)["jobs"]["refresh"]["steps"]
+    setup = next(s for s in steps if s.get("uses", "").startswith("actions/setup-python"))
+    assert str(setup["with"]["python-version"]) == "3.12"
+    install = next(s for s in steps if s.get("name", "").startswith("Install rocmport"))["run"]
+    assert "-e '.[verify,bridge,proxy]'" in install
     broken = tmp_path / "broken.yml"
     broken.write_text(text.replace("runs-on: ubuntu-latest", "runs_on: ubuntu-latest"))
     assert _lint(broken).returncode != 0  # the linter does reject a broken workflow
