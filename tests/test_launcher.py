@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -154,8 +155,9 @@ def test_two_torchrun_nodes_rendezvous_on_this_machine(tmp_path):
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
-    lines = sorted(ln for o in outs for ln in o[0].splitlines() if ln.startswith("RESULT"))
-    assert [ln.split()[1] for ln in lines] == ["rank=0", "rank=1", "rank=2", "rank=3"]
+    # Anywhere in a line: a launcher may prefix workers' lines ("[rank1]: ...").
+    lines = sorted(m.group(0) for o in outs for m in re.finditer(r"RESULT rank=\d+ world=\d+ local=\d+ sum=\d+", o[0]))
+    assert [ln.split()[1] for ln in lines] == ["rank=0", "rank=1", "rank=2", "rank=3"], outs
     assert all("world=4" in ln and "sum=6" in ln for ln in lines)
     # Two processes per node, each node's local ranks 0 and 1.
     assert sorted(ln.split()[3] for ln in lines) == ["local=0", "local=0", "local=1", "local=1"]

@@ -16,6 +16,7 @@ import pytest
 from rocmport.codemods import compute_layers, registry
 from rocmport.nvidia_only import CPU_PROXY, scan_unguarded_imports
 from rocmport.verify.environment import unmet_python
+from rocmport.verify.firewall import firewall_env, write_bootstrap
 from tests.helpers.real import MLM, REAL_CACHE as CACHE, needs_mlm_mirror
 
 
@@ -38,18 +39,21 @@ def write_layers(tree: Path, result) -> None:
 
 
 def import_check(tree: Path, modules: list[str]) -> subprocess.CompletedProcess:
-    """Import ``modules`` from ``tree`` in a fresh interpreter; no cpu-proxy package may be importable."""
+    """Import ``modules`` from ``tree`` in a fresh interpreter behind verify's import firewall: no
+    cpu-proxy package is importable there, even where one is installed (PyPI's CUDA torch brings the
+    nvidia-* and cuda-bindings wheels)."""
+    boot = write_bootstrap(tree.parent / f"{tree.name}-firewall")
     code = (
         "import importlib, importlib.util, sys\n"
         f"blocked = {list(CPU_PROXY)!r}\n"
         "present = [m for m in blocked if importlib.util.find_spec(m) is not None]\n"
-        "assert not present, f'NVIDIA-only packages installed: {present}'\n"
+        "assert not present, f'NVIDIA-only packages importable: {present}'\n"
         f"for m in {modules!r}:\n"
         "    importlib.import_module(m)\n"
         "print('imported', len(sys.modules))\n"
     )
     return subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=tree, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(tree)})
+                          env={**os.environ, "PYTHONPATH": f"{boot}{os.pathsep}{tree}", **firewall_env("cpu-proxy")})
 
 
 @pytest.mark.torch
