@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rocmport.verify import environment
+from rocmport.verify import environment, firewall, hip_sim
 from rocmport.verify.functional import build_args, default_case, golden_path, parse_losses, stage_functional
 
 CASE = "gpt3_mcore_tp1_pp1_uninstall_te"
@@ -58,6 +58,57 @@ FAKE_PRETRAIN = textwrap.dedent("""\
     """)
 
 BLOCKED_PRETRAIN = "from megatron.training.initialize import initialize_megatron\ninitialize_megatron()\n"
+
+# Shaped like pretrain_gpt.py on the path stage 4 exercises: megatron/training asks torch.cuda what
+# upstream's training loop asks (availability, device properties, memory statistics, events and
+# streams, synchronisation, the profiler hooks, device="cuda" tensors), trains, saves at
+# --save-interval and resumes from --load (--ckpt-step picks the iteration).
+TRAIN_LOOP = textwrap.dedent("""\
+    import argparse, json, os, sys
+    import torch
+
+    # the loop knows: ckpt_step, async_save, use_persistent_ckpt_worker
+
+
+    def train(argv):
+        p = argparse.ArgumentParser()
+        for flag in ("--train-iters", "--save-interval", "--ckpt-step"):
+            p.add_argument(flag, type=int)
+        p.add_argument("--save")
+        p.add_argument("--load")
+        p.add_argument("--lr", type=float, default=1e-4)
+        args, _ = p.parse_known_args(argv)
+        assert torch.cuda.is_available(), "Megatron requires CUDA."
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        seen = {"hip": torch.version.hip, "name": props.name, "arch": getattr(props, "gcnArchName", "")}
+        if os.environ.get("FAKE_SEEN"):
+            json.dump(seen, open(os.environ["FAKE_SEEN"], "w"))
+        start, state = 0, 10.0
+        if args.load and os.path.isfile(os.path.join(args.load, "latest")):
+            step = args.ckpt_step or int(open(os.path.join(args.load, "latest")).read())
+            state = json.load(open(os.path.join(args.load, f"iter_{step}.json")))["state"] + float(os.environ.get("FAKE_RESUME_SHIFT", "0"))
+            start = step
+            print(f"  successfully loaded checkpoint from {args.load} [ t 1/1, p 1/1 ] at iteration {step}", flush=True)
+        stream = torch.cuda.Stream()
+        for it in range(start + 1, args.train_iters + 1):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            with torch.cuda.stream(stream):
+                loss = torch.tensor([state], device="cuda")
+            torch.cuda.synchronize()
+            end.record()
+            stats = torch.cuda.memory_stats()
+            state -= args.lr * 2500
+            print(f" iteration {it:8d}/{args.train_iters:8d} | elapsed time per iteration (ms): {begin.elapsed_time(end):.1f} | "
+                  f"lm loss: {float(loss):.6E} | mem {stats['allocated_bytes.all.current'] > 0} |", flush=True)
+            if args.save and (it % args.save_interval == 0 or it == args.train_iters):
+                os.makedirs(args.save, exist_ok=True)
+                json.dump({"state": state}, open(os.path.join(args.save, f"iter_{it}.json"), "w"))
+                open(os.path.join(args.save, "latest"), "w").write(str(it))
+        torch.cuda.check_error(torch.cuda.cudart().cudaProfilerStop())
+    """)
+SHAPED_PRETRAIN = "import sys\nfrom megatron.training.loop import train\n\ntrain(sys.argv[1:])\n"
+CUDA_ONLY_PRETRAIN = "import torch\nfrom megatron.training.initialize import initialize_megatron\ninitialize_megatron(allow_no_cuda=True)\ntorch.cuda.ipc_collect()\n"
 INITIALIZE = textwrap.dedent("""\
     import torch
 
@@ -78,12 +129,27 @@ def make_tree(root: Path, script: str) -> Path:
     (root / "megatron" / "__init__.py").write_text("")
     (root / "megatron" / "training" / "__init__.py").write_text("")
     (root / "megatron" / "training" / "initialize.py").write_text(INITIALIZE)
+    (root / "megatron" / "training" / "loop.py").write_text(TRAIN_LOOP)
+    # The RNG hooks the proxy shim backs with the CPU generator.
+    (root / "megatron" / "core" / "tensor_parallel").mkdir(parents=True)
+    (root / "megatron" / "core" / "__init__.py").write_text("")
+    (root / "megatron" / "core" / "tensor_parallel" / "__init__.py").write_text("")
+    (root / "megatron" / "core" / "tensor_parallel" / "random.py").write_text(
+        "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\nclass CudaRNGStatesTracker:\n    pass\n")
     return root
 
 
 def env_for(tmp_path: Path, tree: Path, **extra) -> dict:
     (tmp_path / "boot").mkdir(exist_ok=True)
     return environment.child_env(tree, tmp_path / "boot", extra)
+
+
+def proxy_env(tmp_path: Path, tree: Path, hip: str | None = hip_sim.DEFAULT_VERSION, **extra) -> dict:
+    """verify's own environment for the started processes: the bootstrap (firewall, proxy shim in
+    upstream scripts' workers) and, by default, the HIP simulation."""
+    boot = firewall.write_bootstrap(tmp_path / "realboot")
+    sim = hip_sim.child_env(hip) if hip else {}
+    return environment.child_env(tree, boot, {**firewall.firewall_env("cpu-proxy"), "ROCMPORT_PROXY": "1", **sim, **extra})
 
 
 def test_build_args_mock_data_and_proxy_scale(tmp_path):
@@ -147,6 +213,7 @@ def test_upstream_a100_golden_side_by_side(tmp_path):
 @pytest.mark.torch
 @pytest.mark.slow
 def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
+    # Without the shim (a bare bootstrap), upstream's own assertion is the blocker, named with its site.
     tree = make_tree(tmp_path / "tree", BLOCKED_PRETRAIN)
     kwargs = dict(case=CASE, dp=1, iters=3, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy")
     res, _ = stage_functional(tree, env_for(tmp_path, tree), proxy=True, **kwargs)
@@ -155,6 +222,45 @@ def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
     # On a GPU machine the same exit is a failure, never excused.
     res, _ = stage_functional(tree, env_for(tmp_path, tree), proxy=False, **kwargs)
     assert res.status == "fail" and "Megatron requires CUDA" in res.reason
+    # With the shim, a CUDA call it has no CPU answer for is still named, never papered over.
+    tree = make_tree(tmp_path / "tree2", CUDA_ONLY_PRETRAIN)
+    res, _ = stage_functional(tree, proxy_env(tmp_path, tree), proxy=True, **kwargs)
+    assert res.status == "unsupported-in-proxy" and "Torch not compiled with CUDA enabled" in res.reason, res.reason
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_shim_answers_training_loop_and_resume_matches(tmp_path):
+    """A pretrain_gpt.py-shaped script through the real bootstrap: the shim answers its torch.cuda
+    calls (counted by call site), the HIP simulation is what it sees, and the resumed run's losses
+    equal the uninterrupted run's."""
+    tree = make_tree(tmp_path / "tree", SHAPED_PRETRAIN)
+    seen = tmp_path / "seen.json"
+    kwargs = dict(case=CASE, dp=1, iters=6, proxy=True, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy",
+                  hip=hip_sim.DEFAULT_VERSION)
+    res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_SEEN=str(seen)), **kwargs)
+    assert res.status == "pass", res.reason
+    assert json.loads(seen.read_text()) == {"hip": hip_sim.DEFAULT_VERSION, "name": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-"}
+    lr = 3e-3 * 2500  # the proxy's learning rate (PROXY_SCALE) moves the fake loss
+    assert data["losses"] == pytest.approx([10.0 - lr * i for i in range(6)])
+    assert data["resume"] == {"from_iteration": 3, "loaded_iteration": 3, "max_abs_diff": 0.0, "tolerance": 1e-5, "async_save": True,
+                              "losses": data["losses"][3:]}
+    assert "resumed from the iteration-3 checkpoint (async torch_dist): max |Δ| 0 over iterations 4-6" in res.reason
+    redirects = data["redirects"]
+    for call in ("cuda.is_available @ megatron/training/loop.py:15", "cuda.get_device_properties @ megatron/training/loop.py:16",
+                 "cuda.memory_stats @ megatron/training/loop.py:34", "cuda.synchronize @ megatron/training/loop.py:32",
+                 "cuda.stream @ megatron/training/loop.py:30", "cuda.cudart @ megatron/training/loop.py:42",
+                 "tensor(device=cuda) @ megatron/training/loop.py:31"):
+        assert redirects.get(call, 0) >= 1, (call, redirects)
+    assert redirects["cuda.synchronize @ megatron/training/loop.py:32"] == 6  # the uninterrupted run's (the report's)
+    assert data["proxy_env"] and "TORCHDYNAMO_DISABLE=1" in data["proxy_env"]
+    # The CUDA path (--no-hip-sim) runs the same loop with an A100's answers.
+    res, data = stage_functional(tree, proxy_env(tmp_path, tree, hip=None, FAKE_SEEN=str(seen)), **{**kwargs, "hip": None})
+    assert res.status == "pass" and json.loads(seen.read_text())["hip"] is None and json.loads(seen.read_text())["name"].startswith("NVIDIA A100")
+    # A resumed run that does not continue the same curve fails the stage.
+    res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_RESUME_SHIFT="0.01"), **kwargs)
+    assert res.status == "fail" and "resumed losses differ from the uninterrupted run's by 0.01" in res.reason
+    assert data["resume"]["max_abs_diff"] == pytest.approx(0.01)
 
 
 def test_missing_case(tmp_path):
@@ -164,3 +270,24 @@ def test_missing_case(tmp_path):
     assert res.status == "skipped" and CASE in res.reason and "--case" in res.reason
     res, _ = stage_functional(tree, {}, case="gpt3_typo", **kwargs)
     assert res.status == "fail"
+
+
+def test_expected_resumed_losses_follow_the_training_logs_intervals():
+    from rocmport.verify.functional import expected_resumed
+
+    steps = {1: 7.0, 2: 6.9, 3: 6.8, 4: 6.7, 5: 6.6, 6: 6.5}
+    assert expected_resumed(steps, 3, 6, first_two_together=False) == {4: 6.7, 5: 6.6, 6: 6.5}
+    # Megatron (v0.16: training.py keeps the first iteration in the running total, should_reset =
+    # not is_first_iteration) logs the mean of a run's first two iterations at its second.
+    assert expected_resumed(steps, 3, 6, first_two_together=True) == {4: 6.7, 5: pytest.approx(6.65), 6: 6.5}
+    assert expected_resumed(steps, 5, 6, first_two_together=True) == {6: 6.5}
+
+
+def test_resume_support_reads_the_training_loop(tmp_path):
+    from rocmport.verify.functional import resume_support
+
+    (tmp_path / "megatron" / "training").mkdir(parents=True)
+    assert resume_support(tmp_path) == {"ckpt_step": False, "async_save": False, "first_two_logged_together": False}
+    (tmp_path / "megatron" / "training" / "training.py").write_text(
+        "ckpt_step = None\nasync_save = use_persistent_ckpt_worker = False\nshould_reset = not is_first_iteration\n")
+    assert resume_support(tmp_path) == {"ckpt_step": True, "async_save": True, "first_two_logged_together": True}

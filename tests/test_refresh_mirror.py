@@ -62,5 +62,7 @@ def test_refresh_patch_release_with_verify(tmp_path, monkeypatch):
     assert not summary["upstreams"]["megatron-lm"]["created"]
     assert (root / "patchsets" / "megatron-lm" / "v0.16" / "series").read_text() == before
     stages = {s["name"]: s["status"] for s in summary["verify"]["stages"]}
-    assert stages == {"imports": "pass", "gpt-training": "pass"} and summary["verify"]["mode"] == "cpu-proxy"
+    # refresh verifies stages 1-2; the others are listed as not run, with the reason
+    assert stages == {"imports": "pass", "gpt-training": "pass", "unit-tests": "skipped", "functional": "skipped", "bridge": "skipped"}
+    assert summary["verify"]["mode"] == "cpu-proxy"
     print(f"\nrefresh core_v0.16.0 -> core_v0.16.1 with verify: {seconds:.1f} s; stages {stages}")

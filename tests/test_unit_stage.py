@@ -3,6 +3,7 @@ merged over ranks, each failure labelled against the unported tree at the same c
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 
 from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
-from rocmport.verify import environment
+from rocmport.nvidia_only import blocked
+from rocmport.verify import environment, firewall, suite
 from rocmport.verify.unit_tests import label, run_tests, stage_unit_tests
 from tests.helpers.sync import g
 
@@ -43,11 +45,16 @@ def upstream_repo(root: Path) -> tuple[Path, str]:
     (root / "megatron" / "core").mkdir(parents=True)
     (root / "megatron" / "__init__.py").write_text("")
     (root / "megatron" / "core" / "__init__.py").write_text("")
+    # The RNG hooks the proxy shim backs with the CPU generator (verify's CLI runs in CPU-proxy mode).
+    (root / "megatron" / "core" / "tensor_parallel").mkdir(parents=True)
+    (root / "megatron" / "core" / "tensor_parallel" / "__init__.py").write_text("")
+    (root / "megatron" / "core" / "tensor_parallel" / "random.py").write_text(
+        "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\nclass CudaRNGStatesTracker:\n    pass\n")
     (root / "megatron" / "core" / "mathops.py").write_text("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n\n\n"
                                                            "def scale(a):\n    return 2 * a\n")
     (root / "tests" / "unit_tests").mkdir(parents=True)
     (root / "tests" / "unit_tests" / "test_ops.py").write_text(TESTS)
-    (root / "tests" / "unit_tests" / "test_needs_te.py").write_text("import transformer_engine_not_here\n\n\ndef test_te():\n    pass\n")
+    (root / "tests" / "unit_tests" / "test_needs_te.py").write_text("import transformer_engine\n\n\ndef test_te():\n    pass\n")
     g(root, "init", "-q", "-b", "main")
     g(root, "add", "-A")
     g(root, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "upstream")
@@ -61,10 +68,14 @@ def upstream_repo(root: Path) -> tuple[Path, str]:
 
 @pytest.fixture
 def child_env(tmp_path):
+    """verify's environment for the started processes (the bootstrap and the cpu-proxy firewall:
+    TE is absent), without the proxy shim (these trees have no megatron internals to shim)."""
     def make(tree: Path) -> dict:
-        (tmp_path / "boot").mkdir(exist_ok=True)
-        return environment.child_env(tree, tmp_path / "boot", {})
+        return environment.child_env(tree, firewall.write_bootstrap(tmp_path / "boot"), firewall.firewall_env("cpu-proxy"))
     return make
+
+
+BLOCKED = blocked("cpu-proxy")
 
 
 FILES = ["tests/unit_tests/test_ops.py", "tests/unit_tests/test_needs_te.py"]
@@ -80,7 +91,9 @@ def test_port_run_merges_ranks(tmp_path, child_env):
     assert ops == {"test_add": "failed", "test_upstream_broken": "failed", "test_listed": "failed", "test_skipped": "skipped",
                    "test_fails_on_rank_one_only": "failed"}
     assert res["outcomes"]["tests/unit_tests/test_needs_te.py"] == "error"
-    assert "transformer_engine_not_here" in res["details"]["tests/unit_tests/test_needs_te.py"]
+    assert "No module named 'transformer_engine'" in res["details"]["tests/unit_tests/test_needs_te.py"]
+    assert res["missing"] == {"tests/unit_tests/test_needs_te.py": "transformer_engine"}
+    assert res["kinds"]["tests/unit_tests/test_ops.py::test_add"] == "AssertionError"
 
 
 @pytest.mark.torch
@@ -88,12 +101,15 @@ def test_port_run_merges_ranks(tmp_path, child_env):
 def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     tree, base = upstream_repo(tmp_path / "up")
     known = {"tests/unit_tests/test_ops.py::test_listed": "AMD's fork skips it on ROCm"}
-    res = stage_unit_tests(tree, child_env(tree), FILES, 2, known, tmp_path / "cache", base)
+    res = stage_unit_tests(tree, child_env(tree), FILES, 2, known, tmp_path / "cache", base, blocked=BLOCKED)
     d = res.to_dict()
     assert res.status == "fail"  # a port regression fails the stage
     labels = {k.split("::")[-1]: v for k, v in d["labels"].items()}
+    # test_needs_te.py: TE is absent by the firewall's doing on both trees, the one absence that may explain a module error.
     assert labels == {"test_add": "port-regression", "test_upstream_broken": "upstream-known", "test_listed": "known-failure",
                       "tests/unit_tests/test_needs_te.py": "upstream-known", "test_fails_on_rank_one_only": "port-regression"}
+    assert d["label_reasons"]["tests/unit_tests/test_ops.py::test_add"] == "passed on the unported tree"
+    assert d["outcomes"]["tests/unit_tests/test_ops.py::test_skipped"] == "skipped"  # per-test outcomes, not only counts
     assert d["counts"] == {"passed": 0, "skipped": 1, "failed": 4, "error": 1}
     on_base = {k.split("::")[-1]: v for k, v in d["on_baseline"].items()}
     assert on_base["test_add"] == "passed" and on_base["test_upstream_broken"] == "failed"
@@ -102,37 +118,78 @@ def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     assert d["baseline"]["counts"] == {"passed": 3, "skipped": 1, "failed": 1, "error": 1}
     assert "2 port-regression, 2 upstream-known, 1 known-failure" in res.reason
     assert g(tree, "worktree", "list").count("\n") == 0  # the baseline checkout is gone
-    again = stage_unit_tests(tree, child_env(tree), FILES, 2, known, tmp_path / "cache", base).to_dict()
+    again = stage_unit_tests(tree, child_env(tree), FILES, 2, known, tmp_path / "cache", base, blocked=BLOCKED).to_dict()
     assert again["baseline"]["cached"] and again["labels"] == d["labels"]
     assert len(list((tmp_path / "cache" / "unit-baselines").glob("*.json"))) == 1
 
 
 def test_label_rules():
     port = {"outcomes": {"a.py::x": "failed", "a.py::y": "failed", "b.py": "error", "c.py::z": "failed", "d/e.py::w": "failed",
-                         "a.py::ok": "passed"}}
-    base = {"outcomes": {"a.py::x": "passed", "a.py::y": "failed", "b.py": "error", "c.py": "error", "d/e.py::w": "passed"}}
-    assert label(port, base, {"d/": "whole directory skipped on ROCm"}) == {
-        "a.py::x": "port-regression", "a.py::y": "upstream-known", "b.py": "upstream-known", "c.py::z": "upstream-known",
-        "d/e.py::w": "known-failure"}
+                         "a.py::ok": "passed", "a.py::diff": "failed", "a.py::te": "failed", "a.py::gone": "failed",
+                         "f.py": "error", "a.py::dep": "failed", "a.py::hang1": "failed", "a.py::hang2": "failed",
+                         "a.py::hang3": "failed"},
+            "kinds": {"a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "TypeError", "a.py::te": "AssertionError",
+                      "a.py::hang1": "hang", "a.py::hang2": "hang", "a.py::hang3": "hang"},
+            "missing": {"f.py": "yaml"}, "details": {"a.py::dep": "ModuleNotFoundError: No module named 'mock' at a.py:3"},
+            "local_spec": ["a.py::te"], "hung": ["a.py::hang1", "a.py::hang2", "a.py::hang3"],
+            "alone": {"a.py::hang1": "passed", "a.py::hang2": "hung", "a.py::hang3": "hung"}}
+    base = {"outcomes": {"a.py::x": "passed", "a.py::y": "failed", "b.py": "error", "c.py": "error", "d/e.py::w": "passed",
+                         "a.py::diff": "failed", "a.py::te": "failed", "f.py": "error", "a.py::dep": "failed",
+                         "a.py::hang2": "failed", "a.py::hang3": "passed"},
+            "kinds": {"a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "AssertionError", "a.py::te": "AssertionError",
+                      "a.py::hang2": "hang"},
+            "hung": ["a.py::hang2"], "alone": {"a.py::hang2": "hung"}}
+    labels, why = label(port, base, {"d/": "whole directory skipped on ROCm"}, blocked=("transformer_engine",))
+    assert labels == {
+        "a.py::x": "port-regression", "a.py::y": "upstream-known", "b.py": "upstream-known",
+        "c.py::z": "unverified",            # its module did not import on the unported tree: no outcome there
+        "d/e.py::w": "known-failure",
+        "a.py::diff": "unverified",         # fails differently on the unported tree
+        "a.py::te": "proxy-artifact",       # same failure on both, but with the local spec in place of TE's
+        "a.py::gone": "unverified",         # never ran on the unported tree
+        "f.py": "missing-dependency",       # a missing ordinary package is never upstream-known
+        "a.py::dep": "missing-dependency",
+        "a.py::hang1": "flaky",             # hung in the suite, passed alone
+        "a.py::hang2": "flaky",             # hangs on both trees
+        "a.py::hang3": "port-regression"}   # hangs alone too, passes on the unported tree
+    assert why["a.py::diff"].startswith("fails differently on the unported tree (AssertionError there, TypeError here)")
+    assert why["f.py"] == "the ordinary package yaml is not installed"
 
 
 def test_missing_test_file_and_no_tests_dir(tmp_path, child_env):
     tree, base = upstream_repo(tmp_path / "up")
-    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_nope.py"], 2, {}, tmp_path / "cache", base)
+    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_nope.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
     assert res.status == "fail" and "tests/unit_tests/test_nope.py" in res.reason and "--unit-test" in res.reason
     (tmp_path / "bare" / "megatron" / "core").mkdir(parents=True)
     res = stage_unit_tests(tmp_path / "bare", {}, FILES, 2, {}, tmp_path / "cache", None)
     assert res.status == "skipped" and "megatron/core only" in res.reason
 
 
-def test_series_verify_settings(tmp_path):
+def test_series_verify_settings_and_known_failures_by_mode(tmp_path):
     series = tmp_path / "series"
     series.write_text("upstream: megatron-lm\nline: v0.16\nversions: '>=0.16.0rc0,<0.17.0rc0'\npatches: []\ncodemods: []\n"
                       "verify:\n  unit_tests: [tests/unit_tests/models/test_gpt_model.py]\n"
-                      "  known_failures: {tests/unit_tests/test_fp8.py: needs FP8 on MI300}\n")
-    assert load_series(series).verify["known_failures"] == {"tests/unit_tests/test_fp8.py": "needs FP8 on MI300"}
-    series.write_text(series.read_text().replace("known_failures:", "known_fails:"))
+                      "  known_failures: {tests/unit_tests/test_fp8.py: needs FP8 on MI300}\n"
+                      "  rocm_known_failures: {tests/unit_tests/test_utils.py::test_straggler_detector: skipped by AMD's fork}\n"
+                      "  proxy_known_failures: {tests/unit_tests/dist_checkpointing/: the CPU proxy has no pinned memory}\n")
+    cfg = suite.parse_settings(load_series(series).verify, str(series))
+    assert cfg.unit_tests == {"tests/unit_tests/models/test_gpt_model.py": ""}  # a plain list: no reasons
+    everywhere = {"tests/unit_tests/test_fp8.py": "needs FP8 on MI300"}
+    rocm = {**everywhere, "tests/unit_tests/test_utils.py::test_straggler_detector": "skipped by AMD's fork"}
+    proxy = {**everywhere, "tests/unit_tests/dist_checkpointing/": "the CPU proxy has no pinned memory"}
+    assert cfg.known_for("gpu", hip=True) == (rocm, {"proxy_known_failures": "applied only in CPU-proxy mode"})
+    assert cfg.known_for("gpu", hip=False)[0] == everywhere  # a CUDA GPU: neither list
+    assert cfg.known_for("cpu-proxy", hip=False) == (proxy, {"rocm_known_failures": "applied only when verify runs on a ROCm GPU"})
+    # Applied: a ROCm-listed failure is a known-failure on a ROCm GPU and a port-regression anywhere else.
+    port = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "failed"}}
+    base = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "passed"}}
+    assert label(port, base, cfg.known_for("gpu", hip=True)[0])[0] == {"tests/unit_tests/test_utils.py::test_straggler_detector": "known-failure"}
+    assert label(port, base, cfg.known_for("cpu-proxy", hip=False)[0])[0] == {"tests/unit_tests/test_utils.py::test_straggler_detector": "port-regression"}
+    series.write_text(series.read_text().replace("known_failures:", "known_fails:", 1))
     with pytest.raises(BadInput, match="key 'verify'"):
+        load_series(series)
+    series.write_text(series.read_text().replace("known_fails:", "known_failures:").replace("{tests/unit_tests/test_fp8.py: needs FP8 on MI300}", "[x]"))
+    with pytest.raises(BadInput, match="key 'verify.known_failures' must map test ids"):
         load_series(series)
 
 
@@ -203,7 +260,97 @@ def test_a_rank_that_finishes_first_with_a_failure_does_not_cut_its_peers_short(
                 assert False, "rank one's own failure"
         """))
     res = run_tests(tree, ["tests/unit_tests/test_slow.py"], child_env(tree), nproc=2)
-    assert res["ranks"] == 2
+    assert res["ranks"] == 2 and res["peak"]["threads"] > 0 and res["peak"]["rss_mb"] > 0
     assert res["outcomes"] == {"tests/unit_tests/test_slow.py::test_fails_everywhere": "failed",
                                "tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one": "failed"}
     assert "rank one's own failure" in res["details"]["tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one"]
+
+
+def test_missing_ordinary_dependency_fails_the_stage_before_it_runs(tmp_path, child_env):
+    tree, base = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_plugins.py").write_text(
+        "import pytest\nimport rocmport_absent_pkg.sub\ntry:\n    import rocmport_optional_pkg\nexcept ImportError:\n    pass\n\n\n"
+        "def test_uses_mocker(mocker):\n    pass\n")
+    (tree / "tests" / "unit_tests" / "conftest.py").write_text("import rocmport_absent_conftest_dep\n")
+    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_plugins.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    assert res.status == "fail" and res.details["missing_dependencies"] == {
+        "rocmport_absent_pkg": "rocmport-absent-pkg", "rocmport_absent_conftest_dep": "rocmport-absent-conftest-dep",
+        **({} if importlib.util.find_spec("pytest_mock") else {"pytest_mock": "pytest-mock"})}
+    assert "-m pip install " in res.reason and res.reason.endswith("rocmport-absent-conftest-dep rocmport-absent-pkg`")
+    # NVIDIA-only packages are absent on purpose (the firewall): no pip command for them.
+    (tree / "tests" / "unit_tests" / "conftest.py").unlink()
+    assert suite.missing_dependencies(tree, ["tests/unit_tests/test_needs_te.py"], BLOCKED) == {}
+
+
+FLAKY = textwrap.dedent("""\
+    import os
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+    def test_hangs_only_the_first_time():
+        marker = os.environ["FLAKY_MARKER"]
+        first = not os.path.exists(marker)
+        dist.barrier()
+        if dist.get_rank() == 0 and first:
+            open(marker, "w").close()
+        if first and dist.get_rank() == 1:
+            dist.recv(torch.zeros(1), src=0)  # rank 0 never sends
+
+    import pytest
+
+    @pytest.mark.parametrize("n", range(10))
+    def test_groups_per_test_are_released(n):
+        groups = [dist.new_group([0, 1]) for _ in range(3)]  # leaked: nothing destroys them
+        dist.all_reduce(torch.ones(1), group=groups[-1])
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_hang_rerun_alone_is_flaky_and_leaked_groups_are_released(tmp_path, child_env):
+    tree, base = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_flaky.py").write_text(FLAKY)
+    g(tree, "add", "-A")
+    g(tree, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "a flaky test")
+    env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "8", "FLAKY_MARKER": str(tmp_path / "marker")}
+    res = stage_unit_tests(tree, env, ["tests/unit_tests/test_flaky.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    d = res.details
+    hang = "tests/unit_tests/test_flaky.py::test_hangs_only_the_first_time"
+    assert d["labels"] == {hang: "flaky"} and d["rerun_alone"] == {hang: "passed"}, d
+    assert res.status == "pass" and "1 flaky" in res.reason
+    # gloo gives every group three threads; ten tests' 30 groups would leave ~90 behind without the release.
+    assert d["peak"]["released_groups"] >= 2 * 30 and d["peak"]["threads"] < 40, d["peak"]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_injected_port_bug_is_a_port_regression_and_exit_1(tmp_path, capsys):
+    """The proof the issue asks for, on an upstream-shaped tree: a bug injected into a module the
+    selected tests use fails stage 3 as port-regression, exit 1; JSON and JUnit carry each test."""
+    import json
+    import xml.etree.ElementTree as ET
+
+    from rocmport.cli import main
+    from rocmport.port import worktree as wt
+
+    tree, base = upstream_repo(tmp_path / "up")
+    g(tree, "checkout", "-q", base, "--", "megatron")  # the port as it should be: no bug
+    wt.write_state(tree, wt.ApplyState(status="done", base=base))
+    args = ["verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2", "--unit-test", "tests/unit_tests/test_ops.py",
+            "--json", "--junit", str(tmp_path / "j.xml")]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)["stages"][2]
+    assert first["labels"] == {"tests/unit_tests/test_ops.py::test_upstream_broken": "upstream-known"}  # upstream's own bug only
+    (tree / "megatron" / "core" / "mathops.py").write_text((tree / "megatron" / "core" / "mathops.py").read_text().replace("a + b\n\n\ndef mul", "a + b + 1\n\n\ndef mul"))
+    assert main(args) == 1
+    stage = json.loads(capsys.readouterr().out)["stages"][2]
+    assert stage["status"] == "fail" and stage["labels"]["tests/unit_tests/test_ops.py::test_add"] == "port-regression"
+    suites = {s.get("name"): s for s in ET.parse(tmp_path / "j.xml").getroot()}
+    case = suites["upstream.unit_tests"].find("testcase[@name='test_add']")
+    assert case.find("failure").get("type") == "port-regression"
+    assert suites["upstream.unit_tests"].find("testcase[@name='test_skipped']/skipped") is not None
+    assert main(["verify", "--tree", str(tree), "--stages", "3", "--unit-test", "tests/unit_tests/test_nope.py"]) == 2
+    assert "--unit-test tests/unit_tests/test_nope.py: not in" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rocmport.cli import main
-from rocmport.verify import environment, firewall, report
+from rocmport.verify import environment, firewall, hip_sim, report
 from rocmport.verify.launcher import free_port
 from rocmport.verify.stages import StageResult
 
@@ -105,12 +105,17 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert rc == 0, data
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
-    imports, training = data["stages"]
+    imports, training, unit, functional, bridge = data["stages"]
     assert imports["status"] == "pass"
     assert training["status"] == "unsupported-in-proxy"
     assert "megatron.core.tensor_parallel.random._get_cuda_rng_state" in training["reason"]
-    suite = ET.parse(tmp_path / "j.xml").getroot()
-    assert suite.get("tests") == "2" and suite.get("skipped") == "1" and suite.get("failures") == "0"
+    # Stages that do not apply to this tree are listed, with the reason, never silently absent.
+    assert (unit["status"], unit["reason"]) == ("skipped", "the tree has no tests/unit_tests (a package-index source ships megatron/core only)")
+    assert functional["status"] == "skipped" and "no pretrain_gpt.py" in functional["reason"]
+    assert bridge["status"] == "skipped" and "--tree given" in bridge["reason"]
+    assert data["hip_sim"]["version"] == hip_sim.DEFAULT_VERSION and data["hip_sim"]["arch"] == "gfx942"
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
+    assert suite.get("tests") == "5" and suite.get("skipped") == "4" and suite.get("failures") == "0"
 
 
 @pytest.mark.torch
@@ -120,8 +125,8 @@ def test_import_failure_names_chain(tmp_path, capsys):
     (tree / "megatron/core/inner.py").write_text("import modelopt.torch.opt\n")
     assert main(["verify", "--tree", str(tree), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    imports, training = data["stages"]
-    assert imports["status"] == "fail" and training["status"] == "skipped"
+    imports, training, *rest = data["stages"]
+    assert imports["status"] == "fail" and training["status"] == "skipped" and "stage 1" in training["reason"]
     assert "NVIDIA-only package modelopt" in imports["reason"] and "megatron/core/inner.py:1" in imports["reason"]
 
 
@@ -140,7 +145,7 @@ def test_report_schema_junit_and_plot(tmp_path):
          "training": {}}
     report.write_json(r, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["stages"][1]["status"] == "fail"
-    suite = ET.fromstring(report.junit_xml(r))
+    suite = ET.fromstring(report.junit_xml(r)).find("testsuite")
     assert suite.get("failures") == "1" and suite.find("testcase[@name='gpt-training']/failure").get("message") == "loss did not fall"
     plot = report.loss_plot([5.0, 4.0, 3.0])
     assert plot.splitlines()[0].endswith("*  ") and "(3 iterations)" in plot

@@ -11,14 +11,21 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
-from rocmport.verify import report
+from rocmport.verify import hip_sim, report
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.run import launch_plan, prepare, run_verify
+from rocmport.verify.port_sites import Coverage, summary_line
+from rocmport.verify.run import STAGES, launch_plan, prepare, run_verify
 
 
 def _print_summary(r: dict) -> None:
     if r["mode"] == "cpu-proxy":
         output.warn("CPU PROXY MODE: no GPU here; the same stages ran on CPU processes over gloo. This is not a GPU result.")
+        sim = r.get("hip_sim")
+        if sim:
+            output.warn(f"HIP simulated: every process saw a ROCm {sim['version']} build of torch and an {sim['device']} "
+                        f"({sim['arch']}); not a ROCm GPU result. --no-hip-sim runs the CUDA path.")
+        else:
+            output.info("HIP simulation off (--no-hip-sim): the CUDA path of the tree ran.")
     e = r["env"]
     output.info(f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
                 f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}")
@@ -28,8 +35,19 @@ def _print_summary(r: dict) -> None:
             local = set(stage.get("local_spec_instead_of_te", []))
             for nodeid, lab in sorted(stage["labels"].items()):
                 click.echo(f"{lab}: {nodeid}" + ("  (ran with the local spec in place of TE's)" if nodeid in local else ""))
+                click.echo(f"    why: {stage.get('label_reasons', {}).get(nodeid, '-')}")
                 click.echo(f"    failure: {stage['failures'].get(nodeid) or '-'}")
                 click.echo(f"    unported tree: {' '.join(stage['on_baseline'].get(nodeid, '').split())}")
+        if stage["name"] == "functional" and stage.get("redirects"):
+            top = sorted(stage["redirects"].items(), key=lambda kv: -kv[1])[:5]
+            click.echo(f"functional: {len(stage['redirects'])} torch.cuda call sites answered on the CPU; most called: "
+                       + ", ".join(f"{k} ×{v}" for k, v in top))
+    for key, title in (("port_sites", "Megatron-LM"), ("bridge_port_sites", "Megatron-Bridge")):
+        if r.get(key):
+            click.echo(f"port coverage ({title}: rewritten call sites that ran in these stages):")
+            for name, cov in r[key].items():
+                c = Coverage(cov["exercised"], cov["total"], cov.get("rewrites"), cov["unreached"], cov.get("explanation", ""))
+                click.echo(f"  {summary_line(name, c)}")
     t = r["training"]
     if t.get("losses"):
         click.echo(report.loss_plot(t["losses"]))
@@ -43,19 +61,28 @@ def _print_summary(r: dict) -> None:
 @click.option("--nproc", type=int, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
 @click.option("--iters", type=int, default=10, show_default=True, help="Training iterations in stages 2, 4 and 5.")
-@click.option("--unit-tests/--no-unit-tests", "with_unit", default=None,
-              help="Stage 3, upstream's unit tests (default: when the tree has tests/unit_tests).")
+@click.option("--stages", "stages_text", default=None, metavar="LIST",
+              help=f"Run only these stages: numbers or names, comma-separated ({', '.join(f'{i} {s}' for i, s in enumerate(STAGES, 1))}).")
+@click.option("--unit-tests", "with_unit", is_flag=False, flag_value="default", default=None, type=click.Choice(["default", "all"]),
+              help="Stage 3, upstream's unit tests: the line's default suite (bare flag) or `all` of tests/unit_tests "
+                   "(default: the suite, when the tree has tests/unit_tests).")
+@click.option("--no-unit-tests", "no_unit", is_flag=True, help="Skip stage 3.")
 @click.option("--unit-test", "unit_tests", multiple=True, metavar="PATH",
-              help="A test file or id to run (default: the series' verify.unit_tests, else test_gpt_model.py and test_schedules.py).")
+              help="A test file, directory or id to run instead of the suite (repeatable; a path not in the tree is exit 2).")
 @click.option("--unit-nproc", type=int, default=8, show_default=True, help="Ranks for the unit tests (upstream CI uses 8).")
 @click.option("--functional/--no-functional", "with_functional", default=None,
               help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).")
 @click.option("--case", default=None, metavar="NAME",
               help="Functional case under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE case where doctor finds TE usable).")
 @click.option("--data-path", default=None, help="Real data for the functional case (default: mock data, NullTokenizer).")
-@click.option("--record-golden", is_flag=True, help="Store this run's functional loss curve as the golden for this device kind.")
+@click.option("--record-golden", is_flag=True, help="Store this run's functional loss curve (and its args) as the golden for this device kind.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.")
 @click.option("--bridge/--no-bridge", "with_bridge", default=None,
               help="Stage 5, Megatron-Bridge (default: when the megatron-bridge work tree exists and --tree is not given).")
+@click.option("--hip-version", default=hip_sim.DEFAULT_VERSION, show_default=True, metavar="VERSION",
+              help="CPU proxy: the ROCm version every process sees torch built for (the HIP simulation; e.g. 6.4).")
+@click.option("--no-hip-sim", is_flag=True, help="CPU proxy: no HIP simulation (the CUDA path of the same tree).")
 @click.option("--launcher", "launcher_kind", type=click.Choice(KINDS), default="torchrun", show_default=True,
               help="torchrun, or Slurm's srun with one task per GPU (run inside an allocation).")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes (torchrun: run the same command on each).")
@@ -64,39 +91,43 @@ def _print_summary(r: dict) -> None:
 @click.option("--dry-run", is_flag=True, help="Print every launch's command line and exit without running anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in the README).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
-@click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here.")
+@click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here (a test case per stage and per upstream unit test).")
 @click.pass_obj
-def command(obj, tree, tp, pp, dp, nproc, backend, iters, with_unit, unit_tests, unit_nproc, with_functional, case, data_path,
-            record_golden, with_bridge, launcher_kind, nnodes, node_rank, rdzv_endpoint, dry_run, as_json, report_path, junit):
+def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit, no_unit, unit_tests, unit_nproc, with_functional,
+            case, data_path, record_golden, resume, with_bridge, hip_version, no_hip_sim, launcher_kind, nnodes, node_rank,
+            rdzv_endpoint, dry_run, as_json, report_path, junit):
     """Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.
 
     \b
     Stage 1 imports: megatron.core, megatron.training, pretrain_gpt's imports, behind the firewall.
     Stage 2 gpt-training: megatron's schedule/DDP/optimizer via torchrun; the loss falls, tied
             embeddings stay equal, and losses match a tp1/pp1 run from the same weights.
-    Stage 3 unit-tests: upstream's tests (torchrun -m pytest, rocmport's plugin in proxy mode),
-            each failure labelled port-regression / upstream-known (the unported tree, cached
-            by commit) / known-failure (the series' verify.known_failures).
+    Stage 3 unit-tests: upstream's tests (torchrun -m pytest, rocmport's plugin), each failure
+            labelled against the unported tree run under the same conditions (cached by commit):
+            port-regression / unverified / missing-dependency fail the stage; upstream-known,
+            proxy-artifact, flaky and known-failure do not.
     Stage 4 functional: upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data),
-            losses against this device kind's golden; unsupported-in-proxy names the CPU blocker.
+            a checkpoint saved half way and resumed with equal losses, and this device kind's golden.
     Stage 5 bridge: Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains.
+    Without a GPU every stage runs on the CPU proxy with the HIP simulation (torch built for ROCm,
+    an MI300X): --no-hip-sim for the CUDA path. Stages that do not apply are listed as skipped.
     Exit: 0 no stage failed, 1 a stage failed, 2 bad input.
     """
     settings = load_settings(obj["project"])
-    prep = prepare(settings, tree, tp=tp, pp=pp, iters=iters, backend=backend, with_unit=with_unit, unit_tests=unit_tests,
-                   unit_nproc=unit_nproc, with_functional=with_functional, case=case, data_path=data_path,
-                   record_golden=record_golden, with_bridge=with_bridge, launcher_kind=launcher_kind, nnodes=nnodes,
-                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint)
+    opts = prepare(settings, tree, tp=tp, pp=pp, dp=dp, nproc=nproc, iters=iters, backend=backend,
+                   with_unit=False if no_unit else with_unit, unit_tests=unit_tests, unit_nproc=unit_nproc,
+                   with_functional=with_functional, case=case, data_path=data_path, record_golden=record_golden, resume=resume,
+                   with_bridge=with_bridge, launcher_kind=launcher_kind, nnodes=nnodes, node_rank=node_rank,
+                   rdzv_endpoint=rdzv_endpoint, hip_version=None if no_hip_sim else hip_version, stages_text=stages_text)
     if dry_run:
-        plan = launch_plan(prep.tree, tp, pp, (nproc // (tp * pp)) if nproc else (dp or 1), iters, prep.unit, prep.functional,
-                           prep.bridge_tree, prep.launcher)
+        plan = launch_plan(opts)
         if as_json:
             output.emit_json(plan)
         else:
             for step in plan:
                 click.echo(f"# {step['stage']} (in {step['cwd']})\n{shlex.join(step['command'])}")
         return EXIT_OK
-    result = run_verify(prep.tree, tp, pp, dp, nproc, backend, iters, prep.bridge_tree, prep.unit, prep.functional, prep.launcher)
+    result = run_verify(opts).to_dict()
     if report_path:
         report.write_json(result, report_path)
     if junit:

@@ -18,6 +18,7 @@ from rocmport.patches import components
 from rocmport.patches import diff as diffs
 from rocmport.patches.components import Matrix
 from rocmport.upstreams import NAMES, UPSTREAMS
+from rocmport.verify.suite import parse_settings as parse_verify_settings
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
@@ -56,7 +57,7 @@ class Series:
     excluded_paths: list[str] = field(default_factory=list)
     # Dependency-manifest rewrite: None = the defaults, False = off, or {drop: {name: reason}, keep: [names]}.
     manifests: dict | bool | None = None
-    # verify's settings for this line: {unit_tests: [paths], known_failures: {test id or file: reason}}.
+    # verify's settings for this line (rocmport.verify.suite): unit_tests, known_failures, rocm_known_failures, proxy_known_failures.
     verify: dict = field(default_factory=dict)
     # What the patches may do beyond text edits (`allow:`): binary, gitlinks, mode-changes, symlinks.
     allow: frozenset[str] = frozenset()
@@ -198,16 +199,8 @@ def _manifests(path: Path, raw):
 
 
 def _verify(path: Path, raw) -> dict:
-    raw = {} if raw is None else raw
-    if not isinstance(raw, dict) or set(map(str, raw)) - {"unit_tests", "known_failures"}:
-        raise _series_fail(path, "verify", "must be a mapping with 'unit_tests' ([paths]) and 'known_failures' ({test id: reason})")
-    tests = raw.get("unit_tests")
-    if tests is not None and not (is_str_list(tests) and all(t and not t.startswith("-") and not has_control(t) for t in tests)):
-        raise _series_fail(path, "verify.unit_tests", "must be a list of test paths (strings) under the tree")
-    failures = raw.get("known_failures")
-    if failures is not None and not (is_str_map(failures) and all(k and not has_control(k) for k in failures)):
-        raise _series_fail(path, "verify.known_failures", "must map test ids, files or directories (strings) to reasons (strings)")
-    return {k: v for k, v in raw.items() if v is not None}
+    parse_verify_settings(raw, str(path))  # the block's schema lives with verify (rocmport.verify.suite)
+    return {k: v for k, v in (raw or {}).items() if v is not None}
 
 
 def load_series(path: Path) -> Series:

@@ -20,7 +20,7 @@ from rocmport.refresh.result import UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
 from rocmport.verify.environment import python_setup_hint, unmet_python
-from rocmport.verify.run import run_verify
+from rocmport.verify.run import VerifyOptions, run_verify
 
 
 def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
@@ -129,13 +129,15 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     if need:
         return {"skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
                            + python_setup_hint(need), "stages": [], "failed": []}
-    args = (opts.get("tp", 2), opts.get("pp", 2), None, None, opts.get("backend", "auto"), opts.get("iters", 10))
-    new = run_verify(tree.resolve(), *args)
+    not_run = "refresh verifies imports and GPT training (stages 1-2); run `rocmport verify` for the rest"
+    args = {"tp": opts.get("tp", 2), "pp": opts.get("pp", 2), "backend": opts.get("backend", "auto"), "iters": opts.get("iters", 10),
+            "skipped": {"unit-tests": not_run, "functional": not_run, "bridge": not_run}}
+    new = run_verify(VerifyOptions(tree=tree.resolve(), **args)).to_dict()
     failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
     out = {"mode": new["mode"], "stages": new["stages"], "failed": failed}
     if failed:
         old_tree = _old_port(settings, old, "megatron-lm", say)
-        before = {s["name"]: s["status"] for s in run_verify(old_tree.resolve(), *args)["stages"]}
+        before = {s.name: s.status for s in run_verify(VerifyOptions(tree=old_tree.resolve(), **args)).stages}
         out["labels"] = {n: ("also fails on the old pin: upstream or environment" if before.get(n) == "fail"
                              else "passes on the old pin: introduced by the new upstream or a drifted patch") for n in failed}
     return out

@@ -140,6 +140,28 @@ def missing_deps(tree: Path) -> dict[str, str]:
     return {m: dist for m, dist in needed.items() if importlib.util.find_spec(m) is None}
 
 
+# What upstream's pretrain_gpt.py needs besides megatron.training's imports: it builds the dataset
+# index helpers (megatron/core/datasets/Makefile: a C++ compiler, make, `python3 -m pybind11`).
+FUNCTIONAL_DEPS = {"pybind11": "pybind11"}
+
+
+def functional_blockers(tree: Path) -> str | None:
+    """What stage 4 lacks on this machine, as a one-line reason with the fix, else None."""
+    import shutil
+
+    if not (tree / "megatron" / "core" / "datasets" / "Makefile").is_file():
+        return None
+    missing = [dist for mod, dist in FUNCTIONAL_DEPS.items() if importlib.util.find_spec(mod) is None]
+    tools = [t for t in ("make",) if shutil.which(t) is None] + ([] if shutil.which("c++") or shutil.which("g++") else ["c++ (g++)"])
+    problems = []
+    if missing:
+        problems.append(f"missing dependency {', '.join(missing)} (megatron/core/datasets/Makefile builds the dataset helpers "
+                        f"with it): `{sys.executable} -m pip install {' '.join(missing)}`")
+    if tools:
+        problems.append(f"no {' or '.join(tools)} on PATH to build megatron's dataset helpers (install build-essential)")
+    return "; ".join(problems) or None
+
+
 def launcher_env_for(env: Environment) -> dict[str, str]:
     """The AMD launcher environment applies to the processes verify starts on ROCm only."""
     from rocmport.launch_env import launch_env
@@ -147,9 +169,16 @@ def launcher_env_for(env: Environment) -> dict[str, str]:
     return launch_env() if env.hip else {}
 
 
-def child_env(tree: Path, bootstrap: Path, extra: dict[str, str]) -> dict[str, str]:
-    """The started processes' environment: the tree (and the firewall) put first on the path."""
+def child_env(tree: Path, bootstrap: Path, extra: dict[str, str | None]) -> dict[str, str]:
+    """The started processes' environment: the tree (and the firewall) put first on the path, the
+    bootstrap's bin/ (this interpreter as `python3`) first on PATH; ``extra`` on top (None: unset)."""
     env = dict(os.environ)
     parts = [str(bootstrap), str(tree)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env.update({"PYTHONPATH": os.pathsep.join(parts), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"), **extra})
+    env.update({"PYTHONPATH": os.pathsep.join(parts), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+                "PATH": os.pathsep.join([str(bootstrap / "bin"), env.get("PATH", "")]), "ROCMPORT_PYTHON": sys.executable})
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env

@@ -2,10 +2,14 @@
 
 A sitecustomize.py first on PYTHONPATH wraps every meta-path finder so that blocked top-level
 modules are never found: `importlib.util.find_spec(name)` returns None and `import name` raises
-ModuleNotFoundError, exactly as when the package is absent, so ported `HAVE_X` guards work."""
+ModuleNotFoundError, exactly as when the package is absent, so ported `HAVE_X` guards work.
+
+The same bootstrap installs, in CPU-proxy mode, the HIP simulation (`hip_sim`, every process) and
+the proxy shim in the workers of upstream scripts (`proxy_shim.install_for_script`)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rocmport.nvidia_only import blocked
@@ -37,18 +41,63 @@ if _BLOCKED:
     for _name in [m for m in sys.modules if m.partition(".")[0] in _BLOCKED]:
         del sys.modules[_name]
 
+# The rest only in the interpreter verify runs on: another Python that a build step in the tree
+# starts (megatron's dataset Makefile runs `python3 -m pybind11`) gets the firewall alone.
+_OURS = os.environ.get("ROCMPORT_PYTHON") == sys.executable
+
+# HIP simulation (CPU proxy): this process's torch is a ROCm build of $ROCMPORT_HIP_SIM.
+if _OURS and os.environ.get("ROCMPORT_HIP_SIM"):
+    from rocmport.verify import hip_sim as _hip_sim
+
+    _hip_sim.install()
+
+# Port coverage: which of the tree's modules this process imported (the generated helpers record
+# the rewritten call sites that ran; see rocmport.verify.port_sites).
+if _OURS and os.environ.get("ROCMPORT_PORT_SITES"):
+    import atexit
+
+    def _rocmport_modules(directory=os.environ["ROCMPORT_PORT_SITES"]):
+        files = sorted({f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values())) if f and "/megatron/" in f})
+        with open(os.path.join(directory, f"modules-{os.getpid()}.txt"), "a", encoding="utf-8") as fh:
+            fh.write("".join(f + "\\n" for f in files))
+
+    atexit.register(_rocmport_modules)
+
 # Upstream scripts (pretrain_gpt.py) in CPU-proxy mode: the shim goes into each torchrun worker.
 # (Under Slurm, rocmport.verify.slurm_task installs it once it has set the rank variables.)
-if os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in os.environ:
+if _OURS and os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in os.environ:
     from rocmport.verify import proxy_shim as _shim
 
-    _shim.install_for_upstream_code()
+    _shim.install_for_script()
+
 '''
 
 
+PYTHON_CONFIG = """\
+#!{python}
+# Written by rocmport verify: python3-config for the interpreter verify runs on (a build step in the
+# tree, e.g. megatron's dataset-helper Makefile, asks it for the extension suffix and includes).
+import sys, sysconfig
+paths = sysconfig.get_paths()
+answers = {{"--extension-suffix": sysconfig.get_config_var("EXT_SUFFIX"), "--prefix": sys.prefix,
+           "--includes": f"-I{{paths['include']}} -I{{paths['platinclude']}}"}}
+print(" ".join(answers[a] for a in sys.argv[1:] if a in answers))
+"""
+
+
 def write_bootstrap(directory: Path) -> Path:
+    """The bootstrap directory: first on the started processes' PYTHONPATH (sitecustomize.py), and
+    its bin/ first on their PATH, where `python`, `python3` and `python3-config` are the
+    interpreter verify runs on (a build step in the tree must not pick another Python from PATH)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    bindir = directory / "bin"
+    bindir.mkdir(exist_ok=True)
+    scripts = {name: f'#!/bin/sh\nexec "{sys.executable}" "$@"\n' for name in ("python", "python3")}  # not links: a
+    scripts["python3-config"] = PYTHON_CONFIG.format(python=sys.executable)  # venv's Python finds its venv by its own path
+    for name, text in scripts.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
     return directory
 
 

@@ -1,6 +1,11 @@
 """verify's functional stage: upstream's own GPT functional case (`tests/functional_tests/test_cases/
 gpt/<case>/model_config.yaml`) run with `pretrain_gpt.py` under torchrun, its losses parsed from the
-log, compared with this machine's recorded goldens (per port version and device kind)."""
+log, compared with this machine's recorded goldens (per port version and device kind), and a
+checkpoint round trip: the run saves part way, a second run resumes from that checkpoint and must
+log the same losses for the remaining iterations.
+
+In CPU-proxy mode every worker gets the proxy shim (`proxy_shim.install_for_script`): torch.cuda's
+answers for a CPU, each counted by its call site, plus the HIP simulation when it is on."""
 
 from __future__ import annotations
 
@@ -27,8 +32,15 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _DATA_ARGS = ("--data-path", "--vocab-file", "--merge-file", "--split", "--data-cache-path", "--tokenizer-type", "--tokenizer-model")
 # A model a 2-core CPU trains in seconds; the parallel layout and every other flag stay the case's.
 PROXY_SCALE = {"--num-layers": 4, "--hidden-size": 64, "--num-attention-heads": 4, "--seq-length": 128,
-               "--max-position-embeddings": 128, "--micro-batch-size": 2, "--global-batch-size": 8}
+               "--max-position-embeddings": 128, "--micro-batch-size": 2, "--global-batch-size": 8,
+               # A few iterations must move the loss: the case warms the learning rate up over 1% of
+               # 320000 iterations (about 0 for ten), so on the proxy no warm-up and a small model's rate.
+               "--lr": 3e-3, "--lr-warmup-iters": 0, "--lr-warmup-fraction": None}
 TOLERANCE = {"cpu-proxy": 1e-4, "gpu": 0.05}
+RESUME_TOLERANCE = {True: 1e-5, False: 1e-3}  # proxy (fp32 on the CPU, deterministic) | GPU
+# What the proxy changes in the workers' environment besides the shim, with the reason (reported).
+PROXY_ENV = {"TORCHDYNAMO_DISABLE": ("1", "torch.compile off: megatron's jit_fuser functions run eagerly (a GPU compiles "
+                                          "them to triton kernels; inductor on the CPU would build C++ ones, minutes per rank)")}
 
 
 def default_case(tp: int, pp: int, te_present: bool) -> str:
@@ -41,8 +53,10 @@ def case_dir(tree: Path, case: str) -> Path:
     return tree / CASES / case
 
 
-def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, work: Path) -> list[str]:
-    """MODEL_ARGS as a command line, with CI's paths replaced and (in proxy mode) the model scaled down."""
+def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, work: Path,
+               extra: dict[str, object] | None = None) -> list[str]:
+    """MODEL_ARGS as a command line, with CI's paths replaced, (in proxy mode) the model scaled
+    down, and ``extra`` on top (a value of None drops the flag)."""
     args: dict[str, Any] = dict(config.get("MODEL_ARGS") or {})  # YAML values: str, int, float, bool
     paths = {"TENSORBOARD_PATH": work / "tensorboard", "CHECKPOINT_SAVE_PATH": work / "ckpt", "CHECKPOINT_LOAD_PATH": work / "ckpt",
              "DATA_CACHE_PATH": work / "data-cache", "DATA_PATH": Path(data_path) if data_path else work / "data"}
@@ -52,12 +66,13 @@ def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, 
         args.update({"--mock-data": True, "--tokenizer-type": "NullTokenizer", "--vocab-size": 1024})
     args["--train-iters"] = iters
     args["--log-interval"] = 1
-    args["--eval-interval"] = max(iters + 1, int(args.get("--eval-interval", 1000) or 1000))
+    args["--eval-interval"] = max(iters + 1, int(str(args.get("--eval-interval", 1000) or 1000)))
     if proxy:
         args.update(PROXY_SCALE)
         args["--distributed-backend"] = "gloo"
         for key in ("--fp16", "--bf16"):  # no half-precision kernels on the CPU
             args.pop(key, None)
+    args.update(extra or {})
     out = []
     for key, value in args.items():
         if value is True:
@@ -72,11 +87,73 @@ def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, 
     return out
 
 
+def loss_steps(log: str) -> dict[int, float]:
+    """Megatron's logged `lm loss` by iteration."""
+    return {int(it): float(loss) for it, loss in _LOSS_RE.findall(log)}
+
+
 def parse_losses(log: str) -> list[float]:
-    found: dict[int, float] = {}
-    for it, loss in _LOSS_RE.findall(log):
-        found[int(it)] = float(loss)
+    found = loss_steps(log)
     return [found[i] for i in sorted(found)]
+
+
+_LOADED_RE = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
+
+
+def loaded_iteration(log: str) -> int | None:
+    """The iteration a run says it resumed from (megatron's `successfully loaded checkpoint ... at iteration N`)."""
+    m = _LOADED_RE.search(log)
+    return int(m.group(1)) if m else None
+
+
+_PARAMS_NORM_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?params norm: ([0-9.eE+-]+)")
+
+
+def params_norms(log: str) -> dict[int, float]:
+    """Megatron's logged `params norm` by iteration (with --log-params-norm)."""
+    return {int(it): float(v) for it, v in _PARAMS_NORM_RE.findall(log)}
+
+
+def resume_support(tree: Path) -> dict[str, bool]:
+    """Whether the tree's training loop can load a chosen checkpoint step (`--ckpt-step`) and save
+    asynchronously with a persistent worker (`--async-save --use-persistent-ckpt-worker`), and
+    whether it logs the first two iterations after a start as one interval: its training log keeps
+    the first iteration's loss in the running total (`should_reset = not is_first_iteration`), so
+    the second logged `lm loss` of any run is the mean of its first two iterations."""
+    text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py")))
+    return {"ckpt_step": "ckpt_step" in text, "async_save": "async_save" in text and "use_persistent_ckpt_worker" in text,
+            "first_two_logged_together": "should_reset = not is_first_iteration" in text}
+
+
+def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_together: bool) -> dict[int, float]:
+    """What a run resumed from iteration ``start`` must log for start+1..end, from the uninterrupted
+    run's losses ``steps``: the same values, except that a training loop which logs the first two
+    iterations after a start as one interval logs the mean of start+1 and start+2 at start+2."""
+    out = {i: steps[i] for i in range(start + 1, end + 1) if i in steps}
+    if first_two_together and start + 2 in out:
+        out[start + 2] = (steps[start + 1] + steps[start + 2]) / 2
+    return out
+
+
+def recorded_args(args: list[str], work: Path) -> list[str]:
+    """The args as a golden records them: this run's temporary directory as ${WORK}."""
+    return [a.replace(str(work), "${WORK}") for a in args]
+
+
+def _args_difference(a: list[str], b: list[str]) -> str:
+    def pairs(args):
+        out, key = {}, None
+        for tok in args:
+            if tok.startswith("--"):
+                key = tok
+                out[key] = True
+            elif key:
+                out[key] = tok
+        return out
+
+    pa, pb = pairs(a), pairs(b)
+    diff = [f"{k} {pa.get(k, '(absent)')} vs {pb.get(k, '(absent)')}" for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
+    return "; ".join(diff[:4]) + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
 
 
 def golden_path(series_dir: Path, case: str, device_kind: str) -> Path:
@@ -124,9 +201,34 @@ def load_case(tree: Path, case: str) -> dict:
     return yaml.safe_load((case_dir(tree, case) / "model_config.yaml").read_text()) or {}
 
 
+def _launch(cmd: list[str], tree: Path, env: dict, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _failure(proc: subprocess.CompletedProcess, tree: Path, proxy: bool, hip: str | None, what: str, seconds: float,
+             details: dict) -> StageResult:
+    """Why a run of pretrain_gpt.py did not log every iteration: a CPU blocker or a break the HIP
+    simulation made (unsupported-in-proxy, naming the site), else a failure."""
+    blocker = _blocker(proc.stderr, tree) if proxy else None
+    if blocker:
+        return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
+    if proxy and hip:
+        from rocmport.verify.hip_sim import simulation_break
+
+        site = simulation_break(proc.stderr, tree)
+        if site:
+            return StageResult("functional", UNSUPPORTED, f"the HIP simulation breaks {site} (a ROCm build of torch would not)", seconds, details)
+    errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln and "ChildFailedError" not in ln and "elastic" not in ln]
+    tail = errors[:1] or proc.stderr.strip().splitlines()[-1:] or ["no output"]
+    return StageResult("functional", FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
+
+
 def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, proxy: bool, data_path: str | None,
                      series_dir: Path | None, record: bool, device_kind: str, defaulted: bool = False,
-                     launcher: Launcher = Launcher()) -> tuple[StageResult, dict]:
+                     launcher: Launcher = Launcher(), resume: bool = True, hip: str | None = None) -> tuple[StageResult, dict]:
+    """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
+    iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
+    the remaining iterations. ``hip``: the simulated ROCm version (proxy), for the report."""
     start = time.monotonic()
     cdir = case_dir(tree, case)
     if not (tree / "pretrain_gpt.py").is_file():
@@ -136,45 +238,107 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
         text = f"upstream has no functional case {case} ({cdir.relative_to(tree)}); pass --case NAME (e.g. {', '.join(near)})"
         return StageResult("functional", SKIPPED if defaulted else FAIL, text), {}
     config = load_case(tree, case)
+    support = resume_support(tree)
+    half = iters // 2
     with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
         work = Path(tmp)
-        args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work)
+        save = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": half}
+        if support["async_save"]:
+            save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
+        args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=save)
         run_env = {**env, **{k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}}
+        swaps = {}
         if proxy:
-            run_env["ROCMPORT_SHIM_WORKERS"] = "1"
+            (work / "shim").mkdir()
+            run_env.update({"ROCMPORT_SHIM_WORKERS": "1", "ROCMPORT_SHIM_OUT": str(work / "shim")})
+            run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
+            swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
         cmd = functional_command(launcher, config, args, dp)
-        proc = subprocess.run(cmd, cwd=tree, env=run_env, capture_output=True, text=True, timeout=1800)
-    losses = parse_losses(proc.stdout + proc.stderr)
-    if proc.returncode == 0 and not losses and launcher.multi_node:
-        return took_part("functional", launcher, time.monotonic() - start), {}
-    details = {"case": case, "command": " ".join(cmd), "losses": losses, "iters": iters,
-               "log_tail": [ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]}
+        proc = _launch(cmd, tree, run_env)
+        steps = loss_steps(proc.stdout + proc.stderr)
+        losses = [steps[i] for i in sorted(steps)]
+        if proc.returncode == 0 and not losses and launcher.multi_node:
+            return took_part("functional", launcher, time.monotonic() - start), {}
+        details: dict[str, Any] = {"case": case, "command": " ".join(cmd), "losses": losses, "iters": iters, "proxy_env": swaps,
+                   "log_tail": [ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]}
+        if proxy:
+            from rocmport.verify.proxy_shim import read_redirects
+
+            details["redirects"] = read_redirects(work / "shim")
+        hook = work / "shim" / "unsupported.txt"
+        if proxy and hook.is_file():
+            return StageResult("functional", UNSUPPORTED, f"proxy shim hook missing: {hook.read_text()}", time.monotonic() - start,
+                               details), details
+        if proc.returncode != 0 or len(losses) < iters:
+            what = f"pretrain_gpt.py (after {len(losses)} of {iters} iterations)"
+            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, details)
+            return res, details
+        reason = f"{case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations"
+        problems = []
+        if losses[-1] >= losses[0]:
+            problems.append(f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
+        if resume and half >= 1 and support["ckpt_step"]:
+            again = {**save, "--ckpt-step": half, "--save": str(work / "ckpt-resumed"), "--async-save": None,
+                     "--use-persistent-ckpt-worker": None}
+            rargs = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=again)
+            rproc = _launch(functional_command(launcher, config, rargs, dp), tree, run_env)
+            rlog = rproc.stdout + rproc.stderr
+            rsteps = loss_steps(rlog)
+            wanted = list(range(half + 1, iters + 1))
+            details["resume_log_tail"] = [ln for ln in rproc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]
+            if rproc.returncode != 0 or any(i not in rsteps for i in wanted):
+                return _failure(rproc, tree, proxy, hip, f"the run resumed from iteration {half}", time.monotonic() - start,
+                                details), details
+            expected = expected_resumed(steps, half, iters, support["first_two_logged_together"])
+            diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
+            norms, rnorms = params_norms(proc.stdout + proc.stderr), params_norms(rlog)
+            norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
+            tol = RESUME_TOLERANCE[proxy]
+            details["resume"] = {"from_iteration": half, "loaded_iteration": loaded_iteration(rlog), "max_abs_diff": diff,
+                                 "tolerance": tol, "async_save": support["async_save"], "losses": [rsteps[i] for i in wanted]}
+            if norm_diff is not None:
+                details["resume"]["params_norm_max_abs_diff"] = norm_diff
+            if support["first_two_logged_together"] and half + 2 <= iters:
+                details["resume"]["averaged_iteration"] = half + 2
+            reason += (f"; resumed from the iteration-{half} checkpoint ({'async ' if support['async_save'] else ''}torch_dist): "
+                       f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})")
+            if norm_diff is not None:
+                reason += f", params norm max |Δ| {norm_diff:.2g}"
+                if norm_diff > tol:
+                    problems.append(f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})")
+            if details["resume"]["loaded_iteration"] != half:
+                problems.append(f"the resumed run did not load iteration {half} (it says {details['resume']['loaded_iteration']})")
+            if diff > tol:
+                problems.append(f"resumed losses differ from the uninterrupted run's by {diff:.3g} > {tol:g}")
+        elif resume:
+            why = "fewer than 2 iterations" if half < 1 else "the tree's training loop has no --ckpt-step"
+            details["resume"] = {"skipped": why}
+            reason += f"; checkpoint resume not checked ({why})"
+        recorded = recorded_args(args, work)
     seconds = time.monotonic() - start
-    if proc.returncode != 0 or len(losses) < iters:
-        blocker = _blocker(proc.stderr, tree) if proxy else None
-        if blocker:
-            return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details), details
-        errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln and "ChildFailedError" not in ln and "elastic" not in ln]
-        tail = errors[:1] or proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        return StageResult("functional", FAIL, f"pretrain_gpt.py exited {proc.returncode} after {len(losses)} iterations: {tail[0][:300]}",
-                           seconds, details), details
-    reason = f"{case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations"
-    status = PASS
+    status = FAIL if problems else PASS
     if series_dir is not None:
         golden = golden_path(series_dir, case, device_kind)
         if record:
             atomic_write_text(golden, json.dumps({"case": case, "device_kind": device_kind, "iters": iters, "losses": losses,
-                                                  "args": args}, indent=1) + "\n")
+                                                  "hip_sim": hip, "args": recorded}, indent=1) + "\n")
             reason += f"; golden recorded in {golden}"
         elif golden.is_file():
-            ref = json.loads(golden.read_text())["losses"]
-            n = min(len(ref), len(losses))
-            drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[:n], ref[:n])) if n else float("inf")
-            tol = TOLERANCE.get(device_kind, 0.05)
-            details["golden"] = {"path": str(golden), "max_rel_drift": drift, "tolerance": tol}
-            reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
-            if drift > tol:
-                status = FAIL
+            ref = json.loads(golden.read_text())
+            details["golden"] = {"path": str(golden)}
+            if ref.get("args") != recorded:
+                why = _args_difference(recorded, ref["args"]) if ref.get("args") else "the golden records no args; re-record it"
+                details["golden"]["other_args"] = why
+                reason += f"; golden made with other args, not compared ({why})"
+            else:
+                n = min(len(ref["losses"]), len(losses))
+                drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[:n], ref["losses"][:n])) if n else float("inf")
+                tol = TOLERANCE.get(device_kind, 0.05)
+                details["golden"].update({"max_rel_drift": drift, "tolerance": tol, "hip_sim": ref.get("hip_sim")})
+                reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
+                if drift > tol:
+                    problems.append(f"losses drift from the golden by {drift:.3g} > {tol:g} ({golden})")
+                    status = FAIL
         else:
             reason += "; no golden for this device kind yet (--record-golden)"
     if data_path:
@@ -182,4 +346,6 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
         if reference:
             details["upstream_golden_a100"] = reference
             reason += f"; upstream's A100 golden (reference only): {reference['summary']}"
+    if problems:
+        reason = "; ".join(problems) + f" [{reason}]"
     return StageResult("functional", status, reason, seconds, details), details

@@ -1,15 +1,16 @@
 """CPU-proxy runtime shim: lets megatron-core train on CPU/gloo in verify's own processes.
 
 Active only in proxy mode, never written into the ported tree. It redirects CUDA-only calls to
-the CPU (RNG tracker on the CPU generator, `device="cuda"` -> cpu, `.cuda()` no-op, no-op
-synchronize) and logs every site it redirects. It does not paper over port bugs: a missing
+the CPU (the CUDA generator and megatron's RNG tracker on a CPU generator of their own,
+`device="cuda"` -> cpu, `.cuda()` no-op, no-op synchronize; for upstream's training script also
+device properties, memory statistics, streams and events) and logs every site it redirects. It does not paper over port bugs: a missing
 hook in the tree is reported as `unsupported-in-proxy`, naming it."""
 
 from __future__ import annotations
 
 import collections
 import sys
-from types import FrameType
+import types
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -22,7 +23,8 @@ class Unsupported(Exception):
 
 
 def _site() -> str:
-    f: FrameType | None = sys._getframe(3)
+    """The innermost megatron frame that called into the shim (`megatron/core/utils.py:631`)."""
+    f: types.FrameType | None = sys._getframe(1)
     while f is not None:
         name = f.f_code.co_filename
         if "/megatron/" in name:
@@ -39,11 +41,41 @@ def _is_cuda(dev) -> bool:
     return isinstance(dev, int) and not isinstance(dev, bool)
 
 
+# The simulated device's random generator. A GPU keeps CUDA's generator apart from the CPU's: the
+# model's dropout draws from the device one (saved in a checkpoint as `cuda_rng_state`), the data
+# loader's seed from the CPU one. With one generator for both, a resumed run (which builds its data
+# loader after loading the checkpoint) would shift dropout's stream; so the proxy keeps two.
+DEVICE_RNG = torch.Generator()
+# Random ops that run on the device in a GPU run: dropout and Bernoulli masks on the model's
+# tensors, and random factories asked for device="cuda".
+_DEVICE_RANDOM = {torch.nn.functional.dropout, torch.nn.functional.dropout1d, torch.nn.functional.dropout2d,
+                  torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout, torch.nn.functional.feature_alpha_dropout,
+                  torch.dropout, torch.bernoulli, torch.Tensor.bernoulli_, torch.Tensor.bernoulli}
+_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal, torch.rand_like, torch.randn_like, torch.randint_like}
+
+
+def on_device_rng(call):
+    """``call()`` drawing from DEVICE_RNG (swapped in as the default generator for its duration)."""
+    cpu = torch.default_generator.get_state()
+    torch.default_generator.set_state(DEVICE_RNG.get_state())
+    try:
+        return call()
+    finally:
+        DEVICE_RNG.set_state(torch.default_generator.get_state())
+        torch.default_generator.set_state(cpu)
+
+
 class CudaToCpu(TorchFunctionMode):
-    """`device="cuda"` -> cpu, `.cuda()` -> self, `.to("cuda")` -> cpu; each redirect is counted."""
+    """`device="cuda"` -> cpu, `.cuda()` -> self, `.to("cuda")` -> cpu; each redirect is counted.
+    Random ops that would run on the device draw from DEVICE_RNG."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        device_random = func in _DEVICE_RANDOM or (func in _FACTORIES and _is_cuda(kwargs.get("device")))
+        if device_random and kwargs.get("generator") is None:
+            if "device" in kwargs and _is_cuda(kwargs["device"]):
+                kwargs["device"] = "cpu"
+            return on_device_rng(lambda: func(*args, **kwargs))
         if func is torch.Tensor.cuda:
             REDIRECTS[f"Tensor.cuda @ {_site()}"] += 1
             return args[0]
@@ -63,28 +95,40 @@ class CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _answer(name: str, answer) -> None:
+    """torch.cuda.<name> answers with ``answer`` on the CPU; each call is counted by its megatron call site."""
+    def redirected(*args, **kwargs):
+        REDIRECTS[f"cuda.{name} @ {_site()}"] += 1
+        return answer(*args, **kwargs)
+
+    redirected.__name__ = name
+    setattr(redirected, "_rocmport_proxy", True)
+    setattr(torch.cuda, name, redirected)
+
+
 def install() -> None:
     """Patch torch.cuda and megatron's RNG hooks; enter the redirecting mode for this process."""
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *a, **k: None
+    _answer("current_device", lambda: "cpu")
+    _answer("synchronize", lambda device=None: None)
     # DDP's start_grad_sync (v0.19+) waits through torch.cuda.current_stream() for events a CUDA graph
     # replay recorded; on the CPU everything runs in order: torch's CPU stream answers (its waits return).
-    torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()
-    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    _answer("current_stream", lambda device=None: torch.cpu.current_stream())
+    _answer("get_rng_state", lambda device="cuda": DEVICE_RNG.get_state())
     torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
-    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
-    # torch.manual_seed itself calls torch.cuda.manual_seed_all: seed the CPU generator directly.
-    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
-    torch.cuda.manual_seed_all = lambda seed: None
+    _answer("set_rng_state", lambda state, device="cuda": DEVICE_RNG.set_state(state))
+    # torch.manual_seed seeds the CPU generator and calls torch.cuda.manual_seed_all: the device's.
+    _answer("manual_seed", lambda seed: DEVICE_RNG.manual_seed(int(seed)))
+    _answer("manual_seed_all", lambda seed: DEVICE_RNG.manual_seed(int(seed)))
+    _answer("initial_seed", lambda: DEVICE_RNG.initial_seed())
     try:
         from megatron.core.tensor_parallel import random as mrandom
     except ImportError as exc:
         raise Unsupported(f"megatron.core.tensor_parallel.random does not import ({exc})") from None
     for hook in ("_get_cuda_rng_state", "_set_cuda_rng_state", "CudaRNGStatesTracker"):
         if not hasattr(mrandom, hook):
-            raise Unsupported(f"megatron.core.tensor_parallel.random.{hook} (the shim backs the RNG tracker with the CPU generator through it)")
-    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+            raise Unsupported(f"megatron.core.tensor_parallel.random.{hook} (the shim backs the RNG tracker with its device generator through it)")
+    mrandom._get_cuda_rng_state = lambda *a, **k: DEVICE_RNG.get_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
     CudaToCpu().__enter__()
 
 
@@ -98,22 +142,179 @@ def install_for_upstream_code() -> list[str]:
         return _UPSTREAM_SWAPS
     install()
 
-    def set_device(*args, **kwargs):
-        return None
-
-    setattr(set_device, "_rocmport_proxy", True)  # marks the swap as done (a second install is a no-op)
-    torch.cuda.set_device = set_device
-    torch.cuda.device_count = lambda: 1
+    _answer("set_device", lambda device: None)
+    _answer("device_count", lambda: 1)
     real_init = dist.init_process_group
 
     def init_process_group(backend=None, *args, **kwargs):
         if backend in (None, "nccl", "cuda:nccl"):
             backend = "gloo"
+        device_id = kwargs.get("device_id")
+        if device_id is not None and _is_cuda(device_id):  # gloo binds no device
+            REDIRECTS[f"init_process_group(device_id=cuda) @ {_site()}"] += 1
+            kwargs["device_id"] = None
         return real_init(backend, *args, **kwargs)
 
     dist.init_process_group = init_process_group
     _name_groups_by_members()
     return _UPSTREAM_SWAPS
+
+
+
+
+class _Event:
+    """torch.cuda.Event on the CPU: records wall time; synchronize/wait/query are immediate."""
+
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False, **unused):
+        self._t = None
+
+    def record(self, stream=None):
+        import time
+
+        self._t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end._t - self._t) * 1000.0
+
+    def synchronize(self):
+        return None
+
+    def wait(self, stream=None):
+        return None
+
+    def query(self):
+        return True
+
+
+class _Stream:
+    """torch.cuda.Stream on the CPU: one in-order queue (the CPU), so waits are immediate."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, device=None, priority=0, **unused):
+        self.priority = priority
+
+    def wait_stream(self, other):
+        return None
+
+    def wait_event(self, event):
+        return None
+
+    def record_event(self, event=None):
+        event = event or _Event()
+        event.record()
+        return event
+
+    def synchronize(self):
+        return None
+
+    def query(self):
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __eq__(self, other):
+        return isinstance(other, _Stream)
+
+    def __hash__(self):
+        return 0
+
+
+_DEFAULT_STREAM = None
+
+
+def _rss() -> tuple[int, int]:
+    """This process's resident memory now and at its peak, in bytes (the CPU is the device)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        with open("/proc/self/statm") as fh:
+            now = int(fh.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        now = peak
+    return now, max(now, peak)
+
+
+def _meminfo() -> tuple[int, int]:
+    """(free, total) host memory in bytes."""
+    info = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        return 0, 0
+    return info.get("MemAvailable", 0), info.get("MemTotal", 0)
+
+
+class _CudaRt:
+    """torch.cuda.cudart() on the CPU: the profiler range calls succeed and do nothing."""
+
+    @staticmethod
+    def cudaProfilerStart():
+        return 0
+
+    @staticmethod
+    def cudaProfilerStop():
+        return 0
+
+
+def install_device_answers(hip: bool) -> None:
+    """What upstream's training entry point (pretrain_gpt.py) asks torch.cuda on a GPU, answered
+    honestly for the CPU it runs on: a device exists (a simulated MI300X under the HIP simulation,
+    an A100 on the CUDA path) for the properties megatron reads; memory statistics are this
+    process's resident memory; streams and events are in order on the CPU; synchronisation and the
+    profiler range calls return at once. Every call is counted by its megatron call site."""
+    from rocmport.verify import hip_sim
+
+    props = hip_sim.device(hip)
+    global _DEFAULT_STREAM
+    _DEFAULT_STREAM = _Stream()
+
+    def stats(device=None):
+        # The caching allocator's statistics: bytes are this process's resident memory, counts the
+        # CPU allocator does not keep are 0 (a defaultdict: any key torch's allocator reports exists).
+        now, peak = _rss()
+        out = collections.defaultdict(int)
+        for kind in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
+            out[f"{kind}.all.current"], out[f"{kind}.all.peak"] = now, peak
+        return out
+
+    answers = {
+        "is_available": lambda: True,
+        "get_device_properties": lambda device=None: props,
+        "get_device_capability": lambda device=None: (props.major, props.minor),
+        "get_device_name": lambda device=None: props.name,
+        "memory_stats": stats,
+        "memory_allocated": lambda device=None: _rss()[0],
+        "max_memory_allocated": lambda device=None: _rss()[1],
+        "memory_reserved": lambda device=None: _rss()[0],
+        "max_memory_reserved": lambda device=None: _rss()[1],
+        "device_memory_used": lambda device=None: _rss()[0],
+        "mem_get_info": lambda device=None: _meminfo(),
+        "reset_peak_memory_stats": lambda device=None: None,
+        "reset_max_memory_allocated": lambda device=None: None,
+        "empty_cache": lambda: None,
+        "synchronize": lambda device=None: None,
+        "default_stream": lambda device=None: torch.cpu.current_stream(),
+        "set_stream": lambda stream: None,
+        "stream": lambda stream=None: _DEFAULT_STREAM if stream is None else stream,
+        "cudart": lambda: _CudaRt,
+        "check_error": lambda result: None,
+        "is_initialized": lambda: True,
+        "init": lambda: None,
+    }
+    for name, answer in answers.items():
+        _answer(name, answer)
+    setattr(torch.cuda, "Stream", _Stream)
+    setattr(torch.cuda, "Event", _Event)
+    torch.cuda.memory.memory_stats = torch.cuda.memory_stats
 
 
 def _name_groups_by_members() -> None:
@@ -142,3 +343,47 @@ def _name_groups_by_members() -> None:
 _UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu)", "cuda.set_device no-op", "cuda.device_count = 1",
                    "init_process_group nccl -> gloo",
                    "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)"]
+
+
+def install_for_script() -> None:
+    """The shim for one worker of upstream's training script (pretrain_gpt.py): everything upstream
+    code needs on CPU, the device answers, and this process's redirect counts written at exit to
+    $ROCMPORT_SHIM_OUT (when set)."""
+    import atexit
+    import os
+
+    out = os.environ.get("ROCMPORT_SHIM_OUT")
+    try:
+        install_for_upstream_code()
+    except Unsupported as exc:  # the stage reports it (unsupported-in-proxy, naming the hook)
+        if out:
+            with open(os.path.join(out, "unsupported.txt"), "w") as fh:
+                fh.write(str(exc))
+        return
+    install_device_answers(hip=bool(os.environ.get("ROCMPORT_HIP_SIM")))
+    if out:
+        atexit.register(write_redirects, out)
+
+
+def write_redirects(directory: str) -> None:
+    """This process's redirect counts, as <directory>/redirects-rank<RANK>-<pid>.json."""
+    import json
+    import os
+
+    if not REDIRECTS:  # e.g. a build step's Python that the rank started
+        return
+    path = os.path.join(directory, f"redirects-rank{os.environ.get('RANK', '0')}-{os.getpid()}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(dict(REDIRECTS.most_common()), fh)
+    os.replace(path + ".tmp", path)
+
+
+def read_redirects(directory) -> dict[str, int]:
+    """The redirect counts every process of a run wrote to ``directory``, summed."""
+    import json
+    from pathlib import Path
+
+    total: collections.Counter = collections.Counter()
+    for path in sorted(Path(directory).glob("redirects-rank*.json")):
+        total.update(json.loads(path.read_text()))
+    return dict(total.most_common())

@@ -1,35 +1,84 @@
 """rocmport's pytest plugin for upstream's unit tests in verify (loaded with `-p`).
 
+Upstream's conftest.py files load as in upstream CI, with one exception: the test-data download
+(`tests/test_utils/python_scripts/download_unit_tests_dataset.py`) is replaced by a stub that
+raises ImportError, which upstream's `ensure_test_data` fixture reports and ignores. Every other
+fixture (`tmp_path_dist_ckpt`, the default dist-checkpoint strategy, ...) is upstream's own.
+
 In CPU-proxy mode it swaps only what proxy mode must: nccl -> gloo (with subgroup rendezvous named
 by their members, see proxy_shim), no `cuda.set_device`, one "device" per rank, the CPU-proxy shim,
 and the local layer spec (with the memory buffer it needs) where a test asks for Transformer
 Engine's and TE is absent. Tests that need CUDA still skip by their own `skipif`; nothing else is
 patched, so a port bug still fails. On GPUs it only records outcomes.
 
+For the unported tree ($ROCMPORT_BASELINE_GUARDS=1) it adds the minimal guards that let upstream's
+modules import when the firewall has removed TE and flash-attn (`is_te_min_version` is False and
+`get_fa_version` is 0.0.0 when the package is absent: the port's codemods do the same in source).
+
+Between tests it releases what a test leaked: gloo connects every subgroup at creation with three
+threads of its own, and megatron's `destroy_model_parallel` only forgets its groups; a group that
+the test created and nothing references any more is destroyed once model parallelism is down.
+
 In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a test that hangs
 (ranks waiting on a collective that never completes) into a failure, not a stage without end.
 
 Every rank writes its outcomes to $ROCMPORT_UNIT_OUT/rank<RANK>.json after each test (a stage
-stopped from outside still shows what ran, and which test was running)."""
+stopped from outside still shows what ran, and which test was running), with each failure's
+exception type, the module a collection error found missing, and the rank's peak threads and
+resident memory."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import types
+
+import pytest
 
 SWAPS: list[str] = []
+GUARDS: list[str] = []
 _STATE: dict[str, str] = {}   # nodeid -> passed | failed | error | skipped
 _DETAIL: dict[str, str] = {}  # nodeid -> the exception and its site
+_KIND: dict[str, str] = {}    # nodeid -> the exception's type ("AssertionError")
+_MISSING: dict[str, str] = {}  # nodeid of a module that did not import -> the module it found missing
 _RUNNING: list[str] = []
 _HUNG: list[list] = []  # [nodeid, start time] of each test the watchdog ended
 _TIMERS: list = []
 _LOCAL_SPEC: list[str] = []  # tests that asked for TE's layer spec and got the local one
+_PEAK = {"threads": 0, "rss_mb": 0.0, "released_groups": 0}
+_GROUPS_BEFORE: set[int] = set()
+
+DATA_DOWNLOAD = "tests.test_utils.python_scripts.download_unit_tests_dataset"
+
+
+def _stub_data_download() -> None:
+    """Upstream's conftest imports the test-data downloader (it needs click, requests and the
+    network): a stub whose download raises ImportError, which upstream's fixture catches."""
+    stub = types.ModuleType(DATA_DOWNLOAD)
+
+    def download_and_extract_asset(*args, **kwargs):
+        raise ImportError("rocmport verify: the unit-test data download is skipped (tests that need /opt/data skip or fail)")
+
+    setattr(stub, "download_and_extract_asset", download_and_extract_asset)
+    sys.modules.setdefault(DATA_DOWNLOAD, stub)
+
+
+_stub_data_download()
+
+
+_UNSUPPORTED: list[str] = []
 
 
 def _proxy_swaps() -> None:
     from rocmport.verify import proxy_shim
 
-    SWAPS.extend(proxy_shim.install_for_upstream_code())
+    try:
+        SWAPS.extend(proxy_shim.install_for_upstream_code())
+    except proxy_shim.Unsupported as exc:  # the stage reports it as unsupported-in-proxy, naming the hook
+        _UNSUPPORTED.append(str(exc))
+        _write()
+        pytest.exit(f"rocmport: proxy shim hook missing: {exc}", returncode=4)
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
@@ -49,6 +98,41 @@ def _proxy_swaps() -> None:
 
         gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec = te_spec_without_te
         SWAPS.append("TE layer spec -> local spec (TE absent)")
+
+
+def _guard(module, name: str, absent_package: str, answer, why: str) -> None:
+    """Make ``module.name`` return ``answer`` when ``absent_package`` is not importable, in place
+    (its code is swapped, so every `from module import name` made earlier sees it too)."""
+    import importlib.util
+
+    fn = getattr(module, name, None)
+    if not isinstance(fn, types.FunctionType) or importlib.util.find_spec(absent_package) is not None:
+        return
+    original = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    fn.__globals__[f"_rocmport_original_{name}"] = original
+    fn.__globals__[f"_rocmport_answer_{name}"] = answer
+    src = f"def {name}(*args, **kwargs):\n    return _rocmport_answer_{name}\n"
+    scope: dict = {}
+    exec(src, {}, scope)
+    fn.__code__ = scope[name].__code__.replace(co_name=name)
+    fn.__defaults__ = None
+    fn.__kwdefaults__ = None
+    GUARDS.append(why)
+
+
+def _baseline_guards() -> None:
+    """The unported tree's collection guards: what the port's codemods change so that upstream's
+    modules import when the firewall has removed TE and flash-attn, applied at run time."""
+    try:
+        from megatron.core import utils
+    except ImportError:
+        return
+    from packaging.version import Version
+
+    _guard(utils, "is_te_min_version", "transformer_engine", False,
+           "core.utils.is_te_min_version -> False when TE is absent (else it compares None with a Version)")
+    _guard(utils, "get_fa_version", "flash_attn", Version("0.0.0"),
+           "core.utils.get_fa_version -> 0.0.0 when flash-attn is absent (else it asks pip for it)")
 
 
 def _buffer_for_local_attention() -> None:
@@ -78,6 +162,7 @@ def _watchdog(nodeid: str) -> None:
 
     def fire():
         _STATE[nodeid] = "failed"
+        _KIND[nodeid] = "hang"
         _DETAIL[nodeid] = (f"hung: no result after {seconds:g} s on rank {os.environ.get('RANK', '0')} "
                            "(waiting on a collective other ranks never entered)")
         _HUNG.append([nodeid, started])
@@ -91,15 +176,101 @@ def _watchdog(nodeid: str) -> None:
     _TIMERS.append(timer)
 
 
-def pytest_configure(config):
+# ---- what a test leaves behind ---------------------------------------------------------------------
+
+def _c10d():
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+    except ImportError:
+        return None, None
+    return (dist, c10d) if dist.is_available() and dist.is_initialized() else (None, None)
+
+
+def _internal_refs(pg, c10d) -> int:
+    """References torch's own group registry holds to ``pg``."""
+    world, n = c10d._world, 0
+    for name in dir(type(world)):
+        if name.startswith("__"):
+            continue
+        try:
+            value = getattr(world, name)
+        except Exception:
+            continue
+        if isinstance(value, dict):
+            n += sum(k is pg for k in value) + sum(v is pg for v in value.values())
+            n += sum(x is pg for v in value.values() if isinstance(v, (list, tuple)) for x in v)
+        elif isinstance(value, (list, tuple)):
+            n += sum(x is pg for x in value)
+    return n
+
+
+def _unreferenced(pg, c10d) -> bool:
+    # getrefcount's argument, this frame's `pg`, and the caller's loop variable and list copy.
+    return sys.getrefcount(pg) - 4 - _internal_refs(pg, c10d) <= 0
+
+
+def _release_groups() -> None:
+    """Destroy the process groups this test created that nothing references any more, once
+    megatron's model parallelism is down (so its groups are forgotten). Groups that existed before
+    the test (a fixture's, the default group) are never touched."""
+    dist, c10d = _c10d()
+    if dist is None:
+        return
+    try:
+        from megatron.core import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            return
+    except ImportError:
+        pass
+    world = c10d.GroupMember.WORLD
+    for pg in list(c10d._world.pg_map):
+        if pg is world or id(pg) in _GROUPS_BEFORE or not _unreferenced(pg, c10d):
+            continue
+        try:
+            dist.destroy_process_group(pg)
+            _PEAK["released_groups"] += 1
+        except Exception:  # noqa: BLE001 - a group torch will not destroy stays, as it would upstream
+            pass
+
+
+def _sample_peak() -> None:
+    try:
+        with open("/proc/self/status") as fh:
+            status = dict(line.split(":", 1) for line in fh if ":" in line)
+        _PEAK["threads"] = max(_PEAK["threads"], int(status["Threads"].strip()))
+        _PEAK["rss_mb"] = max(_PEAK["rss_mb"], round(int(status["VmHWM"].split()[0]) / 1024, 1))
+    except (OSError, KeyError, ValueError):
+        pass
+
+
+# ---- hooks ---------------------------------------------------------------------------------------------
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Before upstream's conftest.py files import megatron: the proxy swaps and baseline guards."""
     if os.environ.get("ROCMPORT_PROXY") == "1":
         _proxy_swaps()
+    if os.environ.get("ROCMPORT_BASELINE_GUARDS") == "1":
+        _baseline_guards()
 
 
 def pytest_runtest_logstart(nodeid, location):
     _RUNNING[:] = [nodeid]
+    dist, c10d = _c10d()
+    _GROUPS_BEFORE.clear()
+    if dist is not None:
+        _GROUPS_BEFORE.update(id(pg) for pg in c10d._world.pg_map)
     _write()
     _watchdog(nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    _sample_peak()
+    _release_groups()
 
 
 def pytest_runtest_logfinish(nodeid, location):
@@ -107,6 +278,14 @@ def pytest_runtest_logfinish(nodeid, location):
         _TIMERS.pop().cancel()
     _RUNNING.clear()
     _write()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None and item.nodeid not in _KIND:
+        _KIND[item.nodeid] = call.excinfo.typename  # the exception's type, as raised (setup, call or teardown)
 
 
 def pytest_runtest_logreport(report):
@@ -124,6 +303,25 @@ def pytest_collectreport(report):
     if report.failed:  # a module that does not even import: every test in it is an error
         _STATE[report.nodeid] = "error"
         _DETAIL[report.nodeid] = _failure_line(report.longrepr)
+        _KIND[report.nodeid] = _exception_type(report.longrepr)
+        missing = _missing_module(report.longrepr)
+        if missing:
+            _MISSING[report.nodeid] = missing
+
+
+def _exception_type(longrepr) -> str:
+    """The exception type of a collection error, from pytest's report of it ("E   ModuleNotFoundError: ...")."""
+    import re
+
+    found = re.findall(r"^E\s+([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning))\b", str(longrepr or ""), re.M)
+    return found[-1].rsplit(".", 1)[-1] if found else "CollectError"
+
+
+def _missing_module(longrepr) -> str | None:
+    import re
+
+    m = re.search(r"ModuleNotFoundError: No module named '([^']+)'", str(longrepr or ""))
+    return m.group(1) if m else None
 
 
 def _failure_line(longrepr) -> str:
@@ -135,10 +333,13 @@ def _failure_line(longrepr) -> str:
     if crash is not None and crash.message:
         path = os.path.relpath(crash.path) if os.path.isabs(crash.path) else crash.path
         return f"{' '.join(crash.message.split())[:240]} at {path}:{crash.lineno}"
-    return str(longrepr).strip().splitlines()[-1][:300]
+    lines = [ln for ln in str(longrepr).strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("E ")]
+    return (errors[-1] if errors else lines[-1])[:300] if lines else ""
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _sample_peak()
     _write(int(exitstatus))
     # torchrun stops every rank as soon as one exits non-zero: a rank that finished first with a
     # failed test would cut its slower peers short and lose their outcomes. The outcomes travel in
@@ -154,6 +355,7 @@ def _write(exitstatus: int | None = None) -> None:
         return
     path = os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json")
     with open(path + ".tmp", "w") as fh:
-        json.dump({"outcomes": _STATE, "details": _DETAIL, "swaps": SWAPS, "running": _RUNNING, "hung": _HUNG,
-                   "local_spec": _LOCAL_SPEC, "exitstatus": exitstatus}, fh)
+        json.dump({"outcomes": _STATE, "details": _DETAIL, "kinds": _KIND, "missing": _MISSING, "swaps": SWAPS,
+                   "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "hung": _HUNG, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
+                   "exitstatus": exitstatus}, fh)
     os.replace(path + ".tmp", path)

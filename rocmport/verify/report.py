@@ -6,13 +6,17 @@ import json
 import xml.etree.ElementTree as ET
 
 from rocmport.fsutil import atomic_write_text
+from rocmport.verify.unit_tests import BLOCKING
 
 SCHEMA = """\
 {mode: "gpu" | "cpu-proxy", backend, world_size, tp, pp, dp, tree,
+ hip_sim: {version, arch, device} | null,
  env: {python, torch, hip, cuda, device_count, devices, launcher_env, firewall_profile},
  launcher: {kind, nnodes, node_rank, rdzv_endpoint},
  stages: [{name, status: pass|fail|skipped|unsupported-in-proxy, reason, seconds, ...}],
- training: {losses, reference_losses, max_abs_diff, tied_embeddings_equal, redirects}}"""
+ training: {losses, reference_losses, max_abs_diff, tied_embeddings_equal, redirects},
+ functional: {case, losses, resume: {from_iteration, max_abs_diff, ...}, golden, redirects, ...},
+ port_sites: {<codemod>: {exercised, total, rewrites, unreached: {<site>: <reason>}, explanation}}}"""
 
 
 def write_json(report: dict, path) -> None:
@@ -20,16 +24,39 @@ def write_json(report: dict, path) -> None:
 
 
 def junit_xml(report: dict) -> str:
-    suite = ET.Element("testsuite", name="rocmport.verify", tests=str(len(report["stages"])),
-                       failures=str(sum(s["status"] == "fail" for s in report["stages"])),
-                       skipped=str(sum(s["status"] in ("skipped", "unsupported-in-proxy") for s in report["stages"])))
-    for s in report["stages"]:
+    """A test suite of the stages (one test case each) and, when stage 3 ran, one of upstream's unit
+    tests (a test case per test id: a blocking label is a failure, any other label or a skip is
+    skipped with the label and its reason)."""
+    root = ET.Element("testsuites", name="rocmport.verify")
+    stages = report["stages"]
+    suite = ET.SubElement(root, "testsuite", name="rocmport.verify.stages", tests=str(len(stages)),
+                          failures=str(sum(s["status"] == "fail" for s in stages)),
+                          skipped=str(sum(s["status"] in ("skipped", "unsupported-in-proxy") for s in stages)))
+    for s in stages:
         case = ET.SubElement(suite, "testcase", classname=f"rocmport.verify.{report['mode']}", name=s["name"], time=str(s["seconds"]))
         if s["status"] == "fail":
             ET.SubElement(case, "failure", message=s["reason"][:500]).text = s["reason"]
         elif s["status"] != "pass":
             ET.SubElement(case, "skipped", message=f"{s['status']}: {s['reason']}"[:500])
-    return ET.tostring(suite, encoding="unicode")
+    unit = next((s for s in stages if s["name"] == "unit-tests" and s.get("outcomes")), None)
+    if unit:
+        outcomes, labels = unit["outcomes"], unit.get("labels", {})
+        failing = [k for k in outcomes if labels.get(k) in BLOCKING]
+        tests = ET.SubElement(root, "testsuite", name="upstream.unit_tests", tests=str(len(outcomes)), failures=str(len(failing)),
+                              skipped=str(len(outcomes) - len(failing) - sum(v == "passed" for v in outcomes.values())))
+        for nodeid, outcome in sorted(outcomes.items()):
+            path, _, name = nodeid.partition("::")
+            case = ET.SubElement(tests, "testcase", classname=path.removesuffix(".py").replace("/", "."), name=name or path,
+                                 file=path)
+            lab, why = labels.get(nodeid), unit.get("label_reasons", {}).get(nodeid, "")
+            failure = unit.get("failures", {}).get(nodeid, "")
+            if lab in BLOCKING:
+                ET.SubElement(case, "failure", message=f"{lab}: {why}"[:500], type=lab).text = f"{failure}\nunported tree: {unit['on_baseline'].get(nodeid, '')}"
+            elif lab:
+                ET.SubElement(case, "skipped", message=f"{lab}: {why}"[:500]).text = failure
+            elif outcome == "skipped":
+                ET.SubElement(case, "skipped", message="skipped by the test")
+    return ET.tostring(root, encoding="unicode")
 
 
 def loss_plot(losses: list[float], width: int = 40, height: int = 6) -> str:

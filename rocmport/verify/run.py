@@ -1,13 +1,14 @@
-"""A verify run: the options it is given, the launches it would make (`--dry-run`) and the stages
-it runs, as plain functions over a ported tree. On GPUs: nccl (RCCL on ROCm). Without: CPU proxy on gloo."""
+"""A verify run: the options it is given (VerifyOptions), the launches it would make (`--dry-run`)
+and the stages it runs, as plain functions over a ported tree, with a typed report (VerifyReport).
+On GPUs: nccl (RCCL on ROCm). Without: CPU proxy on gloo, with the HIP simulation by default."""
 
 from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 from rocmport import output
 from rocmport.config import Settings
@@ -16,10 +17,102 @@ from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
-from rocmport.verify import environment, firewall, stages
+from rocmport.verify import environment, firewall, hip_sim, stages, suite
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
+from rocmport.verify.stages import StageResult
 from rocmport.upstreams import MEGATRON_LM
+
+STAGES = ("imports", "gpt-training", "unit-tests", "functional", "bridge")
+Mode = Literal["gpu", "cpu-proxy"]
+
+
+@dataclass(frozen=True)
+class UnitOptions:
+    """Stage 3: upstream's unit tests."""
+
+    tests: list[str]
+    nproc: int
+    cache_dir: Path
+    base: str | None                                   # the unported commit the baseline runs
+    settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
+    reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
+    selection: str = "series"                          # series | fallback | explicit | all
+
+
+@dataclass(frozen=True)
+class FunctionalOptions:
+    """Stage 4: upstream's functional GPT case through pretrain_gpt.py."""
+
+    case: str
+    iters: int
+    defaulted: bool = True
+    data_path: str | None = None
+    record: bool = False
+    series_dir: Path | None = None
+    resume: bool = True
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """Everything a verify run is given. ``unit``/``functional``/``bridge_tree`` None: that stage
+    does not run and ``skipped`` says why; ``stages`` limits the run to a subset."""
+
+    tree: Path
+    tp: int = 2
+    pp: int = 2
+    dp: int | None = None
+    nproc: int | None = None
+    backend: str = "auto"
+    iters: int = 10
+    unit: UnitOptions | None = None
+    functional: FunctionalOptions | None = None
+    bridge_tree: Path | None = None
+    launcher: Launcher = field(default_factory=Launcher)
+    hip_version: str | None = hip_sim.DEFAULT_VERSION    # CPU proxy: the simulated ROCm (None: the CUDA path)
+    stages: tuple[str, ...] = STAGES
+    skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
+
+
+@dataclass
+class VerifyReport:
+    """verify's report (README: "Report"); ``to_dict()`` is the JSON."""
+
+    mode: Mode
+    backend: str
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    tree: str
+    hip_sim: dict | None
+    env: dict
+    launcher: dict
+    stages: list[StageResult] = field(default_factory=list)
+    training: dict = field(default_factory=dict)
+    functional: dict = field(default_factory=dict)
+    bridge_training: dict = field(default_factory=dict)
+    port_sites: dict = field(default_factory=dict)
+    bridge_port_sites: dict | None = None
+
+    def stage(self, name: str) -> StageResult | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    @property
+    def failed(self) -> list[str]:
+        return [s.name for s in self.stages if s.status == stages.FAIL]
+
+    def to_dict(self) -> dict:
+        out = {"mode": self.mode, "backend": self.backend, "world_size": self.world_size, "tp": self.tp, "pp": self.pp, "dp": self.dp,
+               "tree": self.tree, "hip_sim": self.hip_sim, "env": self.env, "launcher": self.launcher,
+               "stages": [s.to_dict() for s in self.stages], "training": self.training, "port_sites": self.port_sites}
+        if self.functional:
+            out["functional"] = self.functional
+        if self.bridge_training:
+            out["bridge_training"] = self.bridge_training
+        if self.bridge_port_sites is not None:
+            out["bridge_port_sites"] = self.bridge_port_sites
+        return out
 
 
 def check_sizes(tp: int, pp: int, iters: int) -> None:
@@ -28,20 +121,35 @@ def check_sizes(tp: int, pp: int, iters: int) -> None:
         raise BadInput("--tp and --pp must be >= 1 and --iters >= 2")
 
 
-def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, backend: str, iters: int,
-               bridge_tree: Path | None = None, unit: dict | None = None, functional: dict | None = None,
-               launcher: Launcher = Launcher()) -> dict:
-    """``unit``: {tests, nproc, known, cache_dir, base} for stage 3, upstream's unit tests;
-    ``functional``: {case, defaulted, data_path, record, series_dir, iters} for stage 4, upstream's
-    functional GPT case (None: the stage is not run)."""
+def parse_stages(text: str | None) -> tuple[str, ...]:
+    """`--stages 1,3` or `--stages imports,unit-tests` (numbers or names) -> stage names, in order."""
+    if not text:
+        return STAGES
+    chosen = set()
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part.isdigit() and 1 <= int(part) <= len(STAGES):
+            chosen.add(STAGES[int(part) - 1])
+        elif part in STAGES:
+            chosen.add(part)
+        else:
+            raise BadInput(f"--stages {text!r}: unknown stage {part!r}; use 1-{len(STAGES)} or {', '.join(STAGES)}")
+    return tuple(s for s in STAGES if s in chosen)
+
+
+def _dp(opts: VerifyOptions) -> int:
+    if opts.nproc is not None:
+        if opts.nproc % (opts.tp * opts.pp):
+            raise BadInput(f"--nproc {opts.nproc} is not a multiple of tp×pp = {opts.tp * opts.pp}")
+        return opts.nproc // (opts.tp * opts.pp)
+    return opts.dp or 1
+
+
+def run_verify(opts: VerifyOptions) -> VerifyReport:
+    tree, tp, pp, iters, launcher = opts.tree, opts.tp, opts.pp, opts.iters, opts.launcher
     if not (tree / MEGATRON_LM.package_dir).is_dir():
         raise BadInput(f"{tree}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
     check_sizes(tp, pp, iters)
-    if nproc is not None:
-        if nproc % (tp * pp):
-            raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
-        dp = nproc // (tp * pp)
-    dp = dp or 1
+    dp = _dp(opts)
     world = tp * pp * dp
     if LAYERS % pp:
         raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
@@ -49,65 +157,98 @@ def run_verify(tree: Path, tp: int, pp: int, dp: int | None, nproc: int | None, 
         raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
     environment.check_python(tree)
     env_info = environment.probe()
-    if backend == "auto":
-        backend = "nccl" if env_info.has_gpu else "gloo"
+    backend = opts.backend if opts.backend != "auto" else ("nccl" if env_info.has_gpu else "gloo")
     per_node = launcher.per_node(world)
     if backend == "nccl" and per_node > env_info.device_count:
         raise BadInput(f"world size {world} (tp {tp} × pp {pp} × dp {dp}) over {launcher.nnodes} node(s) needs {per_node} GPUs per node; "
                        f"this machine has {env_info.device_count}")
-    mode = "gpu" if backend == "nccl" else "cpu-proxy"
+    mode: Mode = "gpu" if backend == "nccl" else "cpu-proxy"
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
-    extra = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile)}
+    hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
+    extra: dict[str, str | None] = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile)}
     if mode == "cpu-proxy":
         extra["ROCMPORT_PROXY"] = "1"
-    applied_launch_env = environment.launcher_env_for(env_info)
+        if hip_version:
+            extra.update(hip_sim.child_env(hip_version))
+    applied_launch_env = environment.launcher_env_for(env_info) or hip_sim.launcher_env(hip_version)
     extra.update(applied_launch_env)
-    result: dict[str, Any] = {"mode": mode, "backend": backend, "world_size": world, "tp": tp, "pp": pp, "dp": dp, "tree": str(tree),
-              "env": {**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
-                      "components": _component_versions(tree)},
-              "launcher": launcher.to_dict(), "stages": [], "training": {}}
+    report = VerifyReport(mode=mode, backend=backend, world_size=world, tp=tp, pp=pp, dp=dp, tree=str(tree),
+                          hip_sim=hip_sim.summary(hip_version),
+                          env={**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
+                               "components": _component_versions(tree)},
+                          launcher=launcher.to_dict())
+    add = report.stages.append
     missing = environment.missing_deps(tree)
     with tempfile.TemporaryDirectory(prefix="rocmport-fw-") as tmp:
-        env = environment.child_env(tree, firewall.write_bootstrap(Path(tmp)), extra)
-        if missing:
+        sites_dir = Path(tmp) / "port-sites"
+        sites_dir.mkdir()
+        extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
+        env = environment.child_env(tree, firewall.write_bootstrap(Path(tmp) / "boot"), extra)
+        if "imports" not in opts.stages:
+            add(StageResult("imports", stages.SKIPPED, "not selected (--stages)"))
+        elif missing:
             cmd = f"python -m pip install {' '.join(sorted(set(missing.values())))}"
-            result["stages"].append(stages.StageResult("imports", stages.FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`").to_dict())
+            add(StageResult("imports", stages.FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`"))
         else:
             with output.progress("stage 1: imports behind the firewall"):
-                imports = stages.stage_imports(tree, env, blocked(profile))
-            result["stages"].append(imports.to_dict())
-        if result["stages"][-1]["status"] != stages.PASS:
-            result["stages"].append(stages.StageResult("gpt-training", stages.SKIPPED, "imports failed").to_dict())
-        else:
+                add(stages.stage_imports(tree, env, blocked(profile)))
+        imports_failed = report.stages[0].status == stages.FAIL
+
+        def gate(name: str, requested: bool) -> bool:
+            """Whether stage ``name`` runs; when not, it is listed as skipped with the reason."""
+            if name not in opts.stages:
+                add(StageResult(name, stages.SKIPPED, "not selected (--stages)"))
+            elif not requested:
+                add(StageResult(name, stages.SKIPPED, opts.skipped.get(name, "not requested")))
+            elif imports_failed:
+                add(StageResult(name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)"))
+            else:
+                return True
+            return False
+
+        if gate("gpt-training", True):
             with output.progress(f"stage 2: GPT training tp{tp}×pp{pp}×dp{dp} on {backend} and the tp1/pp1 reference"):
-                training, data = stages.stage_training(tree, env, tp, pp, dp, iters, backend, launcher)
-            result["stages"].append(training.to_dict())
-            result["training"] = data
-        if unit is not None:
-            _unit_tests(result, tree, env, unit, launcher)
-        if functional is not None:
-            _functional(result, tree, env, functional, dp, mode, env_info, launcher)
-        if bridge_tree is not None:
-            _bridge(result, bridge_tree, env, tp, pp, dp, iters, launcher)
-    return result
+                training, report.training = stages.stage_training(tree, env, tp, pp, dp, iters, backend, launcher)
+            add(training)
+        if gate("unit-tests", opts.unit is not None) and opts.unit is not None:
+            add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile))
+        if gate("functional", opts.functional is not None) and opts.functional is not None:
+            res, report.functional = _functional(tree, env, opts.functional, dp, mode, env_info, launcher, hip_version)
+            add(res)
+        if gate("bridge", opts.bridge_tree is not None) and opts.bridge_tree is not None:
+            from rocmport.verify.bridge_stage import stage_bridge
+
+            with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{tp}×pp{pp}"):
+                bridge, report.bridge_training = stage_bridge(opts.bridge_tree, env, tp, pp, dp, iters, launcher)
+            add(bridge)
+        report.port_sites = _port_sites(tree, sites_dir)
+        if opts.bridge_tree is not None and "bridge" in opts.stages:
+            report.bridge_port_sites = _port_sites(opts.bridge_tree, sites_dir)
+    return report
 
 
-def _skipped_without_imports(result: dict, name: str) -> bool:
-    """Stages after 1 need the tree to import: otherwise they are listed as skipped."""
-    if result["stages"][0]["status"] == stages.PASS:
-        return False
-    result["stages"].append(stages.StageResult(name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)").to_dict())
-    return True
+def _port_sites(tree: Path, sites_dir: Path) -> dict:
+    """port_sites of the report: per codemod of the tree's port, the rewritten helper call sites
+    that ran in this verify run ({} for a tree `rocmport apply` did not make)."""
+    from rocmport.verify import port_sites
+
+    state = wt.read_state(tree)
+    if state is None or not state.base:
+        return {}
+    sites = port_sites.find_sites(tree, state.base)
+    calls, modules = port_sites.read_records(sites_dir, tree)
+    codemods = {c["name"]: c.get("sites") for c in state.codemods}
+    return {name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods).items()}
 
 
-def _unit_tests(result: dict, tree: Path, env: dict, unit: dict, launcher: Launcher) -> None:
+def _unit_tests(tree: Path, env: dict, unit: UnitOptions, launcher: Launcher, mode: str, env_info, profile: str) -> StageResult:
     from rocmport.verify.unit_tests import stage_unit_tests
 
-    if _skipped_without_imports(result, "unit-tests"):
-        return
-    with output.progress(f"stage 3: upstream unit tests on {unit['nproc']} ranks ({len(unit['tests'])} files) and the unported baseline"):
-        res = stage_unit_tests(tree, env, unit["tests"], unit["nproc"], unit["known"], unit["cache_dir"], unit["base"], launcher)
-    result["stages"].append(res.to_dict())
+    known, not_applied = unit.settings.known_for(mode, bool(env_info.hip))
+    files = suite.test_files(tree, unit.tests)
+    with output.progress(f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"):
+        return stage_unit_tests(tree, env, unit.tests, unit.nproc, known, unit.cache_dir, unit.base, launcher, blocked=blocked(profile),
+                                progress=output.info, reasons=unit.reasons, known_skipped=not_applied)
 
 
 def device_kind(mode: str, env_info: environment.Environment) -> str:
@@ -118,28 +259,19 @@ def device_kind(mode: str, env_info: environment.Environment) -> str:
     return f"{'rocm' if env_info.hip else 'cuda'}-{name}"
 
 
-def _functional(result: dict, tree: Path, env: dict, opts: dict, dp: int, mode: str, env_info, launcher: Launcher) -> None:
+def _functional(tree: Path, env: dict, opts: FunctionalOptions, dp: int, mode: str, env_info, launcher: Launcher,
+                hip_version: str | None) -> tuple[StageResult, dict]:
     from rocmport.verify.functional import stage_functional
 
-    if _skipped_without_imports(result, "functional"):
-        return
-    with output.progress(f"stage 4: upstream's functional case {opts['case']} (pretrain_gpt.py, {opts['iters']} iterations)"):
-        res, data = stage_functional(tree, env, case=opts["case"], dp=dp, iters=opts["iters"], proxy=mode == "cpu-proxy",
-                                     data_path=opts["data_path"], series_dir=opts["series_dir"], record=opts["record"],
-                                     device_kind=device_kind(mode, env_info), defaulted=opts["defaulted"], launcher=launcher)
-    result["stages"].append(res.to_dict())
-    result["functional"] = data
-
-
-def _bridge(result: dict, bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, launcher: Launcher) -> None:
-    from rocmport.verify.bridge_stage import stage_bridge
-
-    if _skipped_without_imports(result, "bridge"):
-        return
-    with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{tp}×pp{pp}"):
-        bridge, data = stage_bridge(bridge_tree, env, tp, pp, dp, iters, launcher)
-    result["stages"].append(bridge.to_dict())
-    result["bridge_training"] = data
+    blocked_by = environment.functional_blockers(tree)
+    if blocked_by:
+        return StageResult("functional", stages.FAIL, blocked_by), {}
+    with output.progress(f"stage 4: upstream's functional case {opts.case} (pretrain_gpt.py, {opts.iters} iterations, "
+                         f"then resumed from iteration {opts.iters // 2})"):
+        return stage_functional(tree, env, case=opts.case, dp=dp, iters=opts.iters, proxy=mode == "cpu-proxy",
+                                data_path=opts.data_path, series_dir=opts.series_dir, record=opts.record,
+                                device_kind=device_kind(mode, env_info), defaulted=opts.defaulted, launcher=launcher,
+                                resume=opts.resume, hip=hip_version)
 
 
 def _component_versions(tree: Path) -> dict:
@@ -150,69 +282,92 @@ def _component_versions(tree: Path) -> dict:
     return for_verify(series_dir / "series" if series_dir else None)["components"]
 
 
-def series_settings(tree: Path) -> tuple[dict, Path | None, str | None]:
+def series_settings(tree: Path) -> tuple[suite.VerifySettings, Path | None, str | None]:
     """The series the tree was ported with (verify's settings, its directory) and the base commit."""
     state = wt.read_state(tree)
     series = Path(state.series) if state and state.series else None
     base = state.base if state else None
     if series and series.is_file():
-        return load_series(series).verify, series.parent, base
-    return {}, None, base
+        return suite.parse_settings(load_series(series).verify, str(series)), series.parent, base
+    return suite.VerifySettings(), None, base
 
 
-def unit_options(cfg: dict, base: str | None, cache_dir: Path, tree: Path, wanted, tests, nproc: int) -> dict | None:
-    from rocmport.verify.unit_tests import DEFAULT_TESTS
-
-    if wanted is False or (wanted is None and not (tree / "tests" / "unit_tests").is_dir()):
-        return None
+def unit_options(settings: suite.VerifySettings, base: str | None, cache_dir: Path, tree: Path, wanted: str | bool | None,
+                 tests, nproc: int) -> tuple[UnitOptions | None, str]:
+    """Stage 3's options, or None and why it does not run. ``wanted``: None (default), False
+    (--no-unit-tests), "default" or "all" (--unit-tests [all]); ``tests``: explicit --unit-test paths."""
+    if wanted is False:
+        return None, "--no-unit-tests"
+    if not (tree / "tests" / "unit_tests").is_dir():
+        if wanted or tests:
+            raise BadInput(f"{tree}: no tests/unit_tests to run (a package-index source ships megatron/core only); drop --unit-tests")
+        return None, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)"
     if nproc < 1:
         raise BadInput(f"--unit-nproc {nproc}: must be at least 1")
-    return {"tests": list(tests) or list(cfg.get("unit_tests") or DEFAULT_TESTS), "nproc": nproc,
-            "known": dict(cfg.get("known_failures") or {}), "cache_dir": cache_dir, "base": base}
+    absent = [t for t in tests if not (tree / t.split("::")[0]).exists()]
+    if absent:
+        raise BadInput(f"--unit-test {', '.join(absent)}: not in {tree}; give paths relative to the tree (e.g. tests/unit_tests/test_utils.py)")
+    if tests:
+        chosen, reasons, how = list(tests), {t: "--unit-test" for t in tests}, "explicit"
+    elif wanted == "all":
+        chosen, reasons, how = [suite.ALL], {suite.ALL: "--unit-tests all: upstream's whole unit-test suite"}, "all"
+    elif settings.unit_tests:
+        chosen, reasons, how = list(settings.unit_tests), dict(settings.unit_tests), "series"
+    else:
+        chosen, reasons, how = list(suite.FALLBACK_TESTS), dict(suite.FALLBACK_TESTS), "fallback"
+    return UnitOptions(tests=chosen, nproc=nproc, cache_dir=cache_dir, base=base, settings=settings, reasons=reasons,
+                       selection=how), ""
 
 
 def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: int, pp: int, data_path, record: bool,
-                        iters: int) -> dict | None:
+                       iters: int, resume: bool = True) -> tuple[FunctionalOptions | None, str]:
     from rocmport.verify.doctor import for_verify
     from rocmport.verify.functional import default_case
 
-    if wanted is False or (wanted is None and not (tree / "pretrain_gpt.py").is_file()):
-        return None
+    if wanted is False:
+        return None, "--no-functional"
+    if not (tree / "pretrain_gpt.py").is_file():
+        if wanted:
+            raise BadInput(f"{tree}: no pretrain_gpt.py to run (a package-index source ships megatron/core only); drop --functional")
+        return None, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
     if data_path and not Path(data_path.split()[-1]).parent.exists():
         raise BadInput(f"--data-path {data_path}: no such directory; give the prefix of a Megatron .bin/.idx dataset")
     if record and series_dir is None:
         raise BadInput(f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)")
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU).
     te_usable = for_verify(series_dir / "series" if series_dir else None)["te_usable"]
-    return {"case": case or default_case(tp, pp, te_usable), "defaulted": not case,
-            "data_path": data_path, "record": record, "series_dir": series_dir, "iters": iters}
+    return FunctionalOptions(case=case or default_case(tp, pp, te_usable),
+                             defaulted=not case, data_path=data_path, record=record, series_dir=series_dir, iters=iters,
+                             resume=resume), ""
 
 
-def launch_plan(tree: Path, tp: int, pp: int, dp: int, iters: int, unit: dict | None, functional: dict | None,
-                bridge_tree: Path | None, launcher: Launcher) -> list[dict]:
+def launch_plan(opts: VerifyOptions) -> list[dict]:
     """The command line of every launch verify would make (``--dry-run``); temporary paths under $TMP."""
     from rocmport.verify.bridge_stage import bridge_command
-    from rocmport.verify.functional import build_args, functional_command, load_case
+    from rocmport.verify.functional import build_args, case_dir, functional_command, load_case
     from rocmport.verify.unit_tests import pytest_command
 
+    tree, tp, pp, iters, launcher, dp = opts.tree, opts.tp, opts.pp, opts.iters, opts.launcher, _dp(opts)
     tmp = Path("$TMP")
-    plan = [{"stage": "imports", "command": ["python", "-c", "<import probe>"], "cwd": str(tree)}]
-    for name, cmd in stages.training_commands(launcher, tp, pp, dp, iters, tmp).items():
-        plan.append({"stage": f"gpt-training ({name})", "command": cmd, "cwd": str(tree)})
-    if unit is not None and launcher.runs_stage(single_node=True):
-        plan.append({"stage": "unit-tests", "command": pytest_command(unit["tests"], unit["nproc"], launcher), "cwd": str(tree)})
-        plan.append({"stage": "unit-tests (baseline, unless cached)", "command": pytest_command(unit["tests"], unit["nproc"], launcher),
-                     "cwd": f"{tmp}/baseline at {str(unit['base'])[:12]}"})
-    if functional is not None:
-        from rocmport.verify.functional import case_dir
-
-        if (case_dir(tree, functional["case"]) / "model_config.yaml").is_file():
-            config = load_case(tree, functional["case"])
-            args = build_args(config, iters=functional["iters"], proxy=not environment.probe().has_gpu,
-                              data_path=functional["data_path"], work=tmp)
-            plan.append({"stage": "functional", "command": functional_command(launcher, config, args, dp), "cwd": str(tree)})
-    if bridge_tree is not None:
-        plan.append({"stage": "bridge", "command": bridge_command(launcher, tp, pp, dp, iters, tmp / "bridge.json"), "cwd": str(bridge_tree)})
+    plan = []
+    if "imports" in opts.stages:
+        plan.append({"stage": "imports", "command": ["python", "-c", "<import probe>"], "cwd": str(tree)})
+    if "gpt-training" in opts.stages:
+        for name, cmd in stages.training_commands(launcher, tp, pp, dp, iters, tmp).items():
+            plan.append({"stage": f"gpt-training ({name})", "command": cmd, "cwd": str(tree)})
+    unit = opts.unit
+    if unit is not None and "unit-tests" in opts.stages and launcher.runs_stage(single_node=True):
+        plan.append({"stage": "unit-tests", "command": pytest_command(unit.tests, unit.nproc, launcher), "cwd": str(tree)})
+        plan.append({"stage": "unit-tests (baseline, unless cached)", "command": pytest_command(unit.tests, unit.nproc, launcher),
+                     "cwd": f"{tmp}/baseline at {str(unit.base)[:12]}"})
+    fopts = opts.functional
+    if fopts is not None and "functional" in opts.stages and (case_dir(tree, fopts.case) / "model_config.yaml").is_file():
+        config = load_case(tree, fopts.case)
+        args = build_args(config, iters=fopts.iters, proxy=not environment.probe().has_gpu, data_path=fopts.data_path, work=tmp)
+        plan.append({"stage": "functional", "command": functional_command(launcher, config, args, dp), "cwd": str(tree)})
+    if opts.bridge_tree is not None and "bridge" in opts.stages:
+        plan.append({"stage": "bridge", "command": bridge_command(launcher, tp, pp, dp, iters, tmp / "bridge.json"),
+                     "cwd": str(opts.bridge_tree)})
     return plan
 
 
@@ -221,37 +376,45 @@ def _lock_pins(settings: Settings, name: str) -> bool:
     return not settings.lock_path.is_file() or name in load_lock(settings.lock_path).upstreams
 
 
-@dataclass
-class Prepared:
-    """What a verify run is given once the command's options are checked against the project."""
-
-    tree: Path                   # the ported Megatron-LM tree (resolved)
-    bridge_tree: Path | None     # the Megatron-Bridge tree for stage 5, or None
-    unit: dict | None            # stage 3's options (unit_options), or None
-    functional: dict | None      # stage 4's options (functional_options), or None
-    launcher: Launcher
-
-
-def prepare(settings: Settings, tree: str | None, *, tp: int, pp: int, iters: int, backend: str, with_unit: bool | None,
-            unit_tests, unit_nproc: int, with_functional: bool | None, case: str | None, data_path: str | None,
-            record_golden: bool, with_bridge: bool | None, launcher_kind: str, nnodes: int, node_rank: int,
-            rdzv_endpoint: str | None) -> Prepared:
+def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, dp: int | None = None, nproc: int | None = None,
+            iters: int = 10, backend: str = "auto", with_unit: str | bool | None = None, unit_tests=(), unit_nproc: int = 8,
+            with_functional: bool | None = None, case: str | None = None, data_path: str | None = None,
+            record_golden: bool = False, resume: bool = True, with_bridge: bool | None = None, launcher_kind: str = "torchrun",
+            nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
     check_sizes(tp, pp, iters)
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
-    if not (path / "megatron" / "core").is_dir():
+    if not (path / MEGATRON_LM.package_dir).is_dir():
         raise BadInput(f"{path}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
     environment.check_python(path)  # before anything imports torch: a 3.12 tree on 3.11 says how to get 3.12
+    if hip_version:
+        hip_sim.parse_version(hip_version)
+    chosen = parse_stages(stages_text)
     bridge_tree = settings.worktree_path("megatron-bridge")
+    skipped = {}
     if with_bridge is None:  # the Bridge tree of the lock: a refresh to a release without a companion unpins it
-        with_bridge = not tree and bridge_tree.is_dir() and _lock_pins(settings, "megatron-bridge")
+        pinned = _lock_pins(settings, "megatron-bridge")
+        with_bridge = not tree and bridge_tree.is_dir() and pinned
+        if not with_bridge:
+            skipped["bridge"] = ("--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)" if tree
+                                 else "no Megatron-Bridge work tree (the lock pins no Bridge)" if not bridge_tree.is_dir()
+                                 else "the lock pins no Megatron-Bridge (its old work tree is not verified against this Megatron-LM)")
+    elif not with_bridge:
+        skipped["bridge"] = "--no-bridge"
     if with_bridge and not bridge_tree.is_dir():
         raise BadInput(f"{bridge_tree}: no Megatron-Bridge work tree; run `rocmport apply` with a Bridge pin or pass --no-bridge")
     launcher = Launcher(kind=launcher_kind, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                         gpus=backend != "gloo" and environment.probe().has_gpu)
     cfg, series_dir, base = series_settings(path)
-    unit = unit_options(cfg, base, settings.cache_dir, path, with_unit, unit_tests, unit_nproc)
-    functional = functional_options(path, series_dir, with_functional, case, tp, pp, data_path, record_golden, iters)
-    return Prepared(path.resolve(), bridge_tree.resolve() if with_bridge else None, unit, functional, launcher)
+    unit, why = unit_options(cfg, base, settings.cache_dir, path, with_unit, unit_tests, unit_nproc)
+    if why:
+        skipped["unit-tests"] = why
+    functional, why = functional_options(path, series_dir, with_functional, case, tp, pp, data_path, record_golden, iters, resume)
+    if why:
+        skipped["functional"] = why
+    return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
+                         functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
+                         hip_version=hip_version, stages=chosen, skipped=skipped)

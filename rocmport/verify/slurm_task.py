@@ -43,7 +43,7 @@ def main(argv: list[str]) -> None:
     if os.environ.get("ROCMPORT_SHIM_WORKERS") == "1":
         from rocmport.verify import proxy_shim
 
-        proxy_shim.install_for_upstream_code()
+        proxy_shim.install_for_script()
     target = argv[1:]
     if target[:1] == ["-m"]:
         sys.argv = [target[1], *target[2:]]

@@ -1,6 +1,22 @@
 """verify's upstream unit-test stage: upstream's own tests on the port, the way upstream CI runs
 them (`torchrun --nproc_per_node N -m pytest ...`), compared with the same tests on the unported
-tree at the same commit (cached by commit) so each failure is a port regression or upstream's."""
+tree at the same commit (cached) so that each failure is labelled by what it is.
+
+The unported tree runs under the port's conditions: the same environment (firewall, proxy swaps,
+HIP simulation), the port's test files (their import guards for collection: the codemods rewrite
+NVIDIA-only imports in tests too) and the generated helper they import, and the plugin's minimal
+guards for collection (see pytest_plugin). Labels of a failing test:
+
+- `port-regression`: the unported tree passed (or skipped) it. Fails the stage.
+- `upstream-known`: the unported tree failed it the same way (same exception type).
+- `proxy-artifact`: as upstream-known, but the test ran with the local layer spec in place of TE's
+  (upstream wrote it for TE): an artifact of the proxy, not upstream's bug.
+- `unverified`: the unported tree has no outcome for it (its module did not import, the test was
+  not collected) or failed it differently. Fails the stage unless a known-failure list names it.
+- `missing-dependency`: an ordinary (non-NVIDIA) package is missing. Fails the stage, with the pip
+  command (checked before the run, too).
+- `flaky`: hung, then passed when rerun alone, or hangs on both trees. Reported; does not fail.
+- `known-failure`: listed by the series for this mode (see suite.VerifySettings)."""
 
 from __future__ import annotations
 
@@ -8,111 +24,210 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import git, run_git
+from rocmport.verify import suite
 from rocmport.verify.launcher import Launcher
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, StageResult
+from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 
-DEFAULT_TESTS = ("tests/unit_tests/models/test_gpt_model.py", "tests/unit_tests/pipeline_parallel/test_schedules.py")
-PLUGIN_VERSION = "6"
+PLUGIN_VERSION = "7"
+FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
+LABELS = ("port-regression", "unverified", "missing-dependency", "upstream-known", "proxy-artifact", "flaky", "known-failure")
+BLOCKING = ("port-regression", "unverified", "missing-dependency")
+Progress = Callable[[str], None]
 
 
 def pytest_command(tests: list[str], nproc: int, launcher: Launcher = Launcher()) -> list[str]:
-    """Upstream CI's invocation (`torchrun --nproc_per_node N -m pytest`, one node), plus rocmport's
-    plugin; conftest.py (the test-data download) skipped."""
-    return launcher.command(nproc, ["-m", "pytest", "-p", "rocmport.verify.pytest_plugin", "--noconftest", "-p", "no:cacheprovider",
+    """Upstream CI's invocation (`torchrun --nproc_per_node N -m pytest`, one node), plus rocmport's plugin."""
+    return launcher.command(nproc, ["-m", "pytest", "-p", "rocmport.verify.pytest_plugin", "-p", "no:cacheprovider",
                                     "--continue-on-collection-errors", "-q", "-o", "addopts=", *tests], "unit-tests", single_node=True)
 
 
-def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: int, launcher: Launcher, timeout: float):
-    """One torchrun of pytest, without the tests in ``done``; each rank's record and whether it was stopped."""
+def _file(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: int, launcher: Launcher, timeout: float,
+             on_file: Callable[[str, dict], None] | None = None):
+    """One torchrun of pytest, without the tests in ``done``; each rank's record and whether it
+    was stopped. ``on_file`` is called with each test file as rank 0 moves past it (and rank 0's
+    outcomes so far)."""
     cmd = pytest_command(tests, nproc, launcher)
     cmd = cmd[:-len(tests)] + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
     with tempfile.TemporaryDirectory(prefix="rocmport-unit-") as out:
         log = Path(out) / "torchrun.log"
+        rank0 = Path(out) / "rank0.json"
+        current = None
         with open(log, "w") as fh:  # a file, not a pipe: an orphaned worker cannot block the read
             proc = subprocess.Popen(cmd, cwd=tree, text=True, start_new_session=True, env={**env, "ROCMPORT_UNIT_OUT": out},
                                     stdout=fh, stderr=subprocess.STDOUT)
-            try:
-                proc.wait(timeout=timeout)
-                stopped = False
-            except subprocess.TimeoutExpired:
-                # torchrun stops its workers (their own sessions) on SIGTERM; SIGKILL if it does not.
-                proc.terminate()
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                stopped = True
-        ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
-        stdout, stderr = log.read_text(errors="replace"), ""
-    tail = (stderr.strip() or stdout.strip()).splitlines()[-1:] or [""]
+            deadline = time.monotonic() + timeout
+            stopped = False
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    # torchrun stops its workers (their own sessions) on SIGTERM; SIGKILL if it does not.
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=60)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                    stopped = True
+                    break
+                time.sleep(1)
+                if on_file:
+                    record = _read(rank0)
+                    running = record.get("running") or []
+                    now = _file(running[0]) if running else None
+                    if now and now != current:
+                        if current:
+                            on_file(current, record.get("outcomes", {}))
+                        current = now
+        if on_file and current:
+            on_file(current, _read(rank0).get("outcomes", {}))
+        ranks = [r for r in (_read(p) for p in sorted(Path(out).glob("rank*.json"))) if r]
+        stdout = log.read_text(errors="replace")
+    tail = stdout.strip().splitlines()[-1:] or [""]
     return ranks, stopped, tail[0][:300]
 
 
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _chunks(tests: list[str]) -> list[list[str]]:
+    """The tests in groups of at most FILES_PER_RUN files (file order kept)."""
+    groups: dict[str, list[str]] = {}
+    for t in tests:
+        groups.setdefault(_file(t), []).append(t)
+    files = list(groups)
+    return [[t for f in files[i:i + FILES_PER_RUN] for t in groups[f]] for i in range(0, len(files), FILES_PER_RUN)]
+
+
 def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Launcher = Launcher(), timeout: float = 1500,
-              restarts: int = 6) -> dict:
+              restarts: int = 6, progress: Progress | None = None) -> dict:
     """Outcomes per test id, merged over ranks (a failure on any rank is a failure). A test that
     hangs (the plugin's watchdog) is a failure and the run starts again without the tests that have
-    an outcome; a run stopped at ``timeout`` keeps what the ranks recorded."""
+    an outcome; a run stopped at ``timeout`` keeps what the ranks recorded. At most FILES_PER_RUN
+    test files share one torchrun. ``progress`` gets a line per test file."""
     start = time.monotonic()
     env = {"ROCMPORT_UNIT_TEST_TIMEOUT": "45" if env.get("ROCMPORT_PROXY") == "1" else "900", **env}
     merged: dict[str, str] = {}
     details: dict[str, str] = {}
+    kinds: dict[str, str] = {}
+    missing: dict[str, str] = {}
     swaps: list[str] = []
+    guards: list[str] = []
     hung: list[str] = []
     local_spec: set[str] = set()
+    peak = {"threads": 0, "rss_mb": 0.0, "rss_mb_all_ranks": 0.0, "released_groups": 0}
     ran = 0
     crash = ""
-    for attempt in range(restarts + 1):
-        ranks, stopped, crash = _attempt(tree, tests, list(merged), env, nproc, launcher, max(1.0, timeout - (time.monotonic() - start)))
-        ran = max(ran, len(ranks))
-        swaps = swaps or (ranks[0]["swaps"] if ranks else [])
-        local_spec.update(nodeid for r in ranks for nodeid in r.get("local_spec", []))
-        # The test that hung first is the hang; ranks that then waited on it in later tests, or
-        # failed because a peer was killed, are collateral: those tests run again.
-        first = min((h for r in ranks for h in r.get("hung", [])), key=lambda h: h[1], default=None)
-        new_hang = first[0] if first else None
-        if new_hang:
-            hung.append(new_hang)
-        seen = Counter(nodeid for r in ranks for nodeid in r["outcomes"])
-        for r in ranks:
-            for nodeid in r.get("running", []) if stopped else []:
-                r["outcomes"][nodeid] = "failed"
-                r["details"][nodeid] = f"still running when the stage stopped it after {timeout:g} s"
-            for nodeid, outcome in r["outcomes"].items():
-                if new_hang and nodeid != new_hang and (seen[nodeid] < len(ranks) or nodeid in {h[0] for h in r.get("hung", [])}):
-                    continue
-                if _RANK[outcome] >= _RANK.get(merged.get(nodeid, "passed"), 0):
-                    merged[nodeid] = outcome
-                    if nodeid in r["details"]:
-                        details[nodeid] = r["details"][nodeid]
-        if stopped or not new_hang:
-            break
-    return {"outcomes": merged, "details": details, "ranks": ran, "timed_out": stopped, "hung": hung, "restarts": attempt,
-            "swaps": swaps, "local_spec": sorted(local_spec), "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash}
+    unsupported = ""
+    attempts = 0
+    stopped = False
+    files_total = len(dict.fromkeys(_file(t) for t in tests))
+    reported: set[str] = set()
+
+    def file_done(f: str, rank0: dict) -> None:
+        if progress and f not in reported:
+            reported.add(f)
+            tally = Counter(v for k, v in rank0.items() if _file(k) == f)
+            progress(f"[{len(reported)}/{files_total}] {f}: " + (", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or "no outcome")
+                     + " (rank 0)")
+
+    for chunk in _chunks(tests):
+        chunk_start = time.monotonic()
+        for attempt in range(restarts + 1):
+            attempts += 1
+            left = max(1.0, timeout - (time.monotonic() - chunk_start))
+            ranks, stopped, crash = _attempt(tree, chunk, [k for k in merged if _file(k) in {_file(c) for c in chunk}], env, nproc,
+                                             launcher, left, file_done if progress else None)
+            ran = max(ran, len(ranks))
+            unsupported = unsupported or next((u[0] for r in ranks for u in [r.get("unsupported")] if u), "")
+            if unsupported:
+                break
+            swaps = swaps or (ranks[0].get("swaps", []) if ranks else [])
+            guards = guards or (ranks[0].get("guards", []) if ranks else [])
+            local_spec.update(nodeid for r in ranks for nodeid in r.get("local_spec", []))
+            for r in ranks:
+                p = r.get("peak") or {}
+                peak["threads"] = max(peak["threads"], p.get("threads", 0))
+                peak["rss_mb"] = max(peak["rss_mb"], p.get("rss_mb", 0.0))
+                peak["released_groups"] += p.get("released_groups", 0)
+            peak["rss_mb_all_ranks"] = max(peak["rss_mb_all_ranks"], round(sum((r.get("peak") or {}).get("rss_mb", 0.0) for r in ranks), 1))
+            # The test that hung first is the hang; ranks that then waited on it in later tests, or
+            # failed because a peer was killed, are collateral: those tests run again.
+            first = min((h for r in ranks for h in r.get("hung", [])), key=lambda h: h[1], default=None)
+            new_hang = first[0] if first else None
+            if new_hang:
+                hung.append(new_hang)
+            seen = Counter(nodeid for r in ranks for nodeid in r["outcomes"])
+            for r in ranks:
+                for nodeid in r.get("running", []) if stopped else []:
+                    r["outcomes"][nodeid] = "failed"
+                    r["details"][nodeid] = f"still running when the stage stopped it after {timeout:g} s"
+                for nodeid, outcome in r["outcomes"].items():
+                    if new_hang and nodeid != new_hang and (seen[nodeid] < len(ranks) or nodeid in {h[0] for h in r.get("hung", [])}):
+                        continue
+                    if _RANK[outcome] >= _RANK.get(merged.get(nodeid, "passed"), 0):
+                        merged[nodeid] = outcome
+                        if nodeid in r["details"]:
+                            details[nodeid] = r["details"][nodeid]
+                        if nodeid in r.get("kinds", {}):
+                            kinds[nodeid] = r["kinds"][nodeid]
+                missing.update(r.get("missing", {}))
+            if stopped or not new_hang:
+                break
+    return {"outcomes": merged, "details": details, "kinds": kinds, "missing": missing, "ranks": ran, "timed_out": stopped,
+            "hung": hung, "restarts": attempts - len(_chunks(tests)), "swaps": swaps, "unsupported": unsupported, "guards": guards, "local_spec": sorted(local_spec),
+            "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash}
+
+
+def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher) -> dict[str, str]:
+    """Each test id run again on its own (a fresh torchrun): its outcome then."""
+    out = {}
+    for nodeid in nodeids:
+        res = run_tests(tree, [nodeid], env, nproc, launcher, timeout=600, restarts=0)
+        out[nodeid] = "hung" if nodeid in res["hung"] else res["outcomes"].get(nodeid, "not run")
+    return out
 
 
 def _swap_tree(env: dict, old: Path, new: Path) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join(str(new) if p == str(old) else p for p in env["PYTHONPATH"].split(os.pathsep))}
 
 
+def overlay_files(tree: Path, base: str) -> list[str]:
+    """What the baseline takes from the port: its test files (the codemods' import guards) and the
+    generated helpers they import. The library (megatron/) stays upstream's."""
+    changed = run_git("diff", "--name-only", base, "--", "tests", cwd=tree, check=False).stdout.split()
+    helpers = [h for h in ("megatron/core/_rocm.py", "src/megatron/bridge/_rocm.py") if (tree / h).is_file()]
+    return sorted({f for f in changed if (tree / f).is_file()} | set(helpers))
+
+
 def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cache_dir: Path,
-             launcher: Launcher = Launcher()) -> tuple[dict, bool]:
-    """The same tests on the unported tree at ``base``, from the cache when it has them."""
+             launcher: Launcher = Launcher(), progress: Progress | None = None) -> tuple[dict, bool]:
+    """The same tests on the unported tree at ``base`` under the port's conditions (see the module
+    docstring), from the cache when it has them. Its hung tests are rerun alone too."""
     import torch
 
+    overlay = overlay_files(tree, base)
+    digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
     key = hashlib.sha256(json.dumps([base, sorted(tests), nproc, PLUGIN_VERSION, torch.__version__, platform.python_version(),
-                                     env.get("ROCMPORT_PROXY", "")]).encode()).hexdigest()[:20]
+                                     env.get("ROCMPORT_PROXY", ""), env.get("ROCMPORT_HIP_SIM", ""), digest]).encode()).hexdigest()[:20]
     cached = cache_dir / "unit-baselines" / f"{base[:12]}-{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text()), True
@@ -120,26 +235,75 @@ def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cac
         checkout = Path(tmp) / "tree"
         git("worktree", "add", "-q", "--detach", str(checkout), base, cwd=tree)
         try:
-            result = run_tests(checkout, tests, _swap_tree(env, tree, checkout), nproc, launcher)
+            for rel in overlay:
+                (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(tree / rel, checkout / rel)
+            benv = {**_swap_tree(env, tree, checkout), "ROCMPORT_BASELINE_GUARDS": "1"}
+            benv.pop("ROCMPORT_PORT_SITES", None)
+            result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
+            result["alone"] = rerun_alone(checkout, sorted(set(result["hung"])), benv, nproc, launcher)
         finally:
             run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
+    result["overlay"] = overlay
     atomic_write_text(cached, json.dumps(result, indent=1, sort_keys=True))
     return result, False
 
 
-def label(port: dict, base: dict, known: dict[str, str]) -> dict[str, str]:
-    """Each failing test of the port: known-failure | upstream-known | port-regression."""
-    labels = {}
+def _missing_ordinary(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | None:
+    """The ordinary package whose absence made this test (or its module) fail, if that is why."""
+    import re
+
+    mod = res.get("missing", {}).get(_file(nodeid)) or res.get("missing", {}).get(nodeid)
+    if not mod:
+        m = re.search(r"No module named '([^']+)'", res.get("details", {}).get(nodeid, ""))
+        mod = m.group(1) if m else None
+    return mod if mod and mod.split(".")[0] not in blocked else None
+
+
+def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """Each failing test of the port: its label (see the module docstring) and why."""
+    labels, why = {}, {}
+    alone = port.get("alone", {})
+    base_alone = base.get("alone", {})
+    local = set(port.get("local_spec", []))
     for nodeid, outcome in port["outcomes"].items():
         if outcome not in ("failed", "error"):
             continue
-        if any(nodeid == k or nodeid.startswith(k.rstrip("/") + "::") or nodeid.startswith(k.rstrip("/") + "/") for k in known):
-            labels[nodeid] = "known-failure"
-        elif base["outcomes"].get(nodeid) in ("failed", "error") or base["outcomes"].get(nodeid.split("::")[0]) == "error":
-            labels[nodeid] = "upstream-known"
+        listed = next((k for k in known if suite.matches(nodeid, k)), None)
+        missing = _missing_ordinary(nodeid, port, blocked)
+        b = base["outcomes"].get(nodeid)
+        b_module = base["outcomes"].get(_file(nodeid))
+        if missing:
+            lab, text = "missing-dependency", f"the ordinary package {missing.split('.')[0]} is not installed"
+        elif listed:
+            lab, text = "known-failure", known[listed]
+        elif nodeid in port.get("hung", []):
+            again = alone.get(nodeid)
+            if again == "passed":
+                lab, text = "flaky", "hung in the suite, passed when rerun alone"
+            elif again == "hung" and (nodeid in base.get("hung", []) and base_alone.get(nodeid) in ("hung", None)):
+                lab, text = "flaky", "hangs on the port and on the unported tree"
+            elif again == "hung" and b in ("passed", "skipped"):
+                lab, text = "port-regression", "hangs on the port (alone too); passes on the unported tree"
+            else:
+                lab, text = "unverified", f"hung; alone: {again or 'not rerun'}; unported tree: {b or 'no outcome'}"
+        elif b in ("passed", "skipped"):
+            lab, text = "port-regression", f"{b} on the unported tree"
+        elif b in ("failed", "error"):
+            same = port.get("kinds", {}).get(nodeid) == base.get("kinds", {}).get(nodeid)
+            if not same:
+                lab, text = "unverified", (f"fails differently on the unported tree ({base.get('kinds', {}).get(nodeid) or '?'} "
+                                           f"there, {port.get('kinds', {}).get(nodeid) or '?'} here)")
+            elif nodeid in local:
+                lab, text = "proxy-artifact", "fails the same way on the unported tree, running with the local spec in place of TE's"
+            else:
+                lab, text = "upstream-known", "fails the same way on the unported tree"
+        elif b_module == "error" and _file(nodeid) != nodeid:
+            lab, text = "unverified", f"its module does not import on the unported tree: {base.get('details', {}).get(_file(nodeid), '')[:200]}"
         else:
-            labels[nodeid] = "port-regression"
-    return labels
+            lab, text = "unverified", "the unported tree has no outcome for it"
+        labels[nodeid], why[nodeid] = lab, text
+    return labels, why
 
 
 def _counts(values: dict[str, str], keys=("passed", "skipped", "failed", "error")) -> dict[str, int]:
@@ -148,35 +312,65 @@ def _counts(values: dict[str, str], keys=("passed", "skipped", "failed", "error"
     return {k: tally[k] for k in keys}
 
 
+def _on_baseline(nodeid: str, base: dict) -> str:
+    out = base["outcomes"].get(nodeid)
+    if out:
+        return out
+    if base["outcomes"].get(_file(nodeid)) == "error":
+        return f"module error: {base.get('details', {}).get(_file(nodeid), '')}"
+    return "not run"
+
+
 def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known: dict[str, str], cache_dir: Path,
-                     base: str | None, launcher: Launcher = Launcher()) -> StageResult:
+                     base: str | None, launcher: Launcher = Launcher(), blocked: tuple[str, ...] = (),
+                     progress: Progress | None = None, reasons: dict[str, str] | None = None,
+                     known_skipped: dict[str, str] | None = None) -> StageResult:
     start = time.monotonic()
     if not launcher.runs_stage(single_node=True):
         return StageResult("unit-tests", SKIPPED, "upstream's unit tests run on one node, like upstream CI: node 0 runs them")
     if not (tree / "tests" / "unit_tests").is_dir():
         return StageResult("unit-tests", SKIPPED, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)")
-    missing = [t for t in tests if not (tree / t.split("::")[0]).exists()]
-    if missing:
-        return StageResult("unit-tests", FAIL, f"not in the tree: {', '.join(missing)}; fix --unit-test or the series' verify.unit_tests")
-    port = run_tests(tree, tests, env, nproc, launcher)
+    absent = [t for t in tests if not (tree / _file(t)).exists()]
+    if absent:
+        return StageResult("unit-tests", FAIL, f"not in the tree: {', '.join(absent)}; fix --unit-test or the series' verify.unit_tests")
+    files = suite.test_files(tree, tests)
+    need = suite.missing_dependencies(tree, files, blocked)
+    if need:
+        return StageResult("unit-tests", FAIL, f"the selected test files need {', '.join(sorted(need))}, which this Python lacks: "
+                                               f"`{suite.pip_command(need)}`", time.monotonic() - start,
+                           {"tests": tests, "missing_dependencies": need})
+    say = (lambda line: progress(f"port {line}")) if progress else None
+    port = run_tests(tree, tests, env, nproc, launcher, progress=say)
+    if port["unsupported"]:
+        return StageResult("unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port['unsupported']}", time.monotonic() - start)
     if not port["ranks"]:
         return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results: {port['crash']}", time.monotonic() - start)
-    base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher) if base else ({"outcomes": {}}, False))
-    labels = label(port, base_result, known)
+    port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher)
+    bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
+    base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False))
+    labels, why = label(port, base_result, known, blocked)
     counts = _counts(port["outcomes"])
-    by_label = _counts(labels, ("port-regression", "upstream-known", "known-failure"))
-    details = {"tests": tests, "nproc": nproc, "counts": counts, "labels": labels, "failures": {k: port["details"].get(k, "") for k in labels},
+    by_label = _counts(labels, LABELS)
+    details = {"tests": tests, "why": {t: (reasons or {}).get(t, "") for t in tests}, "nproc": nproc, "counts": counts,
+               "outcomes": dict(sorted(port["outcomes"].items())), "labels": labels, "label_reasons": why,
+               "failures": {k: port["details"].get(k, "") for k in labels},
                # what the unported tree did with each labelled test: its outcome, or why its module did not import
-               "on_baseline": {k: base_result["outcomes"].get(k) or (f"module error: {base_result.get('details', {}).get(k.split('::')[0], '')}"
-                                                                     if base_result["outcomes"].get(k.split("::")[0]) == "error" else "not run")
-                               for k in labels},
-               "swaps": port["swaps"], "hung": port["hung"],
+               "on_baseline": {k: _on_baseline(k, base_result) for k in labels},
+               "swaps": port["swaps"], "hung": port["hung"], "rerun_alone": port["alone"],
                # a failure here may be the local spec's, not the port's: upstream wrote the test for TE
-               "local_spec_instead_of_te": port["local_spec"], "restarts": port["restarts"],
-               "baseline": {"commit": base, "cached": cached, "counts": _counts(base_result["outcomes"])},
-               "known_failures": known, "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0}
-    summary = (f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed "
-               f"({by_label['port-regression']} port-regression, {by_label['upstream-known']} upstream-known, "
-               f"{by_label['known-failure']} known-failure) on {nproc} ranks; baseline {'cached' if cached else 'run'} at {str(base)[:12]}")
-    status = FAIL if by_label["port-regression"] else PASS
+               "local_spec_instead_of_te": port["local_spec"], "restarts": port["restarts"], "peak": port["peak"],
+               "baseline": {"commit": base, "cached": cached, "counts": _counts(base_result["outcomes"]),
+                            "guards": base_result.get("guards", []), "overlay": base_result.get("overlay", []),
+                            "peak": base_result.get("peak", {})},
+               "known_failures": known, "known_failures_not_applied": known_skipped or {},
+               "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0}
+    summary = (f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
+               + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
+               + f") in {len(files)} files on {nproc} ranks; baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
+               f"peak {port['peak']['threads']} threads, {port['peak']['rss_mb']:.0f} MB per rank")
+    lacking = {str(_missing_ordinary(k, port, blocked)).split(".")[0] for k, v in labels.items() if v == "missing-dependency"}
+    if lacking:
+        cmd = suite.pip_command({m: suite.PIP_NAMES.get(m, m.replace("_", "-")) for m in lacking})
+        summary += f"; missing dependencies: `{cmd}`"
+    status = FAIL if any(by_label[k] for k in BLOCKING) else PASS
     return StageResult("unit-tests", status, summary, time.monotonic() - start, details)

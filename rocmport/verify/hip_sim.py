@@ -1,0 +1,149 @@
+"""HIP simulation: verify's processes on a CPU see a ROCm build of torch.
+
+Installed by verify's bootstrap (sitecustomize) in every process it starts when
+$ROCMPORT_HIP_SIM holds a ROCm version: `torch.version.hip` is that version, `torch.version.cuda`
+None, `torch.utils.cpp_extension` reports a HIP extension toolchain (IS_HIP_EXTENSION, ROCM_HOME,
+no CUDA_HOME). Device questions (properties, capability, name) are answered as an MI300X would.
+Nothing is written into the tree; nothing here runs unless verify asks for it."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# torch.version.hip as a ROCm 7.1 build of torch reports it (6.4 builds: "6.4.43482-0f2d60242").
+DEFAULT_VERSION = "7.1.25424-4179531dcd"
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    """``"7.1.25424-..."`` -> (7, 1); BadInput when it is not a ROCm version."""
+    from rocmport.errors import BadInput
+
+    parts = text.split("-")[0].split(".")
+    if len(parts) < 2 or not all(p.isdigit() for p in parts):
+        raise BadInput(f"--hip-version {text!r}: not a ROCm version; expected MAJOR.MINOR[.BUILD][-HASH], e.g. 7.1 or 6.4.43482-0f2d60242")
+    return int(parts[0]), int(parts[1])
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What `torch.cuda.get_device_properties` returns, for a simulated device (what megatron and torch read)."""
+
+    name: str
+    major: int
+    minor: int
+    gcnArchName: str  # noqa: N815 - torch's own attribute name
+    total_memory: int
+    multi_processor_count: int
+    warp_size: int
+    L2_cache_size: int  # noqa: N815
+    max_threads_per_multi_processor: int = 2048
+    regs_per_multiprocessor: int = 65536
+    shared_memory_per_block: int = 64 * 2**10
+    is_integrated: bool = False
+    is_multi_gpu_board: bool = False
+    uuid: str = "00000000-0000-0000-0000-000000000000"
+    pci_bus_id: int = 0
+    pci_device_id: int = 0
+    pci_domain_id: int = 0
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, gcnArchName='{self.gcnArchName}', "
+                f"total_memory={self.total_memory // 2**20}MB, multi_processor_count={self.multi_processor_count})")
+
+
+# The simulated devices: an MI300X under the HIP simulation, an A100 (upstream's golden machine) on the CUDA path.
+MI300X = DeviceProperties(name="AMD Instinct MI300X", major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-", total_memory=192 * 2**30,
+                          multi_processor_count=304, warp_size=64, L2_cache_size=4 * 2**20)
+A100 = DeviceProperties(name="NVIDIA A100-SXM4-80GB", major=8, minor=0, gcnArchName="NVIDIA A100-SXM4-80GB", total_memory=80 * 2**30,
+                        multi_processor_count=108, warp_size=32, L2_cache_size=40 * 2**20, shared_memory_per_block=48 * 2**10)
+
+
+def device(hip: bool) -> DeviceProperties:
+    return MI300X if hip else A100
+
+
+def arch(hip: bool) -> str:
+    return MI300X.gcnArchName.split(":")[0] if hip else f"sm_{A100.major}{A100.minor}"
+
+
+def install(version: str | None = None) -> None:
+    """Make this process's torch a ROCm build of ``version`` (default: $ROCMPORT_HIP_SIM)."""
+    version = version or os.environ["ROCMPORT_HIP_SIM"]
+    major, minor = parse_version(version)
+    import torch
+
+    torch.version.hip = version
+    torch.version.cuda = None
+    from torch.utils import cpp_extension
+
+    rocm = os.environ.get("ROCM_HOME") or "/opt/rocm"
+    cpp_extension.ROCM_HOME = rocm
+    cpp_extension.HIP_HOME = os.path.join(rocm, "hip")
+    cpp_extension.IS_HIP_EXTENSION = True
+    cpp_extension.ROCM_VERSION = (major, minor)
+    cpp_extension.CUDA_HOME = None
+    # Device questions answer as an MI300X (whether a device can run anything is the proxy shim's
+    # business: outside upstream's training script, torch.cuda.is_available() stays False).
+    props = device(True)
+    answers = {"get_device_properties": lambda device=None: props, "get_device_capability": lambda device=None: (props.major, props.minor),
+               "get_device_name": lambda device=None: props.name, "get_arch_list": lambda: [arch(True)]}
+    for name, answer in answers.items():
+        setattr(torch.cuda, name, answer)
+
+
+def child_env(version: str) -> dict[str, str | None]:
+    """What verify's processes get under the simulation (on top of the firewall's): the version,
+    a ROCm image's toolchain variables (ROCM_HOME set, CUDA_HOME unset) and attention settings
+    (NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=1), and the `rocmport env` launcher environment."""
+    from rocmport.launch_env import launch_env
+
+    parse_version(version)
+    return {"ROCMPORT_HIP_SIM": version, "ROCM_HOME": "/opt/rocm", "CUDA_HOME": None, "CUDA_PATH": None,
+            "NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1", **launch_env()}
+
+
+def summary(version: str | None) -> dict | None:
+    """The report's `hip_sim`: {version, arch, device} (None when the simulation is off)."""
+    if not version:
+        return None
+    return {"version": version, "arch": arch(True), "device": MI300X.name}
+
+
+def launcher_env(version: str | None) -> dict[str, str]:
+    """The `rocmport env` launcher environment the simulated processes get ({} when it is off)."""
+    from rocmport.launch_env import launch_env
+
+    return launch_env() if version else {}
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+_HIP_WORDS = re.compile(r"\b(hip|rocm|hipcc|ROCM_HOME|HIP_HOME|amdgpu|gfx9\d\d)", re.I)
+
+
+def simulation_break(stderr: str, tree: Path) -> str | None:
+    """Where the simulation itself broke a run, as a ROCm build of torch would not: the innermost
+    frame of the last traceback lies outside the tree (torch or a dependency) and the error or
+    that frame's code names HIP/ROCm. Returns "path:line (function): error", else None (a failure
+    inside the tree is the tree's: the simulation never hides it)."""
+    lines = [ln.split("]: ", 1)[-1] if ln.startswith("[rank") else ln for ln in stderr.splitlines()]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    frame, code, error = None, "", ""
+    for i, line in enumerate(lines[starts[-1] + 1:], starts[-1] + 1):
+        m = _FRAME.match(line)
+        if m:
+            frame, code = m.groups(), (lines[i + 1].strip() if i + 1 < len(lines) else "")
+        elif frame and line and not line.startswith(" "):
+            error = line.strip()
+            break
+    if not frame or not error:
+        return None
+    path, lineno, func = frame
+    root = str(tree.resolve()) + os.sep
+    if path.startswith(root) or not (_HIP_WORDS.search(error) or _HIP_WORDS.search(code)):
+        return None
+    return f"{path}:{lineno} ({func}): {error[:200]}"

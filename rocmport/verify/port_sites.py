@@ -1,0 +1,225 @@
+"""Port coverage: which call sites the codemods rewrote ran during verify.
+
+The sites. Every codemod is one commit of the port branch (`codemod: <name> <version>`), and a
+rewritten site that acts at run time calls a helper of the generated module (`megatron/core/_rocm.py`,
+`megatron/bridge/_rocm.py`): a site is a call of one of its public names (or of an alias imported
+from it) on a line of the tree that `git blame` gives to that codemod's commit. Nothing has to be
+recorded at apply time. Rewrites that call no helper (e.g. `torch.amp.custom_fwd` spelled out) have
+nothing to count: `rewrites` (the codemod's own site count from the apply state) says how many
+rewrites the codemod made in all.
+
+What ran. With $ROCMPORT_PORT_SITES set to a directory, the helper records each call site once per
+process (`<file>:<line> <helper>`, see the end of rocmport/data/_rocm.py.tmpl) and the bootstrap
+writes the tree's modules a process imported (`modules-<pid>.txt`). A site ran when a recorded
+line falls within its call. An unreached site gets a reason: its module was never imported (and
+why, by where it lives), or it was imported and that branch did not run here."""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocmport.gitutil import run_git
+
+HELPER_MODULES = ("megatron.core._rocm", "megatron.bridge._rocm")
+HELPER_FILES = ("megatron/core/_rocm.py", "src/megatron/bridge/_rocm.py")
+_SUBJECT = re.compile(r"^codemod: (\S+) \S+$")
+
+# Why a site in a module verify never imported stays unreached, by where the module lives (first match).
+NOT_IMPORTED = [
+    ("examples/", "an example script: verify runs none"),
+    ("tests/", "an upstream test file outside the selected unit tests (--unit-tests all runs them)"),
+    ("megatron/legacy/", "legacy model code: pretrain_gpt.py's mcore path and the selected tests never import it"),
+    ("megatron/post_training/", "ModelOpt post-training (NVIDIA-only): not on verify's paths"),
+    ("megatron/core/extensions/transformer_engine", "Transformer Engine's wrappers: TE is not installed here (a ROCm image with ROCm TE runs them)"),
+    ("megatron/core/transformer/moe/", "MoE layers: verify's GPT cases are dense"),
+    ("megatron/core/inference/", "the inference engines: verify trains"),
+    ("megatron/rl/", "RL training: not on verify's paths"),
+]
+# Why a site in an imported module did not run, by the helper it calls.
+NOT_RUN = {
+    "te_gate": "a TE version gate on a TE code path: Transformer Engine is not installed here",
+    "te_has": "a TE feature probe on a TE code path: Transformer Engine is not installed here",
+    "grouped_gemm_hint": "only when --moe-grouped-gemm asks for grouped_gemm: verify's GPT cases are dense",
+    "MissingPackage": "only when the NVIDIA-only package is absent and the guarded import runs",
+}
+NOT_RUN_DEFAULT = "its module was imported; this branch did not run in verify's configuration"
+
+
+@dataclass(frozen=True)
+class Site:
+    codemod: str
+    path: str     # relative to the tree
+    line: int     # the call's first line in the ported tree
+    end: int      # its last line
+    helper: str   # the helper's own name in _rocm.py
+
+    @property
+    def key(self) -> str:
+        return f"{self.path}:{self.line} {self.helper}"
+
+
+@dataclass
+class Coverage:
+    """`port_sites` of the report for one codemod."""
+
+    exercised: int = 0
+    total: int = 0
+    rewrites: int | None = None                   # the codemod's own count of rewritten sites (apply state)
+    unreached: dict[str, str] = field(default_factory=dict)
+    explanation: str = ""                         # why none ran, when none did
+
+    def to_dict(self) -> dict:
+        out = {"exercised": self.exercised, "total": self.total, "unreached": dict(sorted(self.unreached.items()))}
+        if self.rewrites is not None:
+            out["rewrites"] = self.rewrites
+        if self.explanation:
+            out["explanation"] = self.explanation
+        return out
+
+
+def helper_names(tree: Path) -> set[str]:
+    """The public names the generated helper defines (what rewritten sites call)."""
+    for rel in HELPER_FILES:
+        path = tree / rel
+        if path.is_file():
+            body = ast.parse(path.read_text(encoding="utf-8")).body
+            return {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")}
+    return set()
+
+
+def codemod_commits(tree: Path, base: str) -> dict[str, str]:
+    """commit -> codemod name, for the port branch's codemod commits since ``base``."""
+    out = run_git("log", "--format=%H %s", f"{base}..HEAD", cwd=tree, check=False).stdout
+    commits = {}
+    for line in out.splitlines():
+        sha, _, subject = line.partition(" ")
+        m = _SUBJECT.match(subject)
+        if m:
+            commits[sha] = m.group(1)
+    return commits
+
+
+def _calls(text: str, names: set[str]) -> list[tuple[int, int, str]]:
+    """(first line, last line, helper) of each call of a helper name, or of an alias imported
+    from a helper module, in ``text``."""
+    tree = ast.parse(text)
+    alias = {n: n for n in names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in HELPER_MODULES:
+            for a in node.names:
+                if a.name in names:
+                    alias[a.asname or a.name] = a.name
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in alias:
+                out.append((node.lineno, node.end_lineno or node.lineno, alias[name]))
+    return sorted(out)
+
+
+def _blame(tree: Path, rel: str, lines: list[int]) -> dict[int, str]:
+    """line -> the commit that last wrote it (one `git blame` per file)."""
+    ranges = [a for n in sorted(set(lines)) for a in ("-L", f"{n},{n}")]
+    out = run_git("blame", "--porcelain", *ranges, "HEAD", "--", rel, cwd=tree, check=False).stdout
+    found = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and re.fullmatch(r"[0-9a-f]{40}", parts[0]):
+            found[int(parts[2])] = parts[0]
+    return found
+
+
+def find_sites(tree: Path, base: str) -> list[Site]:
+    """Every helper call site the codemods wrote in the ported tree."""
+    commits = codemod_commits(tree, base)
+    names = helper_names(tree)
+    if not commits or not names:
+        return []
+    touched: dict[str, set[str]] = {}
+    for sha, name in commits.items():
+        files = run_git("show", "--format=", "--name-only", sha, cwd=tree, check=False).stdout.split()
+        for rel in files:
+            if rel.endswith(".py") and rel not in HELPER_FILES:
+                touched.setdefault(rel, set()).add(name)
+    sites = []
+    for rel in sorted(touched):
+        path = tree / rel
+        if not path.is_file():
+            continue
+        try:
+            calls = _calls(path.read_text(encoding="utf-8"), names)
+        except SyntaxError:
+            continue
+        if not calls:
+            continue
+        blame = _blame(tree, rel, [c[0] for c in calls])
+        for first, last, helper in calls:
+            codemod = commits.get(blame.get(first, ""))
+            if codemod:
+                sites.append(Site(codemod, rel, first, last, helper))
+    return sites
+
+
+def read_records(directory: Path, tree: Path) -> tuple[set[tuple[str, int]], set[str]]:
+    """What the processes recorded: (path relative to the tree, line) of every helper call, and
+    the tree's module files they imported."""
+    root = str(tree.resolve()) + "/"
+    calls, modules = set(), set()
+    for path in directory.glob("sites-*.txt"):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            where, _, _helper = line.rpartition(" ")
+            file, _, lineno = where.rpartition(":")
+            if file.startswith(root) and lineno.isdigit():
+                calls.add((file[len(root):], int(lineno)))
+    for path in directory.glob("modules-*.txt"):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(root):
+                modules.add(line[len(root):])
+    return calls, modules
+
+
+def _not_imported(rel: str) -> str:
+    for prefix, why in NOT_IMPORTED:
+        if rel.startswith(prefix):
+            return f"module never imported: {why}"
+    return "module never imported by verify's stages"
+
+
+def coverage(sites: list[Site], calls: set[tuple[str, int]], modules: set[str], codemods: dict[str, int | None]) -> dict[str, Coverage]:
+    """Per codemod (``codemods``: name -> its own rewrite count, in series order): sites exercised,
+    total, and each unreached site with its reason."""
+    by_file: dict[str, set[int]] = {}
+    for rel, line in calls:
+        by_file.setdefault(rel, set()).add(line)
+    out = {name: Coverage(rewrites=n) for name, n in codemods.items()}
+    for site in sites:
+        cov = out.setdefault(site.codemod, Coverage())
+        cov.total += 1
+        if any(site.line <= n <= site.end for n in by_file.get(site.path, ())):
+            cov.exercised += 1
+        elif site.path not in modules:
+            cov.unreached[site.key] = _not_imported(site.path)
+        else:
+            cov.unreached[site.key] = NOT_RUN.get(site.helper, NOT_RUN_DEFAULT)
+    for name, cov in out.items():
+        if cov.total == 0:
+            cov.explanation = "no rewritten site calls a runtime helper (its rewrites act by themselves)"
+        elif cov.exercised == 0:
+            reasons = sorted(set(cov.unreached.values()))
+            cov.explanation = "none ran: " + "; ".join(reasons[:3])
+    return out
+
+
+def summary_line(name: str, cov: Coverage) -> str:
+    line = f"{name}: {cov.exercised}/{cov.total} sites exercised"
+    if cov.explanation:
+        line += f" ({cov.explanation})"
+    elif cov.unreached:
+        reasons = sorted(set(cov.unreached.values()), key=lambda r: -list(cov.unreached.values()).count(r))
+        line += f"; unreached: {reasons[0]}" + (f" (+{len(reasons) - 1} other reasons)" if len(reasons) > 1 else "")
+    return line

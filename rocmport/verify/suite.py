@@ -1,0 +1,178 @@
+"""Which upstream unit tests stage 3 runs, what they need, and which failures are known.
+
+A series' `verify:` block (patchsets/<upstream>/<line>/series):
+
+    verify:
+      unit_tests:                     # the default suite of the line: test file -> why it is in it
+        tests/unit_tests/models/test_gpt_model.py: "GPTModel through the rewritten attention backend"
+      known_failures:                 # every mode: test id, file or directory -> reason
+        tests/unit_tests/test_x.py::test_y: "upstream bug #123"
+      rocm_known_failures:            # only when verify runs on a ROCm GPU (AMD's fork's marks)
+        tests/unit_tests/test_utils.py::test_straggler_detector: "skipped on ROCm by AMD's fork (source)"
+      proxy_known_failures:           # only in CPU-proxy mode (what the proxy cannot run)
+        tests/unit_tests/...: "reason"
+
+`unit_tests` may also be a plain list of paths (no reasons)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocmport.errors import BadInput
+from rocmport.inputs import has_control
+
+KEYS = ("unit_tests", "known_failures", "rocm_known_failures", "proxy_known_failures")
+# Without a series (a tree not made by `rocmport apply`): upstream's GPT model and pipeline schedules.
+FALLBACK_TESTS = {
+    "tests/unit_tests/models/test_gpt_model.py": "GPTModel end to end (attention backend, layer specs)",
+    "tests/unit_tests/pipeline_parallel/test_schedules.py": "megatron's pipeline schedules (p2p, microbatches)",
+}
+ALL = "tests/unit_tests"
+
+# Import name -> what to pip install, where they differ.
+PIP_NAMES = {"pytest_mock": "pytest-mock", "yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn",
+             "pytest_asyncio": "pytest-asyncio", "google": "protobuf", "github": "pygithub", "cv2": "opencv-python"}
+# Fixtures that come from pytest plugins: fixture -> the plugin's module.
+PLUGIN_FIXTURES = {"mocker": "pytest_mock", "class_mocker": "pytest_mock", "module_mocker": "pytest_mock",
+                   "session_mocker": "pytest_mock", "benchmark": "pytest_benchmark"}
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """A series' verify block, validated."""
+
+    unit_tests: dict[str, str] = field(default_factory=dict)
+    known_failures: dict[str, str] = field(default_factory=dict)
+    rocm_known_failures: dict[str, str] = field(default_factory=dict)
+    proxy_known_failures: dict[str, str] = field(default_factory=dict)
+
+    def known_for(self, mode: str, hip: bool) -> tuple[dict[str, str], dict[str, str]]:
+        """(the known failures that apply in this mode, {list name: why it does not apply})."""
+        applied = dict(self.known_failures)
+        skipped = {}
+        if mode == "gpu" and hip:
+            applied.update(self.rocm_known_failures)
+        elif self.rocm_known_failures:
+            skipped["rocm_known_failures"] = "applied only when verify runs on a ROCm GPU"
+        if mode == "cpu-proxy":
+            applied.update(self.proxy_known_failures)
+        elif self.proxy_known_failures:
+            skipped["proxy_known_failures"] = "applied only in CPU-proxy mode"
+        return applied, skipped
+
+
+def parse_settings(data, where: str) -> VerifySettings:
+    """The series' `verify:` mapping as VerifySettings; BadInput naming ``where`` and the key when malformed."""
+    data = {} if data is None else data
+    if not isinstance(data, dict) or set(map(str, data)) - set(KEYS):
+        raise BadInput(f"{where}: key 'verify' must be a mapping with 'unit_tests' ([paths] or {{path: why}}) and "
+                       "'known_failures', 'rocm_known_failures', 'proxy_known_failures' ({test id: reason})")
+    tests = data.get("unit_tests") or {}
+    if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
+        tests = {t: "" for t in tests}
+    if not (isinstance(tests, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tests.items())
+            and all(k and not k.startswith("-") and not has_control(k) for k in tests)):
+        raise BadInput(f"{where}: key 'verify.unit_tests' must be a list of test paths (strings) under the tree, "
+                       "or a mapping of them to why each is in the suite")
+    lists = {k: data.get(k) or {} for k in KEYS[1:]}
+    for key, value in lists.items():
+        if not (isinstance(value, dict) and all(isinstance(k, str) and k and not has_control(k) and isinstance(v, str)
+                                                 for k, v in value.items())):
+            raise BadInput(f"{where}: key 'verify.{key}' must map test ids, files or directories (strings) to reasons (strings)")
+    return VerifySettings(unit_tests=dict(tests), **lists)
+
+
+def matches(nodeid: str, pattern: str) -> bool:
+    """Is ``nodeid`` the test id (any of its parametrisations), file or directory ``pattern`` names?"""
+    p = pattern.rstrip("/")
+    return nodeid == p or nodeid.startswith((p + "::", p + "/", p + "["))
+
+
+def test_files(tree: Path, tests: list[str]) -> list[str]:
+    """The test files ``tests`` (files, directories, test ids) select, relative to the tree."""
+    files = []
+    for t in tests:
+        path = tree / t.split("::")[0]
+        if path.is_dir():
+            files += [str(p.relative_to(tree)) for p in sorted(path.rglob("test_*.py"))]
+        else:
+            files.append(t.split("::")[0])
+    return list(dict.fromkeys(files))
+
+
+def _guarded(node: ast.AST, parents: dict) -> bool:
+    """Is ``node`` inside a `try:` that handles ImportError (or Exception)?"""
+    child, cur = node, parents.get(node)
+    while cur is not None:
+        if isinstance(cur, ast.Try) and child in cur.body:
+            for h in cur.handlers:
+                names = [h.type] if not isinstance(h.type, ast.Tuple) else list(h.type.elts)
+                if h.type is None or any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception")
+                                         for n in names):
+                    return True
+        child, cur = cur, parents.get(cur)
+    return False
+
+
+def needed_modules(path: Path) -> set[str]:
+    """Top-level modules a test file (or conftest.py) needs to import: its unguarded module-level
+    imports and the plugins behind the fixtures its tests ask for."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return set()
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and _module_level(node, parents) and not _guarded(node, parents):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif (isinstance(node, ast.ImportFrom) and not node.level and node.module and _module_level(node, parents)
+              and not _guarded(node, parents)):
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.update(PLUGIN_FIXTURES[a.arg] for a in node.args.args if a.arg in PLUGIN_FIXTURES)
+    return out
+
+
+def _module_level(node: ast.AST, parents: dict) -> bool:
+    """Runs when the module is imported (not inside a function)."""
+    cur = parents.get(node)
+    while cur is not None:
+        if isinstance(cur, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False
+        cur = parents.get(cur)
+    return True
+
+
+def missing_dependencies(tree: Path, files: list[str], blocked: tuple[str, ...]) -> dict[str, str]:
+    """Ordinary packages the selected test files (and the conftest.py files pytest loads for them)
+    need and this interpreter lacks: module -> what to pip install. NVIDIA-only packages are left
+    out (the firewall removes them on purpose), and so are the tree's own packages."""
+    own = {p.name for p in tree.iterdir() if (p.is_dir() and (p / "__init__.py").is_file()) or p.suffix == ".py"}
+    own |= {p.stem for p in tree.glob("*.py")}
+    paths: set[Path] = set()
+    for rel in files:
+        path = tree / rel
+        paths.add(path)
+        parent = path.parent
+        while parent != tree and tree in parent.parents:
+            if (parent / "conftest.py").is_file():
+                paths.add(parent / "conftest.py")
+            parent = parent.parent
+    names: set[str] = set()
+    for path in paths:
+        names |= needed_modules(path)
+    stdlib = set(sys.stdlib_module_names)
+    out = {}
+    for name in sorted(names - stdlib - own - set(blocked) - {"rocmport", "__future__"}):
+        if importlib.util.find_spec(name) is None:
+            out[name] = PIP_NAMES.get(name, name.replace("_", "-"))
+    return out
+
+
+def pip_command(missing: dict[str, str]) -> str:
+    return f"{sys.executable} -m pip install {' '.join(sorted(set(missing.values())))}"
