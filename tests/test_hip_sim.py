@@ -68,8 +68,10 @@ def test_another_python_a_build_step_starts_is_left_alone(tmp_path):
     interpreter (bootstrap/bin), and a Python that is not verify's gets the firewall only."""
     proc = run_probe(tmp_path, hip_sim.child_env("7.1"), code="import shutil, sys; print(shutil.which('python3'))")
     assert proc.stdout.strip() == str(tmp_path / "boot" / "bin" / "python3")
-    wrapped = subprocess.run([proc.stdout.strip(), "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
-    assert wrapped.stdout.strip() == sys.executable
+    env = environment.child_env(tmp_path, tmp_path / "boot", {**hip_sim.child_env("7.1"), "ROCMPORT_PROXY": "1"})
+    wrapped = subprocess.run([proc.stdout.strip(), "-c", "import sys, torch; print(sys.executable, torch.version.hip)"], env=env,
+                             capture_output=True, text=True)
+    assert wrapped.stdout.split() == [sys.executable, "None"]  # this Python, without the simulation (a build step)
     config = subprocess.run([str(tmp_path / "boot" / "bin" / "python3-config"), "--extension-suffix"], capture_output=True, text=True)
     import sysconfig
 

@@ -41,9 +41,10 @@ if _BLOCKED:
     for _name in [m for m in sys.modules if m.partition(".")[0] in _BLOCKED]:
         del sys.modules[_name]
 
-# The rest only in the interpreter verify runs on: another Python that a build step in the tree
-# starts (megatron's dataset Makefile runs `python3 -m pybind11`) gets the firewall alone.
-_OURS = os.environ.get("ROCMPORT_PYTHON") == sys.executable
+# The rest only in the interpreter verify runs on, started by verify or its launchers: another
+# Python, or `python3` from PATH as a build step runs it (megatron's dataset Makefile: `python3 -m
+# pybind11`; bin/python3 marks it ROCMPORT_BUILD_STEP), gets the firewall alone.
+_OURS = os.environ.get("ROCMPORT_PYTHON") == sys.executable and not os.environ.get("ROCMPORT_BUILD_STEP")
 
 # HIP simulation (CPU proxy): this process's torch is a ROCm build of $ROCMPORT_HIP_SIM.
 if _OURS and os.environ.get("ROCMPORT_HIP_SIM"):
@@ -74,7 +75,7 @@ if _OURS and os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in 
 
 
 PYTHON_CONFIG = """\
-#!{python}
+#!{python} -S
 # Written by rocmport verify: python3-config for the interpreter verify runs on (a build step in the
 # tree, e.g. megatron's dataset-helper Makefile, asks it for the extension suffix and includes).
 import sys, sysconfig
@@ -93,7 +94,9 @@ def write_bootstrap(directory: Path) -> Path:
     (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
     bindir = directory / "bin"
     bindir.mkdir(exist_ok=True)
-    scripts = {name: f'#!/bin/sh\nexec "{sys.executable}" "$@"\n' for name in ("python", "python3")}  # not links: a
+    # `python3` from PATH is what a build step runs (megatron's Makefile: `python3 -m pybind11`): it
+    # gets the firewall only (no HIP simulation or shim importing torch and megatron, ~10 s each).
+    scripts = {name: f'#!/bin/sh\nROCMPORT_BUILD_STEP=1 exec "{sys.executable}" "$@"\n' for name in ("python", "python3")}  # not links: a
     scripts["python3-config"] = PYTHON_CONFIG.format(python=sys.executable)  # venv's Python finds its venv by its own path
     for name, text in scripts.items():
         (bindir / name).write_text(text)
