@@ -18,7 +18,7 @@ from rocmport.patches import components
 from rocmport.patches import diff as diffs
 from rocmport.patches.components import Matrix
 from rocmport.upstreams import NAMES, UPSTREAMS
-from rocmport.verify.suite import parse_settings as parse_verify_settings
+from rocmport.patches.verify_settings import parse_settings as parse_verify_settings
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
@@ -57,7 +57,7 @@ class Series:
     excluded_paths: list[str] = field(default_factory=list)
     # Dependency-manifest rewrite: None = the defaults, False = off, or {drop: {name: reason}, keep: [names]}.
     manifests: dict | bool | None = None
-    # verify's settings for this line (rocmport.verify.suite): unit_tests, known_failures, rocm_known_failures, proxy_known_failures.
+    # verify's settings for this line (rocmport.patches.verify_settings): unit_tests, known_failures, rocm_known_failures, proxy_known_failures.
     verify: dict = field(default_factory=dict)
     # What the patches may do beyond text edits (`allow:`): binary, gitlinks, mode-changes, symlinks.
     allow: frozenset[str] = frozenset()
@@ -199,7 +199,7 @@ def _manifests(path: Path, raw):
 
 
 def _verify(path: Path, raw) -> dict:
-    parse_verify_settings(raw, str(path))  # the block's schema lives with verify (rocmport.verify.suite)
+    parse_verify_settings(raw, str(path))  # the block's schema lives with verify (rocmport.patches.verify_settings)
     return {k: v for k, v in (raw or {}).items() if v is not None}
 
 

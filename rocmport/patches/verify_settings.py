@@ -1,0 +1,58 @@
+"""A series' `verify:` block (which upstream unit tests stage 3 runs, and the known failures), validated.
+
+It is part of the series file, so it is read here with the rest of the series; what verify does
+with it lives in rocmport.verify.suite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rocmport.errors import BadInput
+from rocmport.inputs import has_control
+
+KEYS = ("unit_tests", "known_failures", "rocm_known_failures", "proxy_known_failures")
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """A series' verify block, validated."""
+
+    unit_tests: dict[str, str] = field(default_factory=dict)
+    known_failures: dict[str, str] = field(default_factory=dict)
+    rocm_known_failures: dict[str, str] = field(default_factory=dict)
+    proxy_known_failures: dict[str, str] = field(default_factory=dict)
+
+    def known_for(self, mode: str, hip: bool) -> tuple[dict[str, str], dict[str, str]]:
+        """(the known failures that apply in this mode, {list name: why it does not apply})."""
+        applied = dict(self.known_failures)
+        skipped = {}
+        if mode == "gpu" and hip:
+            applied.update(self.rocm_known_failures)
+        elif self.rocm_known_failures:
+            skipped["rocm_known_failures"] = "applied only when verify runs on a ROCm GPU"
+        if mode == "cpu-proxy":
+            applied.update(self.proxy_known_failures)
+        elif self.proxy_known_failures:
+            skipped["proxy_known_failures"] = "applied only in CPU-proxy mode"
+        return applied, skipped
+
+
+def parse_settings(data, where: str) -> VerifySettings:
+    """The series' `verify:` mapping as VerifySettings; BadInput naming ``where`` and the key when malformed."""
+    data = {} if data is None else data
+    if not isinstance(data, dict) or set(map(str, data)) - set(KEYS):
+        raise BadInput(f"{where}: key 'verify' must be a mapping with 'unit_tests' ([paths] or {{path: why}}) and "
+                       "'known_failures', 'rocm_known_failures', 'proxy_known_failures' ({test id: reason})")
+    tests = data.get("unit_tests") or {}
+    if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
+        tests = {t: "" for t in tests}
+    if not (isinstance(tests, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tests.items())
+            and all(k and not k.startswith("-") and not has_control(k) for k in tests)):
+        raise BadInput(f"{where}: key 'verify.unit_tests' must be a list of test paths (strings) under the tree, "
+                       "or a mapping of them to why each is in the suite")
+    lists = {k: data.get(k) or {} for k in KEYS[1:]}
+    for key, value in lists.items():
+        if not (isinstance(value, dict) and all(isinstance(k, str) and k and not has_control(k) and isinstance(v, str)
+                                                 for k, v in value.items())):
+            raise BadInput(f"{where}: key 'verify.{key}' must map test ids, files or directories (strings) to reasons (strings)")
+    return VerifySettings(unit_tests=dict(tests), **lists)
