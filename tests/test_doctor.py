@@ -187,7 +187,9 @@ def test_verify_takes_the_te_case_when_doctor_finds_te_usable(tmp_path, monkeypa
     (tree / "pretrain_gpt.py").write_text("")
 
     def case() -> str:
-        return functional_options(tree, SERIES.parent, None, None, 2, 2, None, False, 10)["case"]
+        opts, _ = functional_options(tree, SERIES.parent, None, None, 2, 2, None, False, 10)
+        assert opts is not None
+        return opts.case
 
     assert case() == "gpt3_mcore_tp2_pp2_uninstall_te"
     old = tmp_path / "old"

@@ -183,7 +183,12 @@ def test_parse_losses_and_default_case():
 def test_functional_case_runs_records_and_compares_golden(tmp_path):
     tree = make_tree(tmp_path / "tree", FAKE_PRETRAIN)
     series_dir = tmp_path / "series"
+    # This fake never loads a checkpoint: with the round trip on, the stage says so and fails
+    # (its losses alone would match); the round trip itself is test_shim_answers_training_loop_and_resume_matches's.
     kwargs = dict(case=CASE, dp=1, iters=4, proxy=True, data_path=None, series_dir=series_dir, device_kind="cpu-proxy")
+    no_load, _ = stage_functional(tree, env_for(tmp_path, tree), record=False, resume=True, **kwargs)
+    assert no_load.status == "fail" and "the resumed run did not load iteration 2 (it says None)" in no_load.reason
+    kwargs["resume"] = False
     res, data = stage_functional(tree, env_for(tmp_path, tree), record=True, **kwargs)
     assert res.status == "pass", res.reason
     assert data["losses"] == [10.65, 10.4, 10.15, 9.9]
@@ -225,7 +230,8 @@ def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
     # With the shim, a CUDA call it has no CPU answer for is still named, never papered over.
     tree = make_tree(tmp_path / "tree2", CUDA_ONLY_PRETRAIN)
     res, _ = stage_functional(tree, proxy_env(tmp_path, tree), proxy=True, **kwargs)
-    assert res.status == "unsupported-in-proxy" and "Torch not compiled with CUDA enabled" in res.reason, res.reason
+    assert res.status == "unsupported-in-proxy" and "has no attribute '_cuda_ipc_collect'" in res.reason, res.reason
+    assert res.reason.endswith("at pretrain_gpt.py:4 (<module>)"), res.reason
 
 
 @pytest.mark.torch
