@@ -24,10 +24,20 @@ class RocmportError(Exception):
             self.exit_code = exit_code
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped (a newline as \\n): a message quoting a hostile key
+    or value stays one line."""
+    return "".join(repr(c)[1:-1] if ord(c) < 0x20 or ord(c) == 0x7F else c for c in text)
+
+
 class BadInput(RocmportError):
-    """Bad user input: a file, ref, URL or option that cannot be used (exit 2)."""
+    """Bad user input: a file, ref, URL or option that cannot be used (exit 2). Always one line:
+    whatever part of the input the message quotes, its control characters are escaped."""
 
     exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(one_line(message), exit_code)
 
 
 class ProblemFound(RocmportError):

@@ -260,3 +260,12 @@ def test_the_seeds_themselves_load(tmp_path):
     assert stats == Counter(accepted=4)
     _load_patch(PATCH_ALLOWED, stats)  # ... and refused when the series does not allow them
     assert stats["refused"] == 1
+
+
+def test_what_the_10000_example_runs_found_is_refused_in_one_line():
+    """Found by the 10,000-example runs: a lock whose upstream name holds newlines put them into the
+    error (two lines), and a series' `verify.unit_tests: false` was accepted as no tests."""
+    stats: Counter = Counter()
+    check_lock("schema_version: 1\nupstreams:\n  ? '\n\n    '\n  : null\n", stats)
+    _load_series(SERIES.replace("unit_tests: [tests/unit_tests/models/test_gpt_model.py]", "unit_tests: false"), PATCH, stats)
+    assert stats == Counter(refused=2)

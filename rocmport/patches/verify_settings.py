@@ -43,14 +43,14 @@ def parse_settings(data, where: str) -> VerifySettings:
     if not isinstance(data, dict) or set(map(str, data)) - set(KEYS):
         raise BadInput(f"{where}: key 'verify' must be a mapping with 'unit_tests' ([paths] or {{path: why}}) and "
                        "'known_failures', 'rocm_known_failures', 'proxy_known_failures' ({test id: reason})")
-    tests = data.get("unit_tests") or {}
+    tests = {} if data.get("unit_tests") is None else data["unit_tests"]  # `false` or `0` is no list of tests
     if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
         tests = {t: "" for t in tests}
     if not (isinstance(tests, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in tests.items())
             and all(k and not k.startswith("-") and not has_control(k) for k in tests)):
         raise BadInput(f"{where}: key 'verify.unit_tests' must be a list of test paths (strings) under the tree, "
                        "or a mapping of them to why each is in the suite")
-    lists = {k: data.get(k) or {} for k in KEYS[1:]}
+    lists = {k: {} if data.get(k) is None else data[k] for k in KEYS[1:]}
     for key, value in lists.items():
         if not (isinstance(value, dict) and all(isinstance(k, str) and k and not has_control(k) and isinstance(v, str)
                                                  for k, v in value.items())):
