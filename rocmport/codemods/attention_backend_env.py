@@ -30,4 +30,5 @@ class AttentionBackendEnv(Codemod):
             "        os.environ[env_variable_name] = str(expected_value)\n"
             "    return\n"
         )
-        return prepend_to_function(module, ("_set_attention_backend", "check_and_set_env_variable"), code, "is_hip()")
+        return prepend_to_function(module, ("_set_attention_backend", "check_and_set_env_variable"), code, "is_hip()",
+                                   ctx, "check_and_set_env_variable(): on HIP setdefault for auto, set for an explicit backend")

@@ -1,25 +1,96 @@
 """What a codemod is: a name, a version, a one-line purpose, cheap trigger tokens, and a
-transform over a parsed libcst Module that returns the new Module and its changed-site count."""
+transform over a parsed libcst Module that returns the new Module and its changed-site count.
+
+A codemod also reports what it decided per site through its Context: ``site`` (a rewritten site,
+with a note), ``skip`` (a candidate left alone, and why) and ``warning`` (something a person should
+check). The runner caches the reports with the text and `rocmport codemod --json` lists them;
+scripts/te_gate_sites.py builds docs/te-version-gates.md from te-version-gates' reports.
+
+Matching is by what a name means, not how it is spelled: `qualified_names` resolves a node through
+the module's imports (libcst's QualifiedNameProvider), so `import torch.cuda.amp as amp;
+amp.custom_fwd` and `from torch.cuda.amp import custom_fwd` are both `torch.cuda.amp.custom_fwd`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
 import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from rocmport.upstreams import upstream_of_path
+
+ReportKind = Literal["site", "skip", "warning"]
+
+
+@dataclass(frozen=True)
+class Report:
+    """One decision a codemod took at one place: rewrote it (site), left it (skip), or flags it."""
+
+    codemod: str
+    path: str
+    line: int | None
+    kind: ReportKind
+    message: str
+    detail: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Report":
+        return cls(**data)
 
 
 @dataclass
 class Context:
-    """What a codemod knows about the file it transforms."""
+    """What a codemod knows about the file it transforms, and where it reports its decisions.
+
+    Report lines are 1-based lines of the text the codemod was given (upstream's own lines when it
+    runs first or alone, as scripts/te_gate_sites.py runs te-version-gates)."""
 
     relpath: str
     options: dict = field(default_factory=dict)
+    codemod: str = ""
+    reports: list[Report] = field(default_factory=list)
+    # Shared by the codemods of one file: metadata resolved over a module that a codemod left
+    # unchanged is reused by the next one (the runner keeps the unchanged module object).
+    shared: dict = field(default_factory=dict)
+
+    def wrap(self, module: cst.Module) -> MetadataWrapper:
+        """Metadata over ``module`` (qualified names, positions), computed once per module state."""
+        cached = self.shared.get("wrapper")
+        if cached is None or cached.module is not module:
+            cached = self.shared["wrapper"] = wrap(module)
+        return cached
 
     @property
     def helper_module(self) -> str:
         """The generated runtime helper rewritten sites import (megatron-core ships only megatron.core)."""
         return upstream_of_path(self.relpath).helper_module
+
+    def sites_at(self, module: cst.Module, found: list[tuple[cst.CSTNode, str]]) -> None:
+        """Report rewritten sites given as (node of ``module``, message); positions are computed
+        only when there is something to report."""
+        if found:
+            lines = self.wrap(module).resolve(PositionProvider)
+            for node, message in found:
+                self.site(message, lines[node].start.line)
+
+    def _add(self, kind: ReportKind, message: str, line: int | None, detail: dict) -> None:
+        self.reports.append(Report(self.codemod, self.relpath, line, kind, message, detail))
+
+    def site(self, message: str, line: int | None = None, **detail) -> None:
+        """A site this codemod rewrote, with what it does there."""
+        self._add("site", message, line, detail)
+
+    def skip(self, reason: str, line: int | None = None, **detail) -> None:
+        """A candidate site this codemod deliberately leaves alone, and why."""
+        self._add("skip", reason, line, detail)
+
+    def warn(self, message: str, line: int | None = None, **detail) -> None:
+        """Something at this site a person should check (the rewrite could not decide it)."""
+        self._add("warning", message, line, detail)
 
 
 class Codemod:
@@ -45,8 +116,31 @@ class Codemod:
         raise NotImplementedError
 
 
+def wrap(module: cst.Module) -> MetadataWrapper:
+    """Metadata (qualified names, positions, parents) over ``module`` as it is: no copy, no re-parse."""
+    return MetadataWrapper(module, unsafe_skip_copy=True)
+
+
+def qualified_names(visitor: cst.MetadataDependent, node: cst.CSTNode) -> set[str]:
+    """What ``node`` names after following the module's imports and aliases (QualifiedNameProvider)."""
+    return {q.name for q in visitor.get_metadata(QualifiedNameProvider, node, set())}
+
+
+def means(visitor: cst.MetadataDependent, node: cst.CSTNode, *names: str) -> str | None:
+    """The first of ``names`` that ``node`` resolves to (exactly, or as `<module>.<name>` when the
+    name is given with a leading dot), else None."""
+    found = qualified_names(visitor, node)
+    for name in names:
+        if name.startswith("."):
+            if any(q == name[1:] or q.endswith(name) for q in found):
+                return name
+        elif name in found:
+            return name
+    return None
+
+
 def dotted(node: cst.BaseExpression | None) -> str | None:
-    """`a.b.c` for a Name/Attribute chain, else None."""
+    """`a.b.c` for a Name/Attribute chain, else None (spelling only: for exception names and imports)."""
     if isinstance(node, cst.Name):
         return node.value
     if isinstance(node, cst.Attribute):
@@ -75,13 +169,3 @@ def bound_names(stmt: cst.Import | cst.ImportFrom) -> list[str]:
             out.append(cst.ensure_type(a.asname.name, cst.Name).value if a.asname else dotted(a.name) or "")
     return out
 
-
-def is_try_import_guard(node: cst.Try) -> bool:
-    """A `try:` with an `except ImportError/ModuleNotFoundError/Exception/bare` handler."""
-    for h in node.handlers:
-        if h.type is None:
-            return True
-        names = [dotted(e.value) for e in h.type.elements] if isinstance(h.type, cst.Tuple) else [dotted(h.type)]
-        if any(n in ("ImportError", "ModuleNotFoundError", "Exception", "BaseException") for n in names):
-            return True
-    return False

@@ -1,8 +1,21 @@
-"""Small shared edits: prepend statements to a function found by its nesting path."""
+"""Small shared edits: prepend statements to a function found by its nesting path, insert after a
+module-level binding, and the one way codemods add (`add_imports`) or drop
+(`remove_unused_imports`, libcst's RemoveImportsVisitor) module-level imports."""
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import libcst as cst
+import libcst.matchers as m
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import RemoveImportsVisitor
+from libcst.metadata import PositionProvider
+
+from rocmport.codemods.base import Context
+
+# (module, name or None, alias or None): `import module`, `from module import name [as alias]`
+ImportSpec = tuple[str, "str | None", "str | None"]
 
 
 def _is_docstring(stmt) -> bool:
@@ -15,6 +28,7 @@ class _Prepend(cst.CSTTransformer):
         self.path, self.code, self.marker = path, code, marker
         self.stack: list[str] = []
         self.sites = 0
+        self.changed: list[cst.FunctionDef] = []
 
     def visit_FunctionDef(self, node):
         self.stack.append(node.name.value)
@@ -30,48 +44,166 @@ class _Prepend(cst.CSTTransformer):
         body = list(updated.body.body)
         at = 1 if body and _is_docstring(body[0]) else 0
         self.sites += 1
+        self.changed.append(original)
         return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], *new, *body[at:]]))
 
 
-def prepend_to_function(module: cst.Module, path: tuple[str, ...], code: str, marker: str) -> tuple[cst.Module, int]:
+def prepend_to_function(module: cst.Module, path: tuple[str, ...], code: str, marker: str,
+                        ctx: Context | None = None, note: str = "") -> tuple[cst.Module, int]:
     """Insert ``code`` at the start of the function whose def-nesting is ``path`` (classes ignored),
-    after its docstring, unless the function already contains ``marker``."""
+    after its docstring, unless the function already contains ``marker``. Each insertion is
+    reported to ``ctx`` as a site with ``note``."""
     edit = _Prepend(path, code, marker)
-    return module.visit(edit), edit.sites
+    new = module.visit(edit)
+    if edit.changed and ctx is not None:
+        lines = ctx.wrap(module).resolve(PositionProvider)  # only when there is a site to report
+        for func in edit.changed:
+            ctx.site(note or f"{'.'.join(path)}(): prepended", lines[func].start.line)
+    return new, edit.sites
 
 
-def insert_after_binding(module: cst.Module, name: str, code: str, marker: str) -> tuple[cst.Module, int]:
+class _Binds(cst.CSTVisitor):
+    """Does a statement assign ``name`` (at its own level or in nested try/if/with blocks, not in a
+    function or class body)?"""
+
+    def __init__(self, name: str):
+        self.target = m.Name(name)
+        self.found = False
+
+    def visit_FunctionDef(self, node):
+        return False
+
+    def visit_ClassDef(self, node):
+        return False
+
+    def visit_AssignTarget(self, node: cst.AssignTarget):
+        self.found |= m.matches(node.target, self.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign):
+        self.found |= m.matches(node.target, self.target) and node.value is not None
+
+
+def insert_after_binding(module: cst.Module, name: str, code: str, marker: str,
+                         ctx: Context | None = None, note: str = "") -> tuple[cst.Module, int]:
     """Insert ``code`` after the last module-level statement that assigns ``name`` (also inside a
-    top-level try/if), unless the module already contains ``marker``."""
+    top-level try/if), unless the module already contains ``marker``; reported to ``ctx``."""
     if marker in module.code:
         return module, 0
     body = list(module.body)
     last = None
     for i, stmt in enumerate(body):
-        if f"{name} =" in module.code_for_node(stmt) and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        found = _Binds(name)
+        stmt.visit(found)
+        if found.found:
             last = i
     if last is None:
         return module, 0
+    if ctx is not None:
+        ctx.site(note or f"after {name}: inserted", ctx.wrap(module).resolve(PositionProvider)[body[last]].end.line)
     body[last + 1:last + 1] = list(cst.parse_module(code).body)
     return module.with_changes(body=body), 1
 
 
-def add_module_import(module: cst.Module, line: str) -> cst.Module:
-    """Add an import line after the last top-level import (never twice)."""
-    if line in module.code:
-        return module
+def _is_import_line(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(b, (cst.Import, cst.ImportFrom)) for b in stmt.body)
+
+
+def _module_of(node: cst.ImportFrom) -> str | None:
+    if node.relative or node.module is None:
+        return None
+    return cst.Module([]).code_for_node(node.module)
+
+
+def add_imports(module: cst.Module, imports: Iterable[ImportSpec]) -> cst.Module:
+    """Add module-level imports, the one way every codemod does it.
+
+    Placement follows libcst's AddImportsVisitor: after the module docstring, `from __future__`
+    and the leading block of imports (before the first other statement); a `from m import x` joins
+    an existing top-level `from m import ...`; what the module already imports at top level is
+    never added again. Only top-level statements are looked at, so it costs nothing on a large file
+    (AddImportsVisitor copies and walks the whole tree)."""
     body = list(module.body)
-    last = -1
+    have_modules: set[tuple[str, str | None]] = set()  # (module, alias)
+    have_names: set[tuple[str, str, str | None]] = set()  # (module, name, alias)
+    star: set[str] = set()
+    from_stmt: dict[str, int] = {}  # module -> index of the last top-level `from module import a, b`
     for i, stmt in enumerate(body):
-        if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom)):
-            last = i
-    body.insert(last + 1, cst.parse_statement(line + "\n"))
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for node in stmt.body:
+            if isinstance(node, cst.Import):
+                for a in node.names:
+                    have_modules.add((a.evaluated_name, a.evaluated_alias))
+            elif isinstance(node, cst.ImportFrom) and (mod := _module_of(node)) is not None:
+                if isinstance(node.names, cst.ImportStar):
+                    star.add(mod)
+                    continue
+                for a in node.names:
+                    have_names.add((mod, a.evaluated_name, a.evaluated_alias))
+                if len(stmt.body) == 1:
+                    from_stmt[mod] = i
+    new_modules: list[tuple[str, str | None]] = []
+    new_names: dict[str, list[tuple[str, str | None]]] = {}
+    for mod, obj, asname in imports:
+        if obj is None:
+            if (mod, asname) not in have_modules and (mod, asname) not in new_modules:
+                new_modules.append((mod, asname))
+        elif mod not in star and (mod, obj, asname) not in have_names and (obj, asname) not in new_names.get(mod, []):
+            new_names.setdefault(mod, []).append((obj, asname))
+    if not new_modules and not new_names:
+        return module
+
+    def alias(name: str, asname: str | None) -> cst.ImportAlias:
+        return cst.ImportAlias(cst.parse_expression(name), asname=cst.AsName(cst.Name(asname)) if asname else None)
+
+    added: list[cst.BaseStatement] = [cst.SimpleStatementLine([cst.Import([alias(m, a)])]) for m, a in new_modules]
+    for mod, names in new_names.items():
+        if mod in from_stmt:  # join the existing `from mod import ...`
+            i = from_stmt[mod]
+            node = body[i].body[0]
+            old = list(node.names)
+            last = old[-1]
+            if not isinstance(last.comma, cst.Comma):
+                old[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                extra = [alias(n, a).with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for n, a in names]
+                extra[-1] = extra[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+            else:  # a parenthesised list ending in a comma keeps that style
+                extra = [alias(n, a).with_changes(comma=last.comma) for n, a in names]
+            body[i] = body[i].with_changes(body=[node.with_changes(names=[*old, *extra])])
+        else:
+            added.append(cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(mod), names=[alias(n, a) for n, a in names])]))
+    if added:
+        at = 0
+        if body and isinstance(body[0], cst.SimpleStatementLine) and m.matches(body[0].body[0], m.Expr(m.SimpleString() | m.ConcatenatedString())):
+            at = 1  # the module docstring
+        while at < len(body) and _is_import_line(body[at]):
+            at += 1
+        if at < len(body) and not body[at].leading_lines:
+            body[at] = body[at].with_changes(leading_lines=[cst.EmptyLine()])
+        body[at:at] = added
     return module.with_changes(body=body)
 
 
-def visit_with_helper_import(module: cst.Module, transformer, import_line: str) -> tuple[cst.Module, int]:
-    """Run a site-counting transformer; when it rewrote anything, add the helper import it needs."""
-    module = module.visit(transformer)
+def remove_unused_imports(module: cst.Module, imports: Iterable[ImportSpec]) -> cst.Module:
+    """Drop these imports where nothing in the module uses them any more (RemoveImportsVisitor)."""
+    context = CodemodContext()
+    for mod, obj, asname in imports:
+        RemoveImportsVisitor.remove_unused_import(context, mod, obj, asname)
+    if not context.scratch.get(RemoveImportsVisitor.CONTEXT_KEY):
+        return module
+    return RemoveImportsVisitor(context).transform_module(module)
+
+
+def helper_imports(ctx: Context, *names: str) -> list[ImportSpec]:
+    """`from <the helper module> import name` for each name (the helper is megatron/core/_rocm.py,
+    or src/megatron/bridge/_rocm.py in the Bridge)."""
+    return [(ctx.helper_module, n, None) for n in names]
+
+
+def visit_with_helper_import(module: cst.Module, transformer, ctx: Context, *names: str) -> tuple[cst.Module, int]:
+    """Run a site-counting transformer (with the metadata it declares); when it rewrote anything,
+    import the helper ``names`` it needs."""
+    module = ctx.wrap(module).visit(transformer)
     if transformer.sites:
-        module = add_module_import(module, import_line)
+        module = add_imports(module, helper_imports(ctx, *names))
     return module, transformer.sites

@@ -12,6 +12,7 @@ that end up False on ROCm when their kernel is absent.
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from rocmport.codemods.base import Codemod, Context
 from rocmport.codemods.edits import prepend_to_function
@@ -29,6 +30,7 @@ class _ValidateArgsReturn(cst.CSTTransformer):
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.sites = 0
+        self.found: list[tuple[cst.CSTNode, str]] = []
         self.depth = 0
 
     def visit_FunctionDef(self, node):
@@ -42,10 +44,10 @@ class _ValidateArgsReturn(cst.CSTTransformer):
         code = cst.Module([]).code_for_node(updated)
         if name == "validate_args" and path.endswith("training/arguments.py") and "disable_missing_fusions" not in code:
             new_body: list[cst.BaseStatement] = []
-            for stmt in updated.body.body:
-                if (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Return)
-                        and isinstance(stmt.body[0].value, cst.Name) and stmt.body[0].value.value == "args"):
+            for old, stmt in zip(original.body.body, updated.body.body):
+                if m.matches(stmt, m.SimpleStatementLine(body=[m.Return(m.Name("args"))])):
                     self.sites += 1
+                    self.found.append((old, "validate_args(): return disable_missing_fusions(args)"))
                     imp = cst.parse_statement(helper_import(self.ctx, "disable_missing_fusions") + "\n")
                     new_body.append(imp.with_changes(leading_lines=stmt.leading_lines))
                     stmt = stmt.with_changes(leading_lines=[], body=[cst.Return(cst.parse_expression("disable_missing_fusions(args)"))])
@@ -68,9 +70,11 @@ class FusedKernelFallbacks(Codemod):
                 f"{helper_import(ctx, 'cuda_toolkit_missing')}\n"
                 "if cuda_toolkit_missing():\n"
                 "    return  # rocmport: no nvcc (ROCm, or CUDA_HOME unset): nothing to build\n"
-            ), "cuda_toolkit_missing")
+            ), "cuda_toolkit_missing", ctx, "load() returns early without nvcc (ROCm, or CUDA_HOME unset)")
         rewrite = _ValidateArgsReturn(ctx)
+        before = module
         module = module.visit(rewrite)
+        ctx.sites_at(before, rewrite.found)
 
         def fallback(name, source, node):
             return "AmpCFallback" if source.split(".")[0] == "amp_C" else "None"

@@ -10,7 +10,6 @@ import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context
 from rocmport.codemods.edits import visit_with_helper_import
-from rocmport.codemods.guard import helper_import
 
 CUDA_REPO = "fanshiqing/grouped_gemm"
 
@@ -20,6 +19,7 @@ class _HintRewrite(cst.CSTTransformer):
 
     def __init__(self):
         self.sites = 0
+        self.found: list[tuple[cst.CSTNode, str]] = []
         self.inside = 0  # > 0 within a concatenation or an existing grouped_gemm_hint(...) call
 
     def visit_Call(self, node: cst.Call):
@@ -47,6 +47,7 @@ class _HintRewrite(cst.CSTTransformer):
         if self.inside or CUDA_REPO not in text or "pip install" not in text:
             return updated
         self.sites += 1
+        self.found.append((original, "grouped_gemm install hint -> grouped_gemm_hint(...) (AMD's build on HIP)"))
         return cst.Call(func=cst.Name("grouped_gemm_hint"), args=[cst.Arg(updated)])
 
 
@@ -58,4 +59,7 @@ class GroupedGemm(Codemod):
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
-        return visit_with_helper_import(module, _HintRewrite(), helper_import(ctx, "grouped_gemm_hint"))
+        hints = _HintRewrite()
+        new, sites = visit_with_helper_import(module, hints, ctx, "grouped_gemm_hint")
+        ctx.sites_at(module, hints.found)
+        return new, sites

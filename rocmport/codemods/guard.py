@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import Context, bound_names, dotted, import_names
 
@@ -37,6 +38,9 @@ def guard_imports(
     branch, after ``prelude`` (e.g. an import of the helper); ``flag(top_package)`` names the HAVE_
     flag. Imports already inside a try are untouched, which makes the rewrite idempotent."""
     body = list(module.body)
+    if not any(_matching_import(stmt, packages) is not None for stmt in body):
+        return module, 0
+    lines = ctx.wrap(module).resolve(PositionProvider)
     out: list[cst.BaseStatement] = []
     sites = 0
     i = 0
@@ -66,6 +70,9 @@ def guard_imports(
         first = cst.ensure_type(run[0][0], cst.SimpleStatementLine)
         out.append(new.with_changes(leading_lines=first.leading_lines))
         sites += len(run)
+        for stmt in run:
+            ctx.site(f"guarded: {module.code_for_node(stmt).strip()} (except ImportError: {', '.join(flags)} = False)",
+                     lines[stmt].start.line)
     return (module.with_changes(body=out), sites) if sites else (module, 0)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocmport.codemods.base import Report
 from rocmport.codemods.catalog import registry
 from rocmport.codemods.runner import LayersResult, compute_layers
 from rocmport.errors import BadInput
@@ -33,7 +34,12 @@ class TreeRewrite:
         for f in self.result.failures:
             files[f.path] = {"outcome": "failed", "line": f.line, "message": f.message}
         return {"files_total": self.result.files_total, "files_parsed": self.result.files_parsed, "cache_hits": self.result.cache_hits,
-                "sites": self.sites, "files": files, "written": self.written}
+                "sites": self.sites, "files": files, "written": self.written,
+                # What each codemod decided per site: rewritten (site), left and why (skip), or to check (warning).
+                "reports": [r.to_json() for r in self.reports()]}
+
+    def reports(self, kind: str | None = None) -> list[Report]:
+        return [r for layer in self.result.layers for r in layer.all_reports() if kind is None or r.kind == kind]
 
     def diff(self) -> str:
         """The changes as a unified diff (a/ and b/ prefixes)."""

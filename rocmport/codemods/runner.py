@@ -1,5 +1,6 @@
 """Run codemods over a tree: one parse per file, one layer per codemod, files in parallel,
-results cached by (file content, codemod names+versions+options)."""
+results cached by (file content, codemod names+versions+options). Each layer carries its
+codemod's per-site reports (sites, skips with their reasons, warnings)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
-from rocmport.codemods.base import Context
+from rocmport.codemods.base import Context, Report
 from rocmport.codemods.catalog import registry
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
 from rocmport.upstreams import UPSTREAMS
 
+# Bumped when what a cache entry holds changes shape (2: per-codemod reports).
+CACHE_FORMAT = "2"
 SKIP_DIRS = {".git", "__pycache__", ".venv", "node_modules", "build", "dist", ".tox"}
 HELPER_PATHS = {u.helper_module: u.helper_path for u in UPSTREAMS.values()}
 
@@ -30,6 +33,10 @@ class Layer:
     version: str
     files: dict[str, str] = field(default_factory=dict)
     sites: dict[str, int] = field(default_factory=dict)
+    reports: dict[str, list[Report]] = field(default_factory=dict)  # path -> what the codemod decided there
+
+    def all_reports(self) -> list[Report]:
+        return [r for path in sorted(self.reports) for r in self.reports[path]]
 
 
 @dataclass
@@ -73,26 +80,34 @@ def python_files(tree: Path) -> list[str]:
     return out
 
 
-def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str, tuple[str, int]], FileFailure | None]:
-    """{codemod name: (text after it, sites)} for the codemods that changed the file."""
+def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str, dict], FileFailure | None]:
+    """Parse ``text`` once and run the codemods in order over the parsed module.
+
+    {codemod name: {"code": text after it or None if unchanged, "sites": n, "reports": [...]}} for
+    the codemods that changed the file or reported something about it."""
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         return {}, FileFailure(relpath, exc.raw_line, str(exc).splitlines()[0])
-    out: dict[str, tuple[str, int]] = {}
+    out: dict[str, dict] = {}
     prev = text
+    shared: dict = {}  # metadata over an unchanged module is reused by the next codemod
     for spec in specs:
         mod = registry[spec["name"]]
         if not mod.triggered(prev, spec["options"]):
             continue
+        ctx = Context(relpath, spec["options"], codemod=spec["name"], shared=shared)
         try:
-            module, sites = mod.transform(module, Context(relpath, spec["options"]))
+            new, sites = mod.transform(module, ctx)
         except Exception as exc:  # a codemod bug must not take the whole run down
             return out, FileFailure(relpath, None, f"{spec['name']}: {type(exc).__name__}: {exc}")
-        code = module.code
-        if code != prev:
-            out[spec["name"]] = (code, sites)
-            prev = code
+        code = new.code
+        changed = code != prev
+        if changed or ctx.reports:
+            out[spec["name"]] = {"code": code if changed else None, "sites": sites if changed else 0,
+                                 "reports": [r.to_json() for r in ctx.reports]}
+        if changed:
+            module, prev = new, code
     return out, None
 
 
@@ -102,7 +117,7 @@ def _work(args):
 
 
 def _cache_key(relpath: str, text: str, specs_key: str) -> str:
-    return hashlib.sha256(f"{relpath}\0{specs_key}\0".encode() + text.encode()).hexdigest()
+    return hashlib.sha256(f"{CACHE_FORMAT}\0{relpath}\0{specs_key}\0".encode() + text.encode()).hexdigest()
 
 
 def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Path | None = None) -> LayersResult:
@@ -154,9 +169,12 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
         os.replace(tmp, hit)
     by_name = {layer.name: layer for layer in result.layers}
     for rel in sorted(outcomes):
-        for name, (code, sites) in outcomes[rel].items():
-            by_name[name].files[rel] = code
-            by_name[name].sites[rel] = sites
+        for name, outcome in outcomes[rel].items():
+            if outcome["code"] is not None:
+                by_name[name].files[rel] = outcome["code"]
+                by_name[name].sites[rel] = outcome["sites"]
+            if outcome["reports"]:
+                by_name[name].reports[rel] = [Report.from_json(r) for r in outcome["reports"]]
     _add_helpers(tree, result, specs)
     return result
 
