@@ -4,70 +4,33 @@ what the te-version-gates codemod does with it: the per-site review behind docs/
     python scripts/te_gate_sites.py --mirror /path/to/Megatron-LM.git --ref core_v0.16.1 \
         --counts core_v0.15.3,core_v0.16.1,core_v0.17.1,core_v0.18.2,core_v0.19.0 > docs/te-version-gates.md
 
-Sites the codemod rewrites are listed with the TE class and argument probed on HIP; every other
-site is listed with the reason it keeps its numeric gate (first matching rule below)."""
+The rows are the codemod's own reports: sites it rewrites, with the TE class and argument probed on
+HIP, and every other gate with the reason it keeps its numeric test (LEFT_RULES in
+rocmport/codemods/te_version_gates.py, first match wins)."""
 
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from rocmport.codemods.te_version_gates import GATE, ClassGates, KwargGates
+from rocmport.codemods import Context, registry
+from rocmport.codemods.te_version_gates import GATE
 
-# (pattern over the file path and the gated statement's source, reason it stays numeric)
-LEFT_RULES = [
-    (r"megatron/legacy/", "legacy model flags (megatron.legacy, gone at v0.18): version bookkeeping"),
-    (r"extra_state|_extra_state|state\[\"recipe\"\]|fp8_meta\[", "checkpoint extra-state format of a TE version: bookkeeping, must match the checkpoint"),
-    (r"ub_|tp_comm_overlap|userbuffer|UserBuffer", "userbuffers comm overlap: NVIDIA-only (NVLink userbuffers); ROCm runs without it"),
-    (r"cuda_graphs\.py|make_graphed_callables|graph", "TE CUDA-graph capture API (make_graphed_callables arguments and FP8 state saving): several arguments and internals at once, kept"),
-    (r"offload", "activation CPU offloading internals: TE-version-specific API, no single argument to probe"),
-    (r"fp4|FP4|NVFP4|nvfp4|MXFP8|mxfp8", "FP4/MXFP8 recipes: NVIDIA Blackwell formats; where ROCm TE lacks them its recipe constructors fail loudly, so the numeric gate stays"),
-    (r"fp8|FP8|Float8|recipe|quantiz|Quantized", "FP8 recipe / quantized-tensor API: ROCm TE implements a subset under NVIDIA's module layout; numeric gate kept"),
-    (r"^\s*(from|import) |\bimport\b", "import of a module that moved between TE versions: ROCm TE keeps the layout of the release it tracks"),
-    (r"arguments\.py|transformer_config\.py|optimizer_config\.py", "argument validation: the user-facing requirement message, checked before any TE call"),
-    (r"rng|checkpoint\(", "activation-checkpoint / RNG-tracker API shape of TE: not one argument; kept"),
-    (r"rope|rotary", "fused RoPE entry point that moved between TE versions: kept"),
-    (r".", "behaviour switch by TE version (not a single keyword argument of a TE class): kept"),
-]
+CODEMOD = "te-version-gates"
 
 
 def sites(path: str, source: str) -> list[dict]:
-    wrapper = MetadataWrapper(cst.parse_module(source))
-    pos, parents = wrapper.resolve(PositionProvider), wrapper.resolve(ParentNodeProvider)
-    kwargs, classes = KwargGates(), ClassGates()
-    wrapper.module.visit(kwargs)
-    wrapper.module.visit(classes)
-    changed = {id(node): (owner, kwarg) for node, owner, kwarg in kwargs.changed + classes.changed}
-    out = []
-
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, node: cst.Call):
-            if not (isinstance(node.func, cst.Name) and node.func.value == GATE and node.args):
-                return
-            stmt = node
-            while not isinstance(stmt, (cst.If, cst.SimpleStatementLine, cst.Module)):
-                stmt = parents[stmt]
-            version = node.args[0].value.evaluated_value if isinstance(node.args[0].value, cst.SimpleString) else "?"
-            text = wrapper.module.code_for_node(stmt)
-            probe = changed.get(id(stmt))
-            if probe:
-                what = (f"probe on HIP: does `transformer_engine.{probe[0]}` take `{probe[1]}`?" if probe[1]
-                        else f"probe on HIP: does `transformer_engine.{probe[0]}` exist?")
-                kind = "changed"
-            else:
-                kind, what = "left", next(why for pat, why in LEFT_RULES if re.search(pat, path + "\n" + text[:600]))
-            out.append({"path": path, "line": pos[node].start.line, "version": version, "kind": kind, "what": what})
-
-    wrapper.visit(Calls())
-    return out
+    """The codemod's own report of every gate in one file: rewritten (changed) or left (and why)."""
+    ctx = Context(path, codemod=CODEMOD)
+    registry[CODEMOD].transform(cst.parse_module(source), ctx)
+    return [{"path": path, "line": r.line, "version": r.detail["version"], "kind": "changed" if r.kind == "site" else "left",
+             "what": r.message} for r in ctx.reports if "version" in r.detail]
 
 
 def tree_sites(mirror: str, ref: str) -> list[dict]:
-    files = subprocess.run(["git", "grep", "-l", f"{GATE}(", ref, "--", "megatron"], cwd=mirror, capture_output=True, text=True).stdout.split()
+    files = subprocess.run(["git", "grep", "-l", GATE, ref, "--", "megatron"], cwd=mirror, capture_output=True, text=True).stdout.split()
     found = []
     for entry in files:
         path = entry.split(":", 1)[1]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
 
 AMP_BEFORE = '''\
 import torch
@@ -185,3 +185,184 @@ def train(steps=3):
     """, hip="6.3.0")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False True GradScaler"
+
+
+# Aliases: the same rewrite whatever spelling the module used for torch.cuda.amp. The rewritten
+# references need `torch` (added once, after the docstring and `from __future__`), and an import
+# that only served the old spelling goes.
+
+def test_alias_import_module_as():
+    assert_codemod("apex-to-torch", '''\
+        """Doc."""
+        from __future__ import annotations
+
+        import torch.cuda.amp as amp
+
+
+        class F:
+            @staticmethod
+            @amp.custom_fwd
+            def forward(ctx, x):
+                with amp.autocast(enabled=False):
+                    return x
+        ''', '''\
+        """Doc."""
+        from __future__ import annotations
+        import torch
+
+
+        class F:
+            @staticmethod
+            @torch.amp.custom_fwd(device_type="cuda")
+            def forward(ctx, x):
+                with torch.amp.autocast("cuda", enabled=False):
+                    return x
+        ''', sites=2)
+
+
+def test_alias_from_torch_cuda_import_amp():
+    assert_codemod("apex-to-torch", '''\
+        from torch.cuda import amp
+
+        scaler = amp.GradScaler(init_scale=2.0)
+        fwd = amp.custom_fwd
+        ''', '''\
+        import torch
+        import functools
+
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0)
+        fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+        ''', sites=2)
+
+
+def test_alias_from_amp_import_names_as():
+    assert_codemod("apex-to-torch", '''\
+        import os
+        from torch.cuda.amp import custom_bwd as cb, GradScaler
+
+
+        @cb
+        def backward(ctx, grad):
+            return grad
+
+
+        s = GradScaler()
+        ''', '''\
+        import os
+        import torch
+
+
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, grad):
+            return grad
+
+
+        s = torch.amp.GradScaler("cuda")
+        ''', sites=2)
+
+
+def test_alias_import_kept_when_still_used():
+    """`amp` still serves a name the codemod does not rewrite: the import stays."""
+    assert_codemod("apex-to-torch", '''\
+        import torch
+        from torch.cuda import amp
+
+        s = amp.GradScaler()
+        other = amp.common
+        ''', '''\
+        import torch
+        from torch.cuda import amp
+
+        s = torch.amp.GradScaler("cuda")
+        other = amp.common
+        ''', sites=1)
+
+
+def test_same_names_that_are_not_torch_cuda_amp_are_left():
+    src = '''\
+        import torch
+        from mylib import custom_fwd, GradScaler
+
+        custom_bwd = 3
+        s = GradScaler()
+
+
+        @custom_fwd
+        def f():
+            with torch.autocast("cuda"):
+                return torch.amp.custom_fwd
+        '''
+    assert_codemod("apex-to-torch", src, src, sites=0)
+
+
+def test_functools_never_duplicated_and_placed_after_the_docstring():
+    assert_codemod("apex-to-torch", '''\
+        """Doc."""
+        import functools
+        import torch
+
+        f = torch.cuda.amp.custom_fwd
+        ''', '''\
+        """Doc."""
+        import functools
+        import torch
+
+        f = functools.partial(torch.amp.custom_fwd, device_type="cuda")
+        ''', sites=1)
+
+
+def test_apex_aliases_are_guarded():
+    assert_codemod("apex-to-torch", '''\
+        import torch
+        from apex import amp as a
+        import apex.optimizers as opt
+        ''', '''\
+        import torch
+        try:
+            from apex import amp as a
+            import apex.optimizers as opt
+            HAVE_APEX = True
+        except ImportError:
+            from megatron.core._rocm import apex_fallback
+            a = apex_fallback('apex.amp')
+            opt = apex_fallback('apex.optimizers')
+            HAVE_APEX = False
+        ''', relpath="megatron/legacy/model/x.py", sites=2)
+
+
+def test_reports_name_each_site_and_line():
+    _, sites, reports = rewrite_with_reports("apex-to-torch", "import torch\nfrom apex import amp as a\n\nf = torch.cuda.amp.custom_fwd\n")
+    assert sites == 2
+    assert [(r.codemod, r.kind, r.line) for r in reports] == [("apex-to-torch", "site", 4), ("apex-to-torch", "site", 2)]
+    assert reports[0].message == 'torch.cuda.amp.custom_fwd -> functools.partial(torch.amp.custom_fwd, device_type="cuda")'
+    assert reports[1].message == "guarded: from apex import amp as a (except ImportError: HAVE_APEX = False)"
+
+
+@pytest.mark.torch
+def test_aliased_amp_module_runs_and_keeps_cuda_semantics(tmp_path):
+    after, _ = rewrite("apex-to-torch", '''\
+        import torch
+        from torch.cuda.amp import custom_fwd as cf, custom_bwd as cb
+
+
+        class Double(torch.autograd.Function):
+            @staticmethod
+            @cf(cast_inputs=torch.float32)
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            @cb
+            def backward(ctx, g):
+                return g * 2
+        ''', "megatron/core/double.py")
+    proc = run_tree(tmp_path, {"megatron/core/double.py": after}, """
+        import torch, warnings
+        warnings.simplefilter("error", FutureWarning)  # torch.cuda.amp.* is deprecated: must not be called
+        from megatron.core.double import Double
+        x = torch.ones(2, requires_grad=True)
+        Double.apply(x).sum().backward()
+        print(x.grad.tolist())
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[2.0, 2.0]"

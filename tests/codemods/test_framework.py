@@ -75,6 +75,8 @@ def test_cli_check_diff_json_and_in_place(tmp_path, capsys, monkeypatch):
     data = json.loads(capsys.readouterr().out)
     assert data["files"]["megatron/core/layers.py"] == {"outcome": "changed", "sites": {"apex-to-torch": 1}}
     assert data["sites"]["guard-nvidia-only-imports"] == 1 and data["written"] is True
+    assert {"codemod": "apex-to-torch", "path": "megatron/core/layers.py", "line": 2, "kind": "site", "detail": {},
+            "message": 'torch.cuda.amp.custom_fwd -> functools.partial(torch.amp.custom_fwd, device_type="cuda")'} in data["reports"]
     assert (tree / "megatron/core/_rocm.py").exists()
     assert main(["codemod", str(tree), "--check"]) == 0  # idempotent
 
@@ -88,3 +90,70 @@ def test_cli_reports_parse_failures_and_bad_names(tmp_path, capsys, monkeypatch)
     assert (tree / "megatron/core/layers.py").read_text() != FILES["megatron/core/layers.py"]  # the rest still ran
     assert main(["codemod", str(tree), "--only", "nope"]) == 2
     assert main(["codemod", "--list", "--json"]) == 0
+
+
+# ---- one way to add imports --------------------------------------------------------------------
+
+def test_add_imports_after_docstring_and_future_never_twice():
+    import libcst as cst
+
+    from rocmport.codemods.edits import add_imports
+
+    src = '"""Doc."""\nfrom __future__ import annotations\n\nimport os\n\nfrom megatron.core._rocm import is_hip\n\nx = 1\n'
+    out = add_imports(cst.parse_module(src), [("functools", None, None), ("megatron.core._rocm", "te_gate", None),
+                                               ("os", None, None), ("megatron.core._rocm", "is_hip", None)]).code
+    # Merged into the existing `from megatron.core._rocm import`, `import os` not repeated, the new
+    # module import after the leading import block, the code untouched.
+    assert out == ('"""Doc."""\nfrom __future__ import annotations\n\nimport os\n\n'
+                   'from megatron.core._rocm import is_hip, te_gate\nimport functools\n\nx = 1\n')
+    assert add_imports(cst.parse_module(out), [("functools", None, None), ("megatron.core._rocm", "te_gate", None)]).code == out
+    # No imports at all: after the docstring and __future__, before the code.
+    bare = '"""Doc."""\nfrom __future__ import annotations\n\nx = 1\n'
+    assert add_imports(cst.parse_module(bare), [("torch", None, None)]).code == (
+        '"""Doc."""\nfrom __future__ import annotations\nimport torch\n\nx = 1\n')
+
+
+# ---- reports ----------------------------------------------------------------------------------
+
+def test_reports_are_in_the_layers_and_come_back_from_the_cache(tmp_path):
+    files = {
+        "megatron/core/extensions/transformer_engine.py": (
+            "import transformer_engine as te\nfrom megatron.core.utils import is_te_min_version\n\n\n"
+            "class TELinear(te.pytorch.Linear):\n    def __init__(self, c):\n        kw = {}\n"
+            "        if is_te_min_version(\"2.3.0\"):\n            kw[\"delay_wgrad_compute\"] = c\n"
+            "        if is_te_min_version(\"2.0.0\"):\n            self.extra_state = 1\n        super().__init__(**kw)\n"),
+        "megatron/training/arguments.py": "from megatron.core.utils import is_te_min_version\nok = is_te_min_version(\"2.7.0\")\n",
+    }
+    tree = make_tree(tmp_path / "t", files)
+    first = compute_layers(tree, ["te-version-gates"], jobs=1, cache_dir=tmp_path / "c")
+    layer = first.layers[0]
+    assert set(layer.files) == {"megatron/core/_rocm.py", "megatron/core/extensions/transformer_engine.py"}
+    rows = [(r.path, r.line, r.kind) for r in layer.all_reports()]
+    assert rows == [("megatron/core/extensions/transformer_engine.py", 8, "site"),
+                    ("megatron/core/extensions/transformer_engine.py", 10, "skip"),
+                    ("megatron/training/arguments.py", 2, "skip")]  # unchanged file, still reported
+    second = compute_layers(tree, ["te-version-gates"], jobs=1, cache_dir=tmp_path / "c")
+    assert second.files_parsed == 0 and second.cache_hits == 2
+    assert second.layers[0].all_reports() == layer.all_reports()
+
+
+def test_one_parse_per_file_for_all_codemods(tmp_path, monkeypatch):
+    """Nine codemods over a file that triggers several of them: its text is parsed once."""
+    import libcst as cst
+
+    from rocmport.codemods.runner import _specs, transform_text
+
+    text = ("import torch\nimport modelopt\nfrom megatron.core.utils import is_te_min_version\n\n"
+            "f = torch.cuda.amp.custom_fwd\nok = torch.cuda.get_device_capability()[0] >= 9 and is_te_min_version('1.0')\n"
+            "has_nvml = True\n")
+    real, parsed = cst.parse_module, []
+
+    def counting(source, *a, **k):
+        parsed.append(source)
+        return real(source, *a, **k)
+
+    monkeypatch.setattr(cst, "parse_module", counting)
+    out, failure = transform_text("megatron/core/x.py", text, _specs(list(registry)))
+    assert failure is None
+    assert {"apex-to-torch", "guard-nvidia-only-imports", "capability-gates", "te-version-gates", "device-probes"} <= set(out)
+    assert [s for s in parsed if "has_nvml" in s and "import torch" in s] == [text]  # snippets may be parsed; the file once

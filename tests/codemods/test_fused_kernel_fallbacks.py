@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, run_tree
 
 LOAD_BEFORE = '''\
 import os
@@ -143,3 +143,29 @@ def test_fusion_flags_off_on_rocm_only(tmp_path):
     assert "kernel fused_weight_gradient_mlp_cuda is not available" in rocm.stdout
     cuda = run_tree(tmp_path, files, code, hip=None)
     assert cuda.stdout.strip() == "True True"
+
+
+def test_load_exact_before_after():
+    assert_codemod("fused-kernel-fallbacks", LOAD_BEFORE, LOAD_BEFORE.replace(
+        "def load(args):\n\n    # Check if cuda 11 is installed for compute capability 8.0\n", LOAD_AFTER_HEAD), LOAD_REL, sites=1)
+
+
+def test_kernel_imports_exact_with_aliases():
+    assert_codemod("fused-kernel-fallbacks", '''\
+        import torch
+        import amp_C as kernels
+        import fused_weight_gradient_mlp_cuda
+        ''', '''\
+        import torch
+        try:
+            import amp_C as kernels
+            import fused_weight_gradient_mlp_cuda
+            HAVE_AMP_C = True
+            HAVE_FUSED_WEIGHT_GRADIENT_MLP_CUDA = True
+        except ImportError:
+            from megatron.core._rocm import AmpCFallback
+            kernels = AmpCFallback
+            fused_weight_gradient_mlp_cuda = None
+            HAVE_AMP_C = False
+            HAVE_FUSED_WEIGHT_GRADIENT_MLP_CUDA = False
+        ''', "megatron/core/optimizer/x.py", sites=2)

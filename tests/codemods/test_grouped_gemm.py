@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, run_tree
 
 UTIL = '''\
 try:
@@ -60,3 +60,24 @@ def test_moe_grouped_gemm_falls_back_to_sequential_on_rocm(tmp_path):
 def test_docstrings_citing_the_repo_are_left_alone():
     src = 'class Config:\n    moe_grouped_gemm: bool = False\n    """GEMM feature since CUTLASS 2.8 (https://github.com/fanshiqing/grouped_gemm)."""\n'
     assert rewrite("grouped-gemm", src, "megatron/core/transformer/transformer_config.py") == (src, 0)
+
+
+def test_exact_before_after():
+    assert_codemod("grouped-gemm", UTIL, "from megatron.core._rocm import grouped_gemm_hint\n\n" + UTIL.replace(
+        '    assert grouped_gemm is not None, (\n', '    assert grouped_gemm is not None, grouped_gemm_hint((\n').replace(
+        '@v1.1.4`."\n    )\n', '@v1.1.4`."\n    ))\n'), REL, sites=1)
+
+
+def test_hint_import_goes_after_docstring_and_future():
+    assert_codemod("grouped-gemm", '''\
+        """Grouped GEMM."""
+        from __future__ import annotations
+
+        HINT = "pip install git+https://github.com/fanshiqing/grouped_gemm@v1.1.4"
+        ''', '''\
+        """Grouped GEMM."""
+        from __future__ import annotations
+        from megatron.core._rocm import grouped_gemm_hint
+
+        HINT = grouped_gemm_hint("pip install git+https://github.com/fanshiqing/grouped_gemm@v1.1.4")
+        ''', REL, sites=1)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers.codemods import assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, run_tree
 
 BEFORE = '''\
 """Post-training checkpointing (shaped like megatron/post_training/checkpointing.py)."""
@@ -139,3 +139,24 @@ def test_placeholders_survive_annotations_evaluated_at_import(tmp_path):
     proc = run_tree(tmp_path, {"megatron/core/x.py": after}, "from megatron.core import x\nprint(x.f(), x.HAVE_MODELOPT)\n")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "None False"
+
+
+def test_aliases_exact_before_after():
+    assert_codemod("guard-nvidia-only-imports", '''\
+        import torch
+        from nvidia_resiliency_ext import fault_tolerance as ft
+        import modelopt.torch.quantization as mtq
+        ''', '''\
+        import torch
+        try:
+            from nvidia_resiliency_ext import fault_tolerance as ft
+            import modelopt.torch.quantization as mtq
+            HAVE_MODELOPT = True
+            HAVE_NVIDIA_RESILIENCY_EXT = True
+        except ImportError:
+            from megatron.core._rocm import MissingPackage
+            ft = MissingPackage('nvidia-resiliency-ext', 'nvidia_resiliency_ext.fault_tolerance', 'megatron/training/ft_integration.py')
+            mtq = MissingPackage('nvidia-modelopt', 'modelopt.torch.quantization', 'megatron/training/ft_integration.py')
+            HAVE_MODELOPT = False
+            HAVE_NVIDIA_RESILIENCY_EXT = False
+        ''', "megatron/training/ft_integration.py", sites=2)

@@ -1,10 +1,35 @@
-"""te-version-gates, part 2: version gates on a TE class's keyword argument become API probes on HIP."""
+"""te-version-gates: `is_te_min_version` without TE, and version gates on a TE class's keyword argument
+(or on the class itself) become API probes on HIP; before/after and both ways at run time."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers.codemods import UTILS_V016, assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import UTILS_V016, assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
+
+def test_te_gate_before_after():
+    after, sites = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
+    assert sites == 1
+    assert ('    """Check if minimum version of `transformer-engine` is installed."""\n'
+            "    if get_te_version() is None:\n"
+            "        return False  # rocmport: no Transformer Engine, so no TE feature of any version\n") in after
+    assert_idempotent("te-version-gates", UTILS_V016, "megatron/core/utils.py")
+    v017 = UTILS_V016.replace("return None", 'return PkgVersion("0.0.0")')
+    assert rewrite("te-version-gates", v017, "megatron/core/utils.py") == (v017, 0)
+
+
+@pytest.mark.torch
+def test_te_gate_without_and_with_te(tmp_path):
+    after, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
+    code = "from megatron.core.utils import is_te_min_version\nprint(is_te_min_version('2.7'), is_te_min_version('1.0'))\n"
+    absent = run_tree(tmp_path / "a", {"megatron/core/utils.py": after}, code)
+    assert absent.stdout.strip() == "False False", absent.stderr
+    upstream = run_tree(tmp_path / "u", {"megatron/core/utils.py": UTILS_V016}, code)
+    assert "TypeError" in upstream.stderr  # what upstream does without TE
+    fake_te = {"transformer_engine/__init__.py": "__version__ = '2.8.0'\n", "megatron/core/utils.py": after}
+    present = run_tree(tmp_path / "p", fake_te, code)
+    assert present.stdout.strip() == "True True", present.stderr
+
 
 # Shaped like megatron/core/extensions/transformer_engine.py at core_v0.16.1.
 EXTENSIONS = '''\
@@ -170,3 +195,103 @@ def test_class_availability_gate_asks_whether_te_has_the_class(tmp_path):
     assert run_tree(tmp_path / "hip", _tree(after, te), code, hip="6.4.43482").stdout.strip() == "True"
     assert run_tree(tmp_path / "cuda", _tree(after, te), code, hip=None).stdout.strip() == "False"
     assert run_tree(tmp_path / "up", _tree(CLASS_GATE, te), code, hip=None).stdout.strip() == "False"
+
+
+def test_extensions_exact_before_after():
+    after = (EXTENSIONS
+             .replace("from megatron.core.utils import get_te_version, is_te_min_version\n",
+                      "from megatron.core.utils import get_te_version, is_te_min_version\nfrom megatron.core._rocm import te_gate\n")
+             .replace('if is_te_min_version("2.3.0"):', 'if te_gate(is_te_min_version("2.3.0"), "pytorch.Linear", "delay_wgrad_compute"):')
+             .replace('assert is_te_min_version("2.8.0"), (', 'assert te_gate(is_te_min_version("2.8.0"), "pytorch.DotProductAttention", "softmax_type"), ('))
+    assert_codemod("te-version-gates", EXTENSIONS, after, "megatron/core/extensions/transformer_engine.py", sites=2)
+
+
+def test_aliases_of_the_gate_and_of_te_classes():
+    """The gate imported under another name or reached through its module, and TE classes imported
+    by name: matched by what they mean. One import line carries both helpers."""
+    assert_codemod("te-version-gates", '''\
+        from transformer_engine.pytorch import Linear as TeLinear
+        from transformer_engine import pytorch as tep
+
+        from megatron.core import utils
+        from megatron.core.utils import is_te_min_version as te_min
+
+
+        class TELinear(TeLinear):
+            def __init__(self, config):
+                kw = {}
+                if te_min("2.3.0"):
+                    kw["delay_wgrad_compute"] = config.delay_wgrad_compute
+                super().__init__(**kw)
+
+
+        if utils.is_te_min_version("1.9.0.dev0"):
+
+            class TEGroupedLinear(tep.GroupedLinear):
+                pass
+        ''', '''\
+        from transformer_engine.pytorch import Linear as TeLinear
+        from transformer_engine import pytorch as tep
+
+        from megatron.core import utils
+        from megatron.core.utils import is_te_min_version as te_min
+        from megatron.core._rocm import te_gate, te_has
+
+
+        class TELinear(TeLinear):
+            def __init__(self, config):
+                kw = {}
+                if te_gate(te_min("2.3.0"), "pytorch.Linear", "delay_wgrad_compute"):
+                    kw["delay_wgrad_compute"] = config.delay_wgrad_compute
+                super().__init__(**kw)
+
+
+        if te_has(utils.is_te_min_version("1.9.0.dev0"), "pytorch.GroupedLinear"):
+
+            class TEGroupedLinear(tep.GroupedLinear):
+                pass
+        ''', "megatron/core/extensions/transformer_engine.py", sites=2)
+
+
+def test_a_function_named_like_the_gate_from_elsewhere_is_not_a_gate():
+    """Only is_te_min_version counts; a class that is not TE's is not probed."""
+    src = '''\
+        import transformer_engine as te
+        from mylib import is_flash_min_version
+        from megatron.core.utils import is_te_min_version
+
+
+        class Mine(object):
+            def __init__(self, config):
+                kw = {}
+                if is_te_min_version("2.3.0"):
+                    kw["delay_wgrad_compute"] = True
+                self.f(**kw)
+
+
+        class TELinear(te.pytorch.Linear):
+            def __init__(self, config):
+                kw = {}
+                if is_flash_min_version("2.3.0"):
+                    kw["delay_wgrad_compute"] = True
+                super().__init__(**kw)
+        '''
+    assert_codemod("te-version-gates", src, src, "megatron/core/extensions/transformer_engine.py", sites=0)
+
+
+def test_every_gate_is_reported_changed_or_left_with_its_reason():
+    """The reports are what docs/te-version-gates.md lists (scripts/te_gate_sites.py)."""
+    _, sites, reports = rewrite_with_reports("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
+    rows = [(r.kind, r.line, r.detail["version"], r.message) for r in reports]
+    assert sites == 2 and rows == [
+        ("site", 9, "2.3.0", "probe on HIP: does `transformer_engine.pytorch.Linear` take `delay_wgrad_compute`?"),
+        ("site", 22, "2.8.0", "probe on HIP: does `transformer_engine.pytorch.DotProductAttention` take `softmax_type`?"),
+        ("skip", 34, "2.0.0", "checkpoint extra-state format of a TE version: bookkeeping, must match the checkpoint"),
+        ("skip", 40, "1.5.0", "behaviour switch by TE version (not a single keyword argument of a TE class): kept"),
+    ]
+    assert {r.codemod for r in reports} == {"te-version-gates"}
+    # A file with only gates the codemod leaves is still reported (and unchanged).
+    args = 'from megatron.core.utils import is_te_min_version\n\n\ndef validate_args(args):\n    if args.fp4 and not is_te_min_version("2.7.0.dev0"):\n        raise ValueError("fp4 needs TE >= 2.7")\n'
+    after, sites, reports = rewrite_with_reports("te-version-gates", args, "megatron/training/arguments.py")
+    assert (after, sites) == (args, 0)
+    assert [(r.kind, r.line, r.message.split(":")[0]) for r in reports] == [("skip", 5, "FP4/MXFP8 recipes")]

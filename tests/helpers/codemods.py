@@ -15,9 +15,25 @@ from rocmport.codemods.runner import helper_text
 
 
 def rewrite(name: str, source: str, relpath: str = "megatron/core/x.py", options=None) -> tuple[str, int]:
+    return rewrite_with_reports(name, source, relpath, options)[:2]
+
+
+def rewrite_with_reports(name: str, source: str, relpath: str = "megatron/core/x.py", options=None):
+    """(text after the codemod, sites, its reports)."""
     source = textwrap.dedent(source)
-    module, sites = registry[name].transform(cst.parse_module(source), Context(relpath, options or {}))
-    return module.code, sites
+    ctx = Context(relpath, options or {}, codemod=name)
+    module, sites = registry[name].transform(cst.parse_module(source), ctx)
+    return module.code, sites, ctx.reports
+
+
+def assert_codemod(name: str, before: str, after: str, relpath: str = "megatron/core/x.py", sites: int | None = None, options=None):
+    """LibCST's assertCodemod: ``before`` becomes exactly ``after``; a second run changes nothing."""
+    got, n = rewrite(name, before, relpath, options)
+    assert got == textwrap.dedent(after)
+    if sites is not None:
+        assert n == sites
+    again, n2 = rewrite(name, got, relpath, options)
+    assert (again, n2) == (got, 0), "not idempotent"
 
 
 def assert_idempotent(name: str, source: str, relpath: str = "megatron/core/x.py"):
