@@ -115,7 +115,7 @@ class _AmpRewrite(cst.CSTTransformer):
 
 class ApexToTorch(Codemod):
     NAME = "apex-to-torch"
-    VERSION = "1"
+    VERSION = "2"
     DESCRIPTION = "torch.cuda.amp -> torch.amp; unguarded apex imports -> guarded, with torch fallbacks"
     # Every spelling of torch.cuda.amp passes through one of the first four; only module-level apex
     # imports are guarded.

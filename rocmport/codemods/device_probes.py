@@ -17,7 +17,7 @@ from rocmport.codemods.guard import helper_import
 
 class DeviceProbes(Codemod):
     NAME = "device-probes"
-    VERSION = "1"
+    VERSION = "2"
     DESCRIPTION = "NVML/cuda-python affinity and the NVML energy monitor become no-ops on HIP"
     TRIGGERS = ("def set_ideal_affinity_for_current_gpu(", "has_nvml")
     USES_HELPER = True

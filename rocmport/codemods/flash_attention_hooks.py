@@ -15,7 +15,7 @@ from rocmport.codemods.guard import helper_import
 
 class FlashAttentionHooks(Codemod):
     NAME = "flash-attention-hooks"
-    VERSION = "1"
+    VERSION = "2"
     DESCRIPTION = "FA3 (Hopper-only) off on HIP; flash_attn version probe without an unguarded import"
     TRIGGERS = ("HAVE_FA3", "def get_fa_version(")
     USES_HELPER = True
