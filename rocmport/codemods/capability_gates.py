@@ -30,7 +30,7 @@ class _CapabilityIndex(cst.CSTTransformer):
         self.found: list[tuple[cst.CSTNode, str]] = []
 
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript):
-        if m.matches(original, self.SHAPE) and means(self, original.value.func, CAPABILITY):
+        if m.matches(original, self.SHAPE) and means(self, cst.ensure_type(original.value, cst.Call).func, CAPABILITY):
             self.sites += 1
             self.found.append((original, f"{CAPABILITY}()[0] -> nvidia_arch_major()"))
             return cst.parse_expression("nvidia_arch_major()")

@@ -4,7 +4,7 @@ module-level binding, and the one way codemods add (`add_imports`) or drop
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence, cast
 
 import libcst as cst
 import libcst.matchers as m
@@ -122,7 +122,7 @@ def add_imports(module: cst.Module, imports: Iterable[ImportSpec]) -> cst.Module
     an existing top-level `from m import ...`; what the module already imports at top level is
     never added again. Only top-level statements are looked at, so it costs nothing on a large file
     (AddImportsVisitor copies and walks the whole tree)."""
-    body = list(module.body)
+    body: list[cst.BaseStatement] = list(module.body)
     have_modules: set[tuple[str, str | None]] = set()  # (module, alias)
     have_names: set[tuple[str, str, str | None]] = set()  # (module, name, alias)
     star: set[str] = set()
@@ -153,15 +153,19 @@ def add_imports(module: cst.Module, imports: Iterable[ImportSpec]) -> cst.Module
     if not new_modules and not new_names:
         return module
 
+    def dotted_name(name: str) -> cst.Attribute | cst.Name:
+        return cst.ensure_type(cst.parse_expression(name), (cst.Attribute, cst.Name))  # type: ignore[arg-type]
+
     def alias(name: str, asname: str | None) -> cst.ImportAlias:
-        return cst.ImportAlias(cst.parse_expression(name), asname=cst.AsName(cst.Name(asname)) if asname else None)
+        return cst.ImportAlias(dotted_name(name), asname=cst.AsName(cst.Name(asname)) if asname else None)
 
     added: list[cst.BaseStatement] = [cst.SimpleStatementLine([cst.Import([alias(m, a)])]) for m, a in new_modules]
     for mod, names in new_names.items():
         if mod in from_stmt:  # join the existing `from mod import ...`
             i = from_stmt[mod]
-            node = body[i].body[0]
-            old = list(node.names)
+            line = cst.ensure_type(body[i], cst.SimpleStatementLine)
+            node = cst.ensure_type(line.body[0], cst.ImportFrom)
+            old = list(cast(Sequence[cst.ImportAlias], node.names))
             last = old[-1]
             if not isinstance(last.comma, cst.Comma):
                 old[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
@@ -169,17 +173,18 @@ def add_imports(module: cst.Module, imports: Iterable[ImportSpec]) -> cst.Module
                 extra[-1] = extra[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             else:  # a parenthesised list ending in a comma keeps that style
                 extra = [alias(n, a).with_changes(comma=last.comma) for n, a in names]
-            body[i] = body[i].with_changes(body=[node.with_changes(names=[*old, *extra])])
+            body[i] = line.with_changes(body=[node.with_changes(names=[*old, *extra])])
         else:
-            added.append(cst.SimpleStatementLine([cst.ImportFrom(module=cst.parse_expression(mod), names=[alias(n, a) for n, a in names])]))
+            added.append(cst.SimpleStatementLine([cst.ImportFrom(module=dotted_name(mod), names=[alias(n, a) for n, a in names])]))
     if added:
         at = 0
         if body and isinstance(body[0], cst.SimpleStatementLine) and m.matches(body[0].body[0], m.Expr(m.SimpleString() | m.ConcatenatedString())):
             at = 1  # the module docstring
         while at < len(body) and _is_import_line(body[at]):
             at += 1
-        if at < len(body) and not body[at].leading_lines:
-            body[at] = body[at].with_changes(leading_lines=[cst.EmptyLine()])
+        nxt = body[at] if at < len(body) else None
+        if isinstance(nxt, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and not nxt.leading_lines:
+            body[at] = nxt.with_changes(leading_lines=[cst.EmptyLine()])
         body[at:at] = added
     return module.with_changes(body=body)
 

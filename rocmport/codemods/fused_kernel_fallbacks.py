@@ -45,7 +45,7 @@ class _ValidateArgsReturn(cst.CSTTransformer):
         if name == "validate_args" and path.endswith("training/arguments.py") and "disable_missing_fusions" not in code:
             new_body: list[cst.BaseStatement] = []
             for old, stmt in zip(original.body.body, updated.body.body):
-                if m.matches(stmt, m.SimpleStatementLine(body=[m.Return(m.Name("args"))])):
+                if isinstance(stmt, cst.SimpleStatementLine) and m.matches(stmt, m.SimpleStatementLine(body=[m.Return(m.Name("args"))])):
                     self.sites += 1
                     self.found.append((old, "validate_args(): return disable_missing_fusions(args)"))
                     imp = cst.parse_statement(helper_import(self.ctx, "disable_missing_fusions") + "\n")

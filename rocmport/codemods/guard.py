@@ -70,7 +70,7 @@ def guard_imports(
         first = cst.ensure_type(run[0][0], cst.SimpleStatementLine)
         out.append(new.with_changes(leading_lines=first.leading_lines))
         sites += len(run)
-        for stmt in run:
+        for stmt, _ in run:
             ctx.site(f"guarded: {module.code_for_node(stmt).strip()} (except ImportError: {', '.join(flags)} = False)",
                      lines[stmt].start.line)
     return (module.with_changes(body=out), sites) if sites else (module, 0)

@@ -85,7 +85,7 @@ class _Spread(cst.CSTVisitor):
             self.names.add(node.value.value)
 
 
-def _probe(gate: cst.Call, owner: str, kwarg: str) -> cst.Call:
+def _probe(gate: cst.BaseExpression, owner: str, kwarg: str) -> cst.Call:
     return cst.Call(cst.Name("te_gate"), [cst.Arg(gate), cst.Arg(cst.SimpleString(f'"{owner}"')), cst.Arg(cst.SimpleString(f'"{kwarg}"'))])
 
 
@@ -135,19 +135,26 @@ class _Gates(cst.CSTTransformer):
 
     def leave_If(self, original: cst.If, updated: cst.If):
         test = original.test
-        gate = test if self.is_gate(test) else None
-        if m.matches(test, m.BooleanOperation(operator=m.And())) and self.is_gate(test.right):
-            gate = test.right
-        if gate is None or not isinstance(updated.body, cst.IndentedBlock):
+        if self.is_gate(test):
+            right = False
+        elif isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And) and self.is_gate(test.right):
+            right = True  # `if HAVE_TE and <gate>:`
+        else:
+            return updated
+        if not isinstance(updated.body, cst.IndentedBlock) or not isinstance(original.body, cst.IndentedBlock):
             return updated
         wrapped = next((w for w in (self.te_class(s) for s in original.body.body if isinstance(s, cst.ClassDef)) if w), None)
         if wrapped is None:
             return updated
-        probe = cst.Call(cst.Name("te_has"), [cst.Arg(updated.test if gate is test else updated.test.right), cst.Arg(cst.SimpleString(f'"{wrapped}"'))])
+        new_test = updated.test
+        gate = new_test.right if right and isinstance(new_test, cst.BooleanOperation) else new_test
+        probe = cst.Call(cst.Name("te_has"), [cst.Arg(gate), cst.Arg(cst.SimpleString(f'"{wrapped}"'))])
         self.sites += 1
         self.uses.add("te_has")
         self.changed[id(original)] = (wrapped, "")
-        return updated.with_changes(test=probe if gate is test else updated.test.with_changes(right=probe))
+        if right and isinstance(new_test, cst.BooleanOperation):
+            return updated.with_changes(test=new_test.with_changes(right=probe))
+        return updated.with_changes(test=probe)
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
         owner = next((o for o in reversed(self.owners) if o), None) if self.owners else None
@@ -157,14 +164,14 @@ class _Gates(cst.CSTTransformer):
         body = list(updated.body)
         for i, stmt in enumerate(body):
             old = original.body[i]
-            if isinstance(stmt, cst.If) and self.is_gate(old.test) and isinstance(stmt.body, cst.IndentedBlock):
+            if isinstance(stmt, cst.If) and isinstance(old, cst.If) and self.is_gate(old.test) and isinstance(stmt.body, cst.IndentedBlock):
                 kwarg = next((k for k in (_kwarg_set(b, spread) for b in stmt.body.body) if k), None)
                 if kwarg:
                     body[i] = stmt.with_changes(test=_probe(stmt.test, owner, kwarg))
                     self.sites += 1
                     self.changed[id(old)] = (owner, kwarg)
             elif (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assert)
-                  and self.is_gate(old.body[0].test)):
+                  and isinstance(old, cst.SimpleStatementLine) and isinstance(old.body[0], cst.Assert) and self.is_gate(old.body[0].test)):
                 kwarg = next((k for k in (_kwarg_set(b, spread) for b in body[i + 1:i + 4]) if k), None)
                 if kwarg:
                     check = stmt.body[0].with_changes(test=_probe(stmt.body[0].test, owner, kwarg))
@@ -200,7 +207,7 @@ class _GateCalls(cst.CSTVisitor):
             return
         stmt = self.statements[-1]  # the innermost statement: the gate decides it
         first = node.args[0].value
-        version = first.evaluated_value if isinstance(first, cst.SimpleString) else "?"
+        version = str(first.evaluated_value) if isinstance(first, cst.SimpleString) else "?"
         self.calls.append((self.get_metadata(PositionProvider, node).start.line, version, stmt))
 
 
