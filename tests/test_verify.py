@@ -158,7 +158,7 @@ def test_env_and_doctor(capsys):
     assert names[:2] == ["CUDA_DEVICE_MAX_CONNECTIONS", "GPU_MAX_HW_QUEUES"] and "NCCL_ALGO" not in names
     assert main(["env", "--deterministic"]) == 0
     out = capsys.readouterr().out
-    assert "export NCCL_ALGO=Ring" in out and "export NCCL_CHECKS_DISABLE=1" in out and out.count("# ") == 8
+    assert "export NCCL_ALGO=Ring" in out and "export NCCL_CHECKS_DISABLE=1" in out and out.count("# ") == 9  # 7 launcher + 2 deterministic
     # This repository is a port project locked at a line whose matrix requires ROCm TE, which this machine lacks.
     assert main(["-C", str(Path(__file__).resolve().parents[1]), "doctor", "--json"]) == 1
     d = json.loads(capsys.readouterr().out)

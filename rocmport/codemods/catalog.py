@@ -9,17 +9,21 @@ from rocmport.codemods.attention_backend_env import AttentionBackendEnv
 from rocmport.codemods.base import Codemod
 from rocmport.codemods.options import problems
 from rocmport.codemods.capability_gates import CapabilityGates
+from rocmport.codemods.deterministic_env import DeterministicEnv
 from rocmport.codemods.device_probes import DeviceProbes
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
 from rocmport.codemods.fused_kernel_fallbacks import FusedKernelFallbacks
 from rocmport.codemods.grouped_gemm import GroupedGemm
 from rocmport.codemods.guard_nvidia_only_imports import GuardNvidiaOnlyImports
+from rocmport.codemods.launch_env import LaunchEnv
 from rocmport.codemods.te_version_gates import TeVersionGates
 
 registry: dict[str, Codemod] = {
     c.NAME: c
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
-              DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm())
+              DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
+              # issue 17: the ROCm run-time gaps
+              LaunchEnv(), DeterministicEnv())
 }
 
 

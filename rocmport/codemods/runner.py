@@ -20,6 +20,7 @@ from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
 from rocmport.upstreams import UPSTREAMS
+from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 
 # Bumped when what a cache entry holds changes shape (2: per-codemod reports).
 CACHE_FORMAT = "2"
@@ -179,9 +180,17 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     return result
 
 
+def _literal(rows: list[tuple[str, str, str]]) -> str:
+    return "[\n" + "".join(f"    {row!r},\n" for row in rows) + "]"
+
+
 def helper_text(codemod_names: list[str]) -> str:
+    """The generated helper: the template, with the launcher environment rendered from
+    rocmport/launch_env.py (the one source `rocmport env`, verify and the container recipe use)."""
     template = resources.files("rocmport").joinpath("data/_rocm.py.tmpl").read_text(encoding="utf-8")
-    return template.replace("{codemods}", ", ".join(codemod_names))
+    return (template.replace("{codemods}", ", ".join(codemod_names))
+            .replace("{launch_env}", _literal(LAUNCH_ENV))
+            .replace("{deterministic_env}", _literal(DETERMINISTIC_ENV)))
 
 
 def _add_helpers(tree: Path, result: LayersResult, specs: list[dict]) -> None:
