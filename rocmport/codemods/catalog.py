@@ -17,13 +17,14 @@ from rocmport.codemods.grouped_gemm import GroupedGemm
 from rocmport.codemods.guard_nvidia_only_imports import GuardNvidiaOnlyImports
 from rocmport.codemods.launch_env import LaunchEnv
 from rocmport.codemods.te_version_gates import TeVersionGates
+from rocmport.codemods.tp_comm_overlap import TpCommOverlap
 
 registry: dict[str, Codemod] = {
     c.NAME: c
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
               DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
               # issue 17: the ROCm run-time gaps
-              LaunchEnv(), DeterministicEnv())
+              LaunchEnv(), DeterministicEnv(), TpCommOverlap())
 }
 
 
