@@ -5,6 +5,7 @@ from __future__ import annotations
 from rocmport.errors import BadInput
 
 from rocmport.codemods.apex_to_torch import ApexToTorch
+from rocmport.codemods.async_checkpoint_spawn import AsyncCheckpointSpawn
 from rocmport.codemods.attention_backend_env import AttentionBackendEnv
 from rocmport.codemods.base import Codemod
 from rocmport.codemods.options import problems
@@ -24,7 +25,7 @@ registry: dict[str, Codemod] = {
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
               DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
               # issue 17: the ROCm run-time gaps
-              LaunchEnv(), DeterministicEnv(), TpCommOverlap())
+              LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn())
 }
 
 
