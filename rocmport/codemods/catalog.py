@@ -10,6 +10,7 @@ from rocmport.codemods.attention_backend_env import AttentionBackendEnv
 from rocmport.codemods.base import Codemod
 from rocmport.codemods.options import problems
 from rocmport.codemods.capability_gates import CapabilityGates
+from rocmport.codemods.dataloader_mp_context import DataloaderMpContext
 from rocmport.codemods.deterministic_env import DeterministicEnv
 from rocmport.codemods.device_probes import DeviceProbes
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
@@ -25,7 +26,7 @@ registry: dict[str, Codemod] = {
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
               DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
               # issue 17: the ROCm run-time gaps
-              LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn())
+              LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext())
 }
 
 
