@@ -18,6 +18,7 @@ from rocmport.codemods.fused_kernel_fallbacks import FusedKernelFallbacks
 from rocmport.codemods.grouped_gemm import GroupedGemm
 from rocmport.codemods.guard_nvidia_only_imports import GuardNvidiaOnlyImports
 from rocmport.codemods.launch_env import LaunchEnv
+from rocmport.codemods.nccl_allocator_rccl import NcclAllocatorRccl
 from rocmport.codemods.te_version_gates import TeVersionGates
 from rocmport.codemods.tp_comm_overlap import TpCommOverlap
 
@@ -26,7 +27,8 @@ registry: dict[str, Codemod] = {
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
               DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
               # issue 17: the ROCm run-time gaps
-              LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext())
+              LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext(),
+              NcclAllocatorRccl())
 }
 
 
