@@ -57,6 +57,17 @@ LEFT_RULES = [
 ]
 
 
+# TE API drift at call sites (issue 17 item 6), probed on HIP:
+# - keyword arguments some TE releases (ROCm TE among them) do not take: the argument is passed
+#   only where `te_accepts(fn, name)` (CUDA: always, as upstream);
+CALL_DRIFT = {"transformer_engine.pytorch.cpp_extensions.general_gemm": ("workspace",)}
+# - a gate whose body calls one of these needs that TE class attribute (signature probe on HIP);
+ATTRIBUTE_GATES = {"set_save_original_input": ("pytorch.Linear", "save_original_input")}
+# - a gate whose body raises naming one of these needs that TE object (existence probe on HIP).
+FEATURE_GATES = {"NVFP4BlockScaling": "common.recipe.NVFP4BlockScaling"}
+CALL_SITE = "call site"  # the `version` a drift site reports (no version gate there)
+
+
 def left_reason(path: str, statement: str) -> str:
     return next(why for pat, why in LEFT_RULES if re.search(pat, path + "\n" + statement[:600]))
 
@@ -101,9 +112,12 @@ class _Gates(cst.CSTTransformer):
     def __init__(self):
         self.owners: list[str | None] = []
         self.spread: list[set[str]] = []
+        self.drift: list[dict[str, tuple[str, str]]] = []  # per function: spread name -> (fn code, TE qualified name)
         self.sites = 0
         self.uses: set[str] = set()  # helper names the rewritten gates call
         self.changed: dict[int, tuple[str, str]] = {}  # id(original statement) -> (owner, kwarg or "")
+        self.calls: list[tuple[cst.CSTNode, str]] = []  # drifted call sites: (original node, message)
+        self.recipe_guarded: set[int] = set()  # attribute gates that also ask save_original_input_ok
 
     def is_gate(self, node: cst.BaseExpression) -> bool:
         return (isinstance(node, cst.Call) and bool(means(self, node.func, "." + GATE, GATE))
@@ -117,14 +131,45 @@ class _Gates(cst.CSTTransformer):
                     return q[len(TE) + 1:]
         return None
 
+    def drifted(self, call: cst.Call) -> str | None:
+        return next((q for q in qualified_names(self, call.func) if q in CALL_DRIFT), None)
+
     def visit_FunctionDef(self, node: cst.FunctionDef):
         found = _Spread()
         node.visit(found)
         self.spread.append(found.names)
+        spreads = {}
+        for found_call in m.findall(node, m.Call(args=[m.ZeroOrMore(), m.Arg(value=m.Name(), star="**"), m.ZeroOrMore()])):
+            call = cst.ensure_type(found_call, cst.Call)
+            target = self.drifted(call)
+            if target:
+                for arg in call.args:
+                    if arg.star == "**" and isinstance(arg.value, cst.Name):
+                        spreads[arg.value.value] = (cst.Module([]).code_for_node(call.func), target)
+        self.drift.append(spreads)
 
     def leave_FunctionDef(self, original, updated):
         self.spread.pop()
+        self.drift.pop()
         return updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        """`general_gemm(..., workspace=get_workspace(), ...)`: the argument only where TE takes it."""
+        target = self.drifted(original)
+        if target is None:
+            return updated
+        fn = cst.Module([]).code_for_node(original.func)
+        args = list(updated.args)
+        for i, arg in enumerate(original.args):
+            if arg.keyword is not None and arg.keyword.value in CALL_DRIFT[target]:
+                name = arg.keyword.value
+                value = cst.Module([]).code_for_node(updated.args[i].value)
+                spread = cst.parse_expression(f'({{"{name}": {value}}} if te_accepts({fn}, "{name}") else {{}})')
+                args[i] = cst.Arg(spread, star="**", comma=updated.args[i].comma)
+                self.sites += 1
+                self.uses.add("te_accepts")
+                self.calls.append((arg, f"probe on HIP: does `{target}` take `{name}`? (passed only where it does)"))
+        return updated.with_changes(args=args)
 
     def visit_ClassDef(self, node: cst.ClassDef):
         self.owners.append(self.te_class(node))
@@ -133,7 +178,82 @@ class _Gates(cst.CSTTransformer):
         self.owners.pop()
         return updated
 
+    def _bare_gates(self, test: cst.BaseExpression) -> list[cst.Call]:
+        """The gate calls in ``test`` not already inside a probe (te_gate/te_has): idempotence."""
+        probes = m.findall(test, m.Call(func=m.Name("te_gate") | m.Name("te_has")))
+        inside = {id(g) for p in probes for g in m.findall(p, m.Call())}
+        calls = [cst.ensure_type(c, cst.Call) for c in m.findall(test, m.Call())]
+        return [c for c in calls if self.is_gate(c) and id(c) not in inside]
+
+    def _replace_gates(self, test: cst.BaseExpression, make) -> cst.BaseExpression:
+        """``test`` (an original node) with each bare gate call G in it replaced by make(G)."""
+        bare = {id(g) for g in self._bare_gates(test)}
+
+        class Replace(cst.CSTTransformer):
+            def leave_Call(self, original, updated):
+                return make(updated) if id(original) in bare else updated
+
+        new = test.visit(Replace())
+        assert isinstance(new, cst.BaseExpression)
+        return new
+
+    def _calls_in(self, node: cst.CSTNode, names) -> str | None:
+        for call in m.findall(node, m.Call()):
+            for q in qualified_names(self, cst.ensure_type(call, cst.Call).func):
+                leaf = q.rsplit(".", 1)[-1]
+                if leaf in names:
+                    return leaf
+        return None
+
+    def _attribute_gate(self, original: cst.If, updated: cst.If) -> cst.If | None:
+        """A gate around `set_save_original_input(...)`: TE's Linear must take save_original_input
+        (signature probe on HIP); where the test does not exclude the delayed-scaling recipe (v0.15),
+        HIP also asks `save_original_input_ok(config)` (TE cannot save the original input there)."""
+        helper = self._calls_in(original.body, ATTRIBUTE_GATES)
+        if helper is None or not self._bare_gates(original.test):
+            return None
+        owner, attr = ATTRIBUTE_GATES[helper]
+        test = self._replace_gates(original.test, lambda gate: _probe(gate, owner, attr))
+        code = cst.Module([]).code_for_node(original.test)
+        config = next((cst.Module([]).code_for_node(cst.ensure_type(a, cst.Attribute).value)
+                       for a in m.findall(original.test, m.Attribute(attr=m.Name("fp8")))), None)
+        if "fp8_recipe" not in code and config is not None:
+            test = cst.BooleanOperation(
+                left=test if not isinstance(test, cst.BooleanOperation) or isinstance(test.operator, cst.And) else test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+                operator=cst.And(), right=cst.parse_expression(f"save_original_input_ok({config})"))
+            self.uses.add("save_original_input_ok")
+            self.recipe_guarded.add(id(original))
+        self.uses.add("te_gate")
+        self.sites += len(self._bare_gates(original.test))  # one site per gate (one report each)
+        self.changed[id(original)] = (owner, attr)
+        return updated.with_changes(test=test)
+
+    def _feature_gate(self, original: cst.If, updated: cst.If) -> cst.If | None:
+        """`if ... not <gate>: raise ...("... NVFP4BlockScaling ...")`: on HIP, does TE have it?"""
+        raises = m.findall(original.body, m.Raise())
+        text = " ".join(cst.Module([]).code_for_node(r) for r in raises)
+        feature = next((f for f in FEATURE_GATES if f in text), None)
+        if feature is None:
+            return None
+        found: list[cst.Call] = []
+
+        def probe(gate: cst.Call) -> cst.Call:
+            found.append(gate)
+            return cst.Call(cst.Name("te_has"), [cst.Arg(gate), cst.Arg(cst.SimpleString(f'"{FEATURE_GATES[feature]}"'))])
+
+        test = self._replace_gates(original.test, probe)
+        if not found:
+            return None
+        self.uses.add("te_has")
+        self.sites += len(found)
+        self.changed[id(original)] = (FEATURE_GATES[feature], "")
+        return updated.with_changes(test=test)
+
     def leave_If(self, original: cst.If, updated: cst.If):
+        for rule in (self._attribute_gate, self._feature_gate):
+            new = rule(original, updated)
+            if new is not None:
+                return new
         test = original.test
         if self.is_gate(test):
             right = False
@@ -157,6 +277,7 @@ class _Gates(cst.CSTTransformer):
         return updated.with_changes(test=probe)
 
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
+        updated = self._drifted_kwargs(original, updated)
         owner = next((o for o in reversed(self.owners) if o), None) if self.owners else None
         if owner is None or not self.spread or not self.spread[-1]:
             return updated
@@ -181,6 +302,30 @@ class _Gates(cst.CSTTransformer):
         if any(id(o) in self.changed and self.changed[id(o)][1] for o in original.body):
             self.uses.add("te_gate")
         return updated.with_changes(body=body)
+
+    def _drifted_kwargs(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        """`if <test>: kwargs["workspace"] = ...` where the function passes **kwargs to general_gemm
+        (v0.17+): the test also asks `te_accepts(general_gemm, "workspace")`."""
+        spreads = self.drift[-1] if self.drift else {}
+        if not spreads:
+            return updated
+        body = list(updated.body)
+        for i, (old, stmt) in enumerate(zip(original.body, updated.body)):
+            if not isinstance(stmt, cst.If) or not isinstance(stmt.body, cst.IndentedBlock) or "te_accepts(" in cst.Module([]).code_for_node(stmt.test):
+                continue
+            for name, (fn, target) in spreads.items():
+                kwarg = _kwarg_set(stmt.body.body[0], {name}) if stmt.body.body else None
+                if kwarg in CALL_DRIFT[target]:
+                    body[i] = stmt.with_changes(test=_and_accepts(stmt.test, fn, kwarg))
+                    self.sites += 1
+                    self.uses.add("te_accepts")
+                    self.calls.append((old, f"probe on HIP: does `{target}` take `{kwarg}`? (passed only where it does)"))
+                    break
+        return updated.with_changes(body=body)
+
+
+def _and_accepts(test: cst.BaseExpression, fn: str, name: str) -> cst.BooleanOperation:
+    return cst.BooleanOperation(left=test, operator=cst.And(), right=cst.parse_expression(f'te_accepts({fn}, "{name}")'))
 
 
 class _GateCalls(cst.CSTVisitor):
@@ -213,8 +358,8 @@ class _GateCalls(cst.CSTVisitor):
 
 class TeVersionGates(Codemod):
     NAME = "te-version-gates"
-    VERSION = "3"
-    DESCRIPTION = "TE version gates on a TE argument or class ask the API on HIP; no TypeError without TE"
+    VERSION = "4"
+    DESCRIPTION = "TE version gates and drifted TE call sites ask the installed TE's API on HIP; no TypeError without TE"
     TRIGGERS = (GATE,)
     USES_HELPER = True
 
@@ -228,10 +373,16 @@ class TeVersionGates(Codemod):
             owner, kwarg = gates.changed.get(id(stmt), (None, None))
             if owner is None:
                 ctx.skip(left_reason(ctx.relpath, wrapper.module.code_for_node(stmt)), line, version=version)
+            elif id(stmt) in gates.recipe_guarded:
+                ctx.site(f"probe on HIP: does `transformer_engine.{owner}` take `{kwarg}`? (and not under the delayed-scaling recipe)", line, version=version)
             elif kwarg:
                 ctx.site(f"probe on HIP: does `transformer_engine.{owner}` take `{kwarg}`?", line, version=version)
             else:
                 ctx.site(f"probe on HIP: does `transformer_engine.{owner}` exist?", line, version=version)
+        if gates.calls:
+            lines = wrapper.resolve(PositionProvider)
+            for node, message in gates.calls:
+                ctx.site(message, lines[node].start.line, version=CALL_SITE)
         if gates.uses:
             module = add_imports(module, helper_imports(ctx, *sorted(gates.uses)))
         getter = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == "get_te_version"), None)

@@ -295,3 +295,199 @@ def test_every_gate_is_reported_changed_or_left_with_its_reason():
     after, sites, reports = rewrite_with_reports("te-version-gates", args, "megatron/training/arguments.py")
     assert (after, sites) == (args, 0)
     assert [(r.kind, r.line, r.message.split(":")[0]) for r in reports] == [("skip", 5, "FP4/MXFP8 recipes")]
+
+
+# ---- issue 17 item 6: TE API drift at call sites -------------------------------------------------
+
+GEMM_V016 = '''\
+try:
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+    from transformer_engine.pytorch.module.base import get_workspace
+
+    def te_general_gemm(A, B, out_dtype=None, layout="TN"):
+        """Wrapper for TE's general_gemm function."""
+        return general_gemm(
+            A,
+            B,
+            workspace=get_workspace(),
+            out_dtype=out_dtype,
+            layout=layout,
+        )
+
+except ImportError:
+    te_general_gemm = None
+'''
+
+GEMM_V017 = '''\
+try:
+    from transformer_engine.pytorch.cpp_extensions import general_gemm
+
+    try:
+        from transformer_engine.pytorch.module.base import get_workspace
+
+        _get_workspace = get_workspace
+    except ImportError:
+        _get_workspace = None
+
+    def te_general_gemm(A, B, out_dtype=None, layout="TN"):
+        """Wrapper for TE's general_gemm function."""
+        kwargs = dict(out_dtype=out_dtype, layout=layout)
+        if _get_workspace is not None:
+            kwargs["workspace"] = _get_workspace()
+        return general_gemm(A, B, **kwargs)
+
+except ImportError:
+    te_general_gemm = None
+'''
+
+EXT = "megatron/core/extensions/transformer_engine.py"
+
+
+def test_general_gemm_workspace_before_after_both_shapes():
+    assert_codemod("te-version-gates", GEMM_V016, "from megatron.core._rocm import te_accepts\n\n" + GEMM_V016.replace(
+        "            workspace=get_workspace(),\n",
+        '            **({"workspace": get_workspace()} if te_accepts(general_gemm, "workspace") else {}),\n'), EXT, sites=1)
+    assert_codemod("te-version-gates", GEMM_V017, "from megatron.core._rocm import te_accepts\n\n" + GEMM_V017.replace(
+        "        if _get_workspace is not None:\n",
+        '        if _get_workspace is not None and te_accepts(general_gemm, "workspace"):\n'), EXT, sites=1)
+    _, _, reports = rewrite_with_reports("te-version-gates", GEMM_V016, EXT)
+    assert [(r.kind, r.line, r.detail["version"], r.message) for r in reports] == [
+        ("site", 10, "call site", "probe on HIP: does `transformer_engine.pytorch.cpp_extensions.general_gemm` take `workspace`? "
+                                  "(passed only where it does)")]
+
+
+def _gemm_te(takes_workspace: bool) -> dict[str, str]:
+    params = "A, B, workspace, out_dtype=None, layout='TN'" if takes_workspace else "A, B, out_dtype=None, layout='TN'"
+    return {
+        "transformer_engine/__init__.py": "", "transformer_engine/pytorch/__init__.py": "",
+        "transformer_engine/pytorch/cpp_extensions.py": f"def general_gemm({params}):\n    return sorted(locals())\n",
+        "transformer_engine/pytorch/module/__init__.py": "",
+        "transformer_engine/pytorch/module/base.py": "def get_workspace():\n    return 'ws'\n",
+    }
+
+
+GEMM_PROBE = """
+from megatron.core.extensions.transformer_engine import te_general_gemm
+try:
+    print(te_general_gemm(1, 2))
+except TypeError as exc:
+    print("TypeError", exc)
+"""
+
+
+@pytest.mark.torch
+def test_general_gemm_without_workspace_on_rocm_te(tmp_path):
+    """A ROCm TE whose general_gemm allocates its own workspace (no `workspace` parameter): HIP
+    leaves the argument out; CUDA passes it as upstream does (and fails like upstream)."""
+    for shape in (GEMM_V016, GEMM_V017):
+        after, _ = rewrite("te-version-gates", shape, EXT)
+        files = {"megatron/core/extensions/__init__.py": "", EXT: after, **_gemm_te(False)}
+        hip = run_tree(tmp_path / "h", files, GEMM_PROBE, hip="6.4.43482")
+        assert hip.stdout.strip() == "['A', 'B', 'layout', 'out_dtype']", hip.stderr
+        cuda = run_tree(tmp_path / "c", files, GEMM_PROBE)
+        upstream = run_tree(tmp_path / "u", {**files, EXT: shape}, GEMM_PROBE)
+        assert cuda.stdout == upstream.stdout and cuda.stdout.startswith("TypeError"), cuda.stderr
+        files = {**files, **_gemm_te(True)}  # a TE that takes it: both pass it
+        assert run_tree(tmp_path / "w", files, GEMM_PROBE, hip="6.4.43482").stdout.strip() == "['A', 'B', 'layout', 'out_dtype', 'workspace']"
+
+
+SHARED_EXPERTS_V015 = '''\
+from megatron.core.utils import is_te_min_version
+
+
+class SharedExpertMLP:
+    def __init__(self, config, linear_fc1):
+        self.config = config
+        self.linear_fc1 = linear_fc1
+        if self.config.fp8 and is_te_min_version("2.6.0dev0"):
+            from megatron.core.extensions.transformer_engine import set_save_original_input
+
+            set_save_original_input(self.linear_fc1)
+'''
+
+
+def test_save_original_input_gate_before_after():
+    after = ("from megatron.core.utils import is_te_min_version\nfrom megatron.core._rocm import save_original_input_ok, te_gate\n"
+             + SHARED_EXPERTS_V015.split("\n", 1)[1].replace(
+                 '        if self.config.fp8 and is_te_min_version("2.6.0dev0"):\n',
+                 '        if self.config.fp8 and te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear", "save_original_input") '
+                 'and save_original_input_ok(self.config):\n'))
+    assert_codemod("te-version-gates", SHARED_EXPERTS_V015, after, "megatron/core/transformer/moe/shared_experts.py", sites=1)
+    # v0.16+ already excludes the delayed recipe: only the probe
+    v016 = SHARED_EXPERTS_V015.replace('if self.config.fp8 and is_te_min_version("2.6.0dev0"):',
+                                       'if (self.config.fp8 and self.config.fp8_recipe != "delayed" and is_te_min_version("2.6.0dev0")):')
+    after, sites = rewrite("te-version-gates", v016, "megatron/core/transformer/moe/shared_experts.py")
+    assert sites == 1 and "save_original_input_ok" not in after and 'te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear", "save_original_input")' in after
+
+
+SAVE_PROBE = """
+import types
+from megatron.core.transformer.moe.shared_experts import SharedExpertMLP
+from transformer_engine.pytorch import Linear
+for recipe in ("delayed", "tensorwise"):
+    try:
+        m = SharedExpertMLP(types.SimpleNamespace(fp8=True, fp8_recipe=recipe), Linear())
+        print(recipe, m.linear_fc1.save_original_input)
+    except RuntimeError as exc:
+        print(recipe, "RuntimeError", exc)
+"""
+
+
+@pytest.mark.torch
+def test_save_original_input_on_rocm_te_and_the_delayed_recipe(tmp_path):
+    """ROCm TE numbered 2.4 whose Linear takes save_original_input: HIP sets it, except under the
+    delayed recipe TE cannot serve; CUDA keeps upstream's version answer (2.4 < 2.6: not set)."""
+    after, _ = rewrite("te-version-gates", SHARED_EXPERTS_V015, "megatron/core/transformer/moe/shared_experts.py")
+    te = {"transformer_engine/__init__.py": "__version__ = '2.4.0'\nfrom transformer_engine import pytorch\n",
+          "transformer_engine/pytorch/__init__.py": (
+              "class Linear:\n    def __init__(self, save_original_input=False):\n        self.save_original_input = save_original_input\n")}
+    # TE refuses to save the original input under the delayed-scaling recipe
+    ext = ("RECIPE = ['delayed']\n\n\ndef set_save_original_input(module):\n    if RECIPE[0] == 'delayed':\n"
+           "        raise RuntimeError('save_original_input is not supported with delayed scaling')\n"
+           "    module.save_original_input = True\n")
+    utils, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
+    files = {**te, "megatron/core/utils.py": utils, "megatron/core/extensions/__init__.py": "",
+             "megatron/core/extensions/transformer_engine.py": ext,
+             "megatron/core/transformer/__init__.py": "", "megatron/core/transformer/moe/__init__.py": "",
+             "megatron/core/transformer/moe/shared_experts.py": after}
+    probe = SAVE_PROBE.replace("for recipe in", "from megatron.core.extensions import transformer_engine as ext\nfor recipe in").replace(
+        "    try:\n", "    ext.RECIPE[0] = recipe\n    try:\n")
+    hip = run_tree(tmp_path / "h", files, probe, hip="6.4.43482")
+    assert hip.stdout.splitlines() == ["delayed False", "tensorwise True"], hip.stderr
+    cuda = run_tree(tmp_path / "c", files, probe)
+    upstream = run_tree(tmp_path / "u", {**files, "megatron/core/transformer/moe/shared_experts.py": SHARED_EXPERTS_V015}, probe)
+    assert cuda.stdout == upstream.stdout and cuda.stdout.splitlines() == ["delayed False", "tensorwise False"], cuda.stderr
+
+
+FP4_GATE = '''\
+from megatron.core.utils import is_te_min_version
+
+
+def validate_args(args, defaults={}):
+    # FP4 requires TE >= 2.7.0.dev0
+    if args.fp4 and not is_te_min_version("2.7.0.dev0"):
+        raise ValueError("--fp4-format requires Transformer Engine >= 2.7.0.dev0 for NVFP4BlockScaling support.")
+    return args
+'''
+
+
+@pytest.mark.torch
+def test_fp4_gate_asks_for_nvfp4_on_hip(tmp_path):
+    after, sites, reports = rewrite_with_reports("te-version-gates", FP4_GATE, "megatron/training/arguments.py")
+    assert sites == 1 and 'if args.fp4 and not te_has(is_te_min_version("2.7.0.dev0"), "common.recipe.NVFP4BlockScaling"):' in after
+    assert [(r.kind, r.line, r.message) for r in reports] == [
+        ("site", 6, "probe on HIP: does `transformer_engine.common.recipe.NVFP4BlockScaling` exist?")]
+    assert_idempotent("te-version-gates", FP4_GATE, "megatron/training/arguments.py")
+    utils, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
+    probe = ("import types\nfrom megatron.training.arguments import validate_args\ntry:\n"
+             "    validate_args(types.SimpleNamespace(fp4=True)); print('fp4 accepted')\nexcept ValueError as e:\n    print('refused')\n")
+    for version, has_nvfp4, hip, cuda in (("2.4.0", True, "fp4 accepted", "refused"), ("2.4.0", False, "refused", "refused"),
+                                          ("2.8.0", True, "fp4 accepted", "fp4 accepted")):
+        recipe = "class NVFP4BlockScaling:\n    pass\n" if has_nvfp4 else "class DelayedScaling:\n    pass\n"
+        files = {"transformer_engine/__init__.py": f"__version__ = {version!r}\n", "transformer_engine/common/__init__.py": "",
+                 "transformer_engine/common/recipe.py": recipe, "megatron/core/utils.py": utils,
+                 "megatron/training/__init__.py": "", "megatron/training/arguments.py": after}
+        tag = f"{version}-{has_nvfp4}"
+        assert run_tree(tmp_path / f"h{tag}", files, probe, hip="6.4.43482").stdout.strip() == hip
+        assert run_tree(tmp_path / f"c{tag}", files, probe).stdout.strip() == cuda
+        assert run_tree(tmp_path / f"u{tag}", {**files, "megatron/training/arguments.py": FP4_GATE}, probe).stdout.strip() == cuda
