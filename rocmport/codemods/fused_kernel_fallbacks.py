@@ -7,12 +7,17 @@ that end up False on ROCm when their kernel is absent.
 - `megatron/training/arguments.py` `validate_args()` returns through `disable_missing_fusions`,
   which on HIP turns off gradient_accumulation_fusion / masked_softmax_fusion when their kernel is
   not importable, with a warning naming it. On CUDA it returns args untouched.
-- Module-level imports of fused CUDA extension modules are guarded (amp_C falls back to torch)."""
+- Module-level imports of fused CUDA extension modules are guarded (amp_C falls back to torch).
+- An import of a kernel inside a function (core/utils.py `drain_embedding_wgrad_compute` imports
+  fused_weight_gradient_mlp_cuda unguarded for --defer-embedding-wgrad-compute) is guarded where a
+  torch fallback exists (WgradGemmFallback, AmpCFallback); other in-function kernel imports are
+  reported as skipped (their fusion flag is turned off on ROCm when the kernel is absent)."""
 
 from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import Codemod, Context
 from rocmport.codemods.edits import prepend_to_function
@@ -56,11 +61,61 @@ class _ValidateArgsReturn(cst.CSTTransformer):
         return updated
 
 
+# Kernels with a torch fallback in the helper: an in-function import of one is guarded.
+FUNCTION_FALLBACKS = {"fused_weight_gradient_mlp_cuda": "WgradGemmFallback", "amp_C": "AmpCFallback"}
+
+
+class _FunctionImports(cst.CSTTransformer):
+    """`import <kernel>` inside a function, outside any try: guarded with the torch fallback."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.functions = 0
+        self.tries = 0
+        self.sites = 0
+        self.found: list[tuple[cst.CSTNode, str]] = []
+        self.skipped: list[tuple[cst.CSTNode, str]] = []
+
+    def visit_FunctionDef(self, node):
+        self.functions += 1
+
+    def leave_FunctionDef(self, original, updated):
+        self.functions -= 1
+        return updated
+
+    def visit_Try(self, node):
+        self.tries += 1
+
+    def leave_Try(self, original, updated):
+        self.tries -= 1
+        return updated
+
+    def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        if not self.functions or self.tries or not m.matches(original, m.SimpleStatementLine(body=[m.Import()])):
+            return updated
+        imp = cst.ensure_type(original.body[0], cst.Import)
+        names = [a for a in imp.names if a.evaluated_name in KERNEL_MODULES]
+        if len(names) != 1 or len(imp.names) != 1:
+            return updated
+        kernel, bound = names[0].evaluated_name, names[0].evaluated_alias or names[0].evaluated_name
+        fallback = FUNCTION_FALLBACKS.get(kernel)
+        if fallback is None:
+            self.skipped.append((original, f"import {kernel} in a function: no torch fallback; the fusion that needs it is "
+                                           "switched off on ROCm when the kernel is absent (validate_args)"))
+            return updated
+        self.sites += 1
+        self.found.append((original, f"import {kernel} in a function -> guarded, {fallback} without the kernel"))
+        code = (f"try:\n    {cst.Module([]).code_for_node(original.body[0])}\n"
+                f"except ImportError:  # rocmport: no apex kernel (ROCm apex does not build it): torch fallback\n"
+                f"    from {self.ctx.helper_module} import {fallback} as {bound}\n")
+        return cst.parse_statement(code).with_changes(leading_lines=updated.leading_lines)
+
+
 class FusedKernelFallbacks(Codemod):
     NAME = "fused-kernel-fallbacks"
-    VERSION = "1"
-    DESCRIPTION = "No nvcc build on ROCm; guarded CUDA-extension imports; fusion flags off on ROCm without kernels"
-    TRIGGERS = ("\ndef load(args", "\ndef validate_args(args", *(f"\nimport {m}" for m in sorted(KERNEL_MODULES)))
+    VERSION = "2"
+    DESCRIPTION = "No nvcc build on ROCm; guarded CUDA-extension imports (torch fallbacks); fusion flags off on ROCm without kernels"
+    TRIGGERS = ("\ndef load(args", "\ndef validate_args(args", *(f"import {m}" for m in sorted(KERNEL_MODULES)))
     USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
@@ -75,6 +130,14 @@ class FusedKernelFallbacks(Codemod):
         before = module
         module = module.visit(rewrite)
         ctx.sites_at(before, rewrite.found)
+        inner = _FunctionImports(ctx)
+        before = module
+        module = module.visit(inner)
+        ctx.sites_at(before, inner.found)
+        if inner.skipped:
+            lines = ctx.wrap(before).resolve(PositionProvider)
+            for node, reason in inner.skipped:
+                ctx.skip(reason, lines[node].start.line)
 
         def fallback(name, source, node):
             return "AmpCFallback" if source.split(".")[0] == "amp_C" else "None"
@@ -84,4 +147,4 @@ class FusedKernelFallbacks(Codemod):
             module, ctx, KERNEL_MODULES, fallback, lambda top: f"HAVE_{top.upper()}",
             prelude=helper_import(ctx, "AmpCFallback") if needs_ampc else None,
         )
-        return module, load_sites + rewrite.sites + guarded
+        return module, load_sites + rewrite.sites + inner.sites + guarded

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
 
 LOAD_BEFORE = '''\
 import os
@@ -169,3 +169,65 @@ def test_kernel_imports_exact_with_aliases():
             HAVE_AMP_C = False
             HAVE_FUSED_WEIGHT_GRADIENT_MLP_CUDA = False
         ''', "megatron/core/optimizer/x.py", sites=2)
+
+
+# ---- issue 17 item 9: the in-function import in drain_embedding_wgrad_compute -----------------------
+
+DRAIN = '''\
+import torch
+
+
+def drain_embedding_wgrad_compute(config, embedding_activation_buffer, grad_output_buffer, weight, tp_group):
+    """Helper for performing embedding wgrad GEMM's during the pipeline drain phase."""
+
+    assert len(embedding_activation_buffer) == len(grad_output_buffer)
+
+    import fused_weight_gradient_mlp_cuda
+
+    for total_input, grad_output in zip(embedding_activation_buffer, grad_output_buffer):
+        if config.gradient_accumulation_fusion:
+            if weight.main_grad.dtype == torch.float32:
+                fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(total_input, grad_output, weight.main_grad)
+            else:
+                fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16(total_input, grad_output, weight.main_grad)
+'''
+
+
+def test_in_function_kernel_import_before_after():
+    assert_codemod("fused-kernel-fallbacks", DRAIN, DRAIN.replace("    import fused_weight_gradient_mlp_cuda\n", (
+        "    try:\n"
+        "        import fused_weight_gradient_mlp_cuda\n"
+        "    except ImportError:  # rocmport: no apex kernel (ROCm apex does not build it): torch fallback\n"
+        "        from megatron.core._rocm import WgradGemmFallback as fused_weight_gradient_mlp_cuda\n")), "megatron/core/utils.py", sites=1)
+    # a kernel without a torch fallback is left, and reported with the reason
+    src = "def forward(x):\n    import scaled_masked_softmax_cuda\n    return scaled_masked_softmax_cuda.forward(x)\n"
+    after, sites, reports = rewrite_with_reports("fused-kernel-fallbacks", src, "megatron/core/fusions/fused_softmax.py")
+    assert (after, sites) == (src, 0)
+    assert [(r.kind, r.line) for r in reports] == [("skip", 2)] and "no torch fallback" in reports[0].message
+
+
+DRAIN_PROBE = """
+import torch, types
+from megatron.core.utils import drain_embedding_wgrad_compute
+torch.manual_seed(0)
+inputs, grads = [torch.randn(6, 4)], [torch.randn(6, 3)]
+for dtype in (torch.float32, torch.bfloat16):
+    weight = types.SimpleNamespace(main_grad=torch.ones(3, 4, dtype=dtype))
+    drain_embedding_wgrad_compute(types.SimpleNamespace(gradient_accumulation_fusion=True), list(inputs), list(grads), weight, None)
+    expected = (torch.ones(3, 4) + grads[0].t() @ inputs[0]).to(dtype)
+    print(dtype, torch.allclose(weight.main_grad.float(), expected.float(), rtol=2e-2, atol=5e-2))
+"""
+
+
+@pytest.mark.torch
+def test_drain_embedding_wgrad_without_apex_matches_the_formula(tmp_path):
+    """Without apex's kernel (ROCm apex does not build it) upstream fails at the import; the port
+    accumulates main_grad += grad_output^T @ input on torch. With the kernel present nothing changes."""
+    after, _ = rewrite("fused-kernel-fallbacks", DRAIN, "megatron/core/utils.py")
+    ported = run_tree(tmp_path / "p", {"megatron/core/utils.py": after}, DRAIN_PROBE, hip="6.4.43482")
+    assert ported.stdout.splitlines() == ["torch.float32 True", "torch.bfloat16 True"], ported.stderr
+    upstream = run_tree(tmp_path / "u", {"megatron/core/utils.py": DRAIN}, DRAIN_PROBE, hip="6.4.43482")
+    assert "No module named 'fused_weight_gradient_mlp_cuda'" in upstream.stderr
+    kernel = {"fused_weight_gradient_mlp_cuda.py": "def wgrad_gemm_accum_fp32(i, g, m):\n    m.fill_(7)\nwgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32\n"}
+    with_kernel = run_tree(tmp_path / "k", {**kernel, "megatron/core/utils.py": after}, DRAIN_PROBE)
+    assert with_kernel.stdout.splitlines() == ["torch.float32 False", "torch.bfloat16 False"], with_kernel.stderr  # the kernel ran
