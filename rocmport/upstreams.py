@@ -51,7 +51,9 @@ MEGATRON_LM = Upstream(
     distribution="megatron-core",
     package_dir="megatron/core",
     default_codemods=("apex-to-torch", "fused-kernel-fallbacks", "guard-nvidia-only-imports", "attention-backend-env",
-                      "te-version-gates", "device-probes", "flash-attention-hooks", "capability-gates", "grouped-gemm"),
+                      "te-version-gates", "device-probes", "flash-attention-hooks", "capability-gates", "grouped-gemm",
+                      "launch-env", "deterministic-env", "tp-comm-overlap", "async-checkpoint-spawn", "dataloader-mp-context",
+                      "nccl-allocator-rccl"),
 )
 
 MEGATRON_BRIDGE = Upstream(

@@ -44,6 +44,11 @@ NOT_RUN = {
     "te_has": "a TE feature probe on a TE code path: Transformer Engine is not installed here",
     "grouped_gemm_hint": "only when --moe-grouped-gemm asks for grouped_gemm: verify's GPT cases are dense",
     "MissingPackage": "only when the NVIDIA-only package is absent and the guarded import runs",
+    "te_accepts": "a TE call-site probe on a TE code path: Transformer Engine is not installed here",
+    "save_original_input_ok": "only with FP8 on Transformer Engine layers: Transformer Engine is not installed here",
+    "nccl_ldflags": "only with --use-nccl-ub (the NCCL allocator extension is built then): verify does not use it",
+    "async_start_method": ("only in TemporalAsyncCaller: --async-save without the persistent checkpoint worker "
+                           "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"),
 }
 NOT_RUN_DEFAULT = "its module was imported; this branch did not run in verify's configuration"
 
