@@ -87,7 +87,7 @@ def _validate():
         warnings.simplefilter("always")
         validate_args(args)
     return {"tp_comm_overlap": args.tp_comm_overlap, "env": {k: os.environ.get(k) for k in ENV if k in os.environ},
-            "warnings": sorted(str(w.message)[:60] for w in caught if "ROCm" in str(w.message))}
+            "warnings": sorted(str(w.message)[:120] for w in caught if "ROCm" in str(w.message))}
 
 
 def _gloo():
