@@ -140,7 +140,7 @@ def verify_ported(root: Path, tmp_path: Path, *extra: str) -> dict:
         b = data["bridge_training"]
         assert b["losses"][-1] < b["losses"][0] and b["tied_embeddings_equal"]
     t = data["training"]
-    assert t["losses"][-1] < t["losses"][0] and t["tied_embeddings_equal"] and t["max_abs_diff"] <= 1e-5
+    assert t["losses"][-1] < t["losses"][0] and t["tied_embeddings_equal"] and t["max_abs_diff"] <= t["tolerance"] <= 1e-5 * max(map(abs, t["reference_losses"]))
     assert junit.read_text().startswith("<testsuites")
     print(f"verify tp2×pp2 proxy: {seconds:.1f}s, loss {t['losses'][0]:.3f} -> {t['losses'][-1]:.3f}, max |Δ| {t['max_abs_diff']:.2g}")
     return data
