@@ -24,10 +24,15 @@ class RocmportError(Exception):
             self.exit_code = exit_code
 
 
+def is_control(c: str) -> bool:
+    """A control character (newline, tab, NUL, DEL ...): no place in a name, a ref or a one-line message."""
+    return ord(c) < 0x20 or ord(c) == 0x7F
+
+
 def one_line(text: str) -> str:
     """``text`` with its control characters escaped (a newline as \\n): a message quoting a hostile key
     or value stays one line."""
-    return "".join(repr(c)[1:-1] if ord(c) < 0x20 or ord(c) == 0x7F else c for c in text)
+    return "".join(repr(c)[1:-1] if is_control(c) else c for c in text)
 
 
 class BadInput(RocmportError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from rocmport.errors import BadInput
+from rocmport.errors import BadInput, is_control
 
 
 def decode(data: bytes, where: str | os.PathLike, fix: str = "save it as UTF-8") -> str:
@@ -98,7 +98,7 @@ def is_str_map(value) -> bool:
 
 def has_control(text: str) -> bool:
     """A control character (newline, tab, NUL, DEL ...) that has no place in a name or ref."""
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in text)
+    return any(map(is_control, text))
 
 
 _REF_FORBIDDEN = set(" ~^:?*[\\")

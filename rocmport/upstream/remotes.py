@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from rocmport.errors import BadInput
+from rocmport.errors import BadInput, is_control
 from rocmport.gitutil import run_git
 from rocmport.redact import redact, without_credentials
 
@@ -47,7 +47,7 @@ def _unsafe(part: str) -> bool:
     """A host, user or path of a URL that git or ssh could read as an option or that hides a
     control character, after percent-decoding (git decodes `%2D` to `-` before it runs ssh)."""
     decoded = unquote(part)
-    return decoded.startswith("-") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in decoded)
+    return decoded.startswith("-") or any(map(is_control, decoded))
 
 
 def validate_url(name: str, url: str) -> Remote:
