@@ -43,7 +43,8 @@ _DETAIL: dict[str, str] = {}  # nodeid -> the exception and its site
 _KIND: dict[str, str] = {}    # nodeid -> the exception's type ("AssertionError")
 _MISSING: dict[str, str] = {}  # nodeid of a module that did not import -> the module it found missing
 _RUNNING: list[str] = []
-_HUNG: list[list] = []  # [nodeid, start time] of each test the watchdog ended
+_HUNG: list[list] = []  # [nodeid, position in the run order, start time] of each test the watchdog ended
+_ORDER: dict[str, int] = {}  # each collected test's position: the same on every rank
 _TIMERS: list = []
 _LOCAL_SPEC: list[str] = []  # tests that asked for TE's layer spec and got the local one
 _PEAK = {"threads": 0, "rss_mb": 0.0, "released_groups": 0}
@@ -165,7 +166,7 @@ def _watchdog(nodeid: str) -> None:
         _KIND[nodeid] = "hang"
         _DETAIL[nodeid] = (f"hung: no result after {seconds:g} s on rank {os.environ.get('RANK', '0')} "
                            "(waiting on a collective other ranks never entered)")
-        _HUNG.append([nodeid, started])
+        _HUNG.append([nodeid, _ORDER.get(nodeid, len(_ORDER)), started])
         _RUNNING.clear()
         _write()
         os._exit(3)
@@ -261,6 +262,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
         _proxy_swaps()
     if os.environ.get("ROCMPORT_BASELINE_GUARDS") == "1":
         _baseline_guards()
+
+
+def pytest_collection_finish(session):
+    _ORDER.update((item.nodeid, i) for i, item in enumerate(session.items))
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -363,6 +368,7 @@ def _write(exitstatus: int | None = None) -> None:
     path = os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json")
     with open(path + ".tmp", "w") as fh:
         json.dump({"outcomes": _STATE, "details": _DETAIL, "kinds": _KIND, "missing": _MISSING, "swaps": SWAPS,
-                   "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "hung": _HUNG, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
+                   "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "running_at": [_ORDER.get(n, -1) for n in _RUNNING],
+                   "rank": int(os.environ.get("RANK", "0")), "hung": _HUNG, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
                    "exitstatus": exitstatus}, fh)
     os.replace(path + ".tmp", path)

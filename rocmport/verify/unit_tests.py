@@ -117,6 +117,27 @@ def _chunks(tests: list[str]) -> list[list[str]]:
     return [[t for f in files[i:i + FILES_PER_RUN] for t in groups[f]] for i in range(0, len(files), FILES_PER_RUN)]
 
 
+def _first_hang(ranks: list[dict], stopped: bool, seconds: str) -> tuple[str, str] | None:
+    """The test that hung, and its detail when the rank stuck in it did not record it itself.
+
+    Of the tests the watchdogs ended, and the tests a rank was still inside when a peer's watchdog
+    fired, the one first in the run order (the same on every rank) is the hang: a rank that went on
+    to a later test and waited there for the stuck one is collateral, even when its watchdog fired
+    first (under load a lagging rank enters the stuck test after its peer entered the next
+    collective, and torchrun stops it before its own watchdog fires). Collateral tests, and tests
+    some rank has no outcome for, run again."""
+    fired = [(h[1], h[0], "") for r in ranks for h in r.get("hung", [])]
+    if not fired:
+        return None
+    waiting = min(fired)
+    inside = [] if stopped else [
+        (pos, nodeid, f"hung: no result after {seconds} s on rank {r.get('rank', '?')} (it never finished this test; its peers went "
+                      f"on and waited in {waiting[1].split('::')[-1]} until the watchdog ended the run)")
+        for r in ranks for nodeid, pos in zip(r.get("running", []), r.get("running_at", [])) if pos >= 0]
+    first = min(fired + [i for i in inside if i[0] < waiting[0]])
+    return first[1], first[2]
+
+
 def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Launcher = Launcher(), timeout: float = 1500,
               restarts: int = 6, progress: Progress | None = None) -> dict:
     """Outcomes per test id, merged over ranks (a failure on any rank is a failure). A test that
@@ -169,19 +190,19 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                 peak["rss_mb"] = max(peak["rss_mb"], p.get("rss_mb", 0.0))
                 peak["released_groups"] += p.get("released_groups", 0)
             peak["rss_mb_all_ranks"] = max(peak["rss_mb_all_ranks"], round(sum((r.get("peak") or {}).get("rss_mb", 0.0) for r in ranks), 1))
-            # The test that hung first is the hang; ranks that then waited on it in later tests, or
-            # failed because a peer was killed, are collateral: those tests run again.
-            first = min((h for r in ranks for h in r.get("hung", [])), key=lambda h: h[1], default=None)
-            new_hang = first[0] if first else None
+            new_hang = _first_hang(ranks, stopped, env["ROCMPORT_UNIT_TEST_TIMEOUT"])
             if new_hang:
-                hung.append(new_hang)
+                hung.append(new_hang[0])
+                if new_hang[1]:  # a rank that never finished it: its outcome, as its own watchdog would have written it
+                    merged[new_hang[0]], kinds[new_hang[0]], details[new_hang[0]] = "failed", "hang", new_hang[1]
+                new_hang = new_hang[0]
             seen = Counter(nodeid for r in ranks for nodeid in r["outcomes"])
             for r in ranks:
                 for nodeid in r.get("running", []) if stopped else []:
                     r["outcomes"][nodeid] = "failed"
                     r["details"][nodeid] = f"still running when the stage stopped it after {timeout:g} s"
                 for nodeid, outcome in r["outcomes"].items():
-                    if new_hang and nodeid != new_hang and (seen[nodeid] < len(ranks) or nodeid in {h[0] for h in r.get("hung", [])}):
+                    if new_hang and nodeid != new_hang and (seen[nodeid] < max(nproc, len(ranks)) or nodeid in {h[0] for h in r.get("hung", [])}):
                         continue
                     if _RANK[outcome] >= _RANK.get(merged.get(nodeid, "passed"), 0):
                         merged[nodeid] = outcome
