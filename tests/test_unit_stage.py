@@ -171,15 +171,21 @@ def test_series_verify_settings_and_known_failures_by_mode(tmp_path):
                       "verify:\n  unit_tests: [tests/unit_tests/models/test_gpt_model.py]\n"
                       "  known_failures: {tests/unit_tests/test_fp8.py: needs FP8 on MI300}\n"
                       "  rocm_known_failures: {tests/unit_tests/test_utils.py::test_straggler_detector: skipped by AMD's fork}\n"
+                      "  hip_known_failures: {tests/unit_tests/test_async_save.py::test_errors: the writer is spawned on HIP}\n"
                       "  proxy_known_failures: {tests/unit_tests/dist_checkpointing/: the CPU proxy has no pinned memory}\n")
     cfg = suite.parse_settings(load_series(series).verify, str(series))
     assert cfg.unit_tests == {"tests/unit_tests/models/test_gpt_model.py": ""}  # a plain list: no reasons
     everywhere = {"tests/unit_tests/test_fp8.py": "needs FP8 on MI300"}
     rocm = {**everywhere, "tests/unit_tests/test_utils.py::test_straggler_detector": "skipped by AMD's fork"}
     proxy = {**everywhere, "tests/unit_tests/dist_checkpointing/": "the CPU proxy has no pinned memory"}
-    assert cfg.known_for("gpu", hip=True) == (rocm, {"proxy_known_failures": "applied only in CPU-proxy mode"})
-    assert cfg.known_for("gpu", hip=False)[0] == everywhere  # a CUDA GPU: neither list
-    assert cfg.known_for("cpu-proxy", hip=False) == (proxy, {"rocm_known_failures": "applied only when verify runs on a ROCm GPU"})
+    hip = {"tests/unit_tests/test_async_save.py::test_errors": "the writer is spawned on HIP"}
+    not_hip = {"hip_known_failures": "applied only where the port's HIP branches run (a ROCm GPU or the HIP simulation)"}
+    assert cfg.known_for("gpu", hip=True) == ({**rocm, **hip}, {"proxy_known_failures": "applied only in CPU-proxy mode"})
+    assert cfg.known_for("gpu", hip=False) == (everywhere, {**not_hip, "rocm_known_failures": "applied only when verify runs on a ROCm GPU",
+                                                            "proxy_known_failures": "applied only in CPU-proxy mode"})  # a CUDA GPU: no list
+    assert cfg.known_for("cpu-proxy", hip=False) == (proxy, {**not_hip, "rocm_known_failures": "applied only when verify runs on a ROCm GPU"})
+    # The HIP simulation runs the port's HIP branches, not AMD's kernels: hip_known_failures, never rocm's.
+    assert cfg.known_for("cpu-proxy", hip=False, hip_sim=True) == ({**proxy, **hip}, {"rocm_known_failures": "applied only when verify runs on a ROCm GPU"})
     # Applied: a ROCm-listed failure is a known-failure on a ROCm GPU and a port-regression anywhere else.
     port = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "failed"}}
     base = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "passed"}}

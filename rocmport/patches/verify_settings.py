@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from rocmport.errors import BadInput
 from rocmport.inputs import has_control
 
-KEYS = ("unit_tests", "known_failures", "rocm_known_failures", "proxy_known_failures")
+KEYS = ("unit_tests", "known_failures", "rocm_known_failures", "hip_known_failures", "proxy_known_failures")
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,21 @@ class VerifySettings:
     unit_tests: dict[str, str] = field(default_factory=dict)
     known_failures: dict[str, str] = field(default_factory=dict)
     rocm_known_failures: dict[str, str] = field(default_factory=dict)
+    hip_known_failures: dict[str, str] = field(default_factory=dict)
     proxy_known_failures: dict[str, str] = field(default_factory=dict)
 
-    def known_for(self, mode: str, hip: bool) -> tuple[dict[str, str], dict[str, str]]:
-        """(the known failures that apply in this mode, {list name: why it does not apply})."""
+    def known_for(self, mode: str, hip: bool, hip_sim: bool = False) -> tuple[dict[str, str], dict[str, str]]:
+        """(the known failures that apply in this mode, {list name: why it does not apply}).
+
+        ``rocm_known_failures`` are AMD's marks for a ROCm GPU (its kernels and libraries): never in
+        the simulation. ``hip_known_failures`` are tests that the port's own HIP branches change on
+        purpose (e.g. the async writer spawned, not forked): wherever they run, simulated or real."""
         applied = dict(self.known_failures)
         skipped = {}
+        if hip or hip_sim:
+            applied.update(self.hip_known_failures)
+        elif self.hip_known_failures:
+            skipped["hip_known_failures"] = "applied only where the port's HIP branches run (a ROCm GPU or the HIP simulation)"
         if mode == "gpu" and hip:
             applied.update(self.rocm_known_failures)
         elif self.rocm_known_failures:
@@ -42,7 +51,7 @@ def parse_settings(data, where: str) -> VerifySettings:
     data = {} if data is None else data
     if not isinstance(data, dict) or set(map(str, data)) - set(KEYS):
         raise BadInput(f"{where}: key 'verify' must be a mapping with 'unit_tests' ([paths] or {{path: why}}) and "
-                       "'known_failures', 'rocm_known_failures', 'proxy_known_failures' ({test id: reason})")
+                       "'known_failures', 'rocm_known_failures', 'hip_known_failures', 'proxy_known_failures' ({test id: reason})")
     tests = {} if data.get("unit_tests") is None else data["unit_tests"]  # `false` or `0` is no list of tests
     if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
         tests = {t: "" for t in tests}

@@ -211,7 +211,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
                 training, report.training = stages.stage_training(tree, env, tp, pp, dp, iters, backend, launcher)
             add(training)
         if gate("unit-tests", opts.unit is not None) and opts.unit is not None:
-            add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile))
+            add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile, bool(hip_version)))
         if gate("functional", opts.functional is not None) and opts.functional is not None:
             res, report.functional = _functional(tree, env, opts.functional, dp, mode, env_info, launcher, hip_version)
             add(res)
@@ -241,10 +241,11 @@ def _port_sites(tree: Path, sites_dir: Path) -> dict:
     return {name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods).items()}
 
 
-def _unit_tests(tree: Path, env: dict, unit: UnitOptions, launcher: Launcher, mode: str, env_info, profile: str) -> StageResult:
+def _unit_tests(tree: Path, env: dict, unit: UnitOptions, launcher: Launcher, mode: str, env_info, profile: str,
+                hip_simulated: bool) -> StageResult:
     from rocmport.verify.unit_tests import stage_unit_tests
 
-    known, not_applied = unit.settings.known_for(mode, bool(env_info.hip))
+    known, not_applied = unit.settings.known_for(mode, bool(env_info.hip), hip_sim=hip_simulated)
     files = suite.test_files(tree, unit.tests)
     with output.progress(f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"):
         return stage_unit_tests(tree, env, unit.tests, unit.nproc, known, unit.cache_dir, unit.base, launcher, blocked=blocked(profile),
