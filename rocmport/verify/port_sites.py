@@ -50,7 +50,7 @@ NOT_RUN = {
     "async_start_method": ("only in TemporalAsyncCaller: --async-save without the persistent checkpoint worker "
                            "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"),
 }
-NOT_RUN_DEFAULT = "its module was imported; this branch did not run in verify's configuration"
+NOT_RUN_DEFAULT = "its module was imported; this branch did not run in the stages verify ran"
 
 
 @dataclass(frozen=True)

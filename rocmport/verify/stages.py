@@ -74,7 +74,7 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
     failed = {m: r for m, r in results.items() if r}
     details = {"modules": mods, "failures": failed}
     if not failed:
-        return StageResult("imports", PASS, f"{len(mods)} modules import behind the firewall", time.monotonic() - start, details)
+        return StageResult("imports", PASS, f"{len(mods)} module{'s' if len(mods) != 1 else ''} import{'' if len(mods) != 1 else 's'} behind the firewall", time.monotonic() - start, details)
     m, r = next(iter(failed.items()))
     missing = r.get("missing")
     hint = ""
