@@ -13,7 +13,7 @@ from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.nvidia_only import blocked
 from rocmport.verify import environment, firewall, suite
-from rocmport.verify.unit_tests import label, run_tests, stage_unit_tests
+from rocmport.verify.unit_tests import _first_hang, label, run_tests, stage_unit_tests
 from tests.helpers.sync import g
 
 TESTS = textwrap.dedent("""\
@@ -364,3 +364,74 @@ def test_injected_port_bug_is_a_port_regression_and_exit_1(tmp_path, capsys):
     assert suites["upstream.unit_tests"].find("testcase[@name='test_skipped']/skipped") is not None
     assert main(["verify", "--tree", str(tree), "--stages", "3", "--unit-test", "tests/unit_tests/test_nope.py"]) == 2
     assert "--unit-test tests/unit_tests/test_nope.py: not in" in capsys.readouterr().err
+
+
+def _records(rank1_end: float | None) -> list[dict]:
+    """Two ranks' records as the plugin writes them when rank 1 lags into a recv that never returns:
+    rank 0 passed it, waited in the next test's barrier, and its watchdog fired first (at 16.0)."""
+    first, coll, after = (f"tests/unit_tests/test_hangs.py::{n}" for n in ("test_first", "test_collective", "test_after"))
+    rank0 = {"rank": 0, "outcomes": {first: "passed", coll: "passed", after: "failed"}, "hung": [[after, 2, 10.0, 16.0]],
+             "spans": {first: [0, 0.0, 1.0], coll: [1, 1.0, 1.1], after: [2, 1.1, None]}}
+    rank1 = {"rank": 1, "outcomes": {first: "passed"}, "hung": [], "spans": {first: [0, 0.0, 2.0], coll: [1, 2.0, rank1_end]}}
+    if rank1_end is not None:  # rank 0's exit broke rank 1's recv: an error, then the barrier failed at once too
+        rank1["outcomes"].update({coll: "failed", after: "failed"})
+        rank1["spans"][after] = [2, rank1_end, rank1_end + 0.1]
+    return [rank0, rank1]
+
+
+@pytest.mark.parametrize("rank1_end", [None, 16.1], ids=["rank 1 stopped by torchrun", "rank 1's recv broken by rank 0's exit"])
+def test_hang_is_the_stuck_rank_s_test_not_the_one_its_peer_waited_in(rank1_end):
+    ranks = _records(rank1_end)
+    hang = _first_hang(ranks, stopped=False, seconds="6")
+    assert hang.nodeid.endswith("::test_collective") and hang.cut == 16.0
+    assert hang.detail.startswith("hung: no result after 6 s on rank 1 (it was still in this test")
+    coll, after = "tests/unit_tests/test_hangs.py::test_collective", "tests/unit_tests/test_hangs.py::test_after"
+    # Rank 0's pass of the stuck test stands; its wait in the barrier, and all rank 1 did after the
+    # cut, are collateral and run again.
+    assert not hang.collateral(ranks[0], coll, complete=rank1_end is not None)
+    assert hang.collateral(ranks[0], after, complete=True)
+    assert not hang.collateral(ranks[0], "tests/unit_tests/test_hangs.py::test_first", complete=True)
+    if rank1_end is not None:
+        assert hang.collateral(ranks[1], coll, complete=True) and hang.collateral(ranks[1], after, complete=True)
+    # The stuck rank's own watchdog, when it fires, names the same test.
+    ranks[1]["hung"] = [[coll, 1, 2.0, 8.0]]
+    assert _first_hang(ranks, stopped=False, seconds="6").nodeid == coll
+    assert _first_hang([{"outcomes": {}, "hung": []}], stopped=False, seconds="6") is None
+
+
+LEAVES_A_CHILD = textwrap.dedent("""\
+    import os
+    import subprocess
+    import sys
+
+    def test_starts_a_child_that_outlives_it():
+        # Like a spawned checkpoint writer whose rank is gone: its own session, re-parented to init.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        with open(os.path.join(os.environ["ROCMPORT_UNIT_OUT"], f"child{os.environ['RANK']}"), "w") as fh:
+            fh.write(str(child.pid))
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_run_leaves_no_process_behind(tmp_path, child_env, monkeypatch):
+    import os
+    import tempfile
+
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_child.py").write_text(LEAVES_A_CHILD)
+    pids: list[int] = []
+    real = tempfile.TemporaryDirectory
+
+    class KeepChildPids(real):  # reads the children's pids before the run's directory goes
+        def cleanup(self):
+            pids.extend(int(p.read_text()) for p in Path(self.name).glob("child*"))
+            super().cleanup()
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", KeepChildPids)
+    res = run_tests(tree, ["tests/unit_tests/test_child.py"], child_env(tree), nproc=2)
+    assert res["outcomes"] == {"tests/unit_tests/test_child.py::test_starts_a_child_that_outlives_it": "passed"}
+    assert len(pids) == 2
+    for pid in pids:  # killed, and reaped by init: no /proc entry, or a zombie on the way out
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z"), pid

@@ -43,8 +43,9 @@ _DETAIL: dict[str, str] = {}  # nodeid -> the exception and its site
 _KIND: dict[str, str] = {}    # nodeid -> the exception's type ("AssertionError")
 _MISSING: dict[str, str] = {}  # nodeid of a module that did not import -> the module it found missing
 _RUNNING: list[str] = []
-_HUNG: list[list] = []  # [nodeid, position in the run order, start time] of each test the watchdog ended
+_HUNG: list[list] = []  # [nodeid, position in the run order, start time, fire time] of each test the watchdog ended
 _ORDER: dict[str, int] = {}  # each collected test's position: the same on every rank
+_SPANS: dict[str, list] = {}  # nodeid -> [position, start time, end time or None while it runs]
 _TIMERS: list = []
 _LOCAL_SPEC: list[str] = []  # tests that asked for TE's layer spec and got the local one
 _PEAK = {"threads": 0, "rss_mb": 0.0, "released_groups": 0}
@@ -166,7 +167,7 @@ def _watchdog(nodeid: str) -> None:
         _KIND[nodeid] = "hang"
         _DETAIL[nodeid] = (f"hung: no result after {seconds:g} s on rank {os.environ.get('RANK', '0')} "
                            "(waiting on a collective other ranks never entered)")
-        _HUNG.append([nodeid, _ORDER.get(nodeid, len(_ORDER)), started])
+        _HUNG.append([nodeid, _ORDER.get(nodeid, len(_ORDER)), started, time.time()])
         _RUNNING.clear()
         _write()
         os._exit(3)
@@ -269,7 +270,10 @@ def pytest_collection_finish(session):
 
 
 def pytest_runtest_logstart(nodeid, location):
+    import time
+
     _RUNNING[:] = [nodeid]
+    _SPANS[nodeid] = [_ORDER.get(nodeid, len(_ORDER)), time.time(), None]
     dist, c10d = _c10d()
     _GROUPS_BEFORE.clear()
     if dist is not None:
@@ -286,8 +290,12 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def pytest_runtest_logfinish(nodeid, location):
+    import time
+
     while _TIMERS:
         _TIMERS.pop().cancel()
+    if nodeid in _SPANS:
+        _SPANS[nodeid][2] = time.time()
     _RUNNING.clear()
     _write()
 
@@ -368,7 +376,7 @@ def _write(exitstatus: int | None = None) -> None:
     path = os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json")
     with open(path + ".tmp", "w") as fh:
         json.dump({"outcomes": _STATE, "details": _DETAIL, "kinds": _KIND, "missing": _MISSING, "swaps": SWAPS,
-                   "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "running_at": [_ORDER.get(n, -1) for n in _RUNNING],
+                   "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "spans": _SPANS,
                    "rank": int(os.environ.get("RANK", "0")), "hung": _HUNG, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
                    "exitstatus": exitstatus}, fh)
     os.replace(path + ".tmp", path)

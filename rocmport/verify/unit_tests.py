@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rocmport.fsutil import atomic_write_text
@@ -39,7 +40,7 @@ from rocmport.verify import suite
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 
-PLUGIN_VERSION = "8"  # part of the baseline cache key: a record read another way is not reused (8: hang attribution by run order)
+PLUGIN_VERSION = "9"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time)
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
 LABELS = ("port-regression", "unverified", "missing-dependency", "upstream-known", "proxy-artifact", "flaky", "known-failure")
@@ -97,8 +98,29 @@ def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: in
             on_file(current, _read(rank0).get("outcomes", {}))
         ranks = [r for r in (_read(p) for p in sorted(Path(out).glob("rank*.json"))) if r]
         stdout = log.read_text(errors="replace")
+        for pid in stray_processes("ROCMPORT_UNIT_OUT", out):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # gone meanwhile
+                pass
     tail = stdout.strip().splitlines()[-1:] or [""]
     return ranks, stopped, tail[0][:300]
+
+
+def stray_processes(name: str, value: str) -> list[int]:
+    """Processes still alive whose environment has ``name=value``: what a run left behind once its
+    ranks ended (a checkpoint writer or multiprocessing manager whose rank the watchdog or torchrun
+    ended is re-parented to init, out of reach of the process group). Linux /proc; elsewhere none."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # another user's, or gone
+            continue
+        if needle in environ.split(b"\0") and int(entry.name) != os.getpid():
+            found.append(int(entry.name))
+    return found
 
 
 def _read(path: Path) -> dict:
@@ -117,25 +139,46 @@ def _chunks(tests: list[str]) -> list[list[str]]:
     return [[t for f in files[i:i + FILES_PER_RUN] for t in groups[f]] for i in range(0, len(files), FILES_PER_RUN)]
 
 
-def _first_hang(ranks: list[dict], stopped: bool, seconds: str) -> tuple[str, str] | None:
-    """The test that hung, and its detail when the rank stuck in it did not record it itself.
+@dataclass(frozen=True)
+class Hang:
+    """The test one attempt hung in, and when the first watchdog fired (``cut``): from then on a
+    peer's exit can break any rank's collective, so an outcome recorded after it proves nothing."""
 
-    Of the tests the watchdogs ended, and the tests a rank was still inside when a peer's watchdog
-    fired, the one first in the run order (the same on every rank) is the hang: a rank that went on
-    to a later test and waited there for the stuck one is collateral, even when its watchdog fired
-    first (under load a lagging rank enters the stuck test after its peer entered the next
-    collective, and torchrun stops it before its own watchdog fires). Collateral tests, and tests
-    some rank has no outcome for, run again."""
-    fired = [(h[1], h[0], "") for r in ranks for h in r.get("hung", [])]
+    nodeid: str
+    detail: str  # set when the rank stuck in it did not record the hang itself
+    cut: float
+
+    def collateral(self, rank: dict, nodeid: str, complete: bool) -> bool:
+        """Whether ``rank``'s outcome for ``nodeid`` is the hang's side effect (that test runs again):
+        a later test this rank waited in, an outcome recorded after the cut (a broken connection,
+        or the stuck test's own error once its peer left), or a test not every rank finished."""
+        if nodeid in {h[0] for h in rank.get("hung", [])}:
+            return nodeid != self.nodeid
+        span = rank.get("spans", {}).get(nodeid)  # none: a collection outcome, before every test
+        if span is not None and self.cut < float("inf") and (span[2] is None or span[2] >= self.cut):
+            return True
+        return nodeid != self.nodeid and not complete
+
+
+def _first_hang(ranks: list[dict], stopped: bool, seconds: str) -> Hang | None:
+    """The test that hung, if a watchdog fired in this attempt.
+
+    Of the tests the watchdogs ended, and the tests a rank was inside when the first watchdog fired,
+    the one first in the run order (the same on every rank) is the hang: a rank that went on to a
+    later test and waited there for the stuck one is collateral, even when its watchdog fired first
+    (under load a lagging rank enters the stuck test after its peer entered the next collective;
+    torchrun then stops it, or the peer's exit breaks its wait, before its own watchdog fires)."""
+    fired = [h for r in ranks for h in r.get("hung", [])]
     if not fired:
         return None
-    waiting = min(fired)
-    inside = [] if stopped else [
-        (pos, nodeid, f"hung: no result after {seconds} s on rank {r.get('rank', '?')} (it never finished this test; its peers went "
-                      f"on and waited in {waiting[1].split('::')[-1]} until the watchdog ended the run)")
-        for r in ranks for nodeid, pos in zip(r.get("running", []), r.get("running_at", [])) if pos >= 0]
-    first = min(fired + [i for i in inside if i[0] < waiting[0]])
-    return first[1], first[2]
+    cut = float("inf") if stopped else min(h[3] for h in fired)
+    waiting = min((h[1], h[0]) for h in fired)
+    inside = [(pos, nodeid, f"hung: no result after {seconds} s on rank {r.get('rank', '?')} (it was still in this test when a "
+                            f"peer's watchdog fired in a later one, {waiting[1].split('::')[-1]}, waiting for it)")
+              for r in ranks for nodeid, (pos, start, end) in r.get("spans", {}).items()
+              if start < cut and (end is None or end >= cut) and pos < waiting[0] and nodeid not in {h[0] for h in r.get("hung", [])}]
+    first = min([(pos, nodeid, "") for pos, nodeid in [waiting]] + inside)
+    return Hang(first[1], first[2], cut)
 
 
 def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Launcher = Launcher(), timeout: float = 1500,
@@ -190,19 +233,16 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                 peak["rss_mb"] = max(peak["rss_mb"], p.get("rss_mb", 0.0))
                 peak["released_groups"] += p.get("released_groups", 0)
             peak["rss_mb_all_ranks"] = max(peak["rss_mb_all_ranks"], round(sum((r.get("peak") or {}).get("rss_mb", 0.0) for r in ranks), 1))
-            new_hang = _first_hang(ranks, stopped, env["ROCMPORT_UNIT_TEST_TIMEOUT"])
-            if new_hang:
-                hung.append(new_hang[0])
-                if new_hang[1]:  # a rank that never finished it: its outcome, as its own watchdog would have written it
-                    merged[new_hang[0]], kinds[new_hang[0]], details[new_hang[0]] = "failed", "hang", new_hang[1]
-                new_hang = new_hang[0]
+            hang = _first_hang(ranks, stopped, env["ROCMPORT_UNIT_TEST_TIMEOUT"])
+            if hang:
+                hung.append(hang.nodeid)
             seen = Counter(nodeid for r in ranks for nodeid in r["outcomes"])
             for r in ranks:
                 for nodeid in r.get("running", []) if stopped else []:
                     r["outcomes"][nodeid] = "failed"
                     r["details"][nodeid] = f"still running when the stage stopped it after {timeout:g} s"
                 for nodeid, outcome in r["outcomes"].items():
-                    if new_hang and nodeid != new_hang and (seen[nodeid] < max(nproc, len(ranks)) or nodeid in {h[0] for h in r.get("hung", [])}):
+                    if hang and hang.collateral(r, nodeid, seen[nodeid] >= max(nproc, len(ranks))):
                         continue
                     if _RANK[outcome] >= _RANK.get(merged.get(nodeid, "passed"), 0):
                         merged[nodeid] = outcome
@@ -211,7 +251,9 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                         if nodeid in r.get("kinds", {}):
                             kinds[nodeid] = r["kinds"][nodeid]
                 missing.update(r.get("missing", {}))
-            if stopped or not new_hang:
+            if hang and hang.detail:  # the stuck rank did not record it: its outcome, as its own watchdog would have
+                merged[hang.nodeid], kinds[hang.nodeid], details[hang.nodeid] = "failed", "hang", hang.detail
+            if stopped or not hang:
                 break
     return {"outcomes": merged, "details": details, "kinds": kinds, "missing": missing, "ranks": ran, "timed_out": stopped,
             "hung": hung, "restarts": attempts - len(_chunks(tests)), "swaps": swaps, "unsupported": unsupported, "guards": guards, "local_spec": sorted(local_spec),
