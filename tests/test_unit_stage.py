@@ -370,7 +370,7 @@ def _records(rank1_end: float | None) -> list[dict]:
     """Two ranks' records as the plugin writes them when rank 1 lags into a recv that never returns:
     rank 0 passed it, waited in the next test's barrier, and its watchdog fired first (at 16.0)."""
     first, coll, after = (f"tests/unit_tests/test_hangs.py::{n}" for n in ("test_first", "test_collective", "test_after"))
-    rank0 = {"rank": 0, "outcomes": {first: "passed", coll: "passed", after: "failed"}, "hung": [[after, 2, 10.0, 16.0]],
+    rank0 = {"rank": 0, "outcomes": {first: "passed", coll: "passed", after: "failed"}, "hung": [[after, 2, 16.0]],
              "spans": {first: [0, 0.0, 1.0], coll: [1, 1.0, 1.1], after: [2, 1.1, None]}}
     rank1 = {"rank": 1, "outcomes": {first: "passed"}, "hung": [], "spans": {first: [0, 0.0, 2.0], coll: [1, 2.0, rank1_end]}}
     if rank1_end is not None:  # rank 0's exit broke rank 1's recv: an error, then the barrier failed at once too
@@ -394,7 +394,7 @@ def test_hang_is_the_stuck_rank_s_test_not_the_one_its_peer_waited_in(rank1_end)
     if rank1_end is not None:
         assert hang.collateral(ranks[1], coll, complete=True) and hang.collateral(ranks[1], after, complete=True)
     # The stuck rank's own watchdog, when it fires, names the same test.
-    ranks[1]["hung"] = [[coll, 1, 2.0, 8.0]]
+    ranks[1]["hung"] = [[coll, 1, 8.0]]
     assert _first_hang(ranks, stopped=False, seconds="6").nodeid == coll
     assert _first_hang([{"outcomes": {}, "hung": []}], stopped=False, seconds="6") is None
 

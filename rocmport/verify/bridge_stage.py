@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from rocmport.verify.environment import unmet_python
-from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch, took_part
+from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch, modules_import, took_part
 from rocmport.verify.launcher import Launcher
 
 # The package, the GPT provider, and the training entry points and recipes users run.
@@ -80,6 +80,6 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
     seconds = time.monotonic() - start
     if problems:
         return StageResult("bridge", FAIL, "; ".join(problems), seconds, details), training
-    reason = (f"{len(mods)} Bridge module{'s' if len(mods) != 1 else ''} import{'' if len(mods) != 1 else 's'} behind the firewall; GPTModelProvider model tp{tp}×pp{pp}: "
+    reason = (f"{modules_import(len(mods), 'Bridge ')} behind the firewall; GPTModelProvider model tp{tp}×pp{pp}: "
               f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations, tied embeddings equal")
     return StageResult("bridge", PASS, reason, seconds, details), training

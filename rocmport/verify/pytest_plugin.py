@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import types
 
 import pytest
@@ -43,7 +44,7 @@ _DETAIL: dict[str, str] = {}  # nodeid -> the exception and its site
 _KIND: dict[str, str] = {}    # nodeid -> the exception's type ("AssertionError")
 _MISSING: dict[str, str] = {}  # nodeid of a module that did not import -> the module it found missing
 _RUNNING: list[str] = []
-_HUNG: list[list] = []  # [nodeid, position in the run order, start time, fire time] of each test the watchdog ended
+_HUNG: list[list] = []  # [nodeid, position in the run order, fire time] of each test the watchdog ended
 _ORDER: dict[str, int] = {}  # each collected test's position: the same on every rank
 _SPANS: dict[str, list] = {}  # nodeid -> [position, start time, end time or None while it runs]
 _TIMERS: list = []
@@ -154,9 +155,6 @@ def _buffer_for_local_attention() -> None:
 def _watchdog(nodeid: str) -> None:
     """After the timeout this rank records the test as hung and exits; torchrun then stops the
     other ranks, and verify starts the run again without the tests that have an outcome."""
-    import time
-
-    started = time.time()
     seconds = float(os.environ.get("ROCMPORT_UNIT_TEST_TIMEOUT") or 0)
     if not seconds:
         return
@@ -167,7 +165,7 @@ def _watchdog(nodeid: str) -> None:
         _KIND[nodeid] = "hang"
         _DETAIL[nodeid] = (f"hung: no result after {seconds:g} s on rank {os.environ.get('RANK', '0')} "
                            "(waiting on a collective other ranks never entered)")
-        _HUNG.append([nodeid, _ORDER.get(nodeid, len(_ORDER)), started, time.time()])
+        _HUNG.append([nodeid, _SPANS[nodeid][0], time.time()])
         _RUNNING.clear()
         _write()
         os._exit(3)
@@ -270,8 +268,6 @@ def pytest_collection_finish(session):
 
 
 def pytest_runtest_logstart(nodeid, location):
-    import time
-
     _RUNNING[:] = [nodeid]
     _SPANS[nodeid] = [_ORDER.get(nodeid, len(_ORDER)), time.time(), None]
     dist, c10d = _c10d()
@@ -290,8 +286,6 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def pytest_runtest_logfinish(nodeid, location):
-    import time
-
     while _TIMERS:
         _TIMERS.pop().cancel()
     if nodeid in _SPANS:

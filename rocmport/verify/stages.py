@@ -21,6 +21,11 @@ PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-pr
 EQUIVALENCE_TOL = {"gloo": 1e-5, "nccl": 1e-3}
 
 
+def modules_import(n: int, kind: str = "") -> str:
+    """"1 module imports" / "24 modules import" (``kind`` e.g. "Bridge ")."""
+    return f"{n} {kind}module imports" if n == 1 else f"{n} {kind}modules import"
+
+
 @dataclass
 class StageResult:
     name: str
@@ -74,7 +79,7 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
     failed = {m: r for m, r in results.items() if r}
     details = {"modules": mods, "failures": failed}
     if not failed:
-        return StageResult("imports", PASS, f"{len(mods)} module{'s' if len(mods) != 1 else ''} import{'' if len(mods) != 1 else 's'} behind the firewall", time.monotonic() - start, details)
+        return StageResult("imports", PASS, f"{modules_import(len(mods))} behind the firewall", time.monotonic() - start, details)
     m, r = next(iter(failed.items()))
     missing = r.get("missing")
     hint = ""

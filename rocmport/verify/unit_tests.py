@@ -171,14 +171,17 @@ def _first_hang(ranks: list[dict], stopped: bool, seconds: str) -> Hang | None:
     fired = [h for r in ranks for h in r.get("hung", [])]
     if not fired:
         return None
-    cut = float("inf") if stopped else min(h[3] for h in fired)
-    waiting = min((h[1], h[0]) for h in fired)
-    inside = [(pos, nodeid, f"hung: no result after {seconds} s on rank {r.get('rank', '?')} (it was still in this test when a "
-                            f"peer's watchdog fired in a later one, {waiting[1].split('::')[-1]}, waiting for it)")
-              for r in ranks for nodeid, (pos, start, end) in r.get("spans", {}).items()
-              if start < cut and (end is None or end >= cut) and pos < waiting[0] and nodeid not in {h[0] for h in r.get("hung", [])}]
-    first = min([(pos, nodeid, "") for pos, nodeid in [waiting]] + inside)
-    return Hang(first[1], first[2], cut)
+    cut = float("inf") if stopped else min(h[2] for h in fired)
+    position, waited_in = min((h[1], h[0]) for h in fired)
+    candidates = [(position, waited_in, "")]
+    for r in ranks:
+        own = {h[0] for h in r.get("hung", [])}
+        candidates += [(pos, nodeid, f"hung: no result after {seconds} s on rank {r.get('rank', '?')} (it was still in this test when "
+                                     f"a peer's watchdog fired in a later one, {waited_in.split('::')[-1]}, waiting for it)")
+                       for nodeid, (pos, start, end) in r.get("spans", {}).items()
+                       if start < cut and (end is None or end >= cut) and pos < position and nodeid not in own]
+    _, nodeid, detail = min(candidates)
+    return Hang(nodeid, detail, cut)
 
 
 def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Launcher = Launcher(), timeout: float = 1500,
