@@ -445,3 +445,40 @@ def test_a_run_leaves_no_process_behind(tmp_path, child_env, monkeypatch):
     while not all(map(dead, pids)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert all(map(dead, pids)), pids
+
+
+SPAWNS_A_WORKER = textwrap.dedent("""\
+    import multiprocessing as mp
+
+    from megatron.core import ckpt_worker
+
+    def test_spawned_worker_sets_its_device():
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        worker = ctx.Process(target=ckpt_worker.loop, args=(1, queue))
+        worker.start()
+        worker.join(120)
+        assert worker.exitcode == 0, f"the spawned worker exited {worker.exitcode}"
+        assert queue.get(timeout=5) == "cpu"
+    """)
+
+# Like upstream's PersistentAsyncCaller.async_loop: the first thing the spawned worker does.
+CKPT_WORKER = textwrap.dedent("""\
+    import torch
+
+    def loop(rank, queue):
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        queue.put(str(torch.cuda.current_device()))
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_worker_a_rank_spawns_runs_under_the_proxy_shim(tmp_path, child_env):
+    """A child a CPU-proxy rank starts with multiprocessing's spawn sees the rank's shim (without it,
+    torch.cuda.device_count() is 0 on this machine and the worker dies in its first line)."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "megatron" / "core" / "ckpt_worker.py").write_text(CKPT_WORKER)
+    (tree / "tests" / "unit_tests" / "test_spawn.py").write_text(SPAWNS_A_WORKER)
+    res = run_tests(tree, ["tests/unit_tests/test_spawn.py"], {**child_env(tree), "ROCMPORT_PROXY": "1"}, nproc=2)
+    assert res["outcomes"] == {"tests/unit_tests/test_spawn.py::test_spawned_worker_sets_its_device": "passed"}, res["details"]

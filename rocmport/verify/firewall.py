@@ -5,7 +5,8 @@ modules are never found: `importlib.util.find_spec(name)` returns None and `impo
 ModuleNotFoundError, exactly as when the package is absent, so ported `HAVE_X` guards work.
 
 The same bootstrap installs, in CPU-proxy mode, the HIP simulation (`hip_sim`, every process) and
-the proxy shim in the workers of upstream scripts (`proxy_shim.install_for_script`)."""
+the proxy shim in the workers of upstream scripts (`proxy_shim.install_for_script`) and in the
+children a unit-test rank spawns."""
 
 from __future__ import annotations
 
@@ -70,6 +71,17 @@ if _OURS and os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in 
     from rocmport.verify import proxy_shim as _shim
 
     _shim.install_for_script()
+# A child that a unit-test rank (shimmed by the pytest plugin, which sets ROCMPORT_SHIM_CHILDREN)
+# starts with multiprocessing's spawn gets the same shim: upstream's persistent async-checkpoint
+# worker begins with torch.cuda.set_device(rank % torch.cuda.device_count()); unshimmed, it dies
+# there and its rank waits on a queue for ever (a hang on the port and the unported tree alike).
+elif _OURS and os.environ.get("ROCMPORT_SHIM_CHILDREN") == "1" and "--multiprocessing-fork" in sys.argv:
+    from rocmport.verify import proxy_shim as _shim
+
+    try:
+        _shim.install_for_upstream_code()
+    except _shim.Unsupported:  # the rank that started it has reported the missing hook
+        pass
 
 '''
 

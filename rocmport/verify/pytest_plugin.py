@@ -82,6 +82,7 @@ def _proxy_swaps() -> None:
         _UNSUPPORTED.append(str(exc))
         _write()
         pytest.exit(f"rocmport: proxy shim hook missing: {exc}", returncode=4)
+    os.environ["ROCMPORT_SHIM_CHILDREN"] = "1"  # the bootstrap shims the children this rank spawns
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
