@@ -447,10 +447,21 @@ def test_a_run_leaves_no_process_behind(tmp_path, child_env, monkeypatch):
     assert all(map(dead, pids)), pids
 
 
-SPAWNS_A_WORKER = textwrap.dedent("""\
+PROXY_RANK_TESTS = textwrap.dedent("""\
     import multiprocessing as mp
+    import os
 
+    import torch
     from megatron.core import ckpt_worker
+
+    def test_one_device_per_rank_of_the_node():  # as upstream's test_utils asserts
+        assert torch.cuda.device_count() == int(os.environ["WORLD_SIZE"])
+
+    def test_nvtx_ranges():  # torch's CPU build has no NVTX (its stub raises); CUDA and ROCm builds do
+        torch.cuda.nvtx.range_push("outer")
+        with torch.cuda.nvtx.range("inner"):
+            torch.cuda.nvtx.mark("here")
+        torch.cuda.nvtx.range_pop()
 
     def test_spawned_worker_sets_its_device():
         ctx = mp.get_context("spawn")
@@ -474,11 +485,14 @@ CKPT_WORKER = textwrap.dedent("""\
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_a_worker_a_rank_spawns_runs_under_the_proxy_shim(tmp_path, child_env):
-    """A child a CPU-proxy rank starts with multiprocessing's spawn sees the rank's shim (without it,
+def test_proxy_shim_gives_a_device_per_rank_and_reaches_a_spawned_worker(tmp_path, child_env):
+    """Under the CPU-proxy shim a rank sees one device per rank of the node (upstream's tests assert
+    it) and NVTX ranges (upstream's nvtx_range_push/pop), and a child it starts with multiprocessing's spawn sees the shim too (without it,
     torch.cuda.device_count() is 0 on this machine and the worker dies in its first line)."""
     tree, _ = upstream_repo(tmp_path / "up")
     (tree / "megatron" / "core" / "ckpt_worker.py").write_text(CKPT_WORKER)
-    (tree / "tests" / "unit_tests" / "test_spawn.py").write_text(SPAWNS_A_WORKER)
+    (tree / "tests" / "unit_tests" / "test_spawn.py").write_text(PROXY_RANK_TESTS)
     res = run_tests(tree, ["tests/unit_tests/test_spawn.py"], {**child_env(tree), "ROCMPORT_PROXY": "1"}, nproc=2)
-    assert res["outcomes"] == {"tests/unit_tests/test_spawn.py::test_spawned_worker_sets_its_device": "passed"}, res["details"]
+    assert res["outcomes"] == {"tests/unit_tests/test_spawn.py::test_one_device_per_rank_of_the_node": "passed",
+                               "tests/unit_tests/test_spawn.py::test_nvtx_ranges": "passed",
+                               "tests/unit_tests/test_spawn.py::test_spawned_worker_sets_its_device": "passed"}, res["details"]

@@ -9,6 +9,7 @@ hook in the tree is reported as `unsupported-in-proxy`, naming it."""
 from __future__ import annotations
 
 import collections
+import os
 import sys
 import types
 
@@ -127,6 +128,10 @@ def install() -> None:
     for hook in ("_get_cuda_rng_state", "_set_cuda_rng_state", "CudaRNGStatesTracker"):
         if not hasattr(mrandom, hook):
             raise Unsupported(f"megatron.core.tensor_parallel.random.{hook} (the shim backs the RNG tracker with its device generator through it)")
+    import torch.cuda.nvtx as nvtx
+
+    if type(nvtx._nvtx).__name__ == "_NVTXStub":
+        nvtx._nvtx = _Nvtx()
     mrandom._get_cuda_rng_state = lambda *a, **k: DEVICE_RNG.get_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
     CudaToCpu().__enter__()
@@ -143,7 +148,9 @@ def install_for_upstream_code() -> list[str]:
     install()
 
     _answer("set_device", lambda device: None)
-    _answer("device_count", lambda: 1)
+    # One device per rank of the node, as on the GPU nodes upstream's tests are written for: they
+    # assert `device_count() == world` (test_utils, test_optimizer) and size meshes and skips by it.
+    _answer("device_count", lambda: int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     real_init = dist.init_process_group
 
     def init_process_group(backend=None, *args, **kwargs):
@@ -253,6 +260,37 @@ def _meminfo() -> tuple[int, int]:
     return info.get("MemAvailable", 0), info.get("MemTotal", 0)
 
 
+class _Nvtx:
+    """torch.cuda.nvtx's backend where torch's CPU build has none (its stub raises "NVTX functions
+    not installed"; CUDA builds have NVTX, ROCm builds roctx behind the same calls): ranges keep
+    their depth, as the real ones do, and record nothing. Each call is counted by its site."""
+
+    def __init__(self):
+        self._depth = 0
+        self._handle = 0
+
+    def rangePushA(self, msg):
+        REDIRECTS[f"cuda.nvtx.range_push @ {_site()}"] += 1
+        self._depth += 1
+        return self._depth - 1
+
+    def rangePop(self):
+        REDIRECTS[f"cuda.nvtx.range_pop @ {_site()}"] += 1
+        self._depth = max(0, self._depth - 1)
+        return self._depth
+
+    def rangeStartA(self, msg):
+        REDIRECTS[f"cuda.nvtx.range_start @ {_site()}"] += 1
+        self._handle += 1
+        return self._handle
+
+    def rangeEnd(self, handle):
+        REDIRECTS[f"cuda.nvtx.range_end @ {_site()}"] += 1
+
+    def markA(self, msg):
+        REDIRECTS[f"cuda.nvtx.mark @ {_site()}"] += 1
+
+
 class _CudaRt:
     """torch.cuda.cudart() on the CPU: the profiler range calls succeed and do nothing."""
 
@@ -340,7 +378,7 @@ def _name_groups_by_members() -> None:
     c10d._process_group_name = process_group_name
 
 
-_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu)", "cuda.set_device no-op", "cuda.device_count = 1",
+_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none)", "cuda.set_device no-op", "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
                    "init_process_group nccl -> gloo",
                    "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)"]
 
@@ -350,7 +388,6 @@ def install_for_script() -> None:
     code needs on CPU, the device answers, and this process's redirect counts written at exit to
     $ROCMPORT_SHIM_OUT (when set)."""
     import atexit
-    import os
 
     out = os.environ.get("ROCMPORT_SHIM_OUT")
     try:
@@ -368,7 +405,6 @@ def install_for_script() -> None:
 def write_redirects(directory: str) -> None:
     """This process's redirect counts, as <directory>/redirects-rank<RANK>-<pid>.json."""
     import json
-    import os
 
     if not REDIRECTS:  # e.g. a build step's Python that the rank started
         return
