@@ -292,6 +292,19 @@ def test_missing_ordinary_dependency_fails_the_stage_before_it_runs(tmp_path, ch
     assert suite.missing_dependencies(tree, ["tests/unit_tests/test_needs_te.py"], BLOCKED) == {}
 
 
+def test_a_package_of_upstream_s_test_environment_the_library_uses_is_a_dependency(tmp_path, monkeypatch):
+    """Like nvtx: megatron.core.utils imports it when present, upstream's test environment has it."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    monkeypatch.setattr(suite, "TEST_ENVIRONMENT", {"rocmport_absent_env_pkg": "megatron/core/mathops.py"})
+    files = ["tests/unit_tests/test_ops.py"]
+    assert suite.missing_dependencies(tree, files, BLOCKED) == {}
+    (tree / "megatron" / "core" / "mathops.py").write_text("try:\n    import rocmport_absent_env_pkg\nexcept ImportError:\n    pass\n")
+    assert suite.missing_dependencies(tree, files, BLOCKED) == {"rocmport_absent_env_pkg": "rocmport-absent-env-pkg"}
+    monkeypatch.setattr(suite, "TEST_ENVIRONMENT", {"yaml": "megatron/core/mathops.py"})  # installed: nothing to do
+    (tree / "megatron" / "core" / "mathops.py").write_text("import yaml\n")
+    assert suite.missing_dependencies(tree, files, BLOCKED) == {}
+
+
 FLAKY = textwrap.dedent("""\
     import os
     import torch

@@ -35,6 +35,10 @@ ALL = "tests/unit_tests"
 # Import name -> what to pip install, where they differ.
 PIP_NAMES = {"pytest_mock": "pytest-mock", "yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn",
              "pytest_asyncio": "pytest-asyncio", "google": "protobuf", "github": "pygithub", "cv2": "opencv-python"}
+# Packages upstream's test environment has (its `dev` extra) that the library uses only where they
+# are installed: without one, a test of that branch fails on both trees for the environment's
+# sake, not upstream's. Module -> the library file whose import of it makes it needed.
+TEST_ENVIRONMENT = {"nvtx": "megatron/core/utils.py"}
 # Fixtures that come from pytest plugins: fixture -> the plugin's module.
 PLUGIN_FIXTURES = {"mocker": "pytest_mock", "class_mocker": "pytest_mock", "module_mocker": "pytest_mock",
                    "session_mocker": "pytest_mock", "benchmark": "pytest_benchmark"}
@@ -92,6 +96,16 @@ def needed_modules(path: Path) -> set[str]:
     return out
 
 
+def _imported(path: Path) -> set[str]:
+    """Every top-level module a file imports anywhere, guarded or not."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return set()
+    return ({a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level})
+
+
 def _module_level(node: ast.AST, parents: dict) -> bool:
     """Runs when the module is imported (not inside a function)."""
     cur = parents.get(node)
@@ -104,7 +118,8 @@ def _module_level(node: ast.AST, parents: dict) -> bool:
 
 def missing_dependencies(tree: Path, files: list[str], blocked: tuple[str, ...]) -> dict[str, str]:
     """Ordinary packages the selected test files (and the conftest.py files pytest loads for them)
-    need and this interpreter lacks: module -> what to pip install. NVIDIA-only packages are left
+    need, and those of upstream's test environment the library uses (TEST_ENVIRONMENT), that this
+    interpreter lacks: module -> what to pip install. NVIDIA-only packages are left
     out (the firewall removes them on purpose), and so are the tree's own packages."""
     own = {p.name for p in tree.iterdir() if (p.is_dir() and (p / "__init__.py").is_file()) or p.suffix == ".py"}
     own |= {p.stem for p in tree.glob("*.py")}
@@ -120,6 +135,7 @@ def missing_dependencies(tree: Path, files: list[str], blocked: tuple[str, ...])
     names: set[str] = set()
     for path in paths:
         names |= needed_modules(path)
+    names |= {name for name, user in TEST_ENVIRONMENT.items() if name in _imported(tree / user)}
     stdlib = set(sys.stdlib_module_names)
     out = {}
     for name in sorted(names - stdlib - own - set(blocked) - {"rocmport", "__future__"}):
