@@ -262,8 +262,8 @@ def _meminfo() -> tuple[int, int]:
 
 class _Nvtx:
     """torch.cuda.nvtx's backend where torch's CPU build has none (its stub raises "NVTX functions
-    not installed"; CUDA builds have NVTX, ROCm builds roctx behind the same calls): ranges keep
-    their depth, as the real ones do, and record nothing. Each call is counted by its site."""
+    not installed"; CUDA builds have NVTX, ROCm builds roctx behind the same calls): the calls
+    return at once, a push its nesting depth, and record nothing. Each is counted by its site."""
 
     def __init__(self):
         self._depth = 0
@@ -378,7 +378,8 @@ def _name_groups_by_members() -> None:
     c10d._process_group_name = process_group_name
 
 
-_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none)", "cuda.set_device no-op", "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
+_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none)",
+                   "cuda.set_device no-op", "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
                    "init_process_group nccl -> gloo",
                    "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)"]
 
