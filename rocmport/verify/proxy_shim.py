@@ -164,9 +164,24 @@ def install_for_upstream_code() -> list[str]:
 
     dist.init_process_group = init_process_group
     _name_groups_by_members()
+    _in_order_streams()
     return _UPSTREAM_SWAPS
 
 
+def _in_order_streams() -> None:
+    """Streams and events on the CPU: one in-order queue, so waits and synchronisation return at
+    once. Upstream's tests and training loop make side streams (`torch.cuda.Stream()` in the
+    param-norm and attention tests, the DDP overlap); on the CPU build torch has none ("not compiled
+    with CUDA"), on a CUDA build without a driver it raises cudaErrorInsufficientDriver: either way
+    an artifact of the machine, not the port. Every call is counted by its megatron call site."""
+    global _DEFAULT_STREAM
+    _DEFAULT_STREAM = _Stream()
+    _answer("synchronize", lambda device=None: None)
+    _answer("default_stream", lambda device=None: torch.cpu.current_stream())
+    _answer("set_stream", lambda stream: None)
+    _answer("stream", lambda stream=None: _DEFAULT_STREAM if stream is None else stream)
+    setattr(torch.cuda, "Stream", _Stream)
+    setattr(torch.cuda, "Event", _Event)
 
 
 class _Event:
@@ -307,13 +322,11 @@ def install_device_answers(hip: bool) -> None:
     """What upstream's training entry point (pretrain_gpt.py) asks torch.cuda on a GPU, answered
     honestly for the CPU it runs on: a device exists (a simulated MI300X under the HIP simulation,
     an A100 on the CUDA path) for the properties megatron reads; memory statistics are this
-    process's resident memory; streams and events are in order on the CPU; synchronisation and the
-    profiler range calls return at once. Every call is counted by its megatron call site."""
+    process's resident memory; the profiler range calls return at once (streams and events:
+    install_for_upstream_code). Every call is counted by its megatron call site."""
     from rocmport.verify import hip_sim
 
     props = hip_sim.device(hip)
-    global _DEFAULT_STREAM
-    _DEFAULT_STREAM = _Stream()
 
     def stats(device=None):
         # The caching allocator's statistics: bytes are this process's resident memory, counts the
@@ -339,10 +352,6 @@ def install_device_answers(hip: bool) -> None:
         "reset_peak_memory_stats": lambda device=None: None,
         "reset_max_memory_allocated": lambda device=None: None,
         "empty_cache": lambda: None,
-        "synchronize": lambda device=None: None,
-        "default_stream": lambda device=None: torch.cpu.current_stream(),
-        "set_stream": lambda stream: None,
-        "stream": lambda stream=None: _DEFAULT_STREAM if stream is None else stream,
         "cudart": lambda: _CudaRt,
         "check_error": lambda result: None,
         "is_initialized": lambda: True,
@@ -350,8 +359,6 @@ def install_device_answers(hip: bool) -> None:
     }
     for name, answer in answers.items():
         _answer(name, answer)
-    setattr(torch.cuda, "Stream", _Stream)
-    setattr(torch.cuda, "Event", _Event)
     torch.cuda.memory.memory_stats = torch.cuda.memory_stats
 
 
@@ -381,7 +388,8 @@ def _name_groups_by_members() -> None:
 _UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none)",
                    "cuda.set_device no-op", "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
                    "init_process_group nccl -> gloo",
-                   "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)"]
+                   "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)",
+                   "cuda.Stream/Event/stream in order on the CPU (waits return at once)"]
 
 
 def install_for_script() -> None:
