@@ -476,6 +476,17 @@ PROXY_RANK_TESTS = textwrap.dedent("""\
             torch.cuda.nvtx.mark("here")
         torch.cuda.nvtx.range_pop()
 
+    def test_side_stream_and_events():  # as upstream's param-norm and attention tests do
+        side = torch.cuda.Stream()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with torch.cuda.stream(side):
+            x = torch.ones(4, device="cuda") * 2
+        torch.cuda.current_stream().wait_stream(side)
+        end.record()
+        torch.cuda.synchronize()
+        assert x.sum().item() == 8 and start.elapsed_time(end) >= 0
+
     def test_spawned_worker_sets_its_device():
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
@@ -500,7 +511,8 @@ CKPT_WORKER = textwrap.dedent("""\
 @pytest.mark.slow
 def test_proxy_shim_gives_a_device_per_rank_and_reaches_a_spawned_worker(tmp_path, child_env):
     """Under the CPU-proxy shim a rank sees one device per rank of the node (upstream's tests assert
-    it) and NVTX ranges (upstream's nvtx_range_push/pop), and a child it starts with multiprocessing's spawn sees the shim too (without it,
+    it), NVTX ranges (upstream's nvtx_range_push/pop), side streams and events in order on the CPU,
+    and a child it starts with multiprocessing's spawn sees the shim too (without it,
     torch.cuda.device_count() is 0 on this machine and the worker dies in its first line)."""
     tree, _ = upstream_repo(tmp_path / "up")
     (tree / "megatron" / "core" / "ckpt_worker.py").write_text(CKPT_WORKER)
@@ -508,4 +520,73 @@ def test_proxy_shim_gives_a_device_per_rank_and_reaches_a_spawned_worker(tmp_pat
     res = run_tests(tree, ["tests/unit_tests/test_spawn.py"], {**child_env(tree), "ROCMPORT_PROXY": "1"}, nproc=2)
     assert res["outcomes"] == {"tests/unit_tests/test_spawn.py::test_one_device_per_rank_of_the_node": "passed",
                                "tests/unit_tests/test_spawn.py::test_nvtx_ranges": "passed",
+                               "tests/unit_tests/test_spawn.py::test_side_stream_and_events": "passed",
                                "tests/unit_tests/test_spawn.py::test_spawned_worker_sets_its_device": "passed"}, res["details"]
+
+
+# v0.17+'s layer specs: TE's spec is built from its submodules function, which tests also call
+# directly (test_attention.py); without TE its provider is None.
+LAYER_SPECS = textwrap.dedent("""\
+    TESpecProvider = None  # TE absent
+
+    def get_gpt_layer_with_transformer_engine_submodules(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,
+                                                         multi_latent_attention=False, fp8=None, qk_l2_norm=False,
+                                                         use_te_op_fuser=False):
+        return TESpecProvider()
+
+    def get_gpt_layer_with_transformer_engine_spec(*args, **kwargs):
+        return ("spec", get_gpt_layer_with_transformer_engine_submodules(*args, **kwargs))
+
+    def get_gpt_layer_local_submodules(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False,
+                                       multi_latent_attention=False, fp8=None, normalization=None, qk_l2_norm=False):
+        return ("local", num_experts, qk_layernorm, qk_l2_norm)
+
+    def get_gpt_layer_local_spec(*args, **kwargs):
+        return ("spec", get_gpt_layer_local_submodules(*args, **kwargs))
+    """)
+
+SPEC_TESTS = textwrap.dedent("""\
+    import pytest
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_with_transformer_engine_spec,
+        get_gpt_layer_with_transformer_engine_submodules,
+    )
+
+    def test_submodules_called_directly():
+        assert get_gpt_layer_with_transformer_engine_submodules(4, False, True, qk_l2_norm=True) == ("local", 4, True, True)
+
+    def test_spec():
+        assert get_gpt_layer_with_transformer_engine_spec(use_te_op_fuser=True) == ("spec", ("local", None, False, False))
+
+    @pytest.mark.flaky_in_dev
+    def test_upstream_ci_skips_in_dev():
+        raise AssertionError("upstream's CI does not run this")
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_te_layer_spec_becomes_local_and_upstream_ci_s_deselection_is_listed(tmp_path, child_env):
+    """Without TE, a test that asks for TE's layer submodules (v0.17+, imported by name, called with
+    positional arguments) or spec gets the local ones; a test upstream's CI deselects in its dev
+    environment (flaky_in_dev) runs on neither tree and is listed with the reason."""
+    tree, base = upstream_repo(tmp_path / "up")
+    specs = tree / "megatron" / "core" / "models" / "gpt"
+    specs.mkdir(parents=True)
+    for d in (tree / "megatron" / "core" / "models", specs):
+        (d / "__init__.py").write_text("")
+    (specs / "gpt_layer_specs.py").write_text(LAYER_SPECS)
+    (tree / "tests" / "unit_tests" / "test_specs.py").write_text(SPEC_TESTS)
+    g(tree, "add", "-A")
+    g(tree, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "layer specs")
+    env = {**child_env(tree), "ROCMPORT_PROXY": "1"}
+    res = stage_unit_tests(tree, env, ["tests/unit_tests/test_specs.py"], 2, {}, tmp_path / "cache", g(tree, "rev-parse", "HEAD"),
+                           blocked=BLOCKED).to_dict()
+    assert res["outcomes"] == {"tests/unit_tests/test_specs.py::test_submodules_called_directly": "passed",
+                               "tests/unit_tests/test_specs.py::test_spec": "passed"}, res["failures"]
+    assert sorted(res["local_spec_instead_of_te"]) == ["tests/unit_tests/test_specs.py::test_spec",
+                                                       "tests/unit_tests/test_specs.py::test_submodules_called_directly"]
+    flaky = "tests/unit_tests/test_specs.py::test_upstream_ci_skips_in_dev"
+    assert list(res["deselected"]) == [flaky] and "flaky_in_dev" in res["deselected"][flaky]
+    assert res["baseline"]["counts"] == {"passed": 2, "skipped": 0, "failed": 0, "error": 0}
+    assert "1 deselected as upstream's CI does (flaky_in_dev)" in res["reason"] and res["status"] == "pass"

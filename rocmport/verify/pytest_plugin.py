@@ -15,6 +15,9 @@ For the unported tree ($ROCMPORT_BASELINE_GUARDS=1) it adds the minimal guards t
 modules import when the firewall has removed TE and flash-attn (`is_te_min_version` is False and
 `get_fa_version` is 0.0.0 when the package is absent: the port's codemods do the same in source).
 
+Like upstream's CI in its development environment it deselects the tests marked `flaky_in_dev`
+(run_ci_test.sh: -m "not flaky_in_dev"), and records which, for the report.
+
 Between tests it releases what a test leaked: gloo connects every subgroup at creation with three
 threads of its own, and megatron's `destroy_model_parallel` only forgets its groups; a group that
 the test created and nothing references any more is destroyed once model parallelism is down.
@@ -51,6 +54,11 @@ _TIMERS: list = []
 _LOCAL_SPEC: list[str] = []  # tests that asked for TE's layer spec and got the local one
 _PEAK = {"threads": 0, "rss_mb": 0.0, "released_groups": 0}
 _GROUPS_BEFORE: set[int] = set()
+_DESELECTED: dict[str, str] = {}  # nodeid -> the marker for which upstream's CI deselects it
+
+# What upstream's CI deselects in its development environment (latest PyTorch, the one verify
+# resembles): tests/unit_tests/run_ci_test.sh runs pytest with -m "not flaky_in_dev" there.
+UPSTREAM_CI_DESELECTS = ("flaky_in_dev",)
 
 DATA_DOWNLOAD = "tests.test_utils.python_scripts.download_unit_tests_dataset"
 
@@ -90,38 +98,68 @@ def _proxy_swaps() -> None:
             from megatron.core.models.gpt import gpt_layer_specs
         except ImportError:
             return
-        local = gpt_layer_specs.get_gpt_layer_local_spec
-
-        def te_spec_without_te(*args, **kwargs):
-            nodeid = _RUNNING[0] if _RUNNING else "(collection)"
-            if nodeid not in _LOCAL_SPEC:
-                _LOCAL_SPEC.append(nodeid)
-            _buffer_for_local_attention()
-            names = ("num_experts", "moe_grouped_gemm", "qk_layernorm", "multi_latent_attention")
-            return local(**{k: v for k, v in kwargs.items() if k in names})
-
-        gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec = te_spec_without_te
-        SWAPS.append("TE layer spec -> local spec (TE absent)")
+        # v0.17+ builds TE's spec from get_gpt_layer_with_transformer_engine_submodules, which tests
+        # also call directly; earlier lines have the spec function only. The lowest one present is
+        # redirected to its local counterpart (the spec then reaches it through its own call).
+        for te_name, local_name in (("get_gpt_layer_with_transformer_engine_submodules", "get_gpt_layer_local_submodules"),
+                                    ("get_gpt_layer_with_transformer_engine_spec", "get_gpt_layer_local_spec")):
+            te_fn, local_fn = getattr(gpt_layer_specs, te_name, None), getattr(gpt_layer_specs, local_name, None)
+            if te_fn is not None and local_fn is not None:
+                if _redirect_in_place(gpt_layer_specs, te_name, _te_to_local(te_fn, local_fn)):
+                    SWAPS.append(f"TE layer spec -> local spec (TE absent): {te_name} -> {local_name}")
+                return
 
 
-def _guard(module, name: str, absent_package: str, answer, why: str) -> None:
-    """Make ``module.name`` return ``answer`` when ``absent_package`` is not importable, in place
-    (its code is swapped, so every `from module import name` made earlier sees it too)."""
-    import importlib.util
+def _te_to_local(te_fn, local_fn):
+    """A stand-in for TE's layer-spec function ``te_fn`` that builds the local one: the arguments the
+    call gave (positional ones by te_fn's signature) that the local function takes too. It records
+    the running test and provides the memory buffer the local attention needs."""
+    import inspect
 
+    te_sig = inspect.signature(te_fn)
+    takes = set(inspect.signature(local_fn).parameters) - {"fp8"}
+
+    def te_spec_without_te(*args, **kwargs):
+        nodeid = _RUNNING[0] if _RUNNING else "(collection)"
+        if nodeid not in _LOCAL_SPEC:
+            _LOCAL_SPEC.append(nodeid)
+        _buffer_for_local_attention()
+        try:
+            given = dict(te_sig.bind(*args, **kwargs).arguments)
+        except TypeError:  # not te_fn's signature: let the local function say what is wrong
+            return local_fn(*args, **kwargs)
+        return local_fn(**{k: v for k, v in given.items() if k in takes})
+
+    return te_spec_without_te
+
+
+def _redirect_in_place(module, name: str, replacement) -> bool:
+    """Make the function ``module.name`` call ``replacement`` instead, in place: its code is
+    swapped, so every `from module import name` made before the swap (a module that imported it at
+    its top while the plugin was loading) reaches the replacement too, which rebinding the module
+    attribute would miss."""
     fn = getattr(module, name, None)
-    if not isinstance(fn, types.FunctionType) or importlib.util.find_spec(absent_package) is not None:
-        return
+    if not isinstance(fn, types.FunctionType):
+        return False
     original = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
     fn.__globals__[f"_rocmport_original_{name}"] = original
-    fn.__globals__[f"_rocmport_answer_{name}"] = answer
-    src = f"def {name}(*args, **kwargs):\n    return _rocmport_answer_{name}\n"
+    fn.__globals__[f"_rocmport_replacement_{name}"] = replacement
+    src = f"def {name}(*args, **kwargs):\n    return _rocmport_replacement_{name}(*args, **kwargs)\n"
     scope: dict = {}
     exec(src, {}, scope)
     fn.__code__ = scope[name].__code__.replace(co_name=name)
     fn.__defaults__ = None
     fn.__kwdefaults__ = None
-    GUARDS.append(why)
+    return True
+
+
+def _guard(module, name: str, absent_package: str, answer, why: str) -> None:
+    """Make ``module.name`` return ``answer`` when ``absent_package`` is not importable, in place
+    (every `from module import name` made earlier sees it too)."""
+    import importlib.util
+
+    if importlib.util.find_spec(absent_package) is None and _redirect_in_place(module, name, lambda *a, **k: answer):
+        GUARDS.append(why)
 
 
 def _baseline_guards() -> None:
@@ -264,6 +302,23 @@ def pytest_load_initial_conftests(early_config, parser, args):
         _baseline_guards()
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Deselect what upstream's CI deselects (UPSTREAM_CI_DESELECTS), on both trees, and record
+    each such test: the stage lists them with the reason instead of running tests upstream itself
+    does not run."""
+    keep, drop = [], []
+    for item in items:
+        marker = next((m for m in UPSTREAM_CI_DESELECTS if item.get_closest_marker(m) is not None), None)
+        if marker:
+            _DESELECTED[item.nodeid] = marker
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_finish(session):
     _ORDER.update((item.nodeid, i) for i, item in enumerate(session.items))
 
@@ -373,5 +428,6 @@ def _write(exitstatus: int | None = None) -> None:
         json.dump({"outcomes": _STATE, "details": _DETAIL, "kinds": _KIND, "missing": _MISSING, "swaps": SWAPS,
                    "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "spans": _SPANS,
                    "rank": int(os.environ.get("RANK", "0")), "hung": _HUNG, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
+                   "deselected": _DESELECTED,
                    "exitstatus": exitstatus}, fh)
     os.replace(path + ".tmp", path)

@@ -40,7 +40,7 @@ from rocmport.verify import suite
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 
-PLUGIN_VERSION = "11"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank)
+PLUGIN_VERSION = "12"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local)
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
 LABELS = ("port-regression", "unverified", "missing-dependency", "upstream-known", "proxy-artifact", "flaky", "known-failure")
@@ -200,6 +200,7 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
     guards: list[str] = []
     hung: list[str] = []
     local_spec: set[str] = set()
+    deselected: dict[str, str] = {}
     peak = {"threads": 0, "rss_mb": 0.0, "rss_mb_all_ranks": 0.0, "released_groups": 0}
     ran = 0
     crash = ""
@@ -231,6 +232,8 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
             guards = guards or (ranks[0].get("guards", []) if ranks else [])
             local_spec.update(nodeid for r in ranks for nodeid in r.get("local_spec", []))
             for r in ranks:
+                deselected.update(r.get("deselected", {}))
+            for r in ranks:
                 p = r.get("peak") or {}
                 peak["threads"] = max(peak["threads"], p.get("threads", 0))
                 peak["rss_mb"] = max(peak["rss_mb"], p.get("rss_mb", 0.0))
@@ -260,7 +263,7 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                 break
     return {"outcomes": merged, "details": details, "kinds": kinds, "missing": missing, "ranks": ran, "timed_out": stopped,
             "hung": hung, "restarts": attempts - len(_chunks(tests)), "swaps": swaps, "unsupported": unsupported, "guards": guards, "local_spec": sorted(local_spec),
-            "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash}
+            "deselected": dict(sorted(deselected.items())), "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash}
 
 
 def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher) -> dict[str, str]:
@@ -425,6 +428,9 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
                "swaps": port["swaps"], "hung": port["hung"], "rerun_alone": port["alone"],
                # a failure here may be the local spec's, not the port's: upstream wrote the test for TE
                "local_spec_instead_of_te": port["local_spec"], "restarts": port["restarts"], "peak": port["peak"],
+               # not run, on either tree, because upstream's CI does not run them (see pytest_plugin)
+               "deselected": {k: f"marked {m}: upstream's CI deselects it (tests/unit_tests/run_ci_test.sh, dev environment)"
+                              for k, m in port["deselected"].items()},
                "baseline": {"commit": base, "cached": cached, "counts": _counts(base_result["outcomes"]),
                             "guards": base_result.get("guards", []), "overlay": base_result.get("overlay", []),
                             "peak": base_result.get("peak", {})},
@@ -432,7 +438,10 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
                "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0}
     summary = (f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
                + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
-               + f") in {len(files)} files on {nproc} ranks; baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
+               + f") in {len(files)} files on {nproc} ranks; "
+               + (f"{len(port['deselected'])} deselected as upstream's CI does ({', '.join(sorted(set(port['deselected'].values())))}); "
+                  if port["deselected"] else "")
+               + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
                f"peak {port['peak']['threads']} threads, {port['peak']['rss_mb']:.0f} MB per rank")
     lacking = {str(_missing_ordinary(k, port, blocked)).split(".")[0] for k, v in labels.items() if v == "missing-dependency"}
     if lacking:
