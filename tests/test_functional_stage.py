@@ -50,11 +50,12 @@ FAKE_PRETRAIN = textwrap.dedent("""\
     import os, sys
     iters = int(sys.argv[sys.argv.index("--train-iters") + 1])
     shift = float(os.environ.get("FAKE_SHIFT", "0"))
+    slope = -1.0 if os.environ.get("FAKE_RISE") else 1.0
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the case's ENV_VARS reach the script
     for i in range(1, iters + 1):
         print(f" [2026-11-23 07:00:0{i % 10}] iteration {i:8d}/{iters:8d} | consumed samples: {8 * i:10d} | "
               f"elapsed time per iteration (ms): 12.3 | learning rate: 1.5E-04 | global batch size:     8 | "
-              f"lm loss: {10.9 - 0.25 * i + shift:.6E} | loss scale: 1.0 | grad norm: 3.1 |", flush=True)
+              f"lm loss: {10.9 - slope * 0.25 * i + shift:.6E} | loss scale: 1.0 | grad norm: 3.1 |", flush=True)
     """)
 
 BLOCKED_PRETRAIN = "from megatron.training.initialize import initialize_megatron\ninitialize_megatron()\n"
@@ -189,10 +190,12 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
     no_load, _ = stage_functional(tree, env_for(tmp_path, tree), record=False, resume=True, **kwargs)
     assert no_load.status == "fail" and "the resumed run did not load iteration 2 (it says None)" in no_load.reason
     kwargs["resume"] = False
+    rising, _ = stage_functional(tree, env_for(tmp_path, tree, FAKE_RISE="1"), record=True, **kwargs)
+    golden = golden_path(series_dir, CASE, "cpu-proxy")
+    assert rising.status == "fail" and "golden not recorded: the run failed" in rising.reason and not golden.exists()
     res, data = stage_functional(tree, env_for(tmp_path, tree), record=True, **kwargs)
     assert res.status == "pass", res.reason
     assert data["losses"] == [10.65, 10.4, 10.15, 9.9]
-    golden = golden_path(series_dir, CASE, "cpu-proxy")
     assert json.loads(golden.read_text())["losses"] == data["losses"] and "golden recorded" in res.reason
     same, _ = stage_functional(tree, env_for(tmp_path, tree), record=False, **kwargs)
     assert same.status == "pass" and "max relative drift vs golden 0" in same.reason

@@ -321,7 +321,9 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
     status = FAIL if problems else PASS
     if series_dir is not None:
         golden = golden_path(series_dir, case, device_kind)
-        if record:
+        if record and problems:  # a golden is what a passing run logged: a failed run's curve would excuse the failure next time
+            reason += f"; golden not recorded: the run failed ({golden} unchanged)"
+        elif record:
             atomic_write_text(golden, json.dumps({"case": case, "device_kind": device_kind, "iters": iters, "losses": losses,
                                                   "hip_sim": hip, "args": recorded}, indent=1) + "\n")
             reason += f"; golden recorded in {golden}"
