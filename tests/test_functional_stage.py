@@ -107,6 +107,10 @@ TRAIN_LOOP = textwrap.dedent("""\
                 json.dump({"state": state}, open(os.path.join(args.save, f"iter_{it}.json"), "w"))
                 open(os.path.join(args.save, "latest"), "w").write(str(it))
         torch.cuda.check_error(torch.cuda.cudart().cudaProfilerStop())
+        # megatron's samplers ask for pinned batches (DataLoader(pin_memory=True)), and the async checkpoint preload pins.
+        loader = torch.utils.data.DataLoader(torch.arange(4.0), batch_size=2, pin_memory=True)
+        assert [b.tolist() for b in loader] == [[0.0, 1.0], [2.0, 3.0]] and torch.ones(1).pin_memory().device.type == "cpu"
+        assert torch.accelerator.current_accelerator() is None  # torch's own view (the loader's pinning, optimizers' graph-capture check)
     """)
 SHAPED_PRETRAIN = "import sys\nfrom megatron.training.loop import train\n\ntrain(sys.argv[1:])\n"
 CUDA_ONLY_PRETRAIN = "import torch\nfrom megatron.training.initialize import initialize_megatron\ninitialize_megatron(allow_no_cuda=True)\ntorch.cuda.ipc_collect()\n"
@@ -259,7 +263,8 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     for call in ("cuda.is_available @ megatron/training/loop.py:15", "cuda.get_device_properties @ megatron/training/loop.py:16",
                  "cuda.memory_stats @ megatron/training/loop.py:34", "cuda.synchronize @ megatron/training/loop.py:32",
                  "cuda.stream @ megatron/training/loop.py:30", "cuda.cudart @ megatron/training/loop.py:42",
-                 "tensor(device=cuda) @ megatron/training/loop.py:31"):
+                 "tensor(device=cuda) @ megatron/training/loop.py:31", "Tensor.pin_memory @ megatron/training/loop.py:45",
+                 "accelerator.current_accelerator (none) @ megatron/training/loop.py:46"):
         assert redirects.get(call, 0) >= 1, (call, redirects)
     assert redirects["cuda.synchronize @ megatron/training/loop.py:32"] == 6  # the uninterrupted run's (the report's)
     assert data["proxy_env"] and "TORCHDYNAMO_DISABLE=1" in data["proxy_env"]

@@ -360,6 +360,29 @@ def install_device_answers(hip: bool) -> None:
     for name, answer in answers.items():
         _answer(name, answer)
     torch.cuda.memory.memory_stats = torch.cuda.memory_stats
+    _torch_sees_no_accelerator()
+
+
+def _torch_sees_no_accelerator() -> None:
+    """torch's own accelerator layer sees the machine as it is, as torch's CPU build does: no
+    accelerator (`torch.accelerator.current_accelerator()` is None), while megatron's torch.cuda
+    questions get the simulated device. torch.accelerator delegates its availability to
+    torch.cuda.is_available(), which the device answers make True: on a CUDA build of torch (PyPI's,
+    for Python 3.12) torch itself then calls a driver this machine lacks (cudaErrorInsufficientDriver):
+    the DataLoader pins megatron's batches from a thread that sets the device index
+    (training.py's _get_iterator), torch.optim's graph-capture check asks for the current stream
+    (optimizer.py's step_with_ready_grads). An explicit `Tensor.pin_memory()` returns the tensor:
+    page-locked host memory only speeds copies to a device, which is the CPU here (patched on the
+    class: the loader's thread does not see the redirecting mode). Each call is counted by its site."""
+    def current_accelerator(check_available=False):
+        REDIRECTS[f"accelerator.current_accelerator (none) @ {_site()}"] += 1
+
+    def pin_memory(self, device=None):
+        REDIRECTS[f"Tensor.pin_memory @ {_site()}"] += 1
+        return self
+
+    setattr(torch.accelerator, "current_accelerator", current_accelerator)
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]
 
 
 def _name_groups_by_members() -> None:
