@@ -105,7 +105,7 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
     Stage 3 unit-tests: upstream's tests (torchrun -m pytest, rocmport's plugin), each failure
             labelled against the unported tree run under the same conditions (cached by commit):
             port-regression / unverified / missing-dependency fail the stage; upstream-known,
-            proxy-artifact, flaky and known-failure do not.
+            proxy-artifact, needs-nvidia-only, flaky and known-failure do not.
     Stage 4 functional: upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data),
             a checkpoint saved half way and resumed with equal losses, and this device kind's golden.
     Stage 5 bridge: Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains.

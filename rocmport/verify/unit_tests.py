@@ -11,6 +11,10 @@ guards for collection (see pytest_plugin). Labels of a failing test:
 - `upstream-known`: the unported tree failed it the same way (same exception type).
 - `proxy-artifact`: as upstream-known, but the test ran with the local layer spec in place of TE's
   (upstream wrote it for TE): an artifact of the proxy, not upstream's bug.
+- `needs-nvidia-only`: as upstream-known, but the failure names a package the firewall removed
+  (NVIDIA-only, or without a ROCm build on this machine: "Please install TE >= 1.4", "A compatible
+  `nvidia-resiliency-ext` installation is required"): the test needs what this environment lacks
+  by design, not upstream's bug either.
 - `unverified`: the unported tree has no outcome for it (its module did not import, the test was
   not collected) or failed it differently. Fails the stage unless a known-failure list names it.
 - `missing-dependency`: an ordinary (non-NVIDIA) package is missing. Fails the stage, with the pip
@@ -43,7 +47,8 @@ from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 PLUGIN_VERSION = "12"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local)
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
-LABELS = ("port-regression", "unverified", "missing-dependency", "upstream-known", "proxy-artifact", "flaky", "known-failure")
+LABELS = ("port-regression", "unverified", "missing-dependency", "upstream-known", "proxy-artifact", "needs-nvidia-only", "flaky",
+          "known-failure")
 BLOCKING = ("port-regression", "unverified", "missing-dependency")
 Progress = Callable[[str], None]
 
@@ -329,6 +334,23 @@ def _missing_ordinary(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str |
     return mod if mod and mod.split(".")[0] not in blocked else None
 
 
+# How megatron's messages name a package besides its module name and distribution spelling.
+_ALIASES = {"transformer_engine": r"\bTE\b|Transformer ?Engine", "flash_attn": r"flash[- ]attn|FlashAttention"}
+
+
+def _names_blocked(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | None:
+    """The firewalled package this failure names (its missing module, or its message), if any."""
+    import re
+
+    text = " ".join(filter(None, (res.get("missing", {}).get(_file(nodeid)), res.get("missing", {}).get(nodeid),
+                                  res.get("details", {}).get(nodeid))))
+    for mod in blocked:
+        pattern = rf"\b{re.escape(mod)}\b|\b{re.escape(mod.replace('_', '-'))}\b" + (f"|{_ALIASES[mod]}" if mod in _ALIASES else "")
+        if re.search(pattern, text):
+            return mod
+    return None
+
+
 def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
     """Each failing test of the port: its label (see the module docstring) and why."""
     labels, why = {}, {}
@@ -365,6 +387,8 @@ def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...
                                            f"there, {port.get('kinds', {}).get(nodeid) or '?'} here)")
             elif nodeid in local:
                 lab, text = "proxy-artifact", "fails the same way on the unported tree, running with the local spec in place of TE's"
+            elif needs := _names_blocked(nodeid, port, blocked):
+                lab, text = "needs-nvidia-only", f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here"
             else:
                 lab, text = "upstream-known", "fails the same way on the unported tree"
         elif b_module == "error" and _file(nodeid) != nodeid:
