@@ -6,6 +6,7 @@ from rocmport.errors import BadInput
 
 from rocmport.codemods.apex_to_torch import ApexToTorch
 from rocmport.codemods.async_checkpoint_spawn import AsyncCheckpointSpawn
+from rocmport.codemods.async_save_strategy import AsyncSaveStrategy
 from rocmport.codemods.attention_backend_env import AttentionBackendEnv
 from rocmport.codemods.base import Codemod
 from rocmport.codemods.options import problems
@@ -28,7 +29,7 @@ registry: dict[str, Codemod] = {
               DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
               # issue 17: the ROCm run-time gaps
               LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext(),
-              NcclAllocatorRccl())
+              NcclAllocatorRccl(), AsyncSaveStrategy())
 }
 
 
