@@ -301,7 +301,32 @@ def test_resume_support_reads_the_training_loop(tmp_path):
     from rocmport.verify.functional import resume_support
 
     (tmp_path / "megatron" / "training").mkdir(parents=True)
-    assert resume_support(tmp_path) == {"ckpt_step": False, "async_save": False, "first_two_logged_together": False}
+    assert resume_support(tmp_path) == {"ckpt_step": False, "async_save": False, "async_strategy": False, "first_two_logged_together": False}
     (tmp_path / "megatron" / "training" / "training.py").write_text(
         "ckpt_step = None\nasync_save = use_persistent_ckpt_worker = False\nshould_reset = not is_first_iteration\n")
-    assert resume_support(tmp_path) == {"ckpt_step": True, "async_save": True, "first_two_logged_together": True}
+    assert resume_support(tmp_path) == {"ckpt_step": True, "async_save": True, "async_strategy": False, "first_two_logged_together": True}
+    (tmp_path / "megatron" / "training" / "async_utils.py").write_text('async_strategy = "nvrx"\n')
+    assert resume_support(tmp_path)["async_strategy"] is True
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_async_writer_chosen_on_the_cuda_path_left_to_the_port_on_hip(tmp_path):
+    """v0.17+ write async checkpoints through --async-strategy, whose default (nvrx) needs
+    nvidia-resiliency-ext: behind the firewall, the CUDA path runs with mcore, said in the report;
+    on HIP the port decides (async-save-strategy), so verify adds nothing. A golden's args leave
+    the writer out: the losses do not depend on it."""
+    tree = make_tree(tmp_path / "tree", FAKE_PRETRAIN)
+    (tree / "megatron" / "training" / "async_utils.py").write_text('async_strategy = "nvrx"\n')
+    series_dir = tmp_path / "series"
+    kwargs = dict(case=CASE, dp=1, iters=4, proxy=True, data_path=None, series_dir=series_dir, device_kind="cpu-proxy", resume=False)
+    env = env_for(tmp_path, tree, ROCMPORT_FIREWALL="transformer_engine,nvidia_resiliency_ext")
+    cuda, data = stage_functional(tree, env, record=True, **kwargs)
+    assert cuda.status == "pass", cuda.reason
+    assert "--async-save --use-persistent-ckpt-worker --async-strategy mcore" in data["command"]
+    assert "nvidia-resiliency-ext" in data["chosen_args"]["--async-strategy mcore"]
+    golden = json.loads(golden_path(series_dir, CASE, "cpu-proxy").read_text())
+    assert "--async-save" in golden["args"] and "--async-strategy" not in golden["args"] and "mcore" not in golden["args"]
+    hip, data = stage_functional(tree, env, record=False, rocm=True, hip=hip_sim.DEFAULT_VERSION, **kwargs)
+    assert hip.status == "pass" and "--async-strategy" not in data["command"] and data["chosen_args"] == {}
+    assert "max relative drift vs golden 0" in hip.reason  # the same golden: compared, not "other args"

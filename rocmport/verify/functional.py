@@ -118,13 +118,14 @@ def params_norms(log: str) -> dict[int, float]:
 
 def resume_support(tree: Path) -> dict[str, bool]:
     """Whether the tree's training loop can load a chosen checkpoint step (`--ckpt-step`) and save
-    asynchronously with a persistent worker (`--async-save --use-persistent-ckpt-worker`), and
+    asynchronously with a persistent worker (`--async-save --use-persistent-ckpt-worker`), through a
+    chosen writer (`--async-strategy`, v0.17+), and
     whether it logs the first two iterations after a start as one interval: its training log keeps
     the first iteration's loss in the running total (`should_reset = not is_first_iteration`), so
     the second logged `lm loss` of any run is the mean of its first two iterations."""
     text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py")))
     return {"ckpt_step": "ckpt_step" in text, "async_save": "async_save" in text and "use_persistent_ckpt_worker" in text,
-            "first_two_logged_together": "should_reset = not is_first_iteration" in text}
+            "async_strategy": "async_strategy" in text, "first_two_logged_together": "should_reset = not is_first_iteration" in text}
 
 
 def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_together: bool) -> dict[int, float]:
@@ -137,9 +138,27 @@ def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_to
     return out
 
 
+# Flags that choose how a checkpoint is written, not what is trained: a golden's args leave them out.
+_WRITER_FLAGS = ("--async-strategy",)
+
+
 def recorded_args(args: list[str], work: Path) -> list[str]:
-    """The args as a golden records them: this run's temporary directory as ${WORK}."""
-    return [a.replace(str(work), "${WORK}") for a in args]
+    """The args as a golden records them: this run's temporary directory as ${WORK}, without the
+    checkpoint writer's choice (_WRITER_FLAGS: verify picks one on the CUDA path, the port on HIP)."""
+    out: list[str] = []
+    for i, a in enumerate(args):
+        if a in _WRITER_FLAGS or (i and args[i - 1] in _WRITER_FLAGS):
+            continue
+        out.append(a.replace(str(work), "${WORK}"))
+    return out
+
+
+def nvrx_usable(env: dict) -> bool:
+    """Whether the run's processes can import nvidia-resiliency-ext (not behind the firewall, installed)."""
+    import importlib.util
+
+    return "nvidia_resiliency_ext" not in env.get("ROCMPORT_FIREWALL", "").split(",") and \
+        importlib.util.find_spec("nvidia_resiliency_ext") is not None
 
 
 def _args_difference(a: list[str], b: list[str]) -> str:
@@ -227,10 +246,12 @@ def _failure(proc: subprocess.CompletedProcess, tree: Path, proxy: bool, hip: st
 
 def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, proxy: bool, data_path: str | None,
                      series_dir: Path | None, record: bool, device_kind: str, defaulted: bool = False,
-                     launcher: Launcher = Launcher(), resume: bool = True, hip: str | None = None) -> tuple[StageResult, dict]:
+                     launcher: Launcher = Launcher(), resume: bool = True, hip: str | None = None,
+                     rocm: bool = False) -> tuple[StageResult, dict]:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
-    the remaining iterations. ``hip``: the simulated ROCm version (proxy), for the report."""
+    the remaining iterations. ``hip``: the simulated ROCm version (proxy), for the report;
+    ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the port picks the async writer."""
     start = time.monotonic()
     cdir = case_dir(tree, case)
     if not (tree / "pretrain_gpt.py").is_file():
@@ -245,8 +266,15 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
     with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
         work = Path(tmp)
         save = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": half}
+        chosen: dict[str, str] = {}
         if support["async_save"]:
             save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
+            if support["async_strategy"] and not rocm and not nvrx_usable(env):
+                # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
+                # (async-save-strategy), the CUDA path keeps upstream's default, which needs the package.
+                save["--async-strategy"] = "mcore"
+                chosen["--async-strategy mcore"] = ("nvidia-resiliency-ext (upstream's default async writer, nvrx) is NVIDIA-only "
+                                                    "and not importable here; on HIP the port picks mcore itself")
         args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=save)
         run_env = {**env, **{k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}}
         swaps = {}
@@ -262,6 +290,7 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
         if proc.returncode == 0 and not losses and launcher.multi_node:
             return took_part("functional", launcher, time.monotonic() - start), {}
         details: dict[str, Any] = {"case": case, "command": " ".join(cmd), "losses": losses, "iters": iters, "proxy_env": swaps,
+                                   "chosen_args": chosen,
                    "log_tail": [ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]}
         if proxy:
             from rocmport.verify.proxy_shim import read_redirects

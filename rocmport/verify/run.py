@@ -272,7 +272,7 @@ def _functional(tree: Path, env: dict, opts: FunctionalOptions, dp: int, mode: s
         return stage_functional(tree, env, case=opts.case, dp=dp, iters=opts.iters, proxy=mode == "cpu-proxy",
                                 data_path=opts.data_path, series_dir=opts.series_dir, record=opts.record,
                                 device_kind=device_kind(mode, env_info), defaulted=opts.defaulted, launcher=launcher,
-                                resume=opts.resume, hip=hip_version)
+                                resume=opts.resume, hip=hip_version, rocm=bool(hip_version or env_info.hip))
 
 
 def _component_versions(tree: Path) -> dict:
