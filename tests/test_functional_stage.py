@@ -183,6 +183,19 @@ def test_parse_losses_and_default_case():
     assert default_case(2, 2, te_present=True) == "gpt3_mcore_te_tp2_pp2"
 
 
+def test_default_case_by_v015_names(tmp_path):
+    """Up to v0.15 upstream's merge-request cases carry the suite and machine in their names."""
+    cases = tmp_path / "tests" / "functional_tests" / "test_cases" / "gpt"
+    for name in ("gpt3_mr_mcore_tp2_pp2_uninstall_te_dgx_a100_1N8G", "gpt3_mr_mcore_tp2_pp2_resume_torch_dist_uninstall_te_dgx_a100_1N8G",
+                 "gpt3_mr_mcore_te_tp2_pp2_dgx_a100_1N8G", "gpt3_mr_mcore_te_tp2_pp2_mla_dgx_a100_1N8G"):
+        (cases / name).mkdir(parents=True)
+    assert default_case(2, 2, te_present=False, tree=tmp_path) == "gpt3_mr_mcore_tp2_pp2_uninstall_te_dgx_a100_1N8G"
+    assert default_case(2, 2, te_present=True, tree=tmp_path) == "gpt3_mr_mcore_te_tp2_pp2_dgx_a100_1N8G"
+    assert default_case(1, 1, te_present=False, tree=tmp_path) == "gpt3_mcore_tp1_pp1_uninstall_te"  # none: today's name, for the message
+    (cases / "gpt3_mcore_tp2_pp2_uninstall_te").mkdir()
+    assert default_case(2, 2, te_present=False, tree=tmp_path) == "gpt3_mcore_tp2_pp2_uninstall_te"
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 def test_functional_case_runs_records_and_compares_golden(tmp_path):

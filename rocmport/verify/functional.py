@@ -45,10 +45,16 @@ PROXY_ENV = {"TORCHDYNAMO_DISABLE": ("1", "torch.compile off: megatron's jit_fus
                                           "them to triton kernels; inductor on the CPU would build C++ ones, minutes per rank)")}
 
 
-def default_case(tp: int, pp: int, te_present: bool) -> str:
+def default_case(tp: int, pp: int, te_present: bool, tree: Path | None = None) -> str:
     """Upstream's case for this parallelism: its TE case where TE is installed, else the case whose
-    CI job uninstalls TE and apex (the one a CPU proxy or a TE-less ROCm image can run)."""
-    return f"gpt3_mcore_te_tp{tp}_pp{pp}" if te_present else f"gpt3_mcore_tp{tp}_pp{pp}_uninstall_te"
+    CI job uninstalls TE and apex (the one a CPU proxy or a TE-less ROCm image can run). Up to v0.15
+    upstream named its merge-request cases by suite and machine (`gpt3_mr_mcore_tp2_pp2_uninstall_te_
+    dgx_a100_1N8G`): with ``tree``, that name where the tree has no case by today's name."""
+    name = f"gpt3_mcore_te_tp{tp}_pp{pp}" if te_present else f"gpt3_mcore_tp{tp}_pp{pp}_uninstall_te"
+    if tree is None or case_dir(tree, name).is_dir():
+        return name
+    older = sorted(p.name for p in (tree / CASES).glob(f"{name.replace('gpt3_mcore_', 'gpt3_mr_mcore_', 1)}_dgx_*") if p.is_dir())
+    return next((n for n in older if n.endswith("_dgx_a100_1N8G")), older[0] if older else name)
 
 
 def case_dir(tree: Path, case: str) -> Path:
@@ -257,7 +263,7 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
     if not (tree / "pretrain_gpt.py").is_file():
         return StageResult("functional", SKIPPED, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"), {}
     if not (cdir / "model_config.yaml").is_file():
-        near = sorted(p.name for p in (tree / CASES).glob("gpt3_mcore_*") if p.is_dir())[:8]
+        near = sorted(p.name for p in (tree / CASES).glob("gpt3_*mcore_*") if p.is_dir() and "_tp" in p.name)[:8]
         text = f"upstream has no functional case {case} ({cdir.relative_to(tree)}); pass --case NAME (e.g. {', '.join(near)})"
         return StageResult("functional", SKIPPED if defaulted else FAIL, text), {}
     config = load_case(tree, case)

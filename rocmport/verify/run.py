@@ -337,7 +337,7 @@ def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: in
         raise BadInput(f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)")
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU).
     te_usable = for_verify(series_dir / "series" if series_dir else None)["te_usable"]
-    return FunctionalOptions(case=case or default_case(tp, pp, te_usable),
+    return FunctionalOptions(case=case or default_case(tp, pp, te_usable, tree),
                              defaulted=not case, data_path=data_path, record=record, series_dir=series_dir, iters=iters,
                              resume=resume), ""
 
