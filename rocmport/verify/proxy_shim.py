@@ -134,7 +134,43 @@ def install() -> None:
         nvtx._nvtx = _Nvtx()
     mrandom._get_cuda_rng_state = lambda *a, **k: DEVICE_RNG.get_state()
     mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
+    _one_gloo_device()
     CudaToCpu().__enter__()
+
+
+def _one_gloo_device() -> None:
+    """Every gloo process group of this process shares one TCP device. torch gives each group a
+    device of its own, and each device an event-loop thread that wakes every 10 ms (epoll_wait's
+    timeout): megatron's initialize_model_parallel makes dozens of groups, upstream's tests keep
+    hundreds alive, and on the proxy's 8 ranks thousands of such threads woke 100 times a second
+    each: most of the machine's time went to the kernel (load average above 200 on 2 cores), tests
+    slowed and watchdogs fired on starved ranks. One device per process is how gloo is meant to be
+    used (a device serves any number of pairs); a group's pairs, worker threads and rendezvous are
+    its own as before. NCCL has no such threads: the GPU runs are unaffected."""
+    from torch.distributed import distributed_c10d as c10d
+
+    base = c10d.ProcessGroupGloo
+    if getattr(base, "_rocmport_shared_device", False):
+        return
+    device = base.create_default_device()  # what each group would create: GLOO_SOCKET_IFNAME, else the hostname's
+
+    class ProcessGroupGloo(base):  # type: ignore[misc,valid-type]
+        _rocmport_shared_device = True
+
+        def __init__(self, store, rank, size, timeout=None, **kwargs):
+            if isinstance(timeout, base._Options):
+                options = timeout
+            else:
+                options = base._Options()
+                options._devices = [device]
+                options._threads = 2  # as torch gives each group
+                if timeout is not None:
+                    options._timeout = timeout
+                for key, value in kwargs.items():  # enable_reconfigure (torch 2.14+)
+                    setattr(options, key, value)
+            super().__init__(store, rank, size, options)
+
+    c10d.ProcessGroupGloo = ProcessGroupGloo  # type: ignore[misc]
 
 
 def install_for_upstream_code() -> list[str]:
@@ -408,7 +444,8 @@ def _name_groups_by_members() -> None:
     c10d._process_group_name = process_group_name
 
 
-_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none)",
+_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none, "
+                   "one gloo device per process)",
                    "cuda.set_device no-op", "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
                    "init_process_group nccl -> gloo",
                    "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)",
