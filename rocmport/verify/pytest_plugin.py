@@ -18,9 +18,10 @@ modules import when the firewall has removed TE and flash-attn (`is_te_min_versi
 Like upstream's CI in its development environment it deselects the tests marked `flaky_in_dev`
 (run_ci_test.sh: -m "not flaky_in_dev"), and records which, for the report.
 
-Between tests it releases what a test leaked: gloo connects every subgroup at creation with three
-threads of its own, and megatron's `destroy_model_parallel` only forgets its groups; a group that
-the test created and nothing references any more is destroyed once model parallelism is down.
+Between tests it releases what a test leaked: gloo connects every subgroup at creation, with two
+worker threads of its own (the proxy shim shares one TCP device, and its event loop, per process),
+and megatron's `destroy_model_parallel` only forgets its groups; a group that the test created and
+nothing references any more is destroyed once model parallelism is down.
 
 In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a test that hangs
 (ranks waiting on a collective that never completes) into a failure, not a stage without end.
