@@ -37,7 +37,11 @@ PROXY_SCALE = {"--num-layers": 4, "--hidden-size": 64, "--num-attention-heads": 
                "--max-position-embeddings": 128, "--micro-batch-size": 2, "--global-batch-size": 8,
                # A few iterations must move the loss: the case warms the learning rate up over 1% of
                # 320000 iterations (about 0 for ten), so on the proxy no warm-up and a small model's rate.
-               "--lr": 3e-3, "--lr-warmup-iters": 0, "--lr-warmup-fraction": None}
+               "--lr": 3e-3, "--lr-warmup-iters": 0, "--lr-warmup-fraction": None,
+               # Data-loader workers are processes, spawned on HIP (dataloader-mp-context), each importing
+               # torch and megatron.training: one per rank still proves the spawned worker, and validation,
+               # which the case never reaches in a few iterations (--eval-interval 1000), builds no loader.
+               "--num-workers": 1, "--eval-iters": 0}
 TOLERANCE = {"cpu-proxy": 1e-4, "gpu": 0.05}
 RESUME_TOLERANCE = {True: 1e-5, False: 1e-3}  # proxy (fp32 on the CPU, deterministic) | GPU
 # What the proxy changes in the workers' environment besides the shim, with the reason (reported).
