@@ -339,14 +339,23 @@ _ALIASES = {"transformer_engine": r"\bTE\b|Transformer ?Engine", "flash_attn": r
 
 
 def _names_blocked(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | None:
-    """The firewalled package this failure names (its missing module, or its message), if any."""
+    """The firewalled package this failure names, if any: the module it found missing, or its
+    message. Names that are also ordinary words (`cuda`, `nvidia`, `apex`: torch.cuda, "Apex is not
+    installed") count only as a missing module; distinctive ones (`transformer_engine`) also as
+    written, as their distribution spells them (`nvidia-resiliency-ext`) and by megatron's aliases."""
     import re
 
-    text = " ".join(filter(None, (res.get("missing", {}).get(_file(nodeid)), res.get("missing", {}).get(nodeid),
-                                  res.get("details", {}).get(nodeid))))
+    for mod in (res.get("missing", {}).get(_file(nodeid)), res.get("missing", {}).get(nodeid)):
+        if mod and mod.split(".")[0] in blocked:
+            return mod.split(".")[0]
+    text = res.get("details", {}).get(nodeid, "")
     for mod in blocked:
-        pattern = rf"\b{re.escape(mod)}\b|\b{re.escape(mod.replace('_', '-'))}\b" + (f"|{_ALIASES[mod]}" if mod in _ALIASES else "")
-        if re.search(pattern, text):
+        patterns = [rf"No module named '{re.escape(mod)}\b"]
+        if "_" in mod:
+            patterns += [rf"\b{re.escape(mod)}\b", rf"\b{re.escape(mod.replace('_', '-'))}\b"]
+        if mod in _ALIASES:
+            patterns.append(_ALIASES[mod])
+        if any(re.search(p, text) for p in patterns):
             return mod
     return None
 
