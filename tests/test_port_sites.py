@@ -47,7 +47,8 @@ def ported_tree(root: Path) -> tuple[Path, str]:
     (root / "megatron/core/a.py").write_text(A_AFTER + DEVICE_PROBE)
     commit(root, "codemod: device-probes 1")
     wt.write_state(root, wt.ApplyState(status="done", base=base, codemods=[
-        {"name": "capability-gates", "sites": 3}, {"name": "device-probes", "sites": 1}, {"name": "grouped-gemm", "sites": 0}]))
+        {"name": "capability-gates", "sites": 3}, {"name": "device-probes", "sites": 1}, {"name": "grouped-gemm", "sites": 0},
+        {"name": "apex-to-torch", "sites": 2}]))
     return root, base
 
 
@@ -85,7 +86,7 @@ def test_verify_reports_port_sites_per_codemod(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["stages"][0]["status"] == "pass"
     cov = data["port_sites"]
-    assert list(cov) == ["capability-gates", "device-probes", "grouped-gemm"]  # series order
+    assert list(cov) == ["apex-to-torch", "capability-gates", "device-probes", "grouped-gemm"]  # the JSON's keys are sorted
     assert cov["device-probes"] == {"exercised": 1, "total": 1, "rewrites": 1, "unreached": {}}
     gates = cov["capability-gates"]
     assert (gates["exercised"], gates["total"], gates["rewrites"]) == (0, 3, 3)
@@ -94,7 +95,8 @@ def test_verify_reports_port_sites_per_codemod(tmp_path, capsys):
         "megatron/core/a.py:6 nvidia_arch_major": port_sites.NOT_RUN_DEFAULT,
         "megatron/legacy/b.py:5 nvidia_arch_major": "module never imported: legacy model code: pretrain_gpt.py's mcore path and the selected tests never import it"}
     assert gates["explanation"].startswith("none ran: ")
-    assert cov["grouped-gemm"]["total"] == 0 and "no rewritten site calls a runtime helper" in cov["grouped-gemm"]["explanation"]
+    assert cov["grouped-gemm"]["total"] == 0 and cov["grouped-gemm"]["explanation"] == "nothing to rewrite at this release"
+    assert cov["apex-to-torch"]["total"] == 0 and "no rewritten site calls a runtime helper" in cov["apex-to-torch"]["explanation"]
     assert main(["verify", "--tree", str(tree), "--stages", "1"]) == 0
     out = capsys.readouterr().out
     assert "device-probes: 1/1 sites exercised" in out and "capability-gates: 0/3 sites exercised (none ran:" in out

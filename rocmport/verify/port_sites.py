@@ -212,7 +212,9 @@ def coverage(sites: list[Site], calls: set[tuple[str, int]], modules: set[str], 
         else:
             cov.unreached[site.key] = NOT_RUN.get(site.helper, NOT_RUN_DEFAULT)
     for name, cov in out.items():
-        if cov.total == 0:
+        if cov.total == 0 and cov.rewrites == 0:
+            cov.explanation = "nothing to rewrite at this release"
+        elif cov.total == 0:
             cov.explanation = "no rewritten site calls a runtime helper (its rewrites act by themselves)"
         elif cov.exercised == 0:
             reasons = sorted(set(cov.unreached.values()))
