@@ -67,13 +67,20 @@ DATA_DOWNLOAD = "tests.test_utils.python_scripts.download_unit_tests_dataset"
 
 def _stub_data_download() -> None:
     """Upstream's conftest imports the test-data downloader (it needs click, requests and the
-    network): a stub whose download raises ImportError, which upstream's fixture catches."""
+    network): a stub whose every function raises ImportError, which upstream's fixture catches.
+    Any name: the conftest of each line imports its own (v0.15 `get_oldest_release_and_assets`,
+    v0.16+ `download_and_extract_asset`)."""
     stub = types.ModuleType(DATA_DOWNLOAD)
 
-    def download_and_extract_asset(*args, **kwargs):
+    def skipped(*args, **kwargs):
         raise ImportError("rocmport verify: the unit-test data download is skipped (tests that need /opt/data skip or fail)")
 
-    setattr(stub, "download_and_extract_asset", download_and_extract_asset)
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return skipped
+
+    setattr(stub, "__getattr__", __getattr__)
     sys.modules.setdefault(DATA_DOWNLOAD, stub)
 
 

@@ -108,8 +108,19 @@ def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: in
                 os.kill(pid, signal.SIGKILL)
             except OSError:  # gone meanwhile
                 pass
-    tail = stdout.strip().splitlines()[-1:] or [""]
-    return ranks, stopped, tail[0][:300]
+    return ranks, stopped, _crash_line(stdout)
+
+
+def _crash_line(log: str) -> str:
+    """Why pytest under torchrun recorded nothing, from its log: pytest's own error (a conftest
+    that does not import: "ImportError while loading conftest ...", then its "E   ..." line),
+    else the log's last line (torchrun's summary)."""
+    lines = [ln.split("]:", 1)[1].strip() if ln.startswith("[rank") and "]:" in ln else ln.strip() for ln in log.splitlines()]
+    for i, line in enumerate(lines):
+        if line.startswith(("ImportError while loading conftest", "ERROR: ")):
+            detail = next((ln for ln in lines[i + 1:i + 12] if ln.startswith("E ")), "")
+            return f"{line} {detail}".strip()[:400]
+    return next((ln for ln in reversed(lines) if ln), "")[:300]
 
 
 def stray_processes(name: str, value: str) -> list[int]:
