@@ -170,7 +170,7 @@ def _one_gloo_device() -> None:
                     setattr(options, key, value)
             super().__init__(store, rank, size, options)
 
-    c10d.ProcessGroupGloo = ProcessGroupGloo  # type: ignore[misc]
+    c10d.ProcessGroupGloo = ProcessGroupGloo
 
 
 def install_for_upstream_code() -> list[str]:
@@ -418,7 +418,7 @@ def _torch_sees_no_accelerator() -> None:
         return self
 
     setattr(torch.accelerator, "current_accelerator", current_accelerator)
-    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]
+    torch.Tensor.pin_memory = pin_memory
 
 
 def _name_groups_by_members() -> None:
