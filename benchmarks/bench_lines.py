@@ -3,13 +3,15 @@ the repository's series: `sync` from local mirrors, `apply`, and `verify --tp 2 
 with every verify stage's status and seconds.
 
     python benchmarks/bench_lines.py --mlm /path/to/Megatron-LM.git --bridge /path/to/Megatron-Bridge.git \
-        [--lines v0.15,v0.16,v0.17,v0.18,v0.19,main] [--python /path/to/python3.12] [--work DIR] [--json]
+        [--lines v0.15,v0.16,v0.17,v0.18,v0.19,main] [--python /path/to/python3.12] [--line-python LINE=PATH ...] [--work DIR] [--json]
 
 `main` is what `rocmport bot --track main` takes (the head of upstream's main branch): the project is
 synced to the newest line that has a series, then `rocmport refresh --to main --no-verify` makes its
 series (the "apply" column is that refresh), then verify runs on it. Megatron-LM v0.17 and later
 need Python 3.12: give `--python` an interpreter that has torch (every command runs with it; default:
-this one). The cache is $ROCMPORT_CACHE_DIR (or rocmport's default): warm codemod results make apply
+this one). Each Megatron-Bridge release pins its own transformers range (v0.5: 5.8.x, and v0.5+
+import modules transformers 5.24 removed), so `--line-python v0.18=/path/python` gives a line its own
+interpreter. The cache is $ROCMPORT_CACHE_DIR (or rocmport's default): warm codemod results make apply
 faster; `--fresh-cache` starts from an empty one. Run on demand (it takes long on 2 cores: upstream's
 unit tests run on 8 ranks); figures go in the issue notes."""
 
@@ -95,10 +97,15 @@ def main() -> int:
     p.add_argument("--bridge", required=True, help="local mirror of NVIDIA-NeMo/Megatron-Bridge")
     p.add_argument("--lines", default=",".join(LINES), help="comma-separated release lines and/or main")
     p.add_argument("--python", default=sys.executable, help="the interpreter every command runs with (3.12 for v0.17+)")
+    p.add_argument("--line-python", action="append", default=[], metavar="LINE=PATH",
+                   help="the interpreter one line's commands run with instead (repeatable)")
     p.add_argument("--work", help="keep the projects here (default: a temporary directory)")
     p.add_argument("--fresh-cache", action="store_true", help="an empty rocmport cache (cold fetch and codemods)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = p.parse_args()
+    if any("=" not in item for item in args.line_python):
+        p.error("--line-python wants LINE=PATH")
+    line_python = dict(item.split("=", 1) for item in args.line_python)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rocmport-lines-"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
     if args.fresh_cache:
@@ -107,7 +114,7 @@ def main() -> int:
     with open(work / "bench_lines.log", "w") as log:
         for line in [x.strip() for x in args.lines.split(",") if x.strip()]:
             print(f"... {line}", file=sys.stderr, flush=True)
-            rows.append(run_line(line, work / f"proj-{line}", args.python, args.mlm, args.bridge, env, log))
+            rows.append(run_line(line, work / f"proj-{line}", line_python.get(line, args.python), args.mlm, args.bridge, env, log))
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     for r in rows:

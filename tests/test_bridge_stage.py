@@ -68,3 +68,28 @@ def test_bridge_training_entry_point_is_imported_behind_the_firewall(tmp_path):
     assert result.details["modules"] == ["megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.training.pretrain"]
     assert list(result.details["failures"]) == ["megatron.bridge.training.pretrain"]
     assert result.reason.startswith("megatron.bridge.training.pretrain: ModuleNotFoundError") and "(missing: modelopt" in result.reason
+
+
+def test_import_failure_from_a_dependency_outside_bridge_s_declared_range_says_environment(tmp_path):
+    """Bridge v0.5 declares transformers>=5.8.1,<5.9 and imports a module transformers 5.24 removed: the
+    stage fails (it cannot pass on a broken environment) and says the environment is at fault, with the
+    pip command; a declared range this interpreter meets, or a failure in another package, is not blamed."""
+    from importlib import metadata
+
+    mlm = tmp_path / "megatron-lm"
+    (mlm / "megatron").mkdir(parents=True)
+    installed = metadata.version("PyYAML")
+    pyproject = ('[project]\nname = "megatron-bridge"\n'
+                 'dependencies = ["pyyaml<1.0", "click>=1", "torch<0.1", "megatron-core>=99", "nosuchdist-rocmport>=1"]\n')
+    tree = _bridge_tree(tmp_path, "import yaml.modeling_attn_mask_utils  # gone from the installed release\n", pyproject)
+    result, _ = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
+    assert result.status == "fail"
+    assert result.reason.startswith("megatron.bridge: ModuleNotFoundError") and "(missing: yaml.modeling_attn_mask_utils)" in result.reason
+    assert f"an environment problem: pyyaml {installed} is installed, Megatron-Bridge declares pyyaml<1.0 (pyproject.toml)" in result.reason
+    assert result.reason.endswith(f"`{sys.executable} -m pip install 'pyyaml<1.0'`")
+    # click is within its range; torch and megatron-core are verify's own business; the absent one is the probe's.
+    assert result.details["declared_unmet"] == {"pyyaml": {"installed": installed, "declared": "pyyaml<1.0"}}
+
+    other = _bridge_tree(tmp_path / "other", "import modelopt.torch.opt  # an unguarded NVIDIA-only import\n", pyproject)
+    result, _ = stage_bridge(other, _env(tmp_path, mlm), 1, 1, 1, 2)
+    assert result.status == "fail" and "environment problem" not in result.reason and "(missing: modelopt" in result.reason

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from tests.helpers.lines import needs_python312, rocmport
+from tests.helpers.lines import needs_python312, python_for, rocmport
 from tests.helpers.real import BRIDGE, MLM, REAL_CACHE, needs_mirrors, project_with
 from tests.helpers.sync import g
 
@@ -32,24 +32,25 @@ def _remotes() -> list[str]:
 @pytest.mark.parametrize("line", ["v0.15", "v0.16", "v0.17", "v0.18", "v0.19", "main"])
 def test_line_syncs_applies_and_verifies(tmp_path, line, capsys):
     root = project_with(tmp_path / "project")
+    python = python_for(line)
     start = time.monotonic()
     ref = "v0.19" if line == "main" else line
-    proc = rocmport(root, "sync", "--ref", ref, *_remotes(), cache=CACHE)
+    proc = rocmport(root, "sync", "--ref", ref, *_remotes(), cache=CACHE, python=python)
     assert proc.returncode == 0, proc.stderr[-3000:]
     sync_s = time.monotonic() - start
     start = time.monotonic()
     if line == "main":  # what `bot --track main` takes: the head of upstream main, its series made by refresh
-        proc = rocmport(root, "refresh", "--to", "main", "--no-verify", cache=CACHE)
+        proc = rocmport(root, "refresh", "--to", "main", "--no-verify", cache=CACHE, python=python)
         assert proc.returncode == 0, proc.stderr[-3000:]
         lock = yaml.safe_load((root / "upstream.lock").read_text())["upstreams"]
         assert lock["megatron-lm"]["commit"] == g(MLM, "rev-parse", "refs/heads/main")
         assert (root / "patchsets" / "megatron-lm" / f"v{'.'.join(lock['megatron-lm']['version'].split('.')[:2])}" / "series").is_file()
     else:
-        proc = rocmport(root, "apply", cache=CACHE)
+        proc = rocmport(root, "apply", cache=CACHE, python=python)
         assert proc.returncode == 0, proc.stderr[-3000:]
     apply_s = time.monotonic() - start
     lock = yaml.safe_load((root / "upstream.lock").read_text())["upstreams"]
-    proc = rocmport(root, "verify", "--tp", "2", "--pp", "2", "--report", str(root / "verify.json"), cache=CACHE)
+    proc = rocmport(root, "verify", "--tp", "2", "--pp", "2", "--report", str(root / "verify.json"), cache=CACHE, python=python)
     report = json.loads((root / "verify.json").read_text()) if (root / "verify.json").is_file() else {}
     stages = {s["name"]: s for s in report.get("stages", [])}
     with capsys.disabled():

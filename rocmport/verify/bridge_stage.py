@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rocmport.verify.environment import unmet_python
+from rocmport.verify.environment import declared_unmet, distributions_of, unmet_python
 from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch, modules_import, took_part
 from rocmport.verify.launcher import Launcher
 
@@ -20,6 +21,24 @@ from rocmport.verify.launcher import Launcher
 BRIDGE_MODULES = ("megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.peft.lora",
                   "megatron.bridge.training.gpt_step", "megatron.bridge.training.pretrain",
                   "megatron.bridge.training.train", "megatron.bridge.training.checkpointing", "megatron.bridge.recipes")
+
+
+# What verify puts on the path itself (the ported trees) or never replaces (the user's torch): a
+# version Bridge declares for these says nothing about the environment.
+PROVIDED = ("megatron-core", "megatron-bridge", "torch")
+
+
+def _blame_environment(failure: dict, unmet: dict[str, dict[str, str]]) -> str:
+    """When the module a failed import names comes from a distribution installed outside the range
+    Bridge declares for it (transformers 5.24 removed what Bridge v0.5, declaring >=5.8.1,<5.9, imports),
+    the failure is this environment's, not the port's: say so, with the pip command."""
+    names = [failure.get("missing") or ""] + re.findall(r"from '([\w.]+)'", failure.get("error", ""))
+    dists = sorted({d for n in names if n for d in distributions_of(n)} & set(unmet))
+    if not dists:
+        return ""
+    found = "; ".join(f"{d} {unmet[d]['installed']} is installed, Megatron-Bridge declares {unmet[d]['declared']}" for d in dists)
+    wanted = " ".join(f"'{unmet[d]['declared']}'" for d in dists)
+    return f" — an environment problem: {found} (pyproject.toml): `{sys.executable} -m pip install {wanted}`"
 
 
 def _modules(bridge_tree: Path) -> list[str]:
@@ -55,17 +74,19 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
     if line is None:
         return StageResult("bridge", FAIL, f"the import probe crashed: {_last_error(proc)}", time.monotonic() - start), {}
     failed = {m: r for m, r in json.loads(line.split(" ", 1)[1]).items() if r}
+    unmet = declared_unmet(bridge_tree, PROVIDED)
     if failed:
         m, r = next(iter(failed.items()))
         missing = f" (missing: {r['missing']})" if r.get("missing") else ""
-        return StageResult("bridge", FAIL, f"{m}: {r['error']}{missing}", time.monotonic() - start, {"modules": mods, "failures": failed}), {}
+        details = {"modules": mods, "failures": failed, **({"declared_unmet": unmet} if unmet else {})}
+        return StageResult("bridge", FAIL, f"{m}: {r['error']}{missing}{_blame_environment(r, unmet)}", time.monotonic() - start, details), {}
     with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
         out = Path(tmp) / "bridge.json"
         run = launch(bridge_command(launcher, tp, pp, dp, iters, out), env, bridge_tree)
         data = json.loads(out.read_text()) if out.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("bridge", launcher, time.monotonic() - start), {}
-    details = {"modules": mods}
+    details = {"modules": mods, **({"declared_unmet": unmet} if unmet else {})}
     if data and "unsupported" in data:
         return StageResult("bridge", UNSUPPORTED, f"proxy shim hook missing: {data['unsupported']}", time.monotonic() - start, details), {}
     if run.returncode != 0 or not data:

@@ -74,6 +74,48 @@ def unmet_python(tree: Path) -> str | None:
     return spec if spec and not SpecifierSet(spec).contains(platform.python_version()) else None
 
 
+def declared_unmet(tree: Path, provided: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """The tree's declared dependencies (pyproject.toml `[project] dependencies`, markers evaluated here)
+    that this interpreter has installed at a version outside the declared range: distribution ->
+    {installed, declared}. Absent ones are not listed (the import probe names what is missing), nor
+    the distributions in `provided` (what verify puts on the path itself: the trees, the user's torch)."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    pyproject = tree / "pyproject.toml"
+    try:
+        declared = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("dependencies", [])
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return {}
+    skip = {canonicalize_name(name) for name in provided}
+    unmet: dict[str, dict[str, str]] = {}
+    for text in declared if isinstance(declared, list) else []:
+        try:
+            req = Requirement(str(text))
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) in skip or not req.specifier or (req.marker and not req.marker.evaluate()):
+            continue
+        try:
+            installed = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            continue
+        if not req.specifier.contains(installed, prereleases=True):
+            unmet[canonicalize_name(req.name)] = {"installed": installed, "declared": str(req)}
+    return unmet
+
+
+def distributions_of(module: str) -> set[str]:
+    """The installed distributions (canonical names) that provide a module's top-level package."""
+    from importlib import metadata
+
+    from packaging.utils import canonicalize_name
+
+    return {canonicalize_name(d) for d in metadata.packages_distributions().get(module.split(".")[0], [])}
+
+
 def interpreter_version(python: str) -> str | None:
     """The version of the Python at ``python`` (a path or a command), None when it does not run."""
     try:
