@@ -230,6 +230,51 @@ dist.destroy_process_group()
 """
 
 
+NCCL_SUBGROUPS = r"""
+import json, sys
+import torch, torch.distributed as dist
+if sys.argv[1] == "proxy":
+    from rocmport.verify import proxy_shim
+    proxy_shim._subgroups_on_gloo()  # what install_for_upstream_code installs for the subgroups
+dist.init_process_group("gloo")
+r = dist.get_rank()
+result = {"rank": r}
+try:
+    # As upstream main's HyperCommGrid(..., backend="nccl") and its tests ask for groups.
+    pair = dist.new_group([0, 1], backend="nccl")
+    mine, _ = dist.new_subgroups_by_enumeration([[0], [1]], backend="nccl")
+    t = torch.tensor([float(r + 1)])
+    dist.all_reduce(t, group=pair)
+    result.update(sum=t.item(), backends=[dist.get_backend(pair), dist.get_backend(mine)])
+except Exception as exc:
+    result["error"] = f"{type(exc).__name__}: {exc}"
+if sys.argv[1] == "proxy":
+    result["redirects"] = sorted(proxy_shim.REDIRECTS)
+open(f"rank{r}.json", "w").write(json.dumps(result))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_puts_subgroups_asked_for_on_nccl_on_gloo(tmp_path, mode):
+    """Without a GPU torch cannot build a subgroup on nccl; the proxy gives it gloo, as it does the
+    default group, and counts each swap."""
+    (tmp_path / "groups.py").write_text(NCCL_SUBGROUPS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port",
+                          str(free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if mode == "plain":
+        assert all("error" in r and "sum" not in r for r in ranks), ranks
+        return
+    assert [r.get("sum") for r in ranks] == [3.0, 3.0], ranks
+    assert all(r["backends"] == ["gloo", "gloo"] for r in ranks), ranks
+    assert all(any(k.startswith("new_group(backend=nccl) -> gloo") for k in r["redirects"]) for r in ranks), ranks
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["plain", "proxy"])

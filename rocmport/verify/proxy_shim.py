@@ -199,9 +199,28 @@ def install_for_upstream_code() -> list[str]:
         return real_init(backend, *args, **kwargs)
 
     dist.init_process_group = init_process_group
+    _subgroups_on_gloo()
     _name_groups_by_members()
     _in_order_streams()
     return _UPSTREAM_SWAPS
+
+
+def _subgroups_on_gloo() -> None:
+    """Subgroups asked for on nccl get gloo, as the default group does: upstream names the backend of
+    some groups itself (main's HyperCommGrid(..., backend="nccl") in test_utils.py), and torch would
+    build a ProcessGroupNCCL ("only supported with GPUs"). new_group and new_subgroups_by_enumeration
+    both create through _new_group_with_tag; each swap is counted by its megatron call site."""
+    from torch.distributed import distributed_c10d as c10d
+
+    real = c10d._new_group_with_tag
+
+    def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=None, *args, **kwargs):
+        if backend is not None and "nccl" in str(backend).lower():
+            REDIRECTS[f"new_group(backend={str(backend).lower()}) -> gloo @ {_site()}"] += 1
+            backend, backend_options = "gloo", None  # NCCL's options mean nothing to gloo
+        return real(ranks, timeout, backend, backend_options, *args, **kwargs)
+
+    c10d._new_group_with_tag = _new_group_with_tag
 
 
 def _in_order_streams() -> None:
@@ -447,7 +466,7 @@ def _name_groups_by_members() -> None:
 _UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none, "
                    "one gloo device per process)",
                    "cuda.set_device no-op", "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
-                   "init_process_group nccl -> gloo",
+                   "init_process_group nccl -> gloo", "new_group/new_subgroups nccl -> gloo",
                    "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)",
                    "cuda.Stream/Event/stream in order on the CPU (waits return at once)"]
 
