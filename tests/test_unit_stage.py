@@ -128,21 +128,23 @@ def test_label_rules():
     port = {"outcomes": {"a.py::x": "failed", "a.py::y": "failed", "b.py": "error", "c.py::z": "failed", "d/e.py::w": "failed",
                          "a.py::ok": "passed", "a.py::diff": "failed", "a.py::te": "failed", "a.py::gone": "failed",
                          "f.py": "error", "a.py::dep": "failed", "a.py::hang1": "failed", "a.py::hang2": "failed",
-                         "a.py::hang3": "failed", "a.py::rope": "failed", "a.py::nvrx": "failed", "g.py": "error", "a.py::cuda": "failed"},
-            "kinds": {"a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "TypeError", "a.py::te": "AssertionError",
+                         "a.py::hang3": "failed", "a.py::rope": "failed", "a.py::nvrx": "failed", "g.py": "error", "a.py::cuda": "failed",
+                         "a.py::eagain": "failed"},
+            "kinds": {"a.py::eagain": "RuntimeError", "a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "TypeError", "a.py::te": "AssertionError",
                       "a.py::hang1": "hang", "a.py::hang2": "hang", "a.py::hang3": "hang"},
             "missing": {"f.py": "yaml", "g.py": "transformer_engine.pytorch"},
             "details": {"a.py::dep": "ModuleNotFoundError: No module named 'mock' at a.py:3",
                         "a.py::rope": "ValueError: apply_rope_fusion is not available. Please install TE >= 1.4. at megatron/core/x.py:9",
                         "a.py::nvrx": "ModuleNotFoundError: A compatible `nvidia-resiliency-ext` installation is required",
-                        "a.py::cuda": "AssertionError: expected torch.cuda.FloatTensor, Apex is not installed at a.py:5"},
+                        "a.py::cuda": "AssertionError: expected torch.cuda.FloatTensor, Apex is not installed at a.py:5",
+                        "a.py::eagain": "RuntimeError: Resource temporarily unavailable at rocmport/verify/proxy_shim.py:171"},
             "local_spec": ["a.py::te"], "hung": ["a.py::hang1", "a.py::hang2", "a.py::hang3"],
             "alone": {"a.py::hang1": "passed", "a.py::hang2": "hung", "a.py::hang3": "hung"}}
     base = {"outcomes": {"a.py::x": "passed", "a.py::y": "failed", "b.py": "error", "c.py": "error", "d/e.py::w": "passed",
                          "a.py::diff": "failed", "a.py::te": "failed", "f.py": "error", "a.py::dep": "failed",
                          "a.py::hang2": "failed", "a.py::hang3": "passed", "a.py::rope": "failed", "a.py::nvrx": "failed", "g.py": "error",
-                         "a.py::cuda": "failed"},
-            "kinds": {"a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "AssertionError", "a.py::te": "AssertionError",
+                         "a.py::cuda": "failed", "a.py::eagain": "failed"},
+            "kinds": {"a.py::eagain": "RuntimeError", "a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "AssertionError", "a.py::te": "AssertionError",
                       "a.py::hang2": "hang"},
             "hung": ["a.py::hang2"], "alone": {"a.py::hang2": "hung"}}
     labels, why = label(port, base, {"d/": "whole directory skipped on ROCm"}, blocked=("transformer_engine", "nvidia_resiliency_ext", "cuda", "apex"))
@@ -161,7 +163,10 @@ def test_label_rules():
         "a.py::rope": "needs-nvidia-only",  # same failure on both, naming a firewalled package (TE, as megatron spells it)
         "a.py::nvrx": "needs-nvidia-only",
         "g.py": "needs-nvidia-only",
-        "a.py::cuda": "upstream-known"}     # torch.cuda and "Apex" in a message are not the firewalled cuda/apex modules
+        "a.py::cuda": "upstream-known",     # torch.cuda and "Apex" in a message are not the firewalled cuda/apex modules
+        "a.py::eagain": "proxy-artifact"}   # both trees ran out of threads creating a gloo group: the machine, not upstream
+    assert why["a.py::eagain"].startswith("fails the same way on the unported tree: this machine ran out of a resource "
+                                          "(Resource temporarily unavailable)")
     assert why["a.py::diff"].startswith("fails differently on the unported tree (AssertionError there, TypeError here)")
     assert why["f.py"] == "the ordinary package yaml is not installed"
     assert why["a.py::rope"] == "fails the same way on the unported tree: it needs transformer_engine, which the firewall removes here"

@@ -11,6 +11,8 @@ guards for collection (see pytest_plugin). Labels of a failing test:
 - `upstream-known`: the unported tree failed it the same way (same exception type).
 - `proxy-artifact`: as upstream-known, but the test ran with the local layer spec in place of TE's
   (upstream wrote it for TE): an artifact of the proxy, not upstream's bug.
+  Also a failure both trees share that is this machine running out of threads, descriptors or
+  memory under the proxy's load ("Resource temporarily unavailable" creating a gloo group).
 - `needs-nvidia-only`: as upstream-known, but the failure names a package the firewall removed
   (NVIDIA-only, or without a ROCm build on this machine: "Please install TE >= 1.4", "A compatible
   `nvidia-resiliency-ext` installation is required"): the test needs what this environment lacks
@@ -371,6 +373,17 @@ def _names_blocked(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | No
     return None
 
 
+# The machine's limits, as the C library and Python word them: threads (EAGAIN from pthread_create,
+# as gloo reports a group it could not start), file descriptors, memory.
+_EXHAUSTION = ("Resource temporarily unavailable", "can't start new thread", "Too many open files", "Cannot allocate memory")
+
+
+def _exhausted(nodeid: str, res: dict) -> str | None:
+    """The resource-exhaustion message this failure carries, if any: the machine's limit, not upstream's bug."""
+    text = res.get("details", {}).get(nodeid, "")
+    return next((m for m in _EXHAUSTION if m in text), None)
+
+
 def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
     """Each failing test of the port: its label (see the module docstring) and why."""
     labels, why = {}, {}
@@ -405,6 +418,9 @@ def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...
             if not same:
                 lab, text = "unverified", (f"fails differently on the unported tree ({base.get('kinds', {}).get(nodeid) or '?'} "
                                            f"there, {port.get('kinds', {}).get(nodeid) or '?'} here)")
+            elif exhausted := _exhausted(nodeid, port):
+                lab, text = "proxy-artifact", (f"fails the same way on the unported tree: this machine ran out of a resource "
+                                               f"({exhausted}), here under the CPU proxy's load (gloo groups' threads on 8 ranks)")
             elif nodeid in local:
                 lab, text = "proxy-artifact", "fails the same way on the unported tree, running with the local spec in place of TE's"
             elif needs := _names_blocked(nodeid, port, blocked):
