@@ -71,6 +71,7 @@ def test_cuda_is_upstream(tmp_path):
     assert run_tree(tmp_path / "h", validate_args_tree(VALIDATE_ARGS), validate_args_probe(), hip="6.4.43482").stdout == upstream.stdout
 
 
+@pytest.mark.torch  # the generated helper imports torch (is_hip)
 def test_the_helper_renders_rocmports_one_launcher_list():
     """The generated helper carries rocmport/launch_env.py's lists, the ones `rocmport env`, verify and
     the container recipe use: one source."""
