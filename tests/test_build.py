@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import sysconfig
@@ -58,7 +59,10 @@ def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, real_in
     # Its megatron-core[dev] asks for emerging_optimizers, which upstream installs from git (not on
     # PyPI): pip says so, and that is reported; whatever pip could resolve has nothing CUDA-only.
     assert bridge["dry_run"]["cuda_only"] == []
-    assert bridge["dry_run"]["error"] == "" or "emerging_optimizers" in bridge["dry_run"]["error"]
+    # Under Python 3.12 pip backtracks Bridge v0.3's transformers<5 to a tokenizers sdist whose build needs
+    # Rust: reported with the distribution pip was collecting, never a ported wheel of ours.
+    error = bridge["dry_run"]["error"]
+    assert error == "" or "emerging_optimizers" in error or re.search(r"\(collecting (?!megatron)", error), error
     assert built["dry_run"]["cuda_only"] == [] and "torch" not in built["dry_run"]["would_install"]
     wheel = next(Path(f) for f in built["files"] if f.endswith(".whl"))
     assert wheel.parent == root / "dist" and any(f.endswith(".tar.gz") for f in built["files"])

@@ -113,7 +113,9 @@ TRAIN_LOOP = textwrap.dedent("""\
         assert torch.accelerator.current_accelerator() is None  # torch's own view (the loader's pinning, optimizers' graph-capture check)
     """)
 SHAPED_PRETRAIN = "import sys\nfrom megatron.training.loop import train\n\ntrain(sys.argv[1:])\n"
-CUDA_ONLY_PRETRAIN = "import torch\nfrom megatron.training.initialize import initialize_megatron\ninitialize_megatron(allow_no_cuda=True)\ntorch.cuda.ipc_collect()\n"
+# A CUDA call the shim has no CPU answer for: the CPU build lacks its binding, a CUDA build without a
+# GPU finds no driver (cuBLAS needs a context).
+CUDA_ONLY_PRETRAIN = "import torch\nfrom megatron.training.initialize import initialize_megatron\ninitialize_megatron(allow_no_cuda=True)\ntorch.cuda.current_blas_handle()\n"
 INITIALIZE = textwrap.dedent("""\
     import torch
 
@@ -250,7 +252,10 @@ def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
     # With the shim, a CUDA call it has no CPU answer for is still named, never papered over.
     tree = make_tree(tmp_path / "tree2", CUDA_ONLY_PRETRAIN)
     res, _ = stage_functional(tree, proxy_env(tmp_path, tree), proxy=True, **kwargs)
-    assert res.status == "unsupported-in-proxy" and "has no attribute '_cuda_ipc_collect'" in res.reason, res.reason
+    import torch
+
+    blocker = "has no attribute '_cuda_getCurrentBlasHandle'" if torch.version.cuda is None else "CUDA driver"
+    assert res.status == "unsupported-in-proxy" and blocker in res.reason, res.reason
     assert res.reason.endswith("at pretrain_gpt.py:4 (<module>)"), res.reason
 
 

@@ -114,6 +114,29 @@ def test_pip_dry_run_shows_what_would_be_pulled(tmp_path):
     assert error == "" and manifests.cuda_only_installs(names) == [] and "tqdm-fake" in names
 
 
+@pytest.mark.slow
+def test_pip_dry_run_names_a_dependency_whose_build_fails(tmp_path):
+    """When a dependency's own build fails, pip ends on "hint: See above for details."; the error
+    says what failed, the build's exception and what pip was collecting (seen under Python 3.12:
+    Bridge v0.3's transformers<5 backtracked to a tokenizers sdist whose build needs setuptools_rust)."""
+    house = tmp_path / "house"
+    house.mkdir()
+    broken = _dist(tmp_path / "src", "needs-rust-fake", [])
+    (broken / "setup.py").write_text("import setuptools_rust_rocmport_absent\n")
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(house), str(broken)],
+                   check=False, capture_output=True)
+    if not list(house.glob("*.tar.gz")):  # building the sdist runs setup.py too: copy it by hand instead
+        import tarfile
+
+        with tarfile.open(house / "needs_rust_fake-1.0.tar.gz", "w:gz") as tar:
+            tar.add(broken, arcname="needs_rust_fake-1.0")
+    project = _dist(tmp_path, "ported-core", ["needs-rust-fake"])
+    names, error = manifests.pip_dry_run([str(project)], extra_args=("--no-index", "--find-links", str(house)))
+    assert names == []
+    assert error.startswith("metadata-generation-failed: ModuleNotFoundError: No module named 'setuptools_rust_rocmport_absent'"), error
+    assert error.endswith("needs_rust_fake-1.0.tar.gz (from ported-core==1.0))") and "(processing " in error, error
+
+
 def _matrix(**changes):
     import dataclasses
 

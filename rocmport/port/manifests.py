@@ -285,14 +285,30 @@ def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_arg
 
     with tempfile.TemporaryDirectory(prefix="rocmport-dry-") as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [python or sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report),
+        cmd = [python or sys.executable, "-m", "pip", "install", "--dry-run", "--report", str(report),
                "--no-build-isolation", *(["--index-url", index_url] if index_url else []), *extra_args, *requirements]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not report.is_file():
-            errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR:")] or proc.stderr.strip().splitlines() or ["pip failed"]
-            return [], errors[-1]
+            return [], _pip_error(proc.stdout, proc.stderr)
         data = json.loads(report.read_text())
     return sorted(canonical(item["metadata"]["name"]) for item in data.get("install", [])), ""
+
+
+def _pip_error(stdout: str, stderr: str) -> str:
+    """pip's failure in one line: its ERROR: line, or, when a dependency's own build failed (pip then
+    ends on "hint: See above for details."), what failed, the build's last exception and the
+    distribution pip was collecting (or processing, for a local file)."""
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("ERROR:")]
+    if errors:
+        return errors[-1]
+    kind = next((ln[len("error: "):].strip() for ln in stderr.splitlines() if ln.startswith("error: ")), None)
+    raised = [ln.strip() for ln in stderr.splitlines() if re.match(r"^\s*\w+(Error|Exception): ", ln)]
+    collecting = [ln.strip() for ln in stdout.splitlines() if ln.startswith(("Collecting ", "Processing "))]
+    if kind or raised:
+        text = ": ".join(x for x in (kind, raised[-1] if raised else None) if x)
+        return text + (f" ({collecting[-1][0].lower()}{collecting[-1][1:]})" if collecting else "")
+    lines = stderr.strip().splitlines()
+    return lines[-1] if lines else "pip failed"
 
 
 def cuda_only_installs(names: list[str]) -> list[str]:
