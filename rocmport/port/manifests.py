@@ -302,7 +302,8 @@ def _pip_error(stdout: str, stderr: str) -> str:
     if errors:
         return errors[-1]
     kind = next((ln[len("error: "):].strip() for ln in stderr.splitlines() if ln.startswith("error: ")), None)
-    raised = [ln.strip() for ln in stderr.splitlines() if re.match(r"^\s*\w+(Error|Exception): ", ln)]
+    # The build's own last words: an exception, or a setuptools "error: ..." inside pip's box.
+    raised = [ln.strip() for ln in stderr.splitlines() if re.match(r"^\s*\w+(Error|Exception): |^\s+error: (?!subprocess-exited)", ln)]
     collecting = [ln.strip() for ln in stdout.splitlines() if ln.startswith(("Collecting ", "Processing "))]
     if kind or raised:
         text = ": ".join(x for x in (kind, raised[-1] if raised else None) if x)
