@@ -230,6 +230,15 @@ dist.destroy_process_group()
 """
 
 
+def _torchrun_script(tmp_path: Path, script: str, nproc: int, mode: str) -> None:
+    """Run `script` as groups.py on `nproc` local ranks (argument: `mode`); each rank writes rankN.json."""
+    (tmp_path / "groups.py").write_text(script)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master-port",
+                          str(free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 NCCL_SUBGROUPS = r"""
 import json, sys
 import torch, torch.distributed as dist
@@ -261,11 +270,7 @@ dist.destroy_process_group()
 def test_proxy_puts_subgroups_asked_for_on_nccl_on_gloo(tmp_path, mode):
     """Without a GPU torch cannot build a subgroup on nccl; the proxy gives it gloo, as it does the
     default group, and counts each swap."""
-    (tmp_path / "groups.py").write_text(NCCL_SUBGROUPS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master-port",
-                          str(free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    _torchrun_script(tmp_path, NCCL_SUBGROUPS, 2, mode)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     if mode == "plain":
         assert all("error" in r and "sum" not in r for r in ranks), ranks
@@ -282,11 +287,7 @@ def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):
     """torch names a group by its creation count and gloo connects it at creation under that name:
     per-rank views ([0, 2] on ranks 0 and 2, [1, 3] on 1 and 3, same count) share one rendezvous on
     plain gloo. The proxy names them by their members too; groups made alike keep one name."""
-    (tmp_path / "groups.py").write_text(PER_VIEW_GROUPS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master-port",
-                          str(free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    _torchrun_script(tmp_path, PER_VIEW_GROUPS, 4, mode)
     ranks = {d["rank"]: d for d in (json.loads(f.read_text()) for f in tmp_path.glob("rank*.json"))}
     assert sorted(ranks) == [0, 1, 2, 3]
     assert len({d["names"][0] for d in ranks.values()}) == 1  # a group every rank makes alike: one name

@@ -75,18 +75,18 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
         return StageResult("bridge", FAIL, f"the import probe crashed: {_last_error(proc)}", time.monotonic() - start), {}
     failed = {m: r for m, r in json.loads(line.split(" ", 1)[1]).items() if r}
     unmet = declared_unmet(bridge_tree, PROVIDED)
+    details = {"modules": mods, **({"declared_unmet": unmet} if unmet else {})}
     if failed:
         m, r = next(iter(failed.items()))
         missing = f" (missing: {r['missing']})" if r.get("missing") else ""
-        details = {"modules": mods, "failures": failed, **({"declared_unmet": unmet} if unmet else {})}
-        return StageResult("bridge", FAIL, f"{m}: {r['error']}{missing}{_blame_environment(r, unmet)}", time.monotonic() - start, details), {}
+        return StageResult("bridge", FAIL, f"{m}: {r['error']}{missing}{_blame_environment(r, unmet)}", time.monotonic() - start,
+                           {**details, "failures": failed}), {}
     with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
         out = Path(tmp) / "bridge.json"
         run = launch(bridge_command(launcher, tp, pp, dp, iters, out), env, bridge_tree)
         data = json.loads(out.read_text()) if out.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("bridge", launcher, time.monotonic() - start), {}
-    details = {"modules": mods, **({"declared_unmet": unmet} if unmet else {})}
     if data and "unsupported" in data:
         return StageResult("bridge", UNSUPPORTED, f"proxy shim hook missing: {data['unsupported']}", time.monotonic() - start, details), {}
     if run.returncode != 0 or not data:

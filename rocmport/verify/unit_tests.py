@@ -46,7 +46,7 @@ from rocmport.verify import suite
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 
-PLUGIN_VERSION = "14"  # part of the baseline cache key: a record read another way is not reused (14: subgroups asked for on nccl get gloo; 9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local; 13: the session's objects frozen after collection)
+PLUGIN_VERSION = "14"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14: subgroups asked for on nccl get gloo)
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
 LABELS = ("port-regression", "unverified", "missing-dependency", "upstream-known", "proxy-artifact", "needs-nvidia-only", "flaky",
