@@ -12,6 +12,7 @@ amp.custom_fwd` and `from torch.cuda.amp import custom_fwd` are both `torch.cuda
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -56,6 +57,8 @@ class Context:
     # Shared by the codemods of one file: metadata resolved over a module that a codemod left
     # unchanged is reused by the next one (the runner keeps the unchanged module object).
     shared: dict = field(default_factory=dict)
+    # What the codemod's `tree_facts` found about this file in the rest of the tree (None: nothing).
+    facts: object = None
 
     def wrap(self, module: cst.Module) -> MetadataWrapper:
         """Metadata over ``module`` (qualified names, positions), computed once per module state."""
@@ -111,6 +114,12 @@ class Codemod:
         # Tokens starting with "\n" match at the start of a line (the file's first line too).
         text = "\n" + text
         return any(t in text for t in self.triggers(options or {}))
+
+    def tree_facts(self, texts: Mapping[str, str], options: dict) -> dict[str, object]:
+        """What rewriting a file needs to know from the other files of its tree: relpath -> a
+        JSON-able fact, given to that file's transform as `ctx.facts` and keyed into that file's
+        cache entry. Most codemods need nothing (the default)."""
+        return {}
 
     def transform(self, module: cst.Module, ctx: Context) -> tuple[cst.Module, int]:
         raise NotImplementedError

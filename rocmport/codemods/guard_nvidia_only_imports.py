@@ -2,13 +2,21 @@
 
 With the package present nothing changes (same names, plus a True HAVE_ flag). Without it the
 names are bound to falsy placeholders that raise ModuleNotFoundError naming the package and the
-importing file when used: the failure moves from import time to the code path that needs it."""
+importing file when used: the failure moves from import time to the code path that needs it.
+
+Except in a module upstream imports only behind feature probes (`try: from megatron.post_training.utils
+import ...; has_nvidia_modelopt = True except ...: False`): there the failing import *is* how upstream
+turns the feature off, and a guard would make the probe say the feature is present
+(codemods/feature_probes.py). Such a file is left as it is, with a report saying which probes decide."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context
+from rocmport.codemods.feature_probes import probe_only_files
 from rocmport.codemods.guard import guard_imports, helper_import
 from rocmport.codemods.options import DISTRIBUTION, MODULE
 
@@ -17,7 +25,7 @@ DEFAULT_PACKAGES = {"modelopt": "nvidia-modelopt", "nvidia_resiliency_ext": "nvi
 
 class GuardNvidiaOnlyImports(Codemod):
     NAME = "guard-nvidia-only-imports"
-    VERSION = "2"
+    VERSION = "3"
     DESCRIPTION = "Guard hard imports of modelopt / nvidia-resiliency-ext; uses fail clearly, not imports"
     # Only module-level (unindented) imports are guarded.
     TRIGGERS = ("\nimport modelopt", "\nfrom modelopt", "\nimport nvidia_resiliency_ext", "\nfrom nvidia_resiliency_ext")
@@ -29,9 +37,18 @@ class GuardNvidiaOnlyImports(Codemod):
         extra = options.get("packages", {})
         return self.TRIGGERS + tuple(t for pkg in extra for t in (f"\nimport {pkg}", f"\nfrom {pkg}"))
 
+    def tree_facts(self, texts: Mapping[str, str], options: dict) -> dict[str, object]:
+        """The files to leave unguarded: relpath -> the files whose feature probes import them."""
+        return dict(probe_only_files(texts, [rel for rel, text in texts.items() if self.triggered(text, options)]))
+
     def transform(self, module: cst.Module, ctx: Context):
         packages = dict(DEFAULT_PACKAGES)
         packages.update(ctx.options.get("packages", {}))
+        if ctx.facts:
+            ctx.skip(f"left unguarded: upstream imports this module only behind feature probes "
+                     f"({', '.join(ctx.facts)}), which must see it fail where {' / '.join(sorted(set(packages.values())))} "
+                     f"is absent", probes=list(ctx.facts))
+            return module, 0
         # The placeholder class is imported inside the except branch: nothing extra runs on CUDA.
         def fallback(name: str, source: str, node) -> str:
             return f"MissingPackage({packages[source.split('.')[0]]!r}, {source!r}, {ctx.relpath!r})"

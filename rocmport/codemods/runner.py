@@ -97,7 +97,7 @@ def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str
         mod = registry[spec["name"]]
         if not mod.triggered(prev, spec["options"]):
             continue
-        ctx = Context(relpath, spec["options"], codemod=spec["name"], shared=shared)
+        ctx = Context(relpath, spec["options"], codemod=spec["name"], shared=shared, facts=spec.get("facts"))
         try:
             new, sites = mod.transform(module, ctx)
         except Exception as exc:  # a codemod bug must not take the whole run down
@@ -134,23 +134,31 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     todo, outcomes = [], {}
     files = python_files(tree)
     result.files_total = len(files)
+    texts: dict[str, str] = {}
     for rel in files:
         if rel in HELPER_PATHS.values():
             continue  # the generated helper is written by the runner, never rewritten by codemods
         try:
-            text = tree_read_text(tree, rel)
+            texts[rel] = tree_read_text(tree, rel)
         except (UnicodeDecodeError, OSError, UnsafePath) as exc:
             result.failures.append(FileFailure(rel, None, f"unreadable: {exc}"))
-            continue
+    # What a codemod needs to know about the rest of the tree to rewrite one file (see
+    # Codemod.tree_facts): given to that file only, and part of that file's cache key only.
+    facts = [registry[s["name"]].tree_facts(texts, s["options"]) for s in specs]
+    for rel, text in texts.items():
         if not any(registry[s["name"]].triggered(text, s["options"]) for s in specs):
             continue
-        key = _cache_key(rel, text, specs_key)
+        file_specs, key_specs = specs, specs_key
+        if any(rel in f for f in facts):
+            file_specs = [{**s, "facts": f[rel]} if rel in f else s for s, f in zip(specs, facts)]
+            key_specs = json.dumps(file_specs, sort_keys=True)
+        key = _cache_key(rel, text, key_specs)
         hit = cache / key[:2] / f"{key}.json"
         if hit.is_file():
             outcomes[rel] = json.loads(hit.read_text())
             result.cache_hits += 1
         else:
-            todo.append((rel, text, specs, hit))
+            todo.append((rel, text, file_specs, hit))
     result.files_parsed = len(todo)
     jobs = jobs or os.cpu_count() or 1
     work = [(rel, text, s) for rel, text, s, _ in todo]
