@@ -76,30 +76,41 @@ def _resolve(relpath: str, module: str, level: int) -> str:
     return ".".join([*base, module] if module else base)
 
 
-def _index(texts: Mapping[str, str]) -> dict[str, set[str]]:
-    """module name (as written, relative ones resolved) -> files that may import it."""
-    out: dict[str, set[str]] = {}
+@dataclass
+class _Index:
+    """module name (as written, relative ones resolved) -> files that may import it; and module name
+    -> files that may import a module below it."""
+
+    named: dict[str, set[str]]
+    below: dict[str, set[str]]
+
+    def may_import(self, modules: Iterable[str]) -> set[str]:
+        """Files that may import one of ``modules``, a module below one, or one by name from its parent."""
+        out: set[str] = set()
+        for m in modules:
+            out |= self.named.get(m, set()) | self.below.get(m, set()) | self.named.get(m.rpartition(".")[0], set())
+        return out
+
+
+def _index(texts: Mapping[str, str]) -> _Index:
+    named: dict[str, set[str]] = {}
+    below: dict[str, set[str]] = {}
     for rel, text in texts.items():
         for frm, imp in _IMPORT.findall(text):
             names = [frm] if frm else [n.split(" as ")[0].strip() for n in imp.split(",")]
             for name in names:
                 level = len(name) - len(name.lstrip("."))
-                out.setdefault(_resolve(rel, name.lstrip("."), level), set()).add(rel)
-    return out
+                module = _resolve(rel, name.lstrip("."), level)
+                named.setdefault(module, set()).add(rel)
+                parts = module.split(".")
+                for i in range(1, len(parts)):
+                    below.setdefault(".".join(parts[:i]), set()).add(rel)
+    return _Index(named, below)
 
 
 def _inside(relpath: str, scope: str) -> bool:
     module = module_name(relpath)
     return module is not None and (module == scope or module.startswith(scope + "."))
-
-
-def _may_import(index: dict[str, set[str]], modules: set[str]) -> set[str]:
-    """Files the index says import one of ``modules``, a module below one, or one by name from its parent."""
-    out: set[str] = set()
-    for name, files in index.items():
-        if name in modules or any(name.startswith(m + ".") or m.rpartition(".")[0] == name for m in modules):
-            out |= files
-    return out
 
 
 def _catches_import_error(handler: ast.ExceptHandler) -> bool:
@@ -113,73 +124,53 @@ def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-class _Sites(ast.NodeVisitor):
-    """Every import in one file of one of ``targets``, with what surrounds it."""
-
-    def __init__(self, relpath: str, targets: set[str]):
-        self.relpath, self.targets = relpath, targets
-        self.found: list[tuple[str, ImportSite]] = []
-        self._context: list[str] = []  # innermost last: "probe", "function", "typing", "other"
-
-    def _kind(self) -> str:
-        for ctx in reversed(self._context):
-            if ctx != "other":
-                return ctx
-        return "module"
-
-    def _within(self, ctx: str, nodes: Iterable[ast.AST]) -> None:
-        self._context.append(ctx)
-        for node in nodes:
-            self.visit(node)
-        self._context.pop()
-
-    def visit_FunctionDef(self, node: ast.AST) -> None:
-        self._within("function", node.body)  # type: ignore[attr-defined]
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_Try(self, node: ast.Try) -> None:
-        probe = any(_catches_import_error(h) for h in node.handlers)
-        self._within("probe" if probe else "other", node.body)
-        self._within("other", [*node.handlers, *node.orelse, *node.finalbody])
-
-    visit_TryStar = visit_Try  # type: ignore[assignment]
-
-    def visit_If(self, node: ast.If) -> None:
-        self._within("typing" if _is_type_checking(node.test) else "other", node.body)
-        self._within("other", node.orelse)
-
-    def _record(self, node: ast.stmt, modules: Iterable[str]) -> None:
-        for target in self.targets:
-            if any(m == target or m.startswith(target + ".") for m in modules):
-                self.found.append((target, ImportSite(self.relpath, node.lineno, self._kind())))
-
-    def visit_Import(self, node: ast.Import) -> None:
-        self._record(node, [a.name for a in node.names])
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        base = _resolve(self.relpath, node.module or "", node.level)
-        self._record(node, [base] + [f"{base}.{a.name}" for a in node.names])
+def _imports(relpath: str, body: list[ast.stmt], kind: str = "module") -> Iterable[tuple[list[str], ImportSite]]:
+    """Every import statement of a file (statements only: imports are never expressions), with the
+    modules it may import and what surrounds it."""
+    for node in body:
+        if isinstance(node, ast.Import):
+            yield [a.name for a in node.names], ImportSite(relpath, node.lineno, kind)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(relpath, node.module or "", node.level)
+            yield [base] + [f"{base}.{a.name}" for a in node.names], ImportSite(relpath, node.lineno, kind)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from _imports(relpath, node.body, "function")
+        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
+            probe = any(_catches_import_error(h) for h in node.handlers)  # type: ignore[attr-defined]
+            yield from _imports(relpath, node.body, "probe" if probe else kind)  # type: ignore[attr-defined]
+            for part in (*node.handlers, node.orelse, node.finalbody):  # type: ignore[attr-defined]
+                yield from _imports(relpath, part.body if isinstance(part, ast.ExceptHandler) else part, kind)
+        elif isinstance(node, ast.If):
+            yield from _imports(relpath, node.body, "typing" if _is_type_checking(node.test) else kind)
+            yield from _imports(relpath, node.orelse, kind)
+        elif isinstance(node, (ast.ClassDef, ast.With, ast.AsyncWith, ast.For, ast.AsyncFor, ast.While)):
+            yield from _imports(relpath, node.body, kind)
+            yield from _imports(relpath, getattr(node, "orelse", []), kind)
+        elif isinstance(node, ast.Match):
+            for case in node.cases:
+                yield from _imports(relpath, case.body, kind)
 
 
 class _Parsed:
-    """Each file parsed once, on demand."""
+    """Each file's imports, found once, on demand."""
 
     def __init__(self, texts: Mapping[str, str]):
-        self.texts, self.trees = texts, {}
+        self.texts = texts
+        self.found: dict[str, list[tuple[list[str], ImportSite]]] = {}
 
-    def sites(self, files: Iterable[str], targets: set[str]) -> list[tuple[str, ImportSite]]:
+    def sites(self, files: Iterable[str], targets: set[str]) -> list[ImportSite]:
+        """Every import of one of ``targets`` in ``files`` (a module importing itself aside)."""
         out = []
         for rel in sorted(files):
-            if rel not in self.trees:
+            if rel not in self.found:
                 try:
-                    self.trees[rel] = ast.parse(self.texts[rel])
+                    self.found[rel] = list(_imports(rel, ast.parse(self.texts[rel]).body))
                 except (SyntaxError, ValueError):
-                    self.trees[rel] = None  # the codemod runner reports files it cannot parse
-            if self.trees[rel] is not None:
-                visitor = _Sites(rel, targets)
-                visitor.visit(self.trees[rel])
-                out += [(t, site) for t, site in visitor.found if module_name(rel) != t]
+                    self.found[rel] = []  # the codemod runner reports files it cannot parse
+            own = module_name(rel)
+            for modules, site in self.found[rel]:
+                if any(m in targets and m != own or any(m.startswith(t + ".") for t in targets) for m in modules):
+                    out.append(site)
         return out
 
 
@@ -201,12 +192,12 @@ def probe_only_files(texts: Mapping[str, str], candidates: Iterable[str]) -> dic
         scope = _scope(module)
         dependents, frontier = {module}, {module}
         while frontier:  # the scope's modules that fail when one that fails is imported at their top
-            inner = {f for f in _may_import(index, frontier) & library if _inside(f, scope)}
-            frontier = {m for _, s in parsed.sites(inner, frontier) if s.kind == "module"
+            inner = {f for f in index.may_import(frontier) & library if _inside(f, scope)}
+            frontier = {m for s in parsed.sites(inner, frontier) if s.kind == "module"
                         and (m := module_name(s.path)) and m not in dependents}
             dependents |= frontier
-        outer = {f for f in _may_import(index, dependents) & library if not _inside(f, scope)}
-        found = [s for _, s in parsed.sites(outer, dependents)]
+        outer = {f for f in index.may_import(dependents) & library if not _inside(f, scope)}
+        found = parsed.sites(outer, dependents)
         if any(s.kind == "probe" for s in found) and all(s.kind != "module" for s in found):
             out[rel] = sorted({s.path for s in found if s.kind == "probe"})
     return out

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import libcst as cst
 
-from rocmport.codemods.base import Codemod, Context
+from rocmport.codemods.base import Codemod, Context, import_names
 from rocmport.codemods.feature_probes import probe_only_files
 from rocmport.codemods.guard import guard_imports, helper_import
 from rocmport.codemods.options import DISTRIBUTION, MODULE
@@ -44,10 +44,13 @@ class GuardNvidiaOnlyImports(Codemod):
     def transform(self, module: cst.Module, ctx: Context):
         packages = dict(DEFAULT_PACKAGES)
         packages.update(ctx.options.get("packages", {}))
-        if ctx.facts:
+        if isinstance(ctx.facts, list) and ctx.facts:
+            imported = sorted({packages[top] for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine)
+                               for node in stmt.body if isinstance(node, (cst.Import, cst.ImportFrom))
+                               for name in import_names(node) if (top := name.split(".")[0]) in packages})
             ctx.skip(f"left unguarded: upstream imports this module only behind feature probes "
-                     f"({', '.join(ctx.facts)}), which must see it fail where {' / '.join(sorted(set(packages.values())))} "
-                     f"is absent", probes=list(ctx.facts))
+                     f"({', '.join(ctx.facts)}), which must see it fail where {' / '.join(imported)} is absent",
+                     probes=list(ctx.facts))
             return module, 0
         # The placeholder class is imported inside the except branch: nothing extra runs on CUDA.
         def fallback(name: str, source: str, node) -> str:
