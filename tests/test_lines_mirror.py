@@ -56,6 +56,12 @@ def test_line_syncs_applies_and_verifies(tmp_path, line, capsys):
     with capsys.disabled():
         print(f"\n{line}: sync {sync_s:.1f}s, {'refresh --to main' if line == 'main' else 'apply'} {apply_s:.1f}s; "
               + ", ".join(f"{n} {s['status']} {s['seconds']}s" for n, s in stages.items()))
+        unit = stages.get("unit-tests", {})
+        if "counts" in unit:  # what the closing notes quote: outcomes, and what each failure was labelled
+            labels: dict[str, int] = {}
+            for label in unit.get("labels", {}).values():
+                labels[label] = labels.get(label, 0) + 1
+            print(f"{line}: unit-tests {unit['counts']}, baseline cached {unit.get('baseline', {}).get('cached')}, labels {labels}")
     assert report, proc.stderr[-3000:]
     assert report["env"]["python"].startswith("3.12") and report["mode"] == "cpu-proxy"
     assert list(stages) == STAGES
