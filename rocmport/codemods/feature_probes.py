@@ -72,7 +72,7 @@ def _resolve(relpath: str, module: str, level: int) -> str:
     package = (module_name(relpath) or "").split(".")
     if not relpath.endswith("__init__.py"):
         package = package[:-1]
-    base = package[: len(package) - (level - 1)] if level > 1 else package
+    base = package[: max(0, len(package) - (level - 1))]
     return ".".join([*base, module] if module else base)
 
 

@@ -70,6 +70,7 @@ def test_a_probe_decides_by_what_it_imports_at_the_top():
     ("pretrain_gpt.py", "from megatron.post_training.utils import print_distributed_quant_summary\n"),  # a script's top
     ("megatron/training/training.py", "if True:\n    import megatron.post_training.checkpointing\n"),  # top, in an if
     ("megatron/core/quant.py", "from megatron.post_training import utils\n"),  # by name from the package
+    ("megatron/training/quant.py", "from ..post_training.utils import print_distributed_quant_summary\n"),  # relative
 ])
 def test_a_library_import_at_the_top_keeps_the_guard(importer, code):
     found = probe_only_files({**TREE, importer: code}, CANDIDATES)
