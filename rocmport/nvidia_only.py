@@ -56,17 +56,20 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
+def handles_import_error(handler: ast.ExceptHandler) -> bool:
+    """Does this `except` catch an ImportError (bare, ImportError, ModuleNotFoundError, Exception)?"""
+    names = [handler.type] if not isinstance(handler.type, ast.Tuple) else list(handler.type.elts)
+    return handler.type is None or any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception") for n in names)
+
+
 def _guarded(node: ast.AST, parents: dict) -> bool:
     """Inside a try that handles ImportError, an `if` (e.g. HAVE_X / TYPE_CHECKING), or a function."""
     cur = parents.get(node)
     while cur is not None:
         if isinstance(cur, (ast.FunctionDef, ast.AsyncFunctionDef, ast.If)):
             return True
-        if isinstance(cur, ast.Try):
-            for h in cur.handlers:
-                names = [h.type] if not isinstance(h.type, ast.Tuple) else list(h.type.elts)
-                if h.type is None or any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception") for n in names):
-                    return True
+        if isinstance(cur, ast.Try) and any(handles_import_error(h) for h in cur.handlers):
+            return True
         cur = parents.get(cur)
     return False
 

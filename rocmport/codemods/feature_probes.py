@@ -34,10 +34,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from rocmport.nvidia_only import handles_import_error
+
 # Cheap index of which files may import which module (`from X import` / `import X, Y`); a parse of
 # each file it names settles what the import is.
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+(\.*[\w.]*)[ \t]+import\b|import[ \t]+([\w. \t,]+))", re.M)
-_CATCHES_IMPORT_ERROR = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+# The try statements (3.11 adds `except*`).
+_TRY = (ast.Try, ast.TryStar) if hasattr(ast, "TryStar") else (ast.Try,)
 _NOT_LIBRARY = {"tests", "examples"}
 
 
@@ -113,13 +116,6 @@ def _inside(relpath: str, scope: str) -> bool:
     return module is not None and (module == scope or module.startswith(scope + "."))
 
 
-def _catches_import_error(handler: ast.ExceptHandler) -> bool:
-    if handler.type is None:
-        return True
-    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any((t.attr if isinstance(t, ast.Attribute) else getattr(t, "id", "")) in _CATCHES_IMPORT_ERROR for t in types)
-
-
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
@@ -135,11 +131,11 @@ def _imports(relpath: str, body: list[ast.stmt], kind: str = "module") -> Iterab
             yield [base] + [f"{base}.{a.name}" for a in node.names], ImportSite(relpath, node.lineno, kind)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield from _imports(relpath, node.body, "function")
-        elif isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
-            probe = any(_catches_import_error(h) for h in node.handlers)  # type: ignore[attr-defined]
-            yield from _imports(relpath, node.body, "probe" if probe else kind)  # type: ignore[attr-defined]
-            for part in (*node.handlers, node.orelse, node.finalbody):  # type: ignore[attr-defined]
-                yield from _imports(relpath, part.body if isinstance(part, ast.ExceptHandler) else part, kind)
+        elif isinstance(node, _TRY):
+            probe = any(handles_import_error(h) for h in node.handlers)
+            yield from _imports(relpath, node.body, "probe" if probe else kind)
+            for part in [h.body for h in node.handlers] + [node.orelse, node.finalbody]:
+                yield from _imports(relpath, part, kind)
         elif isinstance(node, ast.If):
             yield from _imports(relpath, node.body, "typing" if _is_type_checking(node.test) else kind)
             yield from _imports(relpath, node.orelse, kind)

@@ -15,7 +15,8 @@ def _top(modname: str) -> str:
     return modname.split(".")[0]
 
 
-def _matching_import(stmt: cst.BaseStatement, packages: set[str]) -> cst.Import | cst.ImportFrom | None:
+def matching_import(stmt: cst.BaseStatement, packages: set[str]) -> cst.Import | cst.ImportFrom | None:
+    """The import of one of ``packages`` that ``stmt`` is, when it is a module-level import line."""
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         return None
     node = stmt.body[0]
@@ -38,20 +39,20 @@ def guard_imports(
     branch, after ``prelude`` (e.g. an import of the helper); ``flag(top_package)`` names the HAVE_
     flag. Imports already inside a try are untouched, which makes the rewrite idempotent."""
     body = list(module.body)
-    if not any(_matching_import(stmt, packages) is not None for stmt in body):
+    if not any(matching_import(stmt, packages) is not None for stmt in body):
         return module, 0
     lines = ctx.wrap(module).resolve(PositionProvider)
     out: list[cst.BaseStatement] = []
     sites = 0
     i = 0
     while i < len(body):
-        node = _matching_import(body[i], packages)
+        node = matching_import(body[i], packages)
         if node is None:
             out.append(body[i])
             i += 1
             continue
         run: list[tuple[cst.BaseStatement, cst.Import | cst.ImportFrom]] = []
-        while i < len(body) and (imp := _matching_import(body[i], packages)) is not None:
+        while i < len(body) and (imp := matching_import(body[i], packages)) is not None:
             run.append((body[i], imp))
             i += 1
         tops = sorted({_top(m) for _, imp in run for m in import_names(imp) if _top(m) in packages})

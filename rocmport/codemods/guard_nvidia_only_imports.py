@@ -17,7 +17,7 @@ import libcst as cst
 
 from rocmport.codemods.base import Codemod, Context, import_names
 from rocmport.codemods.feature_probes import probe_only_files
-from rocmport.codemods.guard import guard_imports, helper_import
+from rocmport.codemods.guard import guard_imports, helper_import, matching_import
 from rocmport.codemods.options import DISTRIBUTION, MODULE
 
 DEFAULT_PACKAGES = {"modelopt": "nvidia-modelopt", "nvidia_resiliency_ext": "nvidia-resiliency-ext"}
@@ -45,8 +45,7 @@ class GuardNvidiaOnlyImports(Codemod):
         packages = dict(DEFAULT_PACKAGES)
         packages.update(ctx.options.get("packages", {}))
         if isinstance(ctx.facts, list) and ctx.facts:
-            imported = sorted({packages[top] for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine)
-                               for node in stmt.body if isinstance(node, (cst.Import, cst.ImportFrom))
+            imported = sorted({packages[top] for stmt in module.body if (node := matching_import(stmt, set(packages)))
                                for name in import_names(node) if (top := name.split(".")[0]) in packages})
             ctx.skip(f"left unguarded: upstream imports this module only behind feature probes "
                      f"({', '.join(ctx.facts)}), which must see it fail where {' / '.join(imported)} is absent",
