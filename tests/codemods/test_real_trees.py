@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rocmport.codemods import compute_layers, registry
+from rocmport.codemods.feature_probes import module_name
 from rocmport.nvidia_only import CPU_PROXY, scan_unguarded_imports
 from rocmport.verify.environment import unmet_python
 from rocmport.verify.firewall import firewall_env, write_bootstrap
@@ -178,7 +179,12 @@ def test_megatron_lm_release_lines(tmp_path, tag, capsys):
     assert result.failures == []
     write_layers(tree, result)
     after = scan_unguarded_imports(tree, "rocm")
-    assert [a for a in after if not a[0].startswith(("tests/", "examples/", "tools/"))] == []
+    # Left unguarded on purpose: the modules upstream's feature probes decide by (has_nvidia_modelopt
+    # is whether megatron.post_training imports), each reported with those probes. Nothing else.
+    guard = next(layer for layer in result.layers if layer.name == "guard-nvidia-only-imports")
+    left = {r.path for r in guard.all_reports() if r.kind == "skip" and "behind feature probes" in r.message}
+    assert left, "upstream's modelopt probes decide by megatron/post_training on every line"
+    assert {a[0] for a in after if not a[0].startswith(("tests/", "examples/", "tools/"))} == left
     assert compute_layers(tree, list(registry), cache_dir=tmp_path / "cache").changed_files() == set()
     sites = {layer.name: sum(layer.sites.values()) for layer in result.layers}
     assert sites["guard-nvidia-only-imports"] > 0
@@ -201,7 +207,11 @@ def test_megatron_lm_release_lines(tmp_path, tag, capsys):
     too_new = unmet_python(tree) is not None  # v0.17+ declare Python >= 3.12; v0.18+ use typing.override
     newer_python = {m for m, err in ported.items() if err and too_new and "from 'typing'" in err}
     still = {m: ported[m] for m in nvidia_only if ported[m] and m not in newer_python}
-    assert not still, still
+    # Only what the probes decide by still fails, for modelopt, as the probes need it to: the files the
+    # guard left, and the modules of their package that import one of them at the top.
+    left_modules = {module_name(p) for p in left}
+    assert left_modules <= set(still), (left_modules, still)
+    assert all(m.startswith("megatron.post_training.") and "No module named 'modelopt" in e for m, e in still.items()), still
     assert {"megatron.training", "pretrain_gpt"}.isdisjoint(m for m, e in ported.items() if e and m not in newer_python)
     with capsys.disabled():
         print(f"\n{tag}: run-time gap sites " + "; ".join(f"{c} {m or '*'} {p}: {n}" for (c, m, p), n in sorted(found.items())))
