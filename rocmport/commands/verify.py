@@ -26,6 +26,10 @@ def _print_summary(r: dict) -> None:
                         f"({sim['arch']}); not a ROCm GPU result. --no-hip-sim runs the CUDA path.")
         else:
             output.info("HIP simulation off (--no-hip-sim): the CUDA path of the tree ran.")
+        te = r.get("te")
+        if te:
+            output.warn(f"Transformer Engine {te['version']}, {te['python_layer']} ({te['source']}): {te['note']}; "
+                        "its compiled kernels ran as CPU reference implementations.")
     e = r["env"]
     output.info(f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
                 f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}")
@@ -83,6 +87,10 @@ def _print_summary(r: dict) -> None:
 @click.option("--hip-version", default=hip_sim.DEFAULT_VERSION, show_default=True, metavar="VERSION",
               help="CPU proxy: the ROCm version every process sees torch built for (the HIP simulation; e.g. 6.4).")
 @click.option("--no-hip-sim", is_flag=True, help="CPU proxy: no HIP simulation (the CUDA path of the same tree).")
+@click.option("--te", "te_spec", default="none", show_default=True, metavar="VERSION|auto|none",
+              help="CPU proxy: run upstream's Transformer Engine layer spec with TE's own Python layer of this release "
+                   "(auto: the newest in the line's component-matrix range on the package index), its compiled kernels "
+                   "replaced by CPU reference implementations; none: Megatron's local spec.")
 @click.option("--launcher", "launcher_kind", type=click.Choice(KINDS), default="torchrun", show_default=True,
               help="torchrun, or Slurm's srun with one task per GPU (run inside an allocation).")
 @click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes (torchrun: run the same command on each).")
@@ -95,7 +103,7 @@ def _print_summary(r: dict) -> None:
 @click.pass_obj
 def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit, no_unit, unit_tests, unit_nproc, with_functional,
             case, data_path, record_golden, resume, with_bridge, hip_version, no_hip_sim, launcher_kind, nnodes, node_rank,
-            rdzv_endpoint, dry_run, as_json, report_path, junit):
+            rdzv_endpoint, te_spec, dry_run, as_json, report_path, junit):
     """Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.
 
     \b
@@ -118,7 +126,8 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
                    with_unit=False if no_unit else with_unit, unit_tests=unit_tests, unit_nproc=unit_nproc,
                    with_functional=with_functional, case=case, data_path=data_path, record_golden=record_golden, resume=resume,
                    with_bridge=with_bridge, launcher_kind=launcher_kind, nnodes=nnodes, node_rank=node_rank,
-                   rdzv_endpoint=rdzv_endpoint, hip_version=None if no_hip_sim else hip_version, stages_text=stages_text)
+                   rdzv_endpoint=rdzv_endpoint, hip_version=None if no_hip_sim else hip_version, stages_text=stages_text,
+                   te=te_spec)
     if dry_run:
         plan = launch_plan(opts)
         if as_json:

@@ -62,19 +62,31 @@ def _get(url: str, accept: str | None = None, timeout: float = 120) -> bytes:
         raise IndexUnreachable(f"cannot read {url}: {reason}; use --source git with a mirror, or set ROCMPORT_INDEX_URL") from None
 
 
-def list_sdists(dist: str, index: str | None = None) -> list[SdistFile]:
-    """All sdists of ``dist`` on the index, oldest version first."""
-    base = index_url(index)
-    page_url = f"{base}/{canonicalize_name(dist)}/"
+def _page(dist: str, index: str | None) -> tuple[str, list[dict]]:
+    """The URL of ``dist``'s PEP 691 page on the index and its files, yanked ones left out."""
+    page_url = f"{index_url(index)}/{canonicalize_name(dist)}/"
     try:
         page = json.loads(_get(page_url, _ACCEPT))
     except json.JSONDecodeError:
         raise IndexUnreachable(f"{page_url}: not a PEP 691 JSON simple page") from None
+    return page_url, [f for f in page.get("files", []) if not f.get("yanked") and f.get("filename")]
+
+
+def index_files(dist: str, index: str | None = None) -> list[tuple[str, str, str]]:
+    """(filename, url, sha256) of every file of ``dist`` on the index that has a sha256."""
+    page_url, files = _page(dist, index)
+    return [(f["filename"], urllib.parse.urljoin(page_url, f["url"]), f["hashes"]["sha256"])
+            for f in files if (f.get("hashes") or {}).get("sha256")]
+
+
+def list_sdists(dist: str, index: str | None = None) -> list[SdistFile]:
+    """All sdists of ``dist`` on the index, oldest version first."""
+    page_url, files = _page(dist, index)
     prefix = re.sub(r"[-_.]+", "_", dist).lower() + "-"
     out = []
-    for f in page.get("files", []):
-        name = f.get("filename", "")
-        if not name.endswith(".tar.gz") or not name.lower().startswith(prefix) or f.get("yanked"):
+    for f in files:
+        name = f["filename"]
+        if not name.endswith(".tar.gz") or not name.lower().startswith(prefix):
             continue
         try:
             version = Version(name[len(prefix):-len(".tar.gz")])

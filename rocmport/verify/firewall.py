@@ -53,6 +53,13 @@ if _OURS and os.environ.get("ROCMPORT_HIP_SIM"):
 
     _hip_sim.install()
 
+# Transformer Engine's own Python layer on the CPU proxy (verify --te): its compiled extension is
+# rocmport.verify.te_cpu (see rocmport.verify.te_layer).
+if _OURS and os.environ.get("ROCMPORT_TE"):
+    from rocmport.verify import te_layer as _te_layer
+
+    _te_layer.install()
+
 # Port coverage: which of the tree's modules this process imported (the generated helpers record
 # the rewritten call sites that ran; see rocmport.verify.port_sites).
 if _OURS and os.environ.get("ROCMPORT_PORT_SITES"):

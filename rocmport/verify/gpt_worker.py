@@ -26,11 +26,24 @@ def parse():
     p.add_argument("--save-init")
     p.add_argument("--load-init")
     p.add_argument("--bridge", action="store_true", help="build the model through Megatron-Bridge's GPTModelProvider")
+    p.add_argument("--te", action="store_true", help="upstream's Transformer Engine layer spec (TE's Python layer must be importable)")
     return p.parse_args()
 
 
 def main():
     args = parse()
+    try:
+        train(args)
+    except Exception as exc:
+        # A kernel TE's Python reached that the CPU proxy lacks: reported as unsupported-in-proxy,
+        # naming the transformer_engine_torch function (never a silent pass).
+        if type(exc).__name__ != "UnsupportedInProxy":
+            raise
+        _write(args.out, {"unsupported": str(exc)}, force=True)
+        raise SystemExit(3) from None
+
+
+def train(args):
     proxy = os.environ.get("ROCMPORT_PROXY") == "1"
     import torch
 
@@ -39,6 +52,10 @@ def main():
 
         try:
             proxy_shim.install()
+            if args.te:
+                # TE's modules ask torch.cuda about the device they run on (and assert it exists).
+                proxy_shim.install_device_answers(bool(os.environ.get("ROCMPORT_HIP_SIM")))
+                proxy_shim.install_for_te()
         except proxy_shim.Unsupported as exc:
             _write(args.out, {"unsupported": str(exc)}, force=True)
             return
@@ -51,7 +68,7 @@ def main():
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -70,7 +87,8 @@ def main():
     if args.bridge:
         config, model = _bridge_model(args, proxy, first, last)
     else:
-        model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=VOCAB,
+        spec = get_gpt_layer_with_transformer_engine_spec() if args.te else get_gpt_layer_local_spec()
+        model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
                          max_sequence_length=SEQ, pre_process=first, post_process=last,
                          share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute")
     if backend == "nccl":

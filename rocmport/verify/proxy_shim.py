@@ -418,6 +418,59 @@ def install_device_answers(hip: bool) -> None:
     _torch_sees_no_accelerator()
 
 
+def install_for_te() -> None:
+    """What Transformer Engine's Python layer asks torch.cuda besides megatron's questions, answered
+    for the CPU: no CUDA graph is being captured. Counted by call site like the rest."""
+    _in_order_streams()  # TE's modules keep side streams for weight-gradient and offload work
+    _answer("is_current_stream_capturing", lambda: False)
+    torch.cuda.graphs.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
+
+    class device(torch.cuda.device):  # noqa: N801 - torch's own name
+        """`with torch.cuda.device(param.device)` around each TE module's forward: the parameters
+        live on the CPU here, for which selecting a device is nothing to do."""
+
+        def __init__(self, device):
+            if not _is_cuda(device) and device is not None:
+                REDIRECTS[f"cuda.device(cpu) no-op @ {_site()}"] += 1
+                device = -1
+            super().__init__(device)
+
+    torch.cuda.device = device
+
+    # TE asserts its inputs and parameters are on the device (`assert inp.is_cuda`); on the proxy the
+    # device is the CPU. Asked from TE's own frames only, a tensor answers as being on the simulated
+    # device; torch and megatron keep seeing where it really is.
+    real = torch._C.TensorBase.is_cuda
+
+    def is_cuda(self):
+        if real.__get__(self):
+            return True
+        caller = sys._getframe(1).f_code.co_filename
+        if "/transformer_engine/" in caller:
+            REDIRECTS[f"Tensor.is_cuda (on the simulated device) @ {caller[caller.index('/transformer_engine/') + 1:]}"] += 1
+            return True
+        return False
+
+    torch.Tensor.is_cuda = property(is_cuda)  # type: ignore[method-assign,assignment]
+
+    # The autograd engine runs a custom Function's backward without the thread's torch-function
+    # modes, so the redirecting mode is not in force there; TE's backward passes allocate on the
+    # device (`torch.Tensor().cuda()` in utils._empty_tensor, `device="cuda"` buffers). Re-entered
+    # around each custom backward.
+    from torch.autograd.function import BackwardCFunction
+    from torch.overrides import _get_current_function_mode_stack
+
+    backward_apply = BackwardCFunction.apply
+
+    def apply(self, *args):
+        if any(isinstance(m, CudaToCpu) for m in _get_current_function_mode_stack()):
+            return backward_apply(self, *args)
+        with CudaToCpu():
+            return backward_apply(self, *args)
+
+    BackwardCFunction.apply = apply  # type: ignore[method-assign]
+
+
 def _torch_sees_no_accelerator() -> None:
     """torch's own accelerator layer sees the machine as it is, as torch's CPU build does: no
     accelerator (`torch.accelerator.current_accelerator()` is None), while megatron's torch.cuda

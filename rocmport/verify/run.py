@@ -17,10 +17,11 @@ from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
-from rocmport.verify import environment, firewall, hip_sim, stages, suite
+from rocmport.verify import environment, firewall, hip_sim, stages, suite, te_layer
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
+from rocmport.verify.te_layer import TELayer
 from rocmport.upstreams import MEGATRON_LM
 
 STAGES = ("imports", "gpt-training", "unit-tests", "functional", "bridge")
@@ -72,6 +73,7 @@ class VerifyOptions:
     hip_version: str | None = hip_sim.DEFAULT_VERSION    # CPU proxy: the simulated ROCm (None: the CUDA path)
     stages: tuple[str, ...] = STAGES
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
+    te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class VerifyReport:
     bridge_training: dict = field(default_factory=dict)
     port_sites: dict = field(default_factory=dict)
     bridge_port_sites: dict | None = None
+    te: TELayer | None = None
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -105,7 +108,8 @@ class VerifyReport:
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "backend": self.backend, "world_size": self.world_size, "tp": self.tp, "pp": self.pp, "dp": self.dp,
                "tree": self.tree, "hip_sim": self.hip_sim, "env": self.env, "launcher": self.launcher,
-               "stages": [s.to_dict() for s in self.stages], "training": self.training, "port_sites": self.port_sites}
+               "stages": [s.to_dict() for s in self.stages], "training": self.training, "port_sites": self.port_sites,
+               "te": self.te.to_dict() if self.te else None}
         if self.functional:
             out["functional"] = self.functional
         if self.bridge_training:
@@ -166,6 +170,13 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
     hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
     extra: dict[str, str | None] = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile)}
+    shut_out = blocked(profile)
+    if opts.te is not None:
+        if mode != "cpu-proxy":
+            raise BadInput("--te runs TE's Python layer on the CPU proxy; on GPUs verify uses the Transformer Engine installed "
+                           "(see `rocmport doctor`): drop --te or pass --backend gloo")
+        shut_out = tuple(te_layer.unblocked(shut_out))
+        extra.update({"ROCMPORT_FIREWALL": ",".join(shut_out), **te_layer.child_env(opts.te)})
     if mode == "cpu-proxy":
         extra["ROCMPORT_PROXY"] = "1"
         if hip_version:
@@ -176,7 +187,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
                           hip_sim=hip_sim.summary(hip_version),
                           env={**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
                                "components": _component_versions(tree)},
-                          launcher=launcher.to_dict())
+                          launcher=launcher.to_dict(), te=opts.te)
     add = report.stages.append
     missing = environment.missing_deps(tree)
     with tempfile.TemporaryDirectory(prefix="rocmport-fw-") as tmp:
@@ -191,7 +202,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             add(StageResult("imports", stages.FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`"))
         else:
             with output.progress("stage 1: imports behind the firewall"):
-                add(stages.stage_imports(tree, env, blocked(profile)))
+                add(stages.stage_imports(tree, env, shut_out))
         imports_failed = report.stages[0].status == stages.FAIL
 
         def gate(name: str, requested: bool) -> bool:
@@ -207,8 +218,10 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             return False
 
         if gate("gpt-training", True):
-            with output.progress(f"stage 2: GPT training tp{tp}×pp{pp}×dp{dp} on {backend} and the tp1/pp1 reference"):
-                training, report.training = stages.stage_training(tree, env, tp, pp, dp, iters, backend, launcher)
+            spec = f"Transformer Engine {opts.te.version}" if opts.te else "the local layer spec"
+            with output.progress(f"stage 2: GPT training tp{tp}×pp{pp}×dp{dp} on {backend} with {spec}, and the tp1/pp1 reference"):
+                training, report.training = stages.stage_training(tree, env, tp, pp, dp, iters, backend, launcher,
+                                                                  te=opts.te.describe() if opts.te else None)
             add(training)
         if gate("unit-tests", opts.unit is not None) and opts.unit is not None:
             add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile, bool(hip_version)))
@@ -354,7 +367,7 @@ def launch_plan(opts: VerifyOptions) -> list[dict]:
     if "imports" in opts.stages:
         plan.append({"stage": "imports", "command": ["python", "-c", "<import probe>"], "cwd": str(tree)})
     if "gpt-training" in opts.stages:
-        for name, cmd in stages.training_commands(launcher, tp, pp, dp, iters, tmp).items():
+        for name, cmd in stages.training_commands(launcher, tp, pp, dp, iters, tmp, te=opts.te is not None).items():
             plan.append({"stage": f"gpt-training ({name})", "command": cmd, "cwd": str(tree)})
     unit = opts.unit
     if unit is not None and "unit-tests" in opts.stages and launcher.runs_stage(single_node=True):
@@ -382,7 +395,7 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
             with_functional: bool | None = None, case: str | None = None, data_path: str | None = None,
             record_golden: bool = False, resume: bool = True, with_bridge: bool | None = None, launcher_kind: str = "torchrun",
             nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None) -> VerifyOptions:
+            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none") -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
     check_sizes(tp, pp, iters)
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
@@ -418,4 +431,21 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
         skipped["functional"] = why
     return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, stages=chosen, skipped=skipped)
+                         hip_version=hip_version, stages=chosen, skipped=skipped, te=te_for(te, series_dir, settings.cache_dir))
+
+
+def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | None:
+    """``--te VERSION|auto|none``: the TE Python layer for this run, fetched into the cache (auto:
+    the newest in the line's component-matrix range that the package index has)."""
+    if spec.strip() == "none":
+        return None
+    line_range = None
+    if series_dir is not None:
+        matrix = load_series(series_dir / "series").rocm
+        te = matrix.components.get("transformer_engine") if matrix else None
+        line_range = str(te.versions) if te else None
+    wheel = te_layer.choose(spec, line_range, te_layer.list_wheels())
+    if wheel is None:
+        return None
+    with output.progress(f"Transformer Engine {wheel.version}: its Python layer from the package index"):
+        return te_layer.fetch(cache_dir, wheel)

@@ -91,9 +91,10 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
     return StageResult("imports", FAIL, f"{m}: {r['error']}{hint}; import chain: {chain}", time.monotonic() - start, details)
 
 
-def training_commands(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path) -> dict[str, list[str]]:
-    """Stage 2's two launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run."""
-    worker = ["-m", "rocmport.verify.gpt_worker", "--iters", str(iters)]
+def training_commands(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False) -> dict[str, list[str]]:
+    """Stage 2's two launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run
+    (``te``: both with upstream's Transformer Engine layer spec)."""
+    worker = ["-m", "rocmport.verify.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
     return {"reference": launcher.command(1, [*worker, "--tp", "1", "--pp", "1", "--out", str(tmp / "ref.json"),
                                               "--save-init", str(tmp / "init.pt")], "gpt-reference"),
             "run": launcher.command(tp * pp * dp, [*worker, "--tp", str(tp), "--pp", str(pp), "--out", str(tmp / "run.json"),
@@ -117,21 +118,26 @@ def _last_error(proc: subprocess.CompletedProcess) -> str:
 
 
 def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, backend: str,
-                   launcher: Launcher = Launcher()) -> tuple[StageResult, dict]:
+                   launcher: Launcher = Launcher(), te: str | None = None) -> tuple[StageResult, dict]:
+    """``te``: the description of the Transformer Engine layer the run uses (None: the local spec)."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp_dir:
         tmp = Path(tmp_dir)
-        cmds = training_commands(launcher, tp, pp, dp, iters, tmp)
+        cmds = training_commands(launcher, tp, pp, dp, iters, tmp, te=te is not None)
         ref = launch(cmds["reference"], env, tree)
         ref_data = json.loads((tmp / "ref.json").read_text()) if (tmp / "ref.json").exists() else None
         if ref_data and "unsupported" in ref_data:
-            return StageResult("gpt-training", UNSUPPORTED, f"proxy shim hook missing: {ref_data['unsupported']}", time.monotonic() - start), {}
+            what = ref_data["unsupported"]
+            why = what if what.startswith("unsupported-in-proxy") else f"proxy shim hook missing: {what}"
+            return StageResult("gpt-training", UNSUPPORTED, why, time.monotonic() - start), {}
         if ref.returncode != 0 or not ref_data:
             return StageResult("gpt-training", FAIL, f"tp1/pp1 reference run failed: {_last_error(ref)}", time.monotonic() - start), {}
         run = launch(cmds["run"], env, tree)
         data = json.loads((tmp / "run.json").read_text()) if (tmp / "run.json").exists() else None
         if run.returncode == 0 and not data and launcher.multi_node:
             return took_part("gpt-training", launcher, time.monotonic() - start), {}
+        if data and "unsupported" in data:
+            return StageResult("gpt-training", UNSUPPORTED, data["unsupported"], time.monotonic() - start), {}
         if run.returncode != 0 or not data:
             return StageResult("gpt-training", FAIL, f"tp{tp}/pp{pp}/dp{dp} run failed: {_last_error(run)}", time.monotonic() - start), {}
     losses, ref_losses = data["losses"], ref_data["losses"]
@@ -151,4 +157,6 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
     if problems:
         return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
     reason = f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations; max |Δ| vs tp1/pp1 {diff:.2g} (≤ {tol:.2g}); tied embeddings equal"
+    if te:
+        reason += f"; {te}"
     return StageResult("gpt-training", PASS, reason, seconds), training

@@ -1,0 +1,587 @@
+"""A CPU stand-in for Transformer Engine's compiled ``transformer_engine_torch`` extension.
+
+Verify runs TE's own Python layer (a real ``transformer_engine`` package of a chosen release) on the
+CPU proxy; only the compiled kernels are replaced, by reference implementations in torch: GEMM with
+its epilogues (bias, GELU, dGELU, bias gradient, accumulate into ``main_grad``), layer/RMS norm
+forward and backward (zero-centred gamma), the softmax variants, the activations and their
+backward, RoPE, the multi-tensor optimizer kernels, and the questions TE asks of its library
+(answered as a build without fused attention or userbuffers, so TE picks its own unfused path).
+
+What TE decides in Python stays TE's code. A kernel this module lacks (FP8 / MXFP8 / FP4 casts,
+fused attention, userbuffers, ...) raises ``UnsupportedInProxy`` naming the
+``transformer_engine_torch`` function when TE calls it: never a silent pass, never zeros.
+
+Installed as ``sys.modules["transformer_engine_torch"]`` by ``rocmport.verify.te_layer``; never
+written into the ported tree."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+CALLS: dict[str, int] = {}
+
+
+class UnsupportedInProxy(RuntimeError):
+    """TE's Python layer reached a kernel the CPU proxy has no reference implementation for."""
+
+    def __init__(self, name: str, why: str = "") -> None:
+        self.kernel = f"transformer_engine_torch.{name}"
+        super().__init__(f"unsupported-in-proxy: {self.kernel} has no CPU reference implementation"
+                         + (f" ({why})" if why else ""))
+
+
+def _count(name: str) -> None:
+    CALLS[name] = CALLS.get(name, 0) + 1
+
+
+def _unsupported(name: str):
+    def kernel(*args: Any, **kwargs: Any):
+        raise UnsupportedInProxy(name)
+    kernel.__name__ = name
+    kernel.__qualname__ = name
+    return kernel
+
+
+def __getattr__(name: str):
+    # Any kernel of the real extension that is not implemented below: a function that fails, when
+    # TE calls it, naming itself. Dunder lookups (pickle, inspect) stay AttributeErrors.
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _unsupported(name)
+
+
+# ---- enums of the extension (pybind11 enums: hashable, comparable, int(), .name, .value) ----
+
+class DType(enum.IntEnum):
+    kByte = 0
+    kInt16 = 1
+    kInt32 = 2
+    kInt64 = 3
+    kFloat32 = 4
+    kFloat16 = 5
+    kBFloat16 = 6
+    kFloat8E4M3 = 7
+    kFloat8E5M2 = 8
+    kFloat8E8M0 = 9
+    kFloat4E2M1 = 10
+
+
+_TORCH_OF = {DType.kByte: torch.uint8, DType.kInt16: torch.int16, DType.kInt32: torch.int32,
+             DType.kInt64: torch.int64, DType.kFloat32: torch.float32, DType.kFloat16: torch.float16,
+             DType.kBFloat16: torch.bfloat16}
+
+
+def _torch_dtype(otype, default: torch.dtype) -> torch.dtype:
+    if otype is None:
+        return default
+    if isinstance(otype, torch.dtype):
+        return otype
+    if otype in _TORCH_OF:
+        return _TORCH_OF[otype]
+    raise UnsupportedInProxy("DType", f"output type {otype!r} is a quantized format")
+
+
+def _enum(name: str, members: list[str]) -> type[enum.IntEnum]:
+    return enum.IntEnum(name, [(m, i) for i, m in enumerate(members)])  # type: ignore[return-value]
+
+
+FP8FwdTensors = _enum("FP8FwdTensors", ["GEMM1_INPUT", "GEMM1_WEIGHT", "GEMM1_OUTPUT", "GEMM2_INPUT",
+                                        "GEMM2_WEIGHT", "GEMM2_OUTPUT", "GEMM3_INPUT", "GEMM3_WEIGHT",
+                                        "GEMM3_OUTPUT"])
+FP8BwdTensors = _enum("FP8BwdTensors", ["GRAD_OUTPUT1", "GRAD_INPUT1", "GRAD_OUTPUT2", "GRAD_INPUT2",
+                                        "GRAD_OUTPUT3", "GRAD_INPUT3"])
+CommOverlapType = _enum("CommOverlapType", ["RS", "AG"])
+CommOverlapAlgo = _enum("CommOverlapAlgo", ["BULK_OVERLAP_AG", "BULK_OVERLAP_RS", "SPLIT_PIPELINED_AG_P2P",
+                                            "SPLIT_PIPELINED_RS", "SPLIT_PIPELINED_RS_P2P", "ATOMIC_GEMM_RS",
+                                            "ATOMIC_GEMM_AG_P2P", "ATOMIC_GEMM_RS_P2P", "EXTERNAL_BULK_OVERLAP_AG"])
+Float8BlockScaleTensorFormat = _enum("Float8BlockScaleTensorFormat", ["GEMM_READY", "COMPACT"])
+NVTE_Fused_Attn_Backend = _enum("NVTE_Fused_Attn_Backend", ["NVTE_F16_max512_seqlen", "NVTE_F16_arbitrary_seqlen",
+                                                            "NVTE_FP8", "NVTE_No_Backend"])
+NVTE_Bias_Type = _enum("NVTE_Bias_Type", ["NVTE_NO_BIAS", "NVTE_PRE_SCALE_BIAS", "NVTE_POST_SCALE_BIAS", "NVTE_ALIBI"])
+NVTE_Mask_Type = _enum("NVTE_Mask_Type", ["NVTE_NO_MASK", "NVTE_PADDING_MASK", "NVTE_CAUSAL_MASK",
+                                          "NVTE_PADDING_CAUSAL_MASK", "NVTE_CAUSAL_BOTTOM_RIGHT_MASK",
+                                          "NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK", "NVTE_ARBITRARY_MASK"])
+NVTE_Softmax_Type = _enum("NVTE_Softmax_Type", ["NVTE_VANILLA_SOFTMAX", "NVTE_OFF_BY_ONE_SOFTMAX",
+                                                "NVTE_LEARNABLE_SOFTMAX"])
+NVTE_QKV_Format = _enum("NVTE_QKV_Format", ["NVTE_SBHD", "NVTE_BSHD", "NVTE_THD", "NVTE_SBHD_2BSHD",
+                                            "NVTE_BSHD_2SBHD", "NVTE_THD_2BSHD", "NVTE_THD_2SBHD"])
+NVTE_QKV_Layout = _enum("NVTE_QKV_Layout", [
+    "NVTE_SB3HD", "NVTE_SBH3D", "NVTE_SBHD_SB2HD", "NVTE_SBHD_SBH2D", "NVTE_SBHD_SBHD_SBHD", "NVTE_BS3HD",
+    "NVTE_BSH3D", "NVTE_BSHD_BS2HD", "NVTE_BSHD_BSH2D", "NVTE_BSHD_BSHD_BSHD", "NVTE_T3HD", "NVTE_TH3D",
+    "NVTE_THD_T2HD", "NVTE_THD_TH2D", "NVTE_THD_THD_THD", "NVTE_SBHD_BSHD_BSHD", "NVTE_BSHD_SBHD_SBHD",
+    "NVTE_THD_BSHD_BSHD", "NVTE_THD_SBHD_SBHD", "NVTE_Paged_KV_BSHD_BSHD_BSHD", "NVTE_Paged_KV_BSHD_SBHD_SBHD",
+    "NVTE_Paged_KV_SBHD_BSHD_BSHD", "NVTE_Paged_KV_SBHD_SBHD_SBHD", "NVTE_Paged_KV_THD_BSHD_BSHD",
+    "NVTE_Paged_KV_THD_SBHD_SBHD"])
+NVTE_Activation_Type = _enum("NVTE_Activation_Type", ["GELU", "GEGLU", "SILU", "SWIGLU", "RELU", "REGLU",
+                                                      "QGELU", "QGEGLU", "SRELU", "SREGLU"])
+
+
+class FP8TensorMeta:
+    """Holds FP8 scaling state (a plain data holder in the extension too)."""
+
+    def __init__(self) -> None:
+        self.scale = torch.ones(1)
+        self.scale_inv = torch.ones(1)
+        self.amax_history = torch.zeros(1, 1)
+
+
+class _Userbuffers:
+    """Userbuffers (comm+GEMM overlap) needs the compiled library: constructing one fails, named."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise UnsupportedInProxy(type(self).__name__, "userbuffers communication overlap")
+
+
+class CommOverlapHelper(_Userbuffers):
+    pass
+
+
+class CommOverlap(_Userbuffers):
+    pass
+
+
+class CommOverlapP2P(_Userbuffers):
+    pass
+
+
+# ---- what TE asks of its library ----
+
+def get_cublasLt_version() -> int:
+    return 120800
+
+
+def get_cudnn_version() -> int:
+    return 0
+
+
+def get_num_cublas_streams() -> int:
+    return 4
+
+
+def get_stream_priority_range(device_id: int = -1) -> tuple[int, int]:
+    return (0, 0)
+
+
+def device_supports_multicast(device_id: int = -1) -> bool:
+    return False
+
+
+def ubuf_built_with_mpi() -> bool:
+    return False
+
+
+def get_fused_attn_backend(*args: Any, **kwargs: Any):
+    # A build without fused attention: TE falls back to its own unfused (plain torch) attention.
+    _count("get_fused_attn_backend")
+    return NVTE_Fused_Attn_Backend.NVTE_No_Backend
+
+
+# ---- GEMM ----
+
+def _plain(t: Any, name: str) -> torch.Tensor:
+    if t is None or type(t) in (torch.Tensor, torch.nn.Parameter):
+        return t
+    if isinstance(t, torch.Tensor) and not hasattr(t, "_quantizer") and not hasattr(t, "_data"):
+        return t
+    raise UnsupportedInProxy(name, f"quantized operand {type(t).__name__}")
+
+
+def _2d(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def _dgelu(x: torch.Tensor) -> torch.Tensor:
+    # d/dx of the tanh-approximated GELU that TE's kernels use.
+    c = math.sqrt(2.0 / math.pi)
+    inner = c * (x + 0.044715 * x.pow(3))
+    t = torch.tanh(inner)
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
+
+
+def generic_gemm(A, transa, B, transb, D, quantizer, out_dtype, bias, bias_type, gelu, gelu_in, grad,
+                 workspace, workspaceSize, accumulate, use_split_accumulator, comm_overlap=None,
+                 comm_type=None, extra_output=None, bulk_overlap=False, alpha=1.0, beta=None):
+    """cuBLASLt's column-major D = op(A)·op(B) on row-major tensors: D = op(B) @ op(A)^T, i.e.
+    (B^T if transb else B) @ (A^T if transa else A), leading dimensions flattened and B's kept."""
+    _count("generic_gemm")
+    if quantizer is not None:
+        raise UnsupportedInProxy("generic_gemm", f"quantized output through {type(quantizer).__name__}")
+    if comm_overlap is not None:
+        raise UnsupportedInProxy("generic_gemm", "userbuffers communication overlap")
+    A, B = _plain(A, "generic_gemm"), _plain(B, "generic_gemm")
+    a2, b2 = _2d(A).float(), _2d(B).float()
+    op_a = a2.t() if transa else a2
+    op_b = b2.t() if transb else b2
+    result = op_b @ op_a
+    shape = ([B.shape[-1]] if transb else list(B.shape[:-1])) + [op_a.shape[-1]]
+    if alpha not in (None, 1.0):
+        result = result * alpha
+    dtype = _torch_dtype(out_dtype, D.dtype if D is not None else B.dtype)
+    bias_grad = None
+    pre_gelu = None
+    if grad:
+        if gelu:
+            result = result * _dgelu(_2d(gelu_in).float())
+            if bias is not None:
+                bias_grad = result.sum(0).to(bias.dtype)
+        elif bias is not None:
+            bias_grad = op_b.sum(-1).to(bias.dtype)
+    else:
+        if bias is not None and bias.numel():
+            result = result + bias.float()
+        if gelu:
+            pre_gelu = result
+            result = _gelu(result)
+    result = result.reshape(shape)
+    if D is None:
+        D = result.to(dtype)
+    elif accumulate:
+        D.add_(result.to(D.dtype))
+    else:
+        D.copy_(result)
+    gelu_out = None
+    if pre_gelu is not None:
+        pre = pre_gelu.reshape(shape)
+        if gelu_in is not None and gelu_in.numel():
+            gelu_in.copy_(pre)
+            gelu_out = gelu_in
+        else:
+            gelu_out = pre.to(_torch_dtype(bias_type, dtype))
+    return D, bias_grad, gelu_out, extra_output
+
+
+def te_general_grouped_gemm(A, transa, B, transb, D, D_type, m_splits, bias, bias_type, single_output,
+                            pre_gelu_out, grad, workspace, workspaceSize, accumulate,
+                            use_split_accumulator, math_sm_count):
+    """One GEMM per group (TE's GroupedLinear); a single output is split by ``m_splits``."""
+    _count("te_general_grouped_gemm")
+    outs = list(torch.split(D[0], m_splits)) if single_output else D
+    grads = []
+    for i, (a, b) in enumerate(zip(A, B)):
+        if b.numel() == 0 and not grad:
+            grads.append(bias[i] if bias else None)
+            continue
+        use_bias = bias is not None and i < len(bias) and bias[i] is not None and bias[i].numel() > 0
+        gelu = pre_gelu_out is not None and i < len(pre_gelu_out) and pre_gelu_out[i].numel() > 0
+        _, bgrad, _, _ = generic_gemm(a, transa, b, transb, outs[i], None, D_type, bias[i] if use_bias else None,
+                                      bias_type, gelu, pre_gelu_out[i] if gelu else None, grad, None, 0,
+                                      accumulate, use_split_accumulator)
+        if grad and use_bias and bgrad is not None:
+            bias[i].copy_(bgrad)
+    return bias
+
+
+# ---- normalization ----
+
+def _gamma(weight: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
+    w = weight.float()
+    return w + 1.0 if zero_centered_gamma else w
+
+
+def _into(ln_out, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if ln_out is not None:
+        _plain(ln_out, "layernorm_fwd")
+        ln_out.copy_(value.reshape(ln_out.shape))
+        return ln_out
+    return value.to(dtype)
+
+
+def layernorm_fwd(input, weight, bias, eps, ln_out, quantizer, otype, sm_margin, zero_centered_gamma):
+    _count("layernorm_fwd")
+    if quantizer is not None:
+        raise UnsupportedInProxy("layernorm_fwd", f"quantized output through {type(quantizer).__name__}")
+    x = input.float()
+    mu = x.mean(-1)
+    rsigma = torch.rsqrt(x.var(-1, unbiased=False) + eps)
+    y = (x - mu.unsqueeze(-1)) * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma)
+    if bias is not None:
+        y = y + bias.float()
+    return _into(ln_out, y, _torch_dtype(otype, input.dtype)), mu.reshape(-1), rsigma.reshape(-1)
+
+
+def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
+    """From the saved statistics, as the kernel: xhat = (x - mu)·rsigma, dy = dz·gamma,
+    dx = rsigma·(dy - mean(dy) - xhat·mean(dy·xhat)), dgamma = Σ dz·xhat, dbeta = Σ dz."""
+    _count("layernorm_bwd")
+    xf, dzf = _2d(x).float(), _2d(dz).float()
+    r = rsigma.float().reshape(-1, 1)
+    xhat = (xf - mu.float().reshape(-1, 1)) * r
+    dy = dzf * _gamma(gamma, zero_centered_gamma)
+    dx = r * (dy - dy.mean(-1, keepdim=True) - xhat * (dy * xhat).mean(-1, keepdim=True))
+    return (dx.to(x.dtype).reshape(x.shape), (dzf * xhat).sum(0).to(gamma.dtype),
+            dzf.sum(0).to(gamma.dtype))
+
+
+def rmsnorm_fwd(input, weight, eps, ln_out, quantizer, otype, sm_margin, zero_centered_gamma):
+    _count("rmsnorm_fwd")
+    if quantizer is not None:
+        raise UnsupportedInProxy("rmsnorm_fwd", f"quantized output through {type(quantizer).__name__}")
+    x = input.float()
+    rsigma = torch.rsqrt(x.pow(2).mean(-1) + eps)
+    y = x * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma)
+    return _into(ln_out, y, _torch_dtype(otype, input.dtype)), None, rsigma.reshape(-1)
+
+
+def rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin, zero_centered_gamma):
+    """xhat = x·rsigma, dy = dz·gamma, dx = rsigma·(dy - xhat·mean(dy·xhat)), dgamma = Σ dz·xhat."""
+    _count("rmsnorm_bwd")
+    xf, dzf = _2d(x).float(), _2d(dz).float()
+    r = rsigma.float().reshape(-1, 1)
+    xhat = xf * r
+    dy = dzf * _gamma(gamma, zero_centered_gamma)
+    dx = r * (dy - xhat * (dy * xhat).mean(-1, keepdim=True))
+    return dx.to(x.dtype).reshape(x.shape), (dzf * xhat).sum(0).to(gamma.dtype)
+
+
+def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin, zero_centered_gamma):
+    dx, dg = rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin, zero_centered_gamma)
+    return dx + add.to(dx.dtype).reshape(dx.shape), dg
+
+
+# ---- activations (TE's GELU is the tanh approximation) ----
+
+def _glu(act):
+    def fwd(x: torch.Tensor) -> torch.Tensor:
+        a, b = x.float().chunk(2, dim=-1)
+        return act(a) * b
+    return fwd
+
+
+_ACTS = {
+    "gelu": _gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+    "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "srelu": lambda x: F.relu(x).pow(2),
+}
+_ACTS.update({"geglu": _glu(_gelu), "reglu": _glu(F.relu), "swiglu": _glu(F.silu),
+              "qgeglu": _glu(_ACTS["qgelu"]), "sreglu": _glu(_ACTS["srelu"])})
+
+
+def _activation(name: str):
+    fn = _ACTS[name]
+
+    def forward(input, quantizer, *args):
+        _count(name)
+        if quantizer is not None:
+            raise UnsupportedInProxy(name, f"quantized output through {type(quantizer).__name__}")
+        return fn(input.float()).to(input.dtype)
+
+    def backward(grad, input, quantizer, *args):
+        _count("d" + name)
+        if quantizer is not None:
+            raise UnsupportedInProxy("d" + name, f"quantized output through {type(quantizer).__name__}")
+        x = input.detach().float().requires_grad_(True)
+        with torch.enable_grad():
+            (dx,) = torch.autograd.grad(fn(x), x, grad.float())
+        return dx.to(grad.dtype)
+
+    def dbias_backward(grad, input, quantizer, *args):
+        _count("dbias_d" + name)
+        if quantizer is not None:
+            raise UnsupportedInProxy("dbias_d" + name, f"quantized output through {type(quantizer).__name__}")
+        dx = backward(grad, input, None)
+        return _2d(dx).float().sum(0).to(grad.dtype), dx
+
+    forward.__name__, backward.__name__, dbias_backward.__name__ = name, "d" + name, "dbias_d" + name
+    return forward, backward, dbias_backward
+
+
+gelu, dgelu, dbias_dgelu = _activation("gelu")
+relu, drelu, dbias_drelu = _activation("relu")
+silu, dsilu, dbias_dsilu = _activation("silu")
+qgelu, dqgelu, dbias_dqgelu = _activation("qgelu")
+srelu, dsrelu, dbias_dsrelu = _activation("srelu")
+geglu, dgeglu, _ = _activation("geglu")
+reglu, dreglu, _ = _activation("reglu")
+swiglu, dswiglu, _ = _activation("swiglu")
+qgeglu, dqgeglu, _ = _activation("qgeglu")
+sreglu, dsreglu, _ = _activation("sreglu")
+del _
+
+
+def bgrad_quantize(input, quantizer):
+    _count("bgrad_quantize")
+    if quantizer is not None:
+        raise UnsupportedInProxy("bgrad_quantize", f"quantized output through {type(quantizer).__name__}")
+    return _2d(input).float().sum(0).to(input.dtype), input
+
+
+# ---- softmax variants (inputs [b, np, sq, sk] or [b*np, sq, sk]; masked logits get -10000) ----
+
+def _softmax(x: torch.Tensor, scale, mask=None) -> torch.Tensor:
+    s = x.float() * float(scale)
+    if mask is not None:
+        s = s.masked_fill(mask.bool(), -10000.0)
+    return torch.softmax(s, dim=-1).to(x.dtype)
+
+
+def _softmax_bwd(output_grads, softmax_results, scale) -> torch.Tensor:
+    y, g = softmax_results.float(), output_grads.float()
+    return (float(scale) * y * (g - (g * y).sum(-1, keepdim=True))).to(output_grads.dtype)
+
+
+def _causal(sq: int, sk: int, aligned_bottom_right: bool) -> torch.Tensor:
+    offset = sk - sq if aligned_bottom_right else 0
+    return torch.ones(sq, sk, dtype=torch.bool).triu(1 + offset)
+
+
+def scaled_softmax_forward(input, scale_factor):
+    _count("scaled_softmax_forward")
+    return _softmax(input, scale_factor)
+
+
+def scaled_masked_softmax_forward(input, mask, scale_factor):
+    _count("scaled_masked_softmax_forward")
+    return _softmax(input, scale_factor, mask)
+
+
+def scaled_upper_triang_masked_softmax_forward(input, scale_factor):
+    _count("scaled_upper_triang_masked_softmax_forward")
+    return _softmax(input, scale_factor, _causal(input.shape[-2], input.shape[-1], False))
+
+
+def scaled_aligned_causal_masked_softmax_forward(input, scale_factor):
+    _count("scaled_aligned_causal_masked_softmax_forward")
+    return _softmax(input, scale_factor, _causal(input.shape[-2], input.shape[-1], True))
+
+
+scaled_softmax_backward = scaled_masked_softmax_backward = _softmax_bwd
+scaled_upper_triang_masked_softmax_backward = scaled_aligned_causal_masked_softmax_backward = _softmax_bwd
+
+
+# ---- RoPE (sbhd / bshd / thd; non-interleaved rotates halves, interleaved rotates pairs) ----
+
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((-x2, x1), dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope_apply(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    # freqs: [s, 1, 1, d2] for the rows of t along its sequence dimension (t: [s, ..., d]).
+    d2 = freqs.shape[-1]
+    f = freqs.float()
+    rot, rest = t[..., :d2].float(), t[..., d2:]
+    out = rot * torch.cos(f) + _rotate(rot, interleaved) * torch.sin(f)
+    return torch.cat((out.to(t.dtype), rest), dim=-1)
+
+
+def _rope(t, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank, name):
+    if cp_size not in (None, 0, 1):
+        raise UnsupportedInProxy(name, "context parallelism")
+    fmt = NVTE_QKV_Format(int(qkv_format))
+    if fmt == NVTE_QKV_Format.NVTE_THD:
+        bounds = cu_seqlens.tolist()
+        pieces = [_rope_apply(t[a:b], freqs[: b - a], interleaved) for a, b in zip(bounds, bounds[1:])]
+        return torch.cat(pieces) if pieces else t.clone()
+    seq = t if fmt == NVTE_QKV_Format.NVTE_SBHD else t.transpose(0, 1)
+    if start_positions is not None:
+        rows = [_rope_apply(seq[:, i: i + 1], freqs[int(p): int(p) + seq.shape[0]], interleaved)
+                for i, p in enumerate(start_positions.tolist())]
+        out = torch.cat(rows, dim=1)
+    else:
+        out = _rope_apply(seq, freqs[: seq.shape[0]], interleaved)
+    return out if fmt == NVTE_QKV_Format.NVTE_SBHD else out.transpose(0, 1).contiguous()
+
+
+def fused_rope_forward(input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
+    _count("fused_rope_forward")
+    return _rope(input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank,
+                 "fused_rope_forward")
+
+
+def fused_rope_backward(output_grads, freqs, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
+    # RoPE is linear in its input: the gradient is the transpose map, taken through autograd.
+    _count("fused_rope_backward")
+    x = torch.zeros_like(output_grads, dtype=torch.float32, requires_grad=True)
+    with torch.enable_grad():
+        y = _rope(x, freqs, None, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank, "fused_rope_backward")
+        (dx,) = torch.autograd.grad(y, x, output_grads.float())
+    return dx.to(output_grads.dtype)
+
+
+# ---- multi-tensor kernels (TE's FusedAdam / FusedSGD, megatron's grad clipping) ----
+
+def _flag_nonfinite(noop_flag: torch.Tensor, tensors) -> None:
+    if any(not torch.isfinite(t).all() for t in tensors):
+        noop_flag.fill_(1)
+
+
+def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
+    _count("multi_tensor_scale")
+    src, dst = tensor_lists[0], tensor_lists[1]
+    _flag_nonfinite(noop_flag, src)
+    for s, d in zip(src, dst):
+        d.copy_(s.float() * scale)
+
+
+def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
+    _count("multi_tensor_l2norm")
+    norms = [t.float().norm() for t in tensor_lists[0]]
+    total = torch.stack(norms).norm().reshape(1) if norms else torch.zeros(1)
+    per = torch.stack(norms) if (per_tensor and norms) else torch.zeros(0)
+    return total, per
+
+
+def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, per_tensor=False):
+    _count("multi_tensor_unscale_l2norm")
+    scaled = [[t.float() * inv_scale.float() for t in tensor_lists[0]]]
+    return multi_tensor_l2norm(chunk_size, noop_flag, scaled, per_tensor)
+
+
+def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step, mode,
+                      bias_correction, weight_decay):
+    """Adam (mode 0: L2 in the gradient) / AdamW (mode 1: decoupled decay), as TE's kernel; a fifth
+    list holds fp32 master weights that are updated and copied back to the model's parameters."""
+    _count("multi_tensor_adam")
+    grads, params, exp_avgs, exp_avg_sqs = tensor_lists[:4]
+    masters = tensor_lists[4] if len(tensor_lists) > 4 else None
+    c1 = 1 - beta1 ** step if bias_correction else 1.0
+    c2 = 1 - beta2 ** step if bias_correction else 1.0
+    for i, (g, p, m, v) in enumerate(zip(grads, params, exp_avgs, exp_avg_sqs)):
+        target = masters[i] if masters is not None else p
+        w, gr = target.float(), g.float()
+        if mode == 0 and weight_decay:
+            gr = gr + weight_decay * w
+        mf = beta1 * m.float() + (1 - beta1) * gr
+        vf = beta2 * v.float() + (1 - beta2) * gr * gr
+        update = (mf / c1) / ((vf / c2).sqrt() + epsilon)
+        if mode == 1 and weight_decay:
+            update = update + weight_decay * w
+        w = w - lr * update
+        m.copy_(mf)
+        v.copy_(vf)
+        target.copy_(w)
+        if masters is not None:
+            p.copy_(w)
+
+
+def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, weight_decay, momentum, dampening, lr, nesterov,
+                     first_run, wd_after_momentum, scale):
+    _count("multi_tensor_sgd")
+    grads, params, bufs = tensor_lists[:3]
+    for g, p, buf in zip(grads, params, bufs):
+        d = g.float() * scale
+        if weight_decay and not wd_after_momentum:
+            d = d + weight_decay * p.float()
+        if momentum:
+            if first_run:
+                buf.copy_(d)
+            else:
+                buf.mul_(momentum).add_(d, alpha=1 - dampening)
+            d = d + momentum * buf.float() if nesterov else buf.float()
+        if weight_decay and wd_after_momentum:
+            d = d + weight_decay * p.float()
+        p.copy_(p.float() - lr * d)
