@@ -33,24 +33,31 @@ NOT_IMPORTED = [
     ("tests/", "an upstream test file outside the selected unit tests (--unit-tests all runs them)"),
     ("megatron/legacy/", "legacy model code: pretrain_gpt.py's mcore path and the selected tests never import it"),
     ("megatron/post_training/", "ModelOpt post-training (NVIDIA-only): not on verify's paths"),
-    ("megatron/core/extensions/transformer_engine", "Transformer Engine's wrappers: TE is not installed here (a ROCm image with ROCm TE runs them)"),
+    ("megatron/core/extensions/transformer_engine", "Transformer Engine's wrappers: {te}"),
     ("megatron/core/transformer/moe/", "MoE layers: verify's GPT cases are dense"),
     ("megatron/core/inference/", "the inference engines: verify trains"),
     ("megatron/rl/", "RL training: not on verify's paths"),
 ]
 # Why a site in an imported module did not run, by the helper it calls.
 NOT_RUN = {
-    "te_gate": "a TE version gate on a TE code path: Transformer Engine is not installed here",
-    "te_has": "a TE feature probe on a TE code path: Transformer Engine is not installed here",
+    "te_gate": "a TE version gate on a TE code path: {te}",
+    "te_has": "a TE feature probe on a TE code path: {te}",
     "grouped_gemm_hint": "only when --moe-grouped-gemm asks for grouped_gemm: verify's GPT cases are dense",
     "MissingPackage": "only when the NVIDIA-only package is absent and the guarded import runs",
-    "te_accepts": "a TE call-site probe on a TE code path: Transformer Engine is not installed here",
-    "save_original_input_ok": "only with FP8 on Transformer Engine layers: Transformer Engine is not installed here",
+    "te_accepts": "a TE call-site probe on a TE code path: {te}",
+    "save_original_input_ok": "only with FP8 on Transformer Engine layers: {te}",
     "nccl_ldflags": "only with --use-nccl-ub (the NCCL allocator extension is built then): verify does not use it",
     "async_start_method": ("only in TemporalAsyncCaller: --async-save without the persistent checkpoint worker "
                            "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"),
 }
 NOT_RUN_DEFAULT = "its module was imported; this branch did not run in the stages verify ran"
+
+
+def te_why(te_version: str | None) -> str:
+    """Why a TE code path did not run: TE absent (the local spec), or not taken with the TE that ran."""
+    if te_version:
+        return f"not taken by verify's cases with TE {te_version} (bf16/fp32, dense, no FP8)"
+    return "Transformer Engine is not installed here (verify --te runs TE's Python layer; a ROCm image with ROCm TE runs them)"
 
 
 @dataclass(frozen=True)
@@ -188,16 +195,17 @@ def read_records(directory: Path, tree: Path) -> tuple[set[tuple[str, int]], set
     return calls, modules
 
 
-def _not_imported(rel: str) -> str:
+def _not_imported(rel: str, te_version: str | None = None) -> str:
     for prefix, why in NOT_IMPORTED:
         if rel.startswith(prefix):
-            return f"module never imported: {why}"
+            return f"module never imported: {why.format(te=te_why(te_version))}"
     return "module never imported by verify's stages"
 
 
-def coverage(sites: list[Site], calls: set[tuple[str, int]], modules: set[str], codemods: dict[str, int | None]) -> dict[str, Coverage]:
+def coverage(sites: list[Site], calls: set[tuple[str, int]], modules: set[str], codemods: dict[str, int | None],
+             te_version: str | None = None) -> dict[str, Coverage]:
     """Per codemod (``codemods``: name -> its own rewrite count, in series order): sites exercised,
-    total, and each unreached site with its reason."""
+    total, and each unreached site with its reason (``te_version``: the TE Python layer that ran)."""
     by_file: dict[str, set[int]] = {}
     for rel, line in calls:
         by_file.setdefault(rel, set()).add(line)
@@ -208,9 +216,9 @@ def coverage(sites: list[Site], calls: set[tuple[str, int]], modules: set[str], 
         if any(site.line <= n <= site.end for n in by_file.get(site.path, ())):
             cov.exercised += 1
         elif site.path not in modules:
-            cov.unreached[site.key] = _not_imported(site.path)
+            cov.unreached[site.key] = _not_imported(site.path, te_version)
         else:
-            cov.unreached[site.key] = NOT_RUN.get(site.helper, NOT_RUN_DEFAULT)
+            cov.unreached[site.key] = NOT_RUN.get(site.helper, NOT_RUN_DEFAULT).format(te=te_why(te_version))
     for name, cov in out.items():
         if cov.total == 0 and cov.rewrites == 0:
             cov.explanation = "nothing to rewrite at this release"

@@ -107,8 +107,9 @@ def _answer(name: str, answer) -> None:
     setattr(torch.cuda, name, redirected)
 
 
-def install() -> None:
-    """Patch torch.cuda and megatron's RNG hooks; enter the redirecting mode for this process."""
+def install(megatron: bool = True) -> None:
+    """Patch torch.cuda and megatron's RNG hooks; enter the redirecting mode for this process.
+    ``megatron=False``: torch only (a process that runs TE's modules without megatron)."""
     _answer("current_device", lambda: "cpu")
     _answer("synchronize", lambda device=None: None)
     # DDP's start_grad_sync (v0.19+) waits through torch.cuda.current_stream() for events a CUDA graph
@@ -121,19 +122,21 @@ def install() -> None:
     _answer("manual_seed", lambda seed: DEVICE_RNG.manual_seed(int(seed)))
     _answer("manual_seed_all", lambda seed: DEVICE_RNG.manual_seed(int(seed)))
     _answer("initial_seed", lambda: DEVICE_RNG.initial_seed())
-    try:
-        from megatron.core.tensor_parallel import random as mrandom
-    except ImportError as exc:
-        raise Unsupported(f"megatron.core.tensor_parallel.random does not import ({exc})") from None
-    for hook in ("_get_cuda_rng_state", "_set_cuda_rng_state", "CudaRNGStatesTracker"):
-        if not hasattr(mrandom, hook):
-            raise Unsupported(f"megatron.core.tensor_parallel.random.{hook} (the shim backs the RNG tracker with its device generator through it)")
+    if megatron:
+        try:
+            from megatron.core.tensor_parallel import random as mrandom
+        except ImportError as exc:
+            raise Unsupported(f"megatron.core.tensor_parallel.random does not import ({exc})") from None
+        for hook in ("_get_cuda_rng_state", "_set_cuda_rng_state", "CudaRNGStatesTracker"):
+            if not hasattr(mrandom, hook):
+                raise Unsupported(f"megatron.core.tensor_parallel.random.{hook} (the shim backs the RNG tracker with its device generator through it)")
     import torch.cuda.nvtx as nvtx
 
     if type(nvtx._nvtx).__name__ == "_NVTXStub":
         nvtx._nvtx = _Nvtx()
-    mrandom._get_cuda_rng_state = lambda *a, **k: DEVICE_RNG.get_state()
-    mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
+    if megatron:
+        mrandom._get_cuda_rng_state = lambda *a, **k: DEVICE_RNG.get_state()
+        mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
     _one_gloo_device()
     CudaToCpu().__enter__()
 
@@ -451,7 +454,7 @@ def install_for_te() -> None:
             return True
         return False
 
-    torch.Tensor.is_cuda = property(is_cuda)  # type: ignore[method-assign,assignment]
+    torch.Tensor.is_cuda = property(is_cuda)
 
     # The autograd engine runs a custom Function's backward without the thread's torch-function
     # modes, so the redirecting mode is not in force there; TE's backward passes allocate on the
@@ -468,7 +471,7 @@ def install_for_te() -> None:
         with CudaToCpu():
             return backward_apply(self, *args)
 
-    BackwardCFunction.apply = apply  # type: ignore[method-assign]
+    BackwardCFunction.apply = apply
 
 
 def _torch_sees_no_accelerator() -> None:

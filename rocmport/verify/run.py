@@ -234,13 +234,14 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{tp}×pp{pp}"):
                 bridge, report.bridge_training = stage_bridge(opts.bridge_tree, env, tp, pp, dp, iters, launcher)
             add(bridge)
-        report.port_sites = _port_sites(tree, sites_dir)
+        te_version = opts.te.version if opts.te else None
+        report.port_sites = _port_sites(tree, sites_dir, te_version)
         if opts.bridge_tree is not None and "bridge" in opts.stages:
-            report.bridge_port_sites = _port_sites(opts.bridge_tree, sites_dir)
+            report.bridge_port_sites = _port_sites(opts.bridge_tree, sites_dir, te_version)
     return report
 
 
-def _port_sites(tree: Path, sites_dir: Path) -> dict:
+def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> dict:
     """port_sites of the report: per codemod of the tree's port, the rewritten helper call sites
     that ran in this verify run ({} for a tree `rocmport apply` did not make)."""
     from rocmport.verify import port_sites
@@ -251,7 +252,7 @@ def _port_sites(tree: Path, sites_dir: Path) -> dict:
     sites = port_sites.find_sites(tree, state.base)
     calls, modules = port_sites.read_records(sites_dir, tree)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
-    return {name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods).items()}
+    return {name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods, te_version).items()}
 
 
 def _unit_tests(tree: Path, env: dict, unit: UnitOptions, launcher: Launcher, mode: str, env_info, profile: str,
@@ -439,6 +440,7 @@ def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | Non
     the newest in the line's component-matrix range that the package index has)."""
     if spec.strip() == "none":
         return None
+    te_layer.check_deps()
     line_range = None
     if series_dir is not None:
         matrix = load_series(series_dir / "series").rocm

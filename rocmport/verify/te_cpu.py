@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -52,28 +52,30 @@ def __getattr__(name: str):
     # TE calls it, naming itself. Dunder lookups (pickle, inspect) stay AttributeErrors.
     if name.startswith("__"):
         raise AttributeError(name)
+    if name[0].isupper():
+        # An enum a newer TE binds (2.17: NVTERoutingMapFormat): labels, made on first use.
+        globals()[name] = _enum(name, [])
+        return globals()[name]
     return _unsupported(name)
 
 
 # ---- enums of the extension (pybind11 enums: hashable, comparable, int(), .name, .value) ----
 
 class DType(enum.IntEnum):
+    # Exactly the members the extension binds, with transformer_engine::DType's values (TE 2.17+
+    # asserts its Python DType mirrors this enum's member names).
     kByte = 0
-    kInt16 = 1
     kInt32 = 2
-    kInt64 = 3
     kFloat32 = 4
     kFloat16 = 5
     kBFloat16 = 6
     kFloat8E4M3 = 7
     kFloat8E5M2 = 8
-    kFloat8E8M0 = 9
     kFloat4E2M1 = 10
 
 
-_TORCH_OF = {DType.kByte: torch.uint8, DType.kInt16: torch.int16, DType.kInt32: torch.int32,
-             DType.kInt64: torch.int64, DType.kFloat32: torch.float32, DType.kFloat16: torch.float16,
-             DType.kBFloat16: torch.bfloat16}
+_TORCH_OF = {DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: torch.float32,
+             DType.kFloat16: torch.float16, DType.kBFloat16: torch.bfloat16}
 
 
 def _torch_dtype(otype, default: torch.dtype) -> torch.dtype:
@@ -81,13 +83,53 @@ def _torch_dtype(otype, default: torch.dtype) -> torch.dtype:
         return default
     if isinstance(otype, torch.dtype):
         return otype
-    if otype in _TORCH_OF:
-        return _TORCH_OF[otype]
+    if int(otype) in _TORCH_OF:
+        return _TORCH_OF[DType(int(otype))]
     raise UnsupportedInProxy("DType", f"output type {otype!r} is a quantized format")
 
 
-def _enum(name: str, members: list[str]) -> type[enum.IntEnum]:
-    return enum.IntEnum(name, [(m, i) for i, m in enumerate(members)])  # type: ignore[return-value]
+class _Member(int):
+    """A member of one of the extension's pybind11 enums: an int with a name."""
+
+    name: str
+    value: int
+
+    def __new__(cls, owner: str, name: str, value: int) -> _Member:
+        member = int.__new__(cls, value)
+        member.name, member.value, member._owner = name, value, owner  # type: ignore[attr-defined]
+        return member
+
+    def __repr__(self) -> str:
+        return f"<{self._owner}.{self.name}: {self.value}>"  # type: ignore[attr-defined]
+
+    __str__ = __repr__
+
+
+class _OpenEnum(type):
+    """The extension's enums of attention layouts, formats and comm types. Their members are labels
+    TE's Python passes back to kernels this module does not have, and each TE release adds some
+    (2.17: NVTE_QKV_Format_NOT_SET): a member is made on first use, after the ones listed."""
+
+    def __getattr__(cls, name: str) -> _Member:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        members = cls.__dict__["__members__"]
+        if name not in members:
+            members[name] = _Member(cls.__name__, name, len(members))
+        return members[name]
+
+    def __call__(cls, value: int) -> _Member:
+        for member in cls.__dict__["__members__"].values():
+            if member.value == int(value):
+                return member
+        raise ValueError(f"{value} is not a valid {cls.__name__}")
+
+    def __iter__(cls):
+        return iter(cls.__dict__["__members__"].values())
+
+
+def _enum(name: str, members: list[str]) -> Any:
+    return _OpenEnum(name, (), {"__members__": {m: _Member(name, m, i) for i, m in enumerate(members)}})
 
 
 FP8FwdTensors = _enum("FP8FwdTensors", ["GEMM1_INPUT", "GEMM1_WEIGHT", "GEMM1_OUTPUT", "GEMM2_INPUT",
@@ -117,6 +159,7 @@ NVTE_QKV_Layout = _enum("NVTE_QKV_Layout", [
     "NVTE_THD_BSHD_BSHD", "NVTE_THD_SBHD_SBHD", "NVTE_Paged_KV_BSHD_BSHD_BSHD", "NVTE_Paged_KV_BSHD_SBHD_SBHD",
     "NVTE_Paged_KV_SBHD_BSHD_BSHD", "NVTE_Paged_KV_SBHD_SBHD_SBHD", "NVTE_Paged_KV_THD_BSHD_BSHD",
     "NVTE_Paged_KV_THD_SBHD_SBHD"])
+NVTERoutingMapFormat = _enum("NVTERoutingMapFormat", ["BYTEMAP", "BITMAP_U8"])
 NVTE_Activation_Type = _enum("NVTE_Activation_Type", ["GELU", "GEGLU", "SILU", "SWIGLU", "RELU", "REGLU",
                                                       "QGELU", "QGEGLU", "SRELU", "SREGLU"])
 
@@ -356,7 +399,7 @@ def _glu(act):
     return fwd
 
 
-_ACTS = {
+_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": _gelu,
     "relu": F.relu,
     "silu": F.silu,
@@ -484,7 +527,8 @@ def _rope(t, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_siz
     fmt = NVTE_QKV_Format(int(qkv_format))
     if fmt == NVTE_QKV_Format.NVTE_THD:
         bounds = cu_seqlens.tolist()
-        pieces = [_rope_apply(t[a:b], freqs[: b - a], interleaved) for a, b in zip(bounds, bounds[1:])]
+        pieces = [_rope_apply(t[a:b], freqs[: b - a].reshape(b - a, *([1] * (t.dim() - 2)), -1), interleaved)
+                  for a, b in zip(bounds, bounds[1:])]
         return torch.cat(pieces) if pieces else t.clone()
     seq = t if fmt == NVTE_QKV_Format.NVTE_SBHD else t.transpose(0, 1)
     if start_positions is not None:

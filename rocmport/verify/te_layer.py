@@ -131,6 +131,22 @@ def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
     return TELayer(str(wheel.version), dest, PYTHON_LAYER, f"{wheel.filename} from the package index")
 
 
+# What TE's Python layer imports at import time besides torch (the dependencies of TE's torch
+# extension package, which the CPU proxy replaces): module -> pip name.
+IMPORT_DEPS = {"onnxscript": "onnxscript", "onnx": "onnx", "einops": "einops", "pydantic": "pydantic",
+               "packaging": "packaging", "importlib_metadata": "importlib-metadata"}
+
+
+def check_deps() -> None:
+    """Bad input, with the pip command, when this interpreter lacks what TE's Python layer imports."""
+    import importlib.util
+
+    missing = sorted({dist for mod, dist in IMPORT_DEPS.items() if importlib.util.find_spec(mod) is None})
+    if missing:
+        raise BadInput(f"--te: Transformer Engine's Python layer imports {', '.join(missing)}, which this Python lacks: "
+                       f"`{sys.executable} -m pip install {' '.join(missing)}` (rocmport's [proxy] extra has them)")
+
+
 def unblocked(blocked: tuple[str, ...] | list[str]) -> list[str]:
     """The firewall's list with TE's own modules let through (flash_attn stays blocked: TE then takes
     its own unfused attention, as on a build without flash-attention)."""
@@ -157,7 +173,9 @@ class _PatchCommon(importlib.abc.MetaPathFinder):
                 break
         else:
             return None
-        inner = spec.loader
+        if spec.loader is None:
+            return spec
+        inner: importlib.abc.Loader = spec.loader
 
         class Loader(importlib.abc.Loader):
             def create_module(self, spec):

@@ -1,0 +1,171 @@
+"""verify --te: choosing TE's Python layer, fetching it from a package index, and running TE's own
+modules on the CPU proxy under torchrun (the real wheel from the package index: network tests)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from rocmport.errors import BadInput
+from rocmport.nvidia_only import blocked
+from rocmport.verify import firewall, te_layer
+from tests.helpers.pypi import Index
+from tests.helpers.real import REAL_CACHE, REPO
+
+WHEELS = [te_layer.WheelFile(Version(v), f"transformer_engine-{v}-py3-none-any.whl", f"/files/{v}", "0" * 64)
+          for v in ("2.8.0", "2.9.0", "2.12.0", "2.13.0")]
+
+
+def test_none_auto_and_an_exact_version():
+    assert te_layer.choose("none", ">=2.9.0a0,<2.13", WHEELS) is None
+    assert str(te_layer.choose("auto", ">=2.9.0a0,<2.13", WHEELS).version) == "2.12.0"
+    assert str(te_layer.choose("auto", None, WHEELS).version) == "2.13.0"
+    assert str(te_layer.choose("2.9.0", ">=2.9.0a0,<2.13", WHEELS).version) == "2.9.0"
+
+
+def test_a_version_the_index_lacks_is_bad_input_listing_what_exists():
+    with pytest.raises(BadInput, match=r"--te 2\.10\.0: the package index has no Transformer Engine 2\.10\.0 Python wheel; "
+                                        r"it has: 2\.8\.0, 2\.9\.0, 2\.12\.0, 2\.13\.0"):
+        te_layer.choose("2.10.0", None, WHEELS)
+    with pytest.raises(BadInput, match="give a Transformer Engine version, auto or none"):
+        te_layer.choose("latest", None, WHEELS)
+    with pytest.raises(BadInput, match=r"no Transformer Engine wheel in this line's range >=3\.0"):
+        te_layer.choose("auto", ">=3.0", WHEELS)
+
+
+def _wheel(tmp_path: Path, version: str, members: dict[str, str] | None = None) -> Path:
+    path = tmp_path / f"transformer_engine-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in (members or {"transformer_engine/__init__.py": f"__version__ = '{version}'\n",
+                                       f"transformer_engine-{version}.dist-info/METADATA": f"Name: transformer_engine\nVersion: {version}\n"}).items():
+            zf.writestr(name, text)
+    return path
+
+
+def test_the_wheel_is_fetched_verified_and_unpacked_once(tmp_path, monkeypatch):
+    files = tmp_path / "files"
+    files.mkdir()
+    with Index(files) as index:
+        for v in ("2.9.0", "2.12.0"):
+            index.add("transformer-engine", _wheel(files, v))
+        index.files["transformer-engine"].append({"filename": "transformer_engine-2.11.0.tar.gz", "url": "/files/x",
+                                                  "hashes": {"sha256": "0" * 64}})  # an sdist is not a Python layer
+        monkeypatch.setenv("ROCMPORT_INDEX_URL", index.url)
+        wheels = te_layer.list_wheels()
+        assert [str(w.version) for w in wheels] == ["2.9.0", "2.12.0"]
+        layer = te_layer.fetch(tmp_path / "cache", te_layer.choose("auto", ">=2.9.0a0,<2.13", wheels))
+        assert layer.path == tmp_path / "cache" / "te" / "2.12.0"
+        assert (layer.path / "transformer_engine" / "__init__.py").read_text() == "__version__ = '2.12.0'\n"
+        assert layer.to_dict() == {"version": "2.12.0", "python_layer": "NVIDIA's Python layer",
+                                   "source": "transformer_engine-2.12.0-py3-none-any.whl from the package index",
+                                   "note": "ROCm TE differences not simulated"}
+        te_layer.fetch(tmp_path / "cache", wheels[-1])
+        assert index.hits["transformer_engine-2.12.0-py3-none-any.whl"] == 1
+
+
+def test_a_wheel_whose_hash_differs_is_discarded(tmp_path, monkeypatch):
+    from rocmport.errors import RocmportError
+
+    files = tmp_path / "files"
+    files.mkdir()
+    with Index(files) as index:
+        index.add("transformer-engine", _wheel(files, "2.9.0"), sha256="f" * 64)
+        monkeypatch.setenv("ROCMPORT_INDEX_URL", index.url)
+        with pytest.raises(RocmportError, match="does not match the index's"):
+            te_layer.fetch(tmp_path / "cache", te_layer.list_wheels()[0])
+    assert not (tmp_path / "cache" / "te" / "2.9.0").exists()
+
+
+def test_a_member_escaping_the_unpack_directory_is_refused(tmp_path, monkeypatch):
+    files = tmp_path / "files"
+    files.mkdir()
+    with Index(files) as index:
+        index.add("transformer-engine", _wheel(files, "2.9.0", {"../../evil.py": "x = 1\n"}))
+        monkeypatch.setenv("ROCMPORT_INDEX_URL", index.url)
+        with pytest.raises(BadInput, match="escapes the unpack directory"):
+            te_layer.fetch(tmp_path / "cache", te_layer.list_wheels()[0])
+    assert not (tmp_path / "evil.py").exists() and not (tmp_path / "cache" / "evil.py").exists()
+
+
+def test_verify_te_with_a_version_the_index_lacks_exits_2_listing_versions(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "megatron" / "core").mkdir(parents=True)
+    (tree / "megatron" / "core" / "__init__.py").write_text("")
+    files = tmp_path / "files"
+    files.mkdir()
+    with Index(files) as index:
+        for v in ("2.9.0", "2.12.0"):
+            index.add("transformer-engine", _wheel(files, v))
+        env = {**os.environ, "ROCMPORT_INDEX_URL": index.url, "ROCMPORT_CACHE_DIR": str(tmp_path / "cache")}
+        proc = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(tmp_path), "verify", "--tree", str(tree),
+                               "--te", "2.10.0", "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--te 2.10.0: the package index has no Transformer Engine 2.10.0 Python wheel; it has: 2.9.0, 2.12.0" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_firewall_lets_te_through_and_keeps_flash_attention_out():
+    shut = te_layer.unblocked(blocked("cpu-proxy"))
+    assert "transformer_engine" not in shut and "transformer_engine_torch" not in shut
+    assert "flash_attn" in shut and "apex" in shut
+
+
+# ---- TE's own Python layer on the proxy (the real wheel from the package index) ----
+
+def _te_env(layer: te_layer.TELayer, boot: Path) -> dict[str, str]:
+    firewall.write_bootstrap(boot)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(boot), str(REPO)]), "ROCMPORT_PYTHON": sys.executable,
+           "ROCMPORT_FIREWALL": ",".join(te_layer.unblocked(blocked("cpu-proxy"))), "ROCMPORT_PROXY": "1",
+           "ROCMPORT_HIP_SIM": "7.1.25424-4179531dcd", "OMP_NUM_THREADS": "1", **te_layer.child_env(layer)}
+    return env
+
+
+def _real_layer(version: str) -> te_layer.TELayer:
+    pytest.importorskip("torch")
+    try:
+        te_layer.check_deps()
+    except BadInput as exc:
+        pytest.skip(str(exc))
+    return te_layer.fetch(REAL_CACHE, te_layer.choose(version, None, te_layer.list_wheels()))
+
+
+def _tp2(layer: te_layer.TELayer, tmp_path: Path, *extra: str) -> list[dict]:
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           str(REPO / "tests" / "helpers" / "te_tp_worker.py"), str(out), *extra],
+                          env=_te_env(layer, tmp_path / "boot"), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0 and out.is_file(), proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["2.9.0", "2.17.1"])
+def test_te_modules_at_tp2_match_torch_on_the_full_weights(tmp_path, real_index, version):
+    """TE's Linear (column, row), LayerNormLinear, LayerNormMLP and DotProductAttention from the
+    real Python layer, tp2 over gloo: forward, input and weight gradients within 1e-4 of plain torch."""
+    ranks = _tp2(_real_layer(version), tmp_path)
+    for rank in ranks:
+        assert rank["te_version"] == version
+        for module in ("Linear(column)", "Linear(row)", "LayerNormLinear", "LayerNormMLP", "DotProductAttention"):
+            assert rank[module] <= 1e-4, (module, rank)
+        assert rank["kernels"]["generic_gemm"] > 0 and rank["kernels"]["layernorm_fwd"] > 0
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+def test_fp8_reaches_a_kernel_the_proxy_lacks_and_names_it(tmp_path, real_index):
+    ranks = _tp2(_real_layer("2.9.0"), tmp_path, "fp8")
+    for rank in ranks:
+        assert rank["unsupported"].startswith("unsupported-in-proxy: transformer_engine_torch."), rank
+        assert "Linear(column)" not in rank  # nothing counted as a pass
