@@ -542,6 +542,8 @@ def install_for_script() -> None:
                 fh.write(str(exc))
         return
     install_device_answers(hip=bool(os.environ.get("ROCMPORT_HIP_SIM")))
+    if os.environ.get("ROCMPORT_TE"):  # TE's Python layer runs (verify --te)
+        install_for_te()
     if out:
         atexit.register(write_redirects, out)
 

@@ -335,7 +335,7 @@ def unit_options(settings: suite.VerifySettings, base: str | None, cache_dir: Pa
 
 
 def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: int, pp: int, data_path, record: bool,
-                       iters: int, resume: bool = True) -> tuple[FunctionalOptions | None, str]:
+                       iters: int, resume: bool = True, te: bool = False) -> tuple[FunctionalOptions | None, str]:
     from rocmport.verify.doctor import for_verify
     from rocmport.verify.functional import default_case
 
@@ -349,8 +349,9 @@ def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: in
         raise BadInput(f"--data-path {data_path}: no such directory; give the prefix of a Megatron .bin/.idx dataset")
     if record and series_dir is None:
         raise BadInput(f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)")
-    # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU).
-    te_usable = for_verify(series_dir / "series" if series_dir else None)["te_usable"]
+    # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
+    # or where TE's Python layer runs on the CPU proxy (--te).
+    te_usable = te or for_verify(series_dir / "series" if series_dir else None)["te_usable"]
     return FunctionalOptions(case=case or default_case(tp, pp, te_usable, tree),
                              defaulted=not case, data_path=data_path, record=record, series_dir=series_dir, iters=iters,
                              resume=resume), ""
@@ -427,12 +428,14 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
     unit, why = unit_options(cfg, base, settings.cache_dir, path, with_unit, unit_tests, unit_nproc)
     if why:
         skipped["unit-tests"] = why
-    functional, why = functional_options(path, series_dir, with_functional, case, tp, pp, data_path, record_golden, iters, resume)
+    te_layer_ = te_for(te, series_dir, settings.cache_dir)
+    functional, why = functional_options(path, series_dir, with_functional, case, tp, pp, data_path, record_golden, iters, resume,
+                                         te=te_layer_ is not None)
     if why:
         skipped["functional"] = why
     return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, stages=chosen, skipped=skipped, te=te_for(te, series_dir, settings.cache_dir))
+                         hip_version=hip_version, stages=chosen, skipped=skipped, te=te_layer_)
 
 
 def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | None:
