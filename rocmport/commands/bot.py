@@ -42,8 +42,8 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     if interval <= 0:
         raise BadInput(f"--interval {interval}: must be a positive number of seconds")
     settings = load_settings(obj["project"])
-    wanted = [str(ReleaseLine.parse(s)) for s in (lines.split(",") if lines else settings.tool.get("release-lines") or [])]
-    verify_opts = None if no_verify else {"tp": int(settings.tool.get("tp", 2)), "pp": int(settings.tool.get("pp", 2))}
+    wanted = [str(ReleaseLine.parse(s)) for s in lines.split(",")] if lines else list(settings.release_lines)
+    verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
     kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
               say=output.info, warn=output.warn)
     if once:

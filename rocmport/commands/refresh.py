@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from rocmport import output
-from rocmport.config import load_settings
+from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.refresh.engine import abort_refresh, continue_refresh, refresh
@@ -21,8 +21,8 @@ from rocmport.refresh.summary import public, write_summary
 @click.option("--continue", "cont", is_flag=True, help="Go on after you resolved and committed a conflicting patch in the refresh tree.")
 @click.option("--abort", is_flag=True, help="Give up a stopped refresh; the lock and patchsets/ stay as they were.")
 @click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` on the result.")
-@click.option("--tp", type=int, default=None, help="Tensor-parallel size for verify (default: [tool.rocmport] tp or 2).")
-@click.option("--pp", type=int, default=None, help="Pipeline-parallel size for verify (default: [tool.rocmport] pp or 2).")
+@click.option("--tp", type=int, default=None, help=f"Tensor-parallel size for verify (default: [tool.rocmport] tp or {DEFAULT_TP}).")
+@click.option("--pp", type=int, default=None, help=f"Pipeline-parallel size for verify (default: [tool.rocmport] pp or {DEFAULT_PP}).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also copy the Markdown summary (PR body) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
@@ -42,7 +42,7 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
     if abort:
         abort_refresh(settings, say=output.info)
         return EXIT_OK
-    opts = None if no_verify else {"tp": tp or int(settings.tool.get("tp", 2)), "pp": pp or int(settings.tool.get("pp", 2))}
+    opts = None if no_verify else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp}
     with output.progress(f"refreshing the port to {to}" if to else "continuing the refresh"):
         if cont:
             result = continue_refresh(settings, say=output.info, warn=output.warn)

@@ -10,7 +10,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from rocmport.config import Settings
+from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
 from rocmport.errors import BadInput
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
 from rocmport.patches.series import select_series, split_header
@@ -130,7 +130,7 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
         return {"skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
                            + python_setup_hint(need), "stages": [], "failed": []}
     not_run = "refresh verifies imports and GPT training (stages 1-2); run `rocmport verify` for the rest"
-    args = {"tp": opts.get("tp", 2), "pp": opts.get("pp", 2), "backend": opts.get("backend", "auto"), "iters": opts.get("iters", 10),
+    args = {"tp": opts.get("tp", DEFAULT_TP), "pp": opts.get("pp", DEFAULT_PP), "backend": opts.get("backend", "auto"), "iters": opts.get("iters", 10),
             "skipped": {"unit-tests": not_run, "functional": not_run, "bridge": not_run}}
     new = run_verify(VerifyOptions(tree=tree.resolve(), **args)).to_dict()
     failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
