@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -130,6 +131,48 @@ def test_conflict_abort_leaves_everything_as_it_was(port):
     assert (port.root / "upstream.lock").read_text() == lock_before and g(port.root, "status", "--porcelain") == ""
     assert g(port.root / "build/megatron-lm", "rev-parse", "HEAD") == head_before
     assert port.run("refresh", "--continue") == 2
+
+
+def test_abort_keeps_a_committed_resolution_and_untracked_files_on_a_backup_ref(port, capsys):
+    """As `apply --abort` does: the human's work in the refresh tree outlives the refresh area."""
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    rtree = port.root / "build" / "refresh" / "megatron-lm"
+    (rtree / "megatron/core/layers.py").write_text(edit_line(LAYERS, 30, "line 30 upstream rocm"))
+    g(rtree, "commit", "-qam", "resolve 0002 by hand")
+    mine = g(rtree, "rev-parse", "HEAD")
+    (rtree / "NOTES.md").write_text("what I tried\n")
+    project_tree = port.root / "build" / "megatron-lm"
+    head_before = g(project_tree, "rev-parse", "HEAD")
+    capsys.readouterr()
+    assert port.run("refresh", "--abort") == 0
+    err = capsys.readouterr().err
+    assert not (port.root / "build" / "refresh").exists()
+    ref = "refs/rocmport/backup/1"
+    assert f"on {ref} of {project_tree}" in err and "NOTES.md" in err
+    assert g(project_tree, "for-each-ref", "--format=%(refname)", "refs/rocmport/backup/") == ref
+    # The backup holds the committed resolution (an ancestor) and the untracked file, byte for byte.
+    g(project_tree, "merge-base", "--is-ancestor", mine, ref)
+    assert g(project_tree, "show", f"{ref}:NOTES.md") == "what I tried"
+    assert "line 30 upstream rocm" in g(project_tree, "show", f"{ref}:megatron/core/layers.py")
+    # The project's own port is untouched, and a plain abort right after a conflict saves nothing.
+    assert g(project_tree, "rev-parse", "HEAD") == head_before and g(project_tree, "status", "--porcelain") == ""
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    assert port.run("refresh", "--abort") == 0
+    assert g(project_tree, "for-each-ref", "--format=%(refname)", "refs/rocmport/backup/") == ref
+
+
+def test_abort_without_a_project_tree_keeps_the_refresh_tree_aside(port, capsys):
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    rtree = port.root / "build" / "refresh" / "megatron-lm"
+    (rtree / "NOTES.md").write_text("what I tried\n")
+    shutil.rmtree(port.root / "build" / "megatron-lm")
+    capsys.readouterr()
+    assert port.run("refresh", "--abort") == 0
+    (aside,) = (port.root / "build").glob("refresh-aborted-megatron-lm-*")
+    assert f"in {aside}, on refs/rocmport/backup/1" in capsys.readouterr().err
+    assert g(aside, "show", "refs/rocmport/backup/1:NOTES.md") == "what I tried"
 
 
 def test_tag_touching_nothing_ported_changes_only_the_lock(port):

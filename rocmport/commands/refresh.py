@@ -19,7 +19,7 @@ from rocmport.refresh.summary import public, write_summary
 @click.command("refresh")
 @click.option("--to", "to", help="The new upstream ref, resolved like `sync --ref` (v0.17, core_v0.17.1, a branch, a SHA).")
 @click.option("--continue", "cont", is_flag=True, help="Go on after you resolved and committed a conflicting patch in the refresh tree.")
-@click.option("--abort", is_flag=True, help="Give up a stopped refresh; the lock and patchsets/ stay as they were.")
+@click.option("--abort", is_flag=True, help="Give up a stopped refresh; the lock and patchsets/ stay as they were, your work in its trees is kept on a backup ref.")
 @click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` on the result.")
 @click.option("--tp", type=int, default=None, help=f"Tensor-parallel size for verify (default: [tool.rocmport] tp or {DEFAULT_TP}).")
 @click.option("--pp", type=int, default=None, help=f"Pipeline-parallel size for verify (default: [tool.rocmport] pp or {DEFAULT_PP}).")

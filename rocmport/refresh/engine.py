@@ -29,6 +29,7 @@ from rocmport.state import expect, one_of, read_json, value_of, write_json
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
 from rocmport.upstream.resolve import resolve_lock
 from rocmport.upstream.store import Store
+from rocmport.upstreams import NAMES
 
 # The state file of a refresh under way: in-progress (or killed), or stopped at a conflict for a human.
 StateStatus = Literal["in-progress", "conflict"]
@@ -95,15 +96,52 @@ def continue_refresh(settings: Settings, *, say=print, warn=print) -> RefreshRes
     return _advance(settings, state, say, warn, mode="continue")
 
 
-def abort_refresh(settings: Settings, *, say=print) -> None:
+def abort_refresh(settings: Settings, *, say=print) -> list[str]:
+    """Give up a refresh: what a human did in its trees (a committed resolution, edits, new files) is
+    saved on a backup ref of the project's work tree first, as `apply --abort` saves it; then the
+    refresh area goes. Returns where the work went ("<tree> <ref>" each)."""
     try:
         to = (read_state(settings) or {}).get("to")
     except BadInput:  # a state that cannot be read is aborted all the same
         to = "an unknown ref"
     if not to:
         raise BadInput(f"{settings.refresh_dir}: no refresh to abort")
+    saved = [_keep_work(settings, name, to, say) for name in NAMES]
     shutil.rmtree(settings.refresh_dir, ignore_errors=True)
     say(f"refresh to {to} aborted; {settings.lock_path} and patchsets/ are as they were")
+    return [s for s in saved if s]
+
+
+def _keep_work(settings: Settings, name: str, to: str, say) -> str | None:
+    """Save the refresh tree of ``name`` when it holds anything rocmport did not leave there itself:
+    onto refs/rocmport/backup/<n> of the project's work tree (kept when the refresh area goes), or,
+    without one, the refresh tree is moved aside whole with the backup ref in it."""
+    tree = _refresh_settings(settings).worktree_path(name)
+    if not (tree / ".git").is_dir() or wt.head(tree) is None:
+        return None
+    dirty = wt.dirty_paths(tree)
+    try:
+        state = wt.read_state(tree)
+    except BadInput:
+        state = None
+    head = wt.head(tree)
+    if state is not None and head in (state.result, state.last_good) and not dirty:
+        return None  # exactly what the refresh left: nothing of a human's to keep
+    what = f"the refresh tree of {name} when the refresh to {to} was aborted"
+    ref = wt.save_backup(tree, what)
+    files = f" and {', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''}" if dirty else ""
+    project_tree = settings.worktree_path(name)
+    if (project_tree / ".git").is_dir():
+        with wt.locked(project_tree):
+            kept = wt.copy_backup(tree, ref, project_tree, what)
+        say(f"{name}: saved the refresh tree's work (HEAD {head[:12] if head else '-'}{files}) on {kept} of {project_tree}; "
+            f"see it with `git -C {project_tree} log --stat {kept}`")
+        return f"{project_tree} {kept}"
+    aside = settings.worktrees_dir / f"refresh-aborted-{name}-{int(time.time())}"
+    tree.rename(aside)
+    say(f"{name}: {project_tree} does not exist; kept the refresh tree with its work (HEAD {head[:12] if head else '-'}{files}) "
+        f"in {aside}, on {ref}")
+    return f"{aside} {ref}"
 
 
 def _lock_from(data: dict, where: str) -> Lock:
