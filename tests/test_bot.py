@@ -49,7 +49,8 @@ def test_two_releases_processed_in_version_order_on_their_own_branches(port, cap
     capsys.readouterr()
     assert port.run("bot", "--once", "--no-verify", "--json") == 0
     done = json.loads(capsys.readouterr().out)["processed"]
-    assert [d["tag"] for d in done] == ["core_v0.16.2", "core_v0.17.0"] and {d["status"] for d in done} == {"done"}
+    assert [d["tag"] for d in done] == ["core_v0.16.2", "core_v0.17.0"] and {d["status"] for d in done} == {"not-verified"}
+    assert {d["reason"] for d in done} == {"verify was skipped (--no-verify)"}
     # The project is back on main, untouched.
     assert g(port.root, "rev-parse", "--abbrev-ref", "HEAD") == "main" and g(port.root, "rev-parse", "HEAD") == main_head
     assert g(port.root, "status", "--porcelain") == ""
@@ -85,7 +86,7 @@ def test_failed_release_is_not_retried_until_inputs_change(port, capsys):
     port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
     assert port.run("bot", "--once", "--no-verify") == 1
     record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]
-    assert record["status"] == "failed" and record["reason"] == "conflict in 0002-layers-thirty.patch"
+    assert record["status"] == "needs-a-human" and record["reason"] == "conflict in 0002-layers-thirty.patch"
     assert "rocmport/refresh-core_v0.17.0" not in g(port.root, "branch", "--list")
     assert not (port.root / "build" / "refresh" / "state.json").exists()
     capsys.readouterr()
@@ -98,7 +99,7 @@ def test_failed_release_is_not_retried_until_inputs_change(port, capsys):
     (port.series_dir / "0002-layers-thirty.patch").unlink()
     g(port.root, "commit", "-qam", "drop 0002")
     assert port.run("bot", "--once", "--no-verify") == 0
-    assert json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]["status"] == "done"
+    assert json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]["status"] == "not-verified"
 
 
 def test_concurrent_run_is_refused(port, capsys):
@@ -217,9 +218,9 @@ def test_bot_on_the_package_index_refreshes_a_patch_release(tmp_path, real_index
     capsys.readouterr()
     assert run("bot", "--once", "--no-verify", "--lines", "v0.16", "--json") == 0
     done = json.loads(capsys.readouterr().out)["processed"]
-    assert [(d["tag"], d["status"]) for d in done] == [("v0.16.1", "done")]
+    assert [(d["tag"], d["status"]) for d in done] == [("v0.16.1", "not-verified")]
     lock = g(root, "show", "rocmport/refresh-v0.16.1:upstream.lock")
     assert "resolved_ref: 0.16.1" in lock and "source: pypi" in lock
     summary = g(root, "show", "rocmport/refresh-v0.16.1:refresh-summaries/v0.16.1.md")
     assert "0001-dist-ckpt-no-pinned-preload-on-hip.patch" in summary
-    assert "not verified" in summary and "ready to merge" not in summary  # the bot ran with --no-verify
+    assert "**Status:** `not-verified`" in summary and "ready to merge" not in summary  # the bot ran with --no-verify

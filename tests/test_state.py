@@ -51,20 +51,24 @@ def test_unusable_files_are_refused_in_one_line_naming_the_file(tmp_path, text, 
 
 def test_the_bots_record_round_trips_and_is_checked(tmp_path):
     port_settings = load_settings(tmp_path)
-    record = BotRecord({"core_v0.17.0": TagRecord("done", "a" * 40, "abc", branch="rocmport/refresh-core_v0.17.0", summary_file="s.md"),
-                        "core_v0.18.0": TagRecord("failed", "b" * 40, "def", reason="conflict in 0002.patch")})
+    record = BotRecord({"core_v0.17.0": TagRecord("ready", "a" * 40, "abc", branch="rocmport/refresh-core_v0.17.0", summary_file="s.md"),
+                        "core_v0.18.0": TagRecord("needs-a-human", "b" * 40, "def", reason="conflict in 0002.patch")})
     write_record(port_settings, record)
     on_disk = json.loads(record_path(port_settings).read_text())
-    assert on_disk["tags"]["core_v0.18.0"] == {"status": "failed", "commit": "b" * 40, "inputs": "def", "reason": "conflict in 0002.patch"}
+    assert on_disk["tags"]["core_v0.18.0"] == {"status": "needs-a-human", "commit": "b" * 40, "inputs": "def", "reason": "conflict in 0002.patch"}
     assert read_record(port_settings) == record
     on_disk["tags"]["core_v0.18.0"]["status"] = "maybe"
     record_path(port_settings).write_text(json.dumps(on_disk))
-    with pytest.raises(BadInput, match=r"bot-state.json: key 'tags.core_v0.18.0.status' is 'maybe'; expected one of done, failed; "):
+    with pytest.raises(BadInput, match=r"bot-state.json: key 'tags.core_v0.18.0.status' is 'maybe'; expected one of ready, not-verified, needs-a-human, up-to-date; "):
         read_record(port_settings)
     on_disk["tags"]["core_v0.18.0"] = {"status": "done", "commit": "c" * 40, "inputs": "x"}
     record_path(port_settings).write_text(json.dumps(on_disk))
     with pytest.raises(Invalid, match=r"key 'tags.core_v0.18.0.branch' is missing"):
         BotRecord.from_dict(on_disk)
+    # An older rocmport's words: done (was it verified? nobody can tell now) and failed.
+    old = {"tags": {"a": {"status": "done", "commit": "c" * 40, "inputs": "x", "branch": "b"},
+                    "b": {"status": "failed", "commit": "c" * 40, "inputs": "x", "reason": "conflict"}}}
+    assert {n: r.status for n, r in BotRecord.from_dict(old).tags.items()} == {"a": "not-verified", "b": "needs-a-human"}
 
 
 def test_a_damaged_apply_state_stops_apply_in_one_line(tmp_path, monkeypatch, capsys):

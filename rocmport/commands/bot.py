@@ -10,6 +10,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
+from rocmport.refresh.result import NEEDS_HUMAN
 from rocmport.release_line import ReleaseLine
 
 
@@ -32,10 +33,11 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     \b
     Each branch holds bisectable commits: "bump upstream.lock to <tag>", "refresh patches for
     <tag>", "drop upstreamed patches" (when any), and the summary in refresh-summaries/<tag>.md.
-    State in .rocmport/bot-state.json: done tags are never redone; a failed tag is retried only
-    when its inputs change (upstream commit, the series, rocmport) or with --retry.
-    Exit: 0 every release ready (or none new), 1 a release needs a human, 2 bad input,
-    3 another bot run holds the lock.
+    State in .rocmport/bot-state.json, in refresh's words: a release built (ready, or not-verified
+    and why) is never redone; one that needs-a-human is retried only when its inputs change
+    (upstream commit, the series, rocmport) or with --retry.
+    Exit: 0 every release ready or not-verified (or none new), 1 a release needs-a-human,
+    2 bad input, 3 another bot run holds the lock.
     """
     if once == watch:
         raise BadInput("give exactly one of --once or --watch")
@@ -50,7 +52,7 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
         results = run_once(settings, **kw)
         if as_json:
             output.emit_json({"processed": results})
-        return EXIT_PROBLEM if any(r["status"] != "done" for r in results) else EXIT_OK
+        return EXIT_PROBLEM if any(r["status"] == NEEDS_HUMAN for r in results) else EXIT_OK
     cycle = 0
     while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
         cycle += 1

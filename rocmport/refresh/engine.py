@@ -23,7 +23,7 @@ from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
 from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
-from rocmport.refresh.result import NEEDS_HUMAN, READY, UP_TO_DATE, PatchRow, Pinned, RefreshResult, RefreshStatus, UpstreamOutcome
+from rocmport.refresh.result import NEEDS_HUMAN, PROMOTED, READY, UP_TO_DATE, PatchRow, Pinned, RefreshResult, RefreshStatus, UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries, promote, stage_series
 from rocmport.state import expect, one_of, read_json, value_of, write_json
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
@@ -74,7 +74,7 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
     started = time.time()
     new = resolve_lock(settings, to, source=mlm.source, no_bridge="megatron-bridge" not in old.upstreams, say=say, warn=warn)
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
-        return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"])
+        return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"]).settle(up_to_date=True)
     settings.refresh_dir.mkdir(parents=True, exist_ok=True)
     staged = {}
     for name, pin in new.upstreams.items():
@@ -167,7 +167,7 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshRe
             result = _result(state, NEEDS_HUMAN)
             result.conflict = {"upstream": name, "patch": bad["name"], "files": bad["files"], "hunks": bad["failed_hunks"],
                                "detail": bad["detail"], "tree": report.tree}
-            return result
+            return result.settle()
         state["applied"][name] = report.to_dict()
         state.pop("conflict_in", None)
         state["status"] = "in-progress"
@@ -215,16 +215,14 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
             # exactly what `apply` makes from the project's series, and the next apply is a no-op.
             rebuilt = apply_upstream(rsettings, new, name, series=st.series, force=True, say=say)
             if rebuilt.status != "done":
-                result.status = NEEDS_HUMAN
-                result.notes.append(f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
-                                    f"({rebuilt.status}); the refresh tree is {tree}")
+                result.problems.append(f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
+                                       f"({rebuilt.status}); the refresh tree is {tree}")
     result.upstreams = outcomes
     result.range_diff = range_diff(rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes)
     if state.get("verify_opts") is not None:
         result.verify = run_verify_both(settings, rsettings, old, state["verify_opts"], say)
-        if result.verify.get("failed"):
-            result.status = NEEDS_HUMAN
-    if result.status == READY:
+    result.settle()
+    if result.status in PROMOTED:  # verified, or carried over unverified as asked (the status says which)
         result.promoted = _promote(settings, new, state, outcomes, warn)
     result.seconds = round(time.time() - state["started"], 1)
     return result
