@@ -425,8 +425,12 @@ def choose(matrix: Matrix, spec: str, archs: list[str]) -> tuple[list[Choice], l
         return [], []
     wanted = list(matrix.components) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     choices, warnings = [], []
+    seen: dict[str, str] = {}
     for item in wanted:
         name, _, variant = item.partition(":")
+        if name in seen:  # two stages of one name (FROM base AS apex twice) build one of them for nothing
+            raise BadInput(f"--components: {name} is named twice ({seen[name]}, {item}); name each component once")
+        seen[name] = item
         comp = matrix.components.get(name)
         if comp is None:
             raise BadInput(f"--components: {name!r} is not in the {matrix.where} matrix; known: {', '.join(matrix.components)}, or all, none")
