@@ -26,6 +26,7 @@ from rocmport.config import Settings
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.fsutil import tree_kind, tree_read_text, tree_write_text
 from rocmport.gitutil import run_git
+from rocmport.codemods.catalog import check_series
 from rocmport.patches.series import select_series
 from rocmport.port import manifests
 from rocmport.port import worktree as wt
@@ -204,7 +205,7 @@ def build_project(settings: Settings, upstream: str | None, out_dir: str, build_
     result, wheels = ProjectBuild(python=version), []
     for name in names:
         tree = settings.worktree_path(name)
-        series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
+        series = check_series(select_series(settings.patchsets_dir, name, lock.upstreams[name].version))
         number = build_number if build_number is not None else count_builds(settings.root, series.dir)
         with output.progress(f"building {UPSTREAMS[name].distribution} from {tree}"):
             built = build_upstream(tree, name, number, out, say=say, python=interpreter)

@@ -17,6 +17,7 @@ from rocmport.config import load_settings
 from rocmport.errors import BadInput
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 from rocmport.patches.components import Matrix, base_arch, recommend
+from rocmport.codemods.catalog import check_series
 from rocmport.patches.series import all_series, load_series, select_series
 from rocmport.upstream.lock import load_lock
 from rocmport.upstreams import MEGATRON_LM
@@ -198,12 +199,12 @@ def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
         if not path.is_file():
             have = ", ".join(s.line for s in all_series(settings.patchsets_dir, MEGATRON_LM.name)) or "none"
             raise BadInput(f"--line {line}: no {path}; lines with a series: {have}")
-        series = load_series(path)
+        series = check_series(load_series(path))
     elif settings.lock_path.is_file():
         lock = load_lock(settings.lock_path)
         if MEGATRON_LM.name not in lock.upstreams:
             return None
-        series = select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version)
+        series = check_series(select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version))
         return series.rocm   # None when the locked line's series has no rocm: section (doctor says so)
     else:
         return None
