@@ -139,6 +139,34 @@ def test_push_to_a_bare_remote_never_over_a_human(port, tmp_path):
     assert "human review note" in g(remote, "log", "-1", "--format=%s", b) and "by a human" in warnings[0]
 
 
+def test_a_push_that_failed_is_pushed_by_the_next_run_with_push(port, tmp_path, capsys):
+    """Built and pushed are recorded apart: a refused push, then a run without --push, never leave the
+    release "done" in a way that stops a later --push from pushing it."""
+    port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
+    b = "rocmport/refresh-core_v0.17.0"
+    missing = tmp_path / "no-such-remote.git"
+    assert port.run("bot", "--once", "--no-verify", "--push", str(missing)) == 1  # git refuses: exit 1 with its error
+    record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]
+    assert record["status"] == "not-verified" and record["push"] == "failed" and "pushed_to" not in record
+    tip = g(port.root, "rev-parse", b)
+    assert record["commit"] == tip
+    assert port.run("bot", "--once", "--no-verify") == 0  # no --push: nothing pushed, nothing rebuilt
+    assert g(port.root, "rev-parse", b) == tip
+    good = tmp_path / "good.git"
+    g(tmp_path, "init", "-q", "--bare", str(good))
+    capsys.readouterr()
+    assert port.run("bot", "--once", "--no-verify", "--push", str(good), "--json") == 0
+    (pushed,) = json.loads(capsys.readouterr().out)["processed"]
+    assert pushed["tag"] == "core_v0.17.0" and pushed["push"] == "pushed" and pushed["branch"] == b
+    assert g(good, "rev-parse", b) == tip
+    record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]
+    assert record["pushed_to"] == str(good) and record["push"] == "pushed"
+    # Pushed once: the next run with the same remote has nothing to do.
+    capsys.readouterr()
+    assert port.run("bot", "--once", "--no-verify", "--push", str(good), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["processed"] == []
+
+
 def test_track_main_and_release_lines(port, capsys):
     port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
     head = port.upstream_commit({"megatron/core/package_info.py": "MAJOR = 0\nMINOR = 18\nPATCH = 0\nPRE_RELEASE = \"rc0\"\n"}, "main moves")

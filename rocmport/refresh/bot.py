@@ -15,7 +15,7 @@ from packaging.version import Version
 
 from rocmport import __version__
 from rocmport.config import Settings, load_settings
-from rocmport.errors import BadInput, Busy
+from rocmport.errors import BadInput, Busy, RocmportError
 from rocmport.fsutil import file_lock
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
@@ -72,7 +72,8 @@ class TagRecord:
     branch: str | None = None
     summary_file: str | None = None
     reason: str | None = None
-    push: str | None = None
+    push: str | None = None        # how the last push went: pushed, replaced, refused (a human's commits), failed
+    pushed_to: str | None = None   # the remote that holds ``commit``: set only by a push that succeeded
 
     @property
     def built(self) -> bool:
@@ -92,7 +93,7 @@ class TagRecord:
         data = {**data, "status": one_of(_LEGACY_STATUS.get(status, status), TagStatus, f"key '{where}.status'")}
         for key in ("commit", "inputs"):
             value_of(data, key, str, where)
-        for key in ("branch", "summary_file", "reason", "push"):
+        for key in ("branch", "summary_file", "reason", "push", "pushed_to"):
             value_of(data, key, str, where, required=False)
         if data["status"] != NEEDS_HUMAN and not data.get("branch"):
             raise Invalid(f"key '{where}.branch' is missing")
@@ -258,6 +259,22 @@ def push(root: Path, remote: str, branch: str, warn) -> str:
     return "pushed"
 
 
+def _push_recorded(settings: Settings, record: BotRecord, tag: str, remote: str, warn) -> dict[str, str]:
+    """Push a built release's branch and record how it went: ``pushed_to`` only once the remote has
+    it. A push git refuses is recorded as failed, then its error goes on (exit 1)."""
+    entry = record.tags[tag]
+    assert entry.branch is not None
+    try:
+        entry.push = push(settings.root, remote, entry.branch, warn)
+    except RocmportError:
+        entry.push, entry.pushed_to = "failed", None
+        write_record(settings, record)
+        raise
+    entry.pushed_to = remote if entry.push in ("pushed", "replaced") else None
+    write_record(settings, record)
+    return {k: v for k, v in entry.to_dict().items() if k != "inputs"}
+
+
 def run_once(settings: Settings, *, track="release", lines=None, retry=False, push_remote=None, verify_opts=None,
              say=print, warn=print) -> list[dict]:
     with exclusive(settings):
@@ -274,8 +291,15 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
             prev = record.tags.get(cand.name)
             if prev and prev.built:
                 say(f"bot: {cand.name} already built ({prev.status}) on {prev.branch}")
-                if rev_parse(f"refs/heads/{prev.branch}", root) == prev.commit:
+                current = rev_parse(f"refs/heads/{prev.branch}", root)
+                if current == prev.commit:
                     base = prev.commit  # later releases build on it, as the PRs stack
+                if push_remote and prev.pushed_to != push_remote:
+                    # Built by a run without --push (or whose push failed or was refused): push it now.
+                    if current != prev.commit:
+                        warn(f"bot: {prev.branch} is no longer at the commit the bot built ({str(prev.commit)[:12]}); not pushing it")
+                    else:
+                        results.append({"tag": cand.name, **_push_recorded(settings, record, cand.name, push_remote, warn)})
                 continue
             if prev and prev.status == NEEDS_HUMAN and prev.inputs == inputs and not retry:
                 say(f"bot: {cand.name} needs a human since a previous run ({prev.reason}); inputs unchanged, not retrying (--retry to force)")
@@ -283,12 +307,14 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
             say(f"bot: refreshing to {cand.name} on {cand.branch}")
             outcome = {"tag": cand.name, "commit": cand.commit, "inputs": inputs,
                        **process(settings, cand, base, verify_opts, say, warn)}
+            # What was built is recorded before any push: a push that fails or is refused leaves a
+            # built, unpushed release that the next run with --push pushes (never "done" unpushed).
+            record.tags[cand.name] = TagRecord(**{k: v for k, v in outcome.items() if k not in ("tag", "summary")})
+            write_record(settings, record)
             if outcome["status"] != NEEDS_HUMAN:
                 base = outcome["commit"]
                 if push_remote:
-                    outcome["push"] = push(root, push_remote, cand.branch, warn)
-            record.tags[cand.name] = TagRecord(**{k: v for k, v in outcome.items() if k not in ("tag", "summary")})
-            write_record(settings, record)
+                    outcome.update(_push_recorded(settings, record, cand.name, push_remote, warn))
             results.append(outcome)
             say(f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}")
         return results
