@@ -497,6 +497,16 @@ ARCHS: dict[str, ArchFacts] = {
 }
 
 
+def known_archs(matrix: Matrix | None) -> list[str]:
+    """The archs rocmport can say something about: its arch table's and every arch the matrix names."""
+    named = set(ARCHS)
+    for comp in (matrix.components.values() if matrix else ()):
+        named |= {a for a in comp.builds + comp.unverified + list(comp.refuses) if a != "*"}
+        for v in comp.variants.values():
+            named |= set(v.builds + v.unverified)
+    return sorted(named)
+
+
 def base_arch(name: str | None) -> str | None:
     """'gfx942:sramecc+:xnack-' -> 'gfx942'."""
     return name.split(":", 1)[0].strip() if name else None

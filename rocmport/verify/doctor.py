@@ -162,6 +162,14 @@ def component_report(matrix: Matrix | None, arch: str | None = None) -> Componen
     return report
 
 
+def _none_installed(report: ComponentReport) -> list[str]:
+    """A machine with none of the line's components (this project's CI) cannot run the port as the
+    line ships it, whatever the arch excuses: a problem (exit 1), as the README says."""
+    if not report.rows or any(r.version or r.status == VERSION_UNKNOWN for r in report.rows):
+        return []
+    return [f"none of the components of {report.series} is installed here ({', '.join(r.name for r in report.rows)})"]
+
+
 def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
     try:
         import torch
@@ -185,7 +193,7 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
         "rocm_path": rocm_path, "rccl": rccl[0] if rccl else None,
         "devices": devices,
         **report.to_dict(),
-        "problems": [f"{r.name}: {r.detail}" for r in report.problems],
+        "problems": [f"{r.name}: {r.detail}" for r in report.problems] + _none_installed(report),
         "env": {n: os.environ.get(n) for n in names},
     }
 
