@@ -2,13 +2,18 @@
 local overrides in `.rocmport/local.yaml` (remotes and cache dir given to `sync`).
 
 Precedence, lowest first: built-in defaults < [tool.rocmport] < .rocmport/local.yaml < CLI flags.
+Every command reads one typed `Settings`, checked when it is loaded: a value of the wrong type is
+bad input (exit 2) naming the file and the key, never a crash deep inside a command. Each option
+has its one default here (DEFAULT_TP, DEFAULT_PP ...), which every command and its help reads.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,6 +22,7 @@ from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.inputs import is_str_map, parse_yaml, read_text
 from rocmport.redact import without_credentials
+from rocmport.release_line import ReleaseLine
 from rocmport.upstreams import NAMES, UPSTREAMS
 
 DEFAULT_REMOTES = {name: u.url for name, u in UPSTREAMS.items()}
@@ -25,6 +31,10 @@ LOCK_NAME = "upstream.lock"
 LOCAL_CONFIG = Path(".rocmport") / "local.yaml"
 
 _KNOWN_TOOL_KEYS = {"remotes", "cache-dir", "worktree-dir", "tp", "pp", "release-lines", "python"}
+
+# The one default of each verify size that `verify`, `refresh` and `bot` use without a flag or a setting.
+DEFAULT_TP = 2
+DEFAULT_PP = 2
 
 
 def default_cache_dir() -> Path:
@@ -35,15 +45,18 @@ def default_cache_dir() -> Path:
     return Path(xdg) / "rocmport"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
-    """Resolved settings of one project directory."""
+    """Resolved settings of one project directory, every option typed and checked (load_settings)."""
 
     root: Path
-    remotes: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_REMOTES))
+    remotes: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REMOTES))
     cache_dir: Path = field(default_factory=default_cache_dir)
     worktree_dir: Path | None = None
-    tool: dict = field(default_factory=dict)
+    tp: int = DEFAULT_TP                   # verify's tensor-parallel size in `verify`, `refresh` and `bot`
+    pp: int = DEFAULT_PP                   # ... and pipeline-parallel size
+    release_lines: tuple[str, ...] = ()    # what `bot` follows, normalised (v0.16); () = its own choice
+    python: str | None = None              # the Python `build` builds for (its --python)
 
     @property
     def lock_path(self) -> Path:
@@ -74,7 +87,40 @@ class Settings:
         return self.remotes.get(upstream) == DEFAULT_REMOTES.get(upstream)
 
 
-def _read_tool_table(root: Path) -> dict:
+def _found(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "a table"}
+    return f"{names.get(type(value), type(value).__name__)} {value!r}" if not isinstance(value, (list, dict)) else names[type(value)]
+
+
+def _size(where: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadInput(f"{where} {key} must be a whole number >= 1, e.g. {key} = 2 (found {_found(value)}); fix the file")
+    return value
+
+
+def _path_text(where: str, key: str, value: Any, example: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise BadInput(f"{where} {key} must be a directory path string, e.g. {key} = {example} (found {_found(value)}); fix the file")
+    return value
+
+
+def _release_lines(where: str, key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise BadInput(f"{where} {key} must be a list of release lines, e.g. {key} = [\"v0.16\", \"v0.17\"] "
+                       f"(found {_found(value)}); fix the file")
+    out = []
+    for i, item in enumerate(value):
+        line = ReleaseLine.match(item.strip()) if isinstance(item, str) else None
+        if line is None:
+            raise BadInput(f"{where} {key}[{i}] must be a release line of the form v0.16 (found {_found(item)}); fix the file")
+        out.append(str(line))
+    return tuple(out)
+
+
+def _read_tool_table(root: Path) -> dict[str, Any]:
+    """[tool.rocmport] of ``root``'s pyproject.toml, every key checked and typed (BadInput naming the
+    file and the key): remotes, cache-dir, worktree-dir, python as given; tp, pp as ints; release-lines
+    as normalised line names."""
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():
         return {}
@@ -82,7 +128,8 @@ def _read_tool_table(root: Path) -> dict:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{pyproject}: not valid TOML ({exc}); fix the file") from None
-    table = data.get("tool", {}).get("rocmport", {})
+    tool = data.get("tool", {})
+    table = tool.get("rocmport", {}) if isinstance(tool, dict) else {}
     if not isinstance(table, dict):
         raise BadInput(f"{pyproject}: [tool.rocmport] must be a table")
     unknown = set(table) - _KNOWN_TOOL_KEYS
@@ -94,7 +141,22 @@ def _read_tool_table(root: Path) -> dict:
     for name in remotes:
         if name not in NAMES:
             raise BadInput(f"{pyproject}: [tool.rocmport].remotes.{name}: unknown upstream; known: {', '.join(NAMES)}")
-    return table
+    where = f"{pyproject}: [tool.rocmport]"
+    out: dict[str, Any] = {"remotes": remotes}
+    for key in ("tp", "pp"):
+        if key in table:
+            out[key] = _size(where, key, table[key])
+    for key in ("cache-dir", "worktree-dir"):
+        if key in table:
+            out[key] = _path_text(where, key, table[key], '"build"' if key == "worktree-dir" else '"~/.cache/rocmport"')
+    if "release-lines" in table:
+        out["release-lines"] = _release_lines(where, "release-lines", table["release-lines"])
+    if "python" in table:
+        if not isinstance(table["python"], str) or not table["python"].strip():
+            raise BadInput(f"{where} python must be the path of a Python interpreter, e.g. python = \"python3.12\" "
+                           f"(found {_found(table['python'])}); fix the file")
+        out["python"] = table["python"]
+    return out
 
 
 def read_local_config(root: Path) -> dict:
@@ -128,29 +190,32 @@ def write_local_config(root: Path, data: dict) -> None:
 
 
 def load_settings(root: str | os.PathLike, remotes: dict[str, str] | None = None, cache_dir: str | None = None) -> Settings:
-    """Resolve the settings for project ``root`` with CLI overrides on top."""
+    """Resolve the settings for project ``root`` with CLI overrides on top (BadInput, exit 2, for a
+    setting of the wrong type or value, naming its file and key)."""
     root = Path(root).resolve()
     table = _read_tool_table(root)
     local = read_local_config(root)
-    settings = Settings(root=root, tool=table)
-    settings.remotes.update(table.get("remotes", {}))
+    merged = dict(DEFAULT_REMOTES)
+    merged.update(table.get("remotes", {}))
+    cache = default_cache_dir()
     if table.get("cache-dir"):
-        settings.cache_dir = (root / os.path.expanduser(table["cache-dir"])).resolve()
-    if table.get("worktree-dir"):
-        settings.worktree_dir = (root / os.path.expanduser(table["worktree-dir"])).resolve()
-    settings.remotes.update(local.get("remotes", {}) or {})
+        cache = (root / os.path.expanduser(table["cache-dir"])).resolve()
+    worktree_dir = (root / os.path.expanduser(table["worktree-dir"])).resolve() if table.get("worktree-dir") else None
+    merged.update(local.get("remotes", {}) or {})
     if local.get("cache_dir") and not os.environ.get("ROCMPORT_CACHE_DIR"):
-        settings.cache_dir = Path(local["cache_dir"])
+        cache = Path(local["cache_dir"])
     if local.get("worktree_dir"):
-        settings.worktree_dir = Path(local["worktree_dir"])
+        worktree_dir = Path(local["worktree_dir"])
     if remotes:
         for name in remotes:
             if name not in NAMES:
                 raise BadInput(f"--remote {name}=...: unknown upstream; known: {', '.join(NAMES)}")
-        settings.remotes.update(remotes)
+        merged.update(remotes)
     if cache_dir:
-        settings.cache_dir = Path(cache_dir).expanduser().resolve()
-    return settings
+        cache = Path(cache_dir).expanduser().resolve()
+    return Settings(root=root, remotes=merged, cache_dir=cache, worktree_dir=worktree_dir,
+                    tp=table.get("tp", DEFAULT_TP), pp=table.get("pp", DEFAULT_PP),
+                    release_lines=table.get("release-lines", ()), python=table.get("python"))
 
 
 def persist_overrides(settings: Settings, remotes: dict[str, str] | None, cache_dir: str | None) -> None:

@@ -35,10 +35,14 @@ def read_json(path: Path, parse: Callable[[Any], T], fix: str) -> T | None:
         raise BadInput(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}); {fix}") from None
     except UnicodeDecodeError:
         raise BadInput(f"{path}: not UTF-8 text; {fix}") from None
+    except RecursionError:  # e.g. 100,000 nested [: no state rocmport writes is nested more than a few levels
+        raise BadInput(f"{path}: nested too deeply to be a state file; {fix}") from None
     try:
         return parse(data)
     except Invalid as exc:
         raise BadInput(f"{path}: {exc}; {fix}") from None
+    except RecursionError:
+        raise BadInput(f"{path}: nested too deeply to be a state file; {fix}") from None
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -49,7 +49,8 @@ def test_two_releases_processed_in_version_order_on_their_own_branches(port, cap
     capsys.readouterr()
     assert port.run("bot", "--once", "--no-verify", "--json") == 0
     done = json.loads(capsys.readouterr().out)["processed"]
-    assert [d["tag"] for d in done] == ["core_v0.16.2", "core_v0.17.0"] and {d["status"] for d in done} == {"done"}
+    assert [d["tag"] for d in done] == ["core_v0.16.2", "core_v0.17.0"] and {d["status"] for d in done} == {"not-verified"}
+    assert {d["reason"] for d in done} == {"verify was skipped (--no-verify)"}
     # The project is back on main, untouched.
     assert g(port.root, "rev-parse", "--abbrev-ref", "HEAD") == "main" and g(port.root, "rev-parse", "HEAD") == main_head
     assert g(port.root, "status", "--porcelain") == ""
@@ -85,7 +86,7 @@ def test_failed_release_is_not_retried_until_inputs_change(port, capsys):
     port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
     assert port.run("bot", "--once", "--no-verify") == 1
     record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]
-    assert record["status"] == "failed" and record["reason"] == "conflict in 0002-layers-thirty.patch"
+    assert record["status"] == "needs-a-human" and record["reason"] == "conflict in 0002-layers-thirty.patch"
     assert "rocmport/refresh-core_v0.17.0" not in g(port.root, "branch", "--list")
     assert not (port.root / "build" / "refresh" / "state.json").exists()
     capsys.readouterr()
@@ -98,7 +99,7 @@ def test_failed_release_is_not_retried_until_inputs_change(port, capsys):
     (port.series_dir / "0002-layers-thirty.patch").unlink()
     g(port.root, "commit", "-qam", "drop 0002")
     assert port.run("bot", "--once", "--no-verify") == 0
-    assert json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]["status"] == "done"
+    assert json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]["status"] == "not-verified"
 
 
 def test_concurrent_run_is_refused(port, capsys):
@@ -136,6 +137,34 @@ def test_push_to_a_bare_remote_never_over_a_human(port, tmp_path):
     warnings = []
     assert bot.push(port.root, str(remote), b, warn=warnings.append) == "refused"
     assert "human review note" in g(remote, "log", "-1", "--format=%s", b) and "by a human" in warnings[0]
+
+
+def test_a_push_that_failed_is_pushed_by_the_next_run_with_push(port, tmp_path, capsys):
+    """Built and pushed are recorded apart: a refused push, then a run without --push, never leave the
+    release "done" in a way that stops a later --push from pushing it."""
+    port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
+    b = "rocmport/refresh-core_v0.17.0"
+    missing = tmp_path / "no-such-remote.git"
+    assert port.run("bot", "--once", "--no-verify", "--push", str(missing)) == 1  # git refuses: exit 1 with its error
+    record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]
+    assert record["status"] == "not-verified" and record["push"] == "failed" and "pushed_to" not in record
+    tip = g(port.root, "rev-parse", b)
+    assert record["commit"] == tip
+    assert port.run("bot", "--once", "--no-verify") == 0  # no --push: nothing pushed, nothing rebuilt
+    assert g(port.root, "rev-parse", b) == tip
+    good = tmp_path / "good.git"
+    g(tmp_path, "init", "-q", "--bare", str(good))
+    capsys.readouterr()
+    assert port.run("bot", "--once", "--no-verify", "--push", str(good), "--json") == 0
+    (pushed,) = json.loads(capsys.readouterr().out)["processed"]
+    assert pushed["tag"] == "core_v0.17.0" and pushed["push"] == "pushed" and pushed["branch"] == b
+    assert g(good, "rev-parse", b) == tip
+    record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]
+    assert record["pushed_to"] == str(good) and record["push"] == "pushed"
+    # Pushed once: the next run with the same remote has nothing to do.
+    capsys.readouterr()
+    assert port.run("bot", "--once", "--no-verify", "--push", str(good), "--json") == 0
+    assert json.loads(capsys.readouterr().out)["processed"] == []
 
 
 def test_track_main_and_release_lines(port, capsys):
@@ -217,9 +246,9 @@ def test_bot_on_the_package_index_refreshes_a_patch_release(tmp_path, real_index
     capsys.readouterr()
     assert run("bot", "--once", "--no-verify", "--lines", "v0.16", "--json") == 0
     done = json.loads(capsys.readouterr().out)["processed"]
-    assert [(d["tag"], d["status"]) for d in done] == [("v0.16.1", "done")]
+    assert [(d["tag"], d["status"]) for d in done] == [("v0.16.1", "not-verified")]
     lock = g(root, "show", "rocmport/refresh-v0.16.1:upstream.lock")
     assert "resolved_ref: 0.16.1" in lock and "source: pypi" in lock
     summary = g(root, "show", "rocmport/refresh-v0.16.1:refresh-summaries/v0.16.1.md")
     assert "0001-dist-ckpt-no-pinned-preload-on-hip.patch" in summary
-    assert "not verified" in summary and "ready to merge" not in summary  # the bot ran with --no-verify
+    assert "**Status:** `not-verified`" in summary and "ready to merge" not in summary  # the bot ran with --no-verify

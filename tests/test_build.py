@@ -103,6 +103,23 @@ def _buildable(proj: Project, requires_python: str | None, setup_py: str | None 
     assert main(["-C", str(proj.root), "apply"]) == 0
 
 
+def test_a_python_without_pypa_build_is_refused_from_the_project_root(tmp_path, monkeypatch):
+    """The check runs where the project's build/ folder (its work trees) cannot pass for pypa's `build`
+    package: from the project root, as from anywhere, exit 2 with the hint, and nothing built."""
+    proj = Project(tmp_path, monkeypatch)
+    assert main(["-C", str(proj.root), "apply"]) == 0 and (proj.root / "build").is_dir()
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = str(bare / "bin" / "python")
+    for cwd in (proj.root, tmp_path):
+        proc = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(proj.root), "build", "--no-check-deps", "--python", python],
+                              capture_output=True, text=True, cwd=cwd, env=os.environ.copy(), timeout=120)
+        assert proc.returncode == 2, (cwd, proc.stderr)
+        assert f"{python} (Python {platform.python_version()}) has no `build` package to build with" in proc.stderr, proc.stderr
+        assert f"`{python} -m pip install build`" in proc.stderr
+    assert not (proj.root / "dist").exists()
+
+
 def test_build_needs_the_python_the_tree_requires(tmp_path, monkeypatch, capsys):
     """Like Megatron-LM v0.17+ (>=3.12) where no such Python is: exit 2 before building, saying how to
     get one; a --python that does not satisfy it is refused the same way."""

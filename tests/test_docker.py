@@ -187,6 +187,8 @@ def test_emit_docker_command(tmp_path, monkeypatch, capsys):
         (["--arch", "gfx942;sm_90"], "'sm_90' is not a gfx arch name"),
         (["--components", "flash_attn", "--arch", "gfx1100"], "use --components flash_attn:triton"),
         (["--components", "cudnn"], "'cudnn' is not in the"),
+        (["--components", "apex,apex"], "--components: apex is named twice (apex, apex); name each component once"),
+        (["--components", "flash_attn,flash_attn:triton"], "flash_attn is named twice (flash_attn, flash_attn:triton)"),
         (["--max-jobs", "0"], "0"),
         (["--dist", "../elsewhere"], "inside the build context"),
     ):

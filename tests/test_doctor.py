@@ -77,10 +77,12 @@ def test_this_machine_has_none_of_the_components_and_says_so(tmp_path):
     assert rows["transformer_engine"]["required"] and rows["transformer_engine"]["problem"]
     assert not rows["flash_attn"]["problem"]   # optional: missing, but no reason to fail
     assert data["arch"] is None and data["arch_source"] == "none" and data["devices"] == []
-    assert data["problems"] == ["transformer_engine: not installed"]
+    none = (f"none of the components of {root / 'patchsets/megatron-lm/v0.16/series'} is installed here "
+            "(transformer_engine, flash_attn, apex, grouped_gemm)")
+    assert data["problems"] == ["transformer_engine: not installed", none]
     rc, text, err = _doctor(root, "--line", "v0.16")
     assert rc == 1
-    assert "none of the matrix's components is installed here" in err
+    assert none in " ".join(err.split())
     assert "no GPU and no --arch" in err and "transformer_engine: not installed" in err
     assert "transformer_engine" in text and "not installed" in text and "missing" in text
 
@@ -156,9 +158,25 @@ def test_the_locked_line_is_the_default(tmp_path, monkeypatch, capsys):
     data = yaml.safe_load((proj.series_dir / "series").read_text())
     data["rocm"] = yaml.safe_load(SERIES.read_text())["rocm"]
     (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
-    assert main(["-C", str(proj.root), "doctor", "--json", "--arch", "gfx1100"]) == 0
+    assert main(["-C", str(proj.root), "doctor", "--json", "--arch", "gfx1100"]) == 1  # none of the 4 is installed
     out = json.loads(capsys.readouterr().out)
     assert out["series"] == str(proj.series_dir / "series") and len(out["components"]) == 4
+
+
+def test_exit_codes_as_the_readme_says_for_a_planned_arch_and_an_unknown_one(tmp_path):
+    """README: with none of the line's components installed, exit 1 even for an arch where none is
+    required (gfx90a: ROCm TE does not build there); an arch rocmport does not know is exit 2."""
+    root = _project(tmp_path)
+    rc, data, err = _doctor(root, "--line", "v0.16", "--arch", "gfx90a", "--json")
+    assert rc == 1, err
+    assert not _rows(data)["transformer_engine"]["required"] and data["problems"][0].startswith("none of the components of")
+    rc, _, err = _doctor(root, "--line", "v0.16", "--arch", "gfx1234")
+    assert rc == 2 and err.strip().startswith("rocmport: error: --arch gfx1234: not a GPU arch rocmport knows (known: ")
+    assert "gfx942" in err and "gfx90a" in err and len(err.strip().splitlines()) == 1
+    site = tmp_path / "site"
+    fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx90a"])   # one installed, none required: fine
+    rc, data, err = _doctor(root, "--line", "v0.16", "--arch", "gfx90a", "--json", site=site)
+    assert rc == 0 and data["problems"] == [], err
 
 
 def test_offload_archs_reads_the_bundle_and_not_a_compressed_one(tmp_path):

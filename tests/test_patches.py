@@ -85,3 +85,26 @@ def test_list_json(applied, capsys):
     assert cli(applied, "list", "--json") == 0
     data = json.loads(capsys.readouterr().out)["series"]
     assert data[0]["line"] == "v0.16" and data[0]["patches"][0]["description"] == "f returns 2"
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("rocmport: error:")]
+
+
+@pytest.mark.parametrize("codemods", [["no-such-codemod"], [{"name": "apex-to-torch", "options": {"no_such_option": 1}}]],
+                         ids=["unknown codemod", "undeclared option"])
+def test_every_reader_of_a_series_refuses_what_apply_refuses(tmp_path, monkeypatch, capsys, codemods):
+    """A series apply refuses passes no read-only check either (the CI drift gate included): the same
+    message, exit 2, from patches check / list, status, emit docker, build and doctor."""
+    proj = Project(tmp_path, monkeypatch)
+    root = str(proj.root)
+    assert main(["-C", root, "apply"]) == 0
+    proj.write_series({}, codemods=codemods)
+    capsys.readouterr()
+    assert main(["-C", root, "apply"]) == 2
+    refused = _errors(capsys.readouterr().err)
+    assert len(refused) == 1 and "series: key 'codemods[0]'" in refused[0]
+    for args in (["patches", "check"], ["patches", "list"], ["status"], ["status", "--json"], ["emit", "docker", "--components", "none"],
+                 ["build", "--no-check-deps"], ["doctor"]):
+        assert main(["-C", root, *args]) == 2, args
+        assert _errors(capsys.readouterr().err) == refused, args

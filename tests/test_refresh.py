@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
 from rocmport.cli import main
+from rocmport.config import load_settings
+from rocmport.refresh.result import EXIT_CODES, READY, RefreshResult
+from rocmport.refresh.summary import public, write_summary
 from tests.helpers.refresh import LAYERS, Ported, edit_line
 from tests.helpers.sync import commit, g, init, package_info
 
@@ -132,6 +136,48 @@ def test_conflict_abort_leaves_everything_as_it_was(port):
     assert port.run("refresh", "--continue") == 2
 
 
+def test_abort_keeps_a_committed_resolution_and_untracked_files_on_a_backup_ref(port, capsys):
+    """As `apply --abort` does: the human's work in the refresh tree outlives the refresh area."""
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    rtree = port.root / "build" / "refresh" / "megatron-lm"
+    (rtree / "megatron/core/layers.py").write_text(edit_line(LAYERS, 30, "line 30 upstream rocm"))
+    g(rtree, "commit", "-qam", "resolve 0002 by hand")
+    mine = g(rtree, "rev-parse", "HEAD")
+    (rtree / "NOTES.md").write_text("what I tried\n")
+    project_tree = port.root / "build" / "megatron-lm"
+    head_before = g(project_tree, "rev-parse", "HEAD")
+    capsys.readouterr()
+    assert port.run("refresh", "--abort") == 0
+    err = capsys.readouterr().err
+    assert not (port.root / "build" / "refresh").exists()
+    ref = "refs/rocmport/backup/1"
+    assert f"on {ref} of {project_tree}" in err and "NOTES.md" in err
+    assert g(project_tree, "for-each-ref", "--format=%(refname)", "refs/rocmport/backup/") == ref
+    # The backup holds the committed resolution (an ancestor) and the untracked file, byte for byte.
+    g(project_tree, "merge-base", "--is-ancestor", mine, ref)
+    assert g(project_tree, "show", f"{ref}:NOTES.md") == "what I tried"
+    assert "line 30 upstream rocm" in g(project_tree, "show", f"{ref}:megatron/core/layers.py")
+    # The project's own port is untouched, and a plain abort right after a conflict saves nothing.
+    assert g(project_tree, "rev-parse", "HEAD") == head_before and g(project_tree, "status", "--porcelain") == ""
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    assert port.run("refresh", "--abort") == 0
+    assert g(project_tree, "for-each-ref", "--format=%(refname)", "refs/rocmport/backup/") == ref
+
+
+def test_abort_without_a_project_tree_keeps_the_refresh_tree_aside(port, capsys):
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "v0.17", "--no-verify") == 1
+    rtree = port.root / "build" / "refresh" / "megatron-lm"
+    (rtree / "NOTES.md").write_text("what I tried\n")
+    shutil.rmtree(port.root / "build" / "megatron-lm")
+    capsys.readouterr()
+    assert port.run("refresh", "--abort") == 0
+    (aside,) = (port.root / "build").glob("refresh-aborted-megatron-lm-*")
+    assert f"in {aside}, on refs/rocmport/backup/1" in capsys.readouterr().err
+    assert g(aside, "show", "refs/rocmport/backup/1:NOTES.md") == "what I tried"
+
+
 def test_tag_touching_nothing_ported_changes_only_the_lock(port):
     new = port.tag({"docs/index.md": "more docs\n"}, "core_v0.16.2", "0.16.2")
     assert port.run("refresh", "--to", "v0.16", "--no-verify") == 0
@@ -149,7 +195,7 @@ def test_refresh_json_and_bad_input(port, capsys):
     capsys.readouterr()
     assert port.run("refresh", "--to", "v0.17", "--no-verify", "--json") == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["status"] == "ready" and data["to"] == "v0.17" and "series_text" not in data["upstreams"]["megatron-lm"]
+    assert data["status"] == "not-verified" and data["to"] == "v0.17" and "series_text" not in data["upstreams"]["megatron-lm"]
     # Moved but unchanged patches read as equal in the range-diff.
     assert re.search(r"1:  [0-9a-f]+ = 1:  [0-9a-f]+ rocm line ten", data["range_diff"])
 
@@ -161,7 +207,7 @@ def test_verify_failure_is_labelled_against_the_old_pin(port):
     lock_before = (port.root / "upstream.lock").read_text()
     assert port.run("refresh", "--to", "v0.17", "--tp", "1", "--pp", "1") == 1
     v = port.summary["verify"]
-    assert v["failed"] == ["imports"] and port.summary["status"] == "needs-human"
+    assert v["failed"] == ["imports"] and port.summary["status"] == "needs-a-human"
     assert v["labels"]["imports"].startswith("passes on the old pin")
     assert "rocmport_test_no_such_package" in next(s["reason"] for s in v["stages"] if s["name"] == "imports")
     # Nothing promoted: the lock and the series stay; the summary says why.
@@ -208,7 +254,7 @@ def test_unverified_summary_explains_files_a_codemod_lost_and_holds_no_machine_p
     g(up, "tag", "core_v0.17.0")
     assert run("refresh", "--to", "v0.17", "--no-verify") == 0
     md = (root / "build/refresh/summary.md").read_text()
-    assert "**Status:** not verified: the patches and codemods carried over, but verify was skipped (`--no-verify`)" in md
+    assert "**Status:** `not-verified`: the patches and codemods carried over, but verify was skipped (--no-verify)" in md
     assert "ready to merge" not in md
     assert "| guard-nvidia-only-imports | 3 → 1 | 4 → 2 | `megatron/core/b2.py` |" in md  # with the generated _rocm.py
     assert "- guard-nvidia-only-imports: `megatron/core/a.py`: deleted upstream" in md
@@ -219,3 +265,47 @@ def test_unverified_summary_explains_files_a_codemod_lost_and_holds_no_machine_p
     summary = json.loads((root / "build/refresh/summary.json").read_text())
     gone = summary["upstreams"]["megatron-lm"]["codemods"][0]["no_longer_rewritten"]
     assert [f["file"] for f in gone] == ["megatron/core/a.py", "megatron/core/b.py", "megatron/core/c.py"]
+
+
+def _said(capsys, port, *args) -> tuple[int, dict, dict, str]:
+    """A refresh's exit code, its --json, its summary.json and the status word its summary.md leads with."""
+    capsys.readouterr()
+    code = port.run(*args, "--json")
+    printed = json.loads(capsys.readouterr().out)
+    md = (port.root / "build" / "refresh" / "summary.md").read_text()
+    m = re.search(r"^\*\*Status:\*\* `([a-z-]+)`", md, re.M)
+    return code, printed, port.summary, m.group(1) if m else md
+
+
+def _agree(code: int, printed: dict, summary: dict, md_word: str, expected: str) -> None:
+    assert (printed["status"], summary["status"], md_word) == (expected, expected, expected)
+    assert code == EXIT_CODES[expected] and printed["why"] == summary["why"]
+
+
+def test_one_status_in_json_summary_and_exit_code_for_every_outcome(port, capsys):
+    """not-verified (--no-verify; a tree needing another Python), needs-a-human (a conflict), up-to-date:
+    run for real; ready and a failed verify: built results through the same renderers."""
+    port.tag({"docs/index.md": "x\n"}, "core_v0.16.2", "0.16.2")
+    code, printed, summary, word = _said(capsys, port, "refresh", "--to", "core_v0.16.2", "--no-verify")
+    _agree(code, printed, summary, word, "not-verified")
+    assert printed["why"] == "verify was skipped (--no-verify)" and printed["verify"] is None
+    code, printed, summary, word = _said(capsys, port, "refresh", "--to", "core_v0.16.2", "--no-verify")
+    _agree(code, printed, summary, word, "up-to-date")
+    # Without --no-verify, on a tree that needs a Python this one is not: verify cannot run.
+    port.tag({"pyproject.toml": '[project]\nname = "megatron-core"\nrequires-python = ">=3.99"\n'}, "core_v0.16.3", "0.16.3")
+    code, printed, summary, word = _said(capsys, port, "refresh", "--to", "core_v0.16.3")
+    _agree(code, printed, summary, word, "not-verified")
+    assert printed["why"].startswith("verify did not run: the new tree requires Python >=3.99")
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    code, printed, summary, word = _said(capsys, port, "refresh", "--to", "v0.17", "--no-verify")
+    _agree(code, printed, summary, word, "needs-a-human")
+    assert printed["why"] == "conflict in 0002-layers-thirty.patch"
+    assert port.run("refresh", "--abort") == 0
+    settings = load_settings(port.root)
+    stage = {"name": "imports", "status": "pass", "seconds": 1.0, "reason": ""}
+    for verify, expected in (({"mode": "cpu-proxy", "stages": [stage], "failed": []}, "ready"),
+                             ({"mode": "cpu-proxy", "stages": [{**stage, "status": "fail"}], "failed": ["imports"]}, "needs-a-human")):
+        result = RefreshResult(READY, "v0.17", port.lock, port.lock, verify=verify).settle()
+        md = (write_summary(result, settings.refresh_dir, settings)).read_text()
+        word = re.search(r"^\*\*Status:\*\* `([a-z-]+)`", md, re.M).group(1)  # type: ignore[union-attr]
+        _agree(result.exit_code, public(result), port.summary, word, expected)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rocmport.errors import BadInput
 
 from rocmport.codemods.apex_to_torch import ApexToTorch
@@ -23,6 +25,9 @@ from rocmport.codemods.nccl_allocator_rccl import NcclAllocatorRccl
 from rocmport.codemods.te_version_gates import TeVersionGates
 from rocmport.codemods.tp_comm_overlap import TpCommOverlap
 
+if TYPE_CHECKING:
+    from rocmport.patches.series import Series
+
 registry: dict[str, Codemod] = {
     c.NAME: c
     for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
@@ -43,3 +48,10 @@ def check_recipe(codemods: list[dict], where) -> None:
         found = problems(mod.OPTIONS, entry.get("options") or {})
         if found:
             raise BadInput(f"{where}: key 'codemods[{i}]' ({entry['name']}): {found[0]}")
+
+
+def check_series(series: Series) -> Series:
+    """The one check of a series' codemods that every reader runs (apply, `patches check` and `list`,
+    `status`, `emit docker`): what apply refuses, each of them refuses with the same message."""
+    check_recipe(series.codemods, series.path)
+    return series

@@ -10,6 +10,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
+from rocmport.refresh.result import NEEDS_HUMAN
 from rocmport.release_line import ReleaseLine
 
 
@@ -32,25 +33,26 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     \b
     Each branch holds bisectable commits: "bump upstream.lock to <tag>", "refresh patches for
     <tag>", "drop upstreamed patches" (when any), and the summary in refresh-summaries/<tag>.md.
-    State in .rocmport/bot-state.json: done tags are never redone; a failed tag is retried only
-    when its inputs change (upstream commit, the series, rocmport) or with --retry.
-    Exit: 0 every release ready (or none new), 1 a release needs a human, 2 bad input,
-    3 another bot run holds the lock.
+    State in .rocmport/bot-state.json, in refresh's words: a release built (ready, or not-verified
+    and why) is never redone; one that needs-a-human is retried only when its inputs change
+    (upstream commit, the series, rocmport) or with --retry.
+    Exit: 0 every release ready or not-verified (or none new), 1 a release needs-a-human,
+    2 bad input, 3 another bot run holds the lock.
     """
     if once == watch:
         raise BadInput("give exactly one of --once or --watch")
     if interval <= 0:
         raise BadInput(f"--interval {interval}: must be a positive number of seconds")
     settings = load_settings(obj["project"])
-    wanted = [str(ReleaseLine.parse(s)) for s in (lines.split(",") if lines else settings.tool.get("release-lines") or [])]
-    verify_opts = None if no_verify else {"tp": int(settings.tool.get("tp", 2)), "pp": int(settings.tool.get("pp", 2))}
+    wanted = [str(ReleaseLine.parse(s)) for s in lines.split(",")] if lines else list(settings.release_lines)
+    verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
     kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
               say=output.info, warn=output.warn)
     if once:
         results = run_once(settings, **kw)
         if as_json:
             output.emit_json({"processed": results})
-        return EXIT_PROBLEM if any(r["status"] != "done" for r in results) else EXIT_OK
+        return EXIT_PROBLEM if any(r["status"] == NEEDS_HUMAN for r in results) else EXIT_OK
     cycle = 0
     while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
         cycle += 1

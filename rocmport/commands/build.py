@@ -20,7 +20,7 @@ from rocmport.upstreams import NAMES, UPSTREAMS
 @click.option("--check-deps/--no-check-deps", default=True, show_default=True,
               help="Check with `pip install --dry-run --report` that installing the wheels pulls nothing CUDA-only.")
 @click.option("--python", "python", metavar="PATH",
-              help="The Python to build for (default: this one when it satisfies the trees' requires-python, "
+              help="The Python to build for (default: [tool.rocmport] python, else this one when it satisfies the trees' requires-python, "
                    "else a python3.X on PATH or under pyenv that does).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
 @click.pass_obj
@@ -35,8 +35,9 @@ def command(obj, upstream, out_dir, build_number, check_deps, python, as_json):
     Exit: 0 built (installable, no CUDA-only dependency), 1 a build failed, a wheel its Python cannot
     install, or one that would pull a CUDA-only package, 2 bad input (no Python the trees need here).
     """
-    result = build_project(load_settings(obj["project"]), upstream, out_dir, build_number, check_deps,
-                           say=output.info, warn=output.warn, python=python)
+    settings = load_settings(obj["project"])
+    result = build_project(settings, upstream, out_dir, build_number, check_deps,
+                           say=output.info, warn=output.warn, python=python or settings.python)
     if as_json:
         output.emit_json({"built": result.built, "python": result.python, "problems": result.problems})
     else:

@@ -6,7 +6,8 @@ import click
 
 from rocmport import output
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
-from rocmport.patches.components import parse_archs
+from rocmport.errors import BadInput
+from rocmport.patches.components import known_archs, parse_archs
 from rocmport.verify.doctor import doctor, matrix_for
 
 
@@ -30,6 +31,8 @@ def command(obj, line, arch, as_json):
     if arch is not None:
         arch = parse_archs(arch)[0]
     matrix = matrix_for(obj["project"], line)
+    if arch is not None and arch not in known_archs(matrix):  # README: an unknown arch is bad input
+        raise BadInput(f"--arch {arch}: not a GPU arch rocmport knows (known: {', '.join(known_archs(matrix))})")
     d = doctor(matrix, arch)
     if as_json:
         output.emit_json(d)
@@ -46,8 +49,6 @@ def command(obj, line, arch, as_json):
                      [[c["name"], "yes" if c["required"] else "no", c["wanted"],
                        f"{c['distribution']} {c['version']}" if c["version"] else "not installed",
                        ", ".join(c["built_for"]) if c["built_for"] else "-", c["status"], c["detail"]] for c in d["components"]])
-        if not any(c["version"] for c in d["components"]):
-            output.info("none of the matrix's components is installed here")
     output.table(["topic", "use", "why"], [[r["topic"], r["use"], r["why"]] for r in d["recommendations"]], title="on this arch")
     output.table(["variable", "value"], [[k, v if v is not None else "(unset)"] for k, v in d["env"].items()])
     for p in d["problems"]:

@@ -7,6 +7,7 @@ import re
 import click
 
 from rocmport import output
+from rocmport.codemods.catalog import check_series
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.patches.series import all_series, describe
@@ -27,7 +28,7 @@ def command():
 def list_cmd(obj, as_json):
     """Every series with its version range, codemods and patches, and each line's ROCm component matrix."""
     settings = load_settings(obj["project"])
-    data = [describe(s) for name in NAMES for s in all_series(settings.patchsets_dir, name)]
+    data = [describe(check_series(s)) for name in NAMES for s in all_series(settings.patchsets_dir, name)]
     if as_json:
         output.emit_json({"series": data})
         return EXIT_OK

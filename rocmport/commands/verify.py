@@ -8,7 +8,7 @@ import shlex
 import click
 
 from rocmport import output
-from rocmport.config import load_settings
+from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify import hip_sim, report
@@ -59,8 +59,8 @@ def _print_summary(r: dict) -> None:
 
 @click.command("verify")
 @click.option("--tree", type=click.Path(file_okay=False), help="The ported Megatron-LM tree (default: the megatron-lm work tree).")
-@click.option("--tp", type=int, default=2, show_default=True, help="Tensor-parallel size.")
-@click.option("--pp", type=int, default=2, show_default=True, help="Pipeline-parallel size.")
+@click.option("--tp", type=int, default=None, help=f"Tensor-parallel size (default: [tool.rocmport] tp or {DEFAULT_TP}).")
+@click.option("--pp", type=int, default=None, help=f"Pipeline-parallel size (default: [tool.rocmport] pp or {DEFAULT_PP}).")
 @click.option("--dp", type=int, default=None, help="Data-parallel size (default 1).")
 @click.option("--nproc", type=int, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
@@ -122,7 +122,7 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
     Exit: 0 no stage failed, 1 a stage failed, 2 bad input.
     """
     settings = load_settings(obj["project"])
-    opts = prepare(settings, tree, tp=tp, pp=pp, dp=dp, nproc=nproc, iters=iters, backend=backend,
+    opts = prepare(settings, tree, tp=settings.tp if tp is None else tp, pp=settings.pp if pp is None else pp, dp=dp, nproc=nproc, iters=iters, backend=backend,
                    with_unit=False if no_unit else with_unit, unit_tests=unit_tests, unit_nproc=unit_nproc,
                    with_functional=with_functional, case=case, data_path=data_path, record_golden=record_golden, resume=resume,
                    with_bridge=with_bridge, launcher_kind=launcher_kind, nnodes=nnodes, node_rank=node_rank,

@@ -26,6 +26,7 @@ from rocmport.config import Settings
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.fsutil import tree_kind, tree_read_text, tree_write_text
 from rocmport.gitutil import run_git
+from rocmport.codemods.catalog import check_series
 from rocmport.patches.series import select_series
 from rocmport.port import manifests
 from rocmport.port import worktree as wt
@@ -131,7 +132,10 @@ def build_python(trees: list[Path], requested: str | None, say=print) -> tuple[s
     python, version = found
     if python != sys.executable:
         say(f"building for Python {version} ({python}): {needs}")
-    probe = subprocess.run([python, "-c", "import build"], capture_output=True, text=True)
+    # From an empty directory: `python -c` puts its working directory first on sys.path, where the
+    # project's own build/ folder (work trees) passes for a namespace package named build.
+    with tempfile.TemporaryDirectory(prefix="rocmport-probe-") as empty:
+        probe = subprocess.run([python, "-c", "import build.__main__"], capture_output=True, text=True, cwd=empty)
     if probe.returncode != 0:
         raise BadInput(f"{python} (Python {version}) has no `build` package to build with; install it there "
                        f"(`{python} -m pip install build`) or give --python an environment that has it")
@@ -167,7 +171,7 @@ def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=prin
         if not isolation:  # its build wants torch: use the one installed here, never fetch one
             cmd[3:3] = ["--no-isolation", "--skip-dependency-check"]
         say(f"{dist} {version}: {' '.join(cmd[1:4])} ({'isolated' if isolation else 'against the installed torch'})")
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)  # not where a build/ folder shadows pypa's build
         if proc.returncode != 0:
             tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
             raise ProblemFound(f"{dist}: the build failed: {tail[0]} (run `{' '.join(cmd)}` in a copy of {tree} to see all)")
@@ -201,7 +205,7 @@ def build_project(settings: Settings, upstream: str | None, out_dir: str, build_
     result, wheels = ProjectBuild(python=version), []
     for name in names:
         tree = settings.worktree_path(name)
-        series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
+        series = check_series(select_series(settings.patchsets_dir, name, lock.upstreams[name].version))
         number = build_number if build_number is not None else count_builds(settings.root, series.dir)
         with output.progress(f"building {UPSTREAMS[name].distribution} from {tree}"):
             built = build_upstream(tree, name, number, out, say=say, python=interpreter)

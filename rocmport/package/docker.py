@@ -23,6 +23,7 @@ from rocmport.launch_env import LAUNCH_ENV
 from rocmport.package.build import needs_torch_to_build
 from rocmport.patches import components
 from rocmport.patches.components import PLACEHOLDERS, Choice, Matrix
+from rocmport.codemods.catalog import check_series
 from rocmport.patches.series import select_series
 from rocmport.port.manifests import canonical, is_cuda_only
 from rocmport.upstream.lock import load_lock
@@ -282,7 +283,7 @@ def project_dockerfile(settings: Settings, extras: dict[str, list[str]], *, base
         raise BadInput(f"{settings.worktree_path(MEGATRON_LM.name)}: no ported tree; run `rocmport apply` (and `rocmport build`) first")
     trees = [settings.worktree_path(n) for n in present]
     lock = load_lock(settings.lock_path)
-    series = select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version)
+    series = check_series(select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version))
     matrix, warnings = series.rocm, []
     if matrix is None and spec not in (None, "none"):
         raise BadInput(f"--components {spec}: {series.path} has no rocm: section to build them from; add one "

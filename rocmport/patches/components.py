@@ -425,8 +425,12 @@ def choose(matrix: Matrix, spec: str, archs: list[str]) -> tuple[list[Choice], l
         return [], []
     wanted = list(matrix.components) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     choices, warnings = [], []
+    seen: dict[str, str] = {}
     for item in wanted:
         name, _, variant = item.partition(":")
+        if name in seen:  # two stages of one name (FROM base AS apex twice) build one of them for nothing
+            raise BadInput(f"--components: {name} is named twice ({seen[name]}, {item}); name each component once")
+        seen[name] = item
         comp = matrix.components.get(name)
         if comp is None:
             raise BadInput(f"--components: {name!r} is not in the {matrix.where} matrix; known: {', '.join(matrix.components)}, or all, none")
@@ -491,6 +495,16 @@ ARCHS: dict[str, ArchFacts] = {
                         env=(("HSA_OVERRIDE_GFX_VERSION", "9.0.6", "run gfx906 code objects on MI50/MI60 (community setups; UNVERIFIED)"),),
                         note="Python 3.10 images only: Megatron-LM v0.17+ require Python >= 3.12"),
 }
+
+
+def known_archs(matrix: Matrix | None) -> list[str]:
+    """The archs rocmport can say something about: its arch table's and every arch the matrix names."""
+    named = set(ARCHS)
+    for comp in (matrix.components.values() if matrix else ()):
+        named |= {a for a in comp.builds + comp.unverified + list(comp.refuses) if a != "*"}
+        for v in comp.variants.values():
+            named |= set(v.builds + v.unverified)
+    return sorted(named)
 
 
 def base_arch(name: str | None) -> str | None:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from rocmport import __version__, output
 from rocmport.codemods import compute_layers, registry
-from rocmport.codemods.catalog import check_recipe
+from rocmport.codemods.catalog import check_series
 from rocmport.codemods.runner import helper_text
 from rocmport.config import Settings
 from rocmport.errors import BadInput
@@ -61,7 +61,7 @@ class ApplyReport:
 def codemod_versions(series: Series) -> dict[str, str]:
     """Each codemod's version; unknown codemods and options they do not declare are refused here,
     before anything is touched."""
-    check_recipe(series.codemods, series.path)
+    check_series(series)
     return {entry["name"]: registry[entry["name"]].VERSION for entry in series.codemods}
 
 

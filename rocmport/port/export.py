@@ -14,6 +14,7 @@ from rocmport.errors import BadInput
 from rocmport.fsutil import tree_read_text, tree_write_text
 from rocmport.gitutil import git, run_git
 from rocmport.patches.commits import commit_diff, explaining_patch, patch_matches_commit, render_patch, slug
+from rocmport.codemods.catalog import check_series
 from rocmport.patches.series import Series, lint_header, parse_header, select_series, split_header
 from rocmport.patches.series_edit import add_to_series
 from rocmport.port import worktree as wt
@@ -38,7 +39,7 @@ def ported_trees(settings: Settings, upstream: str | None) -> list[tuple[str, Se
     for name in names:
         if name not in lock.upstreams:
             raise BadInput(f"{settings.lock_path}: no pin for {name}")
-        series = select_series(settings.patchsets_dir, name, lock.upstreams[name].version)
+        series = check_series(select_series(settings.patchsets_dir, name, lock.upstreams[name].version))
         tree = settings.worktree_path(name)
         if not (tree / ".git").exists():
             raise BadInput(f"{tree}: no work tree; run `rocmport apply` first")

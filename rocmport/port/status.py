@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from packaging.version import InvalidVersion
+
+from rocmport.codemods.catalog import check_series
 from rocmport.config import Settings
 from rocmport.gitutil import git, is_git_dir, run_git
+from rocmport.patches.series import Series, all_series
 from rocmport.port.worktree import read_state
 from rocmport.upstream.lock import load_lock_or_none
 from rocmport.upstream.store import Store
@@ -36,6 +40,13 @@ def worktree_info(path: Path) -> dict | None:
     }
 
 
+def _admits(series: Series, version: str | None) -> bool:
+    try:
+        return version is not None and series.admits(version)
+    except InvalidVersion:  # apply says what is wrong with such a lock
+        return False
+
+
 def status(settings: Settings) -> dict:
     lock = load_lock_or_none(settings.lock_path)
     store = Store(settings.cache_dir)
@@ -43,6 +54,10 @@ def status(settings: Settings) -> dict:
     if lock:
         for name, pin in lock.upstreams.items():
             cache[name] = store.has_commit(name, pin.commit)
+            # The series apply would build this pin from: refused here as apply refuses it.
+            for series in all_series(settings.patchsets_dir, name):
+                if _admits(series, pin.version):
+                    check_series(series)
     worktrees = {}
     for name in NAMES:
         info = worktree_info(settings.worktree_path(name))

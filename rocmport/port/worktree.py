@@ -223,6 +223,17 @@ def save_backup(tree: Path, what: str) -> str:
         git("add", "--pathspec-from-file=-", "--pathspec-file-nul", "--", cwd=tree, input="\0".join(untracked) + "\0")
     stash = git("stash", "create", f"rocmport backup ({what})", cwd=tree) if dirty_paths(tree) else ""
     target = stash or git("rev-parse", "HEAD", cwd=tree)
+    return _new_backup_ref(tree, target, what)
+
+
+def copy_backup(source: Path, ref: str, dest: Path, what: str) -> str:
+    """Keep ``source``'s backup ``ref`` (its commits, stash and untracked files) on a new
+    refs/rocmport/backup/<n> of the repository ``dest`` too: for a tree about to be deleted."""
+    git("fetch", "-q", "--no-tags", str(source.resolve()), ref, cwd=dest)
+    return _new_backup_ref(dest, git("rev-parse", "FETCH_HEAD", cwd=dest), what)
+
+
+def _new_backup_ref(tree: Path, target: str, what: str) -> str:
     taken = [r.removeprefix(BACKUP_PREFIX) for r in git("for-each-ref", "--format=%(refname)", BACKUP_PREFIX, cwd=tree).split()]
     n = max((int(t) for t in taken if t.isdigit()), default=0)
     while True:

@@ -15,13 +15,13 @@ from packaging.version import Version
 
 from rocmport import __version__
 from rocmport.config import Settings, load_settings
-from rocmport.errors import BadInput, Busy
+from rocmport.errors import BadInput, Busy, RocmportError
 from rocmport.fsutil import file_lock
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
 from rocmport.refresh.engine import abort_refresh, read_state, refresh
 from rocmport.refresh.report import markdown
-from rocmport.refresh.result import READY, UP_TO_DATE, RefreshResult
+from rocmport.refresh.result import NEEDS_HUMAN, NOT_VERIFIED, RefreshResult, RefreshStatus
 from rocmport.refresh.summary import machine_paths, public, write_summary
 from rocmport.release_line import ReleaseLine
 from rocmport.state import Invalid, expect, one_of, read_json, value_of, write_json
@@ -51,14 +51,20 @@ def state_dir(settings: Settings) -> Path:
     return settings.root / ".rocmport"
 
 
-TagStatus = Literal["done", "failed"]
+# The refresh's own status vocabulary (refresh/result.py): ready / not-verified / up-to-date have a
+# branch built (an unverified one labelled so in the record, the JSON and its summary), needs-a-human
+# has none. Records of an older rocmport said done / failed: read as not-verified (nobody can tell
+# now whether it was verified) / needs-a-human.
+TagStatus = RefreshStatus
+_LEGACY_STATUS = {"done": NOT_VERIFIED, "failed": NEEDS_HUMAN}
 _RECORD_FIX = "fix it, or delete it to have the bot treat every release newer than the lock as new"
 
 
 @dataclass
 class TagRecord:
-    """What the bot did with one release: done on ``branch`` at ``commit`` (its tip), or failed for
-    ``reason`` at upstream ``commit``; ``inputs`` says when a failed one is worth retrying."""
+    """What the bot did with one release: built on ``branch`` at ``commit`` (its tip) with the refresh's
+    status (ready, or not-verified and ``reason`` why), or needs-a-human for ``reason`` at upstream
+    ``commit``; ``inputs`` says when a needs-a-human one is worth retrying."""
 
     status: TagStatus
     commit: str
@@ -66,7 +72,13 @@ class TagRecord:
     branch: str | None = None
     summary_file: str | None = None
     reason: str | None = None
-    push: str | None = None
+    push: str | None = None        # how the last push went: pushed, replaced, refused (a human's commits), failed
+    pushed_to: str | None = None   # the remote that holds ``commit``: set only by a push that succeeded
+
+    @property
+    def built(self) -> bool:
+        """A branch was made for it: it is never redone."""
+        return self.status != NEEDS_HUMAN
 
     def to_dict(self) -> dict[str, str]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -77,12 +89,13 @@ class TagRecord:
         unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise Invalid(f"key '{where}.{unknown[0]}' is not part of the bot's record")
-        one_of(value_of(data, "status", str, where), TagStatus, f"key '{where}.status'")
+        status = value_of(data, "status", str, where)
+        data = {**data, "status": one_of(_LEGACY_STATUS.get(status, status), TagStatus, f"key '{where}.status'")}
         for key in ("commit", "inputs"):
             value_of(data, key, str, where)
-        for key in ("branch", "summary_file", "reason", "push"):
+        for key in ("branch", "summary_file", "reason", "push", "pushed_to"):
             value_of(data, key, str, where, required=False)
-        if data["status"] == "done" and not data.get("branch"):
+        if data["status"] != NEEDS_HUMAN and not data.get("branch"):
             raise Invalid(f"key '{where}.branch' is missing")
         return cls(**data)
 
@@ -181,27 +194,26 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
     start = git("symbolic-ref", "-q", "--short", "HEAD", cwd=root)
     existing = rev_parse(f"refs/heads/{cand.branch}", root)
     if existing and _human_commits(root, base, existing):
-        return {"status": "failed", "reason": f"branch {cand.branch} has commits by a human; not rebuilding it"}
+        return {"status": NEEDS_HUMAN, "reason": f"branch {cand.branch} has commits by a human; not rebuilding it"}
     git("checkout", "-q", "-B", cand.branch, base, cwd=root)
     try:
         if read_state(settings):
             abort_refresh(settings, say=say)  # a leftover from a killed run: the record says it never finished
         result = refresh(load_settings(root), cand.ref, verify_opts=verify_opts, say=say, warn=warn)
         summary = write_summary(result, settings.refresh_dir, settings)
-        if result.status not in (READY, UP_TO_DATE):
-            reason = (f"conflict in {result.conflict['patch']}" if result.conflict else
-                      f"verify failed: {', '.join(result.verify['failed'])}" if result.verify else "needs a human")
+        if result.status == NEEDS_HUMAN:
             if result.conflict:
                 abort_refresh(settings, say=say)
             git("checkout", "-q", "--force", start, cwd=root)
             git("branch", "-q", "-D", cand.branch, cwd=root)
-            return {"status": "failed", "reason": reason, "summary": markdown(public(result), machine_paths(settings))}
+            return {"status": NEEDS_HUMAN, "reason": result.why, "summary": markdown(public(result), machine_paths(settings))}
         _bisectable_commits(root, cand, result)
         summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"
         summary_file.parent.mkdir(exist_ok=True)
         summary_file.write_text(summary.read_text(encoding="utf-8"), encoding="utf-8")
         _commit(root, [SUMMARIES], f"summary of the refresh to {cand.name}")
-        return {"status": "done", "branch": cand.branch, "commit": rev_parse("HEAD", root), "summary_file": str(summary_file.relative_to(root))}
+        return {"status": result.status, "branch": cand.branch, "commit": rev_parse("HEAD", root),
+                "summary_file": str(summary_file.relative_to(root)), **({"reason": result.why} if result.status == NOT_VERIFIED else {})}
     finally:
         if git("symbolic-ref", "-q", "--short", "HEAD", cwd=root) != start:
             git("checkout", "-q", start, cwd=root)
@@ -247,6 +259,22 @@ def push(root: Path, remote: str, branch: str, warn) -> str:
     return "pushed"
 
 
+def _push_recorded(settings: Settings, record: BotRecord, tag: str, remote: str, warn) -> dict[str, str]:
+    """Push a built release's branch and record how it went: ``pushed_to`` only once the remote has
+    it. A push git refuses is recorded as failed, then its error goes on (exit 1)."""
+    entry = record.tags[tag]
+    assert entry.branch is not None
+    try:
+        entry.push = push(settings.root, remote, entry.branch, warn)
+    except RocmportError:
+        entry.push, entry.pushed_to = "failed", None
+        write_record(settings, record)
+        raise
+    entry.pushed_to = remote if entry.push in ("pushed", "replaced") else None
+    write_record(settings, record)
+    return {k: v for k, v in entry.to_dict().items() if k != "inputs"}
+
+
 def run_once(settings: Settings, *, track="release", lines=None, retry=False, push_remote=None, verify_opts=None,
              say=print, warn=print) -> list[dict]:
     with exclusive(settings):
@@ -261,23 +289,32 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
         for cand in candidates(settings, track, lines, say):
             inputs = inputs_of(root, base, cand)
             prev = record.tags.get(cand.name)
-            if prev and prev.status == "done":
-                say(f"bot: {cand.name} already done on {prev.branch}")
-                if rev_parse(f"refs/heads/{prev.branch}", root) == prev.commit:
+            if prev and prev.built:
+                say(f"bot: {cand.name} already built ({prev.status}) on {prev.branch}")
+                current = rev_parse(f"refs/heads/{prev.branch}", root)
+                if current == prev.commit:
                     base = prev.commit  # later releases build on it, as the PRs stack
+                if push_remote and prev.pushed_to != push_remote:
+                    # Built by a run without --push (or whose push failed or was refused): push it now.
+                    if current != prev.commit:
+                        warn(f"bot: {prev.branch} is no longer at the commit the bot built ({str(prev.commit)[:12]}); not pushing it")
+                    else:
+                        results.append({"tag": cand.name, **_push_recorded(settings, record, cand.name, push_remote, warn)})
                 continue
-            if prev and prev.status == "failed" and prev.inputs == inputs and not retry:
-                say(f"bot: {cand.name} failed before ({prev.reason}); inputs unchanged, not retrying (--retry to force)")
+            if prev and prev.status == NEEDS_HUMAN and prev.inputs == inputs and not retry:
+                say(f"bot: {cand.name} needs a human since a previous run ({prev.reason}); inputs unchanged, not retrying (--retry to force)")
                 continue
             say(f"bot: refreshing to {cand.name} on {cand.branch}")
             outcome = {"tag": cand.name, "commit": cand.commit, "inputs": inputs,
                        **process(settings, cand, base, verify_opts, say, warn)}
-            if outcome["status"] == "done":
-                base = outcome["commit"]
-                if push_remote:
-                    outcome["push"] = push(root, push_remote, cand.branch, warn)
+            # What was built is recorded before any push: a push that fails or is refused leaves a
+            # built, unpushed release that the next run with --push pushes (never "done" unpushed).
             record.tags[cand.name] = TagRecord(**{k: v for k, v in outcome.items() if k not in ("tag", "summary")})
             write_record(settings, record)
+            if outcome["status"] != NEEDS_HUMAN:
+                base = outcome["commit"]
+                if push_remote:
+                    outcome.update(_push_recorded(settings, record, cand.name, push_remote, warn))
             results.append(outcome)
             say(f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}")
         return results

@@ -23,12 +23,13 @@ from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
 from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
-from rocmport.refresh.result import NEEDS_HUMAN, READY, UP_TO_DATE, PatchRow, Pinned, RefreshResult, RefreshStatus, UpstreamOutcome
+from rocmport.refresh.result import NEEDS_HUMAN, PROMOTED, READY, UP_TO_DATE, PatchRow, Pinned, RefreshResult, RefreshStatus, UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries, promote, stage_series
 from rocmport.state import expect, one_of, read_json, value_of, write_json
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
 from rocmport.upstream.resolve import resolve_lock
 from rocmport.upstream.store import Store
+from rocmport.upstreams import NAMES
 
 # The state file of a refresh under way: in-progress (or killed), or stopped at a conflict for a human.
 StateStatus = Literal["in-progress", "conflict"]
@@ -73,7 +74,7 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
     started = time.time()
     new = resolve_lock(settings, to, source=mlm.source, no_bridge="megatron-bridge" not in old.upstreams, say=say, warn=warn)
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
-        return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"])
+        return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"]).settle(up_to_date=True)
     settings.refresh_dir.mkdir(parents=True, exist_ok=True)
     staged = {}
     for name, pin in new.upstreams.items():
@@ -95,15 +96,52 @@ def continue_refresh(settings: Settings, *, say=print, warn=print) -> RefreshRes
     return _advance(settings, state, say, warn, mode="continue")
 
 
-def abort_refresh(settings: Settings, *, say=print) -> None:
+def abort_refresh(settings: Settings, *, say=print) -> list[str]:
+    """Give up a refresh: what a human did in its trees (a committed resolution, edits, new files) is
+    saved on a backup ref of the project's work tree first, as `apply --abort` saves it; then the
+    refresh area goes. Returns where the work went ("<tree> <ref>" each)."""
     try:
         to = (read_state(settings) or {}).get("to")
     except BadInput:  # a state that cannot be read is aborted all the same
         to = "an unknown ref"
     if not to:
         raise BadInput(f"{settings.refresh_dir}: no refresh to abort")
+    saved = [_keep_work(settings, name, to, say) for name in NAMES]
     shutil.rmtree(settings.refresh_dir, ignore_errors=True)
     say(f"refresh to {to} aborted; {settings.lock_path} and patchsets/ are as they were")
+    return [s for s in saved if s]
+
+
+def _keep_work(settings: Settings, name: str, to: str, say) -> str | None:
+    """Save the refresh tree of ``name`` when it holds anything rocmport did not leave there itself:
+    onto refs/rocmport/backup/<n> of the project's work tree (kept when the refresh area goes), or,
+    without one, the refresh tree is moved aside whole with the backup ref in it."""
+    tree = _refresh_settings(settings).worktree_path(name)
+    if not (tree / ".git").is_dir() or wt.head(tree) is None:
+        return None
+    dirty = wt.dirty_paths(tree)
+    try:
+        state = wt.read_state(tree)
+    except BadInput:
+        state = None
+    head = wt.head(tree)
+    if state is not None and head in (state.result, state.last_good) and not dirty:
+        return None  # exactly what the refresh left: nothing of a human's to keep
+    what = f"the refresh tree of {name} when the refresh to {to} was aborted"
+    ref = wt.save_backup(tree, what)
+    files = f" and {', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''}" if dirty else ""
+    project_tree = settings.worktree_path(name)
+    if (project_tree / ".git").is_dir():
+        with wt.locked(project_tree):
+            kept = wt.copy_backup(tree, ref, project_tree, what)
+        say(f"{name}: saved the refresh tree's work (HEAD {head[:12] if head else '-'}{files}) on {kept} of {project_tree}; "
+            f"see it with `git -C {project_tree} log --stat {kept}`")
+        return f"{project_tree} {kept}"
+    aside = settings.worktrees_dir / f"refresh-aborted-{name}-{int(time.time())}"
+    tree.rename(aside)
+    say(f"{name}: {project_tree} does not exist; kept the refresh tree with its work (HEAD {head[:12] if head else '-'}{files}) "
+        f"in {aside}, on {ref}")
+    return f"{aside} {ref}"
 
 
 def _lock_from(data: dict, where: str) -> Lock:
@@ -129,7 +167,7 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshRe
             result = _result(state, NEEDS_HUMAN)
             result.conflict = {"upstream": name, "patch": bad["name"], "files": bad["files"], "hunks": bad["failed_hunks"],
                                "detail": bad["detail"], "tree": report.tree}
-            return result
+            return result.settle()
         state["applied"][name] = report.to_dict()
         state.pop("conflict_in", None)
         state["status"] = "in-progress"
@@ -177,16 +215,14 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
             # exactly what `apply` makes from the project's series, and the next apply is a no-op.
             rebuilt = apply_upstream(rsettings, new, name, series=st.series, force=True, say=say)
             if rebuilt.status != "done":
-                result.status = NEEDS_HUMAN
-                result.notes.append(f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
-                                    f"({rebuilt.status}); the refresh tree is {tree}")
+                result.problems.append(f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
+                                       f"({rebuilt.status}); the refresh tree is {tree}")
     result.upstreams = outcomes
     result.range_diff = range_diff(rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes)
     if state.get("verify_opts") is not None:
         result.verify = run_verify_both(settings, rsettings, old, state["verify_opts"], say)
-        if result.verify.get("failed"):
-            result.status = NEEDS_HUMAN
-    if result.status == READY:
+    result.settle()
+    if result.status in PROMOTED:  # verified, or carried over unverified as asked (the status says which)
         result.promoted = _promote(settings, new, state, outcomes, warn)
     result.seconds = round(time.time() - state["started"], 1)
     return result

@@ -10,7 +10,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from rocmport.config import Settings
+from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
 from rocmport.errors import BadInput
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
 from rocmport.patches.series import select_series, split_header
@@ -130,7 +130,7 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
         return {"skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
                            + python_setup_hint(need), "stages": [], "failed": []}
     not_run = "refresh verifies imports and GPT training (stages 1-2); run `rocmport verify` for the rest"
-    args = {"tp": opts.get("tp", 2), "pp": opts.get("pp", 2), "backend": opts.get("backend", "auto"), "iters": opts.get("iters", 10),
+    args = {"tp": opts.get("tp", DEFAULT_TP), "pp": opts.get("pp", DEFAULT_PP), "backend": opts.get("backend", "auto"), "iters": opts.get("iters", 10),
             "skipped": {"unit-tests": not_run, "functional": not_run, "bridge": not_run}}
     new = run_verify(VerifyOptions(tree=tree.resolve(), **args)).to_dict()
     failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
@@ -143,20 +143,17 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     return out
 
 
-def verified(result: dict) -> bool:
-    """Whether verify ran on the new port (not `--no-verify`, not stopped by an older Python)."""
-    v = result.get("verify")
-    return v is not None and not v.get("skipped")
+# What each status means to a reviewer, after the status word itself (refresh/result.py's vocabulary).
+_MEANING = {"ready": "verified, ready to merge", "up-to-date": "already up to date",
+            "not-verified": "the patches and codemods carried over, but {why}; run `rocmport verify` on the port before merging",
+            "needs-a-human": "{why}"}
 
 
 def status_line(result: dict) -> str:
-    """The status a reviewer reads first: "ready to merge" only when verify ran and passed."""
-    if result["status"] == "ready" and not verified(result):
-        v = result.get("verify")
-        why = f"verify did not run: {v['skipped']}" if v else "verify was skipped (`--no-verify`)"
-        return (f"not verified: the patches and codemods carried over, but {why}; "
-                f"run `rocmport verify --tp 2 --pp 2` on the port before merging")
-    return {"ready": "ready to merge", "needs-human": "needs a human", "up-to-date": "already up to date"}[result["status"]]
+    """The status a reviewer reads first: the status word (`ready` only when verify ran and passed)
+    and what it means, rendered from the result's ``status`` and ``why`` alone (never re-derived),
+    so the PR body says what --json and the exit code say."""
+    return f"`{result['status']}`: " + _MEANING[result["status"]].format(why=result.get("why") or "")
 
 
 def portable(text: str, places: dict[str, str]) -> str:

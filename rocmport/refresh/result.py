@@ -8,10 +8,37 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-RefreshStatus = Literal["ready", "needs-human", "up-to-date"]
+from rocmport.errors import EXIT_OK, EXIT_PROBLEM
+
+# One status vocabulary for a refresh, the same in `refresh --json`, summary.json, summary.md (the PR
+# body), the exit code and the bot's record: ready (verify ran and passed), not-verified (carried
+# over, but verify did not run: --no-verify, or not the Python the tree needs), needs-a-human (a
+# conflict, a failed verify, a series that did not re-apply), up-to-date (nothing to do).
+# `derive_status` is the one place it is decided; every renderer reads `status` and `why`.
+RefreshStatus = Literal["ready", "not-verified", "needs-a-human", "up-to-date"]
 READY: RefreshStatus = "ready"
-NEEDS_HUMAN: RefreshStatus = "needs-human"
+NOT_VERIFIED: RefreshStatus = "not-verified"
+NEEDS_HUMAN: RefreshStatus = "needs-a-human"
 UP_TO_DATE: RefreshStatus = "up-to-date"
+PROMOTED: tuple[RefreshStatus, ...] = (READY, NOT_VERIFIED)   # what carries the port over (lock, series, tree)
+EXIT_CODES: dict[RefreshStatus, int] = {READY: EXIT_OK, NOT_VERIFIED: EXIT_OK, UP_TO_DATE: EXIT_OK, NEEDS_HUMAN: EXIT_PROBLEM}
+
+
+def derive_status(*, conflict: dict | None, verify: dict | None, problems: list[str], up_to_date: bool = False) -> tuple[RefreshStatus, str]:
+    """The status of a refresh and why, from what it found (``verify`` None: --no-verify)."""
+    if up_to_date:
+        return UP_TO_DATE, "the lock already pins it"
+    if conflict:
+        return NEEDS_HUMAN, f"conflict in {conflict['patch']}"
+    if verify is not None and verify.get("failed"):
+        return NEEDS_HUMAN, f"verify failed: {', '.join(verify['failed'])}"
+    if problems:
+        return NEEDS_HUMAN, "; ".join(problems)
+    if verify is None:
+        return NOT_VERIFIED, "verify was skipped (--no-verify)"
+    if verify.get("skipped"):
+        return NOT_VERIFIED, f"verify did not run: {verify['skipped']}"
+    return READY, "verify ran and passed"
 
 # The apply ladder's buckets (patches/apply.py), plus a conflict a human resolved during the refresh.
 RowBucket = Literal["clean", "offset", "merged-3way", "already-upstream", "not-applicable", "conflict", "resolved-by-hand"]
@@ -72,6 +99,17 @@ class RefreshResult:
     seconds: float = 0.0
     promoted: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)   # what needs a human besides a conflict or a failed verify
+    why: str = ""                                       # the reason for ``status`` (derive_status)
+
+    def settle(self, up_to_date: bool = False) -> RefreshResult:
+        """Set ``status`` and ``why`` from what the refresh found: the only way they are set."""
+        self.status, self.why = derive_status(conflict=self.conflict, verify=self.verify, problems=self.problems, up_to_date=up_to_date)
+        return self
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

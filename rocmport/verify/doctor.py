@@ -17,6 +17,7 @@ from rocmport.config import load_settings
 from rocmport.errors import BadInput
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 from rocmport.patches.components import Matrix, base_arch, recommend
+from rocmport.codemods.catalog import check_series
 from rocmport.patches.series import all_series, load_series, select_series
 from rocmport.upstream.lock import load_lock
 from rocmport.upstreams import MEGATRON_LM
@@ -161,6 +162,14 @@ def component_report(matrix: Matrix | None, arch: str | None = None) -> Componen
     return report
 
 
+def _none_installed(report: ComponentReport) -> list[str]:
+    """A machine with none of the line's components (this project's CI) cannot run the port as the
+    line ships it, whatever the arch excuses: a problem (exit 1), as the README says."""
+    if not report.rows or any(r.version or r.status == VERSION_UNKNOWN for r in report.rows):
+        return []
+    return [f"none of the components of {report.series} is installed here ({', '.join(r.name for r in report.rows)})"]
+
+
 def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
     try:
         import torch
@@ -184,7 +193,7 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
         "rocm_path": rocm_path, "rccl": rccl[0] if rccl else None,
         "devices": devices,
         **report.to_dict(),
-        "problems": [f"{r.name}: {r.detail}" for r in report.problems],
+        "problems": [f"{r.name}: {r.detail}" for r in report.problems] + _none_installed(report),
         "env": {n: os.environ.get(n) for n in names},
     }
 
@@ -198,12 +207,12 @@ def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
         if not path.is_file():
             have = ", ".join(s.line for s in all_series(settings.patchsets_dir, MEGATRON_LM.name)) or "none"
             raise BadInput(f"--line {line}: no {path}; lines with a series: {have}")
-        series = load_series(path)
+        series = check_series(load_series(path))
     elif settings.lock_path.is_file():
         lock = load_lock(settings.lock_path)
         if MEGATRON_LM.name not in lock.upstreams:
             return None
-        series = select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version)
+        series = check_series(select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version))
         return series.rocm   # None when the locked line's series has no rocm: section (doctor says so)
     else:
         return None

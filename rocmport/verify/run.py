@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from rocmport import output
-from rocmport.config import Settings
+from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
 from rocmport.errors import BadInput
 from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
@@ -60,8 +60,8 @@ class VerifyOptions:
     does not run and ``skipped`` says why; ``stages`` limits the run to a subset."""
 
     tree: Path
-    tp: int = 2
-    pp: int = 2
+    tp: int = DEFAULT_TP
+    pp: int = DEFAULT_PP
     dp: int | None = None
     nproc: int | None = None
     backend: str = "auto"
@@ -392,7 +392,7 @@ def _lock_pins(settings: Settings, name: str) -> bool:
     return not settings.lock_path.is_file() or name in load_lock(settings.lock_path).upstreams
 
 
-def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, dp: int | None = None, nproc: int | None = None,
+def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: int = DEFAULT_PP, dp: int | None = None, nproc: int | None = None,
             iters: int = 10, backend: str = "auto", with_unit: str | bool | None = None, unit_tests=(), unit_nproc: int = 8,
             with_functional: bool | None = None, case: str | None = None, data_path: str | None = None,
             record_golden: bool = False, resume: bool = True, with_bridge: bool | None = None, launcher_kind: str = "torchrun",
