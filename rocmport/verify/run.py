@@ -226,7 +226,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         if gate("unit-tests", opts.unit is not None) and opts.unit is not None:
             add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile, bool(hip_version)))
         if gate("functional", opts.functional is not None) and opts.functional is not None:
-            res, report.functional = _functional(tree, env, opts.functional, dp, mode, env_info, launcher, hip_version)
+            res, report.functional = _functional(tree, env, opts.functional, dp, mode, env_info, launcher, hip_version, opts.te)
             add(res)
         if gate("bridge", opts.bridge_tree is not None) and opts.bridge_tree is not None:
             from rocmport.verify.bridge_stage import stage_bridge
@@ -266,16 +266,17 @@ def _unit_tests(tree: Path, env: dict, unit: UnitOptions, launcher: Launcher, mo
                                 progress=output.info, reasons=unit.reasons, known_skipped=not_applied)
 
 
-def device_kind(mode: str, env_info: environment.Environment) -> str:
-    """Goldens are kept per device kind: `cpu-proxy`, or the platform and the first GPU's name."""
+def device_kind(mode: str, env_info: environment.Environment, te: TELayer | None = None) -> str:
+    """Goldens are kept per device kind: `cpu-proxy` (`cpu-proxy-te<version>` with TE's Python layer),
+    or the platform and the first GPU's name."""
     if mode == "cpu-proxy" or not env_info.devices:
-        return "cpu-proxy"
+        return f"cpu-proxy-te{te.version}" if te else "cpu-proxy"
     name = re.sub(r"[^a-z0-9]+", "-", env_info.devices[0].lower()).strip("-")
     return f"{'rocm' if env_info.hip else 'cuda'}-{name}"
 
 
 def _functional(tree: Path, env: dict, opts: FunctionalOptions, dp: int, mode: str, env_info, launcher: Launcher,
-                hip_version: str | None) -> tuple[StageResult, dict]:
+                hip_version: str | None, te: TELayer | None = None) -> tuple[StageResult, dict]:
     from rocmport.verify.functional import stage_functional
 
     blocked_by = environment.functional_blockers(tree)
@@ -285,7 +286,7 @@ def _functional(tree: Path, env: dict, opts: FunctionalOptions, dp: int, mode: s
                          f"then resumed from iteration {opts.iters // 2})"):
         return stage_functional(tree, env, case=opts.case, dp=dp, iters=opts.iters, proxy=mode == "cpu-proxy",
                                 data_path=opts.data_path, series_dir=opts.series_dir, record=opts.record,
-                                device_kind=device_kind(mode, env_info), defaulted=opts.defaulted, launcher=launcher,
+                                device_kind=device_kind(mode, env_info, te), defaulted=opts.defaulted, launcher=launcher,
                                 resume=opts.resume, hip=hip_version, rocm=bool(hip_version or env_info.hip))
 
 
