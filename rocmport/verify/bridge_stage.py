@@ -55,13 +55,14 @@ def bridge_env(env: dict, bridge_tree: Path) -> dict:
     return env
 
 
-def bridge_command(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, out: Path) -> list[str]:
+def bridge_command(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, out: Path, te: bool = False) -> list[str]:
     return launcher.command(tp * pp * dp, ["-m", "rocmport.verify.gpt_worker", "--bridge", "--tp", str(tp), "--pp", str(pp),
-                                           "--iters", str(iters), "--out", str(out)], "bridge")
+                                           "--iters", str(iters), "--out", str(out), *(["--te"] if te else [])], "bridge")
 
 
 def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
-                 launcher: Launcher = Launcher()) -> tuple[StageResult, dict]:
+                 launcher: Launcher = Launcher(), te: str | None = None) -> tuple[StageResult, dict]:
+    """``te``: the description of TE's Python layer when the GPTModelProvider uses Bridge's TE spec."""
     start = time.monotonic()
     need = unmet_python(bridge_tree)
     if need:
@@ -83,12 +84,14 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
                            {**details, "failures": failed}), {}
     with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
         out = Path(tmp) / "bridge.json"
-        run = launch(bridge_command(launcher, tp, pp, dp, iters, out), env, bridge_tree)
+        run = launch(bridge_command(launcher, tp, pp, dp, iters, out, te=te is not None), env, bridge_tree)
         data = json.loads(out.read_text()) if out.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("bridge", launcher, time.monotonic() - start), {}
     if data and "unsupported" in data:
-        return StageResult("bridge", UNSUPPORTED, f"proxy shim hook missing: {data['unsupported']}", time.monotonic() - start, details), {}
+        what = data["unsupported"]
+        why = what if what.startswith("unsupported-in-proxy") else f"proxy shim hook missing: {what}"
+        return StageResult("bridge", UNSUPPORTED, why, time.monotonic() - start, details), {}
     if run.returncode != 0 or not data:
         return StageResult("bridge", FAIL, f"training through GPTModelProvider failed: {_last_error(run)}", time.monotonic() - start, details), {}
     losses = data["losses"]
@@ -102,5 +105,6 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
     if problems:
         return StageResult("bridge", FAIL, "; ".join(problems), seconds, details), training
     reason = (f"{modules_import(len(mods), 'Bridge ')} behind the firewall; GPTModelProvider model tp{tp}×pp{pp}: "
-              f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations, tied embeddings equal")
+              f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations, tied embeddings equal"
+              + (f"; Bridge's TE layer spec, {te}" if te else ""))
     return StageResult("bridge", PASS, reason, seconds, details), training

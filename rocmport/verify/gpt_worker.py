@@ -52,9 +52,7 @@ def train(args):
 
         try:
             proxy_shim.install()
-            if args.te:
-                # TE's modules ask torch.cuda about the device they run on (and assert it exists).
-                proxy_shim.install_device_answers(bool(os.environ.get("ROCMPORT_HIP_SIM")))
+            if args.te:  # TE's modules ask torch.cuda about the device they run on (and assert it exists)
                 proxy_shim.install_for_te()
         except proxy_shim.Unsupported as exc:
             _write(args.out, {"unsupported": str(exc)}, force=True)
@@ -85,7 +83,7 @@ def train(args):
     )
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     if args.bridge:
-        config, model = _bridge_model(args, proxy, first, last)
+        config, model = _bridge_model(args, proxy, first, last, args.te)
     else:
         spec = get_gpt_layer_with_transformer_engine_spec() if args.te else get_gpt_layer_local_spec()
         model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
@@ -150,17 +148,20 @@ def train(args):
     torch.distributed.destroy_process_group()
 
 
-def _bridge_model(args, proxy, first, last):
+def _bridge_model(args, proxy, first, last, te=False):
     """The same small GPT, configured and built by Megatron-Bridge's GPTModelProvider (a
-    TransformerConfig that provides the model); local layer spec, so no Transformer Engine."""
+    TransformerConfig that provides the model); local layer spec, or with ``te`` Bridge's TE spec."""
     import torch
-    from megatron.bridge.models.gpt_provider import GPTModelProvider, local_layer_spec
+    from megatron.bridge.models import gpt_provider
+    from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+    layer_spec = gpt_provider.transformer_engine_layer_spec if te else gpt_provider.local_layer_spec
 
     provider = GPTModelProvider(
         num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, vocab_size=VOCAB, seq_length=SEQ,
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=proxy, batch_p2p_sync=not proxy,
-        params_dtype=torch.float32, bf16=False, fp16=False, transformer_layer_spec=local_layer_spec,
+        params_dtype=torch.float32, bf16=False, fp16=False, transformer_layer_spec=layer_spec,
         share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute",
         make_vocab_size_divisible_by=VOCAB,
     )

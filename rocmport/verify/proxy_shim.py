@@ -423,7 +423,16 @@ def install_device_answers(hip: bool) -> None:
 
 def install_for_te() -> None:
     """What Transformer Engine's Python layer asks torch.cuda besides megatron's questions, answered
-    for the CPU: no CUDA graph is being captured. Counted by call site like the rest."""
+    for the CPU: a device exists (TE asserts it; the simulated MI300X under the HIP simulation, an
+    A100 on the CUDA path), no CUDA graph is being captured. Counted by call site like the rest.
+    The device's existence is told to TE's own frames only: told to everyone, torch.compile'd
+    megatron code (the fused cross entropy) would compile for that device."""
+    from rocmport.verify import hip_sim
+
+    props = hip_sim.device(bool(os.environ.get("ROCMPORT_HIP_SIM")))
+    for name, te_answer in (("is_available", lambda: True), ("get_device_properties", lambda device=None: props),
+                            ("get_device_capability", lambda device=None: (props.major, props.minor))):
+        _answer_te_frames(name, te_answer)
     _in_order_streams()  # TE's modules keep side streams for weight-gradient and offload work
     _answer("is_current_stream_capturing", lambda: False)
     torch.cuda.graphs.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
@@ -472,6 +481,21 @@ def install_for_te() -> None:
             return backward_apply(self, *args)
 
     BackwardCFunction.apply = apply
+
+
+def _answer_te_frames(name: str, answer) -> None:
+    """torch.cuda.<name> answers with ``answer`` when TE's own code asks, as before otherwise."""
+    previous = getattr(torch.cuda, name)
+
+    def redirected(*args, **kwargs):
+        caller = sys._getframe(1).f_code.co_filename
+        if "/transformer_engine/" in caller:
+            REDIRECTS[f"cuda.{name} (asked by TE) @ {_site()}"] += 1
+            return answer(*args, **kwargs)
+        return previous(*args, **kwargs)
+
+    redirected.__name__ = name
+    setattr(torch.cuda, name, redirected)
 
 
 def _torch_sees_no_accelerator() -> None:

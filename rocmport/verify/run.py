@@ -232,7 +232,8 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             from rocmport.verify.bridge_stage import stage_bridge
 
             with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{tp}×pp{pp}"):
-                bridge, report.bridge_training = stage_bridge(opts.bridge_tree, env, tp, pp, dp, iters, launcher)
+                bridge, report.bridge_training = stage_bridge(opts.bridge_tree, env, tp, pp, dp, iters, launcher,
+                                                              te=opts.te.describe() if opts.te else None)
             add(bridge)
         te_version = opts.te.version if opts.te else None
         report.port_sites = _port_sites(tree, sites_dir, te_version)
@@ -383,7 +384,7 @@ def launch_plan(opts: VerifyOptions) -> list[dict]:
         args = build_args(config, iters=fopts.iters, proxy=not environment.probe().has_gpu, data_path=fopts.data_path, work=tmp)
         plan.append({"stage": "functional", "command": functional_command(launcher, config, args, dp), "cwd": str(tree)})
     if opts.bridge_tree is not None and "bridge" in opts.stages:
-        plan.append({"stage": "bridge", "command": bridge_command(launcher, tp, pp, dp, iters, tmp / "bridge.json"),
+        plan.append({"stage": "bridge", "command": bridge_command(launcher, tp, pp, dp, iters, tmp / "bridge.json", te=opts.te is not None),
                      "cwd": str(opts.bridge_tree)})
     return plan
 

@@ -22,7 +22,6 @@ def main() -> None:
     from rocmport.verify import proxy_shim
 
     proxy_shim.install(megatron=False)
-    proxy_shim.install_device_answers(bool(os.environ.get("ROCMPORT_HIP_SIM")))
     proxy_shim.install_for_te()
     torch.distributed.init_process_group("gloo")
     import transformer_engine.pytorch as te
