@@ -100,6 +100,10 @@ def _proxy_swaps() -> None:
         _write()
         pytest.exit(f"rocmport: proxy shim hook missing: {exc}", returncode=4)
     os.environ["ROCMPORT_SHIM_CHILDREN"] = "1"  # the bootstrap shims the children this rank spawns
+    if os.environ.get("ROCMPORT_TE"):  # verify --te: TE's own Python layer, its kernels on the CPU
+        proxy_shim.install_for_te()
+        SWAPS.append(f"Transformer Engine {os.environ['ROCMPORT_TE']}: TE's Python layer, its compiled kernels as CPU "
+                     "reference implementations (rocmport.verify.te_cpu)")
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:

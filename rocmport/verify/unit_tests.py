@@ -314,7 +314,9 @@ def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cac
     overlay = overlay_files(tree, base)
     digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
     key = hashlib.sha256(json.dumps([base, sorted(tests), nproc, PLUGIN_VERSION, torch.__version__, platform.python_version(),
-                                     env.get("ROCMPORT_PROXY", ""), env.get("ROCMPORT_HIP_SIM", ""), digest]).encode()).hexdigest()[:20]
+                                     env.get("ROCMPORT_PROXY", ""), env.get("ROCMPORT_HIP_SIM", ""), digest]
+                                    # TE's Python layer (verify --te): a baseline run with another TE, or none, is not reused
+                                    + ([env["ROCMPORT_TE"]] if env.get("ROCMPORT_TE") else [])).encode()).hexdigest()[:20]
     cached = cache_dir / "unit-baselines" / f"{base[:12]}-{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text()), True
