@@ -104,7 +104,8 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
             embeddings stay equal, and losses match a tp1/pp1 run from the same weights.
     Stage 3 unit-tests: upstream's tests (torchrun -m pytest, rocmport's plugin), each failure
             labelled against the unported tree run under the same conditions (cached by commit):
-            port-regression / unverified / missing-dependency fail the stage; upstream-known,
+            port-regression / unverified / missing-dependency, and a selected file that did not
+            run (not-run, with why), fail the stage; upstream-known,
             proxy-artifact, needs-nvidia-only, flaky and known-failure do not.
     Stage 4 functional: upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data),
             a checkpoint saved half way and resumed with equal losses, and this device kind's golden.
