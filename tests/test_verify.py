@@ -68,6 +68,32 @@ def test_bad_parallel_sizes(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "3", "--pp", "2"], "--tp 3: the verify model has 4 heads; use a tp that divides 4"),
+    (["--pp", "3"], "--pp 3: the verify model has 4 layers"),
+    (["--nproc", "5"], "--nproc 5 is not a multiple of tp×pp = 4"),
+    (["--dp", "1", "--nproc", "8"], "--dp 1 and --nproc 8 disagree: tp 2 × pp 2 × dp 1 = 4 processes"),
+])
+@pytest.mark.parametrize("where", ["work tree", "--tree"])
+def test_a_bad_parallel_layout_is_answered_from_the_options_alone(tmp_path, args, message, where):
+    """The real command line, in a project with no work tree, and with a tree given: the layout's
+    rules are told first (before any tree is looked for, the environment probed or torch
+    imported: that took 25 s on v0.19's tree), exit 2, nothing written."""
+    project = tmp_path / "project"
+    project.mkdir()
+    tree = ["--tree", str(minimal_tree(tmp_path / "t"))] if where == "--tree" else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    probe = "import sys, runpy; sys.argv = ['rocmport', *sys.argv[1:]]; runpy.run_module('rocmport', run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", probe, "-C", str(project), "verify", *tree, *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith(f"rocmport: error: {message}"), lines
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "torch" not in imported and "rocmport.verify.environment" in imported  # verify's modules loaded, torch not
+    assert not any(project.iterdir())  # nothing written
+
+
 def test_missing_tree_and_not_megatron(tmp_path, capsys):
     assert main(["-C", str(tmp_path), "verify"]) == 2
     assert "run `rocmport apply` first or pass --tree" in capsys.readouterr().err

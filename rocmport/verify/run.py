@@ -136,10 +136,22 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
     return tuple(s for s in STAGES if s in chosen)
 
 
+def check_layout(tp: int, pp: int, dp: int | None, nproc: int | None) -> None:
+    """The parallel layout's rules, from the options alone: answered before anything is probed or
+    imported (a bad --tp is told in a fraction of a second, not after the environment's probe)."""
+    if nproc is not None and tp * pp and nproc % (tp * pp):
+        raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
+    if nproc is not None and dp is not None and tp * pp * dp != nproc:
+        raise BadInput(f"--dp {dp} and --nproc {nproc} disagree: tp {tp} × pp {pp} × dp {dp} = {tp * pp * dp} processes; give one of them")
+    if pp and LAYERS % pp:
+        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
+    if tp and HEADS % tp:
+        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
+
+
 def _dp(opts: VerifyOptions) -> int:
+    check_layout(opts.tp, opts.pp, opts.dp, opts.nproc)
     if opts.nproc is not None:
-        if opts.nproc % (opts.tp * opts.pp):
-            raise BadInput(f"--nproc {opts.nproc} is not a multiple of tp×pp = {opts.tp * opts.pp}")
         return opts.nproc // (opts.tp * opts.pp)
     return opts.dp or 1
 
@@ -151,10 +163,6 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     check_sizes(tp, pp, iters)
     dp = _dp(opts)
     world = tp * pp * dp
-    if LAYERS % pp:
-        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
-    if HEADS % tp:
-        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
     environment.check_python(tree)
     env_info = environment.probe()
     backend = opts.backend if opts.backend != "auto" else ("nccl" if env_info.has_gpu else "gloo")
@@ -385,6 +393,7 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
             hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
     check_sizes(tp, pp, iters)
+    check_layout(tp, pp, dp, nproc)  # from the options alone: before any tree is read or the environment probed
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
