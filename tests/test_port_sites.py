@@ -99,4 +99,4 @@ def test_verify_reports_port_sites_per_codemod(tmp_path, capsys):
     assert cov["apex-to-torch"]["total"] == 0 and "no rewritten site calls a runtime helper" in cov["apex-to-torch"]["explanation"]
     assert main(["verify", "--tree", str(tree), "--stages", "1"]) == 0
     out = capsys.readouterr().out
-    assert "device-probes: 1/1 sites exercised" in out and "capability-gates: 0/3 sites exercised (none ran:" in out
+    assert "device-probes: 1 of 1 rewritten sites ran" in out and "capability-gates: 0 of 3 rewritten sites ran (none ran:" in out

@@ -171,6 +171,14 @@ def test_label_rules():
     assert why["f.py"] == "the ordinary package yaml is not installed"
     assert why["a.py::rope"] == "fails the same way on the unported tree: it needs transformer_engine, which the firewall removes here"
     assert why["a.py::nvrx"].endswith("it needs nvidia_resiliency_ext, which the firewall removes here")
+    # v0.19's one unverified test read "hung; alone: failed; unported tree: failed": the same, in words.
+    port["alone"]["a.py::hang3"] = "failed"
+    labels, why = label(port, base, {})
+    assert labels["a.py::hang3"] == "unverified"
+    assert why["a.py::hang3"] == "it hung in the suite and failed when rerun alone; the unported tree passed it without hanging"
+    base["outcomes"]["a.py::hang3"] = "failed"
+    assert label(port, base, {})[1]["a.py::hang3"] == ("it hung in the suite and failed when rerun alone; "
+                                                       "the unported tree failed it without hanging")
 
 
 def test_missing_test_file_and_no_tests_dir(tmp_path, child_env):

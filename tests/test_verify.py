@@ -133,6 +133,8 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
     imports, training, unit, functional, bridge = data["stages"]
     assert imports["status"] == "pass"
+    assert imports["reason"] == ("1 module imports behind the firewall (megatron.core); "
+                                 "the tree has no megatron/training (a package-index source): not tested")
     assert training["status"] == "unsupported-in-proxy"
     assert "megatron.core.tensor_parallel.random._get_cuda_rng_state" in training["reason"]
     # Stages that do not apply to this tree are listed, with the reason, never silently absent.
@@ -325,3 +327,75 @@ def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):
         assert {r: d["sum"] for r, d in ranks.items()} == {0: 2.0, 1: 4.0, 2: 2.0, 3: 4.0}
         assert all(d["everyone"] == 4.0 for d in ranks.values())
         assert len({d["groups"][0] for d in ranks.values()}) == 1 and ranks[0]["groups"][1] != ranks[1]["groups"][1]
+
+
+def a_v019_report():
+    """A report shaped like v0.19's CPU-proxy run: stage 3 failed by one unverified test and one test
+    file that did not run, 5 labelled tests that do not block, stages 4 and 5 not run here."""
+    from rocmport.verify.run import VerifyReport
+
+    hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
+    labels = {hang: "unverified", "tests/unit_tests/test_utils.py": "not-run",
+              **{f"tests/unit_tests/test_x.py::test_{i}": "upstream-known" for i in range(3)},
+              **{f"tests/unit_tests/test_te.py::test_{i}": "needs-nvidia-only" for i in range(2)}}
+    unit = StageResult("unit-tests", "fail", "40 passed, 3 skipped, 6 failed (...) in 6 of 7 files on 8 ranks", 2100.0, {
+        "labels": labels,
+        "label_reasons": {hang: "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging",
+                          "tests/unit_tests/test_utils.py": "none of its 12 tests ran: its restart budget ran out: 7 hangs in this file, 6 restarts per file",
+                          **{k: "fails the same way on the unported tree" for k in labels if "test_x" in k or "test_te" in k}},
+        "failures": {hang: "hung: no result after 45 s on rank 3"},
+        "on_baseline": {hang: "failed", "tests/unit_tests/test_utils.py": "ran: 12 passed"}})
+    return VerifyReport(mode="cpu-proxy", backend="gloo", world_size=4, tp=2, pp=2, dp=1, tree="/p/build/megatron-lm",
+                        hip_sim={"version": "7.1", "arch": "gfx942", "device": "AMD Instinct MI300X"},
+                        env={"torch": "2.13", "hip": "7.1", "cuda": None, "python": "3.12", "device_count": 0}, launcher={},
+                        stages=[StageResult("imports", "pass", "3 modules import behind the firewall", 30.0),
+                                StageResult("gpt-training", "pass", "loss 4.8 -> 4.1 in 10 iterations", 60.0), unit,
+                                StageResult("functional", "skipped", "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"),
+                                StageResult("bridge", "skipped", "--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)")],
+                        port_sites={"te-version-gates": {"exercised": 0, "total": 28, "rewrites": 28, "unreached": {
+                            "megatron/core/extensions/transformer_engine.py:40 is_te_min_version": "module never imported: TE absent",
+                            "megatron/core/utils.py:12 is_te_min_version": "imported, the branch did not run"}}},
+                        line="v0.19", commit="abc123", started="2026-11-26T01:30:00Z")
+
+
+def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_blocks(capsys):
+    from rocmport.commands.verify import _print_summary
+
+    _print_summary(a_v019_report().to_dict(), "build/verify/v0.19-20261126T013000Z.json")
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == ("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; blocking: unit-tests (1 unverified test, "
+                        "1 test file not run); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)")
+    table = next(i for i, ln in enumerate(lines) if "gpt-training" in ln)
+    blocking = lines.index("blocking:")
+    assert table < blocking
+    text = "\n".join(lines[blocking:])
+    assert ("  unit-tests: unverified: tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward\n"
+            "      why it blocks: the unported tree did not fail it the same way, so it cannot be called upstream's own failure") in text
+    assert "      what happened: it hung in the suite and failed when rerun alone; the unported tree failed it without hanging" in text
+    assert "      the unported tree: failed\n" in text
+    assert ("  unit-tests: not-run: tests/unit_tests/test_utils.py\n      why it blocks: a selected test file whose tests did not all run "
+            "is never counted as passed\n      what happened: none of its 12 tests ran: its restart budget ran out: 7 hangs") in text
+    # The labelled tests that do not block: one count, not 5 entries of 4 lines each.
+    assert ("+5 more labelled tests that do not block (3 upstream-known, 2 needs-nvidia-only): each with why in the report, "
+            "build/verify/v0.19-20261126T013000Z.json") in lines
+    assert "test_x.py" not in out and "test_te.py" not in out
+    assert ("  te-version-gates: 0 of 28 rewritten sites ran; e.g. megatron/core/extensions/transformer_engine.py:40 is_te_min_version "
+            "did not: module never imported: TE absent (+1 more in the report)") in lines
+
+
+def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
+    from rocmport.verify import summary
+
+    r = a_v019_report()
+    r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)
+    r.stages[1] = StageResult("gpt-training", "unsupported-in-proxy", "proxy shim hook missing: x._get_cuda_rng_state", 1.0)
+    assert summary.verdict(r.to_dict()) == ("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; unsupported on the CPU proxy: "
+                                            "gpt-training (proxy shim hook missing: x._get_cuda_rng_state); not run here: functional "
+                                            "(the tree has no pretrain_gpt.py), bridge (--tree given)")
+    r.stages[0] = StageResult("imports", "fail", "megatron.core: ModuleNotFoundError: No module named 'modelopt'; import chain: a -> b", 1.0)
+    r.line, r.mode = None, "gpu"
+    d = r.to_dict()
+    assert summary.verdict(d).startswith("tree /p/build/megatron-lm: 1 of 5 stages pass; blocking: imports (megatron.core: "
+                                         "ModuleNotFoundError: No module named 'modelopt')")
+    assert summary.blocking_lines(d) == ["imports: stage failed", f"    {r.stages[0].reason}"]

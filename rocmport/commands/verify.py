@@ -11,13 +11,16 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
-from rocmport.verify import hip_sim, report
+from rocmport.redact import redact
+from rocmport.verify import hip_sim, report, summary
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.port_sites import Coverage, summary_line
 from rocmport.verify.run import STAGES, launch_plan, prepare, run_verify
 
 
-def _print_summary(r: dict) -> None:
+def _print_summary(r: dict, report_path: str | None = None) -> None:
+    """The verdict in one line first, the stage table, what blocks (each with why in words), the
+    rest folded behind a count (all of it in the report), port coverage, the loss curve."""
+    click.echo(redact(summary.verdict(r)))
     if r["mode"] == "cpu-proxy":
         output.warn("CPU PROXY MODE: no GPU here; the same stages ran on CPU processes over gloo. This is not a GPU result.")
         sim = r.get("hip_sim")
@@ -30,24 +33,21 @@ def _print_summary(r: dict) -> None:
     output.info(f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
                 f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}")
     output.table(["stage", "status", "seconds", "reason"], [[s["name"], s["status"], s["seconds"], s["reason"]] for s in r["stages"]])
+    blocking = summary.blocking_lines(r)
+    if blocking:
+        click.echo("blocking:")
+        for line in blocking:
+            click.echo(redact(f"  {line}"))
+    folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
+    if folded:
+        click.echo(redact(folded))
     for stage in r["stages"]:
-        if stage["name"] == "unit-tests" and stage.get("labels"):
-            local = set(stage.get("local_spec_instead_of_te", []))
-            for nodeid, lab in sorted(stage["labels"].items()):
-                click.echo(f"{lab}: {nodeid}" + ("  (ran with the local spec in place of TE's)" if nodeid in local else ""))
-                click.echo(f"    why: {stage.get('label_reasons', {}).get(nodeid, '-')}")
-                click.echo(f"    failure: {stage['failures'].get(nodeid) or '-'}")
-                click.echo(f"    unported tree: {' '.join(stage['on_baseline'].get(nodeid, '').split())}")
         if stage["name"] == "functional" and stage.get("redirects"):
             top = sorted(stage["redirects"].items(), key=lambda kv: -kv[1])[:5]
             click.echo(f"functional: {len(stage['redirects'])} torch.cuda call sites answered on the CPU; most called: "
                        + ", ".join(f"{k} ×{v}" for k, v in top))
-    for key, title in (("port_sites", "Megatron-LM"), ("bridge_port_sites", "Megatron-Bridge")):
-        if r.get(key):
-            click.echo(f"port coverage ({title}: rewritten call sites that ran in these stages):")
-            for name, cov in r[key].items():
-                c = Coverage(cov["exercised"], cov["total"], cov.get("rewrites"), cov["unreached"], cov.get("explanation", ""))
-                click.echo(f"  {summary_line(name, c)}")
+    for line in summary.coverage_lines(r):
+        click.echo(redact(line))
     t = r["training"]
     if t.get("losses"):
         click.echo(report.loss_plot(t["losses"]))

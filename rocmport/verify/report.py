@@ -9,7 +9,7 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.verify.unit_tests import BLOCKING
 
 SCHEMA = """\
-{mode: "gpu" | "cpu-proxy", backend, world_size, tp, pp, dp, tree,
+{mode: "gpu" | "cpu-proxy", backend, world_size, tp, pp, dp, tree, line, commit, started,
  hip_sim: {version, arch, device} | null,
  env: {python, torch, hip, cuda, device_count, devices, launcher_env, firewall_profile},
  launcher: {kind, nnodes, node_rank, rdzv_endpoint},

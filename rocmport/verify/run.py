@@ -7,12 +7,14 @@ from __future__ import annotations
 import re
 import tempfile
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 from rocmport import output
 from rocmport.config import Settings
 from rocmport.errors import BadInput
+from rocmport.gitutil import run_git
 from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
@@ -94,6 +96,9 @@ class VerifyReport:
     bridge_training: dict = field(default_factory=dict)
     port_sites: dict = field(default_factory=dict)
     bridge_port_sites: dict | None = None
+    line: str | None = None      # the release line of the series the tree was ported with ("v0.19"), None for another tree
+    commit: str | None = None    # the tree's HEAD when verify ran
+    started: str = ""            # when verify ran: UTC, ISO 8601 ("2026-11-26T01:30:00Z")
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -104,7 +109,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "backend": self.backend, "world_size": self.world_size, "tp": self.tp, "pp": self.pp, "dp": self.dp,
-               "tree": self.tree, "hip_sim": self.hip_sim, "env": self.env, "launcher": self.launcher,
+               "tree": self.tree, "line": self.line, "commit": self.commit, "started": self.started, "hip_sim": self.hip_sim, "env": self.env, "launcher": self.launcher,
                "stages": [s.to_dict() for s in self.stages], "training": self.training, "port_sites": self.port_sites}
         if self.functional:
             out["functional"] = self.functional
@@ -113,6 +118,15 @@ class VerifyReport:
         if self.bridge_port_sites is not None:
             out["bridge_port_sites"] = self.bridge_port_sites
         return out
+
+
+def tree_identity(tree: Path) -> tuple[str | None, str | None]:
+    """The release line the tree was ported for (its series' directory, "v0.19") and its HEAD commit;
+    None for what is not known (a tree `rocmport apply` did not make, a tree that is not a git repository)."""
+    state = wt.read_state(tree)
+    line = Path(state.series).parent.name if state and state.series else None
+    head = run_git("rev-parse", "HEAD", cwd=tree, check=False).stdout.strip() if (tree / ".git").exists() else ""
+    return line, head or None
 
 
 def check_sizes(tp: int, pp: int, iters: int) -> None:
@@ -180,7 +194,9 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             extra.update(hip_sim.child_env(hip_version))
     applied_launch_env = environment.launcher_env_for(env_info) or hip_sim.launcher_env(hip_version)
     extra.update(applied_launch_env)
-    report = VerifyReport(mode=mode, backend=backend, world_size=world, tp=tp, pp=pp, dp=dp, tree=str(tree),
+    line, commit = tree_identity(tree)
+    report = VerifyReport(mode=mode, backend=backend, world_size=world, tp=tp, pp=pp, dp=dp, tree=str(tree), line=line, commit=commit,
+                          started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                           hip_sim=hip_sim.summary(hip_version),
                           env={**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
                                "components": _component_versions(tree)},

@@ -501,7 +501,13 @@ def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...
             elif again == "hung" and b in ("passed", "skipped"):
                 lab, text = "port-regression", "hangs on the port (alone too); passes on the unported tree"
             else:
-                lab, text = "unverified", f"hung; alone: {again or 'not rerun'}; unported tree: {b or 'no outcome'}"
+                alone_words = {"failed": "failed when rerun alone", "error": "errored when rerun alone", "hung": "hung again when rerun alone",
+                               "skipped": "was skipped when rerun alone"}.get(again or "", "was not rerun alone")
+                base_words = ("the unported tree has no outcome for it" if not b
+                              else "the unported tree hung in it too" if nodeid in base.get("hung", [])
+                              else f"the unported tree {b} it without hanging" if b in ("failed", "passed", "skipped")
+                              else f"on the unported tree: {b}")
+                lab, text = "unverified", f"it hung in the suite and {alone_words}; {base_words}"
         elif b in ("passed", "skipped"):
             lab, text = "port-regression", f"{b} on the unported tree"
         elif b in ("failed", "error"):
