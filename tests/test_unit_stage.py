@@ -388,7 +388,7 @@ def test_injected_port_bug_is_a_port_regression_and_exit_1(tmp_path, capsys):
     tree, base = upstream_repo(tmp_path / "up")
     g(tree, "checkout", "-q", base, "--", "megatron")  # the port as it should be: no bug
     wt.write_state(tree, wt.ApplyState(status="done", base=base))
-    args = ["verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2", "--unit-test", "tests/unit_tests/test_ops.py",
+    args = ["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2", "--unit-test", "tests/unit_tests/test_ops.py",
             "--json", "--junit", str(tmp_path / "j.xml")]
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)["stages"][2]

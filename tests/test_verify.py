@@ -127,7 +127,7 @@ def test_verify_without_torch_is_bad_input_naming_the_fix(tmp_path, capsys, monk
 def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     # A tree whose RNG internals differ from what the proxy shim knows.
     tree = minimal_tree(tmp_path / "t", "def model_parallel_cuda_manual_seed(seed):\n    pass\n")
-    rc = main(["verify", "--tree", str(tree), "--json", "--junit", str(tmp_path / "j.xml")])
+    rc = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json", "--junit", str(tmp_path / "j.xml")])
     data = json.loads(capsys.readouterr().out)
     assert rc == 0, data
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
@@ -144,6 +144,10 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     assert data["hip_sim"]["version"] == hip_sim.DEFAULT_VERSION and data["hip_sim"]["arch"] == "gfx942"
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
     assert suite.get("tests") == "5" and suite.get("skipped") == "4" and suite.get("failures") == "0"
+    # Without --report the report is written all the same: build/verify/<tree's name, no line>-<UTC time>.json, and last.json.
+    written = json.loads((tmp_path / "build" / "verify" / "last.json").read_text())["report"]
+    assert Path(written).parent == tmp_path / "build" / "verify" and Path(written).name.startswith("t-20")
+    assert json.loads(Path(written).read_text()) == data and data["line"] is None and data["commit"] is None
 
 
 @pytest.mark.torch
@@ -151,7 +155,7 @@ def test_import_failure_names_chain(tmp_path, capsys):
     tree = minimal_tree(tmp_path / "t")
     (tree / "megatron/core/__init__.py").write_text("from megatron.core import inner\n")
     (tree / "megatron/core/inner.py").write_text("import modelopt.torch.opt\n")
-    assert main(["verify", "--tree", str(tree), "--json"]) == 1
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     imports, training, *rest = data["stages"]
     assert imports["status"] == "fail" and training["status"] == "skipped" and "stage 1" in training["reason"]
@@ -399,3 +403,68 @@ def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
     assert summary.verdict(d).startswith("tree /p/build/megatron-lm: 1 of 5 stages pass; blocking: imports (megatron.core: "
                                          "ModuleNotFoundError: No module named 'modelopt')")
     assert summary.blocking_lines(d) == ["imports: stage failed", f"    {r.stages[0].reason}"]
+
+
+@pytest.fixture
+def canned_run(monkeypatch):
+    """verify's command with its run replaced by a report (the writing and printing are real)."""
+    import rocmport.commands.verify as cmd
+
+    made = {}
+
+    def use(r):
+        made["report"] = r
+        monkeypatch.setattr(cmd, "prepare", lambda *a, **k: None)
+        monkeypatch.setattr(cmd, "run_verify", lambda opts: made["report"])
+        return r
+    return use
+
+
+def test_the_report_is_always_written_and_status_shows_the_last_verify(tmp_path, capsys, canned_run):
+    r = canned_run(a_v019_report())
+    project = tmp_path / "project"
+    assert main(["-C", str(project), "verify"]) == 1  # unit-tests failed
+    out, err = capsys.readouterr()
+    path = project / "build" / "verify" / "v0.19-20261126T013000Z.json"
+    assert json.loads(path.read_text()) == r.to_dict()
+    assert f"report: {path}" in err.splitlines() and f"in the report, {path}" in out
+    last = json.loads((project / "build" / "verify" / "last.json").read_text())
+    assert last["report"] == str(path) and last["verdict"] == out.splitlines()[0]
+    # --report PATH still works; last.json follows it.
+    assert main(["-C", str(project), "verify", "--report", str(tmp_path / "mine.json")]) == 1
+    assert json.loads((tmp_path / "mine.json").read_text())["commit"] == "abc123"
+    assert json.loads((project / "build" / "verify" / "last.json").read_text())["report"] == str(tmp_path / "mine.json")
+    capsys.readouterr()
+    assert main(["-C", str(project), "status"]) == 0
+    err = capsys.readouterr().err
+    assert f"last verify: 2026-11-26T01:30:00Z UTC, v0.19 port at abc123; report {tmp_path / 'mine.json'}" in err
+    assert "  v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; blocking: unit-tests" in err
+    assert main(["-C", str(project), "status", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["last_verify"]
+    assert (data["started"], data["commit"], data["line"], data["failed"]) == ("2026-11-26T01:30:00Z", "abc123", "v0.19", ["unit-tests"])
+    assert data["verdict"].startswith("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass")
+    assert main(["-C", str(tmp_path / "elsewhere"), "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_verify"] is None
+
+
+def test_a_report_path_that_cannot_be_written_loses_nothing_else(tmp_path, capsys, canned_run):
+    r = a_v019_report()
+    r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)
+    canned_run(r)
+    (tmp_path / "a-file").write_text("")
+    bad = tmp_path / "a-file" / "report.json"  # under a file: the OS says no
+    assert main(["-C", str(tmp_path / "project"), "verify", "--report", str(bad), "--junit", str(tmp_path / "j.xml")]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("v0.19 port (CPU proxy, not a GPU result): 3 of 5 stages pass")  # the summary printed
+    assert [ln for ln in err.splitlines() if "error" in ln] == [
+        f"rocmport: error: the report could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory"]
+    assert ET.parse(tmp_path / "j.xml").getroot().find("testsuite").get("tests") == "5"  # the JUnit written
+    assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] is None
+    # The JUnit path failing instead: the report and the summary are still there.
+    assert main(["-C", str(tmp_path / "project"), "verify", "--report", str(tmp_path / "r.json"), "--junit", str(bad)]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads((tmp_path / "r.json").read_text())["line"] == "v0.19" and out.startswith("v0.19 port")
+    assert f"rocmport: error: the JUnit XML could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory" in err.splitlines()
+    # All written: exit 0.
+    assert main(["-C", str(tmp_path / "project"), "verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"].startswith("v0.19 port")

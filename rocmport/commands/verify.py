@@ -4,6 +4,7 @@ without any NVIDIA-only package? On GPUs: nccl (RCCL on ROCm). Without: CPU prox
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import click
 
@@ -90,7 +91,8 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="torchrun's c10d rendezvous (multi-node; node 0's address).")
 @click.option("--dry-run", is_flag=True, help="Print every launch's command line and exit without running anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in the README).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write the JSON report here (default: build/verify/<line>-<UTC time>.json; build/verify/last.json either way).")
 @click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here (a test case per stage and per upstream unit test).")
 @click.pass_obj
 def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit, no_unit, unit_tests, unit_nproc, with_functional,
@@ -129,12 +131,52 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
                 click.echo(f"# {step['stage']} (in {step['cwd']})\n{shlex.join(step['command'])}")
         return EXIT_OK
     result = run_verify(opts).to_dict()
-    if report_path:
-        report.write_json(result, report_path)
+    return _finish(result, obj["project"], report_path, junit, as_json)
+
+
+def _finish(result: dict, project: str, report_path: str | None, junit: str | None, as_json: bool) -> int:
+    """Write the report (always: --report, else build/verify/<line>-<time>.json) and last.json, the
+    JUnit XML, and print the summary, each whatever the others do: an hour's run is never lost to a
+    path that cannot be written. A write that fails is one line at the end and exit 1."""
+    problems: list[str] = []
+    target = Path(report_path) if report_path else report.default_path(Path(project), result)
+    written: Path | None = None
+    try:
+        report.write_json(result, target)
+        written = target
+    except Exception as exc:  # noqa: BLE001 (OSError, or a value JSON cannot hold): the summary still prints
+        problems.append(f"the report could not be written to {target}: {_why(exc)}")
+    try:
+        report.write_last(Path(project), result, written)
+    except Exception as exc:  # noqa: BLE001
+        message = f"the last verify could not be recorded in {report.verify_dir(Path(project)) / report.LAST}: {_why(exc)}"
+        if written:  # the report itself is safe: only `rocmport status` misses this run
+            output.warn(message)
+        else:
+            problems.append(message)
     if junit:
-        atomic_write_text(junit, report.junit_xml(result))
-    if as_json:
-        output.emit_json(result)
-    else:
-        _print_summary(result)
-    return EXIT_PROBLEM if any(s["status"] == "fail" for s in result["stages"]) else EXIT_OK
+        try:
+            atomic_write_text(junit, report.junit_xml(result))
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"the JUnit XML could not be written to {junit}: {_why(exc)}")
+    try:
+        if as_json:
+            output.emit_json(result)
+        else:
+            _print_summary(result, str(written) if written else None)
+    finally:
+        if written:
+            output.info(f"report: {written}")
+        for problem in problems:
+            click.secho(f"rocmport: error: {redact(problem)}", err=True, fg="red")
+    failed = any(s["status"] == "fail" for s in result["stages"])
+    return EXIT_PROBLEM if failed or problems else EXIT_OK
+
+
+def _why(exc: Exception) -> str:
+    """An exception in a few words: the OS's reason ("Permission denied"), else its type and message."""
+    if isinstance(exc, FileExistsError) and exc.filename:  # making its directory: a file stands in the way
+        return f"{exc.filename} is a file, not a directory"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"

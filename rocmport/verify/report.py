@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.unit_tests import BLOCKING
+
+LAST = "last.json"  # the last verify's report, in verify_dir: what `rocmport status` shows
 
 SCHEMA = """\
 {mode: "gpu" | "cpu-proxy", backend, world_size, tp, pp, dp, tree, line, commit, started,
@@ -21,6 +25,39 @@ SCHEMA = """\
 
 def write_json(report: dict, path) -> None:
     atomic_write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def verify_dir(project: Path) -> Path:
+    """Where every verify run's report goes when no --report is given, and last.json."""
+    return Path(project) / "build" / "verify"
+
+
+def default_path(project: Path, report: dict) -> Path:
+    """build/verify/<line, or the tree's directory name>-<UTC time>.json ("v0.19-20261126T013000Z.json")."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", report.get("line") or Path(report["tree"]).name) or "tree"
+    return verify_dir(project) / f"{name}-{re.sub(r'[^0-9TZ]', '', report.get('started') or '')}.json"
+
+
+def write_last(project: Path, report: dict, written: Path | None) -> Path:
+    """last.json: the report, with where it was written (None: it could not be)."""
+    path = verify_dir(project) / LAST
+    write_json({**report, "report": str(written) if written else None}, path)
+    return path
+
+
+def last_verify(project: Path) -> dict | None:
+    """What `rocmport status` shows of the last verify run here: when, the tree and its commit, the
+    verdict, the report; None when verify has not written one; {"error": ...} when it cannot be read."""
+    path = verify_dir(project) / LAST
+    if not path.is_file():
+        return None
+    try:
+        r = json.loads(path.read_text(encoding="utf-8"))
+        return {"started": r.get("started"), "tree": r["tree"], "line": r.get("line"), "commit": r.get("commit"),
+                "verdict": r.get("verdict"), "failed": [s["name"] for s in r["stages"] if s["status"] == "fail"],
+                "report": r.get("report"), "path": str(path)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"error": f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it", "path": str(path)}
 
 
 def junit_xml(report: dict) -> str:

@@ -19,7 +19,7 @@ from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
-from rocmport.verify import environment, firewall, hip_sim, stages, suite
+from rocmport.verify import environment, firewall, hip_sim, stages, suite, summary
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
@@ -117,6 +117,7 @@ class VerifyReport:
             out["bridge_training"] = self.bridge_training
         if self.bridge_port_sites is not None:
             out["bridge_port_sites"] = self.bridge_port_sites
+        out["verdict"] = summary.verdict(out)  # the summary's first line, for machines and `rocmport status` too
         return out
 
 
