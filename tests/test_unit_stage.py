@@ -4,6 +4,7 @@ merged over ranks, each failure labelled against the unported tree at the same c
 from __future__ import annotations
 
 import importlib.util
+import re
 import textwrap
 from pathlib import Path
 
@@ -698,6 +699,12 @@ def test_every_selected_file_is_accounted_for_and_one_hanging_file_cannot_starve
     assert hangs["status"] == "not-run" and hangs["hangs"] == 2 and hangs["not_run"] == ["tests/unit_tests/test_hangs.py::test_hang_3"]
     assert hangs["reason"] == "1 of its 3 tests did not run: its restart budget ran out: 2 hangs in this file, 1 restart per file"
     assert any(ln.startswith("port not run: tests/unit_tests/test_hangs.py: 1 of its 3 tests did not run") for ln in lines), lines
+    # Progress, a line per update with the elapsed time: per file, per hang and restart, per rerun alone.
+    assert any(re.fullmatch(r"port \[\d/4\] tests/unit_tests/test_a\.py: 1 passed \(rank 0\), \d+ s elapsed", ln) for ln in lines), lines
+    assert any(ln.startswith("port hung: tests/unit_tests/test_hangs.py::test_hang_2; tests/unit_tests/test_hangs.py used its 1 restarts")
+               for ln in lines), lines
+    assert any(re.fullmatch(r"port rerun alone \[1/2\] tests/unit_tests/test_hangs\.py::test_hang_1: hung, \d+ s elapsed", ln)
+               for ln in lines), lines
     # The stage: failed, the file named in its reason and its per-test list (the JSON), and the JUnit.
     assert stage.status == "fail"
     assert "in 3 of 4 files on 2 ranks" in stage.reason and "not run: tests/unit_tests/test_hangs.py (1 of its 3 tests" in stage.reason

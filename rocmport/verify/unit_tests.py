@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocmport.fsutil import atomic_write_text
+from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
 from rocmport.verify import suite
 from rocmport.verify.launcher import Launcher
@@ -75,7 +76,8 @@ def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: in
     """One torchrun of pytest, without the tests in ``done`` (ids, or `file::` for every test of a
     file); each rank's record, whether it was stopped, torchrun's crash line, and what pytest
     collected (the first rank's collected<RANK>.json; {} when none got that far). ``on_file`` is
-    called with each test file as rank 0 moves past it (and rank 0's outcomes so far)."""
+    called (each second, maybe again) with each test file rank 0 has moved past, and rank 0's
+    outcomes so far; the file rank 0 is in when the run ends is not (it may go on after a restart)."""
     cmd = pytest_command(tests, nproc, launcher)
     cmd = cmd[:-len(tests)] + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
     with tempfile.TemporaryDirectory(prefix="rocmport-unit-") as out:
@@ -103,12 +105,11 @@ def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: in
                     record = _read(rank0)
                     running = record.get("running") or []
                     now = _file(running[0]) if running else None
-                    if now and now != current:
-                        if current:
-                            on_file(current, record.get("outcomes", {}))
-                        current = now
-        if on_file and current:
-            on_file(current, _read(rank0).get("outcomes", {}))
+                    current = now or current
+                    outcomes = record.get("outcomes", {})
+                    for f in dict.fromkeys(_file(k) for k in outcomes):  # each file rank 0 has left (a fast one between two polls too)
+                        if f != current:
+                            on_file(f, outcomes)
         ranks = [r for r in (_read(p) for p in sorted(Path(out).glob("rank*.json"))) if r]
         collected = next((c for c in (_read(p) for p in sorted(Path(out).glob("collected*.json"))) if c), {})
         stdout = log.read_text(errors="replace")
@@ -289,12 +290,12 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
     files_total = len(suite.test_files(tree, tests))
     reported: set[str] = set()
 
-    def file_done(f: str, rank0: dict) -> None:
+    def file_done(f: str, rank0: dict, whose: str = "rank 0") -> None:
         if progress and f not in reported:
             reported.add(f)
             tally = Counter(v for k, v in rank0.items() if _file(k) == f)
             progress(f"[{len(reported)}/{files_total}] {f}: " + (", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or "no outcome")
-                     + " (rank 0)")
+                     + f" ({whose}), {elapsed(time.monotonic() - start)} elapsed")
 
     for chunk in _chunks(tests):
         chunk_start = time.monotonic()
@@ -362,6 +363,10 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
             file_hangs[_file(hang.nodeid)] += 1
             if file_hangs[_file(hang.nodeid)] > restarts:
                 exhausted.add(_file(hang.nodeid))
+            if progress:  # minutes may pass before the next file's line: say what the restart is for
+                progress(f"hung: {hang.nodeid}; " + (f"{_file(hang.nodeid)} used its {restarts} restarts: its other tests are not run; "
+                                                     if _file(hang.nodeid) in exhausted else "")
+                         + f"restarting without the tests that have an outcome, {elapsed(time.monotonic() - start)} elapsed")
             if collected and not any(i not in merged and i not in deselected and _file(i) not in exhausted for i in collected):
                 break  # nothing left to run: no restart
         for f in chunk_files:
@@ -369,18 +374,24 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                                 restarts, why_stopped)
             if progress and files[f].status == "not-run":
                 progress(f"not run: {f}: {files[f].reason}")
+            elif files[f].status != "not-collected":
+                file_done(f, merged, "all ranks")  # the files rank 0 was still in when its last run ended
     return {"outcomes": merged, "details": details, "kinds": kinds, "missing": missing, "ranks": ran, "timed_out": stopped,
             "hung": hung, "restarts": attempts - len(_chunks(tests)), "swaps": swaps, "unsupported": unsupported, "guards": guards, "local_spec": sorted(local_spec),
             "deselected": dict(sorted(deselected.items())), "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash,
             "files": {f: a.to_dict() for f, a in files.items()}, "restarts_per_file": restarts}
 
 
-def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher) -> dict[str, str]:
-    """Each test id run again on its own (a fresh torchrun): its outcome then."""
+def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher,
+                progress: Progress | None = None) -> dict[str, str]:
+    """Each test id run again on its own (a fresh torchrun): its outcome then. ``progress`` gets a line per test."""
     out = {}
-    for nodeid in nodeids:
+    start = time.monotonic()
+    for i, nodeid in enumerate(nodeids, 1):
         res = run_tests(tree, [nodeid], env, nproc, launcher, timeout=600, restarts=0)
         out[nodeid] = "hung" if nodeid in res["hung"] else res["outcomes"].get(nodeid, "not run")
+        if progress:
+            progress(f"rerun alone [{i}/{len(nodeids)}] {nodeid}: {out[nodeid]}, {elapsed(time.monotonic() - start)} elapsed")
     return out
 
 
@@ -419,7 +430,7 @@ def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cac
             benv = {**_swap_tree(env, tree, checkout), "ROCMPORT_BASELINE_GUARDS": "1"}
             benv.pop("ROCMPORT_PORT_SITES", None)
             result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
-            result["alone"] = rerun_alone(checkout, sorted(set(result["hung"])), benv, nproc, launcher)
+            result["alone"] = rerun_alone(checkout, sorted(set(result["hung"])), benv, nproc, launcher, progress)
         finally:
             run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
     result["overlay"] = overlay
@@ -578,7 +589,7 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
         return StageResult("unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port['unsupported']}", time.monotonic() - start)
     if not port["ranks"]:
         return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results: {port['crash']}", time.monotonic() - start)
-    port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher)
+    port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher, say)
     bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
     base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False))
     labels, why = label(port, base_result, known, blocked)
