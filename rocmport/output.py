@@ -70,12 +70,28 @@ def progress(description: str):
         info(f"... {description}: done in {elapsed(time.monotonic() - start)}")
 
 
+KEY_WIDTH = 56  # the first (key) column stays whole up to this width, however narrow the terminal
+
+
+def build_table(headers: list[str], rows: list[list], title: str | None = None):
+    """The rich Table of ``rows``. Its first column is the key (a patch, a stage, a component): on a
+    narrow terminal (80 columns) the other columns wrap and it stays whole."""
+    from rich.table import Table
+
+    cells = [[redact(str(c)) for c in row] for row in rows]
+    t = Table(title=redact(title) if title else title, show_lines=False)
+    for i, h in enumerate(headers):
+        if i == 0:
+            t.add_column(h, no_wrap=True, min_width=min(KEY_WIDTH, max([len(h), *(len(r[0]) for r in cells if r)])))
+        else:
+            t.add_column(h)
+    for row in cells:
+        t.add_row(*row)
+    return t
+
+
 def table(headers: list[str], rows: list[list], title: str | None = None) -> None:
     """Print a table to stdout (rich when available, plain columns otherwise)."""
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(*headers, title=redact(title) if title else title, show_lines=False)
-    for row in rows:
-        t.add_row(*[redact(str(c)) for c in row])
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    Console(width=None if sys.stdout.isatty() else 160).print(build_table(headers, rows, title))

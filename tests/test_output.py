@@ -53,3 +53,16 @@ def test_on_a_terminal_a_line_goes_above_the_spinner_never_onto_it():
 
 def test_elapsed():
     assert [output.elapsed(s) for s in (0.4, 59, 125, 3725)] == ["0 s", "59 s", "2m05s", "1h02m"]
+
+
+def test_at_80_columns_the_key_column_stays_whole():
+    """A patch name in apply's table at 80 columns was cut into pieces; the other columns wrap instead."""
+    import io
+
+    from rich.console import Console
+
+    name = "0003-transformer-engine-version-gates-on-rocm.patch"
+    buf = io.StringIO()
+    Console(width=80, file=buf, color_system=None).print(output.build_table(
+        ["patch", "bucket", "offsets", "files", "detail"], [[name, "clean", "0", "megatron/core/a.py, megatron/core/b.py", "x " * 40]]))
+    assert any(name in line for line in buf.getvalue().splitlines()), buf.getvalue()
