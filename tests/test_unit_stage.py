@@ -727,3 +727,19 @@ def test_files_a_stopped_run_never_reached_are_not_run_with_the_time_limit(tmp_p
     for f in files:
         assert res["files"][f]["status"] == "not-run"
         assert "the run was stopped at its time limit (20 s for up to 16 test files)" in res["files"][f]["reason"], res["files"]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_file_under_a_conftest_that_does_not_import_is_not_run_with_that_error(tmp_path, child_env):
+    """A directory selected whole (like `--unit-tests all`) whose sub-directory's conftest.py fails:
+    the files there have no outcome, and say why; the others run."""
+    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n"})
+    (tree / "tests" / "unit_tests" / "sub").mkdir()
+    (tree / "tests" / "unit_tests" / "sub" / "conftest.py").write_text("raise RuntimeError('conftest broken')\n")
+    (tree / "tests" / "unit_tests" / "sub" / "test_s.py").write_text("def test_s():\n    pass\n")
+    res = run_tests(tree, ["tests/unit_tests"], child_env(tree), nproc=2)
+    assert res["files"]["tests/unit_tests/test_a.py"]["status"] == "ran"
+    sub = res["files"]["tests/unit_tests/sub/test_s.py"]
+    assert sub["status"] == "not-run" and "a collection error in tests/unit_tests/sub" in sub["reason"], res["files"]
+    assert "conftest broken" in sub["reason"]

@@ -244,13 +244,17 @@ def _account(f: str, explicit: bool, merged: dict[str, str], details: dict[str, 
                                 else "all its tests deselected as upstream's CI does" if any(_file(d) == f for d in deselected)
                                 else "pytest collected no tests from it")
         return FileRun("ran", counts, hangs, none)
-    if not left and why_stopped == "" and not explicit and modules:
+    # a conftest.py above it that does not import: pytest records the error on its directory
+    above = next((k for k, v in merged.items() if v == "error" and k != f and f.startswith(k.removesuffix("conftest.py").rstrip("/") + "/")), None)
+    if not left and why_stopped == "" and not explicit and modules and not above:
         return FileRun("not-collected", counts, hangs, "pytest did not collect it (upstream's pytest configuration leaves it out)")
     if exhausted:
         why = (f"its restart budget ran out: {hangs} hangs in this file, {restarts} restart{'s' if restarts != 1 else ''} "
                f"per file")
     elif why_stopped:
         why = why_stopped
+    elif above:
+        why = f"a collection error in {above}: {details.get(above, '')}"[:300]
     elif f not in modules:
         why = "pytest never collected it"
     else:
