@@ -743,3 +743,13 @@ def test_a_file_under_a_conftest_that_does_not_import_is_not_run_with_that_error
     sub = res["files"]["tests/unit_tests/sub/test_s.py"]
     assert sub["status"] == "not-run" and "a collection error in tests/unit_tests/sub" in sub["reason"], res["files"]
     assert "conftest broken" in sub["reason"]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_conftest_that_stops_pytest_fails_the_stage_naming_every_file_not_run(tmp_path, child_env):
+    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n", "conftest.py": "raise RuntimeError('conftest broken')\n"})
+    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_a.py"], 2, {}, tmp_path / "cache", None, blocked=BLOCKED)
+    assert res.status == "fail" and "(none of the 1 selected files ran)" in res.reason and "conftest" in res.reason, res.reason
+    account = res.details["files"]["tests/unit_tests/test_a.py"]
+    assert account["status"] == "not-run" and "pytest under torchrun recorded nothing" in account["reason"], account

@@ -592,7 +592,8 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
     if port["unsupported"]:
         return StageResult("unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port['unsupported']}", time.monotonic() - start)
     if not port["ranks"]:
-        return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results: {port['crash']}", time.monotonic() - start)
+        return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results (none of the {len(port['files'])} selected "
+                                               f"files ran): {port['crash']}", time.monotonic() - start, {"tests": tests, "files": port["files"]})
     port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher, say)
     bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
     base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False))
