@@ -447,6 +447,13 @@ def test_the_report_is_always_written_and_status_shows_the_last_verify(tmp_path,
     assert json.loads(capsys.readouterr().out)["last_verify"] is None
 
 
+def test_last_json_names_the_report_absolutely_from_a_relative_project(tmp_path, capsys, canned_run, monkeypatch):
+    canned_run(a_v019_report())
+    monkeypatch.chdir(tmp_path)
+    assert main(["-C", "project", "verify", "--report", "r.json"]) == 1
+    assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] == str(tmp_path / "r.json")
+
+
 def test_a_report_path_that_cannot_be_written_loses_nothing_else(tmp_path, capsys, canned_run):
     r = a_v019_report()
     r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)

@@ -114,7 +114,9 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
     Stage 5 bridge: Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains.
     Without a GPU every stage runs on the CPU proxy with the HIP simulation (torch built for ROCm,
     an MI300X): --no-hip-sim for the CUDA path. Stages that do not apply are listed as skipped.
-    Exit: 0 no stage failed, 1 a stage failed, 2 bad input.
+    The report is always written (--report, else build/verify/<line>-<UTC time>.json) with
+    build/verify/last.json, which `rocmport status` shows.
+    Exit: 0 no stage failed, 1 a stage failed or a report could not be written, 2 bad input.
     """
     settings = load_settings(obj["project"])
     opts = prepare(settings, tree, tp=tp, pp=pp, dp=dp, nproc=nproc, iters=iters, backend=backend,
@@ -139,7 +141,8 @@ def _finish(result: dict, project: str, report_path: str | None, junit: str | No
     JUnit XML, and print the summary, each whatever the others do: an hour's run is never lost to a
     path that cannot be written. A write that fails is one line at the end and exit 1."""
     problems: list[str] = []
-    target = Path(report_path) if report_path else report.default_path(Path(project), result)
+    root = Path(project).resolve()  # last.json names the report absolutely: `status` may run from anywhere
+    target = Path(report_path).resolve() if report_path else report.default_path(root, result)
     written: Path | None = None
     try:
         report.write_json(result, target)
@@ -147,9 +150,9 @@ def _finish(result: dict, project: str, report_path: str | None, junit: str | No
     except Exception as exc:  # noqa: BLE001 (OSError, or a value JSON cannot hold): the summary still prints
         problems.append(f"the report could not be written to {target}: {_why(exc)}")
     try:
-        report.write_last(Path(project), result, written)
+        report.write_last(root, result, written)
     except Exception as exc:  # noqa: BLE001
-        message = f"the last verify could not be recorded in {report.verify_dir(Path(project)) / report.LAST}: {_why(exc)}"
+        message = f"the last verify could not be recorded in {report.verify_dir(root) / report.LAST}: {_why(exc)}"
         if written:  # the report itself is safe: only `rocmport status` misses this run
             output.warn(message)
         else:
