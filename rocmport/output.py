@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import contextmanager
 
 import click
@@ -18,34 +19,79 @@ def emit_json(data) -> None:
     click.echo(redact(json.dumps(data, indent=2, sort_keys=True, default=str)))
 
 
+# The consoles whose live line (a spinner) is on the terminal now: a line printed meanwhile goes
+# through the innermost, above its spinner, never glued onto the spinner's line.
+_LIVE: list = []
+
+
 def info(msg: str) -> None:
     """A line for the human reader, on stderr so --json stdout stays clean."""
-    click.echo(redact(msg), err=True)
+    if _LIVE:
+        _LIVE[-1].print(redact(msg), markup=False, highlight=False, soft_wrap=True)
+    else:
+        click.echo(redact(msg), err=True)
 
 
 def warn(msg: str) -> None:
-    click.secho(f"warning: {redact(msg)}", err=True, fg="yellow")
+    if _LIVE:
+        _LIVE[-1].print(f"warning: {redact(msg)}", style="yellow", markup=False, highlight=False, soft_wrap=True)
+    else:
+        click.secho(f"warning: {redact(msg)}", err=True, fg="yellow")
+
+
+def elapsed(seconds: float) -> str:
+    """"7 s", "2m05s", "1h02m": how long a step has run."""
+    s = int(seconds)
+    return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 @contextmanager
 def progress(description: str):
-    """A spinner on a TTY, a plain log line otherwise (automation gets no live terminal UI)."""
+    """A spinner with the elapsed time on a TTY (lines printed meanwhile go above it); otherwise
+    (automation gets no live terminal UI) a plain log line when the step starts and one with its
+    elapsed time when it ends."""
+    start = time.monotonic()
     if sys.stderr.isatty():
         from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        with Console(stderr=True).status(redact(description)):
-            yield
+        console = Console(stderr=True)
+        with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=console,
+                      transient=True) as bar:
+            bar.add_task(redact(description), total=None)
+            _LIVE.append(console)
+            try:
+                yield
+            finally:
+                _LIVE.remove(console)
     else:
         info(f"... {description}")
         yield
+        info(f"... {description}: done in {elapsed(time.monotonic() - start)}")
+
+
+KEY_WIDTH = 56  # the first (key) column stays whole up to this width, however narrow the terminal
+
+
+def build_table(headers: list[str], rows: list[list], title: str | None = None):
+    """The rich Table of ``rows``. Its first column is the key (a patch, a stage, a component): on a
+    narrow terminal (80 columns) the other columns wrap and it stays whole."""
+    from rich.table import Table
+
+    cells = [[redact(str(c)) for c in row] for row in rows]
+    t = Table(title=redact(title) if title else title, show_lines=False)
+    for i, h in enumerate(headers):
+        if i == 0:
+            t.add_column(h, no_wrap=True, min_width=min(KEY_WIDTH, max([len(h), *(len(r[0]) for r in cells if r)])))
+        else:
+            t.add_column(h)
+    for row in cells:
+        t.add_row(*row)
+    return t
 
 
 def table(headers: list[str], rows: list[list], title: str | None = None) -> None:
     """Print a table to stdout (rich when available, plain columns otherwise)."""
     from rich.console import Console
-    from rich.table import Table
 
-    t = Table(*headers, title=redact(title) if title else title, show_lines=False)
-    for row in rows:
-        t.add_row(*[redact(str(c)) for c in row])
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    Console(width=None if sys.stdout.isatty() else 160).print(build_table(headers, rows, title))

@@ -93,3 +93,48 @@ def test_import_failure_from_a_dependency_outside_bridge_s_declared_range_says_e
     other = _bridge_tree(tmp_path / "other", "import modelopt.torch.opt  # an unguarded NVIDIA-only import\n", pyproject)
     result, _ = stage_bridge(other, _env(tmp_path, mlm), 1, 1, 1, 2)
     assert result.status == "fail" and "environment problem" not in result.reason and "(missing: modelopt" in result.reason
+
+
+def test_the_readme_s_python_3_12_block_installs_the_pins_stage_5_suggests():
+    """One source (BRIDGE_PINS): the README's 3.12 block runs as written for Bridge v0.5+, and its pin
+    is what stage 5 suggests (v0.19: the README said >=5.8.1,<5.9, stage 5 <=5.12.1,>=5.8)."""
+    import re
+
+    from rocmport.verify.bridge_stage import BRIDGE_PINS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Python 3.12 for v0.17 and later", 1)[1].split("\n### ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    pins = [line for line in block.splitlines() if "transformers" in line]
+    assert len(pins) == 1 and tuple(re.findall(r"'([^']+)'", pins[0].split("#")[0])) == BRIDGE_PINS
+    assert block.index("transformers") < block.index("rocmport verify")  # installed before verify runs
+    assert all(f"'{p}'" in section.split("```", 2)[2] for p in BRIDGE_PINS)  # the prose below says the same
+
+
+def test_stage_5_suggests_the_readme_s_pin_when_bridge_s_declared_range_admits_it(tmp_path):
+    """v0.19's Bridge declares transformers>=5.8,<=5.12.1; with a transformers outside it the stage says
+    the environment is at fault and gives the README's command; a range the pin is outside of
+    (Bridge v0.3's <5) gets its own declared range."""
+    import pytest
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    from rocmport.verify.bridge_stage import BRIDGE_PINS
+
+    try:
+        installed = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        pytest.skip("transformers is not installed (the [bridge] extra)")
+    if SpecifierSet(">=5.8,<=5.12.1").contains(installed):
+        pytest.skip(f"transformers {installed} is inside v0.19's range: nothing to blame")
+    mlm = tmp_path / "megatron-lm"
+    (mlm / "megatron").mkdir(parents=True)
+    gone = "import transformers.rocmport_gone_module  # as Bridge imports a module a newer transformers removed\n"
+    for declared, wanted in (("transformers>=5.8,<=5.12.1", " ".join(f"'{p}'" for p in BRIDGE_PINS)), ("transformers<5", "'transformers<5'")):
+        tree = _bridge_tree(tmp_path / declared.replace("<", "lt").replace(">", "gt").replace(",", "_").replace("=", "e"), gone,
+                            f'[project]\nname = "megatron-bridge"\ndependencies = ["{declared}"]\n')
+        result, _ = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
+        assert result.status == "fail" and f"an environment problem: transformers {installed} is installed" in result.reason, result.reason
+        assert f"-m pip install {wanted}`" in result.reason
+        assert ("the README's pin" in result.reason) == (declared != "transformers<5")

@@ -233,7 +233,7 @@ def test_verify_reports_the_component_versions_in_its_env(tmp_path, monkeypatch,
     site = tmp_path / "site"
     fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx942"])
     monkeypatch.syspath_prepend(str(site))
-    assert main(["verify", "--tree", str(tree), "--json", "--no-unit-tests", "--no-functional"]) == 1
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json", "--no-unit-tests", "--no-functional"]) == 1
     env = json.loads(capsys.readouterr().out)["env"]
     assert env["components"]["flash_attn"] == {"version": "2.8.0.post2", "status": "ok"}
     assert env["components"]["transformer_engine"] == {"version": None, "status": "missing"}

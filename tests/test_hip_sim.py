@@ -116,13 +116,13 @@ def test_stage_1_process_sees_the_simulation(tmp_path, capsys):
     (tree / "megatron" / "core" / "__init__.py").write_text(
         "import json, os, torch\nfrom torch.utils import cpp_extension as ce\n"
         f"json.dump([torch.version.hip, torch.version.cuda, ce.IS_HIP_EXTENSION, os.environ.get('NVTE_FUSED_ATTN')], open({str(seen)!r}, 'w'))\n")
-    assert main(["verify", "--tree", str(tree), "--stages", "1", "--json", "--hip-version", "6.4.43482-0f2d60242"]) == 0
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--json", "--hip-version", "6.4.43482-0f2d60242"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert json.loads(seen.read_text()) == ["6.4.43482-0f2d60242", None, True, "1"]
     assert data["hip_sim"] == {"version": "6.4.43482-0f2d60242", "arch": "gfx942", "device": "AMD Instinct MI300X"}
     assert [s["status"] for s in data["stages"]] == ["pass", "skipped", "skipped", "skipped", "skipped"]
     assert data["stages"][1]["reason"] == "not selected (--stages)"
-    assert main(["verify", "--tree", str(tree), "--stages", "1", "--json", "--no-hip-sim"]) == 0
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--json", "--no-hip-sim"]) == 0
     data = json.loads(capsys.readouterr().out)
     # The CUDA path as the interpreter has it: a CPU build's cuda is None, PyPI's CUDA build's its version.
     import torch

@@ -4,6 +4,7 @@ merged over ranks, each failure labelled against the unported tree at the same c
 from __future__ import annotations
 
 import importlib.util
+import re
 import textwrap
 from pathlib import Path
 
@@ -171,6 +172,14 @@ def test_label_rules():
     assert why["f.py"] == "the ordinary package yaml is not installed"
     assert why["a.py::rope"] == "fails the same way on the unported tree: it needs transformer_engine, which the firewall removes here"
     assert why["a.py::nvrx"].endswith("it needs nvidia_resiliency_ext, which the firewall removes here")
+    # v0.19's one unverified test read "hung; alone: failed; unported tree: failed": the same, in words.
+    port["alone"]["a.py::hang3"] = "failed"
+    labels, why = label(port, base, {})
+    assert labels["a.py::hang3"] == "unverified"
+    assert why["a.py::hang3"] == "it hung in the suite and failed when rerun alone; the unported tree passed it without hanging"
+    base["outcomes"]["a.py::hang3"] = "failed"
+    assert label(port, base, {})[1]["a.py::hang3"] == ("it hung in the suite and failed when rerun alone; "
+                                                       "the unported tree failed it without hanging")
 
 
 def test_missing_test_file_and_no_tests_dir(tmp_path, child_env):
@@ -257,7 +266,8 @@ def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, 
     # hangs too -> failed.
     assert ids == {"test_first": "passed", "test_collective_only_rank_one_enters": "failed", "test_after_the_hang": "passed",
                    "test_sleeps_forever": "failed"}, res
-    assert res["restarts"] >= 2 and not res["timed_out"]
+    assert res["restarts"] >= 1 and not res["timed_out"]  # no restart after the last test's hang: nothing is left to run
+    assert res["files"]["tests/unit_tests/test_hangs.py"]["status"] == "ran"
     assert [h.split("::")[1] for h in res["hung"]] == ["test_collective_only_rank_one_enters", "test_sleeps_forever"]
     assert "hung: no result after 6 s on rank 1" in res["details"]["tests/unit_tests/test_hangs.py::test_collective_only_rank_one_enters"]
     # A run stopped from outside keeps what ran and fails the test that was running.
@@ -379,7 +389,7 @@ def test_injected_port_bug_is_a_port_regression_and_exit_1(tmp_path, capsys):
     tree, base = upstream_repo(tmp_path / "up")
     g(tree, "checkout", "-q", base, "--", "megatron")  # the port as it should be: no bug
     wt.write_state(tree, wt.ApplyState(status="done", base=base))
-    args = ["verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2", "--unit-test", "tests/unit_tests/test_ops.py",
+    args = ["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2", "--unit-test", "tests/unit_tests/test_ops.py",
             "--json", "--junit", str(tmp_path / "j.xml")]
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)["stages"][2]
@@ -636,3 +646,110 @@ def test_crash_line_names_pytests_own_error():
     assert _crash_line(log) == ("ImportError while loading conftest '/t/tests/unit_tests/conftest.py'. E   ImportError: cannot "
                                 "import name 'get_oldest_release_and_assets' from 'tests.test_utils...'")
     assert _crash_line("a\nlast line\n\n") == "last line"
+
+
+def _account_tree(root: Path, files: dict[str, str]) -> Path:
+    """A tree with tests/unit_tests holding ``files`` (name -> source), nothing else."""
+    (root / "tests" / "unit_tests").mkdir(parents=True)
+    for name, text in files.items():
+        (root / "tests" / "unit_tests" / name).write_text(textwrap.dedent(text))
+    return root
+
+
+HANGS_THRICE = """\
+    import time
+
+    def test_hang_1():
+        time.sleep(3600)
+
+    def test_hang_2():
+        time.sleep(3600)
+
+    def test_hang_3():
+        time.sleep(3600)
+    """
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_every_selected_file_is_accounted_for_and_one_hanging_file_cannot_starve_the_others(tmp_path, child_env):
+    """v0.19: seven hangs in test_attention.py used up the restart budget of its group of files and
+    five of the seven files never ran, while the stage said "in 7 files". The budget is per file:
+    the file that keeps hanging stops (named, not run, with which budget ran out, failing the
+    stage) and the files after it still run; a module that does not import is accounted for too."""
+    from rocmport.verify import report
+
+    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n", "test_hangs.py": HANGS_THRICE,
+                                           "test_broken.py": "raise RuntimeError('broken at import')\n",
+                                           "test_c.py": "def test_c():\n    pass\n"})
+    files = [f"tests/unit_tests/{n}" for n in ("test_a.py", "test_hangs.py", "test_broken.py", "test_c.py")]
+    env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "4"}
+    lines: list[str] = []
+    stage = stage_unit_tests(tree, env, files, 2, {}, tmp_path / "cache", None, blocked=BLOCKED, progress=lines.append, restarts=1)
+    d = stage.to_dict()
+    # The file after the one that hangs ran: the hanging file used its own budget, not theirs.
+    assert d["outcomes"]["tests/unit_tests/test_c.py::test_c"] == "passed", d
+    accounts = d["files"]
+    assert list(accounts) == files
+    assert accounts["tests/unit_tests/test_a.py"] == {"status": "ran", "counts": {"passed": 1}, "hangs": 0, "reason": "", "not_run": []}
+    assert accounts["tests/unit_tests/test_c.py"]["status"] == "ran"
+    assert accounts["tests/unit_tests/test_broken.py"]["status"] == "collection-error"
+    assert "RuntimeError: broken at import" in accounts["tests/unit_tests/test_broken.py"]["reason"]
+    hangs = accounts["tests/unit_tests/test_hangs.py"]
+    assert hangs["status"] == "not-run" and hangs["hangs"] == 2 and hangs["not_run"] == ["tests/unit_tests/test_hangs.py::test_hang_3"]
+    assert hangs["reason"] == "1 of its 3 tests did not run: its restart budget ran out: 2 hangs in this file, 1 restart per file"
+    assert any(ln.startswith("port not run: tests/unit_tests/test_hangs.py: 1 of its 3 tests did not run") for ln in lines), lines
+    # Progress, a line per update with the elapsed time: per file, per hang and restart, per rerun alone.
+    assert any(re.fullmatch(r"port \[\d/4\] tests/unit_tests/test_a\.py: 1 passed \(rank 0\), \d+ s elapsed", ln) for ln in lines), lines
+    assert any(ln.startswith("port hung: tests/unit_tests/test_hangs.py::test_hang_2; tests/unit_tests/test_hangs.py used its 1 restarts")
+               for ln in lines), lines
+    assert any(re.fullmatch(r"port rerun alone \[1/2\] tests/unit_tests/test_hangs\.py::test_hang_1: hung, \d+ s elapsed", ln)
+               for ln in lines), lines
+    # The stage: failed, the file named in its reason and its per-test list (the JSON), and the JUnit.
+    assert stage.status == "fail"
+    assert "in 3 of 4 files on 2 ranks" in stage.reason and "not run: tests/unit_tests/test_hangs.py (1 of its 3 tests" in stage.reason
+    assert "restart budget 1 per test file" in stage.reason
+    assert d["labels"]["tests/unit_tests/test_hangs.py"] == "not-run" and d["restarts_per_file"] == 1
+    junit = report.junit_xml({"mode": "cpu-proxy", "stages": [d]})
+    assert 'type="not-run"' in junit and 'file="tests/unit_tests/test_hangs.py"' in junit
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_files_a_stopped_run_never_reached_are_not_run_with_the_time_limit(tmp_path, child_env):
+    """A module whose import hangs (no test started, so no watchdog): the run stops at its time
+    limit and every file of its group is named as not run, for that reason."""
+    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n",
+                                           "test_sleeps_on_import.py": "import time\ntime.sleep(3600)\n\n\ndef test_x():\n    pass\n"})
+    files = ["tests/unit_tests/test_a.py", "tests/unit_tests/test_sleeps_on_import.py"]
+    res = run_tests(tree, files, child_env(tree), nproc=2, timeout=20)
+    assert res["timed_out"] and res["outcomes"] == {}
+    for f in files:
+        assert res["files"][f]["status"] == "not-run"
+        assert "the run was stopped at its time limit (20 s for up to 16 test files)" in res["files"][f]["reason"], res["files"]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_file_under_a_conftest_that_does_not_import_is_not_run_with_that_error(tmp_path, child_env):
+    """A directory selected whole (like `--unit-tests all`) whose sub-directory's conftest.py fails:
+    the files there have no outcome, and say why; the others run."""
+    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n"})
+    (tree / "tests" / "unit_tests" / "sub").mkdir()
+    (tree / "tests" / "unit_tests" / "sub" / "conftest.py").write_text("raise RuntimeError('conftest broken')\n")
+    (tree / "tests" / "unit_tests" / "sub" / "test_s.py").write_text("def test_s():\n    pass\n")
+    res = run_tests(tree, ["tests/unit_tests"], child_env(tree), nproc=2)
+    assert res["files"]["tests/unit_tests/test_a.py"]["status"] == "ran"
+    sub = res["files"]["tests/unit_tests/sub/test_s.py"]
+    assert sub["status"] == "not-run" and "a collection error in tests/unit_tests/sub" in sub["reason"], res["files"]
+    assert "conftest broken" in sub["reason"]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_conftest_that_stops_pytest_fails_the_stage_naming_every_file_not_run(tmp_path, child_env):
+    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n", "conftest.py": "raise RuntimeError('conftest broken')\n"})
+    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_a.py"], 2, {}, tmp_path / "cache", None, blocked=BLOCKED)
+    assert res.status == "fail" and "(none of the 1 selected files ran)" in res.reason and "conftest" in res.reason, res.reason
+    account = res.details["files"]["tests/unit_tests/test_a.py"]
+    assert account["status"] == "not-run" and "pytest under torchrun recorded nothing" in account["reason"], account

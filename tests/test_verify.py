@@ -68,6 +68,32 @@ def test_bad_parallel_sizes(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--tp", "3", "--pp", "2"], "--tp 3: the verify model has 4 heads; use a tp that divides 4"),
+    (["--pp", "3"], "--pp 3: the verify model has 4 layers"),
+    (["--nproc", "5"], "--nproc 5 is not a multiple of tp×pp = 4"),
+    (["--dp", "1", "--nproc", "8"], "--dp 1 and --nproc 8 disagree: tp 2 × pp 2 × dp 1 = 4 processes"),
+])
+@pytest.mark.parametrize("where", ["work tree", "--tree"])
+def test_a_bad_parallel_layout_is_answered_from_the_options_alone(tmp_path, args, message, where):
+    """The real command line, in a project with no work tree, and with a tree given: the layout's
+    rules are told first (before any tree is looked for, the environment probed or torch
+    imported: that took 25 s on v0.19's tree), exit 2, nothing written."""
+    project = tmp_path / "project"
+    project.mkdir()
+    tree = ["--tree", str(minimal_tree(tmp_path / "t"))] if where == "--tree" else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    probe = "import sys, runpy; sys.argv = ['rocmport', *sys.argv[1:]]; runpy.run_module('rocmport', run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", probe, "-C", str(project), "verify", *tree, *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith(f"rocmport: error: {message}"), lines
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "torch" not in imported and "rocmport.verify.environment" in imported  # verify's modules loaded, torch not
+    assert not any(project.iterdir())  # nothing written
+
+
 def test_missing_tree_and_not_megatron(tmp_path, capsys):
     assert main(["-C", str(tmp_path), "verify"]) == 2
     assert "run `rocmport apply` first or pass --tree" in capsys.readouterr().err
@@ -101,12 +127,14 @@ def test_verify_without_torch_is_bad_input_naming_the_fix(tmp_path, capsys, monk
 def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     # A tree whose RNG internals differ from what the proxy shim knows.
     tree = minimal_tree(tmp_path / "t", "def model_parallel_cuda_manual_seed(seed):\n    pass\n")
-    rc = main(["verify", "--tree", str(tree), "--json", "--junit", str(tmp_path / "j.xml")])
+    rc = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json", "--junit", str(tmp_path / "j.xml")])
     data = json.loads(capsys.readouterr().out)
     assert rc == 0, data
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
     imports, training, unit, functional, bridge = data["stages"]
     assert imports["status"] == "pass"
+    assert imports["reason"] == ("1 module imports behind the firewall (megatron.core); "
+                                 "the tree has no megatron/training (a package-index source): not tested")
     assert training["status"] == "unsupported-in-proxy"
     assert "megatron.core.tensor_parallel.random._get_cuda_rng_state" in training["reason"]
     # Stages that do not apply to this tree are listed, with the reason, never silently absent.
@@ -116,6 +144,10 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     assert data["hip_sim"]["version"] == hip_sim.DEFAULT_VERSION and data["hip_sim"]["arch"] == "gfx942"
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
     assert suite.get("tests") == "5" and suite.get("skipped") == "4" and suite.get("failures") == "0"
+    # Without --report the report is written all the same: build/verify/<tree's name, no line>-<UTC time>.json, and last.json.
+    written = json.loads((tmp_path / "build" / "verify" / "last.json").read_text())["report"]
+    assert Path(written).parent == tmp_path / "build" / "verify" and Path(written).name.startswith("t-20")
+    assert json.loads(Path(written).read_text()) == data and data["line"] is None and data["commit"] is None
 
 
 @pytest.mark.torch
@@ -123,7 +155,7 @@ def test_import_failure_names_chain(tmp_path, capsys):
     tree = minimal_tree(tmp_path / "t")
     (tree / "megatron/core/__init__.py").write_text("from megatron.core import inner\n")
     (tree / "megatron/core/inner.py").write_text("import modelopt.torch.opt\n")
-    assert main(["verify", "--tree", str(tree), "--json"]) == 1
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     imports, training, *rest = data["stages"]
     assert imports["status"] == "fail" and training["status"] == "skipped" and "stage 1" in training["reason"]
@@ -299,3 +331,147 @@ def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):
         assert {r: d["sum"] for r, d in ranks.items()} == {0: 2.0, 1: 4.0, 2: 2.0, 3: 4.0}
         assert all(d["everyone"] == 4.0 for d in ranks.values())
         assert len({d["groups"][0] for d in ranks.values()}) == 1 and ranks[0]["groups"][1] != ranks[1]["groups"][1]
+
+
+def a_v019_report():
+    """A report shaped like v0.19's CPU-proxy run: stage 3 failed by one unverified test and one test
+    file that did not run, 5 labelled tests that do not block, stages 4 and 5 not run here."""
+    from rocmport.verify.run import VerifyReport
+
+    hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
+    labels = {hang: "unverified", "tests/unit_tests/test_utils.py": "not-run",
+              **{f"tests/unit_tests/test_x.py::test_{i}": "upstream-known" for i in range(3)},
+              **{f"tests/unit_tests/test_te.py::test_{i}": "needs-nvidia-only" for i in range(2)}}
+    unit = StageResult("unit-tests", "fail", "40 passed, 3 skipped, 6 failed (...) in 6 of 7 files on 8 ranks", 2100.0, {
+        "labels": labels,
+        "label_reasons": {hang: "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging",
+                          "tests/unit_tests/test_utils.py": "none of its 12 tests ran: its restart budget ran out: 7 hangs in this file, 6 restarts per file",
+                          **{k: "fails the same way on the unported tree" for k in labels if "test_x" in k or "test_te" in k}},
+        "failures": {hang: "hung: no result after 45 s on rank 3"},
+        "on_baseline": {hang: "failed", "tests/unit_tests/test_utils.py": "ran: 12 passed"}})
+    return VerifyReport(mode="cpu-proxy", backend="gloo", world_size=4, tp=2, pp=2, dp=1, tree="/p/build/megatron-lm",
+                        hip_sim={"version": "7.1", "arch": "gfx942", "device": "AMD Instinct MI300X"},
+                        env={"torch": "2.13", "hip": "7.1", "cuda": None, "python": "3.12", "device_count": 0}, launcher={},
+                        stages=[StageResult("imports", "pass", "3 modules import behind the firewall", 30.0),
+                                StageResult("gpt-training", "pass", "loss 4.8 -> 4.1 in 10 iterations", 60.0), unit,
+                                StageResult("functional", "skipped", "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"),
+                                StageResult("bridge", "skipped", "--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)")],
+                        port_sites={"te-version-gates": {"exercised": 0, "total": 28, "rewrites": 28, "unreached": {
+                            "megatron/core/extensions/transformer_engine.py:40 is_te_min_version": "module never imported: TE absent",
+                            "megatron/core/utils.py:12 is_te_min_version": "imported, the branch did not run"}}},
+                        line="v0.19", commit="abc123", started="2026-11-26T01:30:00Z")
+
+
+def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_blocks(capsys):
+    from rocmport.commands.verify import _print_summary
+
+    _print_summary(a_v019_report().to_dict(), "build/verify/v0.19-20261126T013000Z.json")
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == ("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; blocking: unit-tests (1 unverified test, "
+                        "1 test file not run); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)")
+    table = next(i for i, ln in enumerate(lines) if "gpt-training" in ln)
+    blocking = lines.index("blocking:")
+    assert table < blocking
+    text = "\n".join(lines[blocking:])
+    assert ("  unit-tests: unverified: tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward\n"
+            "      why it blocks: the unported tree did not fail it the same way, so it cannot be called upstream's own failure") in text
+    assert "      what happened: it hung in the suite and failed when rerun alone; the unported tree failed it without hanging" in text
+    assert "      the unported tree: failed\n" in text
+    assert ("  unit-tests: not-run: tests/unit_tests/test_utils.py\n      why it blocks: a selected test file whose tests did not all run "
+            "is never counted as passed\n      what happened: none of its 12 tests ran: its restart budget ran out: 7 hangs") in text
+    # The labelled tests that do not block: one count, not 5 entries of 4 lines each.
+    assert ("+5 more labelled tests that do not block (3 upstream-known, 2 needs-nvidia-only): each with why in the report, "
+            "build/verify/v0.19-20261126T013000Z.json") in lines
+    assert "test_x.py" not in out and "test_te.py" not in out
+    assert ("  te-version-gates: 0 of 28 rewritten sites ran; e.g. megatron/core/extensions/transformer_engine.py:40 is_te_min_version "
+            "did not: module never imported: TE absent (+1 more in the report)") in lines
+
+
+def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
+    from rocmport.verify import summary
+
+    r = a_v019_report()
+    r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)
+    r.stages[1] = StageResult("gpt-training", "unsupported-in-proxy", "proxy shim hook missing: x._get_cuda_rng_state", 1.0)
+    assert summary.verdict(r.to_dict()) == ("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; unsupported on the CPU proxy: "
+                                            "gpt-training (proxy shim hook missing: x._get_cuda_rng_state); not run here: functional "
+                                            "(the tree has no pretrain_gpt.py), bridge (--tree given)")
+    r.stages[0] = StageResult("imports", "fail", "megatron.core: ModuleNotFoundError: No module named 'modelopt'; import chain: a -> b", 1.0)
+    r.line, r.mode = None, "gpu"
+    d = r.to_dict()
+    assert summary.verdict(d).startswith("tree /p/build/megatron-lm: 1 of 5 stages pass; blocking: imports (megatron.core: "
+                                         "ModuleNotFoundError: No module named 'modelopt')")
+    assert summary.blocking_lines(d) == ["imports: stage failed", f"    {r.stages[0].reason}"]
+
+
+@pytest.fixture
+def canned_run(monkeypatch):
+    """verify's command with its run replaced by a report (the writing and printing are real)."""
+    import rocmport.commands.verify as cmd
+
+    made = {}
+
+    def use(r):
+        made["report"] = r
+        monkeypatch.setattr(cmd, "prepare", lambda *a, **k: None)
+        monkeypatch.setattr(cmd, "run_verify", lambda opts: made["report"])
+        return r
+    return use
+
+
+def test_the_report_is_always_written_and_status_shows_the_last_verify(tmp_path, capsys, canned_run):
+    r = canned_run(a_v019_report())
+    project = tmp_path / "project"
+    assert main(["-C", str(project), "verify"]) == 1  # unit-tests failed
+    out, err = capsys.readouterr()
+    path = project / "build" / "verify" / "v0.19-20261126T013000Z.json"
+    assert json.loads(path.read_text()) == r.to_dict()
+    assert f"report: {path}" in err.splitlines() and f"in the report, {path}" in out
+    last = json.loads((project / "build" / "verify" / "last.json").read_text())
+    assert last["report"] == str(path) and last["verdict"] == out.splitlines()[0]
+    # --report PATH still works; last.json follows it.
+    assert main(["-C", str(project), "verify", "--report", str(tmp_path / "mine.json")]) == 1
+    assert json.loads((tmp_path / "mine.json").read_text())["commit"] == "abc123"
+    assert json.loads((project / "build" / "verify" / "last.json").read_text())["report"] == str(tmp_path / "mine.json")
+    capsys.readouterr()
+    assert main(["-C", str(project), "status"]) == 0
+    err = capsys.readouterr().err
+    assert f"last verify: 2026-11-26T01:30:00Z UTC, v0.19 port at abc123; report {tmp_path / 'mine.json'}" in err
+    assert "  v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; blocking: unit-tests" in err
+    assert main(["-C", str(project), "status", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["last_verify"]
+    assert (data["started"], data["commit"], data["line"], data["failed"]) == ("2026-11-26T01:30:00Z", "abc123", "v0.19", ["unit-tests"])
+    assert data["verdict"].startswith("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass")
+    assert main(["-C", str(tmp_path / "elsewhere"), "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_verify"] is None
+
+
+def test_last_json_names_the_report_absolutely_from_a_relative_project(tmp_path, capsys, canned_run, monkeypatch):
+    canned_run(a_v019_report())
+    monkeypatch.chdir(tmp_path)
+    assert main(["-C", "project", "verify", "--report", "r.json"]) == 1
+    assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] == str(tmp_path / "r.json")
+
+
+def test_a_report_path_that_cannot_be_written_loses_nothing_else(tmp_path, capsys, canned_run):
+    r = a_v019_report()
+    r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)
+    canned_run(r)
+    (tmp_path / "a-file").write_text("")
+    bad = tmp_path / "a-file" / "report.json"  # under a file: the OS says no
+    assert main(["-C", str(tmp_path / "project"), "verify", "--report", str(bad), "--junit", str(tmp_path / "j.xml")]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("v0.19 port (CPU proxy, not a GPU result): 3 of 5 stages pass")  # the summary printed
+    assert [ln for ln in err.splitlines() if "error" in ln] == [
+        f"rocmport: error: the report could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory"]
+    assert ET.parse(tmp_path / "j.xml").getroot().find("testsuite").get("tests") == "5"  # the JUnit written
+    assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] is None
+    # The JUnit path failing instead: the report and the summary are still there.
+    assert main(["-C", str(tmp_path / "project"), "verify", "--report", str(tmp_path / "r.json"), "--junit", str(bad)]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads((tmp_path / "r.json").read_text())["line"] == "v0.19" and out.startswith("v0.19 port")
+    assert f"rocmport: error: the JUnit XML could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory" in err.splitlines()
+    # All written: exit 0.
+    assert main(["-C", str(tmp_path / "project"), "verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"].startswith("v0.19 port")

@@ -4,6 +4,7 @@ without any NVIDIA-only package? On GPUs: nccl (RCCL on ROCm). Without: CPU prox
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import click
 
@@ -11,13 +12,16 @@ from rocmport import output
 from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
-from rocmport.verify import hip_sim, report
+from rocmport.redact import redact
+from rocmport.verify import hip_sim, report, summary
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.port_sites import Coverage, summary_line
 from rocmport.verify.run import STAGES, launch_plan, prepare, run_verify
 
 
-def _print_summary(r: dict) -> None:
+def _print_summary(r: dict, report_path: str | None = None) -> None:
+    """The verdict in one line first, the stage table, what blocks (each with why in words), the
+    rest folded behind a count (all of it in the report), port coverage, the loss curve."""
+    click.echo(redact(summary.verdict(r)))
     if r["mode"] == "cpu-proxy":
         output.warn("CPU PROXY MODE: no GPU here; the same stages ran on CPU processes over gloo. This is not a GPU result.")
         sim = r.get("hip_sim")
@@ -34,24 +38,21 @@ def _print_summary(r: dict) -> None:
     output.info(f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
                 f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}")
     output.table(["stage", "status", "seconds", "reason"], [[s["name"], s["status"], s["seconds"], s["reason"]] for s in r["stages"]])
+    blocking = summary.blocking_lines(r)
+    if blocking:
+        click.echo("blocking:")
+        for line in blocking:
+            click.echo(redact(f"  {line}"))
+    folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
+    if folded:
+        click.echo(redact(folded))
     for stage in r["stages"]:
-        if stage["name"] == "unit-tests" and stage.get("labels"):
-            local = set(stage.get("local_spec_instead_of_te", []))
-            for nodeid, lab in sorted(stage["labels"].items()):
-                click.echo(f"{lab}: {nodeid}" + ("  (ran with the local spec in place of TE's)" if nodeid in local else ""))
-                click.echo(f"    why: {stage.get('label_reasons', {}).get(nodeid, '-')}")
-                click.echo(f"    failure: {stage['failures'].get(nodeid) or '-'}")
-                click.echo(f"    unported tree: {' '.join(stage['on_baseline'].get(nodeid, '').split())}")
         if stage["name"] == "functional" and stage.get("redirects"):
             top = sorted(stage["redirects"].items(), key=lambda kv: -kv[1])[:5]
             click.echo(f"functional: {len(stage['redirects'])} torch.cuda call sites answered on the CPU; most called: "
                        + ", ".join(f"{k} ×{v}" for k, v in top))
-    for key, title in (("port_sites", "Megatron-LM"), ("bridge_port_sites", "Megatron-Bridge")):
-        if r.get(key):
-            click.echo(f"port coverage ({title}: rewritten call sites that ran in these stages):")
-            for name, cov in r[key].items():
-                c = Coverage(cov["exercised"], cov["total"], cov.get("rewrites"), cov["unreached"], cov.get("explanation", ""))
-                click.echo(f"  {summary_line(name, c)}")
+    for line in summary.coverage_lines(r):
+        click.echo(redact(line))
     t = r["training"]
     if t.get("losses"):
         click.echo(report.loss_plot(t["losses"]))
@@ -98,7 +99,8 @@ def _print_summary(r: dict) -> None:
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="torchrun's c10d rendezvous (multi-node; node 0's address).")
 @click.option("--dry-run", is_flag=True, help="Print every launch's command line and exit without running anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in the README).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False), help="Also write the JSON report here.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False),
+              help="Write the JSON report here (default: build/verify/<line>-<UTC time>.json; build/verify/last.json either way).")
 @click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here (a test case per stage and per upstream unit test).")
 @click.pass_obj
 def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit, no_unit, unit_tests, unit_nproc, with_functional,
@@ -112,14 +114,17 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
             embeddings stay equal, and losses match a tp1/pp1 run from the same weights.
     Stage 3 unit-tests: upstream's tests (torchrun -m pytest, rocmport's plugin), each failure
             labelled against the unported tree run under the same conditions (cached by commit):
-            port-regression / unverified / missing-dependency fail the stage; upstream-known,
+            port-regression / unverified / missing-dependency, and a selected file that did not
+            run (not-run, with why), fail the stage; upstream-known,
             proxy-artifact, needs-nvidia-only, flaky and known-failure do not.
     Stage 4 functional: upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data),
             a checkpoint saved half way and resumed with equal losses, and this device kind's golden.
     Stage 5 bridge: Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains.
     Without a GPU every stage runs on the CPU proxy with the HIP simulation (torch built for ROCm,
     an MI300X): --no-hip-sim for the CUDA path. Stages that do not apply are listed as skipped.
-    Exit: 0 no stage failed, 1 a stage failed, 2 bad input.
+    The report is always written (--report, else build/verify/<line>-<UTC time>.json) with
+    build/verify/last.json, which `rocmport status` shows.
+    Exit: 0 no stage failed, 1 a stage failed or a report could not be written, 2 bad input.
     """
     settings = load_settings(obj["project"])
     opts = prepare(settings, tree, tp=settings.tp if tp is None else tp, pp=settings.pp if pp is None else pp, dp=dp, nproc=nproc, iters=iters, backend=backend,
@@ -137,12 +142,53 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
                 click.echo(f"# {step['stage']} (in {step['cwd']})\n{shlex.join(step['command'])}")
         return EXIT_OK
     result = run_verify(opts).to_dict()
-    if report_path:
-        report.write_json(result, report_path)
+    return _finish(result, obj["project"], report_path, junit, as_json)
+
+
+def _finish(result: dict, project: str, report_path: str | None, junit: str | None, as_json: bool) -> int:
+    """Write the report (always: --report, else build/verify/<line>-<time>.json) and last.json, the
+    JUnit XML, and print the summary, each whatever the others do: an hour's run is never lost to a
+    path that cannot be written. A write that fails is one line at the end and exit 1."""
+    problems: list[str] = []
+    root = Path(project).resolve()  # last.json names the report absolutely: `status` may run from anywhere
+    target = Path(report_path).resolve() if report_path else report.default_path(root, result)
+    written: Path | None = None
+    try:
+        report.write_json(result, target)
+        written = target
+    except Exception as exc:  # noqa: BLE001 (OSError, or a value JSON cannot hold): the summary still prints
+        problems.append(f"the report could not be written to {target}: {_why(exc)}")
+    try:
+        report.write_last(root, result, written)
+    except Exception as exc:  # noqa: BLE001
+        message = f"the last verify could not be recorded in {report.verify_dir(root) / report.LAST}: {_why(exc)}"
+        if written:  # the report itself is safe: only `rocmport status` misses this run
+            output.warn(message)
+        else:
+            problems.append(message)
     if junit:
-        atomic_write_text(junit, report.junit_xml(result))
-    if as_json:
-        output.emit_json(result)
-    else:
-        _print_summary(result)
-    return EXIT_PROBLEM if any(s["status"] == "fail" for s in result["stages"]) else EXIT_OK
+        try:
+            atomic_write_text(junit, report.junit_xml(result))
+        except Exception as exc:  # noqa: BLE001
+            problems.append(f"the JUnit XML could not be written to {junit}: {_why(exc)}")
+    try:
+        if as_json:
+            output.emit_json(result)
+        else:
+            _print_summary(result, str(written) if written else None)
+    finally:
+        if written:
+            output.info(f"report: {written}")
+        for problem in problems:
+            click.secho(f"rocmport: error: {redact(problem)}", err=True, fg="red")
+    failed = any(s["status"] == "fail" for s in result["stages"])
+    return EXIT_PROBLEM if failed or problems else EXIT_OK
+
+
+def _why(exc: Exception) -> str:
+    """An exception in a few words: the OS's reason ("Permission denied"), else its type and message."""
+    if isinstance(exc, FileExistsError) and exc.filename:  # making its directory: a file stands in the way
+        return f"{exc.filename} is a file, not a directory"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"

@@ -23,6 +23,12 @@ BRIDGE_MODULES = ("megatron.bridge", "megatron.bridge.models.gpt_provider", "meg
                   "megatron.bridge.training.train", "megatron.bridge.training.checkpointing", "megatron.bridge.recipes")
 
 
+# What the README's "Python 3.12" block installs for Megatron-Bridge v0.5 and later (the v0.18, v0.19
+# and main lines), its one source: a transformers range inside each of their declared ones (v0.5
+# `>=5.8.1,<5.9`, v0.6 and main `>=5.8,<=5.12.1`) and the tokenizers it works with. Where the installed
+# transformers misses Bridge's declared range and that range admits this pin, stage 5 suggests the same.
+BRIDGE_PINS = ("transformers>=5.8.1,<5.9", "tokenizers<0.23")
+
 # What verify puts on the path itself (the ported trees) or never replaces (the user's torch): a
 # version Bridge declares for these says nothing about the environment.
 PROVIDED = ("megatron-core", "megatron-bridge", "torch")
@@ -37,8 +43,23 @@ def _blame_environment(failure: dict, unmet: dict[str, dict[str, str]]) -> str:
     if not dists:
         return ""
     found = "; ".join(f"{d} {unmet[d]['installed']} is installed, Megatron-Bridge declares {unmet[d]['declared']}" for d in dists)
-    wanted = " ".join(f"'{unmet[d]['declared']}'" for d in dists)
-    return f" — an environment problem: {found} (pyproject.toml): `{sys.executable} -m pip install {wanted}`"
+    pinned = [d for d in dists if _pin_fits(d, unmet[d]["declared"])]
+    wanted = " ".join([f"'{p}'" for p in BRIDGE_PINS if pinned] + [f"'{unmet[d]['declared']}'" for d in dists if d not in pinned])
+    return (f" — an environment problem: {found} (pyproject.toml): `{sys.executable} -m pip install {wanted}`"
+            + (" (the README's pin for Megatron-Bridge v0.5+, inside that range)" if pinned else ""))
+
+
+def _pin_fits(dist: str, declared: str) -> bool:
+    """Whether BRIDGE_PINS pins ``dist`` with a range whose lowest version the declared requirement admits."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    wanted = Requirement(declared).specifier
+    for pin in map(Requirement, BRIDGE_PINS):
+        if canonicalize_name(pin.name) == dist:
+            floors = [s.version for s in pin.specifier if s.operator in (">=", "==", "~=")]
+            return bool(floors) and all(wanted.contains(v, prereleases=True) for v in floors)
+    return False
 
 
 def _modules(bridge_tree: Path) -> list[str]:

@@ -228,13 +228,3 @@ def coverage(sites: list[Site], calls: set[tuple[str, int]], modules: set[str], 
             reasons = sorted(set(cov.unreached.values()))
             cov.explanation = "none ran: " + "; ".join(reasons[:3])
     return out
-
-
-def summary_line(name: str, cov: Coverage) -> str:
-    line = f"{name}: {cov.exercised}/{cov.total} sites exercised"
-    if cov.explanation:
-        line += f" ({cov.explanation})"
-    elif cov.unreached:
-        reasons = sorted(set(cov.unreached.values()), key=lambda r: -list(cov.unreached.values()).count(r))
-        line += f"; unreached: {reasons[0]}" + (f" (+{len(reasons) - 1} other reasons)" if len(reasons) > 1 else "")
-    return line

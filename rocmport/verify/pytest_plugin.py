@@ -29,7 +29,8 @@ In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a 
 Every rank writes its outcomes to $ROCMPORT_UNIT_OUT/rank<RANK>.json after each test (a stage
 stopped from outside still shows what ran, and which test was running), with each failure's
 exception type, the module a collection error found missing, and the rank's peak threads and
-resident memory."""
+resident memory; once collected, the test ids and how each test file's collection went
+(collected<RANK>.json: the stage accounts for every selected file with it)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ _LOCAL_SPEC: list[str] = []  # tests that asked for TE's layer spec and got the 
 _PEAK = {"threads": 0, "rss_mb": 0.0, "released_groups": 0}
 _GROUPS_BEFORE: set[int] = set()
 _DESELECTED: dict[str, str] = {}  # nodeid -> the marker for which upstream's CI deselects it
+_MODULES: dict[str, str] = {}  # test file -> how its collection went: passed | skipped | failed
 
 # What upstream's CI deselects in its development environment (latest PyTorch, the one verify
 # resembles): tests/unit_tests/run_ci_test.sh runs pytest with -m "not flaky_in_dev" there.
@@ -332,6 +334,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_collection_finish(session):
     _ORDER.update((item.nodeid, i) for i, item in enumerate(session.items))
+    _write_collected(session.items)
     # Every test's teardown collects garbage (_release_groups) in a process that holds torch,
     # megatron and the collected test modules: about 0.5 million objects, 0.55 s for a full
     # collection, on each of 8 ranks sharing the machine's cores (most of a suite's time on 2
@@ -387,6 +390,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collectreport(report):
+    if "::" not in report.nodeid and report.nodeid.endswith(".py"):
+        _MODULES[report.nodeid] = report.outcome
     if report.failed:  # a module that does not even import: every test in it is an error
         _STATE[report.nodeid] = "error"
         _DETAIL[report.nodeid] = _failure_line(report.longrepr)
@@ -435,6 +440,19 @@ def pytest_sessionfinish(session, exitstatus):
     # (interrupted, usage error, internal error) still stop the run.
     if int(exitstatus) == 1:  # pytest.ExitCode.TESTS_FAILED
         session.exitstatus = 0
+
+
+def _write_collected(items) -> None:
+    """What this rank's pytest collected, once per run (not with each test's record: a whole suite's
+    ids): the stage accounts for every selected file from it (a file with tests that never got an
+    outcome did not run)."""
+    out = os.environ.get("ROCMPORT_UNIT_OUT")
+    if not out:
+        return
+    path = os.path.join(out, f"collected{os.environ.get('RANK', '0')}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"items": [item.nodeid for item in items], "modules": _MODULES}, fh)
+    os.replace(path + ".tmp", path)
 
 
 def _write(exitstatus: int | None = None) -> None:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.unit_tests import BLOCKING
 
+LAST = "last.json"  # the last verify's report, in verify_dir: what `rocmport status` shows
+
 SCHEMA = """\
-{mode: "gpu" | "cpu-proxy", backend, world_size, tp, pp, dp, tree,
+{mode: "gpu" | "cpu-proxy", backend, world_size, tp, pp, dp, tree, line, commit, started,
  hip_sim: {version, arch, device} | null,
  env: {python, torch, hip, cuda, device_count, devices, launcher_env, firewall_profile},
  launcher: {kind, nnodes, node_rank, rdzv_endpoint},
@@ -21,6 +25,39 @@ SCHEMA = """\
 
 def write_json(report: dict, path) -> None:
     atomic_write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def verify_dir(project: Path) -> Path:
+    """Where every verify run's report goes when no --report is given, and last.json."""
+    return Path(project) / "build" / "verify"
+
+
+def default_path(project: Path, report: dict) -> Path:
+    """build/verify/<line, or the tree's directory name>-<UTC time>.json ("v0.19-20261126T013000Z.json")."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", report.get("line") or Path(report["tree"]).name) or "tree"
+    return verify_dir(project) / f"{name}-{re.sub(r'[^0-9TZ]', '', report.get('started') or '')}.json"
+
+
+def write_last(project: Path, report: dict, written: Path | None) -> Path:
+    """last.json: the report, with where it was written (None: it could not be)."""
+    path = verify_dir(project) / LAST
+    write_json({**report, "report": str(written) if written else None}, path)
+    return path
+
+
+def last_verify(project: Path) -> dict | None:
+    """What `rocmport status` shows of the last verify run here: when, the tree and its commit, the
+    verdict, the report; None when verify has not written one; {"error": ...} when it cannot be read."""
+    path = verify_dir(project) / LAST
+    if not path.is_file():
+        return None
+    try:
+        r = json.loads(path.read_text(encoding="utf-8"))
+        return {"started": r.get("started"), "tree": r["tree"], "line": r.get("line"), "commit": r.get("commit"),
+                "verdict": r.get("verdict"), "failed": [s["name"] for s in r["stages"] if s["status"] == "fail"],
+                "report": r.get("report"), "path": str(path)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"error": f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it", "path": str(path)}
 
 
 def junit_xml(report: dict) -> str:
@@ -38,9 +75,11 @@ def junit_xml(report: dict) -> str:
             ET.SubElement(case, "failure", message=s["reason"][:500]).text = s["reason"]
         elif s["status"] != "pass":
             ET.SubElement(case, "skipped", message=f"{s['status']}: {s['reason']}"[:500])
-    unit = next((s for s in stages if s["name"] == "unit-tests" and s.get("outcomes")), None)
+    unit = next((s for s in stages if s["name"] == "unit-tests" and (s.get("outcomes") or s.get("files"))), None)
     if unit:
-        outcomes, labels = unit["outcomes"], unit.get("labels", {})
+        labels = unit.get("labels", {})
+        # a selected file that did not run (label not-run) is a failing case too: never left out
+        outcomes = {**unit.get("outcomes", {}), **{k: "not-run" for k, v in labels.items() if v == "not-run"}}
         failing = [k for k in outcomes if labels.get(k) in BLOCKING]
         tests = ET.SubElement(root, "testsuite", name="upstream.unit_tests", tests=str(len(outcomes)), failures=str(len(failing)),
                               skipped=str(len(outcomes) - len(failing) - sum(v == "passed" for v in outcomes.values())))

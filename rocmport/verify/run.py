@@ -7,17 +7,19 @@ from __future__ import annotations
 import re
 import tempfile
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
 from rocmport import output
 from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
 from rocmport.errors import BadInput
+from rocmport.gitutil import run_git
 from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
-from rocmport.verify import environment, firewall, hip_sim, stages, suite, te_layer
+from rocmport.verify import environment, firewall, hip_sim, stages, suite, summary, te_layer
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
@@ -97,6 +99,9 @@ class VerifyReport:
     port_sites: dict = field(default_factory=dict)
     bridge_port_sites: dict | None = None
     te: TELayer | None = None
+    line: str | None = None      # the release line of the series the tree was ported with ("v0.19"), None for another tree
+    commit: str | None = None    # the tree's HEAD when verify ran
+    started: str = ""            # when verify ran: UTC, ISO 8601 ("2026-11-26T01:30:00Z")
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -107,7 +112,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict:
         out = {"mode": self.mode, "backend": self.backend, "world_size": self.world_size, "tp": self.tp, "pp": self.pp, "dp": self.dp,
-               "tree": self.tree, "hip_sim": self.hip_sim, "env": self.env, "launcher": self.launcher,
+               "tree": self.tree, "line": self.line, "commit": self.commit, "started": self.started, "hip_sim": self.hip_sim, "env": self.env, "launcher": self.launcher,
                "stages": [s.to_dict() for s in self.stages], "training": self.training, "port_sites": self.port_sites,
                "te": self.te.to_dict() if self.te else None}
         if self.functional:
@@ -116,7 +121,17 @@ class VerifyReport:
             out["bridge_training"] = self.bridge_training
         if self.bridge_port_sites is not None:
             out["bridge_port_sites"] = self.bridge_port_sites
+        out["verdict"] = summary.verdict(out)  # the summary's first line, for machines and `rocmport status` too
         return out
+
+
+def tree_identity(tree: Path) -> tuple[str | None, str | None]:
+    """The release line the tree was ported for (its series' directory, "v0.19") and its HEAD commit;
+    None for what is not known (a tree `rocmport apply` did not make, a tree that is not a git repository)."""
+    state = wt.read_state(tree)
+    line = Path(state.series).parent.name if state and state.series else None
+    head = run_git("rev-parse", "HEAD", cwd=tree, check=False).stdout.strip() if (tree / ".git").exists() else ""
+    return line, head or None
 
 
 def check_sizes(tp: int, pp: int, iters: int) -> None:
@@ -140,10 +155,22 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
     return tuple(s for s in STAGES if s in chosen)
 
 
+def check_layout(tp: int, pp: int, dp: int | None, nproc: int | None) -> None:
+    """The parallel layout's rules, from the options alone: answered before anything is probed or
+    imported (a bad --tp is told in a fraction of a second, not after the environment's probe)."""
+    if nproc is not None and tp * pp and nproc % (tp * pp):
+        raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
+    if nproc is not None and dp is not None and tp * pp * dp != nproc:
+        raise BadInput(f"--dp {dp} and --nproc {nproc} disagree: tp {tp} × pp {pp} × dp {dp} = {tp * pp * dp} processes; give one of them")
+    if pp and LAYERS % pp:
+        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
+    if tp and HEADS % tp:
+        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
+
+
 def _dp(opts: VerifyOptions) -> int:
+    check_layout(opts.tp, opts.pp, opts.dp, opts.nproc)
     if opts.nproc is not None:
-        if opts.nproc % (opts.tp * opts.pp):
-            raise BadInput(f"--nproc {opts.nproc} is not a multiple of tp×pp = {opts.tp * opts.pp}")
         return opts.nproc // (opts.tp * opts.pp)
     return opts.dp or 1
 
@@ -155,10 +182,6 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     check_sizes(tp, pp, iters)
     dp = _dp(opts)
     world = tp * pp * dp
-    if LAYERS % pp:
-        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
-    if HEADS % tp:
-        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
     environment.check_python(tree)
     env_info = environment.probe()
     backend = opts.backend if opts.backend != "auto" else ("nccl" if env_info.has_gpu else "gloo")
@@ -183,7 +206,9 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             extra.update(hip_sim.child_env(hip_version))
     applied_launch_env = environment.launcher_env_for(env_info) or hip_sim.launcher_env(hip_version)
     extra.update(applied_launch_env)
-    report = VerifyReport(mode=mode, backend=backend, world_size=world, tp=tp, pp=pp, dp=dp, tree=str(tree),
+    line, commit = tree_identity(tree)
+    report = VerifyReport(mode=mode, backend=backend, world_size=world, tp=tp, pp=pp, dp=dp, tree=str(tree), line=line, commit=commit,
+                          started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                           hip_sim=hip_sim.summary(hip_version),
                           env={**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
                                "components": _component_versions(tree)},
@@ -402,6 +427,7 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
             hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none") -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
     check_sizes(tp, pp, iters)
+    check_layout(tp, pp, dp, nproc)  # from the options alone: before any tree is read or the environment probed
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")

@@ -21,6 +21,9 @@ guards for collection (see pytest_plugin). Labels of a failing test:
   not collected) or failed it differently. Fails the stage unless a known-failure list names it.
 - `missing-dependency`: an ordinary (non-NVIDIA) package is missing. Fails the stage, with the pip
   command (checked before the run, too).
+- `not-run` (a test file, not a test): some or all of its tests have no outcome (its restart budget,
+  RESTARTS_PER_FILE hangs, ran out; the run's time limit stopped it; pytest recorded nothing): see
+  FileRun. Fails the stage: a file is never counted as run when it was not.
 - `flaky`: hung, then passed when rerun alone, or hangs on both trees. Reported; does not fail.
 - `known-failure`: listed by the series for this mode (see suite.VerifySettings)."""
 
@@ -37,21 +40,24 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocmport.fsutil import atomic_write_text
+from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
 from rocmport.verify import suite
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 
-PLUGIN_VERSION = "14"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14: subgroups asked for on nccl get gloo)
+PLUGIN_VERSION = "15"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14: subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for)
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
+RESTARTS_PER_FILE = 6  # hangs a test file may restart its run for; past that its remaining tests are not run (and say so)
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
-LABELS = ("port-regression", "unverified", "missing-dependency", "upstream-known", "proxy-artifact", "needs-nvidia-only", "flaky",
-          "known-failure")
-BLOCKING = ("port-regression", "unverified", "missing-dependency")
+LABELS = ("port-regression", "unverified", "missing-dependency", "not-run", "upstream-known", "proxy-artifact", "needs-nvidia-only",
+          "flaky", "known-failure")
+# `not-run`: a selected test file some or all of whose tests have no outcome (FileRun): never counted as run.
+BLOCKING = ("port-regression", "unverified", "missing-dependency", "not-run")
 Progress = Callable[[str], None]
 
 
@@ -67,9 +73,11 @@ def _file(nodeid: str) -> str:
 
 def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: int, launcher: Launcher, timeout: float,
              on_file: Callable[[str, dict], None] | None = None):
-    """One torchrun of pytest, without the tests in ``done``; each rank's record and whether it
-    was stopped. ``on_file`` is called with each test file as rank 0 moves past it (and rank 0's
-    outcomes so far)."""
+    """One torchrun of pytest, without the tests in ``done`` (ids, or `file::` for every test of a
+    file); each rank's record, whether it was stopped, torchrun's crash line, and what pytest
+    collected (the first rank's collected<RANK>.json; {} when none got that far). ``on_file`` is
+    called (each second, maybe again) with each test file rank 0 has moved past, and rank 0's
+    outcomes so far; the file rank 0 is in when the run ends is not (it may go on after a restart)."""
     cmd = pytest_command(tests, nproc, launcher)
     cmd = cmd[:-len(tests)] + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
     with tempfile.TemporaryDirectory(prefix="rocmport-unit-") as out:
@@ -97,20 +105,20 @@ def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: in
                     record = _read(rank0)
                     running = record.get("running") or []
                     now = _file(running[0]) if running else None
-                    if now and now != current:
-                        if current:
-                            on_file(current, record.get("outcomes", {}))
-                        current = now
-        if on_file and current:
-            on_file(current, _read(rank0).get("outcomes", {}))
+                    current = now or current
+                    outcomes = record.get("outcomes", {})
+                    for f in dict.fromkeys(_file(k) for k in outcomes):  # each file rank 0 has left (a fast one between two polls too)
+                        if f != current:
+                            on_file(f, outcomes)
         ranks = [r for r in (_read(p) for p in sorted(Path(out).glob("rank*.json"))) if r]
+        collected = next((c for c in (_read(p) for p in sorted(Path(out).glob("collected*.json"))) if c), {})
         stdout = log.read_text(errors="replace")
         for pid in stray_processes("ROCMPORT_UNIT_OUT", out):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:  # gone meanwhile
                 pass
-    return ranks, stopped, _crash_line(stdout)
+    return ranks, stopped, _crash_line(stdout), collected
 
 
 def _crash_line(log: str) -> str:
@@ -202,12 +210,69 @@ def _first_hang(ranks: list[dict], stopped: bool, seconds: str) -> Hang | None:
     return Hang(nodeid, detail, cut)
 
 
+@dataclass(frozen=True)
+class FileRun:
+    """What stage 3 did with one selected test file. ``status``:
+
+    - ``ran``: every test pytest collected from it has an outcome (none collected: ``reason`` says so);
+    - ``collection-error``: its module does not import (an ``error`` outcome, labelled like any other);
+    - ``not-collected``: a file of a selected directory that pytest's configuration leaves out (not a failure);
+    - ``not-run``: some or all of its tests have no outcome; ``reason`` says why (its restart budget,
+      the run's time limit, pytest recording nothing) and ``not_run`` which. It fails the stage."""
+
+    status: str
+    counts: dict[str, int] = field(default_factory=dict)
+    hangs: int = 0
+    reason: str = ""
+    not_run: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "counts": self.counts, "hangs": self.hangs, "reason": self.reason, "not_run": list(self.not_run)}
+
+
+def _account(f: str, explicit: bool, merged: dict[str, str], details: dict[str, str], collected: set[str], modules: dict[str, str],
+             deselected: dict[str, str], hangs: int, exhausted: bool, restarts: int, why_stopped: str) -> FileRun:
+    """The FileRun of test file ``f`` after its group's last attempt (see run_tests). ``explicit``:
+    named on the command line (pytest always collects such a file), not found in a directory."""
+    mine = {k: v for k, v in merged.items() if _file(k) == f}
+    counts = {k: n for k, n in _counts(mine).items() if n}
+    if mine.get(f) == "error":
+        return FileRun("collection-error", counts, hangs, f"its module does not import: {details.get(f, '')}"[:300])
+    left = tuple(sorted(i for i in collected if _file(i) == f and i not in mine and i not in deselected))
+    if not left and (mine or f in modules):
+        none = "" if mine else ("skipped at module level" if modules.get(f) == "skipped"
+                                else "all its tests deselected as upstream's CI does" if any(_file(d) == f for d in deselected)
+                                else "pytest collected no tests from it")
+        return FileRun("ran", counts, hangs, none)
+    # a conftest.py above it that does not import: pytest records the error on its directory
+    above = next((k for k, v in merged.items() if v == "error" and k != f and f.startswith(k.removesuffix("conftest.py").rstrip("/") + "/")), None)
+    if not left and why_stopped == "" and not explicit and modules and not above:
+        return FileRun("not-collected", counts, hangs, "pytest did not collect it (upstream's pytest configuration leaves it out)")
+    if exhausted:
+        why = (f"its restart budget ran out: {hangs} hangs in this file, {restarts} restart{'s' if restarts != 1 else ''} "
+               f"per file")
+    elif why_stopped:
+        why = why_stopped
+    elif above:
+        why = f"a collection error in {above}: {details.get(above, '')}"[:300]
+    elif f not in modules:
+        why = "pytest never collected it"
+    else:
+        why = "the run ended before they had an outcome"
+    what = (f"{len(left)} of its {len(left) + len(mine)} tests did not run" if left and mine
+            else f"none of its {len(left)} tests ran" if left else "it did not run")
+    return FileRun("not-run", counts, hangs, f"{what}: {why}", left)
+
+
 def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Launcher = Launcher(), timeout: float = 1500,
-              restarts: int = 6, progress: Progress | None = None) -> dict:
+              restarts: int = RESTARTS_PER_FILE, progress: Progress | None = None) -> dict:
     """Outcomes per test id, merged over ranks (a failure on any rank is a failure). A test that
     hangs (the plugin's watchdog) is a failure and the run starts again without the tests that have
     an outcome; a run stopped at ``timeout`` keeps what the ranks recorded. At most FILES_PER_RUN
-    test files share one torchrun. ``progress`` gets a line per test file."""
+    test files share one torchrun (``timeout`` is theirs). ``restarts`` is each test file's budget:
+    a file whose tests hang more often than that is not run further (its remaining tests are
+    deselected), and the others go on, so that one bad file cannot starve the rest. ``files``
+    accounts for every selected test file (FileRun). ``progress`` gets a line per test file."""
     start = time.monotonic()
     env = {"ROCMPORT_UNIT_TEST_TIMEOUT": "45" if env.get("ROCMPORT_PROXY") == "1" else "900", **env}
     merged: dict[str, str] = {}
@@ -225,26 +290,43 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
     unsupported = ""
     attempts = 0
     stopped = False
-    files_total = len(dict.fromkeys(_file(t) for t in tests))
+    files: dict[str, FileRun] = {}
+    files_total = len(suite.test_files(tree, tests))
     reported: set[str] = set()
 
-    def file_done(f: str, rank0: dict) -> None:
+    def file_done(f: str, rank0: dict, whose: str = "rank 0") -> None:
         if progress and f not in reported:
             reported.add(f)
             tally = Counter(v for k, v in rank0.items() if _file(k) == f)
             progress(f"[{len(reported)}/{files_total}] {f}: " + (", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or "no outcome")
-                     + " (rank 0)")
+                     + f" ({whose}), {elapsed(time.monotonic() - start)} elapsed")
 
     for chunk in _chunks(tests):
         chunk_start = time.monotonic()
-        for attempt in range(restarts + 1):
+        chunk_files = suite.test_files(tree, chunk)
+        explicit = {_file(t) for t in chunk}
+        file_hangs: Counter[str] = Counter()
+        exhausted: set[str] = set()
+        collected: set[str] = set()
+        modules: dict[str, str] = {}
+        why_stopped = ""
+        # Each file's budget, and one more run after each file's ran out: a bound, whatever the ranks record.
+        for _ in range((restarts + 2) * max(1, len(chunk_files))):
             attempts += 1
             left = max(1.0, timeout - (time.monotonic() - chunk_start))
-            ranks, stopped, crash = _attempt(tree, chunk, [k for k in merged if _file(k) in {_file(c) for c in chunk}], env, nproc,
-                                             launcher, left, file_done if progress else None)
+            done = [k for k in merged if "::" in k and any(suite.matches(k, c) for c in chunk)]
+            ranks, stopped, crash, seen = _attempt(tree, chunk, done + [f"{f}::" for f in sorted(exhausted)], env, nproc,
+                                                   launcher, left, file_done if progress else None)
+            collected.update(seen.get("items", []))
+            modules.update(seen.get("modules", {}))
             ran = max(ran, len(ranks))
             unsupported = unsupported or next((u[0] for r in ranks for u in [r.get("unsupported")] if u), "")
             if unsupported:
+                why_stopped = f"the proxy shim stopped the run: {unsupported}"
+                break
+            if not ranks:
+                why_stopped = (f"the run was stopped at its time limit ({timeout:g} s for up to {FILES_PER_RUN} test files) "
+                               "before any test started" if stopped else f"pytest under torchrun recorded nothing: {crash}")
                 break
             swaps = swaps or (ranks[0].get("swaps", []) if ranks else [])
             guards = guards or (ranks[0].get("guards", []) if ranks else [])
@@ -260,13 +342,13 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
             hang = _first_hang(ranks, stopped, env["ROCMPORT_UNIT_TEST_TIMEOUT"])
             if hang:
                 hung.append(hang.nodeid)
-            seen = Counter(nodeid for r in ranks for nodeid in r["outcomes"])
+            seen_by = Counter(nodeid for r in ranks for nodeid in r["outcomes"])
             for r in ranks:
                 for nodeid in r.get("running", []) if stopped else []:
                     r["outcomes"][nodeid] = "failed"
                     r["details"][nodeid] = f"still running when the stage stopped it after {timeout:g} s"
                 for nodeid, outcome in r["outcomes"].items():
-                    if hang and hang.collateral(r, nodeid, seen[nodeid] >= max(nproc, len(ranks))):
+                    if hang and hang.collateral(r, nodeid, seen_by[nodeid] >= max(nproc, len(ranks))):
                         continue
                     if _RANK[outcome] >= _RANK.get(merged.get(nodeid, "passed"), 0):
                         merged[nodeid] = outcome
@@ -277,19 +359,43 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                 missing.update(r.get("missing", {}))
             if hang and hang.detail:  # the stuck rank did not record it: its outcome, as its own watchdog would have
                 merged[hang.nodeid], kinds[hang.nodeid], details[hang.nodeid] = "failed", "hang", hang.detail
-            if stopped or not hang:
+            if stopped:
+                why_stopped = f"the run was stopped at its time limit ({timeout:g} s for up to {FILES_PER_RUN} test files)"
                 break
+            if not hang:
+                break
+            file_hangs[_file(hang.nodeid)] += 1
+            if file_hangs[_file(hang.nodeid)] > restarts:
+                exhausted.add(_file(hang.nodeid))
+            if progress:  # minutes may pass before the next file's line: say what the restart is for
+                progress(f"hung: {hang.nodeid}; " + (f"{_file(hang.nodeid)} used its {restarts} restarts: its other tests are not run; "
+                                                     if _file(hang.nodeid) in exhausted else "")
+                         + f"restarting without the tests that have an outcome, {elapsed(time.monotonic() - start)} elapsed")
+            if collected and not any(i not in merged and i not in deselected and _file(i) not in exhausted for i in collected):
+                break  # nothing left to run: no restart
+        for f in chunk_files:
+            files[f] = _account(f, f in explicit, merged, details, collected, modules, deselected, file_hangs[f], f in exhausted,
+                                restarts, why_stopped)
+            if progress and files[f].status == "not-run":
+                progress(f"not run: {f}: {files[f].reason}")
+            elif files[f].status != "not-collected":
+                file_done(f, merged, "all ranks")  # the files rank 0 was still in when its last run ended
     return {"outcomes": merged, "details": details, "kinds": kinds, "missing": missing, "ranks": ran, "timed_out": stopped,
             "hung": hung, "restarts": attempts - len(_chunks(tests)), "swaps": swaps, "unsupported": unsupported, "guards": guards, "local_spec": sorted(local_spec),
-            "deselected": dict(sorted(deselected.items())), "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash}
+            "deselected": dict(sorted(deselected.items())), "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash,
+            "files": {f: a.to_dict() for f, a in files.items()}, "restarts_per_file": restarts}
 
 
-def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher) -> dict[str, str]:
-    """Each test id run again on its own (a fresh torchrun): its outcome then."""
+def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher,
+                progress: Progress | None = None) -> dict[str, str]:
+    """Each test id run again on its own (a fresh torchrun): its outcome then. ``progress`` gets a line per test."""
     out = {}
-    for nodeid in nodeids:
+    start = time.monotonic()
+    for i, nodeid in enumerate(nodeids, 1):
         res = run_tests(tree, [nodeid], env, nproc, launcher, timeout=600, restarts=0)
         out[nodeid] = "hung" if nodeid in res["hung"] else res["outcomes"].get(nodeid, "not run")
+        if progress:
+            progress(f"rerun alone [{i}/{len(nodeids)}] {nodeid}: {out[nodeid]}, {elapsed(time.monotonic() - start)} elapsed")
     return out
 
 
@@ -330,7 +436,7 @@ def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cac
             benv = {**_swap_tree(env, tree, checkout), "ROCMPORT_BASELINE_GUARDS": "1"}
             benv.pop("ROCMPORT_PORT_SITES", None)
             result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
-            result["alone"] = rerun_alone(checkout, sorted(set(result["hung"])), benv, nproc, launcher)
+            result["alone"] = rerun_alone(checkout, sorted(set(result["hung"])), benv, nproc, launcher, progress)
         finally:
             run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
     result["overlay"] = overlay
@@ -412,7 +518,13 @@ def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...
             elif again == "hung" and b in ("passed", "skipped"):
                 lab, text = "port-regression", "hangs on the port (alone too); passes on the unported tree"
             else:
-                lab, text = "unverified", f"hung; alone: {again or 'not rerun'}; unported tree: {b or 'no outcome'}"
+                alone_words = {"failed": "failed when rerun alone", "error": "errored when rerun alone", "hung": "hung again when rerun alone",
+                               "skipped": "was skipped when rerun alone"}.get(again or "", "was not rerun alone")
+                base_words = ("the unported tree has no outcome for it" if not b
+                              else "the unported tree hung in it too" if nodeid in base.get("hung", [])
+                              else f"the unported tree {b} it without hanging" if b in ("failed", "passed", "skipped")
+                              else f"on the unported tree: {b}")
+                lab, text = "unverified", f"it hung in the suite and {alone_words}; {base_words}"
         elif b in ("passed", "skipped"):
             lab, text = "port-regression", f"{b} on the unported tree"
         elif b in ("failed", "error"):
@@ -432,7 +544,9 @@ def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...
         elif b_module == "error" and _file(nodeid) != nodeid:
             lab, text = "unverified", f"its module does not import on the unported tree: {base.get('details', {}).get(_file(nodeid), '')[:200]}"
         else:
-            lab, text = "unverified", "the unported tree has no outcome for it"
+            base_file = base.get("files", {}).get(_file(nodeid), {})
+            lab, text = "unverified", ("the unported tree has no outcome for it" + (f" (it did not run there: {base_file['reason']})"
+                                                                                   if base_file.get("status") == "not-run" else ""))
         labels[nodeid], why[nodeid] = lab, text
     return labels, why
 
@@ -449,13 +563,18 @@ def _on_baseline(nodeid: str, base: dict) -> str:
         return out
     if base["outcomes"].get(_file(nodeid)) == "error":
         return f"module error: {base.get('details', {}).get(_file(nodeid), '')}"
+    account = base.get("files", {}).get(_file(nodeid), {})
+    if account.get("status") == "not-run":
+        return f"not run: {account['reason']}"
+    if "::" not in nodeid and account.get("status") == "ran":  # a file (not-run here): what its tests did there
+        return "ran: " + (", ".join(f"{n} {k}" for k, n in account.get("counts", {}).items()) or account.get("reason", "no tests"))
     return "not run"
 
 
 def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known: dict[str, str], cache_dir: Path,
                      base: str | None, launcher: Launcher = Launcher(), blocked: tuple[str, ...] = (),
                      progress: Progress | None = None, reasons: dict[str, str] | None = None,
-                     known_skipped: dict[str, str] | None = None) -> StageResult:
+                     known_skipped: dict[str, str] | None = None, restarts: int = RESTARTS_PER_FILE) -> StageResult:
     start = time.monotonic()
     if not launcher.runs_stage(single_node=True):
         return StageResult("unit-tests", SKIPPED, "upstream's unit tests run on one node, like upstream CI: node 0 runs them")
@@ -471,20 +590,27 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
                                                f"`{suite.pip_command(need)}`", time.monotonic() - start,
                            {"tests": tests, "missing_dependencies": need})
     say = (lambda line: progress(f"port {line}")) if progress else None
-    port = run_tests(tree, tests, env, nproc, launcher, progress=say)
+    port = run_tests(tree, tests, env, nproc, launcher, restarts=restarts, progress=say)
     if port["unsupported"]:
         return StageResult("unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port['unsupported']}", time.monotonic() - start)
     if not port["ranks"]:
-        return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results: {port['crash']}", time.monotonic() - start)
-    port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher)
+        return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results (none of the {len(port['files'])} selected "
+                                               f"files ran): {port['crash']}", time.monotonic() - start, {"tests": tests, "files": port["files"]})
+    port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher, say)
     bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
     base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False))
     labels, why = label(port, base_result, known, blocked)
+    # A file with tests that have no outcome is never counted as run: it is listed, with why, and fails the stage.
+    not_run = {f: a for f, a in port["files"].items() if a["status"] == "not-run"}
+    for f, a in not_run.items():
+        labels[f], why[f] = "not-run", a["reason"]
     counts = _counts(port["outcomes"])
     by_label = _counts(labels, LABELS)
     details = {"tests": tests, "why": {t: (reasons or {}).get(t, "") for t in tests}, "nproc": nproc, "counts": counts,
                "outcomes": dict(sorted(port["outcomes"].items())), "labels": labels, "label_reasons": why,
                "failures": {k: port["details"].get(k, "") for k in labels},
+               # every selected test file: ran (with counts), collection-error, not-collected, or not-run with why (FileRun)
+               "files": port["files"], "restarts_per_file": port["restarts_per_file"],
                # what the unported tree did with each labelled test: its outcome, or why its module did not import
                "on_baseline": {k: _on_baseline(k, base_result) for k in labels},
                "swaps": port["swaps"], "hung": port["hung"], "rerun_alone": port["alone"],
@@ -500,7 +626,9 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
                "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0}
     summary = (f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
                + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
-               + f") in {len(files)} files on {nproc} ranks; "
+               + f") in {_files_phrase(port['files'])} on {nproc} ranks; "
+               + ("not run: " + "; ".join(f"{f} ({a['reason']})" for f, a in not_run.items()) + "; " if not_run else "")
+               + f"restart budget {port['restarts_per_file']} per test file ({port['restarts']} used); "
                + (f"{len(port['deselected'])} deselected as upstream's CI does ({', '.join(sorted(set(port['deselected'].values())))}); "
                   if port["deselected"] else "")
                + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
@@ -511,3 +639,10 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
         summary += f"; missing dependencies: `{cmd}`"
     status = FAIL if any(by_label[k] for k in BLOCKING) else PASS
     return StageResult("unit-tests", status, summary, time.monotonic() - start, details)
+
+
+def _files_phrase(files: dict[str, dict]) -> str:
+    """"7 files", or "2 of 7 files" when some did not run (a file is counted only if it ran)."""
+    accounted = {f: a for f, a in files.items() if a["status"] != "not-collected"}
+    done = sum(a["status"] != "not-run" for a in accounted.values())
+    return f"{len(accounted)} files" if done == len(accounted) else f"{done} of {len(accounted)} files"

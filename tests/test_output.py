@@ -1,0 +1,68 @@
+"""Progress output: one line per update in a log, the elapsed time of each step, and on a terminal
+nothing glued onto the spinner's line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocmport import output
+
+REPO = Path(__file__).resolve().parents[1]
+STEP = ("from rocmport import output\nimport time\nwith output.progress('stage 3: unit tests and the unported baseline'):\n"
+        "    time.sleep(1.3)\n    output.info('port [1/7] tests/unit_tests/test_a.py: 3 passed (rank 0), 1 s elapsed')\n"
+        "    time.sleep(0.3)\n")
+
+
+def test_a_log_gets_one_line_per_update_and_the_step_s_elapsed_time():
+    proc = subprocess.run([sys.executable, "-c", STEP], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=60)
+    assert proc.stderr.splitlines() == ["... stage 3: unit tests and the unported baseline",
+                                        "port [1/7] tests/unit_tests/test_a.py: 3 passed (rank 0), 1 s elapsed",
+                                        "... stage 3: unit tests and the unported baseline: done in 1 s"]
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_on_a_terminal_a_line_goes_above_the_spinner_never_onto_it():
+    """v0.19 on a TTY: "…baselineport [1/7] …", the progress line glued onto the spinner's."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", STEP], stdin=slave, stdout=slave, stderr=slave,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "TERM": "xterm", "COLUMNS": "100"})
+    os.close(slave)
+    raw = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        raw += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode())
+    segments = [s.strip() for s in re.split(r"[\r\n]", text) if s.strip()]
+    assert "port [1/7] tests/unit_tests/test_a.py: 3 passed (rank 0), 1 s elapsed" in segments, segments
+    assert any(s.endswith("stage 3: unit tests and the unported baseline 0:00:01") for s in segments), segments  # elapsed time
+
+
+def test_elapsed():
+    assert [output.elapsed(s) for s in (0.4, 59, 125, 3725)] == ["0 s", "59 s", "2m05s", "1h02m"]
+
+
+def test_at_80_columns_the_key_column_stays_whole():
+    """A patch name in apply's table at 80 columns was cut into pieces; the other columns wrap instead."""
+    import io
+
+    from rich.console import Console
+
+    name = "0003-transformer-engine-version-gates-on-rocm.patch"
+    buf = io.StringIO()
+    Console(width=80, file=buf, color_system=None).print(output.build_table(
+        ["patch", "bucket", "offsets", "files", "detail"], [[name, "clean", "0", "megatron/core/a.py, megatron/core/b.py", "x " * 40]]))
+    assert any(name in line for line in buf.getvalue().splitlines()), buf.getvalue()
