@@ -195,7 +195,9 @@ def test_env_and_doctor(capsys):
     assert main(["-C", str(Path(__file__).resolve().parents[1]), "doctor", "--json"]) == 1
     d = json.loads(capsys.readouterr().out)
     assert {c["name"] for c in d["components"]} >= {"apex", "transformer_engine", "flash_attn"}
-    assert d["devices"] == [] and d["hip"] is None and d["problems"] == ["transformer_engine: not installed"]
+    assert d["devices"] == [] and d["hip"] is None and d["problems"][0] == "transformer_engine: not installed"
+    assert d["problems"][1:] == [f"none of the components of {Path(__file__).resolve().parents[1] / 'patchsets/megatron-lm/v0.16/series'} "
+                                 "is installed here (transformer_engine, flash_attn, apex, grouped_gemm)"]
 
 
 RNG_HOOKS = "def _get_cuda_rng_state():\n    pass\ndef _set_cuda_rng_state(s):\n    pass\nclass CudaRNGStatesTracker:\n    pass\n"
