@@ -267,3 +267,22 @@ def test_stage_1_fails_when_megatron_core_is_imported_from_outside_the_tree(tmp_
     assert res.status == "fail" and "namespace package" in res.reason, res.reason
 
 
+# Item 20: verify leaves nothing in the tree it verifies (its processes' bytecode goes elsewhere).
+
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def test_bytecode_of_verify_processes_leaves_the_tree_clean(tmp_path):
+    tree = fake_tree(tmp_path / "t")
+    (tree / ".gitignore").write_text("*.so\n")  # a tree whose .gitignore does not name __pycache__
+    _git("init", "-q", cwd=tree)
+    _git("add", "-A", cwd=tree)
+    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tree", cwd=tree)
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    env = environment.child_env(tree, boot, {}, pycache=tmp_path / "pycache")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-c", "import megatron.core.utils, pretrain_gpt"], cwd=tree, env=env, check=True)
+    assert not list(tree.rglob("__pycache__")) and not list(tree.rglob("*.pyc"))
+    assert wt.dirty_paths(tree) == []
+    assert list((tmp_path / "pycache").rglob("utils*.pyc"))  # still cached: the speed 25491d1 bought is kept

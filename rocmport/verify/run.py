@@ -73,6 +73,7 @@ class VerifyOptions:
     hip_version: str | None = hip_sim.DEFAULT_VERSION    # CPU proxy: the simulated ROCm (None: the CUDA path)
     stages: tuple[str, ...] = STAGES
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
+    pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
 
 
 @dataclass
@@ -206,7 +207,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         sites_dir = Path(tmp) / "port-sites"
         sites_dir.mkdir()
         extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
-        env = environment.child_env(tree, firewall.write_bootstrap(Path(tmp) / "boot"), extra)
+        env = environment.child_env(tree, firewall.write_bootstrap(Path(tmp) / "boot"), extra, opts.pycache)
         if "imports" not in opts.stages:
             add(StageResult("imports", stages.SKIPPED, "not selected (--stages)"))
         elif missing:
@@ -470,4 +471,4 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
         skipped["functional"] = why
     return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, stages=chosen, skipped=skipped)
+                         hip_version=hip_version, stages=chosen, skipped=skipped, pycache=settings.worktrees_dir / ".pycache")
