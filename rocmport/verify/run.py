@@ -5,12 +5,11 @@ On GPUs: nccl (RCCL on ROCm). Without: CPU proxy on gloo, with the HIP simulatio
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rocmport import output
+from rocmport import output, procs
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.inputs import has_control
@@ -203,7 +202,17 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     add = report.stages.append
     missing = environment.missing_deps(tree)
 
-    with tempfile.TemporaryDirectory(prefix="rocmport-fw-") as tmp:
+    def finished() -> str:
+        """What the run had done when it was interrupted (the message of Interrupted)."""
+        done = [s for s in report.stages if s.status != stages.SKIPPED or s.reason != "not selected (--stages)"]
+        running = next((n for n in opts.stages if n not in {s.name for s in report.stages}), None)
+        return ("finished: " + ", ".join(f"{s.name} {s.status}" for s in done) if done else "no stage had finished") + (
+            f"; stopped during {running}" if running else "")
+
+    # Ctrl-C or SIGTERM: every process of the run ended (torchrun's workers in their own sessions too),
+    # its temporary files (torchelastic_*, the bootstrap) removed, exit 130/143 saying what finished.
+    with procs.run_scope("rocmport-verify-", finished, opts.pycache) as scope:
+        tmp = scope.tmp
         sites_dir = Path(tmp) / "port-sites"
         sites_dir.mkdir()
         extra["ROCMPORT_PORT_SITES"] = str(sites_dir)

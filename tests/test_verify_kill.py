@@ -1,0 +1,75 @@
+"""An interrupted verify ends every process it started and removes its temporary files (issue 30,
+item 6): a real `rocmport verify` on a small tree whose stage-2 workers (torchrun's, in their own
+sessions) each start a long-running process in yet another session; SIGINT or SIGTERM to verify's
+process group, as a terminal's Ctrl-C or a CI runner's cancel sends it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rocmport.procs import marked
+
+REPO = Path(__file__).resolve().parents[1]
+# Imported by each torchrun worker of stage 2 (LOCAL_RANK set): a grandchild in a session of its own,
+# then nothing for ten minutes. Stage 1's import probe (no LOCAL_RANK) imports it at once.
+CORE_INIT = '''import os, subprocess, sys, time
+if os.environ.get("LOCAL_RANK") is not None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    open(os.path.join(os.environ["KILLTEST_PIDS"], f"{os.getpid()}-{child.pid}"), "w").close()
+    time.sleep(600)
+'''
+
+
+def slow_tree(root: Path) -> Path:
+    for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": CORE_INIT, "megatron/core/utils.py": ""}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupted_verify_leaves_no_process_and_no_temporary_directory(tmp_path, signum, code):
+    tree = slow_tree(tmp_path / "tree")
+    pids, tmpdir = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    tmpdir.mkdir()
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "ROCMPORT_KILLTEST": mark, "KILLTEST_PIDS": str(pids), "TMPDIR": str(tmpdir),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "rocmport", "-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1,2"],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(pids.iterdir()):  # a worker and its grandchild are running
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "stage 2's workers never started"
+            time.sleep(0.5)
+        running = marked(mark, "ROCMPORT_KILLTEST")
+        assert len(running) >= 3  # at least torchrun, its worker and the worker's own child
+        assert any(p.name.startswith("torchelastic_") for p in tmpdir.rglob("*"))
+        os.killpg(proc.pid, signum)  # verify and torchrun (its process group); the workers have sessions of their own
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = marked(mark, "ROCMPORT_KILLTEST")
+    for pid in left:  # never leave them to the next test, whatever the assertion says
+        os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == code, (out, err)
+    assert left == []
+    assert list(tmpdir.iterdir()) == []  # torchelastic_*, the bootstrap, the run's own directory: all removed
+    line = err.strip().splitlines()[-1]
+    assert f"interrupted by {signal.Signals(signum).name}" in line and "finished: imports pass" in line
+    assert "stopped during gpt-training" in line
+    assert not list(tree.rglob("__pycache__"))  # nor bytecode in the tree
