@@ -286,3 +286,120 @@ def test_bytecode_of_verify_processes_leaves_the_tree_clean(tmp_path):
     assert not list(tree.rglob("__pycache__")) and not list(tree.rglob("*.pyc"))
     assert wt.dirty_paths(tree) == []
     assert list((tmp_path / "pycache").rglob("utils*.pyc"))  # still cached: the speed 25491d1 bought is kept
+
+
+# Property tests: whatever a user types into verify's options, the answer is 0 or 2 (with --dry-run:
+# nothing runs), never 70 (a bug), and a plan only ever names paths inside the tree.
+
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+COUNTED: dict[str, int] = {}
+SIZE_TEXT = st.one_of(st.integers(min_value=-3, max_value=9).map(str), st.integers(min_value=-3, max_value=9).map(str),
+                      st.integers(min_value=-10**30, max_value=10**30).map(str), st.sampled_from(["", " ", "1.5", "0x4", "1e3", "²", "٤", "+2", "--"]),
+                      st.text(max_size=12))
+HOSTILE = st.lists(st.sampled_from(["..", "/", "tests", "unit_tests", "test_a.py", "::", "x", "\0", "\n", " ", ".", "~", "²", "link"]),
+                   max_size=4).map("".join)
+
+
+@pytest.fixture(scope="module")
+def ftree(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fuzz")
+    tree = fake_tree(root / "t")
+    (root / "outside.py").write_text("def test_out():\n    pass\n")
+    (tree / "tests" / "unit_tests" / "link").symlink_to(root)  # a way out for the fuzzer to find
+    return tree
+
+
+def dry_run(ftree: Path, *args: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["verify", "--tree", str(ftree), "--backend", "gloo", "--no-functional", *args, "--dry-run"])
+    assert rc in (0, 2), (args, rc, err.getvalue())
+    if rc == 2:
+        assert len(err.getvalue().strip().splitlines()) >= 1 and "internal error" not in err.getvalue()
+    return rc, out.getvalue()
+
+
+def count(name: str) -> None:
+    COUNTED[name] = COUNTED.get(name, 0) + 1
+
+
+@pytest.mark.torch
+@FUZZ
+@given(text=st.one_of(st.text(max_size=30), st.lists(st.sampled_from(["1", "2", "3", "4", "5", "0", "6", "imports", "bridge", "", " ",
+                                                                     "99999999999999999999"]), max_size=6).map(",".join)))
+@example(text="")
+@example(text=",,")
+def test_fuzz_stages(ftree, text):
+    count("stages")
+    rc, _ = dry_run(ftree, "--stages", text)
+    assert rc == 2 or any(p.strip() for p in text.split(","))
+
+
+@pytest.mark.torch
+@FUZZ
+@given(tp=SIZE_TEXT, pp=SIZE_TEXT, dp=SIZE_TEXT, nproc=st.one_of(st.none(), SIZE_TEXT), iters=SIZE_TEXT)
+@example(tp="99999999999999999999", pp="2", dp="1", nproc=None, iters="10")
+@example(tp="2", pp="2", dp="-2", nproc=None, iters="10")
+@example(tp="2", pp="2", dp="1", nproc="-4", iters="10")
+def test_fuzz_sizes(ftree, tp, pp, dp, nproc, iters):
+    count("sizes")
+    args = ["--tp", tp, "--pp", pp, "--dp", dp, "--iters", iters, "--stages", "2"] + (["--nproc", nproc] if nproc is not None else [])
+    rc, out = dry_run(ftree, *args)
+    if rc == 0:  # a plan only for sizes that make a world of 1..65536 processes
+        from rocmport.verify.gpt_worker import HEADS, LAYERS
+
+        world = int(nproc) if nproc is not None else int(tp) * int(pp) * int(dp)
+        assert 1 <= world <= 65536 and f"--nproc_per_node={world}" in out
+        assert HEADS % int(tp) == 0 and LAYERS % int(pp) == 0 and 2 <= int(iters)
+
+
+@pytest.mark.torch
+@FUZZ
+@given(version=st.one_of(st.text(max_size=24), st.from_regex(r"[0-9]{1,3}\.[0-9]{1,3}(\.[0-9]{1,6})?(-[0-9a-f]{1,10})?", fullmatch=True)))
+@example(version="")
+def test_fuzz_hip_version(ftree, version):
+    count("hip-version")
+    rc, _ = dry_run(ftree, "--hip-version", version, "--stages", "1")
+    assert rc == 2 or version.split(".")[0].isdigit()
+
+
+@pytest.mark.torch
+@FUZZ
+@given(parts=st.lists(HOSTILE, max_size=6), absolute=st.booleans())
+@example(parts=["tests", "unit_tests", "..", "..", "..", "x"], absolute=False)
+@example(parts=["etc", "passwd"], absolute=True)
+def test_fuzz_unit_test_paths(ftree, parts, absolute):
+    count("unit-test")
+    path = ("/" if absolute else "") + "/".join(parts)
+    rc, out = dry_run(ftree, "--unit-test", path, "--stages", "3")
+    if rc == 0:
+        target = (ftree / path.split("::")[0]).resolve()
+        assert target.is_relative_to((ftree / "tests" / "unit_tests").resolve()) and target.exists()
+
+
+@pytest.mark.torch
+@FUZZ
+@given(case=st.one_of(st.text(max_size=30), st.lists(HOSTILE, max_size=5).map("/".join)))
+@example(case="/nonexistent/case")
+def test_fuzz_case_names(ftree, case):
+    count("case")
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(["verify", "--tree", str(ftree), "--backend", "gloo", "--case", case, "--stages", "4", "--dry-run"])
+    assert rc in (0, 2), (case, rc, err.getvalue())
+    assert rc == 2 or case == CASE
+
+
+def test_fuzz_example_counts_are_reported():
+    """Runs last in this file: the property tests' example counts, for the closing note (-s shows them)."""
+    print(f"\nverify option property tests, examples run: {COUNTED}")
