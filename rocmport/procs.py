@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -140,3 +141,23 @@ def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Pa
         done = finished()
         raise Interrupted(f"interrupted by {signal.Signals(stop.signum).name}; {done or 'nothing had finished'}; "
                           f"ended the {ended} process(es) still running and removed {tmp}", stop.signum) from None
+
+
+def _die_with(parent: int) -> None:
+    """A pool worker's initializer: end with the process that started it (Linux: PR_SET_PDEATHSIG),
+    so that after a kill -9 of apply or refresh no worker finishes its task and then blocks forever
+    writing the result into a pipe nobody reads."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no prctl to call: the check below still catches a parent already gone
+            pass
+    if os.getppid() != parent:  # it died before the prctl took effect
+        os._exit(1)
+
+
+def pool_initializer() -> tuple[Callable[[int], None], tuple[int]]:
+    """``initializer`` and ``initargs`` for a ProcessPoolExecutor whose workers must die with this process."""
+    return _die_with, (os.getpid(),)

@@ -73,3 +73,46 @@ def test_interrupted_verify_leaves_no_process_and_no_temporary_directory(tmp_pat
     assert f"interrupted by {signal.Signals(signum).name}" in line and "finished: imports pass" in line
     assert "stopped during gpt-training" in line
     assert not list(tree.rglob("__pycache__"))  # nor bytecode in the tree
+
+
+POOL_PARENT = '''
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+from rocmport.procs import pool_initializer
+
+def task(i):
+    time.sleep(120)  # a codemod on a huge file, say; then its result would go down a pipe nobody reads
+    return i
+
+if __name__ == "__main__":
+    init, initargs = pool_initializer()
+    with ProcessPoolExecutor(max_workers=2, initializer=init, initargs=initargs) as pool:
+        list(pool.map(task, range(4)))
+'''
+
+
+@pytest.mark.slow
+def test_pool_workers_die_with_a_killed_parent(tmp_path):
+    """kill -9 of apply/refresh (the codemod runner's process pool): its workers end too, instead of
+    finishing their file and hanging on the result pipe forever."""
+    script = tmp_path / "parent.py"
+    script.write_text(POOL_PARENT)
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "ROCMPORT_KILLTEST": mark, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while len(marked(mark, "ROCMPORT_KILLTEST")) < 3:  # the parent and its two workers
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1)  # the workers are inside their tasks
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while marked(mark, "ROCMPORT_KILLTEST") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = marked(mark, "ROCMPORT_KILLTEST")
+    finally:
+        for pid in marked(mark, "ROCMPORT_KILLTEST"):
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
