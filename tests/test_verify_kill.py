@@ -122,3 +122,37 @@ def test_readme_says_what_an_interrupt_does():
     readme = (REPO / "README.md").read_text()
     assert "| 130, 143 | interrupted by SIGINT (Ctrl-C) or SIGTERM" in readme
     assert "ROCMPORT_RUN=<id>" in readme and "PYTHONPYCACHEPREFIX" in readme
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_codemod_run_leaves_no_worker(tmp_path):
+    """The same end to end: `rocmport codemod --check --jobs 2` over files slow to parse, kill -9 once
+    its workers are busy. Before: both workers outlived it (finishing their files, then blocked on the
+    queues forever, as refresh's did)."""
+    tree = tmp_path / "tree"
+    body = "import apex\n" + "".join(f"def f{i}(a, b):\n    return [a * {i} + b for _ in range(a)]\n" for i in range(1500))
+    for i in range(12):
+        (tree / "megatron" / "legacy" / f"m{i}.py").parent.mkdir(parents=True, exist_ok=True)
+        (tree / "megatron" / "legacy" / f"m{i}.py").write_text(body)
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "ROCMPORT_KILLTEST": mark, "ROCMPORT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "rocmport", "codemod", "--check", "--jobs", "2", str(tree)], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(marked(mark, "ROCMPORT_KILLTEST")) < 3:  # the command and its two workers
+            assert proc.poll() is None, "the run ended before its workers were seen"
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while marked(mark, "ROCMPORT_KILLTEST") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = marked(mark, "ROCMPORT_KILLTEST")
+    finally:
+        for pid in marked(mark, "ROCMPORT_KILLTEST"):
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
