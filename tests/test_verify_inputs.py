@@ -67,6 +67,24 @@ def test_case_outside_the_cases_directory_is_exit_2_before_anything_runs(tmp_pat
 
 
 @pytest.mark.torch
+def test_record_golden_with_an_outside_case_writes_nothing(tmp_path, capsys, tree):
+    """The probe: `verify --case /tmp/x/evilcase --stages 4 --record-golden` wrote /tmp/x/evilcase.cpu-proxy.json."""
+    import shutil
+
+    series = tmp_path / "patchsets" / "v0.16"  # a tree `apply` made, so --record-golden is taken
+    shutil.copytree(Path(__file__).resolve().parents[1] / "patchsets" / "megatron-lm" / "v0.16", series)
+    (tree / ".git").mkdir()
+    wt.write_state(tree, wt.ApplyState(status="done", series=str(series / "series")))
+    outside = tmp_path / "x" / "evilcase"
+    outside.mkdir(parents=True)
+    (outside / "model_config.yaml").write_text(MODEL_CONFIG)
+    before = files_under(tmp_path / "x")
+    rc, _, err = verify(capsys, tree, "--case", str(outside), "--stages", "4", "--record-golden", "--dry-run")
+    assert rc == 2 and f"--case '{outside}': not a case name" in err
+    assert files_under(tmp_path / "x") == before
+
+
+@pytest.mark.torch
 def test_case_that_is_a_symlink_out_of_the_tree_is_refused(tmp_path, capsys, tree):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
