@@ -420,3 +420,17 @@ def test_fuzz_case_names(ftree, case):
 def test_fuzz_example_counts_are_reported():
     """Runs last in this file: the property tests' example counts, for the closing note (-s shows them)."""
     print(f"\nverify option property tests, examples run: {COUNTED}")
+
+
+@pytest.mark.torch
+@pytest.mark.slow  # a fresh cache: torch's bytecode is compiled into it once (~6 s quiet, ~30 s on a loaded machine)
+def test_a_verify_run_leaves_the_tree_as_it_found_it(tmp_path, capsys, monkeypatch):
+    """Through the command: stage 1's processes import the tree; its bytecode is in the cache, not the tree."""
+    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
+    tree = fake_tree(tmp_path / "t")
+    before = files_under(tree)
+    rc, out, err = verify(capsys, tree, "--stages", "1")
+    assert rc == 0, err
+    assert files_under(tree) == before
+    assert list((tmp_path / "cache" / "pycache").rglob("utils*.pyc"))
+    assert not [p for p in (tmp_path / "cache" / "pycache").rglob("*") if "rocmport-verify-" in p.name]  # the run's own: pruned

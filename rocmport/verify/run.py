@@ -480,4 +480,4 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
         skipped["functional"] = why
     return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, stages=chosen, skipped=skipped, pycache=settings.worktrees_dir / ".pycache")
+                         hip_version=hip_version, stages=chosen, skipped=skipped, pycache=settings.cache_dir / "pycache")
