@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from rocmport.cli import main
 from rocmport.port import worktree as wt
@@ -307,9 +309,6 @@ def test_bytecode_of_verify_processes_leaves_the_tree_clean(tmp_path):
 
 # Property tests: whatever a user types into verify's options, the answer is 0 or 2 (with --dry-run:
 # nothing runs), never 70 (a bug), and a plan only ever names paths inside the tree.
-
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
