@@ -72,13 +72,17 @@ def _print_summary(r: dict) -> None:
                    "(default: the suite, when the tree has tests/unit_tests).")
 @click.option("--no-unit-tests", "no_unit", is_flag=True, help="Skip stage 3.")
 @click.option("--unit-test", "unit_tests", multiple=True, metavar="PATH",
-              help="A test file, directory or id to run instead of the suite (repeatable; a path not in the tree is exit 2).")
+              help="A test file, directory or id under the tree's tests/unit_tests to run instead of the suite "
+                   "(repeatable; a path that leads out of tests/unit_tests is exit 2).")
 @click.option("--unit-nproc", type=SIZE, default=8, show_default=True, help="Ranks for the unit tests (upstream CI uses 8).")
 @click.option("--functional/--no-functional", "with_functional", default=None,
               help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).")
 @click.option("--case", default=None, metavar="NAME",
-              help="Functional case under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE case where doctor finds TE usable).")
-@click.option("--data-path", default=None, help="Real data for the functional case (default: mock data, NullTokenizer).")
+              help="Functional case: a directory name under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE "
+                   "case where doctor finds TE usable).")
+@click.option("--data-path", default=None, metavar="DIR",
+              help="Real data for the functional case: upstream CI's data root ($DATA_PATH), under which the case names its "
+                   "dataset and tokenizer files (default: mock data, NullTokenizer).")
 @click.option("--record-golden", is_flag=True, help="Store this run's functional loss curve (and its args) as the golden for this device kind.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.")
