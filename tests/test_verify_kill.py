@@ -156,3 +156,16 @@ def test_kill_9_of_a_codemod_run_leaves_no_worker(tmp_path):
         for pid in marked(mark, "ROCMPORT_KILLTEST"):
             os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+def test_ctrl_c_before_the_run_starts_exits_130(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C while verify still checks its inputs (no process started yet): click makes it Abort; 130, as a shell expects."""
+    from rocmport.cli import main
+    from rocmport.commands import verify as verify_command
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify_command, "prepare", interrupted)
+    assert main(["verify", "--tree", str(tmp_path)]) == 130
+    assert "Aborted." in capsys.readouterr().err
