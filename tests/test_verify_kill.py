@@ -169,3 +169,17 @@ def test_ctrl_c_before_the_run_starts_exits_130(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(verify_command, "prepare", interrupted)
     assert main(["verify", "--tree", str(tmp_path)]) == 130
     assert "Aborted." in capsys.readouterr().err
+
+
+@pytest.mark.torch
+def test_torch_compile_cache_stays_where_torch_keeps_it(monkeypatch):
+    """The started processes' TMPDIR is the run's own (removed at its end); torch.compile's cache is
+    named for them as torch's own default, so a GPU run does not compile every kernel again each time."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from rocmport.verify.run import inductor_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert inductor_cache_dir() == default_cache_dir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere")
+    assert inductor_cache_dir() == "/somewhere"

@@ -4,7 +4,9 @@ On GPUs: nccl (RCCL on ROCm). Without: CPU proxy on gloo, with the HIP simulatio
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -172,6 +174,21 @@ def _dp(opts: VerifyOptions) -> int:
     return check_sizes(opts.tp, opts.pp, opts.iters, opts.dp, opts.nproc)
 
 
+def inductor_cache_dir() -> str:
+    """torch.compile's cache where torch keeps it by default (<tmp>/torchinductor_<user>), named for
+    the started processes: their TMPDIR is the run's own directory, removed at its end, and a GPU run
+    would otherwise compile every kernel again each time. An explicit TORCHINDUCTOR_CACHE_DIR wins."""
+    import getpass
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    return str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")
+
+
 def run_verify(opts: VerifyOptions) -> VerifyReport:
     tree, tp, pp, iters, launcher = opts.tree, opts.tp, opts.pp, opts.iters, opts.launcher
     check_megatron_tree(tree)
@@ -187,7 +204,8 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     mode: Mode = "gpu" if backend == "nccl" else "cpu-proxy"
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
     hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
-    extra: dict[str, str | None] = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile)}
+    extra: dict[str, str | None] = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile),
+                                    "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
     if mode == "cpu-proxy":
         extra["ROCMPORT_PROXY"] = "1"
         if hip_version:
