@@ -92,9 +92,10 @@ def main(argv=None) -> int:
     except click.ClickException as exc:
         exc.show()
         return EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
-    except click.Abort:
+    except click.Abort as exc:
         click.echo("Aborted.", err=True)
-        return 1
+        # click turns a Ctrl-C into Abort: it still exits as a SIGINT does (130), as a shell expects.
+        return 130 if isinstance(exc.__cause__, KeyboardInterrupt) else 1
     except KeyboardInterrupt:
         return 130
     except OSError as exc:  # the file system or the machine said no (a full disk, a path that is a directory)

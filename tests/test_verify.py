@@ -59,8 +59,8 @@ def minimal_tree(root: Path, random_py: str = "") -> Path:
 @pytest.mark.parametrize("args, message", [
     (["--tp", "2", "--pp", "2", "--nproc", "6"], "--nproc 6 is not a multiple of tp×pp = 4"),
     (["--tp", "3"], "--tp 3: the verify model has 4 heads"),
-    (["--tp", "0", "--dry-run"], "--tp and --pp must be >= 1"),
-    (["--pp", "0", "--dry-run", "--nproc", "4"], "--tp and --pp must be >= 1"),
+    (["--tp", "0", "--dry-run"], "Invalid value for '--tp': 0 is not in the range 1<=x<=65536"),
+    (["--pp", "0", "--dry-run", "--nproc", "4"], "Invalid value for '--pp': 0 is not in the range 1<=x<=65536"),
 ])
 def test_bad_parallel_sizes(tmp_path, capsys, args, message):
     tree = minimal_tree(tmp_path / "t")

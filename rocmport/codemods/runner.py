@@ -19,6 +19,7 @@ from rocmport.codemods.catalog import registry
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
+from rocmport.procs import pool_initializer
 from rocmport.upstreams import UPSTREAMS
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 
@@ -163,7 +164,8 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     jobs = jobs or os.cpu_count() or 1
     work = [(rel, text, s) for rel, text, s, _ in todo]
     if jobs > 1 and len(work) > 8:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        init, initargs = pool_initializer()  # a kill -9 of apply/refresh ends its workers too
+        with ProcessPoolExecutor(max_workers=jobs, initializer=init, initargs=initargs) as pool:
             done = list(pool.map(_work, work, chunksize=max(1, len(work) // (jobs * 4))))
     else:
         done = [_work(w) for w in work]

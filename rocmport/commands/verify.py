@@ -15,7 +15,11 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.run import STAGES, launch_plan, prepare, run_verify
+from rocmport.verify.run import MAX_ITERS, MAX_WORLD, STAGES, launch_plan, prepare, run_verify
+
+# Every size is checked where it enters: at least 1, and no more processes than any machine has (a
+# typo such as --tp 99999999999999999999 is exit 2 at once, --dry-run included); world = product in prepare.
+SIZE = click.IntRange(1, MAX_WORLD)
 
 
 def _print_summary(r: dict, report_path: str | None = None) -> None:
@@ -60,12 +64,12 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
 
 @click.command("verify")
 @click.option("--tree", type=click.Path(file_okay=False), help="The ported Megatron-LM tree (default: the megatron-lm work tree).")
-@click.option("--tp", type=int, default=None, help=f"Tensor-parallel size (default: [tool.rocmport] tp or {DEFAULT_TP}).")
-@click.option("--pp", type=int, default=None, help=f"Pipeline-parallel size (default: [tool.rocmport] pp or {DEFAULT_PP}).")
-@click.option("--dp", type=int, default=None, help="Data-parallel size (default 1).")
-@click.option("--nproc", type=int, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
+@click.option("--tp", type=SIZE, default=None, help=f"Tensor-parallel size (default: [tool.rocmport] tp or {DEFAULT_TP}).")
+@click.option("--pp", type=SIZE, default=None, help=f"Pipeline-parallel size (default: [tool.rocmport] pp or {DEFAULT_PP}).")
+@click.option("--dp", type=SIZE, default=None, help="Data-parallel size (default 1).")
+@click.option("--nproc", type=SIZE, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
-@click.option("--iters", type=int, default=10, show_default=True, help="Training iterations in stages 2, 4 and 5.")
+@click.option("--iters", type=click.IntRange(2, MAX_ITERS), default=10, show_default=True, help="Training iterations in stages 2, 4 and 5.")
 @click.option("--stages", "stages_text", default=None, metavar="LIST",
               help=f"Run only these stages: numbers or names, comma-separated ({', '.join(f'{i} {s}' for i, s in enumerate(STAGES, 1))}).")
 @click.option("--unit-tests", "with_unit", is_flag=False, flag_value="default", default=None, type=click.Choice(["default", "all"]),
@@ -73,13 +77,17 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
                    "(default: the suite, when the tree has tests/unit_tests).")
 @click.option("--no-unit-tests", "no_unit", is_flag=True, help="Skip stage 3.")
 @click.option("--unit-test", "unit_tests", multiple=True, metavar="PATH",
-              help="A test file, directory or id to run instead of the suite (repeatable; a path not in the tree is exit 2).")
-@click.option("--unit-nproc", type=int, default=8, show_default=True, help="Ranks for the unit tests (upstream CI uses 8).")
+              help="A test file, directory or id under the tree's tests/unit_tests to run instead of the suite "
+                   "(repeatable; a path that leads out of tests/unit_tests is exit 2).")
+@click.option("--unit-nproc", type=SIZE, default=8, show_default=True, help="Ranks for the unit tests (upstream CI uses 8).")
 @click.option("--functional/--no-functional", "with_functional", default=None,
               help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).")
 @click.option("--case", default=None, metavar="NAME",
-              help="Functional case under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE case where doctor finds TE usable).")
-@click.option("--data-path", default=None, help="Real data for the functional case (default: mock data, NullTokenizer).")
+              help="Functional case: a directory name under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE "
+                   "case where doctor finds TE usable).")
+@click.option("--data-path", default=None, metavar="DIR",
+              help="Real data for the functional case: upstream CI's data root ($DATA_PATH), under which the case names its "
+                   "dataset and tokenizer files (default: mock data, NullTokenizer).")
 @click.option("--record-golden", is_flag=True, help="Store this run's functional loss curve (and its args) as the golden for this device kind.")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.")
@@ -94,8 +102,8 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
                    "replaced by CPU reference implementations; none: Megatron's local spec.")
 @click.option("--launcher", "launcher_kind", type=click.Choice(KINDS), default="torchrun", show_default=True,
               help="torchrun, or Slurm's srun with one task per GPU (run inside an allocation).")
-@click.option("--nnodes", type=int, default=1, show_default=True, help="Nodes (torchrun: run the same command on each).")
-@click.option("--node-rank", type=int, default=0, show_default=True, help="This node's rank (torchrun, multi-node).")
+@click.option("--nnodes", type=SIZE, default=1, show_default=True, help="Nodes (torchrun: run the same command on each).")
+@click.option("--node-rank", type=click.IntRange(0, MAX_WORLD - 1), default=0, show_default=True, help="This node's rank (torchrun, multi-node).")
 @click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="torchrun's c10d rendezvous (multi-node; node 0's address).")
 @click.option("--dry-run", is_flag=True, help="Print every launch's command line and exit without running anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in the README).")

@@ -211,17 +211,24 @@ def launcher_env_for(env: Environment) -> dict[str, str]:
     return launch_env() if env.hip else {}
 
 
-def child_env(tree: Path, bootstrap: Path, extra: dict[str, str | None]) -> dict[str, str]:
+def child_env(tree: Path, bootstrap: Path, extra: dict[str, str | None], pycache: Path | None = None) -> dict[str, str]:
     """The started processes' environment: the tree (and the firewall) put first on the path, the
-    bootstrap's bin/ (this interpreter as `python3`) first on PATH; ``extra`` on top (None: unset)."""
+    bootstrap's bin/ (this interpreter as `python3`) first on PATH; ``extra`` on top (None: unset).
+    Bytecode goes to ``pycache`` (PYTHONPYCACHEPREFIX), never into the tree; without one none is written."""
     env = dict(os.environ)
     parts = [str(bootstrap), str(tree)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env.update({"PYTHONPATH": os.pathsep.join(parts), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
                 "PATH": os.pathsep.join([str(bootstrap / "bin"), env.get("PATH", "")]), "ROCMPORT_PYTHON": sys.executable})
-    # The trees' bytecode is written (in their __pycache__, which their .gitignore keeps out of git):
-    # with PYTHONDONTWRITEBYTECODE set, every rank, checkpoint writer and data-loader worker compiled
-    # megatron's sources again at each start (a tenth of stage 4's processor time on 2 cores).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if pycache is not None:
+        # Bytecode is written, but under ``pycache``, not in the tree's __pycache__: written there, it
+        # made the tree dirty for the next `apply` wherever the tree's .gitignore does not name it. Not
+        # written at all (PYTHONDONTWRITEBYTECODE), every rank, checkpoint writer and data-loader worker
+        # compiled megatron's sources again at each start (a tenth of stage 4's processor time on 2 cores).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
     for key, value in extra.items():
         if value is None:
             env.pop(key, None)

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, took_part
@@ -65,6 +66,29 @@ def case_dir(tree: Path, case: str) -> Path:
     return tree / CASES / case
 
 
+# A case is one directory under CASES (upstream's are all one level deep); its name also names its
+# goldens (<case>.<device kind>.json), so it is a plain file name: no separator, no `..`, no control.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}", re.ASCII)
+
+
+def check_case(tree: Path, case: str) -> Path:
+    """The directory of ``--case`` in ``tree``, or BadInput: not a plain name, or (through a link)
+    outside the tree's cases directory. Whether it exists is the caller's question."""
+    hint = f"give the name of a directory under {CASES} (e.g. gpt3_mcore_tp2_pp2_uninstall_te)"
+    if not _NAME.fullmatch(case):
+        raise BadInput(f"--case {case[:80]!r}: not a case name; {hint}")
+    root = (tree / CASES).resolve()
+    cdir = case_dir(tree, case)
+    if not cdir.resolve().is_relative_to(root):
+        raise BadInput(f"--case {case!r}: {cdir} leads outside {tree / CASES} (to {cdir.resolve()}); {hint}")
+    return cdir
+
+
+def cases_near(tree: Path) -> list[str]:
+    """Some of the tree's GPT cases with a parallel layout in their name, for a hint."""
+    return sorted(p.name for p in (tree / CASES).glob("gpt3_*mcore_*") if p.is_dir() and "_tp" in p.name)[:8]
+
+
 def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, work: Path,
                extra: dict[str, object] | None = None) -> list[str]:
     """MODEL_ARGS as a command line, with CI's paths replaced, (in proxy mode) the model scaled
@@ -92,11 +116,30 @@ def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, 
         elif value is False or value is None:
             continue
         else:
-            text = str(value)
+            # Megatron's --data-path takes several words (a blend: [weight] prefix ...): split the case's
+            # value before the paths go in, so a data root with a space stays one word.
+            words = str(value).split() if key == "--data-path" else [str(value)]
             for var, path in paths.items():
-                text = text.replace("${" + var + "}", str(path))
-            out += [key, text]
+                words = [w.replace("${" + var + "}", str(path)) for w in words]
+            out += [key, *words]
     return out
+
+
+# The files a case reads from upstream CI's data root ($DATA_PATH), by flag: a dataset prefix is
+# its .bin and .idx.
+_DATA_FILES = {"--data-path": (".bin", ".idx"), "--vocab-file": ("",), "--merge-file": ("",), "--tokenizer-model": ("",)}
+
+
+def missing_data(config: dict, data_root: Path) -> list[str]:
+    """The files the case names under ``data_root`` (its ${DATA_PATH}) that are not there."""
+    args = config.get("MODEL_ARGS") or {}
+    missing = []
+    for key, suffixes in _DATA_FILES.items():
+        for word in str(args.get(key) or "").split():
+            if "${DATA_PATH}" in word:
+                path = word.replace("${DATA_PATH}", str(data_root))
+                missing += [path + sfx for sfx in suffixes if not Path(path + sfx).is_file()]
+    return missing
 
 
 def loss_steps(log: str) -> dict[int, float]:
@@ -188,6 +231,10 @@ def _args_difference(a: list[str], b: list[str]) -> str:
 
 
 def golden_path(series_dir: Path, case: str, device_kind: str) -> Path:
+    """Where the golden of ``case`` for ``device_kind`` lives: always a file directly in the series' goldens/."""
+    if not _NAME.fullmatch(case) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", device_kind, re.ASCII):
+        raise BadInput(f"golden for case {case[:80]!r} and device kind {device_kind[:80]!r}: not plain names; "
+                       f"a golden is a file in {series_dir / 'goldens'}")
     return series_dir / "goldens" / f"{case}.{device_kind}.json"
 
 
@@ -229,7 +276,13 @@ def functional_command(launcher: Launcher, config: dict, args: list[str], dp: in
 
 
 def load_case(tree: Path, case: str) -> dict:
-    return yaml.safe_load((case_dir(tree, case) / "model_config.yaml").read_text()) or {}
+    from rocmport.inputs import parse_yaml, read_text
+
+    path = case_dir(tree, case) / "model_config.yaml"
+    config = parse_yaml(read_text(path, "functional case"), path) or {}
+    if not isinstance(config, dict) or not isinstance(config.get("MODEL_ARGS") or {}, dict):
+        raise BadInput(f"{path}: not a functional case (a mapping with MODEL_ARGS); pass another --case")
+    return config
 
 
 def _launch(cmd: list[str], tree: Path, env: dict, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -263,12 +316,11 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
     the remaining iterations. ``hip``: the simulated ROCm version (proxy), for the report;
     ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the port picks the async writer."""
     start = time.monotonic()
-    cdir = case_dir(tree, case)
+    cdir = check_case(tree, case)
     if not (tree / "pretrain_gpt.py").is_file():
         return StageResult("functional", SKIPPED, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"), {}
     if not (cdir / "model_config.yaml").is_file():
-        near = sorted(p.name for p in (tree / CASES).glob("gpt3_*mcore_*") if p.is_dir() and "_tp" in p.name)[:8]
-        text = f"upstream has no functional case {case} ({cdir.relative_to(tree)}); pass --case NAME (e.g. {', '.join(near)})"
+        text = f"upstream has no functional case {case} ({CASES / case}); pass --case NAME (e.g. {', '.join(cases_near(tree))})"
         return StageResult("functional", SKIPPED if defaulted else FAIL, text), {}
     config = load_case(tree, case)
     support = resume_support(tree)

@@ -21,10 +21,16 @@ def parse_version(text: str) -> tuple[int, int]:
     """``"7.1.25424-..."`` -> (7, 1); BadInput when it is not a ROCm version."""
     from rocmport.errors import BadInput
 
-    parts = text.split("-")[0].split(".")
-    if len(parts) < 2 or not all(p.isdigit() for p in parts):
-        raise BadInput(f"--hip-version {text!r}: not a ROCm version; expected MAJOR.MINOR[.BUILD][-HASH], e.g. 7.1 or 6.4.43482-0f2d60242")
-    return int(parts[0]), int(parts[1])
+    # ASCII digits only ('²'.isdigit() is true and int('²') fails); the hash a plain word: the version
+    # goes into every started process's environment and torch.version.hip.
+    match = _VERSION.fullmatch(text) if len(text) <= 64 else None
+    if match is None:
+        raise BadInput(f"--hip-version {text[:80]!r}: not a ROCm version; expected MAJOR.MINOR[.BUILD][-HASH], "
+                       f"e.g. 7.1 or 6.4.43482-0f2d60242 (--no-hip-sim for the CUDA path)")
+    return int(match[1]), int(match[2])
+
+
+_VERSION = re.compile(r"([0-9]{1,6})\.([0-9]{1,6})(?:\.[0-9]{1,12})*(?:-[0-9A-Za-z][0-9A-Za-z._+-]*)?", re.ASCII)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ On GPUs: nccl (RCCL on ROCm). Without: CPU proxy on gloo, with the HIP simulatio
 
 from __future__ import annotations
 
+import os
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -11,10 +12,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from rocmport import output
+from rocmport import output, procs
 from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
 from rocmport.errors import BadInput
 from rocmport.gitutil import run_git
+from rocmport.inputs import has_control
 from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
@@ -76,6 +78,7 @@ class VerifyOptions:
     stages: tuple[str, ...] = STAGES
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
+    pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
 
 
 @dataclass
@@ -134,52 +137,84 @@ def tree_identity(tree: Path) -> tuple[str | None, str | None]:
     return line, head or None
 
 
-def check_sizes(tp: int, pp: int, iters: int) -> None:
-    """The option checks a run and a --dry-run share."""
-    if tp < 1 or pp < 1 or iters < 2:
-        raise BadInput("--tp and --pp must be >= 1 and --iters >= 2")
+# The most processes a run may ask for: beyond any machine's (and torchrun's) reach, so a typo such as
+# `--dp 99999999999999999999` is refused at once instead of reaching the launcher.
+MAX_WORLD = 65536
+MAX_ITERS = 10**7
+
+
+def check_sizes(tp: int, pp: int, iters: int, dp: int | None = None, nproc: int | None = None) -> int:
+    """The size and layout checks a run and a --dry-run share, from the options alone: answered before
+    any tree is read, the environment probed or torch imported (a bad --tp is told in a fraction of a
+    second). Returns dp (from --nproc when given)."""
+    for name, value in (("--tp", tp), ("--pp", pp), ("--dp", dp), ("--nproc", nproc)):
+        if value is not None and not 1 <= value <= MAX_WORLD:
+            raise BadInput(f"{name} {value}: must be between 1 and {MAX_WORLD}")
+    if not 2 <= iters <= MAX_ITERS:
+        raise BadInput(f"--iters {iters}: must be between 2 and {MAX_ITERS}")
+    if HEADS % tp:
+        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
+    if LAYERS % pp:
+        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
+    if nproc is not None:
+        if nproc % (tp * pp):
+            raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
+        if dp is not None and tp * pp * dp != nproc:
+            raise BadInput(f"--dp {dp} and --nproc {nproc} disagree: tp {tp} × pp {pp} × dp {dp} = {tp * pp * dp} processes; give one of them")
+        dp = nproc // (tp * pp)
+    dp = dp or 1
+    if tp * pp * dp > MAX_WORLD:
+        raise BadInput(f"world size {tp * pp * dp} (tp {tp} × pp {pp} × dp {dp}) is over {MAX_WORLD}; give smaller sizes")
+    return dp
 
 
 def parse_stages(text: str | None) -> tuple[str, ...]:
-    """`--stages 1,3` or `--stages imports,unit-tests` (numbers or names) -> stage names, in order."""
-    if not text:
+    """`--stages 1,3` or `--stages imports,unit-tests` (numbers or names) -> stage names, in order.
+    None (not given): every stage; a value that names no stage (``''``, ``','``) is bad input."""
+    if text is None:
         return STAGES
+    numbers = {str(i): name for i, name in enumerate(STAGES, 1)}
+    hint = f"use 1-{len(STAGES)} or {', '.join(STAGES)}, comma-separated"
     chosen = set()
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        if part.isdigit() and 1 <= int(part) <= len(STAGES):
-            chosen.add(STAGES[int(part) - 1])
-        elif part in STAGES:
-            chosen.add(part)
+        if part in numbers or part in STAGES:
+            chosen.add(numbers.get(part, part))
         else:
-            raise BadInput(f"--stages {text!r}: unknown stage {part!r}; use 1-{len(STAGES)} or {', '.join(STAGES)}")
+            raise BadInput(f"--stages {text[:80]!r}: unknown stage {part[:40]!r}; {hint}")
+    if not chosen:
+        raise BadInput(f"--stages {text[:80]!r}: names no stage; {hint}")
     return tuple(s for s in STAGES if s in chosen)
 
 
-def check_layout(tp: int, pp: int, dp: int | None, nproc: int | None) -> None:
-    """The parallel layout's rules, from the options alone: answered before anything is probed or
-    imported (a bad --tp is told in a fraction of a second, not after the environment's probe)."""
-    if nproc is not None and tp * pp and nproc % (tp * pp):
-        raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
-    if nproc is not None and dp is not None and tp * pp * dp != nproc:
-        raise BadInput(f"--dp {dp} and --nproc {nproc} disagree: tp {tp} × pp {pp} × dp {dp} = {tp * pp * dp} processes; give one of them")
-    if pp and LAYERS % pp:
-        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
-    if tp and HEADS % tp:
-        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
+def check_megatron_tree(tree: Path) -> None:
+    """The tree has megatron/core (stage 1 then fails one that holds no code, or that imports as a
+    namespace package: a stage that checks nothing does not pass)."""
+    if not (tree / MEGATRON_LM.package_dir).is_dir():
+        raise BadInput(f"{tree}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
 
 
 def _dp(opts: VerifyOptions) -> int:
-    check_layout(opts.tp, opts.pp, opts.dp, opts.nproc)
-    if opts.nproc is not None:
-        return opts.nproc // (opts.tp * opts.pp)
-    return opts.dp or 1
+    return check_sizes(opts.tp, opts.pp, opts.iters, opts.dp, opts.nproc)
+
+
+def inductor_cache_dir() -> str:
+    """torch.compile's cache where torch keeps it by default (<tmp>/torchinductor_<user>), named for
+    the started processes: their TMPDIR is the run's own directory, removed at its end, and a GPU run
+    would otherwise compile every kernel again each time. An explicit TORCHINDUCTOR_CACHE_DIR wins."""
+    import getpass
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    return str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")
 
 
 def run_verify(opts: VerifyOptions) -> VerifyReport:
     tree, tp, pp, iters, launcher = opts.tree, opts.tp, opts.pp, opts.iters, opts.launcher
-    if not (tree / MEGATRON_LM.package_dir).is_dir():
-        raise BadInput(f"{tree}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
-    check_sizes(tp, pp, iters)
+    check_megatron_tree(tree)
     dp = _dp(opts)
     world = tp * pp * dp
     environment.check_python(tree)
@@ -192,7 +227,8 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     mode: Mode = "gpu" if backend == "nccl" else "cpu-proxy"
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
     hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
-    extra: dict[str, str | None] = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile)}
+    extra: dict[str, str | None] = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile),
+                                    "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
     shut_out = blocked(profile)
     if opts.te is not None:
         if mode != "cpu-proxy":
@@ -215,11 +251,22 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
                           launcher=launcher.to_dict(), te=opts.te)
     add = report.stages.append
     missing = environment.missing_deps(tree)
-    with tempfile.TemporaryDirectory(prefix="rocmport-fw-") as tmp:
+
+    def finished() -> str:
+        """What the run had done when it was interrupted (the message of Interrupted)."""
+        done = [s for s in report.stages if s.status != stages.SKIPPED or s.reason != "not selected (--stages)"]
+        running = next((n for n in opts.stages if n not in {s.name for s in report.stages}), None)
+        return ("finished: " + ", ".join(f"{s.name} {s.status}" for s in done) if done else "no stage had finished") + (
+            f"; stopped during {running}" if running else "")
+
+    # Ctrl-C or SIGTERM: every process of the run ended (torchrun's workers in their own sessions too),
+    # its temporary files (torchelastic_*, the bootstrap) removed, exit 130/143 saying what finished.
+    with procs.run_scope("rocmport-verify-", finished, opts.pycache) as scope:
+        tmp = scope.tmp
         sites_dir = Path(tmp) / "port-sites"
         sites_dir.mkdir()
         extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
-        env = environment.child_env(tree, firewall.write_bootstrap(Path(tmp) / "boot"), extra)
+        env = environment.child_env(tree, firewall.write_bootstrap(Path(tmp) / "boot"), extra, opts.pycache)
         if "imports" not in opts.stages:
             add(StageResult("imports", stages.SKIPPED, "not selected (--stages)"))
         elif missing:
@@ -346,9 +393,8 @@ def unit_options(settings: suite.VerifySettings, base: str | None, cache_dir: Pa
         return None, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)"
     if nproc < 1:
         raise BadInput(f"--unit-nproc {nproc}: must be at least 1")
-    absent = [t for t in tests if not (tree / t.split("::")[0]).exists()]
-    if absent:
-        raise BadInput(f"--unit-test {', '.join(absent)}: not in {tree}; give paths relative to the tree (e.g. tests/unit_tests/test_utils.py)")
+    for test in tests:
+        check_unit_test(tree, test)
     if tests:
         chosen, reasons, how = list(tests), {t: "--unit-test" for t in tests}, "explicit"
     elif wanted == "all":
@@ -361,27 +407,58 @@ def unit_options(settings: suite.VerifySettings, base: str | None, cache_dir: Pa
                        selection=how), ""
 
 
+def check_unit_test(tree: Path, test: str) -> None:
+    """``--unit-test`` names a file, directory or test id inside the tree's tests/unit_tests, after
+    symlinks and `..` (pytest is handed nothing else), or BadInput."""
+    hint = "give a path relative to the tree, under tests/unit_tests (e.g. tests/unit_tests/test_utils.py)"
+    path = test.split("::")[0]
+    if not path or has_control(test) or Path(path).is_absolute():
+        raise BadInput(f"--unit-test {test[:120]!r}: not a path in {tree / 'tests/unit_tests'}; {hint}")
+    root = (tree / "tests" / "unit_tests").resolve()
+    target = (tree / path).resolve()
+    if not target.is_relative_to(root):
+        raise BadInput(f"--unit-test {test[:120]}: not in {tree / 'tests/unit_tests'} (it leads to {target}); {hint}")
+    if not target.exists():
+        raise BadInput(f"--unit-test {test[:120]}: no such file or directory in {tree}; {hint}")
+
+
 def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: int, pp: int, data_path, record: bool,
                        iters: int, resume: bool = True, te: bool = False) -> tuple[FunctionalOptions | None, str]:
     from rocmport.verify.doctor import for_verify
-    from rocmport.verify.functional import default_case
+    from rocmport.verify.functional import CASES, cases_near, check_case, default_case, load_case, missing_data
 
+    if case is not None:  # confined to the tree's cases directory whether or not stage 4 runs
+        check_case(tree, case)
     if wanted is False:
         return None, "--no-functional"
     if not (tree / "pretrain_gpt.py").is_file():
         if wanted:
             raise BadInput(f"{tree}: no pretrain_gpt.py to run (a package-index source ships megatron/core only); drop --functional")
         return None, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
-    if data_path and not Path(data_path.split()[-1]).parent.exists():
-        raise BadInput(f"--data-path {data_path}: no such directory; give the prefix of a Megatron .bin/.idx dataset")
+    if case is not None and not (check_case(tree, case) / "model_config.yaml").is_file():
+        raise BadInput(f"--case {case!r}: no such case in {tree / CASES} (no model_config.yaml); e.g. {', '.join(cases_near(tree)) or '-'}")
     if record and series_dir is None:
         raise BadInput(f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)")
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
     # or where TE's Python layer runs on the CPU proxy (--te).
     te_usable = te or for_verify(series_dir / "series" if series_dir else None)["te_usable"]
-    return FunctionalOptions(case=case or default_case(tp, pp, te_usable, tree),
-                             defaulted=not case, data_path=data_path, record=record, series_dir=series_dir, iters=iters,
-                             resume=resume), ""
+    chosen = case or default_case(tp, pp, te_usable, tree)
+    if data_path is not None:
+        # --data-path is upstream CI's data root ($DATA_PATH; the case names its files under it), taken
+        # whole (never split on spaces) and made absolute: pretrain_gpt.py runs in the tree.
+        root = Path(data_path).expanduser().resolve()
+        if not root.is_dir():
+            raise BadInput(f"--data-path {data_path}: not a directory; give upstream CI's data root ($DATA_PATH), "
+                           f"under which the case names its dataset and tokenizer files")
+        config = check_case(tree, chosen) / "model_config.yaml"
+        missing = missing_data(load_case(tree, chosen), root) if config.is_file() else []
+        if missing:
+            raise BadInput(f"--data-path {data_path}: case {chosen} reads {missing[0]}, which is not there"
+                           + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+                           + "; lay the data out as upstream CI does under that directory")
+        data_path = str(root)
+    return FunctionalOptions(case=chosen, defaulted=not case, data_path=data_path, record=record, series_dir=series_dir,
+                             iters=iters, resume=resume), ""
 
 
 def launch_plan(opts: VerifyOptions) -> list[dict]:
@@ -426,17 +503,15 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
             nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
             hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none") -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
-    check_sizes(tp, pp, iters)
-    check_layout(tp, pp, dp, nproc)  # from the options alone: before any tree is read or the environment probed
+    check_sizes(tp, pp, iters, dp, nproc)
+    if hip_version is not None:  # '' too: an empty version is a typo, never the CUDA path (that is --no-hip-sim)
+        hip_sim.parse_version(hip_version)
+    chosen = parse_stages(stages_text)
     path = Path(tree) if tree else settings.worktree_path("megatron-lm")
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
-    if not (path / MEGATRON_LM.package_dir).is_dir():
-        raise BadInput(f"{path}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
+    check_megatron_tree(path)
     environment.check_python(path)  # before anything imports torch: a 3.12 tree on 3.11 says how to get 3.12
-    if hip_version:
-        hip_sim.parse_version(hip_version)
-    chosen = parse_stages(stages_text)
     bridge_tree = settings.worktree_path("megatron-bridge")
     skipped = {}
     if with_bridge is None:  # the Bridge tree of the lock: a refresh to a release without a companion unpins it
@@ -463,8 +538,7 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
         skipped["functional"] = why
     return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, stages=chosen, skipped=skipped, te=te_layer_)
-
+                         hip_version=hip_version, stages=chosen, skipped=skipped, te=te_layer_, pycache=settings.cache_dir / "pycache")
 
 def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | None:
     """``--te VERSION|auto|none``: the TE Python layer for this run, fetched into the cache (auto:

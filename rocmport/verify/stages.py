@@ -49,6 +49,7 @@ for m in json.loads(sys.argv[1]):
         chain = [f"{fr.filename}:{fr.lineno}" for fr in traceback.extract_tb(e.__traceback__) if "/megatron/" in fr.filename or fr.filename.endswith("pretrain_gpt.py")]
         out[m] = {"error": f"{type(e).__name__}: {e}", "chain": chain[-6:], "missing": getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None}
 print("ROCMPORT-IMPORTS " + json.dumps(out))
+print("ROCMPORT-FILES " + json.dumps({m: getattr(sys.modules.get(m), "__file__", None) for m in out if out[m] is None}))
 '''
 
 
@@ -67,8 +68,16 @@ def modules_to_import(tree: Path) -> list[str]:
     return list(dict.fromkeys(mods))
 
 
+def has_code(package: Path) -> bool:
+    """Whether any Python file in ``package`` holds more than blank lines (stops at the first that does)."""
+    return any(p.stat().st_size and p.read_text(encoding="utf-8", errors="replace").strip() for p in package.rglob("*.py"))
+
+
 def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResult:
     start = time.monotonic()
+    if not has_code(tree / "megatron" / "core"):  # it would import, and prove nothing
+        return StageResult("imports", FAIL, f"{tree / 'megatron' / 'core'} holds no Python code: nothing to check "
+                                            f"(not a Megatron-LM tree; run `rocmport apply` or pass --tree)")
     mods = modules_to_import(tree)
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)], cwd=tree, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -79,6 +88,12 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
     failed = {m: r for m, r in results.items() if r}
     details = {"modules": mods, "failures": failed}
     if not failed:
+        elsewhere = _not_from(tree, proc.stdout)
+        if elsewhere:  # the tree's own package was shadowed (or is a namespace package): nothing of the tree was checked
+            m, where = next(iter(elsewhere.items()))
+            return StageResult("imports", FAIL, f"{m} imported {where}, not from the tree {tree}: stage 1 checked nothing of the tree "
+                               f"(a package of that name earlier on the path, or no {m.replace('.', '/')}/__init__.py)",
+                               time.monotonic() - start, {**details, "not_from_tree": elsewhere})
         shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
         # What was not tested says so: "1 module imports" alone hid that megatron.training was absent, not tried.
         absent = "" if (tree / "megatron" / "training").is_dir() else "; the tree has no megatron/training (a package-index source): not tested"
@@ -93,6 +108,22 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
         hint = f" (missing dependency: `{sys.executable} -m pip install {missing.split('.')[0]}`)"
     chain = " -> ".join(r["chain"])
     return StageResult("imports", FAIL, f"{m}: {r['error']}{hint}; import chain: {chain}", time.monotonic() - start, details)
+
+
+def _not_from(tree: Path, stdout: str) -> dict[str, str]:
+    """The tree's own modules (megatron.*, pretrain_gpt) the probe imported from elsewhere: module -> where."""
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("ROCMPORT-FILES ")), None)
+    files = json.loads(line.split(" ", 1)[1]) if line else {}
+    root = tree.resolve()
+    out = {}
+    for m, f in files.items():
+        if m.split(".")[0] not in ("megatron", "pretrain_gpt") or m == "megatron":
+            continue
+        if f is None:
+            out[m] = "as a namespace package (no file)"
+        elif not Path(f).resolve().is_relative_to(root):
+            out[m] = f"from {f}"
+    return out
 
 
 def training_commands(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False) -> dict[str, list[str]]:
