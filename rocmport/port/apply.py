@@ -29,6 +29,7 @@ from rocmport.upstream import package_index
 from rocmport.upstream.lock import Lock, Pin, load_lock
 from rocmport.upstream.remotes import validate_url
 from rocmport.upstream.store import Store
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
 
 # done: the port is built; conflict: stopped at a patch for a human; aborted: --abort restored the branch.
@@ -116,7 +117,7 @@ def apply_project(settings: Settings, upstream: str | None, *, codemods_only=Fal
     each as it finishes; a conflict ends the run there. --continue/--abort without --upstream act on
     the work trees that have a stopped apply (BadInput when none has)."""
     lock = load_lock(settings.lock_path)
-    names = [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != "megatron-lm")
+    names = [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != MEGATRON_LM.name)
     for name in names:
         if name not in lock.upstreams:
             raise BadInput(f"{settings.lock_path}: no pin for {name}; run `rocmport sync`")
@@ -214,7 +215,7 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
                         branch=branch_name(pin), series=str(series.path), series_hash=digest,
                         step=wt.Step("checkout", parent=head),
                         # Bridge's manifest points its Megatron-LM source at the ported tree beside it.
-                        megatron_lm_path=os.path.relpath(settings.worktree_path("megatron-lm"), tree) if name == "megatron-bridge" else None)
+                        megatron_lm_path=os.path.relpath(settings.worktree_path(MEGATRON_LM.name), tree) if name == MEGATRON_BRIDGE.name else None)
     wt.write_state(tree, new)
     wt.set_sparse(tree, pin.commit, series.excluded_paths)
     git("checkout", "-q", "--force", "-B", branch_name(pin), pin.commit, cwd=tree)

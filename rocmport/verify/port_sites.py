@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocmport.gitutil import run_git
+from rocmport.upstreams import UPSTREAMS
 
-HELPER_MODULES = ("megatron.core._rocm", "megatron.bridge._rocm")
-HELPER_FILES = ("megatron/core/_rocm.py", "src/megatron/bridge/_rocm.py")
+HELPER_MODULES = tuple(u.helper_module for u in UPSTREAMS.values())
+HELPER_FILES = tuple(u.helper_path for u in UPSTREAMS.values())
 _SUBJECT = re.compile(r"^codemod: (\S+) \S+$")
 
 # Why a site in a module verify never imported stays unreached, by where the module lives (first match).

@@ -21,7 +21,7 @@ from rocmport.verify import environment, firewall, hip_sim, stages, suite
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
-from rocmport.upstreams import MEGATRON_LM
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
 STAGES = ("imports", "gpt-training", "unit-tests", "functional", "bridge")
 Mode = Literal["gpu", "cpu-proxy"]
@@ -385,7 +385,7 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
             hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
     check_sizes(tp, pp, iters)
-    path = Path(tree) if tree else settings.worktree_path("megatron-lm")
+    path = Path(tree) if tree else settings.worktree_path(MEGATRON_LM.name)
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
     if not (path / MEGATRON_LM.package_dir).is_dir():
@@ -394,10 +394,10 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = 2, pp: int = 2, d
     if hip_version:
         hip_sim.parse_version(hip_version)
     chosen = parse_stages(stages_text)
-    bridge_tree = settings.worktree_path("megatron-bridge")
+    bridge_tree = settings.worktree_path(MEGATRON_BRIDGE.name)
     skipped = {}
     if with_bridge is None:  # the Bridge tree of the lock: a refresh to a release without a companion unpins it
-        pinned = _lock_pins(settings, "megatron-bridge")
+        pinned = _lock_pins(settings, MEGATRON_BRIDGE.name)
         with_bridge = not tree and bridge_tree.is_dir() and pinned
         if not with_bridge:
             skipped["bridge"] = ("--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)" if tree
