@@ -15,7 +15,7 @@ from typing import Literal
 from rocmport import __version__, output
 from rocmport.codemods import compute_layers, registry
 from rocmport.codemods.catalog import check_recipe
-from rocmport.codemods.runner import helper_text
+from rocmport.codemods.runner import recipe_helper_text
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text, tree_write_text
@@ -67,9 +67,9 @@ def codemod_versions(series: Series) -> dict[str, str]:
 
 
 def inputs_hash(pin: Pin, series: Series, versions: dict[str, str]) -> str:
-    # The generated runtime helper is part of what the codemod layers write (as rendered: the
-    # launcher environment of rocmport/launch_env.py is in it).
-    helper = helper_text([]).encode() if series.codemods else b""
+    # The generated runtime helper is part of what the codemod layers write (the one this recipe's
+    # tree gets, as rendered: the launcher environment of rocmport/launch_env.py is in it).
+    helper = recipe_helper_text(series.codemods).encode() if series.codemods else b""
     data = {"commit": pin.commit, "recipe": recipe_digest(series, versions), "codemods": versions, "rocmport": __version__,
             "helper": hashlib.sha256(helper).hexdigest(), "manifests": manifests.VERSION}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

@@ -9,7 +9,7 @@ nothing to count: `rewrites` (the codemod's own site count from the apply state)
 rewrites the codemod made in all.
 
 What ran. With $ROCMPORT_PORT_SITES set to a directory, the helper records each call site once per
-process (`<file>:<line> <helper>`, see the end of rocmport/data/_rocm.py.tmpl) and the bootstrap
+process (`<file>:<line> <helper>`, see the end of rocmport/codemods/runtime/core.py) and the bootstrap
 writes the tree's modules a process imported (`modules-<pid>.txt`). A site ran when a recorded
 line falls within its call. An unreached site gets a reason: its module was never imported (and
 why, by where it lives), or it was imported and that branch did not run here."""
