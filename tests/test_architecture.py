@@ -160,7 +160,8 @@ def upstream_literals(source: str, whole: set[str], parts: set[str]) -> list[tup
 
 def test_the_literal_reader_finds_facts_in_code_not_in_docstrings():
     whole, parts = upstream_facts()
-    source = ('"""megatron-lm"""\ndef f():\n    """megatron/core/_rocm.py"""\n    return ("megatron-lm", "megatron-lm/x",\n'
+    source = ('"""megatron-lm"""\ndef f():\n    """megatron/core/_rocm.py"""\n'
+              '    return ("megatron-lm", "megatron-lm/x",\n'
               '            f"see https://github.com/NVIDIA/Megatron-LM/commit/{1}", "megatron.core._rocm")\n')
     assert upstream_literals(source, whole, parts) == [(4, "megatron-lm"), (5, "megatron.core._rocm"),
                                                        (5, "see https://github.com/NVIDIA/Megatron-LM/commit/")]
@@ -176,8 +177,8 @@ def test_upstream_facts_are_spelled_only_in_upstreams_py():
         if rel == "rocmport/upstreams.py":
             continue
         allowed = UPSTREAM_LITERALS_ALLOWED.get(rel, {})
-        hits = [f"{line}: {value!r}" for line, value in upstream_literals(path.read_text(encoding="utf-8"), whole, parts)
-                if value not in allowed]
+        literals = upstream_literals(path.read_text(encoding="utf-8"), whole, parts)
+        hits = [f"{line}: {value!r}" for line, value in literals if value not in allowed]
         if hits:
             found[rel] = hits
     assert found == {}

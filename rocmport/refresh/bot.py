@@ -135,7 +135,8 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
             if v > current:
                 by_version[v] = Candidate(f"v{v}", str(v), f"pypi:{v}")
     else:
-        mirror = Store(settings.cache_dir).update_mirror(validate_url(MEGATRON_LM.name, settings.remotes[MEGATRON_LM.name]))
+        url = validate_url(MEGATRON_LM.name, settings.remotes[MEGATRON_LM.name])
+        mirror = Store(settings.cache_dir).update_mirror(url)
         if track == "main":
             head = rev_parse("refs/heads/main", mirror)
             if head is None:
