@@ -185,6 +185,14 @@ def test_parts_are_numbered_once_and_the_pieces_are_whole():
         assert outside.strip() == "", (piece, outside[:200])
 
 
+def test_the_port_site_recorder_comes_last():
+    """It wraps the public helpers defined before it: a part after it would go unrecorded."""
+    numbered = sorted((n, piece) for piece in helper.pieces() for n, _ in helper.parts(piece))
+    last_number, last_piece = numbered[-1]
+    assert last_piece == helper.CORE and "_record_port_sites(__import__" in dict(helper.parts(helper.CORE))[last_number]
+    assert FULL.rstrip().endswith('_record_port_sites(__import__("os").environ["ROCMPORT_PORT_SITES"])')
+
+
 def test_an_unclosed_part_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(helper, "piece_source", lambda piece: "# >>> helper part 5\nX = 1\n")
     with pytest.raises(ValueError, match="without its"):

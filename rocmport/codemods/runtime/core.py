@@ -5,7 +5,8 @@
 # The runtime helpers every generated helper module has (is_hip, MissingPackage, the port-site
 # recorder ...) and hip_runtime_version, which patch 0001 imports: only the text between the
 # `# >>> helper part N` / `# <<< helper part N` markers goes into the generated module
-# (rocmport/codemods/helper.py assembles it).
+# (rocmport/codemods/helper.py assembles it). Part 1000, the port-site recorder, must come last: it
+# wraps every public helper defined above it.
 # >>> helper part 10
 """ROCm runtime helpers used by call sites that rocmport's codemods rewrote.
 
@@ -141,7 +142,7 @@ def hip_runtime_version() -> tuple[int, int]:
 
 # <<< helper part 170
 
-# >>> helper part 220
+# >>> helper part 1000
 # ---- port coverage (rocmport verify) ---------------------------------------------------------------
 # Only when $ROCMPORT_PORT_SITES names a directory (verify sets it): each public helper above records
 # the call sites that use it, once per site and process, as "<file>:<line> <helper>" lines in
@@ -193,4 +194,4 @@ def _record_port_sites(directory):
 
 if __import__("os").environ.get("ROCMPORT_PORT_SITES"):
     _record_port_sites(__import__("os").environ["ROCMPORT_PORT_SITES"])
-# <<< helper part 220
+# <<< helper part 1000
