@@ -129,3 +129,56 @@ def test_top_level_modules_import_no_package():
     top = [n for n in deps if layer(n) == 0 and n != "rocmport"]
     assert "rocmport.config" in top and "rocmport.upstreams" in top
     assert {n: sorted(d for d in deps[n] if layer(d) > 0) for n in top if any(layer(d) > 0 for d in deps[n])} == {}
+
+
+# Where an upstream fact may be spelled outside rocmport/upstreams.py, and why (path -> literals).
+UPSTREAM_LITERALS_ALLOWED: dict[str, dict[str, str]] = {}
+
+
+def upstream_facts() -> tuple[set[str], set[str]]:
+    """What upstreams.py owns: whole literals (names, URLs, distributions, package directories and
+    modules, helper paths) and fragments no other literal may contain (URLs, helper paths)."""
+    from rocmport.upstreams import UPSTREAMS
+
+    whole = {f for u in UPSTREAMS.values() for f in (u.name, u.url, u.web_url, u.distribution, u.package_dir, u.module,
+                                                      u.package_info, u.helper_path, u.helper_module)}
+    parts = {f for u in UPSTREAMS.values()
+             for f in (u.web_url.removeprefix("https://"), u.helper_path, u.helper_module, u.package_info)}
+    return whole, parts
+
+
+def upstream_literals(source: str, whole: set[str], parts: set[str]) -> list[tuple[int, str]]:
+    """The string literals of ``source`` (docstrings aside) that spell an upstream fact."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return sorted((node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and (node.value in whole or any(p in node.value for p in parts)))
+
+
+def test_the_literal_reader_finds_facts_in_code_not_in_docstrings():
+    whole, parts = upstream_facts()
+    source = ('"""megatron-lm"""\ndef f():\n    """megatron/core/_rocm.py"""\n'
+              '    return ("megatron-lm", "megatron-lm/x",\n'
+              '            f"see https://github.com/NVIDIA/Megatron-LM/commit/{1}", "megatron.core._rocm")\n')
+    assert upstream_literals(source, whole, parts) == [(4, "megatron-lm"), (5, "megatron.core._rocm"),
+                                                       (5, "see https://github.com/NVIDIA/Megatron-LM/commit/")]
+
+
+def test_upstream_facts_are_spelled_only_in_upstreams_py():
+    """No module but upstreams.py spells an upstream's name, URL, distribution, package directory or
+    helper path: the rest asks `UPSTREAMS` / `MEGATRON_LM` / `MEGATRON_BRIDGE`."""
+    whole, parts = upstream_facts()
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).as_posix()
+        if rel == "rocmport/upstreams.py":
+            continue
+        allowed = UPSTREAM_LITERALS_ALLOWED.get(rel, {})
+        literals = upstream_literals(path.read_text(encoding="utf-8"), whole, parts)
+        hits = [f"{line}: {value!r}" for line, value in literals if value not in allowed]
+        if hits:
+            found[rel] = hits
+    assert found == {}

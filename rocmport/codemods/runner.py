@@ -9,19 +9,18 @@ import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
 from rocmport.codemods.base import Context, Report
 from rocmport.codemods.catalog import registry
+from rocmport.codemods.helper import helper_text
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
 from rocmport.procs import pool_initializer
 from rocmport.upstreams import UPSTREAMS
-from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 
 # Bumped when what a cache entry holds changes shape (2: per-codemod reports).
 CACHE_FORMAT = "2"
@@ -190,23 +189,14 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     return result
 
 
-def _literal(rows: list[tuple[str, str, str]]) -> str:
-    return "[\n" + "".join(f"    {row!r},\n" for row in rows) + "]"
-
-
-def helper_text(codemod_names: list[str]) -> str:
-    """The generated helper: the template, with the launcher environment rendered from
-    rocmport/launch_env.py (the one source `rocmport env`, verify and the container recipe use)."""
-    template = resources.files("rocmport").joinpath("data/_rocm.py.tmpl").read_text(encoding="utf-8")
-    return (template.replace("{codemods}", ", ".join(codemod_names))
-            .replace("{launch_env}", _literal(LAUNCH_ENV))
-            .replace("{deterministic_env}", _literal(DETERMINISTIC_ENV)))
+def recipe_helper_text(codemods) -> str:
+    """The generated helper a recipe's tree gets (its codemods: names or {name, options} entries)."""
+    return helper_text([s["name"] for s in _specs(codemods) if registry[s["name"]].USES_HELPER])
 
 
 def _add_helpers(tree: Path, result: LayersResult, specs: list[dict]) -> None:
     """Write the runtime helper into the first layer whose rewritten sites import it."""
-    users = [s["name"] for s in specs if registry[s["name"]].USES_HELPER]
-    text = helper_text(users)
+    text = recipe_helper_text(specs)
     for module, rel in HELPER_PATHS.items():
         if tree_kind(tree, str(PurePosixPath(rel).parent)) != "dir":
             continue

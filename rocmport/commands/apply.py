@@ -8,6 +8,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.port.apply import apply_project
+from rocmport.upstreams import NAMES
 
 
 def _print_report(r) -> None:
@@ -35,7 +36,7 @@ def _print_report(r) -> None:
 
 
 @click.command("apply")
-@click.option("--upstream", type=click.Choice(["megatron-lm", "megatron-bridge"]), help="Only this upstream (default: every pinned one).")
+@click.option("--upstream", type=click.Choice(NAMES), help="Only this upstream (default: every pinned one).")
 @click.option("--codemods-only", is_flag=True, help="No patch series: the default codemod recipe on the pinned commit.")
 @click.option("--continue", "cont", is_flag=True, help="Go on after you resolved and committed a conflicting patch.")
 @click.option("--abort", is_flag=True, help="Give up a stopped apply and restore the branch as it was.")

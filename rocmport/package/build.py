@@ -31,7 +31,7 @@ from rocmport.patches.series import select_series
 from rocmport.port import manifests
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
-from rocmport.upstreams import NAMES, UPSTREAMS
+from rocmport.upstreams import MEGATRON_LM, NAMES, UPSTREAMS
 
 
 
@@ -199,7 +199,8 @@ def build_project(settings: Settings, upstream: str | None, out_dir: str, build_
     lock = load_lock(settings.lock_path)
     names = [upstream] if upstream else [n for n in NAMES if n in lock.upstreams and settings.worktree_path(n).is_dir()]
     if not names:
-        raise BadInput(f"{settings.worktree_path('megatron-lm')}: no ported tree to build; run `rocmport apply` first")
+        raise BadInput(f"{settings.worktree_path(MEGATRON_LM.name)}: no ported tree to build; "
+                       "run `rocmport apply` first")
     out = (settings.root / out_dir) if not Path(out_dir).is_absolute() else Path(out_dir)
     interpreter, version = build_python([settings.worktree_path(n) for n in names], python, say)
     result, wheels = ProjectBuild(python=version), []

@@ -15,7 +15,7 @@ from typing import Literal
 from rocmport import __version__, output
 from rocmport.codemods import compute_layers, registry
 from rocmport.codemods.catalog import check_series
-from rocmport.codemods.runner import helper_text
+from rocmport.codemods.runner import recipe_helper_text
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text, tree_write_text
@@ -29,6 +29,7 @@ from rocmport.upstream import package_index
 from rocmport.upstream.lock import Lock, Pin, load_lock
 from rocmport.upstream.remotes import validate_url
 from rocmport.upstream.store import Store
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
 
 # done: the port is built; conflict: stopped at a patch for a human; aborted: --abort restored the branch.
@@ -66,9 +67,9 @@ def codemod_versions(series: Series) -> dict[str, str]:
 
 
 def inputs_hash(pin: Pin, series: Series, versions: dict[str, str]) -> str:
-    # The generated runtime helper is part of what the codemod layers write (as rendered: the
-    # launcher environment of rocmport/launch_env.py is in it).
-    helper = helper_text([]).encode() if series.codemods else b""
+    # The generated runtime helper is part of what the codemod layers write (the one this recipe's
+    # tree gets, as rendered: the launcher environment of rocmport/launch_env.py is in it).
+    helper = recipe_helper_text(series.codemods).encode() if series.codemods else b""
     data = {"commit": pin.commit, "recipe": recipe_digest(series, versions), "codemods": versions, "rocmport": __version__,
             "helper": hashlib.sha256(helper).hexdigest(), "manifests": manifests.VERSION}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -116,7 +117,7 @@ def apply_project(settings: Settings, upstream: str | None, *, codemods_only=Fal
     each as it finishes; a conflict ends the run there. --continue/--abort without --upstream act on
     the work trees that have a stopped apply (BadInput when none has)."""
     lock = load_lock(settings.lock_path)
-    names = [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != "megatron-lm")
+    names = [upstream] if upstream else sorted(lock.upstreams, key=lambda n: n != MEGATRON_LM.name)
     for name in names:
         if name not in lock.upstreams:
             raise BadInput(f"{settings.lock_path}: no pin for {name}; run `rocmport sync`")
@@ -214,7 +215,7 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
                         branch=branch_name(pin), series=str(series.path), series_hash=digest,
                         step=wt.Step("checkout", parent=head),
                         # Bridge's manifest points its Megatron-LM source at the ported tree beside it.
-                        megatron_lm_path=os.path.relpath(settings.worktree_path("megatron-lm"), tree) if name == "megatron-bridge" else None)
+                        megatron_lm_path=os.path.relpath(settings.worktree_path(MEGATRON_LM.name), tree) if name == MEGATRON_BRIDGE.name else None)
     wt.write_state(tree, new)
     wt.set_sparse(tree, pin.commit, series.excluded_paths)
     git("checkout", "-q", "--force", "-B", branch_name(pin), pin.commit, cwd=tree)

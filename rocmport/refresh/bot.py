@@ -136,7 +136,7 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
     """Upstream releases newer than the lock, oldest version first (versions, not dates: patch
     releases of an older line are often tagged after the next line's first release)."""
     lock = load_lock(settings.lock_path)
-    pin = lock.upstreams.get("megatron-lm")
+    pin = lock.upstreams.get(MEGATRON_LM.name)
     if pin is None:
         raise BadInput(f"{settings.lock_path}: pins no megatron-lm; run `rocmport sync --ref REF` first")
     current = Version(pin.version or "0")
@@ -148,11 +148,12 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
             if v > current:
                 by_version[v] = Candidate(f"v{v}", str(v), f"pypi:{v}")
     else:
-        mirror = Store(settings.cache_dir).update_mirror(validate_url("megatron-lm", settings.remotes["megatron-lm"]))
+        url = validate_url(MEGATRON_LM.name, settings.remotes[MEGATRON_LM.name])
+        mirror = Store(settings.cache_dir).update_mirror(url)
         if track == "main":
             head = rev_parse("refs/heads/main", mirror)
             if head is None:
-                raise BadInput(f"{settings.remotes['megatron-lm']}: has no branch 'main' to track")
+                raise BadInput(f"{settings.remotes[MEGATRON_LM.name]}: has no branch 'main' to track")
             return [] if head == pin.commit else [Candidate(f"main@{head[:12]}", head, head)]
         # Twin tags (v0.15.3 / core_v0.15.3): release_tags sorts the core_ one last, so it wins.
         for t in refs.release_tags(mirror):
@@ -161,7 +162,7 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
     wanted = {ReleaseLine.parse(s) for s in lines or []}
     if not wanted:
         newest = max((ReleaseLine.of(v) for v in by_version), default=None)
-        series_lines = (ReleaseLine.match(s.line) for s in all_series(settings.patchsets_dir, "megatron-lm"))
+        series_lines = (ReleaseLine.match(s.line) for s in all_series(settings.patchsets_dir, MEGATRON_LM.name))
         wanted = {line for line in series_lines if line} | ({newest} if newest else set())
     out = [c for v, c in sorted(by_version.items()) if ReleaseLine.of(v) in wanted]
     say(f"bot: {len(out)} release(s) newer than {pin.resolved_ref} on lines {', '.join(map(str, sorted(wanted)))}: "

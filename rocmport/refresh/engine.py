@@ -29,7 +29,7 @@ from rocmport.state import expect, one_of, read_json, value_of, write_json
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
 from rocmport.upstream.resolve import resolve_lock
 from rocmport.upstream.store import Store
-from rocmport.upstreams import NAMES
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM, NAMES
 
 # The state file of a refresh under way: in-progress (or killed), or stopped at a conflict for a human.
 StateStatus = Literal["in-progress", "conflict"]
@@ -68,11 +68,11 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
         raise BadInput(f"{_state_path(settings)}: a refresh to {state['to']} stopped at a conflict; resolve it and run "
                        f"`rocmport refresh --continue`, or `rocmport refresh --abort`")
     old = load_lock(settings.lock_path)
-    mlm = old.upstreams.get("megatron-lm")
+    mlm = old.upstreams.get(MEGATRON_LM.name)
     if mlm is None:
         raise BadInput(f"{settings.lock_path}: pins no megatron-lm; run `rocmport sync --ref REF` first")
     started = time.time()
-    new = resolve_lock(settings, to, source=mlm.source, no_bridge="megatron-bridge" not in old.upstreams, say=say, warn=warn)
+    new = resolve_lock(settings, to, source=mlm.source, no_bridge=MEGATRON_BRIDGE.name not in old.upstreams, say=say, warn=warn)
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
         return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"]).settle(up_to_date=True)
     settings.refresh_dir.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from rocmport.port.apply import apply_upstream, report_path
 from rocmport.refresh.result import UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
+from rocmport.upstreams import MEGATRON_LM
 from rocmport.verify.environment import python_setup_hint, unmet_python
 from rocmport.verify.run import VerifyOptions, run_verify
 
@@ -124,7 +125,7 @@ def _diff_of(patch_text: str | None, fallback: str) -> str:
 
 def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: dict, say=print) -> dict:
     """Verify the new port; when a stage fails, verify the old port too and label each failure."""
-    tree = rsettings.worktree_path("megatron-lm")
+    tree = rsettings.worktree_path(MEGATRON_LM.name)
     need = unmet_python(tree)
     if need:
         return {"skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
@@ -136,7 +137,7 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
     out = {"mode": new["mode"], "stages": new["stages"], "failed": failed}
     if failed:
-        old_tree = _old_port(settings, old, "megatron-lm", say)
+        old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
         before = {s.name: s.status for s in run_verify(VerifyOptions(tree=old_tree.resolve(), **args)).stages}
         out["labels"] = {n: ("also fails on the old pin: upstream or environment" if before.get(n) == "fail"
                              else "passes on the old pin: introduced by the new upstream or a drifted patch") for n in failed}

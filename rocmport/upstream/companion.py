@@ -140,7 +140,7 @@ def choose_bridge(bridge_mirror: Path, mlm_mirror: Path, mlm_commit: str, mlm_ve
         link = links[t.name]
         if not link:
             continue
-        linked = version_at(mlm_mirror, link, "megatron-lm")
+        linked = version_at(mlm_mirror, link, MEGATRON_LM.name)
         if linked and want.admits(Version(linked)):
             return Companion(
                 t.name, t.commit, "gitlink-minor",

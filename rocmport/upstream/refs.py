@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from rocmport.errors import BadInput
 from rocmport.gitutil import git, run_git
 from rocmport.release_line import ReleaseLine
-from rocmport.upstreams import UPSTREAMS
+from rocmport.upstreams import MEGATRON_LM, UPSTREAMS
 
 _TAG_RE = re.compile(r"^(?P<prefix>core_)?v(?P<version>\d+\.\d+\.\d+(?:(?:rc|a|b)\d+|\.dev\d+|\.post\d+)?)$")
 _SHA_RE = re.compile(r"^[0-9a-fA-F]{4,40}$")
@@ -76,7 +76,7 @@ def branches(mirror: Path) -> dict[str, str]:
     return dict(line.split(" ", 1) for line in out.splitlines() if line)
 
 
-def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = "megatron-lm") -> Resolution:
+def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = MEGATRON_LM.name) -> Resolution:
     tag_map = tags(mirror)
     rels = release_tags(mirror, tag_map)
     line = ReleaseLine.match(requested)

@@ -14,7 +14,7 @@ from rocmport.upstream.companion import choose_bridge
 from rocmport.upstream.lock import Lock, Pin, load_lock, load_lock_or_none
 from rocmport.upstream.remotes import Remote, RemoteUnreachable, validate_url
 from rocmport.upstream.store import Store
-from rocmport.upstreams import MEGATRON_LM, UPSTREAMS
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM, UPSTREAMS
 
 SOURCES = ("auto", "git", "pypi")
 
@@ -45,7 +45,7 @@ def _bridge_pin_git(settings, store, remote, mlm: Pin, bridge_ref, pre, offline,
         pin = _pin_at(settings, mirror, remote, bridge_ref, pre, say)
         pin.chosen_by = "override"
         return pin
-    comp = choose_bridge(mirror, store.mirror_dir("megatron-lm"), mlm.commit, mlm.version)
+    comp = choose_bridge(mirror, store.mirror_dir(MEGATRON_LM.name), mlm.commit, mlm.version)
     if comp is None:
         warn(f"megatron-bridge: no release matches Megatron-LM {mlm.resolved_ref} ({mlm.version}); no companion pinned (give --bridge-ref to choose one)")
         return None
@@ -70,13 +70,13 @@ def _pin_at(settings, mirror, remote, requested, pre, say) -> Pin:
 
 
 def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[str, Pin]:
-    mlm = package_index.pin_from_index(store, "megatron-lm", requested, pre=pre)
+    mlm = package_index.pin_from_index(store, MEGATRON_LM.name, requested, pre=pre)
     say(f"megatron-lm: {requested} -> {MEGATRON_LM.distribution} {mlm.version} sdist {mlm.sdist_filename} (sha256 verified)")
-    pins = {"megatron-lm": mlm}
+    pins = {MEGATRON_LM.name: mlm}
     if no_bridge:
         return pins
     if bridge_ref:
-        pin = package_index.pin_from_index(store, "megatron-bridge", bridge_ref, pre=pre)
+        pin = package_index.pin_from_index(store, MEGATRON_BRIDGE.name, bridge_ref, pre=pre)
         pin.chosen_by = "override"
     else:
         found = package_index.choose_bridge_from_index(store, mlm.resolved_ref)  # a package-index pin resolves to its version
@@ -84,10 +84,10 @@ def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[
             warn(f"megatron-bridge: no sdist on the index declares a bounded {MEGATRON_LM.distribution} range admitting {mlm.version}; no companion pinned")
             return pins
         sdist, why = found
-        pin = package_index.pin_from_index(store, "megatron-bridge", str(sdist.version))
+        pin = package_index.pin_from_index(store, MEGATRON_BRIDGE.name, str(sdist.version))
         pin.requested_ref, pin.chosen_by = f"companion of {mlm.resolved_ref}", "declared-range"
         say(f"megatron-bridge: {sdist.version} chosen by rule declared-range: {why} (sdists' Requires-Dist)")
-    pins["megatron-bridge"] = pin
+    pins[MEGATRON_BRIDGE.name] = pin
     return pins
 
 
@@ -116,7 +116,7 @@ def resolve_lock(settings: Settings, ref: str, *, pre=False, offline=False, sour
     use_pypi = source == "pypi"
     if source in ("auto", "git"):
         try:
-            pins["megatron-lm"] = _git_pin(settings, store, remotes["megatron-lm"], ref, pre, offline, say)
+            pins[MEGATRON_LM.name] = _git_pin(settings, store, remotes[MEGATRON_LM.name], ref, pre, offline, say)
         except RemoteUnreachable as exc:
             if source == "git" or offline:
                 raise
@@ -125,9 +125,9 @@ def resolve_lock(settings: Settings, ref: str, *, pre=False, offline=False, sour
     if use_pypi:
         pins = _pypi_pins(store, ref, pre, bridge_ref, no_bridge, say, warn)
     elif not no_bridge:
-        bridge = _bridge_pin_git(settings, store, remotes["megatron-bridge"], pins["megatron-lm"], bridge_ref, pre, offline, say, warn)
+        bridge = _bridge_pin_git(settings, store, remotes[MEGATRON_BRIDGE.name], pins[MEGATRON_LM.name], bridge_ref, pre, offline, say, warn)
         if bridge:
-            pins["megatron-bridge"] = bridge
+            pins[MEGATRON_BRIDGE.name] = bridge
     return Lock(upstreams=pins)
 
 

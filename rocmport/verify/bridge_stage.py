@@ -13,12 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 from rocmport.verify.environment import declared_unmet, distributions_of, unmet_python
 from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch, modules_import, took_part
 from rocmport.verify.launcher import Launcher
 
 # The package, the GPT provider, and the training entry points and recipes users run.
-BRIDGE_MODULES = ("megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.peft.lora",
+BRIDGE_MODULES = (MEGATRON_BRIDGE.module, "megatron.bridge.models.gpt_provider", "megatron.bridge.peft.lora",
                   "megatron.bridge.training.gpt_step", "megatron.bridge.training.pretrain",
                   "megatron.bridge.training.train", "megatron.bridge.training.checkpointing", "megatron.bridge.recipes")
 
@@ -31,7 +32,7 @@ BRIDGE_PINS = ("transformers>=5.8.1,<5.9", "tokenizers<0.23")
 
 # What verify puts on the path itself (the ported trees) or never replaces (the user's torch): a
 # version Bridge declares for these says nothing about the environment.
-PROVIDED = ("megatron-core", "megatron-bridge", "torch")
+PROVIDED = (MEGATRON_LM.distribution, MEGATRON_BRIDGE.distribution, "torch")
 
 
 def _blame_environment(failure: dict, unmet: dict[str, dict[str, str]]) -> str:

@@ -16,6 +16,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from rocmport._compat import tomllib
 from rocmport.errors import BadInput
+from rocmport.upstreams import MEGATRON_LM
 
 # Ordinary (non-NVIDIA) dependencies megatron imports, by module -> what to pip install.
 ORDINARY_DEPS = {"einops": "einops", "packaging": "packaging", "numpy": "numpy"}
@@ -191,7 +192,7 @@ def functional_blockers(tree: Path) -> str | None:
     """What stage 4 lacks on this machine, as a one-line reason with the fix, else None."""
     import shutil
 
-    if not (tree / "megatron" / "core" / "datasets" / "Makefile").is_file():
+    if not (tree / MEGATRON_LM.package_dir / "datasets" / "Makefile").is_file():
         return None
     missing = [dist for mod, dist in FUNCTIONAL_DEPS.items() if importlib.util.find_spec(mod) is None]
     tools = [t for t in ("make",) if shutil.which(t) is None] + ([] if shutil.which("c++") or shutil.which("g++") else ["c++ (g++)"])

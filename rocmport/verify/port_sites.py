@@ -9,7 +9,7 @@ nothing to count: `rewrites` (the codemod's own site count from the apply state)
 rewrites the codemod made in all.
 
 What ran. With $ROCMPORT_PORT_SITES set to a directory, the helper records each call site once per
-process (`<file>:<line> <helper>`, see the end of rocmport/data/_rocm.py.tmpl) and the bootstrap
+process (`<file>:<line> <helper>`, see the end of rocmport/codemods/runtime/core.py) and the bootstrap
 writes the tree's modules a process imported (`modules-<pid>.txt`). A site ran when a recorded
 line falls within its call. An unreached site gets a reason: its module was never imported (and
 why, by where it lives), or it was imported and that branch did not run here."""
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocmport.gitutil import run_git
+from rocmport.upstreams import UPSTREAMS
 
-HELPER_MODULES = ("megatron.core._rocm", "megatron.bridge._rocm")
-HELPER_FILES = ("megatron/core/_rocm.py", "src/megatron/bridge/_rocm.py")
+HELPER_MODULES = tuple(u.helper_module for u in UPSTREAMS.values())
+HELPER_FILES = tuple(u.helper_path for u in UPSTREAMS.values())
 _SUBJECT = re.compile(r"^codemod: (\S+) \S+$")
 
 # Why a site in a module verify never imported stays unreached, by where the module lives (first match).

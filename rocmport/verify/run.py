@@ -26,7 +26,7 @@ from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at modu
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
 from rocmport.verify.te_layer import TELayer
-from rocmport.upstreams import MEGATRON_LM
+from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
 STAGES = ("imports", "gpt-training", "unit-tests", "functional", "bridge")
 Mode = Literal["gpu", "cpu-proxy"]
@@ -507,15 +507,15 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
     if hip_version is not None:  # '' too: an empty version is a typo, never the CUDA path (that is --no-hip-sim)
         hip_sim.parse_version(hip_version)
     chosen = parse_stages(stages_text)
-    path = Path(tree) if tree else settings.worktree_path("megatron-lm")
+    path = Path(tree) if tree else settings.worktree_path(MEGATRON_LM.name)
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
     check_megatron_tree(path)
     environment.check_python(path)  # before anything imports torch: a 3.12 tree on 3.11 says how to get 3.12
-    bridge_tree = settings.worktree_path("megatron-bridge")
+    bridge_tree = settings.worktree_path(MEGATRON_BRIDGE.name)
     skipped = {}
     if with_bridge is None:  # the Bridge tree of the lock: a refresh to a release without a companion unpins it
-        pinned = _lock_pins(settings, "megatron-bridge")
+        pinned = _lock_pins(settings, MEGATRON_BRIDGE.name)
         with_bridge = not tree and bridge_tree.is_dir() and pinned
         if not with_bridge:
             skipped["bridge"] = ("--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)" if tree

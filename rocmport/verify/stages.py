@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rocmport.upstreams import MEGATRON_LM
 from rocmport.verify.launcher import Launcher
 
 PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
@@ -54,7 +55,7 @@ print("ROCMPORT-FILES " + json.dumps({m: getattr(sys.modules.get(m), "__file__",
 
 
 def modules_to_import(tree: Path) -> list[str]:
-    mods = ["megatron.core"]
+    mods = [MEGATRON_LM.module]
     if (tree / "megatron" / "training").is_dir():
         mods.append("megatron.training")
     script = tree / "pretrain_gpt.py"

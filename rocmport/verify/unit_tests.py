@@ -46,6 +46,7 @@ from pathlib import Path
 from rocmport.fsutil import atomic_write_text
 from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
+from rocmport.upstreams import UPSTREAMS
 from rocmport.verify import suite
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
@@ -407,7 +408,7 @@ def overlay_files(tree: Path, base: str) -> list[str]:
     """What the baseline takes from the port: its test files (the codemods' import guards) and the
     generated helpers they import. The library (megatron/) stays upstream's."""
     changed = run_git("diff", "--name-only", base, "--", "tests", cwd=tree, check=False).stdout.split()
-    helpers = [h for h in ("megatron/core/_rocm.py", "src/megatron/bridge/_rocm.py") if (tree / h).is_file()]
+    helpers = [h for h in (u.helper_path for u in UPSTREAMS.values()) if (tree / h).is_file()]
     return sorted({f for f in changed if (tree / f).is_file()} | set(helpers))
 
 

@@ -79,5 +79,5 @@ def test_the_helper_renders_rocmports_one_launcher_list():
     from rocmport.launch_env import DETERMINISTIC_ENV
 
     namespace: dict = {}
-    exec(compile(helper_text(["launch-env"]), "megatron/core/_rocm.py", "exec"), namespace)
+    exec(compile(helper_text(["launch-env", "deterministic-env"]), "megatron/core/_rocm.py", "exec"), namespace)
     assert namespace["LAUNCH_ENV"] == LAUNCH_ENV and namespace["DETERMINISTIC_ENV"] == DETERMINISTIC_ENV

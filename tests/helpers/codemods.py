@@ -43,11 +43,12 @@ def assert_idempotent(name: str, source: str, relpath: str = "megatron/core/x.py
 
 
 def run_tree(tmp: Path, files: dict[str, str], code: str, hip: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Write ``files`` (plus the generated megatron/core/_rocm.py) under tmp and run ``code`` there.
+    """Write ``files`` (plus the generated megatron/core/_rocm.py, with every codemod's piece) under
+    tmp and run ``code`` there.
 
     ``hip`` simulates a ROCm build of torch (torch.version.hip set before anything imports)."""
     for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": "",
-                      "megatron/core/_rocm.py": helper_text(["test"]), **files}.items():
+                      "megatron/core/_rocm.py": helper_text(list(registry)), **files}.items():
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).write_text(textwrap.dedent(text))
     prelude = f"import torch\ntorch.version.hip = {hip!r}\n"

@@ -1,0 +1,68 @@
+"""README's "How to add …" checklists, kept honest where a test can: every catalogued codemod has a
+row in the README's codemod table and an item in docs/coverage/items.yaml, every Megatron-LM line is
+counted by scripts/port_coverage.py, every ROCm component is used by some line, and every file the
+checklists name exists."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import yaml
+
+from rocmport.codemods import registry
+from rocmport.patches.components import COMPONENTS
+from rocmport.patches.series import load_series
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def howto() -> str:
+    start = README.index("## How to add …")
+    return README[start:README.index("\n## ", start + 1)]
+
+
+def codemod_table_rows() -> list[str]:
+    """The codemods named in the first column of the README's codemod table."""
+    start = README.index("| codemod | what it does")
+    table = README[start:README.index("\n\n", start)]
+    return re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
+
+
+def test_every_catalogued_codemod_has_one_row_in_the_readme_table():
+    rows = codemod_table_rows()
+    assert sorted(rows) == sorted(registry) and len(rows) == len(set(rows))
+
+
+def test_every_catalogued_codemod_is_a_coverage_item():
+    items = yaml.safe_load((REPO / "docs" / "coverage" / "items.yaml").read_text())
+    named = {m["codemod"] for item in items for m in item.get("rocmport_by", []) if "codemod" in m}
+    assert set(registry) <= named, set(registry) - named
+
+
+def test_every_megatron_lm_line_is_counted_by_the_coverage_document():
+    spec = importlib.util.spec_from_file_location("port_coverage", REPO / "scripts" / "port_coverage.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = {p.parent.name for p in (REPO / "patchsets" / "megatron-lm").glob("*/series")}
+    assert lines and set(module.RELEASES) == lines
+
+
+def test_every_component_is_used_by_some_line():
+    used = set()
+    for path in (REPO / "patchsets").glob("*/*/series"):
+        series = load_series(path)
+        if series.rocm is not None:
+            used |= set(series.rocm.components)
+    assert set(COMPONENTS) <= used, set(COMPONENTS) - used
+
+
+def test_the_files_the_checklists_name_exist():
+    named = set(re.findall(r"`((?:rocmport|scripts|tests|benchmarks|docs)/[\w./-]+)`", howto()))
+    placeholders = ("my_thing", "<", "test_<name>")
+    real = {p for p in named if not any(x in p for x in placeholders)}
+    assert len(real) > 15
+    assert sorted(p for p in real if not (REPO / p).exists()) == []
