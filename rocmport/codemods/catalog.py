@@ -15,6 +15,7 @@ from rocmport.codemods.dataloader_mp_context import DataloaderMpContext
 from rocmport.codemods.deterministic_env import DeterministicEnv
 from rocmport.codemods.device_probes import DeviceProbes
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
+from rocmport.codemods.fp8_arch_check import Fp8ArchCheck
 from rocmport.codemods.fused_kernel_fallbacks import FusedKernelFallbacks
 from rocmport.codemods.grouped_gemm import GroupedGemm
 from rocmport.codemods.guard_nvidia_only_imports import GuardNvidiaOnlyImports
@@ -32,7 +33,7 @@ registry: dict[str, Codemod] = {
               LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext(),
               NcclAllocatorRccl(), AsyncSaveStrategy(),
               # issue 29: what AMD's own ports do
-              HipRuntimeLink())
+              HipRuntimeLink(), Fp8ArchCheck())
 }
 
 
