@@ -17,9 +17,11 @@ from rocmport.codemods.dataloader_mp_context import DataloaderMpContext
 from rocmport.codemods.deterministic_env import DeterministicEnv
 from rocmport.codemods.device_probes import DeviceProbes
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
+from rocmport.codemods.fp8_arch_check import Fp8ArchCheck
 from rocmport.codemods.fused_kernel_fallbacks import FusedKernelFallbacks
 from rocmport.codemods.grouped_gemm import GroupedGemm
 from rocmport.codemods.guard_nvidia_only_imports import GuardNvidiaOnlyImports
+from rocmport.codemods.hip_runtime_link import HipRuntimeLink
 from rocmport.codemods.launch_env import LaunchEnv
 from rocmport.codemods.nccl_allocator_rccl import NcclAllocatorRccl
 from rocmport.codemods.te_version_gates import TeVersionGates
@@ -34,7 +36,9 @@ registry: dict[str, Codemod] = {
               DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
               # issue 17: the ROCm run-time gaps
               LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext(),
-              NcclAllocatorRccl(), AsyncSaveStrategy())
+              NcclAllocatorRccl(), AsyncSaveStrategy(),
+              # issue 29: what AMD's own ports do
+              HipRuntimeLink(), Fp8ArchCheck())
 }
 
 

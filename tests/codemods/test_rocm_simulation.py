@@ -83,6 +83,18 @@ def test_rocm_simulation_on_the_ported_line(tmp_path, monkeypatch, capsys, line,
     # 9: drain_embedding_wgrad_compute without apex's kernel
     assert hip["drain_embedding_wgrad_compute without apex"] == {"main_grad_matches": True}
     assert before_hip["drain_embedding_wgrad_compute without apex"].startswith("ModuleNotFoundError")
+    # 11 (issue 29): the unified-memory allocator links the HIP runtime (upstream: -lcudart, which ROCm
+    # lacks); v0.15 builds it at first use on HIP (patch 0002), upstream at import.
+    uvm = hip["unified memory allocator: link flags"]
+    assert uvm["extra_ldflags"][-1] == "-lamdhip64" and "-lcudart" not in uvm["extra_ldflags"] and uvm["builds"] == 1, uvm
+    assert before_hip["unified memory allocator: link flags"]["extra_ldflags"] == ["-lcudart"]
+    assert uvm["at_import"] is False
+    assert before_hip["unified memory allocator: link flags"]["at_import"] is (line == "v0.15")
+    # 12 (issue 29): an FP8 recipe the simulated MI300X (gfx942) cannot run stops in validate_args.
+    assert hip["FP8 recipe the device cannot run: --fp8-recipe mxfp8"] == (
+        "ValueError: --fp8-format hybrid --fp8-recipe mxfp8: gfx942 cannot run the mxfp8 recipe (MXFP8 needs gfx950; gfx942 has "
+        "the FNUZ FP8 formats); use --fp8-recipe delayed or tensorwise")
+    assert not str(before_hip["FP8 recipe the device cannot run: --fp8-recipe mxfp8"]).startswith("ValueError: --fp8-format")
     # CUDA: every rewritten function decides as upstream does; the one difference is the fallback
     # where apex's kernel is really absent (upstream fails at the import).
     assert cuda["drain_embedding_wgrad_compute without apex"] == {"main_grad_matches": True}

@@ -25,7 +25,9 @@ import torch
 HIP = sys.argv[1] if sys.argv[1] != "None" else None
 RUNTIME = sys.argv[2] if len(sys.argv) > 2 else None  # a HIP runtime version to simulate ("7.1"), else none loadable
 torch.version.hip = HIP
-torch.cuda.get_device_properties = lambda device=None: types.SimpleNamespace(major=9, minor=4, name="simulated")
+# Under HIP the device is an MI300X: its arch (gfx942) is what the FP8 check judges by.
+_PROPS = types.SimpleNamespace(major=9, minor=4, name="simulated", **({"gcnArchName": "gfx942:sramecc+:xnack-"} if HIP else {}))
+torch.cuda.get_device_properties = lambda device=None: _PROPS
 torch.cuda.get_device_capability = lambda device=None: (9, 4)
 torch.cuda.synchronize = lambda *a, **k: None
 torch.cuda.is_available = lambda: True
@@ -176,6 +178,43 @@ def _nccl():
     except RuntimeError:
         pass
     return {"extra_ldflags": seen.get("extra_ldflags")}
+
+
+@check("unified memory allocator: link flags")
+def _unified_memory():
+    """The allocator's build as load_inline sees it (the build itself replaced): at import (v0.15
+    upstream, and the port on CUDA) or at first use (v0.16+, and the v0.15 port on HIP)."""
+    from torch.utils import cpp_extension
+
+    seen: list = []
+
+    def load_inline(**kwargs):
+        seen.append(kwargs.get("extra_ldflags"))
+        raise RuntimeError("build skipped")
+
+    real = cpp_extension.load_inline, torch.cuda.current_device
+    cpp_extension.load_inline, torch.cuda.current_device = load_inline, lambda: "cpu"
+    try:
+        um = importlib.reload(importlib.import_module("megatron.core.inference.unified_memory"))
+        at_import = bool(seen)
+        if hasattr(um, "compile_allocator"):  # v0.16+: gathers the outcome across ranks
+            _gloo()
+            um.compile_allocator()
+        elif hasattr(um, "unified_memory_available"):  # the v0.15 port
+            um.unified_memory_available()
+    finally:
+        cpp_extension.load_inline, torch.cuda.current_device = real
+    return {"extra_ldflags": seen[0] if seen else None, "builds": len(seen), "at_import": at_import}
+
+
+@check("FP8 recipe the device cannot run: --fp8-recipe mxfp8")
+def _fp8_mxfp8():
+    from megatron.training.arguments import validate_args
+
+    os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
+    args = parsed("--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8")
+    validate_args(args)
+    return {"validated": True}
 
 
 @check("drain_embedding_wgrad_compute without apex")
