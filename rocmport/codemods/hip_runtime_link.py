@@ -71,6 +71,6 @@ class HipRuntimeLink(Codemod):
         lists = _CudartLists()
         module.visit(lists)
         links = _CudartLink(lists.names)
-        new, sites = visit_with_helper_import(module, links, ctx, HELPER)
+        new, sites = visit_with_helper_import(module, links, ctx, "hip_runtime_ldflags")
         ctx.sites_at(module, links.found)
         return new, sites

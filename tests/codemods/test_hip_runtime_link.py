@@ -131,7 +131,7 @@ def run_sim(tree: Path, files: dict[str, str], code: str, hip: bool) -> dict:
     """Run ``code`` after PROBE in a process verify would start: the real bootstrap, with the HIP
     simulation (an MI300X, ROCm 7.1, ROCM_HOME=/opt/rocm) or without it (the CUDA control)."""
     for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": "", "megatron/core/inference/__init__.py": "",
-                      "megatron/core/_rocm.py": helper_text(["test"]), **files}.items():
+                      "megatron/core/_rocm.py": helper_text(["hip-runtime-link"]), **files}.items():
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text(text)
     boot = firewall.write_bootstrap(tree.parent / f"boot-{tree.name}")
