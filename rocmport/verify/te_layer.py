@@ -133,8 +133,7 @@ def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
 
 # What TE's Python layer imports at import time besides torch (the dependencies of TE's torch
 # extension package, which the CPU proxy replaces): module -> pip name.
-IMPORT_DEPS = {"onnxscript": "onnxscript", "onnx": "onnx", "einops": "einops", "pydantic": "pydantic",
-               "packaging": "packaging", "importlib_metadata": "importlib-metadata"}
+IMPORT_DEPS = {"onnxscript": "onnxscript", "onnx": "onnx", "einops": "einops", "packaging": "packaging"}
 
 
 def check_deps() -> None:
