@@ -290,6 +290,10 @@ def test_multi_tensor_l2norm_and_scale():
     assert int(flag) == 0
     tex.multi_tensor_scale(2048, flag, [[torch.tensor([math.inf])], [torch.zeros(1)]], 1.0)
     assert int(flag) == 1
+    # TE 2.17+: the scale as a tensor (megatron's clip coefficient, kept on the device), in place
+    grads = [t.clone() for t in ts]
+    tex.multi_tensor_scale_tensor(2048, torch.zeros(1, dtype=torch.int), [grads, grads], torch.tensor([0.25]))
+    torch.testing.assert_close(grads[1], ts[1] * 0.25)
 
 
 def test_enums_are_what_te_reads():

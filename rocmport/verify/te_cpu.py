@@ -571,6 +571,17 @@ def multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale):
         d.copy_(s.float() * scale)
 
 
+def multi_tensor_scale_tensor(chunk_size, noop_flag, tensor_lists, scale):
+    """multi_tensor_scale with the scale as a one-element tensor (TE 2.17+; megatron's grad clipping
+    keeps the clip coefficient on the device instead of syncing it to the host)."""
+    _count("multi_tensor_scale_tensor")
+    src, dst = tensor_lists[0], tensor_lists[1]
+    _flag_nonfinite(noop_flag, src)
+    factor = scale.float().reshape(())
+    for s, d in zip(src, dst):
+        d.copy_(s.float() * factor)
+
+
 def multi_tensor_l2norm(chunk_size, noop_flag, tensor_lists, per_tensor=False):
     _count("multi_tensor_l2norm")
     norms = [t.float().norm() for t in tensor_lists[0]]
