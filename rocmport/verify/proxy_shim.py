@@ -430,8 +430,11 @@ def install_for_te() -> None:
     from rocmport.verify import hip_sim
 
     props = hip_sim.device(bool(os.environ.get("ROCMPORT_HIP_SIM")))
+    # current_device: TE builds torch.device("cuda", current_device()) (utils.canonicalize_device, its
+    # fusible ops); the index is 0, and the redirecting mode puts what it allocates there on the CPU.
     for name, te_answer in (("is_available", lambda: True), ("get_device_properties", lambda device=None: props),
-                            ("get_device_capability", lambda device=None: (props.major, props.minor))):
+                            ("get_device_capability", lambda device=None: (props.major, props.minor)),
+                            ("current_device", lambda: 0)):
         _answer_te_frames(name, te_answer)
     _in_order_streams()  # TE's modules keep side streams for weight-gradient and offload work
     _answer("is_current_stream_capturing", lambda: False)
@@ -442,10 +445,9 @@ def install_for_te() -> None:
         live on the CPU here, for which selecting a device is nothing to do."""
 
         def __init__(self, device):
-            if not _is_cuda(device) and device is not None:
-                REDIRECTS[f"cuda.device(cpu) no-op @ {_site()}"] += 1
-                device = -1
-            super().__init__(device)
+            # Selecting a device is nothing to do on the CPU (the simulated device is the one there is).
+            REDIRECTS[f"cuda.device({device}) no-op @ {_site()}"] += 1
+            super().__init__(-1)
 
     torch.cuda.device = device
 
