@@ -16,7 +16,6 @@ makes ``transformer_engine.common.load_framework_extension("torch")`` install
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import os
 import shutil
 import sys
@@ -112,8 +111,14 @@ def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
     from rocmport.upstream.store import Store
 
     dest = cache_root / "te" / str(wheel.version)
-    if not (dest / "transformer_engine" / "__init__.py").is_file():
-        whl = Store(cache_root).sdist(wheel.filename, wheel.sha256, lambda: _get(wheel.url, timeout=600))
+    layer = TELayer(str(wheel.version), dest, PYTHON_LAYER, f"{wheel.filename} from the package index")
+    unpacked = dest / "transformer_engine" / "__init__.py"
+    if unpacked.is_file():
+        return layer
+    with Store(cache_root).locked() as store:  # two verify runs unpacking the same release wait for each other
+        if unpacked.is_file():
+            return layer
+        whl = store.sdist(wheel.filename, wheel.sha256, lambda: _get(wheel.url, timeout=600))
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{wheel.version}-", dir=dest.parent))
         try:
@@ -128,7 +133,7 @@ def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
             os.replace(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return TELayer(str(wheel.version), dest, PYTHON_LAYER, f"{wheel.filename} from the package index")
+    return layer
 
 
 # What TE's Python layer imports at import time besides torch (the dependencies of TE's torch
