@@ -21,7 +21,7 @@ def _print_report(r) -> None:
         output.info(f"{r.upstream}: series {r.series} has no patches or codemods; {r.branch} is the upstream commit")
     rows = [[p["name"], p["bucket"], ", ".join(f"#{o['hunk']}{o['offset']:+d}" for o in p["offsets"]) or "-",
              ", ".join(p["files"]), p["detail"]] for p in r.patches]
-    rows += [[f"codemod: {c['name']} {c['version']}", "codemod", "-", f"{len(c['files'])} files", f"{c['sites']} sites"] for c in r.codemods]
+    rows += [[f"codemod: {c['name']} (version {c['version']})", "codemod", "-", f"{len(c['files'])} files", f"{c['sites']} sites"] for c in r.codemods]
     if rows:
         output.table(["patch", "bucket", "offsets", "files", "detail"], rows, title=f"{r.upstream}: {r.branch} ({r.tree})")
     if r.status == "conflict":
