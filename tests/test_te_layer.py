@@ -169,3 +169,17 @@ def test_fp8_reaches_a_kernel_the_proxy_lacks_and_names_it(tmp_path, real_index)
     for rank in ranks:
         assert rank["unsupported"].startswith("unsupported-in-proxy: transformer_engine_torch."), rank
         assert "Linear(column)" not in rank  # nothing counted as a pass
+
+
+def test_stage_4_names_the_te_kernel_the_proxy_lacks_as_unsupported(tmp_path):
+    """pretrain_gpt.py's workers die on te_cpu's refusal: the stage is unsupported-in-proxy naming the
+    kernel, never a plain failure (and, on the GPU path, no such relabelling)."""
+    import subprocess as sp
+
+    from rocmport.verify.functional import _failure
+
+    stderr = ("[rank0]: rocmport.verify.te_cpu.UnsupportedInProxy: unsupported-in-proxy: transformer_engine_torch.fused_attn_fwd "
+              "has no CPU reference implementation\n")
+    res = _failure(sp.CompletedProcess([], 1, "", stderr), tmp_path, True, None, "pretrain_gpt.py", 1.0, {})
+    assert res.status == "unsupported-in-proxy" and "transformer_engine_torch.fused_attn_fwd" in res.reason
+    assert _failure(sp.CompletedProcess([], 1, "", stderr), tmp_path, False, None, "pretrain_gpt.py", 1.0, {}).status == "fail"

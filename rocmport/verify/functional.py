@@ -294,6 +294,9 @@ def _failure(proc: subprocess.CompletedProcess, tree: Path, proxy: bool, hip: st
     """Why a run of pretrain_gpt.py did not log every iteration: a CPU blocker or a break the HIP
     simulation made (unsupported-in-proxy, naming the site), else a failure."""
     blocker = _blocker(proc.stderr, tree) if proxy else None
+    te_kernel = re.search(r"unsupported-in-proxy: transformer_engine_torch\.\w+[^\n]*", proc.stderr) if proxy else None
+    if te_kernel:  # TE's Python layer reached a kernel the CPU proxy has no reference implementation for (verify --te)
+        return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py with TE's Python layer: {te_kernel.group(0)}", seconds, details)
     if blocker:
         return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
     if proxy and hip:
