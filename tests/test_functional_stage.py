@@ -348,3 +348,23 @@ def test_async_writer_chosen_on_the_cuda_path_left_to_the_port_on_hip(tmp_path):
     hip, data = stage_functional(tree, env, record=False, rocm=True, hip=hip_sim.DEFAULT_VERSION, **kwargs)
     assert hip.status == "pass" and "--async-strategy" not in data["command"] and data["chosen_args"] == {}
     assert "max relative drift vs golden 0" in hip.reason  # the same golden: compared, not "other args"
+
+
+def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, capsys):
+    """A run of minutes is not silent: a line per logged iteration with the elapsed time; the output is
+    still captured whole for the loss parser; the time limit still ends the run."""
+    import subprocess
+    import sys
+
+    from rocmport.verify.functional import _launch
+
+    script = ("import sys, time\n"
+              "for i in range(1, 4):\n"
+              "    print(f' [2026-11-26 01:30:00] iteration {i:8d}/       3 | consumed samples: 8 | lm loss: 1.0E+00 |', flush=True)\n"
+              "print('a warning', file=sys.stderr)\n")
+    proc = _launch([sys.executable, "-c", script], tmp_path, None, what="resumed from iteration 1")
+    assert proc.returncode == 0 and proc.stdout.count("iteration") == 3 and proc.stderr == "a warning\n"
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "stage 4" in ln]
+    assert [ln.split(",")[0] for ln in said] == [f"stage 4 resumed from iteration 1: iteration {i}/3" for i in (1, 2, 3)]
+    with pytest.raises(subprocess.TimeoutExpired):
+        _launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, None, timeout=1)

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.launcher import Launcher
@@ -285,8 +286,42 @@ def load_case(tree: Path, case: str) -> dict:
     return config
 
 
-def _launch(cmd: list[str], tree: Path, env: dict, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+# megatron's training log: " [2026-11-26 01:30:00] iteration        5/      10 | consumed samples: ..."
+_ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
+
+
+def _launch(cmd: list[str], tree: Path, env: dict, timeout: float = 1800, what: str = "pretrain_gpt.py") -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True) that says each training iteration as megatron logs it
+    (a line per iteration with the elapsed time: a run of minutes is not silent)."""
+    import threading
+
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True)
+    reader.start()
+    expired = threading.Event()
+
+    def stop() -> None:  # the run's time limit
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, stop)
+    timer.start()
+    out: list[str] = []
+    try:
+        for line in proc.stdout or ():
+            out.append(line)
+            m = _ITERATION.search(line)
+            if m:
+                output.info(f"stage 4 {what}: iteration {m.group(1)}/{m.group(2)}, {output.elapsed(time.monotonic() - start)} elapsed")
+        proc.wait()
+    finally:
+        timer.cancel()
+        reader.join()
+    if expired.is_set():
+        raise subprocess.TimeoutExpired(cmd, timeout, "".join(out), "".join(err))
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
 
 
 def _failure(proc: subprocess.CompletedProcess, tree: Path, proxy: bool, hip: str | None, what: str, seconds: float,
@@ -377,7 +412,7 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
             again = {**save, "--ckpt-step": half, "--save": str(work / "ckpt-resumed"), "--async-save": None,
                      "--use-persistent-ckpt-worker": None}
             rargs = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=again)
-            rproc = _launch(functional_command(launcher, config, rargs, dp), tree, run_env)
+            rproc = _launch(functional_command(launcher, config, rargs, dp), tree, run_env, what=f"resumed from iteration {half}")
             rlog = rproc.stdout + rproc.stderr
             rsteps = loss_steps(rlog)
             wanted = list(range(half + 1, iters + 1))
