@@ -305,3 +305,22 @@ def test_enums_are_what_te_reads():
     late = fmt.NVTE_QKV_Format_NOT_SET  # a member a newer TE names: made once, stable
     assert late is fmt.NVTE_QKV_Format_NOT_SET and int(late) not in {int(fmt.NVTE_SBHD), int(fmt.NVTE_THD)}
     assert tex.get_fused_attn_backend() == tex.NVTE_Fused_Attn_Backend.NVTE_No_Backend
+
+
+def test_grouped_gemm_is_one_gemm_per_group_and_splits_a_single_output():
+    """TE's GroupedLinear (MoE experts): each group's tokens times its own weight; with a single
+    output the groups' rows are its m_splits pieces, in place."""
+    w = [_gen(3, 4, seed=s) for s in (1, 2)]
+    x = [_gen(2, 4, seed=3), _gen(5, 4, seed=4)]
+    out = [torch.empty(7, 3)]
+    bias = [torch.empty(0), torch.empty(0)]
+    tex.te_general_grouped_gemm(w, True, x, False, out, tex.DType.kFloat32, [2, 5], bias, tex.DType.kFloat32, True,
+                                [torch.empty(0)] * 2, False, [torch.empty(0)], 0, False, False, 0)
+    torch.testing.assert_close(out[0], torch.cat([x[0] @ w[0].t(), x[1] @ w[1].t()]), **TOL)
+    # wgrad, accumulated into each expert's main_grad
+    dy = [_gen(2, 3, seed=5), _gen(5, 3, seed=6)]
+    main = [torch.ones(3, 4), torch.ones(3, 4)]
+    tex.te_general_grouped_gemm(x, False, dy, True, main, tex.DType.kFloat32, [2, 5], [None, None], tex.DType.kFloat32,
+                                False, [torch.empty(0)] * 2, True, [torch.empty(0)], 0, True, False, 0)
+    for i in range(2):
+        torch.testing.assert_close(main[i], 1 + dy[i].t() @ x[i], **TOL)
