@@ -82,9 +82,13 @@ def test_verify_honours_the_tool_tp_and_pp(tmp_path):
     tree = tmp_path / "tree"
     (tree / "megatron" / "core").mkdir(parents=True)
     (tree / "megatron" / "core" / "__init__.py").write_text("")
-    (tmp_path / "pyproject.toml").write_text("[tool.rocmport]\ntp = 1\npp = 3\n")
+    (tmp_path / "pyproject.toml").write_text("[tool.rocmport]\ntp = 1\npp = 4\n")  # sizes the verify model takes
     proc = _rocmport(tmp_path, "verify", "--tree", str(tree), "--stages", "2", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "--tp 1 --pp 3" in proc.stdout
+    assert "--tp 1 --pp 4" in proc.stdout
     proc = _rocmport(tmp_path, "verify", "--tree", str(tree), "--stages", "2", "--dry-run", "--tp", "2", "--pp", "1")
-    assert proc.returncode == 0 and "--tp 2 --pp 1" in proc.stdout and "--pp 3" not in proc.stdout
+    assert proc.returncode == 0 and "--tp 2 --pp 1" in proc.stdout and "--pp 4" not in proc.stdout
+    # a tool value the verify model cannot take is refused as a flag would be, before anything runs
+    (tmp_path / "pyproject.toml").write_text("[tool.rocmport]\ntp = 1\npp = 3\n")
+    proc = _rocmport(tmp_path, "verify", "--tree", str(tree), "--stages", "2", "--dry-run")
+    assert proc.returncode == 2 and "--pp 3: the verify model has 4 layers" in proc.stderr

@@ -77,7 +77,7 @@ def check_case(tree: Path, case: str) -> Path:
     outside the tree's cases directory. Whether it exists is the caller's question."""
     hint = f"give the name of a directory under {CASES} (e.g. gpt3_mcore_tp2_pp2_uninstall_te)"
     if not _NAME.fullmatch(case):
-        raise BadInput(f"--case {case[:80]!r}: not a case name; {hint}")
+        raise BadInput(f"--case {case[:200]!r}: not a case name; {hint}")
     root = (tree / CASES).resolve()
     cdir = case_dir(tree, case)
     if not cdir.resolve().is_relative_to(root):
