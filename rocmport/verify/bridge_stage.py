@@ -15,7 +15,8 @@ from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 from rocmport.verify.environment import declared_unmet, distributions_of, unmet_python
-from rocmport.verify.stages import FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch, modules_import, took_part
+from rocmport.verify.stages import (FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch,
+                                    modules_import, took_part, unsupported_why)
 from rocmport.verify.launcher import Launcher
 
 # The package, the GPT provider, and the training entry points and recipes users run.
@@ -111,9 +112,7 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("bridge", launcher, time.monotonic() - start), {}
     if data and "unsupported" in data:
-        what = data["unsupported"]
-        why = what if what.startswith("unsupported-in-proxy") else f"proxy shim hook missing: {what}"
-        return StageResult("bridge", UNSUPPORTED, why, time.monotonic() - start, details), {}
+        return StageResult("bridge", UNSUPPORTED, unsupported_why(data["unsupported"]), time.monotonic() - start, details), {}
     if run.returncode != 0 or not data:
         return StageResult("bridge", FAIL, f"training through GPTModelProvider failed: {_last_error(run)}", time.monotonic() - start, details), {}
     losses = data["losses"]

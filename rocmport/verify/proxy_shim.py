@@ -459,9 +459,9 @@ def install_for_te() -> None:
     def is_cuda(self):
         if real.__get__(self):
             return True
-        caller = sys._getframe(1).f_code.co_filename
-        if "/transformer_engine/" in caller:
-            REDIRECTS[f"Tensor.is_cuda (on the simulated device) @ {caller[caller.index('/transformer_engine/') + 1:]}"] += 1
+        where = _te_caller()
+        if where is not None:
+            REDIRECTS[f"Tensor.is_cuda (on the simulated device) @ {where}"] += 1
             return True
         return False
 
@@ -485,13 +485,19 @@ def install_for_te() -> None:
     BackwardCFunction.apply = apply
 
 
+def _te_caller() -> str | None:
+    """When the function that calls this was called from TE's own code: that file
+    (transformer_engine/...); else None."""
+    caller = sys._getframe(2).f_code.co_filename
+    return caller[caller.index("/transformer_engine/") + 1:] if "/transformer_engine/" in caller else None
+
+
 def _answer_te_frames(name: str, answer) -> None:
     """torch.cuda.<name> answers with ``answer`` when TE's own code asks, as before otherwise."""
     previous = getattr(torch.cuda, name)
 
     def redirected(*args, **kwargs):
-        caller = sys._getframe(1).f_code.co_filename
-        if "/transformer_engine/" in caller:
+        if _te_caller() is not None:
             REDIRECTS[f"cuda.{name} (asked by TE) @ {_site()}"] += 1
             return answer(*args, **kwargs)
         return previous(*args, **kwargs)

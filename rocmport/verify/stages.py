@@ -148,6 +148,12 @@ def took_part(name: str, launcher: Launcher, seconds: float) -> StageResult:
                                    "the node that held global rank 0 reports the results", seconds)
 
 
+def unsupported_why(what: str) -> str:
+    """A worker's `unsupported` record as a stage reason: te_cpu's refusal names its kernel itself
+    ("unsupported-in-proxy: transformer_engine_torch.X ..."); anything else is a proxy-shim hook the tree lacks."""
+    return what if what.startswith("unsupported-in-proxy") else f"proxy shim hook missing: {what}"
+
+
 def _last_error(proc: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln.lower()]
     return (lines[0] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1])[:400]
@@ -163,9 +169,7 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
         ref = launch(cmds["reference"], env, tree)
         ref_data = json.loads((tmp / "ref.json").read_text()) if (tmp / "ref.json").exists() else None
         if ref_data and "unsupported" in ref_data:
-            what = ref_data["unsupported"]
-            why = what if what.startswith("unsupported-in-proxy") else f"proxy shim hook missing: {what}"
-            return StageResult("gpt-training", UNSUPPORTED, why, time.monotonic() - start), {}
+            return StageResult("gpt-training", UNSUPPORTED, unsupported_why(ref_data["unsupported"]), time.monotonic() - start), {}
         if ref.returncode != 0 or not ref_data:
             return StageResult("gpt-training", FAIL, f"tp1/pp1 reference run failed: {_last_error(ref)}", time.monotonic() - start), {}
         run = launch(cmds["run"], env, tree)
@@ -173,7 +177,7 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
         if run.returncode == 0 and not data and launcher.multi_node:
             return took_part("gpt-training", launcher, time.monotonic() - start), {}
         if data and "unsupported" in data:
-            return StageResult("gpt-training", UNSUPPORTED, data["unsupported"], time.monotonic() - start), {}
+            return StageResult("gpt-training", UNSUPPORTED, unsupported_why(data["unsupported"]), time.monotonic() - start), {}
         if run.returncode != 0 or not data:
             return StageResult("gpt-training", FAIL, f"tp{tp}/pp{pp}/dp{dp} run failed: {_last_error(run)}", time.monotonic() - start), {}
     losses, ref_losses = data["losses"], ref_data["losses"]
