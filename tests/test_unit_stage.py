@@ -4,6 +4,10 @@ merged over ranks, each failure labelled against the unported tree at the same c
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+import time
 import re
 import textwrap
 from pathlib import Path
@@ -180,6 +184,11 @@ def test_label_rules():
     base["outcomes"]["a.py::hang3"] = "failed"
     assert label(port, base, {})[1]["a.py::hang3"] == ("it hung in the suite and failed when rerun alone; "
                                                        "the unported tree failed it without hanging")
+    # On a machine other jobs kept busy, a hang verdict says so beside it; other failures do not.
+    port["machine"] = {"cpus": 2, "seconds": 300.0, "others_cores": 1.6, "run_cores": 0.4, "overloaded": True}
+    why = label(port, base, {})[1]
+    assert why["a.py::hang3"].endswith("(on an overloaded machine: other processes kept 1.6 of its 2 cores busy on average for 300 s)")
+    assert "overloaded" not in why["a.py::x"]
 
 
 def test_missing_test_file_and_no_tests_dir(tmp_path, child_env):
@@ -753,3 +762,64 @@ def test_a_conftest_that_stops_pytest_fails_the_stage_naming_every_file_not_run(
     assert res.status == "fail" and "(none of the 1 selected files ran)" in res.reason and "conftest" in res.reason, res.reason
     account = res.details["files"]["tests/unit_tests/test_a.py"]
     assert account["status"] == "not-run" and "pytest under torchrun recorded nothing" in account["reason"], account
+
+
+SLOW = textwrap.dedent("""\
+    import time
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+    def _compute(seconds):
+        end = time.process_time() + seconds
+        while time.process_time() < end:
+            sum(range(1000))
+
+    def test_one_rank_computes_past_the_timeout():
+        # rank 0 waits in the barrier while rank 1 computes: slow, as on a busy machine, not hung
+        if dist.get_rank() == 1:
+            _compute(9)
+        dist.barrier()
+
+    def test_computes_forever():
+        _compute(3600)
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_rank_still_computing_is_slow_not_hung_and_a_livelock_still_ends(tmp_path, child_env):
+    """Item 21 of the hostile-input round: on a busy machine the watchdog fired on ranks that were only
+    slow. It now waits while the run's ranks use CPU, up to SLOW_CAP timeouts (a livelock computes forever)."""
+    from rocmport.verify import pytest_plugin
+
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_slow.py").write_text(SLOW)
+    env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "3"}
+    res = run_tests(tree, ["tests/unit_tests/test_slow.py"], env, nproc=2, timeout=300)  # a bound, not a target
+    ids = {k.split("::")[1]: v for k, v in res["outcomes"].items()}
+    assert ids == {"test_one_rank_computes_past_the_timeout": "passed", "test_computes_forever": "failed"}, res
+    assert "tests/unit_tests/test_slow.py::test_one_rank_computes_past_the_timeout" in res["slow"]
+    detail = res["details"]["tests/unit_tests/test_slow.py::test_computes_forever"]
+    waited = int(re.match(r"hung: no result after (\d+) s", detail).group(1))
+    assert waited >= 3 * pytest_plugin.SLOW_CAP - 3 and "still computing after 10 timeouts: a livelock" in detail, detail
+    assert res["machine"]["cpus"] >= 1 and res["machine"]["run_cores"] > 0
+
+
+def test_machine_share_counts_other_processes_and_not_the_run_s_own_children():
+    from rocmport.verify.cpu_meter import MachineShare
+
+    burn = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\n"
+    share = MachineShare()
+    subprocess.run([sys.executable, "-c", burn], check=True)  # the run's own child, waited for
+    reading = share.read()
+    assert reading is not None and reading.run_cores * reading.seconds >= 1.3, reading
+    # children not yet waited for are not the run's: as other jobs on the machine, they overload it
+    share = MachineShare()
+    hogs = [subprocess.Popen([sys.executable, "-c", burn.replace("1.5", "2.5")]) for _ in range(os.cpu_count() or 1)]
+    time.sleep(2.0)
+    reading = share.read()
+    for h in hogs:
+        h.wait()
+    assert reading.overloaded and reading.others_cores >= 0.5 * reading.cpus, reading

@@ -24,7 +24,9 @@ and megatron's `destroy_model_parallel` only forgets its groups; a group that th
 nothing references any more is destroyed once model parallelism is down.
 
 In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a test that hangs
-(ranks waiting on a collective that never completes) into a failure, not a stage without end.
+(ranks waiting on a collective that never completes) into a failure, not a stage without end. A test
+whose ranks are still computing at the timeout is slow, not hung (a busy machine): the watchdog
+waits while their main threads use CPU, up to SLOW_CAP timeouts, and records it as slow.
 
 Every rank writes its outcomes to $ROCMPORT_UNIT_OUT/rank<RANK>.json after each test (a stage
 stopped from outside still shows what ran, and which test was running), with each failure's
@@ -206,28 +208,68 @@ def _buffer_for_local_attention() -> None:
         parallel_state._set_global_memory_buffer()
 
 
+# A test with no result after the timeout is hung only if the run's ranks have stopped computing:
+# a rank waiting in a collective sleeps, and one starved by other jobs on a busy machine still gets
+# some CPU. While their main threads used at least this share of one core over the last window, the
+# watchdog waits another window, up to SLOW_CAP windows in all (a livelock computes forever).
+PROGRESS_SHARE = 0.02
+SLOW_CAP = 10
+_SLOW: dict[str, float] = {}  # nodeid -> seconds the watchdog waited past the timeout because ranks computed
+
+
 def _watchdog(nodeid: str) -> None:
-    """After the timeout this rank records the test as hung and exits; torchrun then stops the
-    other ranks, and verify starts the run again without the tests that have an outcome."""
+    """After the timeout with no CPU progress of the run's ranks (or SLOW_CAP timeouts in all), this
+    rank records the test as hung and exits; torchrun then stops the other ranks, and verify starts
+    the run again without the tests that have an outcome."""
     seconds = float(os.environ.get("ROCMPORT_UNIT_TEST_TIMEOUT") or 0)
     if not seconds:
         return
-    import threading
+    from rocmport.verify.cpu_meter import main_thread_seconds
 
-    def fire():
+    agent = os.getppid()  # torchrun's agent: the ranks are its children
+    start = time.monotonic()
+    last = [main_thread_seconds(agent)]
+
+    def fire(busy: float | None) -> None:
+        waited = time.monotonic() - start
         _STATE[nodeid] = "failed"
         _KIND[nodeid] = "hang"
-        _DETAIL[nodeid] = (f"hung: no result after {seconds:g} s on rank {os.environ.get('RANK', '0')} "
-                           "(waiting on a collective other ranks never entered)")
+        why = ("waiting on a collective other ranks never entered" if busy is None or busy < _min_progress(seconds)
+               else f"the ranks were still computing after {SLOW_CAP} timeouts: a livelock, or a machine too slow for it")
+        cpu = f"; the ranks' main threads used {busy:.1f} s of CPU in the last {seconds:g} s" if busy is not None else ""
+        _DETAIL[nodeid] = f"hung: no result after {waited:.0f} s on rank {os.environ.get('RANK', '0')} ({why}{cpu})"
         _HUNG.append([nodeid, _SPANS[nodeid][0], time.time()])
         _RUNNING.clear()
         _write()
         os._exit(3)
 
-    timer = threading.Timer(seconds, fire)
+    def check() -> None:
+        if _RUNNING != [nodeid]:  # it finished while this timer was due
+            return
+        now = main_thread_seconds(agent)
+        busy = None if now is None or last[0] is None else now - last[0]
+        last[0] = now
+        waited = time.monotonic() - start
+        if busy is not None and busy >= _min_progress(seconds) and waited < seconds * SLOW_CAP - 1:
+            _SLOW[nodeid] = round(waited, 1)  # slow, not hung: another window
+            _arm(seconds, check)
+            return
+        fire(busy)
+
+    _arm(seconds, check)
+
+
+def _min_progress(seconds: float) -> float:
+    return max(0.5, PROGRESS_SHARE * seconds)
+
+
+def _arm(seconds: float, check) -> None:
+    import threading
+
+    timer = threading.Timer(seconds, check)
     timer.daemon = True
     timer.start()
-    _TIMERS.append(timer)
+    _TIMERS[:] = [timer]
 
 
 # ---- what a test leaves behind ---------------------------------------------------------------------
@@ -463,7 +505,7 @@ def _write(exitstatus: int | None = None) -> None:
     with open(path + ".tmp", "w") as fh:
         json.dump({"outcomes": _STATE, "details": _DETAIL, "kinds": _KIND, "missing": _MISSING, "swaps": SWAPS,
                    "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "spans": _SPANS,
-                   "rank": int(os.environ.get("RANK", "0")), "hung": _HUNG, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
+                   "rank": int(os.environ.get("RANK", "0")), "hung": _HUNG, "slow": _SLOW, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
                    "deselected": _DESELECTED,
                    "exitstatus": exitstatus}, fh)
     os.replace(path + ".tmp", path)

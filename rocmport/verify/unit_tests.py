@@ -48,6 +48,7 @@ from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
 from rocmport.upstreams import UPSTREAMS
 from rocmport.verify import suite
+from rocmport.verify.cpu_meter import MachineShare
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 
@@ -275,8 +276,10 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
     deselected), and the others go on, so that one bad file cannot starve the rest. ``files``
     accounts for every selected test file (FileRun). ``progress`` gets a line per test file."""
     start = time.monotonic()
+    share = MachineShare()
     env = {"ROCMPORT_UNIT_TEST_TIMEOUT": "45" if env.get("ROCMPORT_PROXY") == "1" else "900", **env}
     merged: dict[str, str] = {}
+    slow: dict[str, float] = {}
     details: dict[str, str] = {}
     kinds: dict[str, str] = {}
     missing: dict[str, str] = {}
@@ -334,6 +337,8 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
             local_spec.update(nodeid for r in ranks for nodeid in r.get("local_spec", []))
             for r in ranks:
                 deselected.update(r.get("deselected", {}))
+                for nodeid, waited in (r.get("slow") or {}).items():
+                    slow[nodeid] = max(slow.get(nodeid, 0.0), waited)
             for r in ranks:
                 p = r.get("peak") or {}
                 peak["threads"] = max(peak["threads"], p.get("threads", 0))
@@ -384,7 +389,9 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
     return {"outcomes": merged, "details": details, "kinds": kinds, "missing": missing, "ranks": ran, "timed_out": stopped,
             "hung": hung, "restarts": attempts - len(_chunks(tests)), "swaps": swaps, "unsupported": unsupported, "guards": guards, "local_spec": sorted(local_spec),
             "deselected": dict(sorted(deselected.items())), "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash,
-            "files": {f: a.to_dict() for f, a in files.items()}, "restarts_per_file": restarts}
+            "files": {f: a.to_dict() for f, a in files.items()}, "restarts_per_file": restarts,
+            # tests with no result after the timeout whose ranks were still computing: slow, not hung (pytest_plugin._watchdog)
+            "slow": dict(sorted(slow.items())), "watchdog_seconds": float(env["ROCMPORT_UNIT_TEST_TIMEOUT"]), "machine": (m.to_dict() if (m := share.read()) else None)}
 
 
 def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher,
@@ -441,7 +448,9 @@ def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cac
         finally:
             run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
     result["overlay"] = overlay
-    atomic_write_text(cached, json.dumps(result, indent=1, sort_keys=True))
+    if not (result["hung"] and (result.get("machine") or {}).get("overloaded")):
+        # hangs on a machine other jobs kept busy are not upstream's to remember: the next run measures again
+        atomic_write_text(cached, json.dumps(result, indent=1, sort_keys=True))
     return result, False
 
 
@@ -548,6 +557,8 @@ def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...
             base_file = base.get("files", {}).get(_file(nodeid), {})
             lab, text = "unverified", ("the unported tree has no outcome for it" + (f" (it did not run there: {base_file['reason']})"
                                                                                    if base_file.get("status") == "not-run" else ""))
+        if nodeid in port.get("hung", []) and (port.get("machine") or {}).get("overloaded"):
+            text += f" (on an overloaded machine: {_share_phrase(port['machine'])})"  # the verdict may be the machine's
         labels[nodeid], why[nodeid] = lab, text
     return labels, why
 
@@ -601,6 +612,7 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
     bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
     base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False))
     labels, why = label(port, base_result, known, blocked)
+    machine = port.get("machine") or {}
     # A file with tests that have no outcome is never counted as run: it is listed, with why, and fails the stage.
     not_run = {f: a for f, a in port["files"].items() if a["status"] == "not-run"}
     for f, a in not_run.items():
@@ -624,7 +636,8 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
                             "guards": base_result.get("guards", []), "overlay": base_result.get("overlay", []),
                             "peak": base_result.get("peak", {})},
                "known_failures": known, "known_failures_not_applied": known_skipped or {},
-               "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0}
+               "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0,
+               "slow": port["slow"], "machine": port["machine"]}
     summary = (f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
                + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
                + f") in {_files_phrase(port['files'])} on {nproc} ranks; "
@@ -633,13 +646,22 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
                + (f"{len(port['deselected'])} deselected as upstream's CI does ({', '.join(sorted(set(port['deselected'].values())))}); "
                   if port["deselected"] else "")
                + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
-               f"peak {port['peak']['threads']} threads, {port['peak']['rss_mb']:.0f} MB per rank")
+               f"peak {port['peak']['threads']} threads, {port['peak']['rss_mb']:.0f} MB per rank"
+               + (f"; {len(port['slow'])} slow test(s) given more time, their ranks still computing after the "
+                  f"{port['watchdog_seconds']:g} s timeout" if port["slow"] else "")
+               + (f"; this machine was overloaded: {_share_phrase(machine)}: hang and time-limit verdicts may be the machine's"
+                  if machine.get("overloaded") else ""))
     lacking = {str(_missing_ordinary(k, port, blocked)).split(".")[0] for k, v in labels.items() if v == "missing-dependency"}
     if lacking:
         cmd = suite.pip_command({m: suite.PIP_NAMES.get(m, m.replace("_", "-")) for m in lacking})
         summary += f"; missing dependencies: `{cmd}`"
     status = FAIL if any(by_label[k] for k in BLOCKING) else PASS
     return StageResult("unit-tests", status, summary, time.monotonic() - start, details)
+
+
+def _share_phrase(machine: dict) -> str:
+    return (f"other processes kept {machine['others_cores']:.1f} of its {machine['cpus']} cores busy on average "
+            f"for {machine['seconds']:.0f} s")
 
 
 def _files_phrase(files: dict[str, dict]) -> str:
