@@ -45,11 +45,42 @@ def elapsed(seconds: float) -> str:
     return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+# A progress line in a log (not a TTY) at most this often: a long step says where it is without flooding.
+LOG_EVERY = 10.0
+
+
+class _Step:
+    """One running `progress` step: `advance` says how far it is (files done/total …)."""
+
+    def __init__(self, description: str, start: float, bar=None, task=None):
+        self.description, self.start, self.bar, self.task = description, start, bar, task
+        self.logged = start
+
+    def advance(self, detail: str, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.bar is not None:
+            self.bar.update(self.task, description=redact(f"{self.description}: {detail}"))
+        elif final or now - self.logged >= LOG_EVERY:
+            self.logged = now
+            info(f"... {self.description}: {detail}, {elapsed(now - self.start)} elapsed")
+
+
+_STEPS: list[_Step] = []
+
+
+def advance(detail: str, final: bool = False) -> None:
+    """How far the innermost running `progress` step is ("codemods: 812/2210 files"): on a TTY it
+    replaces the spinner's text; in a log, a line at most every LOG_EVERY seconds (and the ``final``
+    one). Outside any step it says nothing: library callers and tests get no output."""
+    if _STEPS:
+        _STEPS[-1].advance(detail, final)
+
+
 @contextmanager
 def progress(description: str):
     """A spinner with the elapsed time on a TTY (lines printed meanwhile go above it); otherwise
     (automation gets no live terminal UI) a plain log line when the step starts and one with its
-    elapsed time when it ends."""
+    elapsed time when it ends. Work inside reports how far it is with `advance`."""
     start = time.monotonic()
     if sys.stderr.isatty():
         from rich.console import Console
@@ -58,15 +89,21 @@ def progress(description: str):
         console = Console(stderr=True)
         with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=console,
                       transient=True) as bar:
-            bar.add_task(redact(description), total=None)
+            task = bar.add_task(redact(description), total=None)
             _LIVE.append(console)
+            _STEPS.append(_Step(description, start, bar, task))
             try:
                 yield
             finally:
+                _STEPS.pop()
                 _LIVE.remove(console)
     else:
         info(f"... {description}")
-        yield
+        _STEPS.append(_Step(description, start))
+        try:
+            yield
+        finally:
+            _STEPS.pop()
         info(f"... {description}: done in {elapsed(time.monotonic() - start)}")
 
 

@@ -66,3 +66,38 @@ def test_at_80_columns_the_key_column_stays_whole():
     Console(width=80, file=buf, color_system=None).print(output.build_table(
         ["patch", "bucket", "offsets", "files", "detail"], [[name, "clean", "0", "megatron/core/a.py, megatron/core/b.py", "x " * 40]]))
     assert any(name in line for line in buf.getvalue().splitlines()), buf.getvalue()
+
+
+def test_a_long_step_says_how_far_it_is_in_a_log_at_most_every_few_seconds_and_at_its_end():
+    script = ("from rocmport import output\nimport time\noutput.LOG_EVERY = 0.25\n"
+              "output.advance('outside any step: nothing')\n"
+              "with output.progress('applying the megatron-lm port'):\n"
+              "    for i in range(1, 31):\n        time.sleep(0.02)\n        output.advance(f'codemods: {i}/30 files')\n"
+              "    output.advance('codemods: 30/30 files', final=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=60)
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "... applying the megatron-lm port" and lines[-1].startswith("... applying the megatron-lm port: done in ")
+    updates = lines[1:-1]
+    assert 1 <= len(updates) <= 5, lines  # 0.6 s of updates, a line at most every 0.25 s, and the final one
+    assert updates[-1] == "... applying the megatron-lm port: codemods: 30/30 files, 0 s elapsed"
+    assert all(re.fullmatch(r"\.\.\. applying the megatron-lm port: codemods: \d+/30 files, \d+ s elapsed", u) for u in updates), updates
+
+
+def test_the_codemod_runner_reports_files_done_of_total(tmp_path):
+    """A cold v0.19 apply showed one spinner line for 18 minutes: the runner now says how far it is."""
+    tree = tmp_path / "tree"
+    (tree / "megatron" / "core").mkdir(parents=True)
+    for i in range(12):
+        (tree / "megatron" / "core" / f"m{i}.py").write_text("from apex.optimizers import FusedAdam\n\nx = FusedAdam\n")
+    script = ("import sys\nfrom rocmport import output\nfrom rocmport.codemods.runner import compute_layers\n"
+              "with output.progress('running codemods'):\n"
+              "    r = compute_layers(sys.argv[1], [{'name': 'apex-to-torch'}], jobs=2, cache_dir=sys.argv[2])\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tree), str(tmp_path / "cache")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "... running codemods: codemods: 12/12 files (12 in the tree), " in proc.stderr, proc.stderr
+    # a second run: every file from the cache, and said so
+    proc = subprocess.run([sys.executable, "-c", script, str(tree), str(tmp_path / "cache")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert "codemods: 0/12" not in proc.stderr and "running codemods: done in" in proc.stderr

@@ -13,6 +13,7 @@ from pathlib import Path, PurePosixPath
 
 import libcst as cst
 
+from rocmport import output
 from rocmport.codemods.base import Context, Report
 from rocmport.codemods.catalog import registry
 from rocmport.codemods.helper import helper_text
@@ -162,12 +163,22 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     result.files_parsed = len(todo)
     jobs = jobs or os.cpu_count() or 1
     work = [(rel, text, s) for rel, text, s, _ in todo]
+    said = f"{result.cache_hits} from the cache, " if result.cache_hits else ""
+    output.advance(f"codemods: 0/{len(work)} files ({said}{len(files)} in the tree)")
     if jobs > 1 and len(work) > 8:
         init, initargs = pool_initializer()  # a kill -9 of apply/refresh ends its workers too
         with ProcessPoolExecutor(max_workers=jobs, initializer=init, initargs=initargs) as pool:
-            done = list(pool.map(_work, work, chunksize=max(1, len(work) // (jobs * 4))))
+            results = pool.map(_work, work, chunksize=max(1, min(16, len(work) // (jobs * 4))))
+            done = []
+            for item in results:
+                done.append(item)
+                output.advance(f"codemods: {len(done)}/{len(work)} files ({said}{len(files)} in the tree)")
     else:
-        done = [_work(w) for w in work]
+        done = []
+        for w in work:
+            done.append(_work(w))
+            output.advance(f"codemods: {len(done)}/{len(work)} files ({said}{len(files)} in the tree)")
+    output.advance(f"codemods: {len(done)}/{len(work)} files ({said}{len(files)} in the tree)", final=bool(work))
     for (rel, changes, failure), (_, _, _, hit) in zip(done, todo):
         if failure:
             result.failures.append(failure)

@@ -273,6 +273,7 @@ def _descends(tree: Path, ancestor: str, head: str) -> bool:
 def _run(tree: Path, pin: Pin, series: Series, state: wt.ApplyState, start: int, say, cache_dir: Path) -> ApplyReport:
     for index in range(start, len(series.patches)):
         patch = series.patches[index]
+        output.advance(f"patch {index + 1}/{len(series.patches)}: {patch.name}")
         paths = sorted({p for f in patch.files for p in (f.path, f.source) if p})
         state.step = wt.Step("patch", patch.name, paths, parent=state.last_good)
         wt.write_state(tree, state)
@@ -315,6 +316,7 @@ def _codemod_layers(tree: Path, series: Series, cache_dir: Path, state: wt.Apply
     layers = []
     for layer in result.layers:
         if layer.files:
+            output.advance(f"committing codemod layer {layer.name} (version {layer.version}, {len(layer.files)} files)")
             state.step = wt.Step("codemods", layer.name, touched, parent=state.last_good)
             wt.write_state(tree, state)
             for rel, text in layer.files.items():
