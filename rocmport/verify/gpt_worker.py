@@ -28,6 +28,8 @@ def parse():
     p.add_argument("--load-init")
     p.add_argument("--bridge", action="store_true", help="build the model through Megatron-Bridge's GPTModelProvider")
     p.add_argument("--te", action="store_true", help="upstream's Transformer Engine layer spec (TE's Python layer must be importable)")
+    p.add_argument("--moe", type=int, default=0, help="MoE: this many experts (top-2, grouped GEMM: TE's GroupedLinear with --te)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (with --moe; experts are not tensor-parallel)")
     return p.parse_args()
 
 
@@ -85,20 +87,29 @@ def train(args):
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
-    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp)
+    moe: dict[str, Any] = {}
+    if args.moe:
+        # Experts spread over ep ranks, each whole (expert tp 1: ep fits in tp×dp at tp2×pp2×dp1); top-2
+        # routing without an auxiliary loss or token dropping, so ep2 computes what ep1 does.
+        moe = dict(num_moe_experts=args.moe, moe_router_topk=2, moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall",
+                   moe_aux_loss_coeff=0.0, expert_model_parallel_size=args.ep, expert_tensor_parallel_size=1,
+                   sequence_parallel=args.tp > 1)  # megatron refuses MoE with tp but without sequence parallelism
+    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+                                 **({"expert_model_parallel_size": args.ep, "expert_tensor_parallel_size": 1} if args.moe else {}))
     model_parallel_cuda_manual_seed(args.seed)
     config = TransformerConfig(
         num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
         # Trap G1: the real tp/pp sizes, or the tied-embedding sync is silently skipped.
         tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
         hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=proxy, batch_p2p_sync=not proxy,
-        params_dtype=torch.float32, bf16=False, fp16=False,
+        params_dtype=torch.float32, bf16=False, fp16=False, **moe,
     )
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     if args.bridge:
         config, model = _bridge_model(args, proxy, first, last, args.te)
     else:
-        spec = get_gpt_layer_with_transformer_engine_spec() if args.te else get_gpt_layer_local_spec()
+        experts = {"num_experts": args.moe, "moe_grouped_gemm": True} if args.moe else {}
+        spec = get_gpt_layer_with_transformer_engine_spec(**experts) if args.te else get_gpt_layer_local_spec(**experts)
         model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
                          max_sequence_length=SEQ, pre_process=first, post_process=last,
                          share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute")
@@ -108,7 +119,7 @@ def train(args):
     if args.save_init:
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, args.save_init)
     if args.load_init:
-        _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp)
+        _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp, args.moe // args.ep if args.moe else 0)
     ddp = DistributedDataParallel(config, DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=False), model)
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = ddp.no_sync
@@ -202,19 +213,24 @@ def _tied_ok(model, ps) -> bool:
     return all(all(d == ds[0] for d in ds) for ds in by_tp.values())
 
 
-def _load_split(model, full: dict, ps, layers_per_stage: int) -> None:
-    """Copy the tp1/pp1 weights into this rank's shard: pipeline layer offset, then TP slice."""
+def _load_split(model, full: dict, ps, layers_per_stage: int, local_experts: int = 0) -> None:
+    """Copy the tp1/pp1 weights into this rank's shard: pipeline layer offset, then TP slice; with
+    MoE (``local_experts`` per rank), this rank's experts, whole."""
     import torch
 
     offset = ps.get_pipeline_model_parallel_rank() * layers_per_stage
     tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    ep_rank = ps.get_expert_model_parallel_rank() if local_experts else 0
     with torch.no_grad():
         for name, param in model.named_parameters():
             ref_name = re.sub(r"decoder\.layers\.(\d+)\.", lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", name)
             if ref_name == "output_layer.weight" and ref_name not in full:
                 ref_name = "embedding.word_embeddings.weight"  # tied: the last stage holds a copy
+            expert = ".experts." in name
+            if expert:  # this rank's local expert i is global expert ep_rank * local_experts + i (GroupedLinear's weight<i>)
+                ref_name = re.sub(r"(weight|bias)(\d+)$", lambda m: f"{m.group(1)}{ep_rank * local_experts + int(m.group(2))}", ref_name)
             ref = full[ref_name]
-            if getattr(param, "tensor_model_parallel", False) and tp > 1:
+            if getattr(param, "tensor_model_parallel", False) and tp > 1 and not expert:
                 ref = torch.chunk(ref, tp, dim=param.partition_dim)[rank]
             if ref.shape != param.shape:
                 raise RuntimeError(f"{name}: reference shape {tuple(ref.shape)} does not split to {tuple(param.shape)}")

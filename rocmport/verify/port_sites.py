@@ -35,7 +35,7 @@ NOT_IMPORTED = [
     ("megatron/legacy/", "legacy model code: pretrain_gpt.py's mcore path and the selected tests never import it"),
     ("megatron/post_training/", "ModelOpt post-training (NVIDIA-only): not on verify's paths"),
     ("megatron/core/extensions/transformer_engine", "Transformer Engine's wrappers: {te}"),
-    ("megatron/core/transformer/moe/", "MoE layers: verify's GPT cases are dense"),
+    ("megatron/core/transformer/moe/", "MoE layers: {moe}"),
     ("megatron/core/inference/", "the inference engines: verify trains"),
     ("megatron/rl/", "RL training: not on verify's paths"),
 ]
@@ -43,7 +43,7 @@ NOT_IMPORTED = [
 NOT_RUN = {
     "te_gate": "a TE version gate on a TE code path: {te}",
     "te_has": "a TE feature probe on a TE code path: {te}",
-    "grouped_gemm_hint": "only when --moe-grouped-gemm asks for grouped_gemm: verify's GPT cases are dense",
+    "grouped_gemm_hint": "only when --moe-grouped-gemm asks for the grouped_gemm package (the legacy GroupedMLP): verify's MoE case takes TE's GroupedLinear",
     "MissingPackage": "only when the NVIDIA-only package is absent and the guarded import runs",
     "te_accepts": "a TE call-site probe on a TE code path: {te}",
     "save_original_input_ok": "only with FP8 on Transformer Engine layers: {te}",
@@ -52,6 +52,14 @@ NOT_RUN = {
                            "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"),
 }
 NOT_RUN_DEFAULT = "its module was imported; this branch did not run in the stages verify ran"
+
+
+def moe_why(te_version: str | None) -> str:
+    """Why a MoE module did not run: stage 2's MoE case runs with TE only, through TE's GroupedLinear."""
+    if te_version:
+        return ("not on the path of stage 2's MoE case (TE's GroupedLinear experts, the all-to-all dispatcher; "
+                "the grouped_gemm package's GroupedMLP and the other dispatchers are not taken)")
+    return "stage 2's MoE case runs with TE (verify --te): without it verify's GPT cases are dense"
 
 
 def te_why(te_version: str | None) -> str:
@@ -199,7 +207,7 @@ def read_records(directory: Path, tree: Path) -> tuple[set[tuple[str, int]], set
 def _not_imported(rel: str, te_version: str | None = None) -> str:
     for prefix, why in NOT_IMPORTED:
         if rel.startswith(prefix):
-            return f"module never imported: {why.format(te=te_why(te_version))}"
+            return f"module never imported: {why.format(te=te_why(te_version), moe=moe_why(te_version))}"
     return "module never imported by verify's stages"
 
 

@@ -138,7 +138,30 @@ def install(megatron: bool = True) -> None:
         mrandom._get_cuda_rng_state = lambda *a, **k: DEVICE_RNG.get_state()
         mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
     _one_gloo_device()
+    _split_sizes_as_lists()
     CudaToCpu().__enter__()
+
+
+def _split_sizes_as_lists() -> None:
+    """megatron's MoE all-to-all dispatcher brings its split sizes to the host as numpy arrays when
+    they are on the GPU (moe_utils.maybe_move_tensor_to_cpu asks `tensor.is_cuda`); on the proxy they
+    are CPU tensors already and stay tensors, which all_to_all_single does not take. Given as lists,
+    the values the GPU path gives."""
+    real = torch.distributed.all_to_all_single
+    if getattr(real, "_rocmport", False):
+        return
+
+    def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
+        sizes = []
+        for split in (output_split_sizes, input_split_sizes):
+            if isinstance(split, torch.Tensor):
+                REDIRECTS[f"all_to_all_single(split sizes: tensor -> list) @ {_site()}"] += 1
+                split = split.tolist()
+            sizes.append(split)
+        return real(output, input, *sizes, *args, **kwargs)
+
+    all_to_all_single._rocmport = True  # type: ignore[attr-defined]
+    torch.distributed.all_to_all_single = all_to_all_single
 
 
 def _one_gloo_device() -> None:

@@ -127,14 +127,41 @@ def _not_from(tree: Path, stdout: str) -> dict[str, str]:
     return out
 
 
+# The MoE case of stage 2 with TE: this many experts, top-2, over expert-parallel ranks of this size
+# (TE's GroupedLinear for the grouped GEMM). Its router's top-k can flip for a token near a tie
+# between layouts, so after the first iteration (same weights, same tokens: as close as the dense
+# model) its losses are held to MOE_TOL, relative.
+MOE_EXPERTS, MOE_EP = 4, 2
+MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
+
+
+def moe_applies(tp: int, dp: int, te: bool) -> str | None:
+    """Why stage 2's MoE case does not run with these sizes, or None when it does. Experts are whole
+    on each rank (expert tp 1), so the expert-parallel ranks come from tp × dp."""
+    if not te:
+        return "the MoE case runs with TE (its grouped GEMM is TE's GroupedLinear): pass --te"
+    if (tp * dp) % MOE_EP:
+        return f"expert parallel {MOE_EP} needs tp × dp divisible by {MOE_EP} (tp {tp} × dp {dp})"
+    return None
+
+
 def training_commands(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False) -> dict[str, list[str]]:
-    """Stage 2's two launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run
-    (``te``: both with upstream's Transformer Engine layer spec)."""
+    """Stage 2's launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run (``te``:
+    both with upstream's Transformer Engine layer spec, and, where `moe_applies`, the same pair for a
+    MoE model with the grouped GEMM through TE's GroupedLinear at expert parallel MOE_EP)."""
     worker = ["-m", "rocmport.verify.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
-    return {"reference": launcher.command(1, [*worker, "--tp", "1", "--pp", "1", "--out", str(tmp / "ref.json"),
+    cmds = {"reference": launcher.command(1, [*worker, "--tp", "1", "--pp", "1", "--out", str(tmp / "ref.json"),
                                               "--save-init", str(tmp / "init.pt")], "gpt-reference"),
             "run": launcher.command(tp * pp * dp, [*worker, "--tp", str(tp), "--pp", str(pp), "--out", str(tmp / "run.json"),
                                                    "--load-init", str(tmp / "init.pt")], "gpt-training")}
+    if moe_applies(tp, dp, te) is None:
+        moe = [*worker, "--moe", str(MOE_EXPERTS)]
+        cmds["moe-reference"] = launcher.command(1, [*moe, "--tp", "1", "--pp", "1", "--out", str(tmp / "moe-ref.json"),
+                                                     "--save-init", str(tmp / "moe-init.pt")], "gpt-moe-reference")
+        cmds["moe-run"] = launcher.command(tp * pp * dp, [*moe, "--ep", str(MOE_EP), "--tp", str(tp), "--pp", str(pp),
+                                                          "--out", str(tmp / "moe-run.json"), "--load-init", str(tmp / "moe-init.pt")],
+                                           "gpt-moe-training")
+    return cmds
 
 
 def launch(cmd: list[str], env: dict, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -159,6 +186,29 @@ def _last_error(proc: subprocess.CompletedProcess) -> str:
     return (lines[0] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1])[:400]
 
 
+def _pair(cmds: dict, key: str, env: dict, tree: Path, tmp: Path, launcher: Launcher, what: str,
+          layout: str) -> tuple[StageResult | None, dict, dict]:
+    """One reference/run pair of stage 2 (``key``: "" for the dense model, "moe-" for the MoE one):
+    a StageResult when it did not produce losses to compare, else (None, reference, run)."""
+    start = time.monotonic()
+    ref = launch(cmds[f"{key}reference"], env, tree)
+    ref_file, run_file = tmp / f"{key}ref.json", tmp / f"{key}run.json"
+    ref_data = json.loads(ref_file.read_text()) if ref_file.exists() else None
+    if ref_data and "unsupported" in ref_data:
+        return StageResult("gpt-training", UNSUPPORTED, what + unsupported_why(ref_data["unsupported"]), time.monotonic() - start), {}, {}
+    if ref.returncode != 0 or not ref_data:
+        return StageResult("gpt-training", FAIL, f"{what}tp1/pp1 reference run failed: {_last_error(ref)}", time.monotonic() - start), {}, {}
+    run = launch(cmds[f"{key}run"], env, tree)
+    data = json.loads(run_file.read_text()) if run_file.exists() else None
+    if run.returncode == 0 and not data and launcher.multi_node:
+        return took_part("gpt-training", launcher, time.monotonic() - start), {}, {}
+    if data and "unsupported" in data:
+        return StageResult("gpt-training", UNSUPPORTED, what + unsupported_why(data["unsupported"]), time.monotonic() - start), {}, {}
+    if run.returncode != 0 or not data:
+        return StageResult("gpt-training", FAIL, f"{what}{layout} run failed: {_last_error(run)}", time.monotonic() - start), {}, {}
+    return None, ref_data, data
+
+
 def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, backend: str,
                    launcher: Launcher = Launcher(), te: str | None = None) -> tuple[StageResult, dict]:
     """``te``: the description of the Transformer Engine layer the run uses (None: the local spec)."""
@@ -166,20 +216,12 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
     with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp_dir:
         tmp = Path(tmp_dir)
         cmds = training_commands(launcher, tp, pp, dp, iters, tmp, te=te is not None)
-        ref = launch(cmds["reference"], env, tree)
-        ref_data = json.loads((tmp / "ref.json").read_text()) if (tmp / "ref.json").exists() else None
-        if ref_data and "unsupported" in ref_data:
-            return StageResult("gpt-training", UNSUPPORTED, unsupported_why(ref_data["unsupported"]), time.monotonic() - start), {}
-        if ref.returncode != 0 or not ref_data:
-            return StageResult("gpt-training", FAIL, f"tp1/pp1 reference run failed: {_last_error(ref)}", time.monotonic() - start), {}
-        run = launch(cmds["run"], env, tree)
-        data = json.loads((tmp / "run.json").read_text()) if (tmp / "run.json").exists() else None
-        if run.returncode == 0 and not data and launcher.multi_node:
-            return took_part("gpt-training", launcher, time.monotonic() - start), {}
-        if data and "unsupported" in data:
-            return StageResult("gpt-training", UNSUPPORTED, unsupported_why(data["unsupported"]), time.monotonic() - start), {}
-        if run.returncode != 0 or not data:
-            return StageResult("gpt-training", FAIL, f"tp{tp}/pp{pp}/dp{dp} run failed: {_last_error(run)}", time.monotonic() - start), {}
+        stopped, ref_data, data = _pair(cmds, "", env, tree, tmp, launcher, "", f"tp{tp}/pp{pp}/dp{dp}")
+        if stopped:
+            return stopped, {}
+        moe_stopped, moe_ref, moe_data = (_pair(cmds, "moe-", env, tree, tmp, launcher, f"MoE case ({MOE_EXPERTS} experts, ep{MOE_EP}): ",
+                                                f"tp{tp}/pp{pp}/dp{dp}/ep{MOE_EP}")
+                                          if "moe-run" in cmds else (None, {}, {}))
     losses, ref_losses = data["losses"], ref_data["losses"]
     diff = max(abs(a - b) for a, b in zip(losses, ref_losses)) if losses and len(losses) == len(ref_losses) else float("inf")
     training = {"losses": losses, "reference_losses": ref_losses, "max_abs_diff": diff,
@@ -193,10 +235,47 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
         problems.append(f"tied embedding copies differ (start equal: {data['tied_start']}, end equal: {data['tied_end']})")
     if diff > tol:
         problems.append(f"tp{tp}xpp{pp} losses differ from tp1/pp1 by {diff:.3g} > {tol:.2g}")
+    moe_phrase = ""
+    if moe_data:
+        moe, moe_problems = _moe_check(moe_ref["losses"], moe_data["losses"], tol, backend)
+        moe["redirects"] = moe_data.get("redirects", {})
+        training["moe"] = moe
+        problems += moe_problems
+        moe_phrase = (f"; MoE ({MOE_EXPERTS} experts, top-2, grouped GEMM through TE's GroupedLinear, ep{MOE_EP}): loss "
+                      f"{moe['losses'][0]:.4f} -> {moe['losses'][-1]:.4f}, first iteration |Δ| {moe['first_abs_diff']:.2g}, "
+                      f"max |Δ| {moe['max_abs_diff']:.2g} (≤ {moe['tolerance']:.2g})")
+    elif te and moe_applies(tp, dp, True):
+        training["moe"] = {"not_run": moe_applies(tp, dp, True)}
+        moe_phrase = f"; MoE case not run: {moe_applies(tp, dp, True)}"
     seconds = time.monotonic() - start
     if problems:
         return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
+    if moe_stopped:  # the dense model passed; the MoE case did not run to the end: never a pass
+        training["moe"] = {"not_run": moe_stopped.reason}
+        return StageResult("gpt-training", moe_stopped.status, f"dense model passed (max |Δ| vs tp1/pp1 {diff:.2g}); {moe_stopped.reason}",
+                           seconds), training
     reason = f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations; max |Δ| vs tp1/pp1 {diff:.2g} (≤ {tol:.2g}); tied embeddings equal"
     if te:
-        reason += f"; {te}"
+        reason += moe_phrase + f"; {te}"
     return StageResult("gpt-training", PASS, reason, seconds), training
+
+
+def _moe_check(ref_losses: list[float], losses: list[float], dense_tol: float, backend: str) -> tuple[dict, list[str]]:
+    """The MoE pair: the loss falls; the first iteration (same weights, same tokens, before any
+    routing decision depends on a parallel layout's rounding) within the dense bound; every
+    iteration within MOE_TOL of the reference, relative."""
+    same = bool(losses) and len(losses) == len(ref_losses)
+    diffs = [abs(a - b) for a, b in zip(losses, ref_losses)] if same else []
+    tol = MOE_TOL.get(backend, 2e-2) * max([1.0, *(abs(x) for x in ref_losses)])
+    moe = {"losses": losses, "reference_losses": ref_losses, "first_abs_diff": diffs[0] if diffs else float("inf"),
+           "max_abs_diff": max(diffs) if diffs else float("inf"), "tolerance": tol, "first_tolerance": dense_tol,
+           "experts": MOE_EXPERTS, "ep": MOE_EP}
+    problems = []
+    if not losses or losses[-1] >= losses[0]:
+        problems.append(f"MoE loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "MoE: no losses reported")
+    elif moe["first_abs_diff"] > dense_tol:
+        problems.append(f"MoE first iteration differs from tp1/pp1 by {moe['first_abs_diff']:.3g} > {dense_tol:.2g} "
+                        "(expert placement or the all-to-all dispatch, not routing)")
+    elif moe["max_abs_diff"] > tol:
+        problems.append(f"MoE losses differ from tp1/pp1 by {moe['max_abs_diff']:.3g} > {tol:.2g}")
+    return moe, problems

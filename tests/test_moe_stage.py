@@ -1,0 +1,80 @@
+"""Stage 2's MoE case with TE (#28): the launches it adds, how its losses are judged, and the proxy
+shim's answer to megatron's all-to-all dispatcher (split sizes that stay CPU tensors on the proxy)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rocmport.verify import stages
+from rocmport.verify.launcher import Launcher
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_moe_pair_is_launched_with_te_where_expert_parallel_fits():
+    cmds = stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=True)
+    assert list(cmds) == ["reference", "run", "moe-reference", "moe-run"]
+    run = cmds["moe-run"]
+    assert run[run.index("--moe") + 1] == "4" and run[run.index("--ep") + 1] == "2" and "--te" in run
+    assert "--ep" not in cmds["moe-reference"]  # the reference holds every expert
+    assert list(stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=False)) == ["reference", "run"]
+    assert stages.moe_applies(1, 1, True) == "expert parallel 2 needs tp × dp divisible by 2 (tp 1 × dp 1)"
+    assert list(stages.training_commands(Launcher(), 1, 2, 1, 10, Path("/t"), te=True)) == ["reference", "run"]
+
+
+def test_moe_losses_first_iteration_tight_then_within_the_routing_bound():
+    ref = [4.8687, 4.4866, 4.3872, 4.2191, 4.0764, 3.9408]
+    dense_tol = 1e-5 * 4.8687
+    moe, problems = stages._moe_check(ref, [x + d for x, d in zip(ref, [1e-7, 0, 1e-5, 2e-5, 2e-4, 7e-3])], dense_tol, "gloo")
+    assert not problems and moe["first_abs_diff"] == pytest.approx(1e-7) and moe["max_abs_diff"] == pytest.approx(7e-3)
+    # a misplaced expert shows on the first iteration, before routing could differ
+    _, problems = stages._moe_check(ref, [ref[0] + 0.01, *ref[1:]], dense_tol, "gloo")
+    assert problems and "MoE first iteration differs from tp1/pp1 by 0.01" in problems[0]
+    _, problems = stages._moe_check(ref, [*ref[:-1], ref[-1] + 0.2], dense_tol, "gloo")
+    assert problems == ["MoE losses differ from tp1/pp1 by 0.2 > 0.049"]
+    _, problems = stages._moe_check(ref, [4.0, 4.1], dense_tol, "gloo")
+    assert problems == ["MoE loss did not decrease (4.0000 -> 4.1000)"]
+
+
+ALL_TO_ALL = textwrap.dedent("""\
+    import os, sys
+    import torch
+    import torch.distributed as dist
+    if sys.argv[1] == "shim":
+        from rocmport.verify import proxy_shim
+        proxy_shim.install(megatron=False)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    # megatron's dispatcher: the split sizes are tensors (numpy on a GPU, where they come to the host)
+    inp = torch.arange(3, dtype=torch.float32) + 10 * rank
+    splits_in = torch.tensor([1, 2]) if rank == 0 else torch.tensor([2, 1])
+    splits_out = torch.tensor([1, 2]) if rank == 0 else torch.tensor([2, 1])
+    out = torch.empty(int(splits_out.sum()))
+    dist.all_to_all_single(out, inp, splits_out, splits_in)
+    print("OUT", rank, out.tolist(), flush=True)
+    dist.destroy_process_group()
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["shim", "plain"])
+def test_all_to_all_with_tensor_split_sizes_on_the_proxy(tmp_path, mode):
+    """On a GPU megatron hands all_to_all_single numpy split sizes; on the proxy they stay CPU tensors,
+    which torch refuses: the shim passes them as lists (plain torch shows the refusal it answers)."""
+    script = tmp_path / "a2a.py"
+    script.write_text(ALL_TO_ALL)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), mode],
+                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    if mode == "plain":
+        assert proc.returncode != 0 and "all_to_all_single(): incompatible function arguments" in proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("OUT"))
+    assert lines == ["OUT 0 [0.0, 10.0, 11.0]", "OUT 1 [1.0, 2.0, 12.0]"]
