@@ -823,3 +823,31 @@ def test_machine_share_counts_other_processes_and_not_the_run_s_own_children():
     for h in hogs:
         h.wait()
     assert reading.overloaded and reading.others_cores >= 0.5 * reading.cpus, reading
+
+
+def test_a_namespace_package_of_the_tree_is_the_tree_s_own_not_a_missing_dependency(tmp_path):
+    """Megatron-LM's `megatron` has no __init__.py: in a 3.12 venv without megatron-core, stage 3 said
+    "the selected test files need megatron, which this Python lacks" and ran nothing."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "rocmport_ns_pkg" / "core").mkdir(parents=True)  # a namespace package: no rocmport_ns_pkg/__init__.py
+    (tree / "rocmport_ns_pkg" / "core" / "__init__.py").write_text("")
+    (tree / "tests" / "unit_tests" / "test_ns.py").write_text("from rocmport_ns_pkg.core import x\n\n\ndef test_x():\n    pass\n")
+    assert suite.missing_dependencies(tree, ["tests/unit_tests/test_ns.py"], BLOCKED) == {}
+
+
+def test_stage_4_names_psutil_when_the_tree_s_checkpoint_writer_needs_it(tmp_path, monkeypatch):
+    """v0.19 on a fresh 3.12 venv: pretrain_gpt.py failed after 5 iterations with "psutil is not
+    installed" (the persistent checkpoint writer); stage 4 now says so before it runs, with the pip command."""
+    tree = tmp_path / "t"
+    (tree / "megatron" / "core" / "datasets").mkdir(parents=True)
+    (tree / "megatron" / "core" / "datasets" / "Makefile").write_text("all:\n")
+    writer = tree / "megatron" / "core" / "dist_checkpointing" / "strategies" / "filesystem_async.py"
+    writer.parent.mkdir(parents=True)
+    writer.write_text("try:\n    import psutil\nexcept ImportError:\n    psutil = None\n")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psutil" else real(name, *a))
+    why = environment.functional_blockers(tree)
+    assert why is not None and why.startswith("missing dependency psutil (psutil: the persistent checkpoint writer of upstream's "
+                                              "--async-save cases uses it): `") and why.endswith(" -m pip install psutil`"), why
+    writer.write_text("import os\n")  # a line whose writer does not use it
+    assert environment.functional_blockers(tree) is None or "psutil" not in environment.functional_blockers(tree)

@@ -183,9 +183,15 @@ def missing_deps(tree: Path) -> dict[str, str]:
     return {m: dist for m, dist in needed.items() if importlib.util.find_spec(m) is None}
 
 
-# What upstream's pretrain_gpt.py needs besides megatron.training's imports: it builds the dataset
-# index helpers (megatron/core/datasets/Makefile: a C++ compiler, make, `python3 -m pybind11`).
-FUNCTIONAL_DEPS = {"pybind11": "pybind11"}
+# What upstream's pretrain_gpt.py needs besides megatron.training's imports, and why: module -> (pip
+# name, what uses it).
+FUNCTIONAL_DEPS = {
+    # megatron/core/datasets/Makefile builds the dataset index helpers (a C++ compiler, make, `python3 -m pybind11`)
+    "pybind11": ("pybind11", "megatron/core/datasets/Makefile builds the dataset helpers with it"),
+    # upstream's cases save with --async-save --use-persistent-ckpt-worker: the persistent writer asks
+    # psutil for its memory (an optional import upstream: without it the save fails after the first iterations)
+    "psutil": ("psutil", "the persistent checkpoint writer of upstream's --async-save cases uses it"),
+}
 
 
 def functional_blockers(tree: Path) -> str | None:
@@ -194,12 +200,15 @@ def functional_blockers(tree: Path) -> str | None:
 
     if not (tree / MEGATRON_LM.package_dir / "datasets" / "Makefile").is_file():
         return None
-    missing = [dist for mod, dist in FUNCTIONAL_DEPS.items() if importlib.util.find_spec(mod) is None]
+    writer = tree / MEGATRON_LM.package_dir / "dist_checkpointing" / "strategies" / "filesystem_async.py"
+    uses = {"pybind11": True, "psutil": writer.is_file() and "import psutil" in writer.read_text(errors="replace")}
+    missing = {mod: dep for mod, dep in FUNCTIONAL_DEPS.items() if uses[mod] and importlib.util.find_spec(mod) is None}
     tools = [t for t in ("make",) if shutil.which(t) is None] + ([] if shutil.which("c++") or shutil.which("g++") else ["c++ (g++)"])
     problems = []
     if missing:
-        problems.append(f"missing dependency {', '.join(missing)} (megatron/core/datasets/Makefile builds the dataset helpers "
-                        f"with it): `{sys.executable} -m pip install {' '.join(missing)}`")
+        problems.append(f"missing dependency {', '.join(d for d, _ in missing.values())} ("
+                        + "; ".join(f"{d}: {why}" for d, why in missing.values())
+                        + f"): `{sys.executable} -m pip install {' '.join(d for d, _ in missing.values())}`")
     if tools:
         problems.append(f"no {' or '.join(tools)} on PATH to build megatron's dataset helpers (install build-essential)")
     return "; ".join(problems) or None

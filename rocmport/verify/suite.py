@@ -121,7 +121,9 @@ def missing_dependencies(tree: Path, files: list[str], blocked: tuple[str, ...])
     need, and those of upstream's test environment the library uses (TEST_ENVIRONMENT), that this
     interpreter lacks: module -> what to pip install. NVIDIA-only packages are left
     out (the firewall removes them on purpose), and so are the tree's own packages."""
-    own = {p.name for p in tree.iterdir() if (p.is_dir() and (p / "__init__.py").is_file()) or p.suffix == ".py"}
+    # The tree's own top-level packages, namespace packages included (Megatron-LM's `megatron` has no
+    # __init__.py: found only on the tree's path, never in this interpreter unless megatron-core is installed).
+    own = {p.name for p in tree.iterdir() if p.is_dir() and (any(p.glob("*.py")) or any(p.glob("*/__init__.py")))}
     own |= {p.stem for p in tree.glob("*.py")}
     paths: set[Path] = set()
     for rel in files:
