@@ -221,7 +221,7 @@ def test_shipped_workflow_passes_the_github_workflow_schema_and_runs_the_bot(tmp
     proc = _lint(WORKFLOW)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = WORKFLOW.read_text()
-    assert "rocmport bot --once --push origin --json" in text and "schedule:" in text
+    assert "rocmport bot --once --track \"${{ matrix.track }}\" --push origin --json" in text and "schedule:" in text
     # refresh's verify runs on new releases: Python 3.12 (v0.17+ require it) and verify's extras.
     steps = yaml.safe_load(text)["jobs"]["refresh"]["steps"]
     setup = next(s for s in steps if s.get("uses", "").startswith("actions/setup-python"))
@@ -252,3 +252,100 @@ def test_bot_on_the_package_index_refreshes_a_patch_release(tmp_path, real_index
     summary = g(root, "show", "rocmport/refresh-v0.16.1:refresh-summaries/v0.16.1.md")
     assert "0001-dist-ckpt-no-pinned-preload-on-hip.patch" in summary
     assert "**Status:** `not-verified`" in summary and "ready to merge" not in summary  # the bot ran with --no-verify
+
+
+def _expression(text: str, variables: dict[str, str]):
+    """GitHub Actions' expression language, the part the shipped workflow uses: `vars.NAME` (unset:
+    ''), string literals, `==`, `!=`, `&&`, `||` (their value-returning forms), `always()`, `fromJSON()`."""
+    import re as _re
+
+    tokens = _re.findall(r"'(?:[^']|'')*'|\|\||&&|==|!=|\(|\)|[A-Za-z_][A-Za-z0-9_.]*", text)
+    pos = 0
+
+    def peek():
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take():
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def primary():
+        tok = take()
+        if tok.startswith("'"):
+            return tok[1:-1].replace("''", "'")
+        if tok == "(":
+            value = or_()
+            assert take() == ")"
+            return value
+        if tok in ("always", "fromJSON"):
+            assert take() == "("
+            arg = None if peek() == ")" else or_()
+            assert take() == ")"
+            return True if tok == "always" else json.loads(arg)
+        if tok.startswith("vars."):
+            return variables.get(tok[5:], "")
+        raise AssertionError(f"unsupported in the test's evaluator: {tok}")
+
+    def compare():
+        left = primary()
+        while peek() in ("==", "!="):
+            op, right = take(), primary()
+            left = (left == right) if op == "==" else (left != right)
+        return left
+
+    def and_():
+        left = compare()
+        while peek() == "&&":
+            take()
+            right = compare()
+            left = right if left else left
+        return left
+
+    def or_():
+        left = and_()
+        while peek() == "||":
+            take()
+            right = and_()
+            left = left if left else right
+        return left
+
+    value = or_()
+    assert pos == len(tokens), text
+    return value
+
+
+def _render(value, variables):
+    """A workflow value with its ${{ }} evaluated: a whole-value expression keeps its type."""
+    import re as _re
+
+    if isinstance(value, dict):
+        return {k: _render(v, variables) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render(v, variables) for v in value]
+    if isinstance(value, str):
+        whole = _re.fullmatch(r"\$\{\{(.*)\}\}", value.strip(), _re.S)
+        if whole:
+            return _expression(whole.group(1), variables)
+    return value
+
+
+@pytest.mark.parametrize("variables, tracks, gpu", [
+    ({}, ["release"], None),
+    ({"ROCMPORT_TRACKS": '["release", "main"]'}, ["release", "main"], None),
+    ({"ROCMPORT_GPU_RUNNER": '["self-hosted", "rocm", "mi300x"]'}, ["release"], ["self-hosted", "rocm", "mi300x"]),
+])
+def test_the_workflow_renders_its_tracks_and_the_gpu_job_from_repository_variables(variables, tracks, gpu):
+    jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
+    assert _render(jobs["refresh"]["strategy"], variables)["matrix"]["track"] == tracks
+    bot = next(s for s in jobs["refresh"]["steps"] if s.get("id") == "bot")["run"]
+    assert '--track "${{ matrix.track }}"' in bot
+    job = jobs["gpu-verify"]
+    runs = bool(_expression(job["if"].strip()[3:-2], variables))
+    assert runs == (gpu is not None)
+    if gpu:
+        assert _render(job["runs-on"], variables) == gpu and job["needs"] == "refresh"
+        script = next(s for s in job["steps"] if s.get("name") == "Verify each built branch on the GPU")["run"]
+        for what in ("rocmport emit docker", "rocmport doctor", "rocmport verify --tp 2 --pp 2", "--record-golden",
+                     "gh pr comment", "--device=/dev/kfd"):
+            assert what in script, what
