@@ -66,3 +66,24 @@ def test_the_files_the_checklists_name_exist():
     real = {p for p in named if not any(x in p for x in placeholders)}
     assert len(real) > 15
     assert sorted(p for p in real if not (REPO / p).exists()) == []
+
+
+def test_every_verify_stage_keeps_the_stage_contract(tmp_path):
+    """A stage is its module plus one class in verify/registry.py: each keeps the contract, its
+    number is its place, and --stages, the dry-run plan and the report read that list."""
+    import inspect
+
+    from rocmport.verify import registry
+    from rocmport.verify.contract import Stage, VerifyOptions
+    from rocmport.verify.run import parse_stages
+
+    assert len(set(registry.NAMES)) == len(registry.STAGES) and registry.NAMES[0] == "imports"
+    for number, stage in enumerate(registry.STAGES, 1):
+        assert isinstance(stage, Stage) and not inspect.isabstract(type(stage))
+        assert stage.name and stage.summary and parse_stages(str(number)) == (stage.name,)
+        assert stage.report_key is None or stage.report_key in inspect.signature(
+            __import__("rocmport.verify.run", fromlist=["VerifyReport"]).VerifyReport).parameters
+    assert [s.after_imports for s in registry.STAGES] == [False] + [True] * (len(registry.STAGES) - 1)
+    opts = VerifyOptions(tree=tmp_path, stages=registry.NAMES)
+    assert [s.requested(opts) for s in registry.STAGES] == [True, True, False, False, False]  # no unit/functional/bridge options
+    assert all(step["stage"].split(" ")[0] in registry.NAMES for s in registry.STAGES for step in s.launches(opts, tmp_path))

@@ -15,7 +15,8 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.run import MAX_ITERS, MAX_WORLD, STAGES, launch_plan, prepare, run_verify
+from rocmport.verify.registry import STAGES
+from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
 
 # Every size is checked where it enters: at least 1, and no more processes than any machine has (a
 # typo such as --tp 99999999999999999999 is exit 2 at once, --dry-run included); world = product in prepare.
@@ -71,7 +72,7 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
 @click.option("--iters", type=click.IntRange(2, MAX_ITERS), default=10, show_default=True, help="Training iterations in stages 2, 4 and 5.")
 @click.option("--stages", "stages_text", default=None, metavar="LIST",
-              help=f"Run only these stages: numbers or names, comma-separated ({', '.join(f'{i} {s}' for i, s in enumerate(STAGES, 1))}).")
+              help=f"Run only these stages: numbers or names, comma-separated ({', '.join(f'{i} {s.name}' for i, s in enumerate(STAGES, 1))}).")
 @click.option("--unit-tests", "with_unit", is_flag=False, flag_value="default", default=None, type=click.Choice(["default", "all"]),
               help="Stage 3, upstream's unit tests: the line's default suite (bare flag) or `all` of tests/unit_tests "
                    "(default: the suite, when the tree has tests/unit_tests).")

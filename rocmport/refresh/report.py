@@ -21,7 +21,8 @@ from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
 from rocmport.upstreams import MEGATRON_LM
 from rocmport.verify.environment import python_setup_hint, unmet_python
-from rocmport.verify.run import VerifyOptions, run_verify
+from rocmport.verify.registry import NAMES
+from rocmport.verify.run import prepare, run_verify
 
 
 def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
@@ -131,14 +132,19 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
         return {"skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
                            + python_setup_hint(need), "stages": [], "failed": []}
     not_run = "refresh verifies imports and GPT training (stages 1-2); run `rocmport verify` for the rest"
-    args = {"tp": opts.get("tp", DEFAULT_TP), "pp": opts.get("pp", DEFAULT_PP), "backend": opts.get("backend", "auto"), "iters": opts.get("iters", 10),
-            "skipped": {"unit-tests": not_run, "functional": not_run, "bridge": not_run}}
-    new = run_verify(VerifyOptions(tree=tree.resolve(), **args)).to_dict()
+
+    def options(at: Path):
+        """verify's own checked options for ``at``: stages 1-2 (the others listed as not run by refresh)."""
+        checked = prepare(rsettings, str(at), tp=opts.get("tp", DEFAULT_TP), pp=opts.get("pp", DEFAULT_PP), iters=opts.get("iters", 10),
+                          backend=opts.get("backend", "auto"), with_unit=False, with_functional=False, with_bridge=False)
+        return dataclasses.replace(checked, skipped={name: not_run for name in NAMES[2:]})  # after imports and GPT training
+
+    new = run_verify(options(tree)).to_dict()
     failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
     out = {"mode": new["mode"], "stages": new["stages"], "failed": failed}
     if failed:
         old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
-        before = {s.name: s.status for s in run_verify(VerifyOptions(tree=old_tree.resolve(), **args)).stages}
+        before = {s.name: s.status for s in run_verify(options(old_tree)).stages}
         out["labels"] = {n: ("also fails on the old pin: upstream or environment" if before.get(n) == "fail"
                              else "passes on the old pin: introduced by the new upstream or a drifted patch") for n in failed}
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import platform
@@ -40,6 +41,7 @@ class Environment:
         return dict(self.__dict__)
 
 
+@functools.cache  # the machine does not change under a running rocmport: probed once per process
 def probe() -> Environment:
     try:
         import torch

@@ -10,7 +10,6 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
 
 from rocmport import output, procs
 from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
@@ -22,63 +21,16 @@ from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.verify import environment, firewall, hip_sim, stages, suite, summary, te_layer
+from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
+from rocmport.verify.registry import NAMES, STAGES
 from rocmport.verify.stages import StageResult
 from rocmport.verify.te_layer import TELayer
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
-STAGES = ("imports", "gpt-training", "unit-tests", "functional", "bridge")
-Mode = Literal["gpu", "cpu-proxy"]
-
-
-@dataclass(frozen=True)
-class UnitOptions:
-    """Stage 3: upstream's unit tests."""
-
-    tests: list[str]
-    nproc: int
-    cache_dir: Path
-    base: str | None                                   # the unported commit the baseline runs
-    settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
-    reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
-    selection: str = "series"                          # series | fallback | explicit | all
-
-
-@dataclass(frozen=True)
-class FunctionalOptions:
-    """Stage 4: upstream's functional GPT case through pretrain_gpt.py."""
-
-    case: str
-    iters: int
-    defaulted: bool = True
-    data_path: str | None = None
-    record: bool = False
-    series_dir: Path | None = None
-    resume: bool = True
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    """Everything a verify run is given. ``unit``/``functional``/``bridge_tree`` None: that stage
-    does not run and ``skipped`` says why; ``stages`` limits the run to a subset."""
-
-    tree: Path
-    tp: int = DEFAULT_TP
-    pp: int = DEFAULT_PP
-    dp: int | None = None
-    nproc: int | None = None
-    backend: str = "auto"
-    iters: int = 10
-    unit: UnitOptions | None = None
-    functional: FunctionalOptions | None = None
-    bridge_tree: Path | None = None
-    launcher: Launcher = field(default_factory=Launcher)
-    hip_version: str | None = hip_sim.DEFAULT_VERSION    # CPU proxy: the simulated ROCm (None: the CUDA path)
-    stages: tuple[str, ...] = STAGES
-    skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
-    te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
-    pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
+# Re-exported: the options are part of the stage contract (contract.py); the stages' order is registry.py's.
+__all__ = ["FunctionalOptions", "UnitOptions", "VerifyOptions", "VerifyReport", "NAMES", "prepare", "run_verify", "launch_plan"]
 
 
 @dataclass
@@ -172,18 +124,18 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
     """`--stages 1,3` or `--stages imports,unit-tests` (numbers or names) -> stage names, in order.
     None (not given): every stage; a value that names no stage (``''``, ``','``) is bad input."""
     if text is None:
-        return STAGES
-    numbers = {str(i): name for i, name in enumerate(STAGES, 1)}
-    hint = f"use 1-{len(STAGES)} or {', '.join(STAGES)}, comma-separated"
+        return NAMES
+    numbers = {str(i): name for i, name in enumerate(NAMES, 1)}
+    hint = f"use 1-{len(NAMES)} or {', '.join(NAMES)}, comma-separated"
     chosen = set()
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        if part in numbers or part in STAGES:
+        if part in numbers or part in NAMES:
             chosen.add(numbers.get(part, part))
         else:
             raise BadInput(f"--stages {text[:80]!r}: unknown stage {part[:40]!r}; {hint}")
     if not chosen:
         raise BadInput(f"--stages {text[:80]!r}: names no stage; {hint}")
-    return tuple(s for s in STAGES if s in chosen)
+    return tuple(s for s in NAMES if s in chosen)
 
 
 def check_megatron_tree(tree: Path) -> None:
@@ -191,10 +143,6 @@ def check_megatron_tree(tree: Path) -> None:
     namespace package: a stage that checks nothing does not pass)."""
     if not (tree / MEGATRON_LM.package_dir).is_dir():
         raise BadInput(f"{tree}: not a Megatron-LM tree (no megatron/core); run `rocmport apply` or pass --tree")
-
-
-def _dp(opts: VerifyOptions) -> int:
-    return check_sizes(opts.tp, opts.pp, opts.iters, opts.dp, opts.nproc)
 
 
 def inductor_cache_dir() -> str:
@@ -213,17 +161,14 @@ def inductor_cache_dir() -> str:
 
 
 def run_verify(opts: VerifyOptions) -> VerifyReport:
-    tree, tp, pp, iters, launcher = opts.tree, opts.tp, opts.pp, opts.iters, opts.launcher
-    check_megatron_tree(tree)
-    dp = _dp(opts)
-    world = tp * pp * dp
-    environment.check_python(tree)
-    env_info = environment.probe()
-    backend = opts.backend if opts.backend != "auto" else ("nccl" if env_info.has_gpu else "gloo")
-    per_node = launcher.per_node(world)
-    if backend == "nccl" and per_node > env_info.device_count:
-        raise BadInput(f"world size {world} (tp {tp} × pp {pp} × dp {dp}) over {launcher.nnodes} node(s) needs {per_node} GPUs per node; "
-                       f"this machine has {env_info.device_count}")
+    """Run the selected stages of `registry.STAGES` over ``opts`` (as `prepare` checked them), in order."""
+    tree, launcher = opts.tree, opts.launcher
+    machine = environment.probe()
+    backend = opts.backend if opts.backend != "auto" else ("nccl" if machine.has_gpu else "gloo")
+    per_node = launcher.per_node(opts.world)
+    if backend == "nccl" and per_node > machine.device_count:
+        raise BadInput(f"world size {opts.world} (tp {opts.tp} × pp {opts.pp} × dp {opts.dp}) over {launcher.nnodes} node(s) needs "
+                       f"{per_node} GPUs per node; this machine has {machine.device_count}")
     mode: Mode = "gpu" if backend == "nccl" else "cpu-proxy"
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
     hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
@@ -240,17 +185,15 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         extra["ROCMPORT_PROXY"] = "1"
         if hip_version:
             extra.update(hip_sim.child_env(hip_version))
-    applied_launch_env = environment.launcher_env_for(env_info) or hip_sim.launcher_env(hip_version)
+    applied_launch_env = environment.launcher_env_for(machine) or hip_sim.launcher_env(hip_version)
     extra.update(applied_launch_env)
     line, commit = tree_identity(tree)
-    report = VerifyReport(mode=mode, backend=backend, world_size=world, tp=tp, pp=pp, dp=dp, tree=str(tree), line=line, commit=commit,
-                          started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    report = VerifyReport(mode=mode, backend=backend, world_size=opts.world, tp=opts.tp, pp=opts.pp, dp=opts.dp, tree=str(tree),
+                          line=line, commit=commit, started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                           hip_sim=hip_sim.summary(hip_version),
-                          env={**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
+                          env={**machine.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
                                "components": _component_versions(tree)},
                           launcher=launcher.to_dict(), te=opts.te)
-    add = report.stages.append
-    missing = environment.missing_deps(tree)
 
     def finished() -> str:
         """What the run had done when it was interrupted (the message of Interrupted)."""
@@ -262,51 +205,27 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     # Ctrl-C or SIGTERM: every process of the run ended (torchrun's workers in their own sessions too),
     # its temporary files (torchelastic_*, the bootstrap) removed, exit 130/143 saying what finished.
     with procs.run_scope("rocmport-verify-", finished, opts.pycache) as scope:
-        tmp = scope.tmp
-        sites_dir = Path(tmp) / "port-sites"
+        tmp = Path(scope.tmp)
+        sites_dir = tmp / "port-sites"
         sites_dir.mkdir()
         extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
-        env = environment.child_env(tree, firewall.write_bootstrap(Path(tmp) / "boot"), extra, opts.pycache)
-        if "imports" not in opts.stages:
-            add(StageResult("imports", stages.SKIPPED, "not selected (--stages)"))
-        elif missing:
-            cmd = f"python -m pip install {' '.join(sorted(set(missing.values())))}"
-            add(StageResult("imports", stages.FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`"))
-        else:
-            with output.progress("stage 1: imports behind the firewall"):
-                add(stages.stage_imports(tree, env, shut_out))
-        imports_failed = report.stages[0].status == stages.FAIL
-
-        def gate(name: str, requested: bool) -> bool:
-            """Whether stage ``name`` runs; when not, it is listed as skipped with the reason."""
-            if name not in opts.stages:
-                add(StageResult(name, stages.SKIPPED, "not selected (--stages)"))
-            elif not requested:
-                add(StageResult(name, stages.SKIPPED, opts.skipped.get(name, "not requested")))
-            elif imports_failed:
-                add(StageResult(name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)"))
+        env = environment.child_env(tree, firewall.write_bootstrap(tmp / "boot"), extra, opts.pycache)
+        ctx = VerifyContext(opts=opts, mode=mode, backend=backend, profile=profile, blocked=shut_out, machine=machine,
+                            hip_version=hip_version, env=env, tmp=tmp)
+        imports_failed = False
+        for stage in STAGES:
+            if stage.name not in opts.stages:
+                report.stages.append(StageResult(stage.name, stages.SKIPPED, "not selected (--stages)"))
+            elif not stage.requested(opts):
+                report.stages.append(StageResult(stage.name, stages.SKIPPED, opts.skipped.get(stage.name, "not requested")))
+            elif stage.after_imports and imports_failed:
+                report.stages.append(StageResult(stage.name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)"))
             else:
-                return True
-            return False
-
-        if gate("gpt-training", True):
-            spec = f"Transformer Engine {opts.te.version}" if opts.te else "the local layer spec"
-            with output.progress(f"stage 2: GPT training tp{tp}×pp{pp}×dp{dp} on {backend} with {spec}, and the tp1/pp1 reference"):
-                training, report.training = stages.stage_training(tree, env, tp, pp, dp, iters, backend, launcher,
-                                                                  te=opts.te.describe() if opts.te else None)
-            add(training)
-        if gate("unit-tests", opts.unit is not None) and opts.unit is not None:
-            add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile, bool(hip_version)))
-        if gate("functional", opts.functional is not None) and opts.functional is not None:
-            res, report.functional = _functional(tree, env, opts.functional, dp, mode, env_info, launcher, hip_version, opts.te)
-            add(res)
-        if gate("bridge", opts.bridge_tree is not None) and opts.bridge_tree is not None:
-            from rocmport.verify.bridge_stage import stage_bridge
-
-            with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{tp}×pp{pp}"):
-                bridge, report.bridge_training = stage_bridge(opts.bridge_tree, env, tp, pp, dp, iters, launcher,
-                                                              te=opts.te.describe() if opts.te else None)
-            add(bridge)
+                ran = stage.run(ctx)
+                report.stages.append(ran.result)
+                if stage.report_key:
+                    setattr(report, stage.report_key, ran.data)
+                imports_failed = imports_failed or (not stage.after_imports and ran.result.status == stages.FAIL)
         te_version = opts.te.version if opts.te else None
         report.port_sites = _port_sites(tree, sites_dir, te_version)
         if opts.bridge_tree is not None and "bridge" in opts.stages:
@@ -326,41 +245,6 @@ def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> d
     calls, modules = port_sites.read_records(sites_dir, tree)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
     return {name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods, te_version).items()}
-
-
-def _unit_tests(tree: Path, env: dict, unit: UnitOptions, launcher: Launcher, mode: str, env_info, profile: str,
-                hip_simulated: bool) -> StageResult:
-    from rocmport.verify.unit_tests import stage_unit_tests
-
-    known, not_applied = unit.settings.known_for(mode, bool(env_info.hip), hip_sim=hip_simulated)
-    files = suite.test_files(tree, unit.tests)
-    with output.progress(f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"):
-        return stage_unit_tests(tree, env, unit.tests, unit.nproc, known, unit.cache_dir, unit.base, launcher, blocked=blocked(profile),
-                                progress=output.info, reasons=unit.reasons, known_skipped=not_applied)
-
-
-def device_kind(mode: str, env_info: environment.Environment, te: TELayer | None = None) -> str:
-    """Goldens are kept per device kind: `cpu-proxy` (`cpu-proxy-te<version>` with TE's Python layer),
-    or the platform and the first GPU's name."""
-    if mode == "cpu-proxy" or not env_info.devices:
-        return f"cpu-proxy-te{te.version}" if te else "cpu-proxy"
-    name = re.sub(r"[^a-z0-9]+", "-", env_info.devices[0].lower()).strip("-")
-    return f"{'rocm' if env_info.hip else 'cuda'}-{name}"
-
-
-def _functional(tree: Path, env: dict, opts: FunctionalOptions, dp: int, mode: str, env_info, launcher: Launcher,
-                hip_version: str | None, te: TELayer | None = None) -> tuple[StageResult, dict]:
-    from rocmport.verify.functional import stage_functional
-
-    blocked_by = environment.functional_blockers(tree)
-    if blocked_by:
-        return StageResult("functional", stages.FAIL, blocked_by), {}
-    with output.progress(f"stage 4: upstream's functional case {opts.case} (pretrain_gpt.py, {opts.iters} iterations, "
-                         f"then resumed from iteration {opts.iters // 2})"):
-        return stage_functional(tree, env, case=opts.case, dp=dp, iters=opts.iters, proxy=mode == "cpu-proxy",
-                                data_path=opts.data_path, series_dir=opts.series_dir, record=opts.record,
-                                device_kind=device_kind(mode, env_info, te), defaulted=opts.defaulted, launcher=launcher,
-                                resume=opts.resume, hip=hip_version, rocm=bool(hip_version or env_info.hip))
 
 
 def _component_versions(tree: Path) -> dict:
@@ -463,33 +347,7 @@ def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: in
 
 def launch_plan(opts: VerifyOptions) -> list[dict]:
     """The command line of every launch verify would make (``--dry-run``); temporary paths under $TMP."""
-    from rocmport.verify.bridge_stage import bridge_command
-    from rocmport.verify.functional import build_args, case_dir, functional_command, load_case
-    from rocmport.verify.unit_tests import pytest_command
-
-    tree, tp, pp, iters, launcher, dp = opts.tree, opts.tp, opts.pp, opts.iters, opts.launcher, _dp(opts)
-    tmp = Path("$TMP")
-    plan = []
-    if "imports" in opts.stages:
-        plan.append({"stage": "imports", "command": ["python", "-c", "<import probe>"], "cwd": str(tree)})
-    if "gpt-training" in opts.stages:
-        for name, cmd in stages.training_commands(launcher, tp, pp, dp, iters, tmp, te=opts.te is not None).items():
-            plan.append({"stage": f"gpt-training ({name})", "command": cmd, "cwd": str(tree)})
-    unit = opts.unit
-    if unit is not None and "unit-tests" in opts.stages and launcher.runs_stage(single_node=True):
-        plan.append({"stage": "unit-tests", "command": pytest_command(unit.tests, unit.nproc, launcher), "cwd": str(tree)})
-        plan.append({"stage": "unit-tests (baseline, unless cached)", "command": pytest_command(unit.tests, unit.nproc, launcher),
-                     "cwd": f"{tmp}/baseline at {str(unit.base)[:12]}"})
-    fopts = opts.functional
-    if fopts is not None and "functional" in opts.stages and (case_dir(tree, fopts.case) / "model_config.yaml").is_file():
-        config = load_case(tree, fopts.case)
-        args = build_args(config, iters=fopts.iters, proxy=not environment.probe().has_gpu, data_path=fopts.data_path, work=tmp)
-        plan.append({"stage": "functional", "command": functional_command(launcher, config, args, dp), "cwd": str(tree)})
-    if opts.bridge_tree is not None and "bridge" in opts.stages:
-        plan.append({"stage": "bridge", "command": bridge_command(launcher, tp, pp, dp, iters, tmp / "bridge.json", te=opts.te is not None),
-                     "cwd": str(opts.bridge_tree)})
-    return plan
-
+    return [step for stage in STAGES if stage.name in opts.stages for step in stage.launches(opts, Path("$TMP"))]
 
 def _lock_pins(settings: Settings, name: str) -> bool:
     """Whether the project's lock pins ``name`` (True when there is no lock to say otherwise)."""
@@ -502,8 +360,9 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
             record_golden: bool = False, resume: bool = True, with_bridge: bool | None = None, launcher_kind: str = "torchrun",
             nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
             hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none") -> VerifyOptions:
-    """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
-    check_sizes(tp, pp, iters, dp, nproc)
+    """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
+    the one place a run's options are checked (run_verify takes them as checked)."""
+    dp = check_sizes(tp, pp, iters, dp, nproc)
     if hip_version is not None:  # '' too: an empty version is a typo, never the CUDA path (that is --no-hip-sim)
         hip_sim.parse_version(hip_version)
     chosen = parse_stages(stages_text)
@@ -536,7 +395,7 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
                                          te=te_layer_ is not None)
     if why:
         skipped["functional"] = why
-    return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
+    return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
                          hip_version=hip_version, stages=chosen, skipped=skipped, te=te_layer_, pycache=settings.cache_dir / "pycache")
 

@@ -267,15 +267,15 @@ def _moe_check(ref_losses: list[float], losses: list[float], dense_tol: float, b
     same = bool(losses) and len(losses) == len(ref_losses)
     diffs = [abs(a - b) for a, b in zip(losses, ref_losses)] if same else []
     tol = MOE_TOL.get(backend, 2e-2) * max([1.0, *(abs(x) for x in ref_losses)])
-    moe = {"losses": losses, "reference_losses": ref_losses, "first_abs_diff": diffs[0] if diffs else float("inf"),
-           "max_abs_diff": max(diffs) if diffs else float("inf"), "tolerance": tol, "first_tolerance": dense_tol,
-           "experts": MOE_EXPERTS, "ep": MOE_EP}
+    first, worst = (diffs[0], max(diffs)) if diffs else (float("inf"), float("inf"))
+    moe = {"losses": losses, "reference_losses": ref_losses, "first_abs_diff": first, "max_abs_diff": worst, "tolerance": tol,
+           "first_tolerance": dense_tol, "experts": MOE_EXPERTS, "ep": MOE_EP}
     problems = []
     if not losses or losses[-1] >= losses[0]:
         problems.append(f"MoE loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "MoE: no losses reported")
-    elif moe["first_abs_diff"] > dense_tol:
-        problems.append(f"MoE first iteration differs from tp1/pp1 by {moe['first_abs_diff']:.3g} > {dense_tol:.2g} "
+    elif first > dense_tol:
+        problems.append(f"MoE first iteration differs from tp1/pp1 by {first:.3g} > {dense_tol:.2g} "
                         "(expert placement or the all-to-all dispatch, not routing)")
-    elif moe["max_abs_diff"] > tol:
-        problems.append(f"MoE losses differ from tp1/pp1 by {moe['max_abs_diff']:.3g} > {tol:.2g}")
+    elif worst > tol:
+        problems.append(f"MoE losses differ from tp1/pp1 by {worst:.3g} > {tol:.2g}")
     return moe, problems

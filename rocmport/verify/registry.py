@@ -1,0 +1,159 @@
+"""verify's stages, in the order they run: the one list `--stages`, the run, `--dry-run`, the
+summary and refresh read. Each entry keeps the Stage contract (contract.py) over its module's plain
+functions; a new stage is its module plus one class here, appended to STAGES."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rocmport import output
+from rocmport.verify import environment, stages
+from rocmport.verify.contract import Stage, StageRun, VerifyContext, VerifyOptions
+from rocmport.verify.stages import StageResult
+
+
+class Imports(Stage):
+    name = "imports"
+    summary = "megatron.core, megatron.training, pretrain_gpt's imports, behind the firewall"
+    after_imports = False
+
+    def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
+        return [{"stage": self.name, "command": ["python", "-c", "<import probe>"], "cwd": str(opts.tree)}]
+
+    def run(self, ctx: VerifyContext) -> StageRun:
+        missing = environment.missing_deps(ctx.tree)
+        if missing:
+            cmd = f"python -m pip install {' '.join(sorted(set(missing.values())))}"
+            return StageRun(StageResult(self.name, stages.FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`"))
+        with output.progress("stage 1: imports behind the firewall"):
+            return StageRun(stages.stage_imports(ctx.tree, ctx.env, ctx.blocked))
+
+
+class Training(Stage):
+    name = "gpt-training"
+    summary = ("megatron's schedule/DDP/optimizer via torchrun; the loss falls, tied embeddings stay equal, and losses "
+               "match a tp1/pp1 run from the same weights (with --te, a MoE case too)")
+    report_key = "training"
+
+    def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
+        cmds = stages.training_commands(opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp, te=opts.te is not None)
+        return [{"stage": f"{self.name} ({name})", "command": cmd, "cwd": str(opts.tree)} for name, cmd in cmds.items()]
+
+    def run(self, ctx: VerifyContext) -> StageRun:
+        o = ctx.opts
+        spec = f"Transformer Engine {o.te.version}" if o.te else "the local layer spec"
+        with output.progress(f"stage 2: GPT training tp{o.tp}×pp{o.pp}×dp{o.dp} on {ctx.backend} with {spec}, and the tp1/pp1 reference"):
+            result, training = stages.stage_training(ctx.tree, ctx.env, o.tp, o.pp, o.dp, o.iters, ctx.backend, o.launcher,
+                                                     te=o.te.describe() if o.te else None)
+        return StageRun(result, training)
+
+
+class UnitTests(Stage):
+    name = "unit-tests"
+    summary = "upstream's unit tests under torchrun, each failure labelled against the unported tree"
+
+    def requested(self, opts: VerifyOptions) -> bool:
+        return opts.unit is not None
+
+    def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
+        from rocmport.verify.unit_tests import pytest_command
+
+        unit = opts.unit
+        if unit is None or not opts.launcher.runs_stage(single_node=True):
+            return []
+        cmd = pytest_command(unit.tests, unit.nproc, opts.launcher)
+        return [{"stage": self.name, "command": cmd, "cwd": str(opts.tree)},
+                {"stage": f"{self.name} (baseline, unless cached)", "command": cmd, "cwd": f"{tmp}/baseline at {str(unit.base)[:12]}"}]
+
+    def run(self, ctx: VerifyContext) -> StageRun:
+        from rocmport.nvidia_only import blocked
+        from rocmport.verify import suite
+        from rocmport.verify.unit_tests import stage_unit_tests
+
+        unit = ctx.opts.unit
+        assert unit is not None
+        known, not_applied = unit.settings.known_for(ctx.mode, bool(ctx.machine.hip), hip_sim=bool(ctx.hip_version))
+        files = suite.test_files(ctx.tree, unit.tests)
+        with output.progress(f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"):
+            return StageRun(stage_unit_tests(ctx.tree, ctx.env, unit.tests, unit.nproc, known, unit.cache_dir, unit.base, ctx.launcher,
+                                             blocked=blocked(ctx.profile), progress=output.info, reasons=unit.reasons,
+                                             known_skipped=not_applied))
+
+
+class Functional(Stage):
+    name = "functional"
+    summary = ("upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data), a checkpoint saved half way and "
+               "resumed with equal losses, and this device kind's golden")
+    report_key = "functional"
+
+    def requested(self, opts: VerifyOptions) -> bool:
+        return opts.functional is not None
+
+    def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
+        from rocmport.verify.functional import build_args, case_dir, functional_command, load_case
+
+        f = opts.functional
+        if f is None or not (case_dir(opts.tree, f.case) / "model_config.yaml").is_file():
+            return []
+        config = load_case(opts.tree, f.case)
+        args = build_args(config, iters=f.iters, proxy=not environment.probe().has_gpu, data_path=f.data_path, work=tmp)
+        return [{"stage": self.name, "command": functional_command(opts.launcher, config, args, opts.dp), "cwd": str(opts.tree)}]
+
+    def run(self, ctx: VerifyContext) -> StageRun:
+        from rocmport.verify.functional import stage_functional
+
+        f = ctx.opts.functional
+        assert f is not None
+        blocked_by = environment.functional_blockers(ctx.tree)
+        if blocked_by:
+            return StageRun(StageResult(self.name, stages.FAIL, blocked_by))
+        with output.progress(f"stage 4: upstream's functional case {f.case} (pretrain_gpt.py, {f.iters} iterations, "
+                             f"then resumed from iteration {f.iters // 2})"):
+            result, details = stage_functional(ctx.tree, ctx.env, case=f.case, dp=ctx.opts.dp, iters=f.iters, proxy=ctx.mode == "cpu-proxy",
+                                               data_path=f.data_path, series_dir=f.series_dir, record=f.record,
+                                               device_kind=device_kind(ctx), defaulted=f.defaulted, launcher=ctx.launcher,
+                                               resume=f.resume, hip=ctx.hip_version, rocm=bool(ctx.hip_version or ctx.machine.hip))
+        return StageRun(result, details)
+
+
+class Bridge(Stage):
+    name = "bridge"
+    summary = "Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains"
+    report_key = "bridge_training"
+
+    def requested(self, opts: VerifyOptions) -> bool:
+        return opts.bridge_tree is not None
+
+    def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
+        from rocmport.verify.bridge_stage import bridge_command
+
+        if opts.bridge_tree is None:
+            return []
+        return [{"stage": self.name, "command": bridge_command(opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp / "bridge.json",
+                                                               te=opts.te is not None), "cwd": str(opts.bridge_tree)}]
+
+    def run(self, ctx: VerifyContext) -> StageRun:
+        from rocmport.verify.bridge_stage import stage_bridge
+
+        o = ctx.opts
+        assert o.bridge_tree is not None
+        with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{o.tp}×pp{o.pp}"):
+            result, training = stage_bridge(o.bridge_tree, ctx.env, o.tp, o.pp, o.dp, o.iters, o.launcher,
+                                            te=o.te.describe() if o.te else None)
+        return StageRun(result, training)
+
+
+def device_kind(ctx: VerifyContext) -> str:
+    """Goldens are kept per device kind: `cpu-proxy` (`cpu-proxy-te<version>` with TE's Python layer),
+    or the platform and the first GPU's name."""
+    import re
+
+    te = ctx.opts.te
+    if ctx.mode == "cpu-proxy" or not ctx.machine.devices:
+        return f"cpu-proxy-te{te.version}" if te else "cpu-proxy"
+    name = re.sub(r"[^a-z0-9]+", "-", ctx.machine.devices[0].lower()).strip("-")
+    return f"{'rocm' if ctx.machine.hip else 'cuda'}-{name}"
+
+
+STAGES: tuple[Stage, ...] = (Imports(), Training(), UnitTests(), Functional(), Bridge())
+NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
