@@ -113,7 +113,7 @@ class _FunctionImports(cst.CSTTransformer):
 
 class FusedKernelFallbacks(Codemod):
     NAME = "fused-kernel-fallbacks"
-    VERSION = "2"
+    VERSION = "3"
     DESCRIPTION = "No nvcc build on ROCm; guarded CUDA-extension imports (torch fallbacks); fusion flags off on ROCm without kernels"
     TRIGGERS = ("\ndef load(args", "\ndef validate_args(args", *(f"import {m}" for m in sorted(KERNEL_MODULES)))
     USES_HELPER = True

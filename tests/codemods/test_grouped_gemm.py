@@ -44,17 +44,30 @@ def test_moe_grouped_gemm_falls_back_to_sequential_on_rocm(tmp_path):
     code = """
         import types, warnings
         from megatron.core._rocm import disable_missing_fusions
-        for impl in ("local", "transformer_engine"):
-            args = types.SimpleNamespace(moe_grouped_gemm=True, transformer_impl=impl)
+        for impl, legacy in (("local", False), ("transformer_engine", False), ("transformer_engine", True)):
+            args = types.SimpleNamespace(moe_grouped_gemm=True, transformer_impl=impl, moe_use_legacy_grouped_gemm=legacy)
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
                 disable_missing_fusions(args)
             print(impl, args.moe_grouped_gemm, any("sequential expert GEMMs" in str(x.message) for x in w))
     """
-    assert run_tree(tmp_path / "r", {}, code, hip="6.4.1").stdout.split("\n")[:2] == ["local False True", "transformer_engine False True"]
-    fake_te = {"transformer_engine/__init__.py": ""}
-    assert run_tree(tmp_path / "t", fake_te, code, hip="6.4.1").stdout.split("\n")[1] == "transformer_engine True False"
-    assert run_tree(tmp_path / "c", {}, code).stdout.split("\n")[:2] == ["local True False", "transformer_engine True False"]
+    lines = lambda proc: proc.stdout.split("\n")[:3]  # noqa: E731
+    # ROCm, neither TE nor grouped_gemm: every way falls back to SequentialMLP, with the warning
+    assert lines(run_tree(tmp_path / "r", {}, code, hip="6.4.1")) == ["local False True", "transformer_engine False True",
+                                                                       "transformer_engine False True"]
+    # a TE with GroupedLinear: TE's grouped GEMM (TEGroupedMLP), unless the legacy GroupedMLP is asked for
+    te = {"transformer_engine/__init__.py": "", "transformer_engine/pytorch/__init__.py": "class GroupedLinear:\n    pass\n"}
+    assert lines(run_tree(tmp_path / "t", te, code, hip="6.4.1")) == ["local False True", "transformer_engine True False",
+                                                                       "transformer_engine False True"]
+    # an older ROCm TE without GroupedLinear: megatron would take the legacy GroupedMLP, which needs grouped_gemm
+    old_te = {"transformer_engine/__init__.py": "", "transformer_engine/pytorch/__init__.py": ""}
+    assert lines(run_tree(tmp_path / "o", old_te, code, hip="6.4.1"))[1] == "transformer_engine False True"
+    # AMD's grouped_gemm build installed (the component matrix): the grouped GEMM stays on, every way
+    gg = {"grouped_gemm/__init__.py": "", "grouped_gemm/ops.py": ""}
+    assert lines(run_tree(tmp_path / "g", gg, code, hip="6.4.1")) == ["local True False", "transformer_engine True False",
+                                                                       "transformer_engine True False"]
+    # the CUDA control: unchanged
+    assert lines(run_tree(tmp_path / "c", {}, code)) == ["local True False", "transformer_engine True False", "transformer_engine True False"]
 
 
 def test_docstrings_citing_the_repo_are_left_alone():

@@ -59,13 +59,28 @@ def disable_missing_fusions(args):
         if getattr(args, flag, False) and missing:
             setattr(args, flag, False)
             warnings.warn(f"ROCm: --{flag.replace('_', '-')} disabled: kernel {', '.join(missing)} is not available")
-    # --moe-grouped-gemm with the local implementation needs the grouped_gemm package (TE brings its
-    # own grouped GEMM): without it, megatron's SequentialMLP runs the experts one GEMM at a time.
-    uses_te = getattr(args, "transformer_impl", "local") == "transformer_engine" and module_available("transformer_engine")
-    if getattr(args, "moe_grouped_gemm", False) and not uses_te and not module_available("grouped_gemm"):
+    # --moe-grouped-gemm runs on TE's GroupedLinear (TEGroupedMLP) where the TE installed has it, else
+    # on the grouped_gemm package (the legacy GroupedMLP; AMD's ROCm build, in the line's component
+    # matrix); with neither, megatron's SequentialMLP runs the experts one GEMM at a time.
+    te_grouped = (getattr(args, "transformer_impl", "local") == "transformer_engine"
+                  and not getattr(args, "moe_use_legacy_grouped_gemm", False) and _te_has_grouped_linear())
+    if getattr(args, "moe_grouped_gemm", False) and not te_grouped and not module_available("grouped_gemm"):
         args.moe_grouped_gemm = False
         warnings.warn("ROCm: --moe-grouped-gemm disabled (sequential expert GEMMs): " + GROUPED_GEMM_ROCM_HINT)
     return args
+
+
+
+
+def _te_has_grouped_linear() -> bool:
+    """Whether the installed Transformer Engine has GroupedLinear (an older ROCm TE may not)."""
+    if not module_available("transformer_engine"):
+        return False
+    try:
+        import transformer_engine.pytorch as te_pytorch
+    except Exception:  # noqa: BLE001 - a TE that does not import offers nothing
+        return False
+    return hasattr(te_pytorch, "GroupedLinear")
 
 
 # <<< helper part 50
