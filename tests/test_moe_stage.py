@@ -78,3 +78,20 @@ def test_all_to_all_with_tensor_split_sizes_on_the_proxy(tmp_path, mode):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("OUT"))
     assert lines == ["OUT 0 [0.0, 10.0, 11.0]", "OUT 1 [1.0, 2.0, 12.0]"]
+
+
+def test_a_launch_that_ran_out_of_a_machine_resource_is_retried_once_then_said_to_be_the_machine(tmp_path, monkeypatch):
+    """A busy machine: stage 2's run failed with "RuntimeError: Resource temporarily unavailable"
+    (no thread could start) and read as the port's failure."""
+    monkeypatch.setattr(stages, "EXHAUSTION_RETRY_AFTER", 0.0)
+    marker = tmp_path / "first"
+    once = [sys.executable, "-c", f"import os, sys\nif not os.path.exists({str(marker)!r}):\n    open({str(marker)!r}, 'w').close()\n"
+                                  "    sys.exit('RuntimeError: Resource temporarily unavailable')\n"]
+    assert stages.launch_retrying(once, dict(os.environ), tmp_path).returncode == 0 and marker.exists()
+    always = [sys.executable, "-c", "import sys; sys.exit('[rank2]: RuntimeError: Resource temporarily unavailable')"]
+    proc = stages.launch_retrying(always, dict(os.environ), tmp_path)
+    assert proc.returncode != 0
+    assert stages._failed("tp2/pp2/dp1 run", proc).startswith(
+        "tp2/pp2/dp1 run failed twice because this machine ran out of a resource (Resource temporarily unavailable")
+    broken = subprocess.run([sys.executable, "-c", "raise ValueError('a bug')"], capture_output=True, text=True)
+    assert stages._failed("tp2/pp2/dp1 run", broken) == "tp2/pp2/dp1 run failed: ValueError: a bug"

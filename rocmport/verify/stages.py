@@ -186,26 +186,66 @@ def _last_error(proc: subprocess.CompletedProcess) -> str:
     return (lines[0] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1])[:400]
 
 
+# What a process prints when the machine, not the code, ran out of something (threads, processes,
+# file descriptors, memory): on a busy machine a run can hit it where the same run passes later.
+EXHAUSTION = ("Resource temporarily unavailable", "can't start new thread", "Too many open files", "Cannot allocate memory")
+EXHAUSTION_RETRY_AFTER = 20.0  # seconds before the one retry of a launch that ran out of a machine resource
+
+
+def exhausted(text: str) -> str | None:
+    """The resource-exhaustion message in ``text``, if any: the machine's limit, not the tree's bug."""
+    return next((m for m in EXHAUSTION if m in text), None)
+
+
+def _threads_running() -> int | None:
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            total += int(status.read_text().split("Threads:")[1].split()[0])
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not Linux's format
+            continue
+    return total or None
+
+
+def launch_retrying(cmd: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """``launch``, once more after a pause when it failed because the machine ran out of a resource."""
+    proc = launch(cmd, env, cwd)
+    if proc.returncode != 0 and exhausted(proc.stderr):
+        time.sleep(EXHAUSTION_RETRY_AFTER)
+        proc = launch(cmd, env, cwd)
+    return proc
+
+
+def _failed(what: str, proc: subprocess.CompletedProcess) -> str:
+    """Why a launch failed: its error, or, when the machine ran out of a resource (after a retry), that."""
+    m = exhausted(proc.stderr)
+    if m:
+        threads = _threads_running()
+        return (f"{what} failed twice because this machine ran out of a resource ({m}"
+                + (f"; {threads} threads running on it" if threads else "") + "): the machine, not the port; rerun when it is less busy")
+    return f"{what} failed: {_last_error(proc)}"
+
+
 def _pair(cmds: dict, key: str, env: dict, tree: Path, tmp: Path, launcher: Launcher, what: str,
           layout: str) -> tuple[StageResult | None, dict, dict]:
     """One reference/run pair of stage 2 (``key``: "" for the dense model, "moe-" for the MoE one):
     a StageResult when it did not produce losses to compare, else (None, reference, run)."""
     start = time.monotonic()
-    ref = launch(cmds[f"{key}reference"], env, tree)
+    ref = launch_retrying(cmds[f"{key}reference"], env, tree)
     ref_file, run_file = tmp / f"{key}ref.json", tmp / f"{key}run.json"
     ref_data = json.loads(ref_file.read_text()) if ref_file.exists() else None
     if ref_data and "unsupported" in ref_data:
         return StageResult("gpt-training", UNSUPPORTED, what + unsupported_why(ref_data["unsupported"]), time.monotonic() - start), {}, {}
     if ref.returncode != 0 or not ref_data:
-        return StageResult("gpt-training", FAIL, f"{what}tp1/pp1 reference run failed: {_last_error(ref)}", time.monotonic() - start), {}, {}
-    run = launch(cmds[f"{key}run"], env, tree)
+        return StageResult("gpt-training", FAIL, _failed(f"{what}tp1/pp1 reference run", ref), time.monotonic() - start), {}, {}
+    run = launch_retrying(cmds[f"{key}run"], env, tree)
     data = json.loads(run_file.read_text()) if run_file.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("gpt-training", launcher, time.monotonic() - start), {}, {}
     if data and "unsupported" in data:
         return StageResult("gpt-training", UNSUPPORTED, what + unsupported_why(data["unsupported"]), time.monotonic() - start), {}, {}
     if run.returncode != 0 or not data:
-        return StageResult("gpt-training", FAIL, f"{what}{layout} run failed: {_last_error(run)}", time.monotonic() - start), {}, {}
+        return StageResult("gpt-training", FAIL, _failed(f"{what}{layout} run", run), time.monotonic() - start), {}, {}
     return None, ref_data, data
 
 

@@ -50,7 +50,7 @@ from rocmport.upstreams import UPSTREAMS
 from rocmport.verify import suite
 from rocmport.verify.cpu_meter import MachineShare
 from rocmport.verify.launcher import Launcher
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
+from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted
 
 PLUGIN_VERSION = "16"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14: subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for; 16: TE answers for verify --te: current_device 0 to TE frames, device selection a no-op)
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
@@ -493,13 +493,9 @@ def _names_blocked(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | No
 
 # The machine's limits, as the C library and Python word them: threads (EAGAIN from pthread_create,
 # as gloo reports a group it could not start), file descriptors, memory.
-_EXHAUSTION = ("Resource temporarily unavailable", "can't start new thread", "Too many open files", "Cannot allocate memory")
-
-
 def _exhausted(nodeid: str, res: dict) -> str | None:
     """The resource-exhaustion message this failure carries, if any: the machine's limit, not upstream's bug."""
-    text = res.get("details", {}).get(nodeid, "")
-    return next((m for m in _EXHAUSTION if m in text), None)
+    return exhausted(res.get("details", {}).get(nodeid, ""))
 
 
 def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
