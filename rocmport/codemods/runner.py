@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -19,7 +18,7 @@ from rocmport.codemods.helper import helper_text
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
-from rocmport.procs import pool_initializer
+from rocmport.procs import pool_map
 from rocmport.upstreams import UPSTREAMS
 
 # Bumped when what a cache entry holds changes shape (2: per-codemod reports).
@@ -163,9 +162,8 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     jobs = jobs or os.cpu_count() or 1
     work = [(rel, text, s) for rel, text, s, _ in todo]
     if jobs > 1 and len(work) > 8:
-        init, initargs = pool_initializer()  # a kill -9 of apply/refresh ends its workers too
-        with ProcessPoolExecutor(max_workers=jobs, initializer=init, initargs=initargs) as pool:
-            done = list(pool.map(_work, work, chunksize=max(1, len(work) // (jobs * 4))))
+        # workers that end with apply/refresh: killed by kill -9 of it, and at once on a Ctrl-C
+        done = pool_map(_work, work, jobs, chunksize=max(1, len(work) // (jobs * 4)))
     else:
         done = [_work(w) for w in work]
     for (rel, changes, failure), (_, _, _, hit) in zip(done, todo):

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from rocmport import output
+from rocmport import output, procs
 from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
 from rocmport.errors import EXIT_OK, BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.refresh.engine import abort_refresh, continue_refresh, refresh
+from rocmport.refresh.engine import Progress, abort_refresh, continue_refresh, refresh
 from rocmport.refresh.result import RefreshResult
 from rocmport.refresh.report import status_line
 from rocmport.refresh.summary import public, write_summary
@@ -45,11 +45,18 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
         abort_refresh(settings, say=output.info)
         return EXIT_OK
     opts = None if no_verify else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp}
-    with output.progress(f"refreshing the port to {to}" if to else "continuing the refresh"):
+    progress = Progress()
+    again = "`rocmport refresh --continue`" if cont else f"`rocmport refresh --to {to}`"
+    then = (f"{settings.lock_path.name} and patchsets/ are as they were; run {again} again, "
+            f"or `rocmport refresh --abort` to give it up")
+    # Ctrl-C or SIGTERM: every process of the refresh ended (its codemod workers, git, its verify's
+    # torchruns and their workers), its temporary directories removed, exit 130/143 saying what finished.
+    with procs.run_scope("rocmport-refresh-", progress.line, then=then), \
+            output.progress(f"refreshing the port to {to}" if to else "continuing the refresh"):
         if cont:
-            result = continue_refresh(settings, say=output.info, warn=output.warn)
+            result = continue_refresh(settings, say=output.info, warn=output.warn, progress=progress)
         else:
-            result = refresh(settings, to, verify_opts=opts, say=output.info, warn=output.warn)
+            result = refresh(settings, to, verify_opts=opts, say=output.info, warn=output.warn, progress=progress)
     path = write_summary(result, settings.refresh_dir, settings)
     if summary_path:
         atomic_write_text(summary_path, path.read_text(encoding="utf-8"))
