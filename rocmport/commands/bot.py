@@ -11,13 +11,16 @@ from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
 from rocmport.refresh.result import NEEDS_HUMAN
+from rocmport.commands.refresh import check_verify_sizes
 from rocmport.release_line import ReleaseLine
+
+MAX_INTERVAL = 365 * 24 * 3600
 
 
 @click.command("bot")
 @click.option("--once", is_flag=True, help="Process new releases once and exit.")
 @click.option("--watch", is_flag=True, help="Keep polling upstream every --interval seconds.")
-@click.option("--interval", type=float, default=3600, show_default=True, help="Seconds between polls with --watch.")
+@click.option("--interval", type=float, default=3600, show_default=True, help=f"Seconds between polls with --watch (more than 0, at most {MAX_INTERVAL}).")
 @click.option("--track", type=click.Choice(["release", "main"]), default="release", show_default=True,
               help="Follow release tags, or upstream's main branch (one refresh per new main commit seen).")
 @click.option("--lines", help="Release lines to follow, e.g. v0.16,v0.17 (default: [tool.rocmport] release-lines, "
@@ -41,10 +44,17 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     """
     if once == watch:
         raise BadInput("give exactly one of --once or --watch")
-    if interval <= 0:
-        raise BadInput(f"--interval {interval}: must be a positive number of seconds")
+    if not 0 < interval <= MAX_INTERVAL:  # nan and inf too: time.sleep refuses them after the first cycle
+        raise BadInput(f"--interval {interval}: must be a number of seconds above 0 and at most {MAX_INTERVAL} (a year)")
+    if as_json and watch:
+        raise BadInput("--json: only with --once (--watch logs one line per event)")
+    if lines is not None and not lines.strip(", "):
+        raise BadInput(f"--lines {lines!r}: names no release line; give lines such as v0.16,v0.17")
     settings = load_settings(obj["project"])
-    wanted = [str(ReleaseLine.parse(s)) for s in lines.split(",")] if lines else list(settings.release_lines)
+    wanted = ([str(ReleaseLine.parse(s, "--lines: release line")) for s in lines.split(",") if s.strip()] if lines
+              else list(settings.release_lines))
+    if not no_verify:  # verify's sizes from [tool.rocmport], told now rather than in every release's refresh
+        check_verify_sizes(settings)
     verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
     kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
               say=output.info, warn=output.warn)
