@@ -6,10 +6,11 @@ import time
 
 import click
 
-from rocmport import output
+from rocmport import output, procs
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
+from rocmport.refresh.engine import Progress
 from rocmport.refresh.result import NEEDS_HUMAN
 from rocmport.commands.refresh import check_verify_sizes
 from rocmport.release_line import ReleaseLine
@@ -39,7 +40,7 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     State in .rocmport/bot-state.json, in refresh's words: a release built (ready, or not-verified
     and why) is never redone; one that needs-a-human is retried only when its inputs change
     (upstream commit, the series, rocmport) or with --retry.
-    Exit: 0 every release ready or not-verified (or none new), 1 a release needs-a-human,
+    Exit: 0 every release ready or not-verified (or none new), 1 a release needs-a-human, 130/143 interrupted,
     2 bad input, 3 another bot run holds the lock.
     """
     if once == watch:
@@ -56,20 +57,29 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     if not no_verify:  # verify's sizes from [tool.rocmport], told now rather than in every release's refresh
         check_verify_sizes(settings)
     verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
+    progress = Progress()
     kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
-              say=output.info, warn=output.warn)
-    if once:
-        results = run_once(settings, **kw)
-        if as_json:
-            output.emit_json({"processed": results})
-        return EXIT_PROBLEM if any(r["status"] == NEEDS_HUMAN for r in results) else EXIT_OK
-    cycle = 0
-    while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
-        cycle += 1
-        output.info(f"bot: cycle {cycle} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
-        try:
+              say=output.info, warn=output.warn, progress=progress)
+    # Ctrl-C, or SIGTERM from cron, CI or systemd: the refresh under way stops as `refresh` does (every
+    # process ended, exit 130/143), the checkout goes back to its branch, and the next run starts that
+    # release again (the record says it never finished).
+    then = "the checkout is back on the branch it was on; the next run starts the unfinished release again"
+    with procs.run_scope("rocmport-bot-", progress.line, then=then):
+        if once:
             results = run_once(settings, **kw)
-            output.info(f"bot: cycle {cycle} processed {len(results)} release(s)")
-        except RocmportError as exc:  # a bad cycle (network, a busy lock) must not end the poller
-            output.warn(f"bot: cycle {cycle} failed: {exc}")
-        time.sleep(interval)
+            if as_json:
+                output.emit_json({"processed": results})
+            return EXIT_PROBLEM if any(r["status"] == NEEDS_HUMAN for r in results) else EXIT_OK
+        cycle = 0
+        while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
+            cycle += 1
+            output.info(f"bot: cycle {cycle} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+            progress.step(f"cycle {cycle}")
+            try:
+                results = run_once(settings, **kw)
+                output.info(f"bot: cycle {cycle} processed {len(results)} release(s)")
+            except RocmportError as exc:  # a bad cycle (network, a busy lock) must not end the poller
+                output.warn(f"bot: cycle {cycle} failed: {exc}")
+            progress.finish(f"cycle {cycle}")
+            progress.done[:] = progress.done[-3:]  # a poller's line names its last cycles, not every one since it started
+            time.sleep(interval)
