@@ -198,16 +198,22 @@ def pool_initializer() -> tuple[Callable[[int], None], tuple[int]]:
     return _die_with, (os.getpid(),)
 
 
-def pool_map(fn: Callable[[T], R], items: list[T], jobs: int, chunksize: int = 1) -> list[R]:
-    """``[fn(i) for i in items]`` in ``jobs`` worker processes that die with this one (kill -9 included).
-    On an interrupt (Stop, KeyboardInterrupt) or any error the workers are killed at once: a pool left
-    by ``with`` waits for every file still queued, so a Ctrl-C of refresh took until the last parse
-    finished. (Forked workers do not show a run scope's mark in /proc: their environment is the parent's
-    from its start, so the scope cannot find them; they are ended here.)"""
+def pool_map(fn: Callable[[T], R], items: list[T], jobs: int, chunksize: int = 1,
+             each: Callable[[int], None] = lambda done: None) -> list[R]:
+    """``[fn(i) for i in items]`` in ``jobs`` worker processes that die with this one (kill -9 included);
+    ``each(n)`` after the n-th result (progress). On an interrupt (Stop, KeyboardInterrupt) or any error
+    the workers are killed at once: a pool left by ``with`` waits for the items already queued to it
+    (and SIGTERM to refresh's process group hung it). Forked workers do not show a run scope's mark in
+    /proc (their environment is the parent's from its start), so the scope cannot find them: they are
+    ended here."""
     init, initargs = pool_initializer()
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=init, initargs=initargs)
     try:
-        return list(pool.map(fn, items, chunksize=chunksize))
+        done: list[R] = []
+        for result in pool.map(fn, items, chunksize=chunksize):
+            done.append(result)
+            each(len(done))
+        return done
     except BaseException:
         workers = list((getattr(pool, "_processes", None) or {}).values())  # the executor's own; no public handle before 3.14
         for worker in workers:

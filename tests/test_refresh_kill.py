@@ -213,6 +213,14 @@ def test_a_bot_stopped_by_sigterm_goes_back_to_its_branch(tmp_path, monkeypatch)
     assert not record.exists() or "core_v0.17.0" not in json.loads(record.read_text()).get("tags", {})
 
 
+def test_pool_map_keeps_order_and_says_each_result():
+    from rocmport.procs import pool_map
+
+    seen: list[int] = []
+    assert pool_map(abs, [-i for i in range(20)], 2, chunksize=3, each=seen.append) == list(range(20))
+    assert seen == list(range(1, 21))
+
+
 def test_a_held_step_finishes_before_the_interrupt_stops_the_run(tmp_path):
     """Refresh promotes its result (the series, then the lock, then the trees) under procs.held(): a
     Ctrl-C there waits until the step is done, then stops the run as anywhere else."""
