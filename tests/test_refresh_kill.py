@@ -101,11 +101,13 @@ class Run:
         return left
 
     def close(self) -> None:
+        """After a test that failed before the run ended: nothing of it left to the next test. (A run
+        that ended is left alone: gone_after counts what it left, then ends it.)"""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        for pid in self.alive():
-            os.kill(pid, signal.SIGKILL)
+            for pid in self.alive():
+                os.kill(pid, signal.SIGKILL)
 
 
 def big_release() -> dict[str, str]:
@@ -157,7 +159,7 @@ def test_kill_9_of_refresh_leaves_no_pool_worker(tmp_path, monkeypatch):
         time.sleep(0.5)
         workers = run.workers()
         run.proc.kill()  # refresh alone, as the OOM killer or `kill -9 PID` does
-        run.proc.communicate(timeout=60)
+        run.proc.wait(timeout=60)  # not communicate(): a worker left alive holds the pipes open
     finally:
         run.close()
     assert len(workers) == 2
