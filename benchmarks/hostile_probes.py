@@ -140,15 +140,17 @@ def item6(tmp: Path) -> list[Row]:
         sub = tmp / f"k{n}"
         sub.mkdir()
         root = pooled_project(sub, Env(), big_release())
-        run = Run(sub, root, "--no-verify")
+        run = Run(sub, root, "refresh", "--to", "v0.17", "--no-verify")
         try:
             run.wait_for(lambda: len(run.workers()) >= 2)
             time.sleep(0.5)
             if signum == signal.SIGKILL:
                 run.proc.kill()
+                run.proc.wait(timeout=60)  # a surviving worker would hold the pipes open
+                out, err = "", ""
             else:
                 os.killpg(run.proc.pid, signum)
-            out, err = run.proc.communicate(timeout=120)
+                out, err = run.proc.communicate(timeout=120)
         finally:
             run.close()
         left = run.gone_after()
