@@ -22,13 +22,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from rocmport.errors import RocmportError
 
 RUN_VAR = "ROCMPORT_RUN"
+T = TypeVar("T")
+R = TypeVar("R")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -43,9 +47,11 @@ class Stop(BaseException):
 class Interrupted(RocmportError):
     """The run was interrupted and cleaned up: exit 128 + the signal (130 SIGINT, 143 SIGTERM)."""
 
-    def __init__(self, message: str, signum: int):
+    def __init__(self, message: str, signum: int, done: str = "", ended: int = 0):
         super().__init__(message, 128 + signum)
         self.signum = signum
+        self.done = done  # what had finished, for a scope around this one to name
+        self.ended = ended
 
 
 def marked(value: str, var: str = RUN_VAR) -> list[int]:
@@ -97,12 +103,13 @@ def _raise_stop(signum, frame):
 
 
 @contextmanager
-def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Path | None = None) -> Iterator[Scope]:
+def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Path | None = None, then: str = "") -> Iterator[Scope]:
     """A run's processes and temporary files. Inside: every child started from os.environ carries
     the run's mark and a private TMPDIR, and this process's own temporary files go there too; SIGINT
     and SIGTERM raise Stop. On leaving (normally, by an error or by a signal): every marked process
     is ended and the directory removed (and its bytecode under ``pycache``); a signal becomes
-    Interrupted naming ``finished()``."""
+    Interrupted naming ``finished()`` and then what to do (``then``). A scope inside another (refresh's
+    verify) ends its own processes first; the outer one's line names what both had finished."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
     scope = Scope(id=uuid.uuid4().hex, tmp=tmp)
     saved_env = {k: os.environ.get(k) for k in (RUN_VAR, "TMPDIR")}
@@ -110,6 +117,7 @@ def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Pa
     main = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
     saved_handlers: dict = {}
     stop: Stop | None = None
+    inner: Interrupted | None = None
     ended = 0
     try:
         os.environ.update({RUN_VAR: scope.id, "TMPDIR": str(tmp)})
@@ -119,6 +127,8 @@ def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Pa
         yield scope
     except Stop as exc:
         stop = exc
+    except Interrupted as exc:  # a scope inside this one was interrupted and has ended its own processes
+        stop, inner = Stop(exc.signum), exc
     finally:
         if main:  # a second Ctrl-C must not cut the cleanup short
             for s in SIGNALS:
@@ -138,9 +148,30 @@ def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Pa
             for s, handler in saved_handlers.items():
                 signal.signal(s, handler)
     if stop is not None:
-        done = finished()
-        raise Interrupted(f"interrupted by {signal.Signals(stop.signum).name}; {done or 'nothing had finished'}; "
-                          f"ended the {ended} process(es) still running and removed {tmp}", stop.signum) from None
+        done = finished() or "nothing had finished"
+        if inner is not None:
+            done, ended = f"{done} ({inner.done})", ended + inner.ended
+        raise Interrupted(f"interrupted by {signal.Signals(stop.signum).name}; {done}; "
+                          f"ended the {ended} process(es) still running and removed {tmp}{'; ' + then if then else ''}",
+                          stop.signum, done, ended) from None
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A step that must not stop half-way (refresh promoting its result: the series, then the lock):
+    inside a run scope, SIGINT and SIGTERM wait until it is done and then stop the run as usual."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not _raise_stop:
+        yield
+        return
+    arrived: list[int] = []
+    saved = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    if arrived:
+        raise Stop(arrived[0])
 
 
 def _die_with(parent: int) -> None:
@@ -156,8 +187,40 @@ def _die_with(parent: int) -> None:
             pass
     if os.getppid() != parent:  # it died before the prctl took effect
         os._exit(1)
+    # Forked inside a run scope, it inherited the scope's handlers: a Stop raised in a worker cannot
+    # even be sent back whole. A signal ends a worker as it ends any process; the parent handles the run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def pool_initializer() -> tuple[Callable[[int], None], tuple[int]]:
     """``initializer`` and ``initargs`` for a ProcessPoolExecutor whose workers must die with this process."""
     return _die_with, (os.getpid(),)
+
+
+def pool_map(fn: Callable[[T], R], items: list[T], jobs: int, chunksize: int = 1,
+             each: Callable[[int], None] = lambda done: None) -> list[R]:
+    """``[fn(i) for i in items]`` in ``jobs`` worker processes that die with this one (kill -9 included);
+    ``each(n)`` after the n-th result (progress). On an interrupt (Stop, KeyboardInterrupt) or any error
+    the workers are killed at once: a pool left by ``with`` waits for the items already queued to it
+    (and SIGTERM to refresh's process group hung it). Forked workers do not show a run scope's mark in
+    /proc (their environment is the parent's from its start), so the scope cannot find them: they are
+    ended here."""
+    init, initargs = pool_initializer()
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=init, initargs=initargs)
+    try:
+        done: list[R] = []
+        for result in pool.map(fn, items, chunksize=chunksize):
+            done.append(result)
+            each(len(done))
+        return done
+    except BaseException:
+        workers = list((getattr(pool, "_processes", None) or {}).values())  # the executor's own; no public handle before 3.14
+        for worker in workers:
+            worker.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.join(5)  # collected: no zombie outlives the run
+        raise
+    finally:
+        pool.shutdown(wait=True)  # after a success, at once (every task is done); after a kill, the manager thread ends

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -20,7 +19,7 @@ from rocmport.codemods.helper import helper_text
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
-from rocmport.procs import pool_initializer
+from rocmport.procs import pool_map
 from rocmport.upstreams import UPSTREAMS
 
 # Bumped when what a cache entry holds changes shape (2: per-codemod reports).
@@ -166,13 +165,9 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     said = f"{result.cache_hits} from the cache, " if result.cache_hits else ""
     output.advance(f"codemods: 0/{len(work)} files ({said}{len(files)} in the tree)")
     if jobs > 1 and len(work) > 8:
-        init, initargs = pool_initializer()  # a kill -9 of apply/refresh ends its workers too
-        with ProcessPoolExecutor(max_workers=jobs, initializer=init, initargs=initargs) as pool:
-            results = pool.map(_work, work, chunksize=max(1, min(16, len(work) // (jobs * 4))))
-            done = []
-            for item in results:
-                done.append(item)
-                output.advance(f"codemods: {len(done)}/{len(work)} files ({said}{len(files)} in the tree)")
+        # workers that end with apply/refresh: killed by kill -9 of it, and at once on a Ctrl-C
+        done = pool_map(_work, work, jobs, chunksize=max(1, min(16, len(work) // (jobs * 4))),
+                        each=lambda n: output.advance(f"codemods: {n}/{len(work)} files ({said}{len(files)} in the tree)"))
     else:
         done = []
         for w in work:

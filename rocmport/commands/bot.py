@@ -6,18 +6,22 @@ import time
 
 import click
 
-from rocmport import output
+from rocmport import output, procs
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
+from rocmport.refresh.engine import Progress
 from rocmport.refresh.result import NEEDS_HUMAN
+from rocmport.commands.refresh import check_verify_sizes
 from rocmport.release_line import ReleaseLine
+
+MAX_INTERVAL = 365 * 24 * 3600
 
 
 @click.command("bot")
 @click.option("--once", is_flag=True, help="Process new releases once and exit.")
 @click.option("--watch", is_flag=True, help="Keep polling upstream every --interval seconds.")
-@click.option("--interval", type=float, default=3600, show_default=True, help="Seconds between polls with --watch.")
+@click.option("--interval", type=float, default=3600, show_default=True, help=f"Seconds between polls with --watch (more than 0, at most {MAX_INTERVAL}).")
 @click.option("--track", type=click.Choice(["release", "main"]), default="release", show_default=True,
               help="Follow release tags, or upstream's main branch (one refresh per new main commit seen).")
 @click.option("--lines", help="Release lines to follow, e.g. v0.16,v0.17 (default: [tool.rocmport] release-lines, "
@@ -36,30 +40,46 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     State in .rocmport/bot-state.json, in refresh's words: a release built (ready, or not-verified
     and why) is never redone; one that needs-a-human is retried only when its inputs change
     (upstream commit, the series, rocmport) or with --retry.
-    Exit: 0 every release ready or not-verified (or none new), 1 a release needs-a-human,
+    Exit: 0 every release ready or not-verified (or none new), 1 a release needs-a-human, 130/143 interrupted,
     2 bad input, 3 another bot run holds the lock.
     """
     if once == watch:
         raise BadInput("give exactly one of --once or --watch")
-    if interval <= 0:
-        raise BadInput(f"--interval {interval}: must be a positive number of seconds")
+    if not 0 < interval <= MAX_INTERVAL:  # nan and inf too: time.sleep refuses them after the first cycle
+        raise BadInput(f"--interval {interval}: must be a number of seconds above 0 and at most {MAX_INTERVAL} (a year)")
+    if as_json and watch:
+        raise BadInput("--json: only with --once (--watch logs one line per event)")
+    if lines is not None and not lines.strip(", "):
+        raise BadInput(f"--lines {lines!r}: names no release line; give lines such as v0.16,v0.17")
     settings = load_settings(obj["project"])
-    wanted = [str(ReleaseLine.parse(s)) for s in lines.split(",")] if lines else list(settings.release_lines)
+    wanted = ([str(ReleaseLine.parse(s, "--lines: release line")) for s in lines.split(",") if s.strip()] if lines
+              else list(settings.release_lines))
+    if not no_verify:  # verify's sizes from [tool.rocmport], told now rather than in every release's refresh
+        check_verify_sizes(settings)
     verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
+    progress = Progress()
     kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
-              say=output.info, warn=output.warn)
-    if once:
-        results = run_once(settings, **kw)
-        if as_json:
-            output.emit_json({"processed": results})
-        return EXIT_PROBLEM if any(r["status"] == NEEDS_HUMAN for r in results) else EXIT_OK
-    cycle = 0
-    while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
-        cycle += 1
-        output.info(f"bot: cycle {cycle} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
-        try:
+              say=output.info, warn=output.warn, progress=progress)
+    # Ctrl-C, or SIGTERM from cron, CI or systemd: the refresh under way stops as `refresh` does (every
+    # process ended, exit 130/143), the checkout goes back to its branch, and the next run starts that
+    # release again (the record says it never finished).
+    then = "the checkout is back on the branch it was on; the next run starts the unfinished release again"
+    with procs.run_scope("rocmport-bot-", progress.line, then=then):
+        if once:
             results = run_once(settings, **kw)
-            output.info(f"bot: cycle {cycle} processed {len(results)} release(s)")
-        except RocmportError as exc:  # a bad cycle (network, a busy lock) must not end the poller
-            output.warn(f"bot: cycle {cycle} failed: {exc}")
-        time.sleep(interval)
+            if as_json:
+                output.emit_json({"processed": results})
+            return EXIT_PROBLEM if any(r["status"] == NEEDS_HUMAN for r in results) else EXIT_OK
+        cycle = 0
+        while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
+            cycle += 1
+            output.info(f"bot: cycle {cycle} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+            progress.step(f"cycle {cycle}")
+            try:
+                results = run_once(settings, **kw)
+                output.info(f"bot: cycle {cycle} processed {len(results)} release(s)")
+            except RocmportError as exc:  # a bad cycle (network, a busy lock) must not end the poller
+                output.warn(f"bot: cycle {cycle} failed: {exc}")
+            progress.finish(f"cycle {cycle}")
+            progress.done[:] = progress.done[-3:]  # a poller's line names its last cycles, not every one since it started
+            time.sleep(interval)

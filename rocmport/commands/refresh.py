@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
-from rocmport import output
-from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
+from rocmport import output, procs
+from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings, load_settings
 from rocmport.errors import EXIT_OK, BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.refresh.engine import abort_refresh, continue_refresh, refresh
+from rocmport.refresh.engine import Progress, abort_refresh, continue_refresh, refresh
 from rocmport.refresh.result import RefreshResult
 from rocmport.refresh.report import status_line
 from rocmport.refresh.summary import public, write_summary
+from rocmport.verify.run import MAX_WORLD, check_sizes
+
+# Sizes checked where they enter, as verify's (a typo is exit 2 at once, not after the refresh ran).
+SIZE = click.IntRange(1, MAX_WORLD)
 
 
 @click.command("refresh")
@@ -21,8 +26,8 @@ from rocmport.refresh.summary import public, write_summary
 @click.option("--continue", "cont", is_flag=True, help="Go on after you resolved and committed a conflicting patch in the refresh tree.")
 @click.option("--abort", is_flag=True, help="Give up a stopped refresh; the lock and patchsets/ stay as they were, your work in its trees is kept on a backup ref.")
 @click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` on the result.")
-@click.option("--tp", type=int, default=None, help=f"Tensor-parallel size for verify (default: [tool.rocmport] tp or {DEFAULT_TP}).")
-@click.option("--pp", type=int, default=None, help=f"Pipeline-parallel size for verify (default: [tool.rocmport] pp or {DEFAULT_PP}).")
+@click.option("--tp", type=SIZE, default=None, help=f"Tensor-parallel size for verify (default: [tool.rocmport] tp or {DEFAULT_TP}).")
+@click.option("--pp", type=SIZE, default=None, help=f"Pipeline-parallel size for verify (default: [tool.rocmport] pp or {DEFAULT_PP}).")
 @click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also copy the Markdown summary (PR body) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
@@ -36,20 +41,29 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
     with the tree ready for you. Codemods are re-run, never rebased. Summary: build/refresh/summary.md.
     Status (--json, summary.md): ready (verified), not-verified (--no-verify, or not the Python the
     tree needs), needs-a-human (conflict, failed verify), up-to-date.
-    Exit: 0 ready, not-verified or up-to-date, 1 needs-a-human, 2 bad input.
+    Exit: 0 ready, not-verified or up-to-date, 1 needs-a-human, 2 bad input, 130/143 interrupted
+    (every process it started ended; it says which steps had finished).
     """
-    if sum(map(bool, (to, cont, abort))) != 1:
-        raise BadInput("give exactly one of --to REF, --continue, --abort")
+    _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json)
     settings = load_settings(obj["project"])
     if abort:
         abort_refresh(settings, say=output.info)
         return EXIT_OK
     opts = None if no_verify else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp}
-    with output.progress(f"refreshing the port to {to}" if to else "continuing the refresh"):
+    if opts is not None and to:  # verify's sizes, told now rather than after the whole refresh ran
+        check_verify_sizes(settings, tp, pp)
+    progress = Progress()
+    again = "`rocmport refresh --continue`" if cont else f"`rocmport refresh --to {to}`"
+    then = (f"{settings.lock_path.name} and patchsets/ are as they were; run {again} again, "
+            f"or `rocmport refresh --abort` to give it up")
+    # Ctrl-C or SIGTERM: every process of the refresh ended (its codemod workers, git, its verify's
+    # torchruns and their workers), its temporary directories removed, exit 130/143 saying what finished.
+    with procs.run_scope("rocmport-refresh-", progress.line, then=then), \
+            output.progress(f"refreshing the port to {to}" if to else "continuing the refresh"):
         if cont:
-            result = continue_refresh(settings, say=output.info, warn=output.warn)
+            result = continue_refresh(settings, say=output.info, warn=output.warn, progress=progress)
         else:
-            result = refresh(settings, to, verify_opts=opts, say=output.info, warn=output.warn)
+            result = refresh(settings, to, verify_opts=opts, say=output.info, warn=output.warn, progress=progress)
     path = write_summary(result, settings.refresh_dir, settings)
     if summary_path:
         atomic_write_text(summary_path, path.read_text(encoding="utf-8"))
@@ -58,6 +72,52 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
     else:
         _print(result, path)
     return result.exit_code
+
+
+def _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json) -> None:
+    """Every option combination refresh takes, checked before anything runs (exit 2 naming the option):
+    an option the chosen action would ignore is refused rather than silently dropped."""
+    if to is not None and not to.strip():
+        raise BadInput(f"--to {to!r}: give an upstream ref (v0.17, core_v0.17.1, a branch, a SHA)")
+    if sum(map(bool, (to, cont, abort))) != 1:
+        raise BadInput("give exactly one of --to REF, --continue, --abort")
+    given = {"--tp": tp is not None, "--pp": pp is not None, "--no-verify": no_verify}
+    if cont or abort:  # --continue goes on with the options its refresh started with; --abort verifies nothing
+        extra = next((name for name, on in given.items() if on), None)
+        if extra:
+            raise BadInput(f"{extra}: only with --to; {'--continue goes on with the options the refresh started with' if cont else '--abort verifies nothing'}")
+    if abort and (summary_path is not None or as_json):
+        raise BadInput(f"{'--summary' if summary_path is not None else '--json'}: not with --abort (it writes no summary)")
+    if summary_path is not None:
+        _check_summary_path(summary_path)
+
+
+def check_verify_sizes(settings: Settings, tp: int | None = None, pp: int | None = None) -> None:
+    """verify's layout rules for the sizes a refresh (or the bot's) will verify with: the options, else
+    [tool.rocmport] tp/pp; the message names where the bad one came from."""
+    try:
+        check_sizes(settings.tp if tp is None else tp, settings.pp if pp is None else pp, iters=10)
+    except BadInput as exc:
+        text = str(exc)
+        for name, option in (("tp", tp), ("pp", pp)):
+            if option is None:
+                text = text.replace(f"--{name} ", f"{settings.root / 'pyproject.toml'}: [tool.rocmport] {name} = ")
+        raise BadInput(text) from None
+
+
+def _check_summary_path(path: str) -> None:
+    """--summary FILE can be written (its directory exists or can be made there): told before the
+    refresh runs, not after it promoted its result."""
+    if not path.strip():
+        raise BadInput(f"--summary {path!r}: give a file path")
+    target = Path(path).absolute()  # as the copy is written: no ~ expansion (a shell does that)
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"--summary {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInput(f"--summary {path}: cannot write in {parent}")
 
 
 def _print(result: RefreshResult, path: Path) -> None:

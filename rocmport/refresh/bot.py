@@ -19,7 +19,7 @@ from rocmport.errors import BadInput, Busy, RocmportError
 from rocmport.fsutil import file_lock
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
-from rocmport.refresh.engine import abort_refresh, read_state, refresh
+from rocmport.refresh.engine import Progress, abort_refresh, read_state, refresh
 from rocmport.refresh.report import markdown
 from rocmport.refresh.result import NEEDS_HUMAN, NOT_VERIFIED, RefreshResult, RefreshStatus
 from rocmport.refresh.summary import machine_paths, public, write_summary
@@ -277,7 +277,9 @@ def _push_recorded(settings: Settings, record: BotRecord, tag: str, remote: str,
 
 
 def run_once(settings: Settings, *, track="release", lines=None, retry=False, push_remote=None, verify_opts=None,
-             say=print, warn=print) -> list[dict]:
+             say=print, warn=print, progress: Progress | None = None) -> list[dict]:
+    """Process every new release once. ``progress``: what has finished, for the line an interrupt prints."""
+    progress = progress or Progress()
     with exclusive(settings):
         root = settings.root
         if run_git("status", "--porcelain", "--untracked-files=no", cwd=root).stdout.strip():
@@ -306,6 +308,7 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
                 say(f"bot: {cand.name} needs a human since a previous run ({prev.reason}); inputs unchanged, not retrying (--retry to force)")
                 continue
             say(f"bot: refreshing to {cand.name} on {cand.branch}")
+            progress.step(f"the refresh to {cand.name} on {cand.branch}")
             outcome = {"tag": cand.name, "commit": cand.commit, "inputs": inputs,
                        **process(settings, cand, base, verify_opts, say, warn)}
             # What was built is recorded before any push: a push that fails or is refused leaves a
@@ -317,5 +320,6 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
                 if push_remote:
                     outcome.update(_push_recorded(settings, record, cand.name, push_remote, warn))
             results.append(outcome)
+            progress.finish(f"{cand.name} {outcome['status']}")
             say(f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}")
         return results

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
+from rocmport import procs
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
@@ -34,6 +35,25 @@ from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM, NAMES
 # The state file of a refresh under way: in-progress (or killed), or stopped at a conflict for a human.
 StateStatus = Literal["in-progress", "conflict"]
 _FIX = "run `rocmport refresh --abort` to start over"
+
+
+class Progress:
+    """What a refresh has done so far and the step it is in: the line an interrupted refresh prints."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+        self.now = ""
+
+    def step(self, now: str) -> None:
+        self.now = now
+
+    def finish(self, done: str) -> None:
+        self.done.append(done)
+        self.now = ""
+
+    def line(self) -> str:
+        text = "finished: " + ", ".join(self.done) if self.done else "nothing had finished"
+        return text + (f"; stopped during {self.now}" if self.now else "")
 
 
 def _state_path(settings: Settings) -> Path:
@@ -61,8 +81,9 @@ def _write_state(settings: Settings, state: dict[str, Any]) -> None:
     write_json(_state_path(settings), state)
 
 
-def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print) -> RefreshResult:
+def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print, progress: Progress | None = None) -> RefreshResult:
     """Start a refresh to ``to``. ``verify_opts`` None means --no-verify."""
+    progress = progress or Progress()
     state = read_state(settings)
     if state and state.get("status") == "conflict":
         raise BadInput(f"{_state_path(settings)}: a refresh to {state['to']} stopped at a conflict; resolve it and run "
@@ -72,9 +93,12 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
     if mlm is None:
         raise BadInput(f"{settings.lock_path}: pins no megatron-lm; run `rocmport sync --ref REF` first")
     started = time.time()
+    progress.step(f"resolving {to}")
     new = resolve_lock(settings, to, source=mlm.source, no_bridge=MEGATRON_BRIDGE.name not in old.upstreams, say=say, warn=warn)
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
         return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"]).settle(up_to_date=True)
+    progress.finish(", ".join(f"{n} {to} resolved to {p.resolved_ref}" for n, p in new.upstreams.items()))
+    progress.step("staging the series")
     settings.refresh_dir.mkdir(parents=True, exist_ok=True)
     staged = {}
     for name, pin in new.upstreams.items():
@@ -86,14 +110,15 @@ def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print,
     state = {"status": "in-progress", "to": to, "old_lock": old.to_dict(), "new_lock": new.to_dict(), "staged": staged,
              "merged_upstream": merged, "applied": {}, "verify_opts": verify_opts, "started": started}
     _write_state(settings, state)
-    return _advance(settings, state, say, warn, mode="apply")
+    progress.finish("series staged")
+    return _advance(settings, state, say, warn, "apply", progress)
 
 
-def continue_refresh(settings: Settings, *, say=print, warn=print) -> RefreshResult:
+def continue_refresh(settings: Settings, *, say=print, warn=print, progress: Progress | None = None) -> RefreshResult:
     state = read_state(settings)
     if not state or state.get("status") != "conflict":
         raise BadInput(f"{settings.refresh_dir}: no stopped refresh to continue")
-    return _advance(settings, state, say, warn, mode="continue")
+    return _advance(settings, state, say, warn, "continue", progress or Progress())
 
 
 def abort_refresh(settings: Settings, *, say=print) -> list[str]:
@@ -148,7 +173,7 @@ def _lock_from(data: dict, where: str) -> Lock:
     return parse_lock(yaml.safe_dump(data), where)
 
 
-def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshResult:
+def _advance(settings: Settings, state: dict, say, warn, mode: str, progress: Progress) -> RefreshResult:
     new = _lock_from(state["new_lock"], "refresh state")
     rsettings = _refresh_settings(settings)
     for name in new.upstreams:
@@ -159,6 +184,7 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshRe
         series = st.series
         # Patches upstream merged (by patch-id) are not applied: they could only conflict.
         series.patches = [p for p in series.patches if p.name not in state.get("merged_upstream", {}).get(name, {})]
+        progress.step(f"applying {name}'s series and codemods on {new.upstreams[name].resolved_ref}")
         report = apply_upstream(rsettings, new, name, series=series, force=True, mode=step, say=say)
         if report.status == "conflict":
             bad = report.patches[-1]
@@ -172,7 +198,8 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str) -> RefreshRe
         state.pop("conflict_in", None)
         state["status"] = "in-progress"
         _write_state(settings, state)
-    return _finish(settings, state, say, warn)
+        progress.finish(f"{name} applied")
+    return _finish(settings, state, say, warn, progress)
 
 
 def _merged_upstream(settings: Settings, st: StagedSeries, before, pin) -> dict[str, str]:
@@ -195,7 +222,7 @@ def _result(state: dict, status: RefreshStatus) -> RefreshResult:
     return RefreshResult(status, state["to"], state["old_lock"], state["new_lock"])
 
 
-def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
+def _finish(settings: Settings, state: dict, say, warn, progress: Progress) -> RefreshResult:
     old = _lock_from(state["old_lock"], "refresh state")
     new = _lock_from(state["new_lock"], "refresh state")
     result = _result(state, READY)
@@ -205,6 +232,7 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
         st = StagedSeries.from_dict(state["staged"][name])
         tree = rsettings.worktree_path(name)
         before = old.upstreams.get(name)
+        progress.step(f"refreshing {name}'s patches and comparing its codemod sites")
         outcome = _refresh_patches(st, tree, report, state.get("merged_upstream", {}).get(name, {}))
         outcome.codemods = codemod_changes(settings, old, name, report)
         outcome.from_ = Pinned(before.resolved_ref, before.commit) if before else None
@@ -217,13 +245,21 @@ def _finish(settings: Settings, state: dict, say, warn) -> RefreshResult:
             if rebuilt.status != "done":
                 result.problems.append(f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
                                        f"({rebuilt.status}); the refresh tree is {tree}")
+        progress.finish(f"{name}'s patches refreshed")
     result.upstreams = outcomes
+    progress.step("the range-diff")
     result.range_diff = range_diff(rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes)
+    progress.finish("range-diff")
     if state.get("verify_opts") is not None:
+        progress.step("verify")
         result.verify = run_verify_both(settings, rsettings, old, state["verify_opts"], say)
+        progress.finish("verify")
     result.settle()
     if result.status in PROMOTED:  # verified, or carried over unverified as asked (the status says which)
-        result.promoted = _promote(settings, new, state, outcomes, warn)
+        progress.step("promoting the result")
+        with procs.held():  # the series, then the lock (the commit point), then the trees: never half of it
+            result.promoted = _promote(settings, new, state, outcomes, warn)
+        progress.finish("promoted")
     result.seconds = round(time.time() - state["started"], 1)
     return result
 
