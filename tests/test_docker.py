@@ -28,7 +28,7 @@ def _trees(tmp_path: Path) -> list[Path]:
     trees = []
     for name, text in (("megatron-lm", MLM_PYPROJECT), ("megatron-bridge", BRIDGE_PYPROJECT)):
         tree = tmp_path / name
-        tree.mkdir()
+        tree.mkdir(parents=True)
         (tree / "pyproject.toml").write_text(text)
         texts, _ = rewrite_tree(tree, Policy())
         (tree / "pyproject.toml").write_text(texts["pyproject.toml"])
@@ -56,6 +56,13 @@ def test_dockerfile_content_and_hadolint(tmp_path):
     env = text.split("\nENV ")[-1].split("\n\n")[0]
     for pair in ("NVTE_FLASH_ATTN=0", "NVTE_FUSED_ATTN=1", "CUDA_DEVICE_MAX_CONNECTIONS=1", "HSA_NO_SCRATCH_RECLAIM=1"):
         assert pair in env
+    # one arch: its launch profile too (rocmport env --arch gfx942); several: the common part only
+    assert "HSA_KERNARG_POOL_SIZE=12582912" in env and "#   HSA_KERNARG_POOL_SIZE=12582912: gfx942: " in text
+    reqs = remaining_requirements(_trees(tmp_path / "again"), {"megatron-core": ["mlm"]})
+    both = dockerfile(reqs, base_tag="rocm7.0_test", arch="gfx942;gfx950")
+    assert "HSA_KERNARG_POOL_SIZE" not in both and "NVTE_ROCM_ENABLE_MXFP8" not in both
+    gfx950 = dockerfile(reqs, base_tag="rocm7.0_test", arch="gfx950")
+    assert "NVTE_ROCM_ENABLE_MXFP8=1" in gfx950 and "RCCL_WARP_SPEED_AUTO=0" in gfx950
     assert "pip install --no-cache-dir --no-deps /tmp/rocmport-wheels/*.whl" in text
     # Never a pip install that could touch torch without the image's torch pinned.
     for run in re.findall(r"^RUN pip install[^\n]*(?:\\\n[^\n]*)*", text, re.M):

@@ -162,13 +162,18 @@ def test_import_failure_names_chain(tmp_path, capsys):
     assert "NVIDIA-only package modelopt" in imports["reason"] and "megatron/core/inner.py:1" in imports["reason"]
 
 
-def test_launch_env_applied_only_on_rocm():
+def test_verify_s_processes_get_the_launch_profile_of_the_device_s_arch():
+    """#29 item 3: verify uses the profile of the device (`rocmport env --arch`), the user's values winning."""
     from rocmport.launch_env import launch_env
+    from rocmport.verify.launch_profile import verify_env
 
-    rocm = environment.Environment("3.11", "2.8", "6.4.1", None, 8, ["AMD Instinct MI300X"] * 8)
-    cuda = environment.Environment("3.11", "2.8", None, "12.8", 8, ["H100"] * 8)
-    assert environment.launcher_env_for(rocm) == launch_env() and launch_env()["HSA_NO_SCRATCH_RECLAIM"] == "1"
-    assert environment.launcher_env_for(cuda) == {}
+    mi300 = verify_env("gfx942:sramecc+:xnack-", environ={})
+    assert launch_env().items() <= mi300.items() and mi300["HSA_KERNARG_POOL_SIZE"] == "12582912"
+    assert verify_env("gfx950", environ={})["NVTE_ROCM_ENABLE_MXFP8"] == "1" and "NVTE_ROCM_ENABLE_MXFP8" not in mi300
+    assert "NCCL_SOCKET_IFNAME" not in mi300 and "NCCL_IB_HCA" not in mi300  # no fabric part: one node
+    assert "HSA_NO_SCRATCH_RECLAIM" not in verify_env("gfx942", environ={"HSA_NO_SCRATCH_RECLAIM": "0"})  # yours wins
+    assert verify_env(None, environ={}) == {}  # the CUDA path
+    assert verify_env("gfx9999", environ={}) == launch_env()  # an arch without a profile: the base part
 
 
 def test_report_schema_junit_and_plot(tmp_path):

@@ -28,6 +28,7 @@ from rocmport.patches.series import select_series
 from rocmport.port.manifests import canonical, is_cuda_only
 from rocmport.upstream.lock import load_lock
 from rocmport.upstreams import MEGATRON_LM, NAMES, UPSTREAMS
+from rocmport.verify.launch_profile import ARCH_SETTINGS
 
 DEFAULT_BASE_TAG = "rocm7.0_ubuntu24.04_py3.12_pytorch_release_2.7.1"
 DEFAULT_ARCH = "gfx942;gfx950"
@@ -182,6 +183,11 @@ def dockerfile(requirements: list[str], *, base_tag: str = DEFAULT_BASE_TAG, arc
         for name, value in choice.component.settings(choice.variant)[1].items():
             settings[name] = (value, f"{choice.label} (the series' rocm: matrix)")
     settings.update({name: (value, why) for name, value, why in LAUNCH_ENV})
+    # One arch: its launch profile (`rocmport env --arch`) too; an image for several archs keeps the
+    # common part, and the launcher adds the device's (`rocmport env --arch auto`).
+    archs = [a for a in re.split(r"[;,]", arch) if a.strip()]
+    if len(archs) == 1:
+        settings.update({s.name: (s.value, f"{archs[0]}: {s.reason} ({s.source})") for s in ARCH_SETTINGS.get(archs[0].strip(), [])})
     env = [(name, value, why) for name, (value, why) in settings.items()]
     env_lines = " \\\n    ".join(f"{name}={value}" for name, value, _ in env)
     reasons = "\n".join(f"#   {name}={value}: {reason}" for name, value, reason in env)

@@ -216,13 +216,6 @@ def functional_blockers(tree: Path) -> str | None:
     return "; ".join(problems) or None
 
 
-def launcher_env_for(env: Environment) -> dict[str, str]:
-    """The AMD launcher environment applies to the processes verify starts on ROCm only."""
-    from rocmport.launch_env import launch_env
-
-    return launch_env() if env.hip else {}
-
-
 def child_env(tree: Path, bootstrap: Path, extra: dict[str, str | None], pycache: Path | None = None) -> dict[str, str]:
     """The started processes' environment: the tree (and the firewall) put first on the path, the
     bootstrap's bin/ (this interpreter as `python3`) first on PATH; ``extra`` on top (None: unset).

@@ -118,13 +118,6 @@ def summary(version: str | None) -> dict | None:
     return {"version": version, "arch": arch(True), "device": MI300X.name}
 
 
-def launcher_env(version: str | None) -> dict[str, str]:
-    """The `rocmport env` launcher environment the simulated processes get ({} when it is off)."""
-    from rocmport.launch_env import launch_env
-
-    return launch_env() if version else {}
-
-
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _HIP_WORDS = re.compile(r"\b(hip|rocm|hipcc|ROCM_HOME|HIP_HOME|amdgpu|gfx9\d\d)", re.I)
 

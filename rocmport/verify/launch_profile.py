@@ -277,6 +277,18 @@ def profile(arch: str | None = None, deterministic: bool = False, *, master_addr
     return list(merged.values()), notes
 
 
+def verify_env(arch: str | None, environ=None) -> dict[str, str]:
+    """What verify's started processes get on ROCm (a real GPU, or the HIP simulation's): the launch
+    profile of ``arch`` (the device's: `doctor.gpu_arch()`, or the simulated MI300X's gfx942), without
+    the fabric part (verify's ranks share one node's loopback, or the launcher's rendezvous), and
+    without what the environment already sets (the user's value wins). None: not ROCm, nothing."""
+    if arch is None:
+        return {}
+    name = base_arch(arch)
+    settings, _ = profile(name if name in ARCH_SETTINGS else None, fabric=False)
+    return {r.setting.name: r.value for r in resolve_env(settings, environ) if not r.yours}
+
+
 def resolve_env(settings: list[Setting], environ=None) -> list[Resolved]:
     """Each setting against ``environ`` (default os.environ): a variable already set keeps its value."""
     environ = os.environ if environ is None else environ

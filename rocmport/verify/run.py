@@ -185,7 +185,13 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         extra["ROCMPORT_PROXY"] = "1"
         if hip_version:
             extra.update(hip_sim.child_env(hip_version))
-    applied_launch_env = environment.launcher_env_for(machine) or hip_sim.launcher_env(hip_version)
+    # The launch profile of the device's arch (`rocmport env --arch`): the GPU's on ROCm, the simulated
+    # MI300X's under the HIP simulation, none on the CUDA path.
+    from rocmport.verify.doctor import gpu_arch
+    from rocmport.verify.launch_profile import verify_env
+
+    device_arch = gpu_arch() if machine.hip and machine.has_gpu else hip_sim.arch(True) if hip_version else None
+    applied_launch_env = verify_env(device_arch)
     extra.update(applied_launch_env)
     line, commit = tree_identity(tree)
     report = VerifyReport(mode=mode, backend=backend, world_size=opts.world, tp=opts.tp, pp=opts.pp, dp=opts.dp, tree=str(tree),
