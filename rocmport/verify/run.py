@@ -75,6 +75,7 @@ class VerifyOptions:
     bridge_tree: Path | None = None
     launcher: Launcher = field(default_factory=Launcher)
     hip_version: str | None = hip_sim.DEFAULT_VERSION    # CPU proxy: the simulated ROCm (None: the CUDA path)
+    hip_arch: str = hip_sim.DEFAULT_ARCH                  # CPU proxy: the simulated GPU's architecture (--hip-arch)
     stages: tuple[str, ...] = STAGES
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
@@ -239,13 +240,13 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     if mode == "cpu-proxy":
         extra["ROCMPORT_PROXY"] = "1"
         if hip_version:
-            extra.update(hip_sim.child_env(hip_version))
+            extra.update(hip_sim.child_env(hip_version, opts.hip_arch))
     applied_launch_env = environment.launcher_env_for(env_info) or hip_sim.launcher_env(hip_version)
     extra.update(applied_launch_env)
     line, commit = tree_identity(tree)
     report = VerifyReport(mode=mode, backend=backend, world_size=world, tp=tp, pp=pp, dp=dp, tree=str(tree), line=line, commit=commit,
                           started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                          hip_sim=hip_sim.summary(hip_version),
+                          hip_sim=hip_sim.summary(hip_version, opts.hip_arch),
                           env={**env_info.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
                                "components": _component_versions(tree)},
                           launcher=launcher.to_dict(), te=opts.te)
@@ -296,7 +297,8 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
                                                                   te=opts.te.describe() if opts.te else None)
             add(training)
         if gate("unit-tests", opts.unit is not None) and opts.unit is not None:
-            add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile, bool(hip_version)))
+            add(_unit_tests(tree, env, opts.unit, launcher, mode, env_info, profile, bool(hip_version),
+                            device_arch(mode, env_info, opts.hip_arch if hip_version else None)))
         if gate("functional", opts.functional is not None) and opts.functional is not None:
             res, report.functional = _functional(tree, env, opts.functional, dp, mode, env_info, launcher, hip_version, opts.te)
             add(res)
@@ -328,11 +330,23 @@ def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> d
     return {name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods, te_version).items()}
 
 
+def device_arch(mode: str, env_info: environment.Environment, simulated: str | None) -> str | None:
+    """The GPU architecture stage 3's known failures are chosen by: the simulated one under the HIP
+    simulation, the first ROCm GPU's (its gcnArchName, e.g. gfx90a) on a GPU, else None."""
+    if simulated:
+        return simulated
+    if mode == "gpu" and env_info.hip:
+        from rocmport.verify.doctor import gpu_arch
+
+        return gpu_arch()
+    return None
+
+
 def _unit_tests(tree: Path, env: dict, unit: UnitOptions, launcher: Launcher, mode: str, env_info, profile: str,
-                hip_simulated: bool) -> StageResult:
+                hip_simulated: bool, arch: str | None = None) -> StageResult:
     from rocmport.verify.unit_tests import stage_unit_tests
 
-    known, not_applied = unit.settings.known_for(mode, bool(env_info.hip), hip_sim=hip_simulated)
+    known, not_applied = unit.settings.known_for(mode, bool(env_info.hip), hip_sim=hip_simulated, arch=arch)
     files = suite.test_files(tree, unit.tests)
     with output.progress(f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"):
         return stage_unit_tests(tree, env, unit.tests, unit.nproc, known, unit.cache_dir, unit.base, launcher, blocked=blocked(profile),
@@ -501,11 +515,13 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
             with_functional: bool | None = None, case: str | None = None, data_path: str | None = None,
             record_golden: bool = False, resume: bool = True, with_bridge: bool | None = None, launcher_kind: str = "torchrun",
             nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none") -> VerifyOptions:
+            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none",
+            hip_arch: str = hip_sim.DEFAULT_ARCH) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``."""
     check_sizes(tp, pp, iters, dp, nproc)
     if hip_version is not None:  # '' too: an empty version is a typo, never the CUDA path (that is --no-hip-sim)
         hip_sim.parse_version(hip_version)
+    hip_sim.parse_arch(hip_arch)
     chosen = parse_stages(stages_text)
     path = Path(tree) if tree else settings.worktree_path(MEGATRON_LM.name)
     if not path.is_dir():
@@ -538,7 +554,8 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
         skipped["functional"] = why
     return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, nproc=nproc, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, stages=chosen, skipped=skipped, te=te_layer_, pycache=settings.cache_dir / "pycache")
+                         hip_version=hip_version, hip_arch=hip_arch, stages=chosen, skipped=skipped, te=te_layer_,
+                         pycache=settings.cache_dir / "pycache")
 
 def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | None:
     """``--te VERSION|auto|none``: the TE Python layer for this run, fetched into the cache (auto:
