@@ -53,7 +53,7 @@ MEGATRON_LM = Upstream(
     default_codemods=("apex-to-torch", "fused-kernel-fallbacks", "guard-nvidia-only-imports", "attention-backend-env",
                       "te-version-gates", "device-probes", "flash-attention-hooks", "capability-gates", "grouped-gemm",
                       "launch-env", "deterministic-env", "tp-comm-overlap", "async-checkpoint-spawn", "dataloader-mp-context",
-                      "nccl-allocator-rccl", "async-save-strategy"),
+                      "nccl-allocator-rccl", "async-save-strategy", "empty-cache-interval"),
 )
 
 MEGATRON_BRIDGE = Upstream(

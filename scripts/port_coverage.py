@@ -73,6 +73,8 @@ def line_cell(item: dict, line: str, series, sites: dict) -> tuple[str, list[str
     names = codemod_names(series)
     patches = [p.name for p in series.patches]
     for mech in item.get("rocmport_by", []):
+        if "lines" in mech and line not in mech["lines"]:  # a mechanism for some lines only (e.g. a backport)
+            continue
         if "codemod" in mech:
             if mech["codemod"] not in names:
                 parts.append(f"`{mech['codemod']}` not in the recipe")

@@ -216,12 +216,14 @@ def test_series_verify_settings_and_known_failures_by_mode(tmp_path):
     hip = {"tests/unit_tests/test_async_save.py::test_errors": "the writer is spawned on HIP"}
     not_hip = {"hip_known_failures": "applied only where the port's HIP branches run (a ROCm GPU or the HIP simulation)"}
     assert cfg.known_for("gpu", hip=True) == ({**rocm, **hip}, {"proxy_known_failures": "applied only in CPU-proxy mode"})
-    assert cfg.known_for("gpu", hip=False) == (everywhere, {**not_hip, "rocm_known_failures": "applied only when verify runs on a ROCm GPU",
+    not_rocm = {"rocm_known_failures": "applied only on ROCm (a ROCm GPU or the HIP simulation)"}
+    assert cfg.known_for("gpu", hip=False) == (everywhere, {**not_hip, **not_rocm,
                                                             "proxy_known_failures": "applied only in CPU-proxy mode"})  # a CUDA GPU: no list
-    assert cfg.known_for("cpu-proxy", hip=False) == (proxy, {**not_hip, "rocm_known_failures": "applied only when verify runs on a ROCm GPU"})
-    # The HIP simulation runs the port's HIP branches, not AMD's kernels: hip_known_failures, never rocm's.
-    assert cfg.known_for("cpu-proxy", hip=False, hip_sim=True) == ({**proxy, **hip}, {"rocm_known_failures": "applied only when verify runs on a ROCm GPU"})
-    # Applied: a ROCm-listed failure is a known-failure on a ROCm GPU and a port-regression anywhere else.
+    assert cfg.known_for("cpu-proxy", hip=False) == (proxy, {**not_hip, **not_rocm})
+    # The HIP simulation stands in for a ROCm GPU: hip_known_failures and AMD's marks (rocm_known_failures).
+    rocm_only = {k: v for k, v in rocm.items() if k not in everywhere}
+    assert cfg.known_for("cpu-proxy", hip=False, hip_sim=True) == ({**proxy, **hip, **rocm_only}, {})
+    # Applied: a ROCm-listed failure is a known-failure on ROCm (GPU or simulated) and a port-regression on the CUDA path.
     port = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "failed"}}
     base = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "passed"}}
     assert label(port, base, cfg.known_for("gpu", hip=True)[0])[0] == {"tests/unit_tests/test_utils.py::test_straggler_detector": "known-failure"}

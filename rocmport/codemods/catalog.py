@@ -16,6 +16,7 @@ from rocmport.codemods.capability_gates import CapabilityGates
 from rocmport.codemods.dataloader_mp_context import DataloaderMpContext
 from rocmport.codemods.deterministic_env import DeterministicEnv
 from rocmport.codemods.device_probes import DeviceProbes
+from rocmport.codemods.empty_cache_interval import EmptyCacheInterval
 from rocmport.codemods.flash_attention_hooks import FlashAttentionHooks
 from rocmport.codemods.fp8_arch_check import Fp8ArchCheck
 from rocmport.codemods.fused_kernel_fallbacks import FusedKernelFallbacks
@@ -38,7 +39,7 @@ registry: dict[str, Codemod] = {
               LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext(),
               NcclAllocatorRccl(), AsyncSaveStrategy(),
               # issue 29: what AMD's own ports do
-              HipRuntimeLink(), Fp8ArchCheck())
+              HipRuntimeLink(), Fp8ArchCheck(), EmptyCacheInterval())
 }
 
 

@@ -96,6 +96,9 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
               help="Stage 5, Megatron-Bridge (default: when the megatron-bridge work tree exists and --tree is not given).")
 @click.option("--hip-version", default=hip_sim.DEFAULT_VERSION, show_default=True, metavar="VERSION",
               help="CPU proxy: the ROCm version every process sees torch built for (the HIP simulation; e.g. 6.4).")
+@click.option("--hip-arch", default=hip_sim.DEFAULT_ARCH, show_default=True, type=click.Choice(list(hip_sim.SIM_DEVICES)),
+              help="CPU proxy: the GPU architecture the HIP simulation answers device questions as (and stage 3's "
+                   "architecture-conditional ROCm known failures, e.g. AMD's MI250 marks on gfx90a).")
 @click.option("--no-hip-sim", is_flag=True, help="CPU proxy: no HIP simulation (the CUDA path of the same tree).")
 @click.option("--te", "te_spec", default="none", show_default=True, metavar="VERSION|auto|none",
               help="CPU proxy: run upstream's Transformer Engine layer spec with TE's own Python layer of this release "
@@ -113,7 +116,7 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
 @click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here (a test case per stage and per upstream unit test).")
 @click.pass_obj
 def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit, no_unit, unit_tests, unit_nproc, with_functional,
-            case, data_path, record_golden, resume, with_bridge, hip_version, no_hip_sim, launcher_kind, nnodes, node_rank,
+            case, data_path, record_golden, resume, with_bridge, hip_version, hip_arch, no_hip_sim, launcher_kind, nnodes, node_rank,
             rdzv_endpoint, te_spec, dry_run, as_json, report_path, junit):
     """Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.
 
@@ -130,7 +133,7 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
             a checkpoint saved half way and resumed with equal losses, and this device kind's golden.
     Stage 5 bridge: Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains.
     Without a GPU every stage runs on the CPU proxy with the HIP simulation (torch built for ROCm,
-    an MI300X): --no-hip-sim for the CUDA path. Stages that do not apply are listed as skipped.
+    an MI300X; --hip-arch another GPU): --no-hip-sim for the CUDA path. Stages that do not apply are listed as skipped.
     The report is always written (--report, else build/verify/<line>-<UTC time>.json) with
     build/verify/last.json, which `rocmport status` shows.
     Exit: 0 no stage failed, 1 a stage failed or a report could not be written, 2 bad input.
@@ -141,7 +144,7 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
                    with_functional=with_functional, case=case, data_path=data_path, record_golden=record_golden, resume=resume,
                    with_bridge=with_bridge, launcher_kind=launcher_kind, nnodes=nnodes, node_rank=node_rank,
                    rdzv_endpoint=rdzv_endpoint, hip_version=None if no_hip_sim else hip_version, stages_text=stages_text,
-                   te=te_spec)
+                   te=te_spec, hip_arch=hip_arch)
     if dry_run:
         plan = launch_plan(opts)
         if as_json:

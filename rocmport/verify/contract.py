@@ -66,6 +66,7 @@ class VerifyOptions:
     bridge_tree: Path | None = None
     launcher: Launcher = field(default_factory=Launcher)
     hip_version: str | None = hip_sim.DEFAULT_VERSION    # CPU proxy: the simulated ROCm (None: the CUDA path)
+    hip_arch: str = hip_sim.DEFAULT_ARCH                  # CPU proxy: the simulated GPU's architecture (--hip-arch)
     stages: tuple[str, ...] = ()                         # the selected stages' names (prepare: every stage by default)
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
@@ -88,6 +89,7 @@ class VerifyContext:
     blocked: tuple[str, ...]     # what the firewall removes (TE let through with --te)
     machine: Environment
     hip_version: str | None      # None on a real device and with --no-hip-sim
+    device_arch: str | None      # the ROCm GPU's arch, the simulated one (--hip-arch), or None (CUDA)
     env: dict[str, str]          # the started processes' environment
     tmp: Path                    # the run's own temporary directory (removed at its end)
 

@@ -3,7 +3,8 @@
 Installed by verify's bootstrap (sitecustomize) in every process it starts when
 $ROCMPORT_HIP_SIM holds a ROCm version: `torch.version.hip` is that version, `torch.version.cuda`
 None, `torch.utils.cpp_extension` reports a HIP extension toolchain (IS_HIP_EXTENSION, ROCM_HOME,
-no CUDA_HOME). Device questions (properties, capability, name) are answered as an MI300X would.
+no CUDA_HOME). Device questions (properties, capability, name) are answered as a GPU of the
+simulated architecture would ($ROCMPORT_HIP_SIM_ARCH, verify's --hip-arch; an MI300X, gfx942, by default).
 Nothing is written into the tree; nothing here runs unless verify asks for it."""
 
 from __future__ import annotations
@@ -65,14 +66,45 @@ MI300X = DeviceProperties(name="AMD Instinct MI300X", major=9, minor=4, gcnArchN
                           multi_processor_count=304, warp_size=64, L2_cache_size=4 * 2**20)
 A100 = DeviceProperties(name="NVIDIA A100-SXM4-80GB", major=8, minor=0, gcnArchName="NVIDIA A100-SXM4-80GB", total_memory=80 * 2**30,
                         multi_processor_count=108, warp_size=32, L2_cache_size=40 * 2**20, shared_memory_per_block=48 * 2**10)
+# One GPU of each architecture rocmport has a launch profile for (--hip-arch), as ROCm's torch reports it
+# (major/minor: the gfx number's digits, as HIP's hipDeviceProp_t gives them).
+SIM_DEVICES = {
+    "gfx942": MI300X,
+    "gfx950": DeviceProperties(name="AMD Instinct MI355X", major=9, minor=5, gcnArchName="gfx950:sramecc+:xnack-", total_memory=288 * 2**30,
+                               multi_processor_count=256, warp_size=64, L2_cache_size=4 * 2**20),
+    "gfx90a": DeviceProperties(name="AMD Instinct MI250X/MI250", major=9, minor=0, gcnArchName="gfx90a:sramecc+:xnack-", total_memory=64 * 2**30,
+                               multi_processor_count=110, warp_size=64, L2_cache_size=8 * 2**20),
+    "gfx1100": DeviceProperties(name="AMD Radeon RX 7900 XTX", major=11, minor=0, gcnArchName="gfx1100", total_memory=24 * 2**30,
+                                multi_processor_count=48, warp_size=32, L2_cache_size=6 * 2**20),
+    "gfx1201": DeviceProperties(name="AMD Radeon AI PRO R9700", major=12, minor=0, gcnArchName="gfx1201", total_memory=32 * 2**30,
+                                multi_processor_count=32, warp_size=32, L2_cache_size=8 * 2**20),
+    "gfx906": DeviceProperties(name="AMD Instinct MI50/MI60", major=9, minor=0, gcnArchName="gfx906:sramecc+:xnack-", total_memory=32 * 2**30,
+                               multi_processor_count=60, warp_size=64, L2_cache_size=4 * 2**20),
+}
+DEFAULT_ARCH = "gfx942"
+
+
+def parse_arch(text: str) -> str:
+    """``--hip-arch``'s value, checked; BadInput naming the known ones."""
+    from rocmport.errors import BadInput
+
+    if text not in SIM_DEVICES:
+        raise BadInput(f"--hip-arch {text[:40]!r}: no simulated GPU of that architecture; choose one of {', '.join(SIM_DEVICES)}")
+    return text
+
+
+def sim_arch() -> str:
+    """The simulated architecture of this process ($ROCMPORT_HIP_SIM_ARCH; gfx942 when unset or unknown)."""
+    name = os.environ.get("ROCMPORT_HIP_SIM_ARCH", DEFAULT_ARCH)
+    return name if name in SIM_DEVICES else DEFAULT_ARCH
 
 
 def device(hip: bool) -> DeviceProperties:
-    return MI300X if hip else A100
+    return SIM_DEVICES[sim_arch()] if hip else A100
 
 
 def arch(hip: bool) -> str:
-    return MI300X.gcnArchName.split(":")[0] if hip else f"sm_{A100.major}{A100.minor}"
+    return device(True).gcnArchName.split(":")[0] if hip else f"sm_{A100.major}{A100.minor}"
 
 
 def install(version: str | None = None) -> None:
@@ -100,22 +132,22 @@ def install(version: str | None = None) -> None:
         setattr(torch.cuda, name, answer)
 
 
-def child_env(version: str) -> dict[str, str | None]:
-    """What verify's processes get under the simulation (on top of the firewall's): the version,
-    a ROCm image's toolchain variables (ROCM_HOME set, CUDA_HOME unset) and attention settings
-    (NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=1), and the `rocmport env` launcher environment."""
+def child_env(version: str, gfx: str = DEFAULT_ARCH) -> dict[str, str | None]:
+    """What verify's processes get under the simulation (on top of the firewall's): the version and
+    the simulated architecture, a ROCm image's toolchain variables (ROCM_HOME set, CUDA_HOME unset)
+    and attention settings (NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=1), and the `rocmport env` launcher environment."""
     from rocmport.launch_env import launch_env
 
     parse_version(version)
-    return {"ROCMPORT_HIP_SIM": version, "ROCM_HOME": "/opt/rocm", "CUDA_HOME": None, "CUDA_PATH": None,
-            "NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1", **launch_env()}
+    return {"ROCMPORT_HIP_SIM": version, "ROCMPORT_HIP_SIM_ARCH": parse_arch(gfx), "ROCM_HOME": "/opt/rocm", "CUDA_HOME": None,
+            "CUDA_PATH": None, "NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1", **launch_env()}
 
 
-def summary(version: str | None) -> dict | None:
+def summary(version: str | None, gfx: str = DEFAULT_ARCH) -> dict | None:
     """The report's `hip_sim`: {version, arch, device} (None when the simulation is off)."""
     if not version:
         return None
-    return {"version": version, "arch": arch(True), "device": MI300X.name}
+    return {"version": version, "arch": gfx, "device": SIM_DEVICES[gfx].name}
 
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')

@@ -72,7 +72,7 @@ class UnitTests(Stage):
 
         unit = ctx.opts.unit
         assert unit is not None
-        known, not_applied = unit.settings.known_for(ctx.mode, bool(ctx.machine.hip), hip_sim=bool(ctx.hip_version))
+        known, not_applied = unit.settings.known_for(ctx.mode, bool(ctx.machine.hip), hip_sim=bool(ctx.hip_version), arch=ctx.device_arch)
         files = suite.test_files(ctx.tree, unit.tests)
         with output.progress(f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"):
             return StageRun(stage_unit_tests(ctx.tree, ctx.env, unit.tests, unit.nproc, known, unit.cache_dir, unit.base, ctx.launcher,

@@ -184,19 +184,20 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     if mode == "cpu-proxy":
         extra["ROCMPORT_PROXY"] = "1"
         if hip_version:
-            extra.update(hip_sim.child_env(hip_version))
-    # The launch profile of the device's arch (`rocmport env --arch`): the GPU's on ROCm, the simulated
-    # MI300X's under the HIP simulation, none on the CUDA path.
+            extra.update(hip_sim.child_env(hip_version, opts.hip_arch))
+    # The device's arch: the ROCm GPU's (its gcnArchName), the simulated one under the HIP simulation
+    # (--hip-arch), none on the CUDA path. Its launch profile (`rocmport env --arch`) goes to the
+    # started processes; stage 3's arch-conditional known failures follow it.
     from rocmport.verify.doctor import gpu_arch
     from rocmport.verify.launch_profile import verify_env
 
-    device_arch = gpu_arch() if machine.hip and machine.has_gpu else hip_sim.arch(True) if hip_version else None
+    device_arch = gpu_arch() if mode == "gpu" and machine.hip else opts.hip_arch if hip_version else None
     applied_launch_env = verify_env(device_arch)
     extra.update(applied_launch_env)
     line, commit = tree_identity(tree)
     report = VerifyReport(mode=mode, backend=backend, world_size=opts.world, tp=opts.tp, pp=opts.pp, dp=opts.dp, tree=str(tree),
                           line=line, commit=commit, started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                          hip_sim=hip_sim.summary(hip_version),
+                          hip_sim=hip_sim.summary(hip_version, opts.hip_arch),
                           env={**machine.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
                                "components": _component_versions(tree)},
                           launcher=launcher.to_dict(), te=opts.te)
@@ -217,7 +218,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
         env = environment.child_env(tree, firewall.write_bootstrap(tmp / "boot"), extra, opts.pycache)
         ctx = VerifyContext(opts=opts, mode=mode, backend=backend, profile=profile, blocked=shut_out, machine=machine,
-                            hip_version=hip_version, env=env, tmp=tmp)
+                            hip_version=hip_version, device_arch=device_arch, env=env, tmp=tmp)
         imports_failed = False
         for stage in STAGES:
             if stage.name not in opts.stages:
@@ -365,12 +366,14 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
             with_functional: bool | None = None, case: str | None = None, data_path: str | None = None,
             record_golden: bool = False, resume: bool = True, with_bridge: bool | None = None, launcher_kind: str = "torchrun",
             nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none") -> VerifyOptions:
+            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none",
+            hip_arch: str = hip_sim.DEFAULT_ARCH) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
     the one place a run's options are checked (run_verify takes them as checked)."""
     dp = check_sizes(tp, pp, iters, dp, nproc)
     if hip_version is not None:  # '' too: an empty version is a typo, never the CUDA path (that is --no-hip-sim)
         hip_sim.parse_version(hip_version)
+    hip_sim.parse_arch(hip_arch)
     chosen = parse_stages(stages_text)
     path = Path(tree) if tree else settings.worktree_path(MEGATRON_LM.name)
     if not path.is_dir():
@@ -403,7 +406,8 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
         skipped["functional"] = why
     return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, backend=backend, iters=iters, unit=unit,
                          functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, stages=chosen, skipped=skipped, te=te_layer_, pycache=settings.cache_dir / "pycache")
+                         hip_version=hip_version, hip_arch=hip_arch, stages=chosen, skipped=skipped, te=te_layer_,
+                         pycache=settings.cache_dir / "pycache")
 
 def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | None:
     """``--te VERSION|auto|none``: the TE Python layer for this run, fetched into the cache (auto:

@@ -7,8 +7,10 @@ A series' `verify:` block (patchsets/<upstream>/<line>/series; parsed by rocmpor
         tests/unit_tests/models/test_gpt_model.py: "GPTModel through the rewritten attention backend"
       known_failures:                 # every mode: test id, file or directory -> reason
         tests/unit_tests/test_x.py::test_y: "upstream bug #123"
-      rocm_known_failures:            # only when verify runs on a ROCm GPU (AMD's fork's marks)
+      rocm_known_failures:            # a ROCm GPU or the HIP simulation (AMD's fork's marks)
         tests/unit_tests/test_utils.py::test_straggler_detector: "skipped on ROCm by AMD's fork (source)"
+      rocm_arch_known_failures:       # the same, only where the device's arch is the one named
+        gfx90a: {tests/unit_tests/...: "failing_on_rocm_mi250 in AMD's fork (source)"}
       hip_known_failures:             # wherever the port's HIP branches run, a ROCm GPU or the HIP
         tests/unit_tests/...: "reason"  # simulation (tests the port's ROCm behaviour changes on purpose)
       proxy_known_failures:           # only in CPU-proxy mode (what the proxy cannot run)
