@@ -188,11 +188,10 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     # The device's arch: the ROCm GPU's (its gcnArchName), the simulated one under the HIP simulation
     # (--hip-arch), none on the CUDA path. Its launch profile (`rocmport env --arch`) goes to the
     # started processes; stage 3's arch-conditional known failures follow it.
-    from rocmport.verify.doctor import gpu_arch
     from rocmport.verify.launch_profile import verify_env
 
-    device_arch = gpu_arch() if mode == "gpu" and machine.hip else opts.hip_arch if hip_version else None
-    applied_launch_env = verify_env(device_arch)
+    arch = device_arch(mode, machine, opts.hip_arch if hip_version else None)
+    applied_launch_env = verify_env(arch)
     extra.update(applied_launch_env)
     line, commit = tree_identity(tree)
     report = VerifyReport(mode=mode, backend=backend, world_size=opts.world, tp=opts.tp, pp=opts.pp, dp=opts.dp, tree=str(tree),
@@ -218,7 +217,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
         env = environment.child_env(tree, firewall.write_bootstrap(tmp / "boot"), extra, opts.pycache)
         ctx = VerifyContext(opts=opts, mode=mode, backend=backend, profile=profile, blocked=shut_out, machine=machine,
-                            hip_version=hip_version, device_arch=device_arch, env=env, tmp=tmp)
+                            hip_version=hip_version, device_arch=arch, env=env, tmp=tmp)
         imports_failed = False
         for stage in STAGES:
             if stage.name not in opts.stages:
@@ -238,6 +237,18 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         if opts.bridge_tree is not None and "bridge" in opts.stages:
             report.bridge_port_sites = _port_sites(opts.bridge_tree, sites_dir, te_version)
     return report
+
+
+def device_arch(mode: str, machine: environment.Environment, simulated: str | None) -> str | None:
+    """The GPU architecture of the run: the simulated one under the HIP simulation, the first ROCm
+    GPU's (its gcnArchName, e.g. gfx90a) on a GPU, else None (the CUDA path)."""
+    if simulated:
+        return simulated
+    if mode == "gpu" and machine.hip:
+        from rocmport.verify.doctor import gpu_arch
+
+        return gpu_arch()
+    return None
 
 
 def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> dict:
