@@ -16,6 +16,7 @@ import libcst as cst
 from rocmport.codemods.base import Context, Report
 from rocmport.codemods.catalog import registry
 from rocmport.codemods.declared import recipe_helper_text
+from rocmport.codemods.helper import helper_text  # noqa: F401 (tests and scripts import it from here)
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
