@@ -42,9 +42,44 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# The first line of each command's docstring, for `rocmport --help`: listing the commands then imports
+# none of them (apply's and codemod's modules load libcst, verify's load torch). click shortens it
+# as it would the docstring's; tests/test_cli.py holds each to its command's docstring.
+SHORT_HELP: dict[str, str] = {
+    "apply": "Check out the pinned commits and build the ported branches rocm/<ref>.",
+    "bot": "Open one refresh branch per new upstream release: rocmport/refresh-<tag>.",
+    "build": "Build installable wheels and sdists of the ported trees into dist/.",
+    "codemod": "Run rocmport's libcst codemods over PATH (a Megatron-LM or Megatron-Bridge tree).",
+    "doctor": "Torch and HIP, RCCL, devices and their arch, and each ROCm component of the line's matrix.",
+    "emit": "Generate files for running the port (a container recipe).",
+    "env": "Print the launcher environment for Megatron on ROCm (shell `export` lines by default).",
+    "patches": "List, export and check the patch series in patchsets/.",
+    "refresh": "Re-pin to a new upstream release and carry the patch series over.",
+    "status": "Show the lock, whether the cache has the pinned commits, the ported work trees and the last verify.",
+    "sync": "Pin Megatron-LM (and its companion Megatron-Bridge) in upstream.lock.",
+    "verify": "Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.",
+}
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted(COMMANDS)
+
+    def format_commands(self, ctx, formatter):
+        """click's listing, from SHORT_HELP where it has the command (a command it lacks is loaded)."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names), default=0)  # as click.Group.format_commands
+        rows = []
+        for name in names:
+            if name in SHORT_HELP:
+                rows.append((name, click.Command(name, help=SHORT_HELP[name]).get_short_help_str(limit)))
+                continue
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def get_command(self, ctx, name):
         module = COMMANDS.get(name)

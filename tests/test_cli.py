@@ -90,3 +90,16 @@ def test_bad_input_stays_2(tmp_path):
     proc = rocmport("-C", str(tmp_path), "apply", cache=tmp_path / "cache")
     assert proc.returncode == EXIT_USAGE
     assert proc.stderr == f"rocmport: error: {tmp_path.resolve() / 'upstream.lock'}: no lock file; run `rocmport sync --ref REF` first\n"
+
+
+def test_the_command_listing_is_each_commands_own_first_line():
+    """`rocmport --help` lists the commands from cli.SHORT_HELP (importing none of them): each entry
+    is the first line of that command's docstring, as click would show it."""
+    import importlib
+
+    from rocmport import cli
+
+    assert set(cli.SHORT_HELP) == set(cli.COMMANDS)
+    for name, module in cli.COMMANDS.items():
+        command = importlib.import_module(f"rocmport.commands.{module}").command
+        assert cli.SHORT_HELP[name] == (command.help or "").split("\n\n")[0].strip(), f"{name}: update cli.SHORT_HELP"

@@ -15,7 +15,8 @@ import libcst as cst
 from rocmport import output
 from rocmport.codemods.base import Context, Report
 from rocmport.codemods.catalog import registry
-from rocmport.codemods.helper import helper_text
+from rocmport.codemods.declared import recipe_helper_text
+from rocmport.codemods.helper import helper_text  # noqa: F401 (tests and scripts import it from here)
 from rocmport.config import default_cache_dir
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
@@ -193,11 +194,6 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
                 by_name[name].reports[rel] = [Report.from_json(r) for r in outcome["reports"]]
     _add_helpers(tree, result, specs)
     return result
-
-
-def recipe_helper_text(codemods) -> str:
-    """The generated helper a recipe's tree gets (its codemods: names or {name, options} entries)."""
-    return helper_text([s["name"] for s in _specs(codemods) if registry[s["name"]].USES_HELPER])
 
 
 def _add_helpers(tree: Path, result: LayersResult, specs: list[dict]) -> None:

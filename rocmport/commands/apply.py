@@ -8,6 +8,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.port.apply import apply_project
+from rocmport.port.uptodate import noop_reports
 from rocmport.upstreams import NAMES
 
 
@@ -55,12 +56,19 @@ def command(obj, upstream, codemods_only, cont, abort, force, as_json):
     if cont and abort:
         raise BadInput("--continue and --abort contradict each other; give one")
     mode = "continue" if cont else "abort" if abort else "apply"
+    settings = load_settings(obj["project"])
     reports = []
-    for report in apply_project(load_settings(obj["project"]), upstream, codemods_only=codemods_only, force=force, mode=mode,
-                                say=output.info):
-        reports.append(report)
+    # Nothing changed since the last apply: said without loading a codemod (rocmport/port/uptodate.py).
+    for report in (noop_reports(settings, upstream, codemods_only=codemods_only) if mode == "apply" else None) or ():
+        with output.progress(f"applying the {report.upstream} port"):  # the lines the full apply prints
+            reports.append(report)
         if not as_json:
             _print_report(report)
+    if not reports:
+        for report in apply_project(settings, upstream, codemods_only=codemods_only, force=force, mode=mode, say=output.info):
+            reports.append(report)
+            if not as_json:
+                _print_report(report)
     if as_json:
         output.emit_json({"upstreams": {r.upstream: r.to_dict() for r in reports}})
     return EXIT_PROBLEM if any(r.status == "conflict" for r in reports) else EXIT_OK

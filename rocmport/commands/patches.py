@@ -7,7 +7,7 @@ import re
 import click
 
 from rocmport import output
-from rocmport.codemods.catalog import check_series
+from rocmport.codemods.declared import check_series
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.patches.series import all_series, describe

@@ -26,7 +26,7 @@ from rocmport.config import Settings
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.fsutil import tree_kind, tree_read_text, tree_write_text
 from rocmport.gitutil import run_git
-from rocmport.codemods.catalog import check_series
+from rocmport.codemods.declared import check_series
 from rocmport.patches.series import select_series
 from rocmport.port import manifests
 from rocmport.port import worktree as wt

@@ -23,7 +23,7 @@ from rocmport.launch_env import LAUNCH_ENV
 from rocmport.package.build import needs_torch_to_build
 from rocmport.patches import components
 from rocmport.patches.components import PLACEHOLDERS, Choice, Matrix
-from rocmport.codemods.catalog import check_series
+from rocmport.codemods.declared import check_series
 from rocmport.patches.series import select_series
 from rocmport.port.manifests import canonical, is_cuda_only
 from rocmport.upstream.lock import load_lock

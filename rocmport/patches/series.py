@@ -203,9 +203,22 @@ def _verify(path: Path, raw) -> dict:
     return {k: v for k, v in (raw or {}).items() if v is not None}
 
 
-def load_series(path: Path) -> Series:
-    """A series file and every patch it lists, fully checked before anything uses them (exit 2 naming
-    the file and key otherwise)."""
+@dataclass(frozen=True)
+class SeriesHead:
+    """What selecting a series needs of a series file: its keys upstream, line and versions, checked."""
+
+    path: Path
+    upstream: str
+    line: str
+    versions: SpecifierSet
+    data: dict
+
+    def admits(self, version: str) -> bool:
+        return self.versions.contains(Version(version), prereleases=True)
+
+
+def load_head(path: Path) -> SeriesHead:
+    """A series file's YAML with its upstream, line and versions checked (its patches not read)."""
     data = parse_yaml(read_text(path, "series file", max_bytes=MAX_SERIES_BYTES), path)
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a mapping with upstream, line, versions, patches, codemods, excluded_paths")
@@ -220,6 +233,14 @@ def load_series(path: Path) -> Series:
         spec = SpecifierSet(data["versions"])
     except InvalidSpecifier:
         raise _series_fail(path, "versions", f"is not a PEP 440 specifier set: {data['versions']!r}") from None
+    return SeriesHead(path, data["upstream"], data["line"], spec, data)
+
+
+def load_series(path: Path | SeriesHead) -> Series:
+    """A series file and every patch it lists, fully checked before anything uses them (exit 2 naming
+    the file and key otherwise)."""
+    head = path if isinstance(path, SeriesHead) else load_head(path)
+    path, data, spec = head.path, head.data, head.versions
     patches = data.get("patches") or []
     if not isinstance(patches, list) or not all(_plain_name(p) for p in patches):
         raise _series_fail(path, "patches", "must be a list of file names in the series directory")
@@ -256,9 +277,15 @@ def all_series(patchsets_dir: Path, upstream: str) -> list[Series]:
     return [load_series(p) for p in sorted(root.glob("*/series"))] if root.is_dir() else []
 
 
+def series_heads(patchsets_dir: Path, upstream: str) -> list[SeriesHead]:
+    root = patchsets_dir / upstream
+    return [load_head(p) for p in sorted(root.glob("*/series"))] if root.is_dir() else []
+
+
 def select_series(patchsets_dir: Path, upstream: str, version: str | None) -> Series:
-    """The series whose range admits ``version``; an exact `==` range beats a wider one."""
-    found = all_series(patchsets_dir, upstream)
+    """The series whose range admits ``version``; an exact `==` range beats a wider one. Only that
+    series' patches are read (every series file's range is, to choose)."""
+    found = series_heads(patchsets_dir, upstream)
     if version is None:
         raise BadInput(f"{upstream}: the lock records no version, so no series can be chosen; re-run `rocmport sync`")
     try:
@@ -276,7 +303,7 @@ def select_series(patchsets_dir: Path, upstream: str, version: str | None) -> Se
     if len(exact or matching) > 1:
         names = ", ".join(str(s.path) for s in exact or matching)
         raise BadInput(f"{upstream} {version}: several series admit this version ({names}); make their ranges disjoint")
-    return (exact or matching)[0]
+    return load_series((exact or matching)[0])
 
 
 def series_hash(series: Series) -> str:

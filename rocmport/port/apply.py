@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Literal
 
 from rocmport import __version__, output
-from rocmport.codemods import compute_layers, registry
-from rocmport.codemods.catalog import check_series
-from rocmport.codemods.runner import recipe_helper_text
+# libcst and the codemods load where a codemod runs (codemod_versions, _codemod_layers): the checks and
+# the helper text need neither, so deciding an apply is a no-op loads no codemod.
+from rocmport.codemods.declared import check_series, recipe_helper_text
 from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text, tree_write_text
@@ -25,7 +25,6 @@ from rocmport.patches.commits import explaining_patch
 from rocmport.patches.series import Series, default_series, recipe_digest, select_series
 from rocmport.port import manifests
 from rocmport.port import worktree as wt
-from rocmport.upstream import package_index
 from rocmport.upstream.lock import Lock, Pin, load_lock
 from rocmport.upstream.remotes import validate_url
 from rocmport.upstream.store import Store
@@ -62,6 +61,8 @@ class ApplyReport:
 def codemod_versions(series: Series) -> dict[str, str]:
     """Each codemod's version; unknown codemods and options they do not declare are refused here,
     before anything is touched."""
+    from rocmport.codemods import registry
+
     check_series(series)
     return {entry["name"]: registry[entry["name"]].VERSION for entry in series.codemods}
 
@@ -88,6 +89,8 @@ def _ensure_commit(settings: Settings, store: Store, name: str, pin: Pin) -> Pat
         if store.has_commit(name, pin.commit):
             return mirror
     elif pin.source == "pypi":
+        from rocmport.upstream import package_index  # urllib and ssl: only when the cache lacks the commit
+
         if package_index.pin_from_index(store, name, pin.resolved_ref).commit == pin.commit:
             return mirror
     raise BadInput(f"{name}: pinned commit {pin.commit[:12]} is not in the cache {mirror}; run `rocmport sync` (with --remote if needed)")
@@ -306,6 +309,8 @@ def _run(tree: Path, pin: Pin, series: Series, state: wt.ApplyState, start: int,
 
 
 def _codemod_layers(tree: Path, series: Series, cache_dir: Path, state: wt.ApplyState) -> list[dict]:
+    from rocmport.codemods import compute_layers
+
     if not series.codemods:
         return []
     result = compute_layers(tree, series.codemods, cache_dir=cache_dir)

@@ -14,7 +14,7 @@ from rocmport.errors import BadInput
 from rocmport.fsutil import tree_read_text, tree_write_text
 from rocmport.gitutil import git, run_git
 from rocmport.patches.commits import commit_diff, explaining_patch, patch_matches_commit, render_patch, slug
-from rocmport.codemods.catalog import check_series
+from rocmport.codemods.declared import check_series
 from rocmport.patches.series import Series, lint_header, parse_header, select_series, split_header
 from rocmport.patches.series_edit import add_to_series
 from rocmport.port import worktree as wt

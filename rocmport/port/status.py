@@ -7,10 +7,10 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion
 
-from rocmport.codemods.catalog import check_series
+from rocmport.codemods.declared import check_series
 from rocmport.config import Settings
 from rocmport.gitutil import git, is_git_dir, run_git
-from rocmport.patches.series import Series, all_series
+from rocmport.patches.series import SeriesHead, load_series, series_heads
 from rocmport.port.worktree import read_state
 from rocmport.upstream.lock import load_lock_or_none
 from rocmport.upstream.store import Store
@@ -40,7 +40,7 @@ def worktree_info(path: Path) -> dict | None:
     }
 
 
-def _admits(series: Series, version: str | None) -> bool:
+def _admits(series: SeriesHead, version: str | None) -> bool:
     try:
         return version is not None and series.admits(version)
     except InvalidVersion:  # apply says what is wrong with such a lock
@@ -55,9 +55,9 @@ def status(settings: Settings) -> dict:
         for name, pin in lock.upstreams.items():
             cache[name] = store.has_commit(name, pin.commit)
             # The series apply would build this pin from: refused here as apply refuses it.
-            for series in all_series(settings.patchsets_dir, name):
-                if _admits(series, pin.version):
-                    check_series(series)
+            for head in series_heads(settings.patchsets_dir, name):
+                if _admits(head, pin.version):
+                    check_series(load_series(head))
     worktrees = {}
     for name in NAMES:
         info = worktree_info(settings.worktree_path(name))
