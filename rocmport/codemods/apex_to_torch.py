@@ -115,13 +115,11 @@ class _AmpRewrite(cst.CSTTransformer):
 
 class ApexToTorch(Codemod):
     NAME = "apex-to-torch"
-    VERSION = "2"
     DESCRIPTION = "torch.cuda.amp -> torch.amp; unguarded apex imports -> guarded, with torch fallbacks"
     # Every spelling of torch.cuda.amp passes through one of the first four; only module-level apex
     # imports are guarded.
     TRIGGERS = ("cuda.amp", "from torch.cuda import", "from torch import cuda", "import torch.cuda as",
                 "\nimport apex", "\nfrom apex")
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         sites = 0

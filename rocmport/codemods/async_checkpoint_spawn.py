@@ -47,10 +47,8 @@ class _ForkInAsyncCaller(cst.CSTTransformer):
 
 class AsyncCheckpointSpawn(Codemod):
     NAME = "async-checkpoint-spawn"
-    VERSION = "1"
     DESCRIPTION = "On ROCm the async-checkpoint writer process (TemporalAsyncCaller) is spawned, not forked"
     TRIGGERS = ("AsyncCaller",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         forks = _ForkInAsyncCaller()

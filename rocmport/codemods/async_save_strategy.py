@@ -18,10 +18,8 @@ _ASYNC_STRATEGY = m.Attribute(value=m.Name("args"), attr=m.Name("async_strategy"
 
 class AsyncSaveStrategy(Codemod):
     NAME = "async-save-strategy"
-    VERSION = "1"
     DESCRIPTION = "On ROCm, --async-save uses Megatron-Core's own writer (mcore) where nvidia-resiliency-ext (nvrx) does not import"
     TRIGGERS = ("\ndef validate_args(args",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         if not m.findall(module, _ASYNC_STRATEGY):  # lines before v0.17 have no --async-strategy

@@ -14,10 +14,8 @@ from rocmport.codemods.guard import helper_import
 
 class AttentionBackendEnv(Codemod):
     NAME = "attention-backend-env"
-    VERSION = "1"
     DESCRIPTION = "On ROCm, keep the image's NVTE_* attention settings for auto; set, not assert, for an explicit backend"
     TRIGGERS = ("def check_and_set_env_variable(",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         code = (

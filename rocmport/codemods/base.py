@@ -98,13 +98,25 @@ class Context:
 
 class Codemod:
     NAME: str = ""
-    VERSION: str = "1"
     DESCRIPTION: str = ""
     TRIGGERS: tuple[str, ...] = ()
-    # Rewritten call sites import megatron/core/_rocm.py (written by the runner when needed).
-    USES_HELPER: bool = False
-    # The options a series may give it: name -> spec (see codemods/options.py); none by default.
-    OPTIONS: dict = {}
+    # From rocmport/codemods/declared.py, the one place they are written (read there without libcst):
+    VERSION: str = "1"
+    USES_HELPER: bool = False  # rewritten call sites import megatron/core/_rocm.py (written by the runner when needed)
+    OPTIONS: dict = {}         # the options a series may give it: name -> spec (see codemods/options.py)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.NAME:
+            return
+        from rocmport.codemods.declared import DECLARED
+
+        spelled = [a for a in ("VERSION", "USES_HELPER", "OPTIONS") if a in cls.__dict__]
+        if spelled or cls.NAME not in DECLARED:
+            raise TypeError(f"codemod {cls.NAME}: declare its version, helper use and options in rocmport/codemods/declared.py "
+                            f"(not on the class: {', '.join(spelled) or 'no entry there'})")
+        d = DECLARED[cls.NAME]
+        cls.VERSION, cls.USES_HELPER, cls.OPTIONS = d.version, d.uses_helper, d.options
 
     def triggers(self, options: dict) -> tuple[str, ...]:
         """Cheap text tokens: a file containing none of them is never parsed."""

@@ -83,10 +83,8 @@ class _CapabilityGates(cst.CSTTransformer):
 
 class CapabilityGates(Codemod):
     NAME = "capability-gates"
-    VERSION = "3"
     DESCRIPTION = "CUDA compute-capability gates go through HIP-aware helpers (Hopper-only features off on HIP)"
     TRIGGERS = ("get_device_capability", "get_device_properties", "def get_device_arch_version(")
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         gates = _CapabilityGates()

@@ -44,10 +44,8 @@ class _WrapLoader(cst.CSTTransformer):
 
 class DataloaderMpContext(Codemod):
     NAME = "dataloader-mp-context"
-    VERSION = "1"
     DESCRIPTION = "On ROCm the pretraining DataLoader's workers are spawned (ROCMPORT_DATALOADER_MP_CONTEXT=fork opts out)"
     TRIGGERS = ("def build_pretraining_data_loader(",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         loaders = _WrapLoader()

@@ -3,9 +3,9 @@ import the runtime helper), readable without libcst: the checks of a recipe and 
 inputs hash holds (the codemod versions, the helper text) come from here, so `rocmport status`, a
 no-op `rocmport apply` and `rocmport --help` load neither libcst nor a codemod.
 
-Each entry repeats the class attributes of its codemod (rocmport/codemods/<name>.py, registered in
-catalog.py, in the same order); tests/codemods/test_declared.py fails on any difference, so bump a
-VERSION in both places."""
+This is the one place a codemod's version, options and helper use are written: its class
+(rocmport/codemods/<name>.py, registered in catalog.py in the same order) gets them from here when
+it is defined (Codemod.__init_subclass__), and a class that spells them itself is refused."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class Declared:
 # In the order a full run applies them (catalog.registry's order).
 DECLARED: dict[str, Declared] = {
     "apex-to-torch": Declared("2"),
-    "fused-kernel-fallbacks": Declared("2"),
+    "fused-kernel-fallbacks": Declared("3"),
     "guard-nvidia-only-imports": Declared("3", options={"packages": {MODULE: DISTRIBUTION}}),
     "attention-backend-env": Declared("1"),
     "te-version-gates": Declared("4"),
@@ -48,6 +48,7 @@ DECLARED: dict[str, Declared] = {
     # issue 29: what AMD's own ports do
     "hip-runtime-link": Declared("1"),
     "fp8-arch-check": Declared("1"),
+    "empty-cache-interval": Declared("1"),
 }
 
 

@@ -14,10 +14,8 @@ from rocmport.codemods.launch_env import prepend_to_validate_args
 
 class DeterministicEnv(Codemod):
     NAME = "deterministic-env"
-    VERSION = "1"
     DESCRIPTION = "On ROCm with --deterministic-mode, validate_args() sets ROCBLAS_DEFAULT_ATOMICS_MODE=0 / NCCL_ALGO (or errors clearly)"
     TRIGGERS = ("\ndef validate_args(args",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         return prepend_to_validate_args(module, ctx, "apply_deterministic_env", "on ROCm, deterministic-mode extras",

@@ -17,10 +17,8 @@ from rocmport.codemods.guard import helper_import
 
 class DeviceProbes(Codemod):
     NAME = "device-probes"
-    VERSION = "2"
     DESCRIPTION = "NVML/cuda-python affinity and the NVML energy monitor become no-ops on HIP"
     TRIGGERS = ("def set_ideal_affinity_for_current_gpu(", "has_nvml")
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         module, a = prepend_to_function(module, ("set_ideal_affinity_for_current_gpu",), (

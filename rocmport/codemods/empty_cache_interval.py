@@ -58,11 +58,9 @@ class _Interval(cst.CSTTransformer):
 
 class EmptyCacheInterval(Codemod):
     NAME = "empty-cache-interval"
-    VERSION = "1"
     DESCRIPTION = ("On ROCm train_step's per-iteration torch.cuda.empty_cache() (--empty-unused-memory-level >= 1) "
                    "runs every ROCMPORT_EMPTY_CACHE_INTERVAL iterations")
     TRIGGERS = ("empty_unused_memory_level >= 1",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         interval = _Interval()

@@ -15,10 +15,8 @@ from rocmport.codemods.guard import helper_import
 
 class FlashAttentionHooks(Codemod):
     NAME = "flash-attention-hooks"
-    VERSION = "2"
     DESCRIPTION = "FA3 (Hopper-only) off on HIP; flash_attn version probe without an unguarded import"
     TRIGGERS = ("HAVE_FA3", "def get_fa_version(")
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         module, a = insert_after_binding(module, "HAVE_FA3", (

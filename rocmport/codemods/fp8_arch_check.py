@@ -14,10 +14,8 @@ from rocmport.codemods.launch_env import prepend_to_validate_args
 
 class Fp8ArchCheck(Codemod):
     NAME = "fp8-arch-check"
-    VERSION = "1"
     DESCRIPTION = "On ROCm, validate_args() refuses an FP8 recipe the GPU's arch cannot run (and enables MXFP8 on gfx950)"
     TRIGGERS = ("\ndef validate_args(args",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         return prepend_to_validate_args(module, ctx, "check_fp8_for_arch", "on ROCm, the FP8 recipe against the GPU's arch",

@@ -113,10 +113,8 @@ class _FunctionImports(cst.CSTTransformer):
 
 class FusedKernelFallbacks(Codemod):
     NAME = "fused-kernel-fallbacks"
-    VERSION = "3"
     DESCRIPTION = "No nvcc build on ROCm; guarded CUDA-extension imports (torch fallbacks); fusion flags off on ROCm without kernels"
     TRIGGERS = ("\ndef load(args", "\ndef validate_args(args", *(f"import {m}" for m in sorted(KERNEL_MODULES)))
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         load_sites = 0

@@ -53,10 +53,8 @@ class _HintRewrite(cst.CSTTransformer):
 
 class GroupedGemm(Codemod):
     NAME = "grouped-gemm"
-    VERSION = "2"
     DESCRIPTION = "grouped_gemm install hint names AMD's build on HIP (sequential fallback via validate_args)"
     TRIGGERS = (CUDA_REPO,)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         hints = _HintRewrite()

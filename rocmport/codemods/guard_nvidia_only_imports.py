@@ -18,20 +18,16 @@ import libcst as cst
 from rocmport.codemods.base import Codemod, Context, import_names
 from rocmport.codemods.feature_probes import probe_only_files
 from rocmport.codemods.guard import guard_imports, helper_import, matching_import
-from rocmport.codemods.options import DISTRIBUTION, MODULE
 
 DEFAULT_PACKAGES = {"modelopt": "nvidia-modelopt", "nvidia_resiliency_ext": "nvidia-resiliency-ext"}
 
 
 class GuardNvidiaOnlyImports(Codemod):
     NAME = "guard-nvidia-only-imports"
-    VERSION = "3"
     DESCRIPTION = "Guard hard imports of modelopt / nvidia-resiliency-ext; uses fail clearly, not imports"
     # Only module-level (unindented) imports are guarded.
     TRIGGERS = ("\nimport modelopt", "\nfrom modelopt", "\nimport nvidia_resiliency_ext", "\nfrom nvidia_resiliency_ext")
-    USES_HELPER = True
     # More modules to guard, each with the distribution that provides it (named in the error).
-    OPTIONS = {"packages": {MODULE: DISTRIBUTION}}
 
     def triggers(self, options: dict) -> tuple[str, ...]:
         extra = options.get("packages", {})

@@ -62,10 +62,8 @@ class _CudartLink(cst.CSTTransformer):
 
 class HipRuntimeLink(Codemod):
     NAME = "hip-runtime-link"
-    VERSION = "1"
     DESCRIPTION = "On ROCm an inline extension linked against the CUDA runtime (-lcudart: the unified-memory allocator) links the HIP runtime"
     TRIGGERS = ("-lcudart",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         lists = _CudartLists()

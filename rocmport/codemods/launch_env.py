@@ -27,10 +27,8 @@ def prepend_to_validate_args(module: cst.Module, ctx: Context, helper: str, comm
 
 class LaunchEnv(Codemod):
     NAME = "launch-env"
-    VERSION = "1"
     DESCRIPTION = "On ROCm, validate_args() first sets the AMD launcher defaults a launcher forgot (user values win)"
     TRIGGERS = ("\ndef validate_args(args",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         return prepend_to_validate_args(module, ctx, "apply_launch_env", "on ROCm, AMD launcher defaults (setdefault)",

@@ -37,10 +37,8 @@ class _NcclLink(cst.CSTTransformer):
 
 class NcclAllocatorRccl(Codemod):
     NAME = "nccl-allocator-rccl"
-    VERSION = "1"
     DESCRIPTION = "On ROCm the NCCL memory-allocator extension (--use-nccl-ub) links RCCL"
     TRIGGERS = ("-lnccl",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         links = _NcclLink()

@@ -358,10 +358,8 @@ class _GateCalls(cst.CSTVisitor):
 
 class TeVersionGates(Codemod):
     NAME = "te-version-gates"
-    VERSION = "4"
     DESCRIPTION = "TE version gates and drifted TE call sites ask the installed TE's API on HIP; no TypeError without TE"
     TRIGGERS = (GATE,)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         wrapper = ctx.wrap(module)

@@ -14,10 +14,8 @@ from rocmport.codemods.launch_env import prepend_to_validate_args
 
 class TpCommOverlap(Codemod):
     NAME = "tp-comm-overlap"
-    VERSION = "1"
     DESCRIPTION = "On ROCm, --tp-comm-overlap is switched off with a warning unless the installed TE has userbuffers"
     TRIGGERS = ("\ndef validate_args(args",)
-    USES_HELPER = True
 
     def transform(self, module: cst.Module, ctx: Context):
         return prepend_to_validate_args(module, ctx, "disable_unsupported_tp_comm_overlap", "on ROCm, only with TE userbuffers",
