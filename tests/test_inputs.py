@@ -3,19 +3,16 @@ file (and the key, line or byte), exit 2, before the work tree is touched."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 
 import pytest
-import yaml
 
 from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.inputs import decode, parse_yaml
 from rocmport.patches.series import load_series, parse_patch
 from rocmport.upstream.lock import Lock, Pin, load_lock, parse_lock, parse_lock_bytes
-from tests.helpers.patches import BASE_FILES, LAYERS, Project, file_to_link_patch, link_patch, make_patch
+from tests.helpers.patches import LAYERS, Project, file_to_link_patch, link_patch, make_patch
 from tests.helpers.sync import g
 
 SHA = "55ac7082517c3878ae653c07c09c534b8aed49f6"

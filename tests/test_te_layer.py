@@ -3,7 +3,6 @@ modules on the CPU proxy under torchrun (the real wheel from the package index: 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess

@@ -466,7 +466,6 @@ LEAVES_A_CHILD = textwrap.dedent("""\
 @pytest.mark.torch
 @pytest.mark.slow
 def test_a_run_leaves_no_process_behind(tmp_path, child_env, monkeypatch):
-    import os
     import tempfile
 
     tree, _ = upstream_repo(tmp_path / "up")

@@ -9,7 +9,7 @@ import hashlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from packaging.version import Version
 

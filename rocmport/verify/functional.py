@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from rocmport import output
 from rocmport.errors import BadInput
