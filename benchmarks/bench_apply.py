@@ -42,8 +42,10 @@ def main() -> None:
             start = time.perf_counter()
             assert run("apply") == 0
             noop.append(time.perf_counter() - start)
-        print(f"apply {args.ref} ({'mirror' if args.mlm else 'package index'}): cold {cold:.2f} s; "
-              f"no-op median {statistics.median(noop):.3f} s, max {max(noop):.3f} s over {args.repeat} (target <= 1 s)")
+        print(
+            f"apply {args.ref} ({'mirror' if args.mlm else 'package index'}): cold {cold:.2f} s; "
+            f"no-op median {statistics.median(noop):.3f} s, max {max(noop):.3f} s over {args.repeat} (target <= 1 s)"
+        )
 
 
 if __name__ == "__main__":

@@ -38,12 +38,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def git(mirror: str, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", mirror, *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "--git-dir", mirror, *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def cpu() -> float:
-    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-               for f in ("ru_utime", "ru_stime"))
+    return sum(
+        getattr(resource.getrusage(who), f)
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        for f in ("ru_utime", "ru_stime")
+    )
 
 
 class CodemodRuns:
@@ -77,13 +82,21 @@ class Phases:
     inclusively (apply_upstream holds its codemod layers): where a hop's time goes, robust to a busy
     machine as wall seconds are not."""
 
-    STEPS = [("rocmport.refresh.engine", "resolve_lock"), ("rocmport.refresh.engine", "stage_series"),
-             ("rocmport.refresh.engine", "_merged_upstream"), ("rocmport.refresh.engine", "apply_upstream"),
-             ("rocmport.port.worktree", "ensure_clone"), ("rocmport.port.worktree", "set_sparse"),
-             ("rocmport.port.apply", "_codemod_layers"), ("rocmport.port.apply", "_manifest_layer"),
-             ("rocmport.refresh.engine", "_refresh_patches"), ("rocmport.refresh.engine", "codemod_changes"),
-             ("rocmport.refresh.engine", "range_diff"), ("rocmport.refresh.engine", "_promote"),
-             ("rocmport.refresh.engine", "_swap_tree")]
+    STEPS = [
+        ("rocmport.refresh.engine", "resolve_lock"),
+        ("rocmport.refresh.engine", "stage_series"),
+        ("rocmport.refresh.engine", "_merged_upstream"),
+        ("rocmport.refresh.engine", "apply_upstream"),
+        ("rocmport.port.worktree", "ensure_clone"),
+        ("rocmport.port.worktree", "set_sparse"),
+        ("rocmport.port.apply", "_codemod_layers"),
+        ("rocmport.port.apply", "_manifest_layer"),
+        ("rocmport.refresh.engine", "_refresh_patches"),
+        ("rocmport.refresh.engine", "codemod_changes"),
+        ("rocmport.refresh.engine", "range_diff"),
+        ("rocmport.refresh.engine", "_promote"),
+        ("rocmport.refresh.engine", "_swap_tree"),
+    ]
 
     def __init__(self) -> None:
         import importlib
@@ -103,6 +116,7 @@ class Phases:
                 entry = self.totals.setdefault(name, [0.0, 0])
                 entry[0] += cpu() - c0
                 entry[1] += 1
+
         return timed
 
     def take(self) -> str:
@@ -124,15 +138,20 @@ def outcome_of(summary: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mirror", default=os.environ.get("ROCMPORT_TEST_MLM_MIRROR"), help="a Megatron-LM git dir (bare mirror)")
+    p.add_argument(
+        "--mirror", default=os.environ.get("ROCMPORT_TEST_MLM_MIRROR"), help="a Megatron-LM git dir (bare mirror)"
+    )
     p.add_argument("--release", default="v0.18", help="replay main from this release line's branch point")
     p.add_argument("--every", type=int, default=30, help="every k-th first-parent commit of main")
     p.add_argument("--hops", type=int, default=5)
     p.add_argument("--skip", type=int, default=0, help="start at this hop (the project is synced to the hop before it)")
     p.add_argument("--verify-stages", help="after each hop, `rocmport verify --stages` these (e.g. 1,2)")
     p.add_argument("--profile", type=int, help="cProfile this hop (1-based)")
-    p.add_argument("--project", help="keep the project (and its cache) here instead of a temporary directory; "
-                                     "when it holds a replayed project already, go on from the commit its lock pins")
+    p.add_argument(
+        "--project",
+        help="keep the project (and its cache) here instead of a temporary directory; "
+        "when it holds a replayed project already, go on from the commit its lock pins",
+    )
     args = p.parse_args()
     if not args.mirror:
         sys.exit("give --mirror or set ROCMPORT_TEST_MLM_MIRROR")
@@ -140,9 +159,9 @@ def main() -> None:
     major, minor = args.release.lstrip("v").split(".")
     point = git(mirror, "merge-base", f"core_v{major}.{minor}.0", "refs/heads/main")
     commits = git(mirror, "rev-list", "--first-parent", "--reverse", f"{point}..refs/heads/main").split()
-    all_targets = [point] + commits[args.every - 1::args.every]
+    all_targets = [point] + commits[args.every - 1 :: args.every]
     start = all_targets[args.skip]
-    targets = all_targets[args.skip + 1:args.skip + 1 + args.hops]
+    targets = all_targets[args.skip + 1 : args.skip + 1 + args.hops]
 
     from rocmport import __version__
     from rocmport.cli import main as cli
@@ -160,7 +179,11 @@ def main() -> None:
             shutil.copytree(REPO / "patchsets" / "megatron-lm", root / "patchsets" / "megatron-lm")
 
         def rocmport(*argv: str) -> int:
-            with open(log, "a", encoding="utf-8") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            with (
+                open(log, "a", encoding="utf-8") as out,
+                contextlib.redirect_stdout(out),
+                contextlib.redirect_stderr(out),
+            ):
                 print(f"$ rocmport {' '.join(argv)}", flush=True)
                 return cli(["-C", str(root), *argv])
 
@@ -173,18 +196,24 @@ def main() -> None:
             if start not in all_targets:
                 sys.exit(f"{root}: pins {start[:12]}, not a hop of this replay (--release/--every differ?)")
             at = all_targets.index(start)
-            targets = all_targets[at + 1:at + 1 + args.hops]
+            targets = all_targets[at + 1 : at + 1 + args.hops]
             print(f"going on from hop {at} ({start[:12]}), the commit {root / 'upstream.lock'} pins")
             args.skip = at
         else:
-            assert rocmport("sync", "--ref", start, "--no-bridge", "--remote", f"megatron-lm={mirror}") == 0, f"sync failed: see {log}"
-        print(f"rocmport {__version__} ({Path(sys.modules['rocmport'].__file__).parent}); main from {args.release}'s branch point "
-              f"{point[:12]}, every {args.every}th first-parent commit, hops {args.skip + 1}..{args.skip + len(targets)}; log {log}")
+            assert rocmport("sync", "--ref", start, "--no-bridge", "--remote", f"megatron-lm={mirror}") == 0, (
+                f"sync failed: see {log}"
+            )
+        print(
+            f"rocmport {__version__} ({Path(sys.modules['rocmport'].__file__).parent}); main from {args.release}'s branch point "
+            f"{point[:12]}, every {args.every}th first-parent commit, hops {args.skip + 1}..{args.skip + len(targets)}; log {log}"
+        )
         t0, c0 = time.perf_counter(), cpu()
         code = rocmport("apply")
         phases.take()
-        print(f"{'no-op' if resume else 'initial'} apply of {start[:12]}: exit {code}, {time.perf_counter() - t0:.1f} s wall, "
-              f"{cpu() - c0:.1f} s CPU, codemods {runs.take()} (files, parsed, cache hits)")
+        print(
+            f"{'no-op' if resume else 'initial'} apply of {start[:12]}: exit {code}, {time.perf_counter() - t0:.1f} s wall, "
+            f"{cpu() - c0:.1f} s CPU, codemods {runs.take()} (files, parsed, cache hits)"
+        )
         assert code == 0, f"the apply failed: see {log}"
         rows = []
         prev = start
@@ -211,11 +240,27 @@ def main() -> None:
                 verify = f"; verify {args.verify_stages}: {'passed' if vcode == 0 else f'FAILED (exit {vcode})'} in {time.perf_counter() - v0:.1f} s"
                 if vcode != 0:
                     outcome = f"failed verify (stages {args.verify_stages})"
-            rows.append({"hop": i, "commit": sha, "status": summary.get("status"), "outcome": outcome, "wall": wall, "cpu": used,
-                         "changed": len(changed), "changed_py": sum(f.endswith(".py") for f in changed), "codemods": calls})
-            runs_text = ", ".join(f"{parsed} parsed + {hits} cached of {total}" for total, parsed, hits in calls) or "none"
-            print(f"hop {i:2} {sha[:12]}: {outcome}; {wall:.1f} s wall, {used:.1f} s CPU; upstream changed {len(changed)} files "
-                  f"({rows[-1]['changed_py']} .py); codemod runs: {runs_text}{verify}", flush=True)
+            rows.append(
+                {
+                    "hop": i,
+                    "commit": sha,
+                    "status": summary.get("status"),
+                    "outcome": outcome,
+                    "wall": wall,
+                    "cpu": used,
+                    "changed": len(changed),
+                    "changed_py": sum(f.endswith(".py") for f in changed),
+                    "codemods": calls,
+                }
+            )
+            runs_text = (
+                ", ".join(f"{parsed} parsed + {hits} cached of {total}" for total, parsed, hits in calls) or "none"
+            )
+            print(
+                f"hop {i:2} {sha[:12]}: {outcome}; {wall:.1f} s wall, {used:.1f} s CPU; upstream changed {len(changed)} files "
+                f"({rows[-1]['changed_py']} .py); codemod runs: {runs_text}{verify}",
+                flush=True,
+            )
             print(f"    CPU s by step: {phases.take()}", flush=True)
             if summary.get("status") == "needs-a-human":
                 rocmport("refresh", "--abort")
@@ -225,9 +270,11 @@ def main() -> None:
             ready = sum(r["status"] == "ready" for r in rows)
             unverified = sum(r["status"] == "not-verified" for r in rows)
             human = sum(r["status"] == "needs-a-human" for r in rows)
-            print(f"{len(rows)} hops: {ready} ready, {unverified} not-verified, {human} needs-a-human; "
-                  f"median {statistics.median(r['wall'] for r in rows):.1f} s wall, {statistics.median(r['cpu'] for r in rows):.1f} s CPU "
-                  f"(target for a 30-commit hop without verify: <= 10 s wall, <= 15 s CPU)")
+            print(
+                f"{len(rows)} hops: {ready} ready, {unverified} not-verified, {human} needs-a-human; "
+                f"median {statistics.median(r['wall'] for r in rows):.1f} s wall, {statistics.median(r['cpu'] for r in rows):.1f} s CPU "
+                f"(target for a 30-commit hop without verify: <= 10 s wall, <= 15 s CPU)"
+            )
 
 
 if __name__ == "__main__":

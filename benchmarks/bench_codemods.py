@@ -48,20 +48,41 @@ def main() -> None:
         start = time.perf_counter()
         warm = compute_layers(tree, list(registry), cache_dir=cache)
         t_warm = time.perf_counter() - start
-        print(f"rocmport codemods: {cold.files_total} files, {cold.files_parsed} parsed; cold {t_cold:.2f}s, "
-              f"warm {t_warm:.3f}s ({warm.cache_hits} cache hits); cores {os.cpu_count()}")
+        print(
+            f"rocmport codemods: {cold.files_total} files, {cold.files_parsed} parsed; cold {t_cold:.2f}s, "
+            f"warm {t_warm:.3f}s ({warm.cache_hits} cache hits); cores {os.cpu_count()}"
+        )
         if args.skip_libcst:
             return
         copy = tmp / "libcst-tree"
         shutil.copytree(tree, copy)
         (tmp / "cfg").mkdir()
-        subprocess.run([sys.executable, "-m", "libcst.tool", "initialize", "."], cwd=tmp / "cfg", check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "libcst.tool", "initialize", "."], cwd=tmp / "cfg", check=True, capture_output=True
+        )
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "libcst.tool", "codemod", "noop.NOOPCommand", str(copy), "--no-format",
-                        "--jobs", str(os.cpu_count()), "--hide-progress"], cwd=tmp / "cfg", check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "libcst.tool",
+                "codemod",
+                "noop.NOOPCommand",
+                str(copy),
+                "--no-format",
+                "--jobs",
+                str(os.cpu_count()),
+                "--hide-progress",
+            ],
+            cwd=tmp / "cfg",
+            check=True,
+            capture_output=True,
+        )
         t_libcst = time.perf_counter() - start
-        print(f"python -m libcst.tool codemod (no-op, every file): {t_libcst:.2f}s; ratio cold {t_libcst / t_cold:.1f}x, "
-              f"warm {t_libcst / t_warm:.0f}x")
+        print(
+            f"python -m libcst.tool codemod (no-op, every file): {t_libcst:.2f}s; ratio cold {t_libcst / t_cold:.1f}x, "
+            f"warm {t_libcst / t_warm:.0f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -44,15 +44,18 @@ def run_line(line: str, root: Path, python: str, mlm: str, bridge: str, env: dic
 
     def rocmport(*args: str, timeout: float = 3600) -> tuple[int, float, str]:
         start = time.perf_counter()
-        proc = subprocess.run([python, "-m", "rocmport", "-C", str(root), *args], env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(
+            [python, "-m", "rocmport", "-C", str(root), *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
         log.write(f"$ rocmport {' '.join(args)}  # exit {proc.returncode}\n{proc.stdout}{proc.stderr}\n")
         log.flush()
         return proc.returncode, round(time.perf_counter() - start, 1), (proc.stderr.strip().splitlines() or [""])[-1]
 
     row: dict = {"line": line, "stages": {}}
     ref = _newest_series_line() if line == "main" else line
-    code, row["sync_s"], last = rocmport("sync", "--ref", ref, "--remote", f"megatron-lm={mlm}", "--remote", f"megatron-bridge={bridge}")
+    code, row["sync_s"], last = rocmport(
+        "sync", "--ref", ref, "--remote", f"megatron-lm={mlm}", "--remote", f"megatron-bridge={bridge}"
+    )
     if code != 0:
         return {**row, "error": f"sync exit {code}: {last}"}
     if line == "main":
@@ -73,7 +76,11 @@ def run_line(line: str, root: Path, python: str, mlm: str, bridge: str, env: dic
     data = json.loads(report.read_text())
     row["python"], row["torch"] = data["env"]["python"], data["env"]["torch"]
     for stage in data["stages"]:
-        row["stages"][stage["name"]] = {"status": stage["status"], "seconds": stage.get("seconds"), "reason": stage.get("reason", "")}
+        row["stages"][stage["name"]] = {
+            "status": stage["status"],
+            "seconds": stage.get("seconds"),
+            "reason": stage.get("reason", ""),
+        }
     return row
 
 
@@ -97,8 +104,13 @@ def main() -> int:
     p.add_argument("--bridge", required=True, help="local mirror of NVIDIA-NeMo/Megatron-Bridge")
     p.add_argument("--lines", default=",".join(LINES), help="comma-separated release lines and/or main")
     p.add_argument("--python", default=sys.executable, help="the interpreter every command runs with (3.12 for v0.17+)")
-    p.add_argument("--line-python", action="append", default=[], metavar="LINE=PATH",
-                   help="the interpreter one line's commands run with instead (repeatable)")
+    p.add_argument(
+        "--line-python",
+        action="append",
+        default=[],
+        metavar="LINE=PATH",
+        help="the interpreter one line's commands run with instead (repeatable)",
+    )
     p.add_argument("--work", help="keep the projects here (default: a temporary directory)")
     p.add_argument("--fresh-cache", action="store_true", help="an empty rocmport cache (cold fetch and codemods)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -107,14 +119,23 @@ def main() -> int:
         p.error("--line-python wants LINE=PATH")
     line_python = dict(item.split("=", 1) for item in args.line_python)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rocmport-lines-"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        ),
+    }
     if args.fresh_cache:
         env["ROCMPORT_CACHE_DIR"] = str(work / "cache")
     rows = []
     with open(work / "bench_lines.log", "w") as log:
         for line in [x.strip() for x in args.lines.split(",") if x.strip()]:
             print(f"... {line}", file=sys.stderr, flush=True)
-            rows.append(run_line(line, work / f"proj-{line}", line_python.get(line, args.python), args.mlm, args.bridge, env, log))
+            rows.append(
+                run_line(
+                    line, work / f"proj-{line}", line_python.get(line, args.python), args.mlm, args.bridge, env, log
+                )
+            )
             print(table(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     print(json.dumps(rows, indent=2) if args.json else table(rows))
     for r in rows:

@@ -32,7 +32,9 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> list[float]:
     for _ in range(repeat):
         start = time.perf_counter()
         # cwd: `python -m` puts the working directory first on sys.path; the root holds no rocmport.
-        proc = subprocess.run([sys.executable, "-m", "rocmport", *argv], env=env, capture_output=True, text=True, cwd="/")
+        proc = subprocess.run(
+            [sys.executable, "-m", "rocmport", *argv], env=env, capture_output=True, text=True, cwd="/"
+        )
         times.append(time.perf_counter() - start)
         if proc.returncode != 0:
             sys.exit(f"rocmport {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
@@ -41,8 +43,11 @@ def timed(argv: list[str], env: dict[str, str], repeat: int) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--mlm", default=os.environ.get("ROCMPORT_TEST_MLM_MIRROR"),
-                   help="a local Megatron-LM mirror (default: $ROCMPORT_TEST_MLM_MIRROR, else the package index)")
+    p.add_argument(
+        "--mlm",
+        default=os.environ.get("ROCMPORT_TEST_MLM_MIRROR"),
+        help="a local Megatron-LM mirror (default: $ROCMPORT_TEST_MLM_MIRROR, else the package index)",
+    )
     p.add_argument("--ref", default="v0.16")
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--project", help="an already applied project to time (nothing is synced or applied)")
@@ -62,12 +67,18 @@ def main() -> None:
             source = ["--remote", f"megatron-lm={args.mlm}"] if args.mlm else ["--source", "pypi"]
             timed(["-C", str(root), "sync", "--ref", args.ref, "--no-bridge", *source], env, 1)
             timed(["-C", str(root), "apply"], env, 1)
-        for name, argv in (("--version", ["--version"]), ("--help", ["--help"]), ("status", ["-C", str(root), "status"]),
-                           ("no-op apply", ["-C", str(root), "apply"])):
+        for name, argv in (
+            ("--version", ["--version"]),
+            ("--help", ["--help"]),
+            ("status", ["-C", str(root), "status"]),
+            ("no-op apply", ["-C", str(root), "apply"]),
+        ):
             timed(argv, env, 1)
             t = timed(argv, env, args.repeat)
-            print(f"rocmport {name:12} median {statistics.median(t):.3f} s, min {min(t):.3f} s over {args.repeat}"
-                  + (" (target <= 0.3 s)" if name == "no-op apply" else ""))
+            print(
+                f"rocmport {name:12} median {statistics.median(t):.3f} s, min {min(t):.3f} s over {args.repeat}"
+                + (" (target <= 0.3 s)" if name == "no-op apply" else "")
+            )
 
 
 if __name__ == "__main__":

@@ -34,9 +34,22 @@ def main() -> None:
         root = Path(tmp) / "project"
         os.environ["ROCMPORT_CACHE_DIR"] = str(Path(tmp) / "cache")
         shutil.copytree(REPO / "patchsets/megatron-lm" / args.old, root / "patchsets/megatron-lm" / args.old)
-        shutil.copytree(REPO / "patchsets/megatron-bridge" / args.bridge_line, root / "patchsets/megatron-bridge" / args.bridge_line)
+        shutil.copytree(
+            REPO / "patchsets/megatron-bridge" / args.bridge_line, root / "patchsets/megatron-bridge" / args.bridge_line
+        )
         run = lambda *a: cli(["-C", str(root), *a])  # noqa: E731
-        assert run("sync", "--ref", args.old, "--remote", f"megatron-lm={args.mlm}", "--remote", f"megatron-bridge={args.bridge}") == 0
+        assert (
+            run(
+                "sync",
+                "--ref",
+                args.old,
+                "--remote",
+                f"megatron-lm={args.mlm}",
+                "--remote",
+                f"megatron-bridge={args.bridge}",
+            )
+            == 0
+        )
         assert run("apply") == 0
         start = time.perf_counter()
         code = run("refresh", "--to", args.new, "--no-verify")
@@ -46,8 +59,10 @@ def main() -> None:
             outcomes = {}
             for row in up["patches"]:
                 outcomes[f"{row['bucket']}/{row['action']}"] = outcomes.get(f"{row['bucket']}/{row['action']}", 0) + 1
-            print(f"{name}: {up['from']['ref']} -> {up['to']['ref']}; patches {outcomes or 'none'}; "
-                  f"codemod sites {sum(c['old_sites'] for c in up['codemods'])} -> {sum(c['new_sites'] for c in up['codemods'])}")
+            print(
+                f"{name}: {up['from']['ref']} -> {up['to']['ref']}; patches {outcomes or 'none'}; "
+                f"codemod sites {sum(c['old_sites'] for c in up['codemods'])} -> {sum(c['new_sites'] for c in up['codemods'])}"
+            )
         print(f"refresh {args.old} -> {args.new}: exit {code}, {seconds:.1f} s (target <= 60 s)")
 
 

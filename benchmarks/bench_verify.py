@@ -35,9 +35,13 @@ def once(project: Path, iters: int, hip: str | None, stages: str | None, te: str
     unit = report.stage("unit-tests")
     if unit is not None and unit.details.get("peak"):
         peak = unit.details["peak"]
-        print(f"  unit-tests peak: {peak['threads']} threads and {peak['rss_mb']:.0f} MB in one rank, "
-              f"{peak['rss_mb_all_ranks']:.0f} MB over all ranks")
-    print(f"  total {total:.1f} s (mode {report.mode}, HIP simulated: {bool(report.hip_sim)}, world {report.world_size})")
+        print(
+            f"  unit-tests peak: {peak['threads']} threads and {peak['rss_mb']:.0f} MB in one rank, "
+            f"{peak['rss_mb_all_ranks']:.0f} MB over all ranks"
+        )
+    print(
+        f"  total {total:.1f} s (mode {report.mode}, HIP simulated: {bool(report.hip_sim)}, world {report.world_size})"
+    )
     return total
 
 
@@ -54,7 +58,9 @@ def main() -> None:
     if args.cold:
         shutil.rmtree(load_settings(project).cache_dir / "unit-baselines", ignore_errors=True)
     total = once(project, args.iters, None if args.no_hip_sim else hip_sim.DEFAULT_VERSION, args.stages, args.te)
-    print(f"stages {args.stages or '1-5'}: {total:.1f} s ({'within' if total <= TARGET_S else 'over'} the {TARGET_S} s target)")
+    print(
+        f"stages {args.stages or '1-5'}: {total:.1f} s ({'within' if total <= TARGET_S else 'over'} the {TARGET_S} s target)"
+    )
 
 
 if __name__ == "__main__":

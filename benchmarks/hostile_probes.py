@@ -49,9 +49,17 @@ class Env:
         os.chdir(path)
 
 
-def rocmport(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rocmport", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+def rocmport(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rocmport", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
 
 
 def message(proc: subprocess.CompletedProcess | tuple[str, str]) -> str:
@@ -70,18 +78,38 @@ def shown(args: tuple[str, ...], tmp: Path) -> str:
     return ("rocmport " + shlex.join(args)).replace(str(tmp), "<tmp>")
 
 
-def run_row(item: str, tmp: Path, *args: str, note: str = "", pick: Callable[[subprocess.CompletedProcess], str] = message, **kw) -> Row:
+def run_row(
+    item: str, tmp: Path, *args: str, note: str = "", pick: Callable[[subprocess.CompletedProcess], str] = message, **kw
+) -> Row:
     proc = rocmport(*args, **kw)
-    return item, shown(args, tmp) + (f" ({note})" if note else ""), str(proc.returncode), pick(proc).replace(str(tmp), "<tmp>")
+    return (
+        item,
+        shown(args, tmp) + (f" ({note})" if note else ""),
+        str(proc.returncode),
+        pick(proc).replace(str(tmp), "<tmp>"),
+    )
 
 
 # --- the probes, one function per item: each returns its rows ------------------------------------
+
 
 def item1(tmp: Path) -> list[Row]:
     tree = fake_tree(tmp / "t")
     (tmp / "x" / "evilcase").mkdir(parents=True)
     (tmp / "x" / "evilcase" / "model_config.yaml").write_text("MODEL_ARGS: {}\n")
-    row = run_row("1", tmp, "verify", "--tree", str(tree), "--case", str(tmp / "x" / "evilcase"), "--stages", "4", "--record-golden", cwd=tmp)
+    row = run_row(
+        "1",
+        tmp,
+        "verify",
+        "--tree",
+        str(tree),
+        "--case",
+        str(tmp / "x" / "evilcase"),
+        "--stages",
+        "4",
+        "--record-golden",
+        cwd=tmp,
+    )
     wrote = (tmp / "x" / "evilcase.cpu-proxy.json").exists()
     return [(*row[:3], f"{row[3]} [outside file written: {'yes' if wrote else 'no'}]")]
 
@@ -93,10 +121,18 @@ def item2(tmp: Path) -> list[Row]:
 
 def item3(tmp: Path) -> list[Row]:
     rows = []
-    for n, (setting, args) in enumerate([('tp = "two"', ("refresh", "--to", "v0.17", "--no-verify")), ('tp = "two"', ("bot", "--once")),
-                                         ("tp = [2]", ("status",)), ("release-lines = 5", ("status",)), ("cache-dir = 5", ("status",)),
-                                         ("worktree-dir = 5", ("status",)), ('worktree-dir = ["a"]', ("status",)),
-                                         ('release-lines = "v0.16"', ("status",))]):
+    for n, (setting, args) in enumerate(
+        [
+            ('tp = "two"', ("refresh", "--to", "v0.17", "--no-verify")),
+            ('tp = "two"', ("bot", "--once")),
+            ("tp = [2]", ("status",)),
+            ("release-lines = 5", ("status",)),
+            ("cache-dir = 5", ("status",)),
+            ("worktree-dir = 5", ("status",)),
+            ('worktree-dir = ["a"]', ("status",)),
+            ('release-lines = "v0.16"', ("status",)),
+        ]
+    ):
         root = tmp / f"p{n}"
         root.mkdir()
         (root / "pyproject.toml").write_text(f"[tool.rocmport]\n{setting}\n")
@@ -115,8 +151,14 @@ def item4(tmp: Path) -> list[Row]:
     (rtree / "notes.txt").write_text("mine\n")
     proc = rocmport("-C", str(port.root), "refresh", "--abort", cwd=tmp)
     saved = [ln for ln in proc.stderr.splitlines() if "saved the refresh tree's work" in ln]
-    return [("4", "rocmport refresh --abort (after a committed resolution and an untracked file)", str(proc.returncode),
-             (saved[0] if saved else message(proc)).replace(str(tmp), "<tmp>"))]
+    return [
+        (
+            "4",
+            "rocmport refresh --abort (after a committed resolution and an untracked file)",
+            str(proc.returncode),
+            (saved[0] if saved else message(proc)).replace(str(tmp), "<tmp>"),
+        )
+    ]
 
 
 def item5(tmp: Path) -> list[Row]:
@@ -124,10 +166,20 @@ def item5(tmp: Path) -> list[Row]:
     port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
     proc = rocmport("-C", str(port.root), "refresh", "--to", "v0.17", "--no-verify", "--json", cwd=tmp)
     data = json.loads(proc.stdout) if proc.returncode == 0 else {}
-    md = (port.root / "build/refresh/summary.md").read_text() if (port.root / "build/refresh/summary.md").exists() else ""
+    md = (
+        (port.root / "build/refresh/summary.md").read_text()
+        if (port.root / "build/refresh/summary.md").exists()
+        else ""
+    )
     status_line = next((ln for ln in md.splitlines() if ln.startswith("**Status:**")), "")
-    return [("5", "rocmport refresh --to v0.17 --no-verify --json", str(proc.returncode),
-             f'"status": "{data.get("status")}", "verify": {json.dumps(data.get("verify"))}; summary.md: {status_line[:90]}')]
+    return [
+        (
+            "5",
+            "rocmport refresh --to v0.17 --no-verify --json",
+            str(proc.returncode),
+            f'"status": "{data.get("status")}", "verify": {json.dumps(data.get("verify"))}; summary.md: {status_line[:90]}',
+        )
+    ]
 
 
 def item6(tmp: Path) -> list[Row]:
@@ -135,8 +187,13 @@ def item6(tmp: Path) -> list[Row]:
     from tests.test_refresh_kill import Run
 
     rows = []
-    for n, (how, signum) in enumerate([("Ctrl-C (SIGINT to its process group)", signal.SIGINT), ("SIGTERM to its process group", signal.SIGTERM),
-                                       ("kill -9 of refresh", signal.SIGKILL)]):
+    for n, (how, signum) in enumerate(
+        [
+            ("Ctrl-C (SIGINT to its process group)", signal.SIGINT),
+            ("SIGTERM to its process group", signal.SIGTERM),
+            ("kill -9 of refresh", signal.SIGKILL),
+        ]
+    ):
         sub = tmp / f"k{n}"
         sub.mkdir()
         root = pooled_project(sub, Env(), big_release())
@@ -155,11 +212,27 @@ def item6(tmp: Path) -> list[Row]:
             run.close()
         left = run.gone_after()
         leftovers = list(run.tmpdir.iterdir())
-        line = message((out, err)) if signum != signal.SIGKILL else "(killed: no message; its run directory stays, nothing can remove it)"
-        rows.append(("6", f"rocmport refresh --to v0.17 --no-verify; {how} while its 2 codemod workers parse", str(run.proc.returncode),
-                     f"{line.replace(str(sub), '<tmp>')} [processes alive after: {len(left)}; temporary entries left: {len(leftovers)}]"))
-    rows.append(("6", "Ctrl-C during verify's stage 2", "skipped", "torch training workers: run by tests/test_verify_kill.py "
-                 "(processes alive after: 0 asserted)"))
+        line = (
+            message((out, err))
+            if signum != signal.SIGKILL
+            else "(killed: no message; its run directory stays, nothing can remove it)"
+        )
+        rows.append(
+            (
+                "6",
+                f"rocmport refresh --to v0.17 --no-verify; {how} while its 2 codemod workers parse",
+                str(run.proc.returncode),
+                f"{line.replace(str(sub), '<tmp>')} [processes alive after: {len(left)}; temporary entries left: {len(leftovers)}]",
+            )
+        )
+    rows.append(
+        (
+            "6",
+            "Ctrl-C during verify's stage 2",
+            "skipped",
+            "torch training workers: run by tests/test_verify_kill.py (processes alive after: 0 asserted)",
+        )
+    )
     return rows
 
 
@@ -168,25 +241,49 @@ def item7(tmp: Path) -> list[Row]:
     read-only directory is not)."""
     tree = fake_tree(tmp / "t")
     (tmp / "a-file").write_text("")
-    args = ("verify", "--tree", str(tree), "--stages", "1", "--report", str(tmp / "a-file" / "r.json"), "--junit", str(tmp / "j.xml"))
+    args = (
+        "verify",
+        "--tree",
+        str(tree),
+        "--stages",
+        "1",
+        "--report",
+        str(tmp / "a-file" / "r.json"),
+        "--junit",
+        str(tmp / "j.xml"),
+    )
     proc = rocmport(*args, cwd=tmp)
     said = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if "r.json" in ln]
     first = (said[0] if said else message(proc)).replace(str(tmp), "<tmp>")
-    return [("7", shown(args, tmp) + " (the report's directory is a file)", str(proc.returncode),
-             f"{first} [summary printed: {'yes' if 'stages pass' in proc.stdout else 'no'}; JUnit written: {'yes' if (tmp / 'j.xml').exists() else 'no'}]")]
+    return [
+        (
+            "7",
+            shown(args, tmp) + " (the report's directory is a file)",
+            str(proc.returncode),
+            f"{first} [summary printed: {'yes' if 'stages pass' in proc.stdout else 'no'}; JUnit written: {'yes' if (tmp / 'j.xml').exists() else 'no'}]",
+        )
+    ]
 
 
 def item8(tmp: Path) -> list[Row]:
     tree = fake_tree(tmp / "t")
-    return [run_row("8", tmp, "verify", "--tree", str(tree), *args, cwd=tmp)
-            for args in (("--dp", "-2", "--dry-run"), ("--nproc", "-4", "--dry-run"), ("--nproc", "0", "--dry-run"),
-                         ("--dry-run", "--tp", "99999999999999999999"))]
+    return [
+        run_row("8", tmp, "verify", "--tree", str(tree), *args, cwd=tmp)
+        for args in (
+            ("--dp", "-2", "--dry-run"),
+            ("--nproc", "-4", "--dry-run"),
+            ("--nproc", "0", "--dry-run"),
+            ("--dry-run", "--tp", "99999999999999999999"),
+        )
+    ]
 
 
 def item9(tmp: Path) -> list[Row]:
     tree = fake_tree(tmp / "t")
-    return [run_row("9", tmp, "verify", "--tree", str(tree), "--unit-test", path, "--dry-run", cwd=tmp)
-            for path in ("/etc/passwd", "tests/unit_tests/../../../megatron-bridge")]
+    return [
+        run_row("9", tmp, "verify", "--tree", str(tree), "--unit-test", path, "--dry-run", cwd=tmp)
+        for path in ("/etc/passwd", "tests/unit_tests/../../../megatron-bridge")
+    ]
 
 
 def item10(tmp: Path) -> list[Row]:
@@ -203,12 +300,37 @@ def item12(tmp: Path) -> list[Row]:
     tree = fake_tree(tmp / "t")
     data = tmp / "data root"
     (data / "text/shard00/bpe").mkdir(parents=True)
-    proc = rocmport("verify", "--tree", str(tree), "--case", CASE, "--data-path", str(data), "--stages", "4", "--dry-run", cwd=tmp)
+    proc = rocmport(
+        "verify", "--tree", str(tree), "--case", CASE, "--data-path", str(data), "--stages", "4", "--dry-run", cwd=tmp
+    )
     said = next((ln for ln in proc.stdout.splitlines() if "--data-path" in ln), message(proc))
-    missing = run_row("12", tmp, "verify", "--tree", str(tree), "--case", CASE, "--data-path", str(tmp / "no such dir"), "--stages", "4",
-                      "--dry-run", cwd=tmp)
-    return [("12", shown(("verify", "--tree", str(tree), "--case", CASE, "--data-path", str(data), "--stages", "4", "--dry-run"), tmp),
-             str(proc.returncode), said.strip().replace(str(tmp), "<tmp>")), missing]
+    missing = run_row(
+        "12",
+        tmp,
+        "verify",
+        "--tree",
+        str(tree),
+        "--case",
+        CASE,
+        "--data-path",
+        str(tmp / "no such dir"),
+        "--stages",
+        "4",
+        "--dry-run",
+        cwd=tmp,
+    )
+    return [
+        (
+            "12",
+            shown(
+                ("verify", "--tree", str(tree), "--case", CASE, "--data-path", str(data), "--stages", "4", "--dry-run"),
+                tmp,
+            ),
+            str(proc.returncode),
+            said.strip().replace(str(tmp), "<tmp>"),
+        ),
+        missing,
+    ]
 
 
 def item13(tmp: Path) -> list[Row]:
@@ -222,19 +344,27 @@ def item13(tmp: Path) -> list[Row]:
     (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
     assert cli(["-C", str(proj.root), "apply"]) == 0
     out = tmp / "Dockerfile"
-    row = run_row("13", tmp, "-C", str(proj.root), "emit", "docker", "--components", "apex,apex", "-o", str(out), cwd=tmp)
+    row = run_row(
+        "13", tmp, "-C", str(proj.root), "emit", "docker", "--components", "apex,apex", "-o", str(out), cwd=tmp
+    )
     return [(*row[:3], f"{row[3]} [Dockerfile written: {'yes' if out.exists() else 'no'}]")]
 
 
 def item14(tmp: Path) -> list[Row]:
     bare = "/usr/bin/python3"
     if subprocess.run([bare, "-c", "import build"], capture_output=True).returncode == 0:
-        return [("14", "rocmport build --python <a Python without pypa build>", "skipped", f"{bare} has pypa build here")]
+        return [
+            ("14", "rocmport build --python <a Python without pypa build>", "skipped", f"{bare} has pypa build here")
+        ]
     from tests.helpers.patches import Project
 
     proj = Project(tmp, Env())
     assert cli(["-C", str(proj.root), "apply"]) == 0  # the project root now has its build/ folder
-    return [run_row("14", tmp, "build", "--python", bare, cwd=proj.root, note="from the project root, which has a build/ folder")]
+    return [
+        run_row(
+            "14", tmp, "build", "--python", bare, cwd=proj.root, note="from the project root, which has a build/ folder"
+        )
+    ]
 
 
 def item15(tmp: Path) -> list[Row]:
@@ -244,8 +374,15 @@ def item15(tmp: Path) -> list[Row]:
     assert cli(["-C", str(proj.root), "apply"]) == 0
     proj.write_series({}, codemods=["no-such-codemod"])
     root = str(proj.root)
-    return [run_row("15", tmp, "-C", root, *args, cwd=tmp, note="series names an unknown codemod")
-            for args in (("patches", "check"), ("patches", "list"), ("status",), ("emit", "docker", "--components", "none", "-o", str(tmp / "D")))]
+    return [
+        run_row("15", tmp, "-C", root, *args, cwd=tmp, note="series names an unknown codemod")
+        for args in (
+            ("patches", "check"),
+            ("patches", "list"),
+            ("status",),
+            ("emit", "docker", "--components", "none", "-o", str(tmp / "D")),
+        )
+    ]
 
 
 def item16(tmp: Path) -> list[Row]:
@@ -259,9 +396,14 @@ def item16(tmp: Path) -> list[Row]:
     third = rocmport("-C", str(port.root), "bot", "--once", "--no-verify", "--push", str(good), "--json", cwd=tmp)
     processed = json.loads(third.stdout)["processed"] if third.returncode == 0 else []
     pushed = g(good, "branch", "--list")
-    return [("16", "bot --once --push <missing remote>; bot --once; bot --once --push good --json",
-             f"{first.returncode}, {second.returncode}, {third.returncode}",
-             f"last run: {[(p['tag'], p.get('push')) for p in processed]}; branches on good: {pushed or 'none'}")]
+    return [
+        (
+            "16",
+            "bot --once --push <missing remote>; bot --once; bot --once --push good --json",
+            f"{first.returncode}, {second.returncode}, {third.returncode}",
+            f"last run: {[(p['tag'], p.get('push')) for p in processed]}; branches on good: {pushed or 'none'}",
+        )
+    ]
 
 
 def item17(tmp: Path) -> list[Row]:
@@ -269,7 +411,11 @@ def item17(tmp: Path) -> list[Row]:
     commit(root, {"README.md": "x\n"}, "project")
     (root / ".rocmport").mkdir()
     (root / ".rocmport" / "bot-state.json").write_text("[" * 100_000)
-    return [run_row("17", tmp, "-C", str(root), "bot", "--once", "--no-verify", cwd=tmp, note="bot-state.json: 100,000 nested [")]
+    return [
+        run_row(
+            "17", tmp, "-C", str(root), "bot", "--once", "--no-verify", cwd=tmp, note="bot-state.json: 100,000 nested ["
+        )
+    ]
 
 
 def item18(tmp: Path) -> list[Row]:
@@ -277,12 +423,28 @@ def item18(tmp: Path) -> list[Row]:
 
     root = tmp / "project"
     shutil.copytree(REPO / "patchsets", root / "patchsets")
+
     def problem(proc: subprocess.CompletedProcess) -> str:
         said = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if "none of the components" in ln]
         return said[0] if said else message(proc)
 
-    return [run_row("18", tmp, "-C", str(root), "doctor", "--line", "v0.16", "--arch", arch, cwd=tmp, pick=problem, note="nothing installed")
-            for arch in ("gfx90a", "gfx1234")]
+    return [
+        run_row(
+            "18",
+            tmp,
+            "-C",
+            str(root),
+            "doctor",
+            "--line",
+            "v0.16",
+            "--arch",
+            arch,
+            cwd=tmp,
+            pick=problem,
+            note="nothing installed",
+        )
+        for arch in ("gfx90a", "gfx1234")
+    ]
 
 
 def item19(tmp: Path) -> list[Row]:
@@ -296,15 +458,31 @@ def item20(tmp: Path) -> list[Row]:
     v = rocmport("-C", str(port.root), "verify", "--stages", "1", cwd=tmp)
     dirty = g(tree, "status", "--porcelain", "--ignored")
     port.tag({"docs/index.md": "x\n"}, "core_v0.16.2", "0.16.2")  # a release the project's series admits
-    s = rocmport("-C", str(port.root), "sync", "--ref", "v0.16", "--no-bridge", "--remote", f"megatron-lm={port.up}", cwd=tmp)
+    s = rocmport(
+        "-C", str(port.root), "sync", "--ref", "v0.16", "--no-bridge", "--remote", f"megatron-lm={port.up}", cwd=tmp
+    )
     a = rocmport("-C", str(port.root), "apply", cwd=tmp)
-    return [("20", "rocmport verify --stages 1; rocmport sync --ref v0.16 (now core_v0.16.2); rocmport apply", f"{v.returncode}, {s.returncode}, {a.returncode}",
-             f"tree after verify: {'clean' if not dirty else dirty.splitlines()[0]}; apply: {message(a)}".replace(str(tmp), "<tmp>")[:200])]
+    return [
+        (
+            "20",
+            "rocmport verify --stages 1; rocmport sync --ref v0.16 (now core_v0.16.2); rocmport apply",
+            f"{v.returncode}, {s.returncode}, {a.returncode}",
+            f"tree after verify: {'clean' if not dirty else dirty.splitlines()[0]}; apply: {message(a)}".replace(
+                str(tmp), "<tmp>"
+            )[:200],
+        )
+    ]
 
 
 def item21(tmp: Path) -> list[Row]:
-    return [("21", "verify stage 3 on a loaded machine (v0.19, Python 3.12, from the mirror)", "skipped",
-             "needs the mirror's v0.19 tree and a long stage-3 run; the lead's item")]
+    return [
+        (
+            "21",
+            "verify stage 3 on a loaded machine (v0.19, Python 3.12, from the mirror)",
+            "skipped",
+            "needs the mirror's v0.19 tree and a long stage-3 run; the lead's item",
+        )
+    ]
 
 
 PROBES: dict[int, Callable[[Path], list[Row]]] = {i: globals()[f"item{i}"] for i in range(1, 22)}
@@ -323,7 +501,10 @@ def main() -> None:
             os.environ["ROCMPORT_CACHE_DIR"] = str(Path(tmp) / "cache")
             cwd = os.getcwd()
             try:
-                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # the fixtures' own output
+                with (
+                    contextlib.redirect_stdout(io.StringIO()),
+                    contextlib.redirect_stderr(io.StringIO()),
+                ):  # the fixtures' own output
                     rows += PROBES[item](Path(tmp).resolve())
             except Exception as exc:  # a probe that could not be set up: said in the table, the rest still run
                 rows.append((str(item), "(probe setup)", "error", f"{type(exc).__name__}: {exc}"[:200]))
@@ -336,8 +517,10 @@ def main() -> None:
     for item, command, rc, msg in rows:
         cell = lambda s: (s if len(s) <= 220 else s[:219] + "…").replace("|", "\\|").replace("\n", " ")  # noqa: E731
         print(f"| {item} | `{cell(command)}` | {rc} | {cell(msg)} |")
-    print(f"\n{len(rows)} probes of {len(chosen)} items in {time.monotonic() - started:.0f} s; "
-          "skipped: item 21 (mirror, long stage 3) and item 6's verify stage 2 (torch workers; tests/test_verify_kill.py).")
+    print(
+        f"\n{len(rows)} probes of {len(chosen)} items in {time.monotonic() - started:.0f} s; "
+        "skipped: item 21 (mirror, long stage 3) and item 6's verify stage 2 (torch workers; tests/test_verify_kill.py)."
+    )
 
 
 if __name__ == "__main__":

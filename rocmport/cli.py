@@ -138,8 +138,12 @@ def main(argv=None) -> int:
         return EXIT_PROBLEM
     except Exception as exc:  # a bug in rocmport: one line here, the traceback in a log file
         log = write_crash_log(sys.argv[1:] if argv is None else list(argv))
-        click.secho(f"rocmport: internal error: {type(exc).__name__}: {redact(_one_line(exc))}; the traceback is in {log}; "
-                    f"please report it with that file", err=True, fg="red")
+        click.secho(
+            f"rocmport: internal error: {type(exc).__name__}: {redact(_one_line(exc))}; the traceback is in {log}; "
+            f"please report it with that file",
+            err=True,
+            fg="red",
+        )
         return EXIT_INTERNAL
     return rv if isinstance(rv, int) else 0
 
@@ -152,8 +156,10 @@ def _one_line(exc: BaseException) -> str:
 def write_crash_log(argv: list[str]) -> Path:
     """The current exception's traceback, with the command line and versions, in a new file under
     <cache>/logs (or the temporary directory when the cache cannot be written)."""
-    text = (f"rocmport {__version__} on Python {sys.version.split()[0]}\nargv: {argv!r}\ncwd: {os.getcwd()}\n\n"
-            + traceback.format_exc())
+    text = (
+        f"rocmport {__version__} on Python {sys.version.split()[0]}\nargv: {argv!r}\ncwd: {os.getcwd()}\n\n"
+        + traceback.format_exc()
+    )
     name = f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
     for directory in (default_cache_dir() / "logs", Path(tempfile.gettempdir())):
         try:

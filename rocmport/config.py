@@ -53,10 +53,10 @@ class Settings:
     remotes: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REMOTES))
     cache_dir: Path = field(default_factory=default_cache_dir)
     worktree_dir: Path | None = None
-    tp: int = DEFAULT_TP                   # verify's tensor-parallel size in `verify`, `refresh` and `bot`
-    pp: int = DEFAULT_PP                   # ... and pipeline-parallel size
-    release_lines: tuple[str, ...] = ()    # what `bot` follows, normalised (v0.16); () = its own choice
-    python: str | None = None              # the Python `build` builds for (its --python)
+    tp: int = DEFAULT_TP  # verify's tensor-parallel size in `verify`, `refresh` and `bot`
+    pp: int = DEFAULT_PP  # ... and pipeline-parallel size
+    release_lines: tuple[str, ...] = ()  # what `bot` follows, normalised (v0.16); () = its own choice
+    python: str | None = None  # the Python `build` builds for (its --python)
 
     @property
     def lock_path(self) -> Path:
@@ -89,30 +89,42 @@ class Settings:
 
 def _found(value: Any) -> str:
     names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "a table"}
-    return f"{names.get(type(value), type(value).__name__)} {value!r}" if not isinstance(value, (list, dict)) else names[type(value)]
+    return (
+        f"{names.get(type(value), type(value).__name__)} {value!r}"
+        if not isinstance(value, (list, dict))
+        else names[type(value)]
+    )
 
 
 def _size(where: str, key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BadInput(f"{where} {key} must be a whole number >= 1, e.g. {key} = 2 (found {_found(value)}); fix the file")
+        raise BadInput(
+            f"{where} {key} must be a whole number >= 1, e.g. {key} = 2 (found {_found(value)}); fix the file"
+        )
     return value
 
 
 def _path_text(where: str, key: str, value: Any, example: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise BadInput(f"{where} {key} must be a directory path string, e.g. {key} = {example} (found {_found(value)}); fix the file")
+        raise BadInput(
+            f"{where} {key} must be a directory path string, e.g. {key} = {example} (found {_found(value)}); fix the file"
+        )
     return value
 
 
 def _release_lines(where: str, key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list):
-        raise BadInput(f"{where} {key} must be a list of release lines, e.g. {key} = [\"v0.16\", \"v0.17\"] "
-                       f"(found {_found(value)}); fix the file")
+        raise BadInput(
+            f'{where} {key} must be a list of release lines, e.g. {key} = ["v0.16", "v0.17"] '
+            f"(found {_found(value)}); fix the file"
+        )
     out = []
     for i, item in enumerate(value):
         line = ReleaseLine.match(item.strip()) if isinstance(item, str) else None
         if line is None:
-            raise BadInput(f"{where} {key}[{i}] must be a release line of the form v0.16 (found {_found(item)}); fix the file")
+            raise BadInput(
+                f"{where} {key}[{i}] must be a release line of the form v0.16 (found {_found(item)}); fix the file"
+            )
         out.append(str(line))
     return tuple(out)
 
@@ -134,7 +146,9 @@ def _read_tool_table(root: Path) -> dict[str, Any]:
         raise BadInput(f"{pyproject}: [tool.rocmport] must be a table")
     unknown = set(table) - _KNOWN_TOOL_KEYS
     if unknown:
-        raise BadInput(f"{pyproject}: unknown key [tool.rocmport].{sorted(unknown)[0]}; known: {', '.join(sorted(_KNOWN_TOOL_KEYS))}")
+        raise BadInput(
+            f"{pyproject}: unknown key [tool.rocmport].{sorted(unknown)[0]}; known: {', '.join(sorted(_KNOWN_TOOL_KEYS))}"
+        )
     remotes = table.get("remotes", {})
     if not isinstance(remotes, dict) or not all(isinstance(v, str) for v in remotes.values()):
         raise BadInput(f"{pyproject}: [tool.rocmport].remotes must map upstream names to URL strings")
@@ -153,8 +167,10 @@ def _read_tool_table(root: Path) -> dict[str, Any]:
         out["release-lines"] = _release_lines(where, "release-lines", table["release-lines"])
     if "python" in table:
         if not isinstance(table["python"], str) or not table["python"].strip():
-            raise BadInput(f"{where} python must be the path of a Python interpreter, e.g. python = \"python3.12\" "
-                           f"(found {_found(table['python'])}); fix the file")
+            raise BadInput(
+                f'{where} python must be the path of a Python interpreter, e.g. python = "python3.12" '
+                f"(found {_found(table['python'])}); fix the file"
+            )
         out["python"] = table["python"]
     return out
 
@@ -163,12 +179,19 @@ def read_local_config(root: Path) -> dict:
     path = root / LOCAL_CONFIG
     if not path.is_file():
         return {}
-    data = parse_yaml(read_text(path, "local settings file", max_bytes=1 << 20, fix="fix or delete it"), path, "fix or delete it") or {}
+    data = (
+        parse_yaml(
+            read_text(path, "local settings file", max_bytes=1 << 20, fix="fix or delete it"), path, "fix or delete it"
+        )
+        or {}
+    )
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a mapping; fix or delete it")
     unknown = sorted(str(k) for k in set(data) - {"remotes", "cache_dir", "worktree_dir"})
     if unknown:
-        raise BadInput(f"{path}: unknown key '{unknown[0]}' (known: cache_dir, remotes, worktree_dir); fix or delete it")
+        raise BadInput(
+            f"{path}: unknown key '{unknown[0]}' (known: cache_dir, remotes, worktree_dir); fix or delete it"
+        )
     remotes = data.get("remotes") or {}
     if not is_str_map(remotes) or set(remotes) - set(NAMES):
         raise BadInput(f"{path}: key 'remotes' must map upstream names ({', '.join(NAMES)}) to URLs; fix or delete it")
@@ -189,7 +212,9 @@ def write_local_config(root: Path, data: dict) -> None:
     atomic_write_text(path, yaml.safe_dump(data, sort_keys=True, default_flow_style=False))
 
 
-def load_settings(root: str | os.PathLike, remotes: dict[str, str] | None = None, cache_dir: str | None = None) -> Settings:
+def load_settings(
+    root: str | os.PathLike, remotes: dict[str, str] | None = None, cache_dir: str | None = None
+) -> Settings:
     """Resolve the settings for project ``root`` with CLI overrides on top (BadInput, exit 2, for a
     setting of the wrong type or value, naming its file and key)."""
     root = Path(root).resolve()
@@ -213,9 +238,16 @@ def load_settings(root: str | os.PathLike, remotes: dict[str, str] | None = None
         merged.update(remotes)
     if cache_dir:
         cache = Path(cache_dir).expanduser().resolve()
-    return Settings(root=root, remotes=merged, cache_dir=cache, worktree_dir=worktree_dir,
-                    tp=table.get("tp", DEFAULT_TP), pp=table.get("pp", DEFAULT_PP),
-                    release_lines=table.get("release-lines", ()), python=table.get("python"))
+    return Settings(
+        root=root,
+        remotes=merged,
+        cache_dir=cache,
+        worktree_dir=worktree_dir,
+        tp=table.get("tp", DEFAULT_TP),
+        pp=table.get("pp", DEFAULT_PP),
+        release_lines=table.get("release-lines", ()),
+        python=table.get("python"),
+    )
 
 
 def persist_overrides(settings: Settings, remotes: dict[str, str] | None, cache_dir: str | None) -> None:

@@ -80,7 +80,9 @@ def _refusal(tree: Path, parts: list[str], dir_fd: int) -> UnsafePath:
     except OSError:
         link = False
     what = "is a symlink" if link else "is not a directory or regular file"
-    return UnsafePath(f"{Path(tree, *parts)} {what}; rocmport never reads or writes through a link (it could lead out of the tree)")
+    return UnsafePath(
+        f"{Path(tree, *parts)} {what}; rocmport never reads or writes through a link (it could lead out of the tree)"
+    )
 
 
 def _open_dir(tree: Path, parts: list[str], create: bool) -> int:

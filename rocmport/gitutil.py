@@ -69,7 +69,16 @@ def run_git(
     timeout: float | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``git ARGS`` and return the CompletedProcess; raise GitError when ``check`` and it fails."""
-    cmd = ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false", *map(str, args)]
+    cmd = [
+        "git",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "commit.gpgSign=false",
+        "-c",
+        "tag.gpgSign=false",
+        *map(str, args),
+    ]
     if isinstance(input, str) and not text:
         input = input.encode()
     proc = subprocess.run(
@@ -134,8 +143,18 @@ def status_paths(tree: str | os.PathLike, untracked: str = "normal") -> list[str
 
 
 # Lock files git creates while it writes (never under objects/): a killed git leaves them behind.
-_TOP_LOCKS = ("index.lock", "HEAD.lock", "ORIG_HEAD.lock", "FETCH_HEAD.lock", "config.lock", "packed-refs.lock", "shallow.lock",
-              "MERGE_HEAD.lock", "CHERRY_PICK_HEAD.lock", "AUTO_MERGE.lock")
+_TOP_LOCKS = (
+    "index.lock",
+    "HEAD.lock",
+    "ORIG_HEAD.lock",
+    "FETCH_HEAD.lock",
+    "config.lock",
+    "packed-refs.lock",
+    "shallow.lock",
+    "MERGE_HEAD.lock",
+    "CHERRY_PICK_HEAD.lock",
+    "AUTO_MERGE.lock",
+)
 
 
 def git_lock_files(git_dir: Path) -> list[Path]:

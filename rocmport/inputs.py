@@ -20,10 +20,14 @@ def decode(data: bytes, where: str | os.PathLike, fix: str = "save it as UTF-8")
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise BadInput(f"{where}: not UTF-8 at byte {exc.start} (line {line}, byte 0x{data[exc.start]:02x}); {fix}") from None
+        raise BadInput(
+            f"{where}: not UTF-8 at byte {exc.start} (line {line}, byte 0x{data[exc.start]:02x}); {fix}"
+        ) from None
 
 
-def read_text(path: str | os.PathLike, what: str, *, max_bytes: int | None = None, fix: str = "save it as UTF-8") -> str:
+def read_text(
+    path: str | os.PathLike, what: str, *, max_bytes: int | None = None, fix: str = "save it as UTF-8"
+) -> str:
     """A user file as text: missing, unreadable, too large or not UTF-8 is BadInput naming it."""
     path = Path(path)
     try:
@@ -59,10 +63,13 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
         try:
             hash(key)
         except TypeError:
-            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value", key_node.start_mark) from None
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value", key_node.start_mark
+            ) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+                None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark
+            )
         seen[key] = key_node.start_mark.line
     return loader.construct_mapping(node, deep=deep)
 
@@ -79,16 +86,27 @@ def parse_yaml(text: str, where: str | os.PathLike, fix: str = "fix the file"):
         what = exc.problem or exc.context or "invalid YAML"
         if "maximum nesting depth" in what:  # libyaml's word for what the pure-Python parser hits as RecursionError
             raise BadInput(f"{where}: not valid YAML (nested too deeply); {fix}") from None
-        raise BadInput(f"{where}: not valid YAML{f' at line {mark.line + 1}' if mark else ''} ({what}); {fix}") from None
+        raise BadInput(
+            f"{where}: not valid YAML{f' at line {mark.line + 1}' if mark else ''} ({what}); {fix}"
+        ) from None
     except yaml.YAMLError as exc:
-        raise BadInput(f"{where}: not valid YAML ({str(exc).splitlines()[0] if str(exc) else 'invalid'}); {fix}") from None
+        raise BadInput(
+            f"{where}: not valid YAML ({str(exc).splitlines()[0] if str(exc) else 'invalid'}); {fix}"
+        ) from None
     except RecursionError:
         raise BadInput(f"{where}: not valid YAML (nested too deeply); {fix}") from None
 
 
 def type_name(value) -> str:
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list", dict: "a mapping",
-            type(None): "empty"}.get(type(value), f"a {type(value).__name__}")
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+        type(None): "empty",
+    }.get(type(value), f"a {type(value).__name__}")
 
 
 def is_int(value) -> bool:

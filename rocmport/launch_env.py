@@ -4,11 +4,27 @@
 from __future__ import annotations
 
 LAUNCH_ENV: list[tuple[str, str, str]] = [
-    ("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron's TP/SP overlap assumes one hardware queue orders comms before compute"),
+    (
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "1",
+        "Megatron's TP/SP overlap assumes one hardware queue orders comms before compute",
+    ),
     ("GPU_MAX_HW_QUEUES", "2", "HIP's equivalent knob: few hardware queues keep RCCL and compute streams ordered"),
-    ("HSA_NO_SCRATCH_RECLAIM", "1", "stops the ROCm runtime reclaiming scratch memory mid-run (stalls and hangs in RCCL)"),
-    ("HSA_ENABLE_SCRATCH_ASYNC_RECLAIM", "0", "no asynchronous scratch reclaim either (AMD's Primus images: HSA_STATUS_ERROR_OUT_OF_RESOURCES otherwise)"),
-    ("TORCH_NCCL_HIGH_PRIORITY", "1", "puts RCCL collectives on high-priority streams so they are not starved by compute"),
+    (
+        "HSA_NO_SCRATCH_RECLAIM",
+        "1",
+        "stops the ROCm runtime reclaiming scratch memory mid-run (stalls and hangs in RCCL)",
+    ),
+    (
+        "HSA_ENABLE_SCRATCH_ASYNC_RECLAIM",
+        "0",
+        "no asynchronous scratch reclaim either (AMD's Primus images: HSA_STATUS_ERROR_OUT_OF_RESOURCES otherwise)",
+    ),
+    (
+        "TORCH_NCCL_HIGH_PRIORITY",
+        "1",
+        "puts RCCL collectives on high-priority streams so they are not starved by compute",
+    ),
     ("NCCL_CHECKS_DISABLE", "1", "skips RCCL's per-call argument checks (latency on every collective)"),
     ("RCCL_MSCCL_ENABLE", "0", "MSCCL algorithms are not validated for Megatron's collectives; use RCCL's defaults"),
 ]

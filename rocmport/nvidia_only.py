@@ -59,7 +59,9 @@ def _top(name: str) -> str:
 def handles_import_error(handler: ast.ExceptHandler) -> bool:
     """Does this `except` catch an ImportError (bare, ImportError, ModuleNotFoundError, Exception)?"""
     names = [handler.type] if not isinstance(handler.type, ast.Tuple) else list(handler.type.elts)
-    return handler.type is None or any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception") for n in names)
+    return handler.type is None or any(
+        isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception") for n in names
+    )
 
 
 def _guarded(node: ast.AST, parents: dict) -> bool:
@@ -74,12 +76,18 @@ def _guarded(node: ast.AST, parents: dict) -> bool:
     return False
 
 
-def scan_unguarded_imports(tree: str | Path, profile: str = "rocm", paths: list[str] | None = None) -> list[tuple[str, int, str]]:
+def scan_unguarded_imports(
+    tree: str | Path, profile: str = "rocm", paths: list[str] | None = None
+) -> list[tuple[str, int, str]]:
     """(path, line, module) for every module-level import of a listed module that nothing guards."""
     names = set(blocked(profile))
     tree = Path(tree)
     out = []
-    files = paths if paths is not None else [str(p.relative_to(tree)) for p in sorted(tree.rglob("*.py")) if ".git" not in p.parts]
+    files = (
+        paths
+        if paths is not None
+        else [str(p.relative_to(tree)) for p in sorted(tree.rglob("*.py")) if ".git" not in p.parts]
+    )
     for rel in files:
         try:
             mod = ast.parse((tree / rel).read_text(encoding="utf-8"))

@@ -40,7 +40,7 @@ def warn(msg: str) -> None:
 
 
 def elapsed(seconds: float) -> str:
-    """"7 s", "2m05s", "1h02m": how long a step has run."""
+    """ "7 s", "2m05s", "1h02m": how long a step has run."""
     s = int(seconds)
     return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
@@ -87,8 +87,13 @@ def progress(description: str):
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         console = Console(stderr=True)
-        with Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(), console=console,
-                      transient=True) as bar:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}", markup=False),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task(redact(description), total=None)
             _LIVE.append(console)
             _STEPS.append(_Step(description, start, bar, task))

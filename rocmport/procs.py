@@ -103,7 +103,9 @@ def _raise_stop(signum, frame):
 
 
 @contextmanager
-def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Path | None = None, then: str = "") -> Iterator[Scope]:
+def run_scope(
+    prefix: str, finished: Callable[[], str] = lambda: "", pycache: Path | None = None, then: str = ""
+) -> Iterator[Scope]:
     """A run's processes and temporary files. Inside: every child started from os.environ carries
     the run's mark and a private TMPDIR, and this process's own temporary files go there too; SIGINT
     and SIGTERM raise Stop. On leaving (normally, by an error or by a signal): every marked process
@@ -151,9 +153,13 @@ def run_scope(prefix: str, finished: Callable[[], str] = lambda: "", pycache: Pa
         done = finished() or "nothing had finished"
         if inner is not None:
             done, ended = f"{done} ({inner.done})", ended + inner.ended
-        raise Interrupted(f"interrupted by {signal.Signals(stop.signum).name}; {done}; "
-                          f"ended the {ended} process(es) still running and removed {tmp}{'; ' + then if then else ''}",
-                          stop.signum, done, ended) from None
+        raise Interrupted(
+            f"interrupted by {signal.Signals(stop.signum).name}; {done}; "
+            f"ended the {ended} process(es) still running and removed {tmp}{'; ' + then if then else ''}",
+            stop.signum,
+            done,
+            ended,
+        ) from None
 
 
 @contextmanager
@@ -198,8 +204,9 @@ def pool_initializer() -> tuple[Callable[[int], None], tuple[int]]:
     return _die_with, (os.getpid(),)
 
 
-def pool_map(fn: Callable[[T], R], items: list[T], jobs: int, chunksize: int = 1,
-             each: Callable[[int], None] = lambda done: None) -> list[R]:
+def pool_map(
+    fn: Callable[[T], R], items: list[T], jobs: int, chunksize: int = 1, each: Callable[[int], None] = lambda done: None
+) -> list[R]:
     """``[fn(i) for i in items]`` in ``jobs`` worker processes that die with this one (kill -9 included);
     ``each(n)`` after the n-th result (progress). On an interrupt (Stop, KeyboardInterrupt) or any error
     the workers are killed at once: a pool left by ``with`` waits for the items already queued to it
@@ -215,7 +222,9 @@ def pool_map(fn: Callable[[T], R], items: list[T], jobs: int, chunksize: int = 1
             each(len(done))
         return done
     except BaseException:
-        workers = list((getattr(pool, "_processes", None) or {}).values())  # the executor's own; no public handle before 3.14
+        workers = list(
+            (getattr(pool, "_processes", None) or {}).values()
+        )  # the executor's own; no public handle before 3.14
         for worker in workers:
             worker.kill()
         pool.shutdown(wait=False, cancel_futures=True)

@@ -13,9 +13,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 # scheme://userinfo@ anywhere in a text (error messages, progress lines, git's stderr).
 _USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s'\"]+)@")
-CREDENTIAL_HELP = ("credentials in a URL are used for this run only and never stored or printed; "
-                   "keep them in a git credential helper (`git config --global credential.helper store`, "
-                   "or your forge's helper) and give the URL without them")
+CREDENTIAL_HELP = (
+    "credentials in a URL are used for this run only and never stored or printed; "
+    "keep them in a git credential helper (`git config --global credential.helper store`, "
+    "or your forge's helper) and give the URL without them"
+)
 
 
 def _keep_user(scheme: str, userinfo: str) -> str | None:
@@ -27,9 +29,11 @@ def _keep_user(scheme: str, userinfo: str) -> str | None:
 
 def redact(text: str) -> str:
     """``text`` with every URL's secret user-info replaced by `***`."""
+
     def sub(m: re.Match) -> str:
         keep = _keep_user(m.group(1), m.group(2))
         return m.group(0) if keep is not None else f"{m.group(1)}***@"
+
     return _USERINFO_RE.sub(sub, text) if "@" in text else text
 
 

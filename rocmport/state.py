@@ -16,8 +16,15 @@ from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 
 T = TypeVar("T")
-_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false",
-               type(None): "null"}
+_JSON_NAMES = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 
 
 class Invalid(ValueError):
@@ -58,7 +65,9 @@ def expect(data: Any, kind: type | tuple[type, ...], where: str) -> Any:
     return data
 
 
-def value_of(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str = "", *, required: bool = True) -> Any:
+def value_of(
+    data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str = "", *, required: bool = True
+) -> Any:
     """``data[key]`` checked to be a ``kind``; a missing optional key (or null) gives None."""
     name = f"{where}.{key}" if where else key
     if data.get(key) is None:

@@ -12,13 +12,13 @@ from pathlib import PurePosixPath
 
 @dataclass(frozen=True)
 class Upstream:
-    name: str                                  # the key in upstream.lock, patchsets/<name>/ and build/<name>
-    url: str                                   # the canonical git URL (what the lock records)
-    distribution: str                          # the package-index distribution it is published as
-    package_dir: str                           # the Python package inside the tree (holds package_info.py)
+    name: str  # the key in upstream.lock, patchsets/<name>/ and build/<name>
+    url: str  # the canonical git URL (what the lock records)
+    distribution: str  # the package-index distribution it is published as
+    package_dir: str  # the Python package inside the tree (holds package_info.py)
     # The default codemod recipe (`apply --codemods-only`, a new series): names or {name, options}.
     default_codemods: tuple[str | dict, ...] = ()
-    excluded_paths: tuple[str, ...] = ()       # left out of the default recipe's sparse checkout
+    excluded_paths: tuple[str, ...] = ()  # left out of the default recipe's sparse checkout
 
     @property
     def module(self) -> str:
@@ -50,10 +50,25 @@ MEGATRON_LM = Upstream(
     url="https://github.com/NVIDIA/Megatron-LM.git",
     distribution="megatron-core",
     package_dir="megatron/core",
-    default_codemods=("apex-to-torch", "fused-kernel-fallbacks", "guard-nvidia-only-imports", "attention-backend-env",
-                      "te-version-gates", "device-probes", "flash-attention-hooks", "capability-gates", "grouped-gemm",
-                      "launch-env", "deterministic-env", "tp-comm-overlap", "async-checkpoint-spawn", "dataloader-mp-context",
-                      "nccl-allocator-rccl", "async-save-strategy", "empty-cache-interval"),
+    default_codemods=(
+        "apex-to-torch",
+        "fused-kernel-fallbacks",
+        "guard-nvidia-only-imports",
+        "attention-backend-env",
+        "te-version-gates",
+        "device-probes",
+        "flash-attention-hooks",
+        "capability-gates",
+        "grouped-gemm",
+        "launch-env",
+        "deterministic-env",
+        "tp-comm-overlap",
+        "async-checkpoint-spawn",
+        "dataloader-mp-context",
+        "nccl-allocator-rccl",
+        "async-save-strategy",
+        "empty-cache-interval",
+    ),
 )
 
 MEGATRON_BRIDGE = Upstream(
@@ -63,9 +78,17 @@ MEGATRON_BRIDGE = Upstream(
     package_dir="src/megatron/bridge",
     # Bridge imports TE unconditionally (peft/lora*.py; transformer_engine_torch from v0.4): guard it
     # so `import megatron.bridge` works without TE.
-    default_codemods=({"name": "guard-nvidia-only-imports",
-                       "options": {"packages": {"transformer_engine": "transformer-engine",
-                                                "transformer_engine_torch": "transformer-engine"}}},),
+    default_codemods=(
+        {
+            "name": "guard-nvidia-only-imports",
+            "options": {
+                "packages": {
+                    "transformer_engine": "transformer-engine",
+                    "transformer_engine_torch": "transformer-engine",
+                }
+            },
+        },
+    ),
     excluded_paths=("docs",),
 )
 
@@ -81,11 +104,18 @@ def upstream_of_path(relpath: str) -> Upstream:
 
 
 # The install manifests apply's last step rewrites (globs relative to a work tree).
-MANIFEST_GLOBS: tuple[str, ...] = ("pyproject.toml", "requirements*.txt", "requirements/*.txt", "megatron/*/requirements*.txt")
+MANIFEST_GLOBS: tuple[str, ...] = (
+    "pyproject.toml",
+    "requirements*.txt",
+    "requirements/*.txt",
+    "megatron/*/requirements*.txt",
+)
 
 
 def later_step_paths() -> tuple[str, ...]:
     """Where the steps after the patches write in a work tree (globs): the codemods' helper, the
     manifests, and what `build` stamps into its copy. A patch may not put a symlink at or above one."""
-    stamped = [p for u in UPSTREAMS.values() for p in (u.helper_path, u.package_info, f"{u.package_dir}/_rocm_build.py")]
+    stamped = [
+        p for u in UPSTREAMS.values() for p in (u.helper_path, u.package_info, f"{u.package_dir}/_rocm_build.py")
+    ]
     return (*stamped, *MANIFEST_GLOBS)

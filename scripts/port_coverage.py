@@ -36,7 +36,13 @@ ITEMS = REPO / "docs" / "coverage" / "items.yaml"
 SITES = REPO / "docs" / "coverage" / "sites.json"
 DOC = REPO / "docs" / "rocm-port-coverage.md"
 # The release each line's sites are counted at (the newest final tag of the line).
-RELEASES = {"v0.15": "core_v0.15.3", "v0.16": "core_v0.16.1", "v0.17": "core_v0.17.1", "v0.18": "core_v0.18.2", "v0.19": "core_v0.19.0"}
+RELEASES = {
+    "v0.15": "core_v0.15.3",
+    "v0.16": "core_v0.16.1",
+    "v0.17": "core_v0.17.1",
+    "v0.18": "core_v0.18.2",
+    "v0.19": "core_v0.19.0",
+}
 
 
 def recipes() -> dict[str, object]:
@@ -53,18 +59,26 @@ def port_sites(mirror: str, line: str, series, cache: Path | None = None) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         tree.mkdir()
-        archive = subprocess.run(["git", "-C", mirror, "archive", RELEASES[line]], capture_output=True, check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", mirror, "archive", RELEASES[line]], capture_output=True, check=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         for patch in series.patches:
             subprocess.run(["git", "apply", "-"], input=patch.diff, text=True, cwd=tree, check=True)
         result = compute_layers(tree, series.codemods, cache_dir=cache or Path(tmp) / "cache")
     if result.failures:
         raise SystemExit(f"{line}: codemod failures: {result.failures}")
-    return {layer.name: [[r.path, r.line, r.message] for r in layer.all_reports() if r.kind == "site"] for layer in result.layers}
+    return {
+        layer.name: [[r.path, r.line, r.message] for r in layer.all_reports() if r.kind == "site"]
+        for layer in result.layers
+    }
 
 
 def matches(mechanism: dict, site: list) -> bool:
-    return re.search(mechanism.get("message", ""), site[2]) is not None and re.search(mechanism.get("path", ""), site[0]) is not None
+    return (
+        re.search(mechanism.get("message", ""), site[2]) is not None
+        and re.search(mechanism.get("path", ""), site[0]) is not None
+    )
 
 
 def line_cell(item: dict, line: str, series, sites: dict) -> tuple[str, list[str]]:
@@ -109,7 +123,7 @@ def render(items: list[dict], sites: dict, series_by_line: dict) -> str:
         "with their sources). Do not edit; a test fails when this file is stale.",
         "",
         "A cell names the codemod (with its rewritten sites at that release), the patch, or the other part",
-        "of rocmport that handles the item; \"no site\" means the release has nothing to rewrite there.",
+        'of rocmport that handles the item; "no site" means the release has nothing to rewrite there.',
         "",
         "| item | " + " | ".join(f"{ln} ({RELEASES[ln]})" for ln in lines) + " | status |",
         "|---|" + "---|" * (len(lines) + 1),
@@ -120,32 +134,58 @@ def render(items: list[dict], sites: dict, series_by_line: dict) -> str:
         for ln in lines:
             cells[ln], wheres[ln] = line_cell(item, ln, series_by_line[ln], sites)
         st = status(item, cells)
-        out.append(f"| [{item['id']}](#{item['id'].lower()}) {item['title']} | " + " | ".join(cells[ln] or "—" for ln in lines) + f" | {st} |")
+        out.append(
+            f"| [{item['id']}](#{item['id'].lower()}) {item['title']} | "
+            + " | ".join(cells[ln] or "—" for ln in lines)
+            + f" | {st} |"
+        )
         details += [f"### {item['id']}", "", f"**{item['title']}** ({st})", ""]
-        for key, label in (("upstream", "Upstream"), ("amd_fork", "AMD's fork (ROCm/Megatron-LM)"), ("primus", "AMD's Primus"),
-                           ("rocmport", "rocmport"), ("open", "Open, and why")):
+        for key, label in (
+            ("upstream", "Upstream"),
+            ("amd_fork", "AMD's fork (ROCm/Megatron-LM)"),
+            ("primus", "AMD's Primus"),
+            ("rocmport", "rocmport"),
+            ("open", "Open, and why"),
+        ):
             if item.get(key):
                 details.append(f"- {label}: {item[key].strip()}")
         site_lines = [f"  - {ln}: {', '.join(wheres[ln])}" for ln in lines if wheres[ln]]
         if site_lines:
             details += ["- Rewritten sites per line (from the codemods' reports):", *site_lines]
         details.append("")
-    out += ["", "Status: covered (every line where the site exists), partial (a line's recipe lacks the codemod),",
-            "open (not handled; the reason is given).", "", "## Items", "", *details]
+    out += [
+        "",
+        "Status: covered (every line where the site exists), partial (a line's recipe lacks the codemod),",
+        "open (not handled; the reason is given).",
+        "",
+        "## Items",
+        "",
+        *details,
+    ]
     counts = ["## Codemod sites per line", "", "| codemod | " + " | ".join(lines) + " |", "|---|" + "---|" * len(lines)]
     used = sorted({n for ln in lines for n in codemod_names(series_by_line[ln])}, key=list(registry).index)
     for name in used:
-        counts.append(f"| `{name}` | " + " | ".join(str(len(sites.get(ln, {}).get(name, []))) if name in codemod_names(series_by_line[ln]) else "—"
-                                                 for ln in lines) + " |")
+        counts.append(
+            f"| `{name}` | "
+            + " | ".join(
+                str(len(sites.get(ln, {}).get(name, []))) if name in codemod_names(series_by_line[ln]) else "—"
+                for ln in lines
+            )
+            + " |"
+        )
     out += counts + [""]
     return "\n".join(out)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mirror", help="a Megatron-LM git mirror: recompute docs/coverage/sites.json from each line's release")
+    p.add_argument(
+        "--mirror", help="a Megatron-LM git mirror: recompute docs/coverage/sites.json from each line's release"
+    )
     p.add_argument("--cache", type=Path, help="with --mirror: keep the codemods' result cache here (reruns are quick)")
-    p.add_argument("--check", action="store_true", help="exit 1 when docs/rocm-port-coverage.md is stale; write nothing")
+    p.add_argument(
+        "--check", action="store_true", help="exit 1 when docs/rocm-port-coverage.md is stale; write nothing"
+    )
     args = p.parse_args()
     series_by_line = recipes()
     if args.mirror:
@@ -158,7 +198,10 @@ def main() -> int:
     text = render(items, json.loads(SITES.read_text()), series_by_line)
     if args.check:
         if not DOC.is_file() or DOC.read_text() != text:
-            print(f"{DOC.relative_to(REPO) if DOC.is_relative_to(REPO) else DOC} is stale: run python scripts/port_coverage.py", file=sys.stderr)
+            print(
+                f"{DOC.relative_to(REPO) if DOC.is_relative_to(REPO) else DOC} is stale: run python scripts/port_coverage.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     DOC.write_text(text)

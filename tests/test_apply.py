@@ -36,7 +36,11 @@ def test_clean_apply_builds_layered_branch(proj, capsys):
     assert g(t, "rev-parse", "rocmport/base/core_v0.16.1^{commit}") == proj.base
     assert g(t, "rev-parse", "rocmport/port/core_v0.16.1^{commit}") == g(t, "rev-parse", "HEAD")
     msg = g(t, "log", "-1", "--format=%B")
-    assert msg.startswith("make f return 2\n\nmore words") and "Patch: 0001-f.patch" in msg and "Upstream-Status: ROCm-only" in msg
+    assert (
+        msg.startswith("make f return 2\n\nmore words")
+        and "Patch: 0001-f.patch" in msg
+        and "Upstream-Status: ROCm-only" in msg
+    )
     assert (t / "megatron/core/utils.py").read_text() == "def f():\n    return 2\n"
     r = report(proj)
     assert r["patches"][0]["bucket"] == "clean" and r["base"] == proj.base and r["totals"] == {"clean": 1}
@@ -93,9 +97,11 @@ def test_three_way_merge(proj):
 def test_already_upstream_and_not_applicable(proj):
     patch = make_patch(proj.up, {"megatron/core/utils.py": "merged = True\n"})
     # A patch to megatron/training/, which a package-index source (megatron/core only) lacks.
-    other = ("Description: training\nUpstream-Status: Pending\n---\n"
-             "diff --git a/megatron/training/arguments.py b/megatron/training/arguments.py\n"
-             "--- a/megatron/training/arguments.py\n+++ b/megatron/training/arguments.py\n@@ -1 +1 @@\n-x\n+y\n")
+    other = (
+        "Description: training\nUpstream-Status: Pending\n---\n"
+        "diff --git a/megatron/training/arguments.py b/megatron/training/arguments.py\n"
+        "--- a/megatron/training/arguments.py\n+++ b/megatron/training/arguments.py\n@@ -1 +1 @@\n-x\n+y\n"
+    )
     new = proj.upstream_commit({"megatron/core/utils.py": "merged = True\n"}, "upstream merged our patch")
     proj.refresh_mirror()
     proj.pin(new)
@@ -109,7 +115,9 @@ def test_already_upstream_and_not_applicable(proj):
 def conflict_setup(proj):
     good = make_patch(proj.up, {"megatron/core/utils.py": "def f():\n    return 2\n"}, desc="good")
     bad = make_patch(proj.up, {"megatron/core/layers.py": LAYERS.replace("line 20\n", "line twenty\n")}, desc="bad")
-    after = make_patch(proj.up, {"megatron/core/package_info.py": BASE_FILES["megatron/core/package_info.py"] + "# x\n"}, desc="after")
+    after = make_patch(
+        proj.up, {"megatron/core/package_info.py": BASE_FILES["megatron/core/package_info.py"] + "# x\n"}, desc="after"
+    )
     new = proj.upstream_commit({"megatron/core/layers.py": LAYERS.replace("line 20\n", "line 20 changed upstream\n")})
     proj.refresh_mirror()
     proj.pin(new)
@@ -159,7 +167,9 @@ def test_dirty_tree_is_refused_then_backed_up_with_force(proj, capsys):
     capsys.readouterr()
     assert apply(proj) == 2
     err = capsys.readouterr().err
-    assert "uncommitted changes in megatron/core/utils.py" in err and "rocmport patches export" in err and "--force" in err
+    assert (
+        "uncommitted changes in megatron/core/utils.py" in err and "rocmport patches export" in err and "--force" in err
+    )
     assert (proj.tree / "megatron/core/utils.py").read_text() == "my precious edit\n"
     assert apply(proj, "--force") == 0
     backup = g(proj.tree, "for-each-ref", "--format=%(refname)", "refs/rocmport/backup/")
@@ -184,7 +194,10 @@ def test_unexplained_commits_are_refused(proj, capsys):
 def test_kill_mid_apply_then_recover(proj):
     """Interrupted from outside, at a point the test observes: once the state file records a patch,
     the apply's process group is stopped (SIGSTOP), checked, and killed (SIGKILL)."""
-    patches = {f"{i:04d}-p.patch": make_patch(proj.up, {f"megatron/core/new{i}.py": f"x = {i}\n"}, desc=f"p{i}") for i in range(1, 31)}
+    patches = {
+        f"{i:04d}-p.patch": make_patch(proj.up, {f"megatron/core/new{i}.py": f"x = {i}\n"}, desc=f"p{i}")
+        for i in range(1, 31)
+    }
     proj.write_series(patches)
     proc = run_apply_subprocess(proj.root, wait=False)
     state = proj.root / "build" / "megatron-lm" / ".git" / "rocmport-state.json"
@@ -236,8 +249,10 @@ def test_symlink_in_path_is_rejected(proj, capsys):
     g(proj.up, "commit", "-qm", "symlink")
     proj.refresh_mirror()
     proj.pin(g(proj.up, "rev-parse", "HEAD"))
-    patch = ("Description: via link\nUpstream-Status: Pending\n---\n"
-             "diff --git a/escape/x.py b/escape/x.py\nnew file mode 100644\n--- /dev/null\n+++ b/escape/x.py\n@@ -0,0 +1 @@\n+x\n")
+    patch = (
+        "Description: via link\nUpstream-Status: Pending\n---\n"
+        "diff --git a/escape/x.py b/escape/x.py\nnew file mode 100644\n--- /dev/null\n+++ b/escape/x.py\n@@ -0,0 +1 @@\n+x\n"
+    )
     proj.write_series({"0001-link.patch": patch})
     assert apply(proj) == 2
     assert "goes through the symlink escape" in capsys.readouterr().err

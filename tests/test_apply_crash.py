@@ -28,8 +28,11 @@ AMP = "import torch\n\n\n@torch.cuda.amp.custom_fwd\ndef f(x):\n    return x\n"
 def _timed_fresh_apply(root: Path, tree: Path) -> float:
     """Seconds from the moment the apply is observably under way to its end (the kill window)."""
     shutil.rmtree(tree, ignore_errors=True)
-    proc = subprocess.Popen([sys.executable, "-m", "rocmport", "-C", str(root), "apply"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmport", "-C", str(root), "apply"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     state = tree / ".git" / "rocmport-state.json"
     while proc.poll() is None and not (state.exists() and "in-progress" in state.read_text(errors="replace")):
         time.sleep(0.005)
@@ -40,14 +43,18 @@ def _timed_fresh_apply(root: Path, tree: Path) -> float:
 
 def _rounds(root: Path, tree: Path, n: int, capsys) -> None:
     assert run_apply(root)[0] == 0
-    reference = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True, check=True).stdout.strip()
+    reference = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True, check=True
+    ).stdout.strip()
     window = _timed_fresh_apply(root, tree)
     rounds = [kill_round(root, tree, reference, seed, 0.95 * window) for seed in range(n)]
     with capsys.disabled():
         print(f"\nkill window {window:.1f}s; {summary(rounds)}")
         for r in rounds:
-            print(f"  seed {r.seed}: delay {r.delay}s, {'fresh' if r.fresh else 'rebuild'}, killed={r.killed} at {r.phase}, "
-                  f"user work={r.user_work} refused={r.refused} kept={r.work_kept}, recovered={r.recovered} {r.notes or ''}")
+            print(
+                f"  seed {r.seed}: delay {r.delay}s, {'fresh' if r.fresh else 'rebuild'}, killed={r.killed} at {r.phase}, "
+                f"user work={r.user_work} refused={r.refused} kept={r.work_kept}, recovered={r.recovered} {r.notes or ''}"
+            )
     bad = [r for r in rounds if not r.ok()]
     assert not bad, bad
     assert any(r.killed for r in rounds), "no round was killed mid-apply: the window is wrong"
@@ -60,8 +67,10 @@ def test_kill_apply_at_random_points(tmp_path, monkeypatch, capsys):
     files["pyproject.toml"] = '[project]\nname = "megatron-core"\ndependencies = ["torch", "transformer-engine"]\n'
     proj.pin(proj.upstream_commit(files))
     proj.refresh_mirror()
-    patches = {f"{i:04d}-p.patch": make_patch(proj.up, {f"megatron/core/new{i}.py": f"x = {i}\n" * 50}, desc=f"p{i}")
-               for i in range(1, 13)}
+    patches = {
+        f"{i:04d}-p.patch": make_patch(proj.up, {f"megatron/core/new{i}.py": f"x = {i}\n" * 50}, desc=f"p{i}")
+        for i in range(1, 13)
+    }
     proj.write_series(patches, codemods=["apex-to-torch", "guard-nvidia-only-imports"])
     _rounds(proj.root, proj.tree, int(os.environ.get("ROCMPORT_CRASH_KILLS", "3")), capsys)
 
@@ -75,7 +84,22 @@ def test_kill_apply_on_the_real_megatron_lm(tmp_path, monkeypatch, capsys):
     root = tmp_path / "project"
     root.mkdir()
     shutil.copytree(REPO / "patchsets", root / "patchsets")
-    sync = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(root), "sync", "--ref", "v0.16", "--no-bridge",
-                           "--remote", f"megatron-lm={MLM}"], capture_output=True, text=True)
+    sync = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocmport",
+            "-C",
+            str(root),
+            "sync",
+            "--ref",
+            "v0.16",
+            "--no-bridge",
+            "--remote",
+            f"megatron-lm={MLM}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert sync.returncode == 0, sync.stderr
     _rounds(root, root / "build" / "megatron-lm", int(os.environ.get("ROCMPORT_CRASH_KILLS", "20")), capsys)

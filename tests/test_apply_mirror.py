@@ -47,13 +47,35 @@ def assert_noop(err: str, *upstreams: str) -> None:
 
 @pytest.mark.mirror
 @needs_mirrors
-@pytest.mark.parametrize("line, ref, bridge_ref", [
-    ("v0.15", "core_v0.15.3", "v0.2.2"), ("v0.16", "core_v0.16.1", "v0.3.1"), ("v0.17", "core_v0.17.1", "v0.4.2"),
-    ("v0.18", "core_v0.18.2", "v0.5.1"), ("v0.19", "core_v0.19.0", "v0.6.0")])
+@pytest.mark.parametrize(
+    "line, ref, bridge_ref",
+    [
+        ("v0.15", "core_v0.15.3", "v0.2.2"),
+        ("v0.16", "core_v0.16.1", "v0.3.1"),
+        ("v0.17", "core_v0.17.1", "v0.4.2"),
+        ("v0.18", "core_v0.18.2", "v0.5.1"),
+        ("v0.19", "core_v0.19.0", "v0.6.0"),
+    ],
+)
 def test_mirror_sync_apply_every_line(tmp_path, monkeypatch, capsys, line, ref, bridge_ref):
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
     root = project_with(tmp_path / "project")
-    assert main(["-C", str(root), "sync", "--ref", line, "--remote", f"megatron-lm={MLM}", "--remote", f"megatron-bridge={BRIDGE}"]) == 0
+    assert (
+        main(
+            [
+                "-C",
+                str(root),
+                "sync",
+                "--ref",
+                line,
+                "--remote",
+                f"megatron-lm={MLM}",
+                "--remote",
+                f"megatron-bridge={BRIDGE}",
+            ]
+        )
+        == 0
+    )
     start = time.monotonic()
     assert main(["-C", str(root), "apply"]) == 0
     cold = time.monotonic() - start
@@ -82,7 +104,9 @@ def test_pypi_sync_apply(tmp_path, real_index, capsys):
     assert main(["-C", str(root), "apply"]) == 0
     report = check_layered(root, "megatron-lm", "0.16.1", series_patch_count("v0.16"))
     assert report["patches"][0]["bucket"] == "clean"
-    text = (root / "build" / "megatron-lm" / "megatron/core/dist_checkpointing/strategies/filesystem_async.py").read_text()
+    text = (
+        root / "build" / "megatron-lm" / "megatron/core/dist_checkpointing/strategies/filesystem_async.py"
+    ).read_text()
     assert "HIP < 7.1" in text
     capsys.readouterr()
     assert main(["-C", str(root), "apply"]) == 0
@@ -103,8 +127,12 @@ def test_pypi_sync_apply(tmp_path, real_index, capsys):
         "    except (AssertionError, RuntimeError):\n"
         "        print(hip, 'synchronize')\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], cwd=root / "build" / "megatron-lm", capture_output=True, text=True, timeout=300)
-    assert out.stdout.splitlines() == ["6.3.42131-fa1d09cbd blocking", "7.1.0 synchronize", "None synchronize"], out.stderr[-2000:]
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=root / "build" / "megatron-lm", capture_output=True, text=True, timeout=300
+    )
+    assert out.stdout.splitlines() == ["6.3.42131-fa1d09cbd blocking", "7.1.0 synchronize", "None synchronize"], (
+        out.stderr[-2000:]
+    )
     # verify stages 1-2 at tp2×pp2 on the ported sdist tree: the CPU proxy on gloo (runs in CI).
     verify_ported(root, tmp_path)
 
@@ -112,11 +140,30 @@ def test_pypi_sync_apply(tmp_path, real_index, capsys):
 def verify_ported(root: Path, tmp_path: Path, *extra: str) -> dict:
     report_file, junit = tmp_path / "verify.json", tmp_path / "verify.xml"
     start = time.monotonic()
-    rc = main(["-C", str(root), "verify", "--tp", "2", "--pp", "2", "--report", str(report_file), "--junit", str(junit), *extra])
+    rc = main(
+        [
+            "-C",
+            str(root),
+            "verify",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--report",
+            str(report_file),
+            "--junit",
+            str(junit),
+            *extra,
+        ]
+    )
     seconds = time.monotonic() - start
     data = json.loads(report_file.read_text())
     assert rc == 0, data["stages"]
-    assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and (data["tp"], data["pp"], data["world_size"]) == (2, 2, 4)
+    assert (
+        data["mode"] == "cpu-proxy"
+        and data["backend"] == "gloo"
+        and (data["tp"], data["pp"], data["world_size"]) == (2, 2, 4)
+    )
     hip = "--no-hip-sim" not in extra
     assert (data["hip_sim"] or {}).get("arch") == ("gfx942" if hip else None)
     bridge = "pass" if (root / "build" / "megatron-bridge").is_dir() else "skipped"
@@ -125,11 +172,20 @@ def verify_ported(root: Path, tmp_path: Path, *extra: str) -> dict:
     full = (root / "build" / "megatron-lm" / "pretrain_gpt.py").is_file()
     upstream = "pass" if full else "skipped"
     assert [(s["name"], s["status"]) for s in data["stages"]] == [
-        ("imports", "pass"), ("gpt-training", "pass"), ("unit-tests", upstream), ("functional", upstream), ("bridge", bridge)]
+        ("imports", "pass"),
+        ("gpt-training", "pass"),
+        ("unit-tests", upstream),
+        ("functional", upstream),
+        ("bridge", bridge),
+    ]
     unit, functional = data["stages"][2], data["stages"][3]
     if full:
-        assert unit["counts"]["passed"] > 0 and not {"port-regression", "unverified", "missing-dependency"} & set(unit["labels"].values())
-        assert not any(v == "error" for k, v in unit["outcomes"].items() if "::" not in k)  # every default file imported
+        assert unit["counts"]["passed"] > 0 and not {"port-regression", "unverified", "missing-dependency"} & set(
+            unit["labels"].values()
+        )
+        assert not any(
+            v == "error" for k, v in unit["outcomes"].items() if "::" not in k
+        )  # every default file imported
         assert len(unit["tests"]) >= 7 and all(unit["why"].values())
         assert unit["peak"]["threads"] < 200, unit["peak"]
         resume = functional["resume"]
@@ -147,9 +203,15 @@ def verify_ported(root: Path, tmp_path: Path, *extra: str) -> dict:
         b = data["bridge_training"]
         assert b["losses"][-1] < b["losses"][0] and b["tied_embeddings_equal"]
     t = data["training"]
-    assert t["losses"][-1] < t["losses"][0] and t["tied_embeddings_equal"] and t["max_abs_diff"] <= t["tolerance"] <= 1e-5 * max(map(abs, t["reference_losses"]))
+    assert (
+        t["losses"][-1] < t["losses"][0]
+        and t["tied_embeddings_equal"]
+        and t["max_abs_diff"] <= t["tolerance"] <= 1e-5 * max(map(abs, t["reference_losses"]))
+    )
     assert junit.read_text().startswith("<testsuites")
-    print(f"verify tp2×pp2 proxy: {seconds:.1f}s, loss {t['losses'][0]:.3f} -> {t['losses'][-1]:.3f}, max |Δ| {t['max_abs_diff']:.2g}")
+    print(
+        f"verify tp2×pp2 proxy: {seconds:.1f}s, loss {t['losses'][0]:.3f} -> {t['losses'][-1]:.3f}, max |Δ| {t['max_abs_diff']:.2g}"
+    )
     return data
 
 
@@ -158,7 +220,22 @@ def verify_ported(root: Path, tmp_path: Path, *extra: str) -> dict:
 def test_mirror_v016_verify(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
     root = project_with(tmp_path / "project")
-    assert main(["-C", str(root), "sync", "--ref", "v0.16", "--remote", f"megatron-lm={MLM}", "--remote", f"megatron-bridge={BRIDGE}"]) == 0
+    assert (
+        main(
+            [
+                "-C",
+                str(root),
+                "sync",
+                "--ref",
+                "v0.16",
+                "--remote",
+                f"megatron-lm={MLM}",
+                "--remote",
+                f"megatron-bridge={BRIDGE}",
+            ]
+        )
+        == 0
+    )
     assert main(["-C", str(root), "apply"]) == 0
     lacking = [m for m in ("pytest_mock", "mock", "pybind11") if importlib.util.find_spec(m) is None]
     if lacking:  # stages 3 and 4 would fail, rightly, with the pip command
@@ -168,9 +245,33 @@ def test_mirror_v016_verify(tmp_path, monkeypatch, capsys):
         print(f"stage 1 imported {len(data['stages'][0]['modules'])} modules; stage 2 {data['stages'][1]['seconds']}s")
         # The CUDA path of the same tree (the HIP simulation's control): stage 4 passes there too.
         report = tmp_path / "cuda-path.json"
-        assert main(["-C", str(root), "verify", "--tp", "2", "--pp", "2", "--no-hip-sim", "--stages", "1,2,4", "--report", str(report)]) == 0
+        assert (
+            main(
+                [
+                    "-C",
+                    str(root),
+                    "verify",
+                    "--tp",
+                    "2",
+                    "--pp",
+                    "2",
+                    "--no-hip-sim",
+                    "--stages",
+                    "1,2,4",
+                    "--report",
+                    str(report),
+                ]
+            )
+            == 0
+        )
         cuda = json.loads(report.read_text())
-        assert cuda["hip_sim"] is None and [s["status"] for s in cuda["stages"]] == ["pass", "pass", "skipped", "pass", "skipped"]
+        assert cuda["hip_sim"] is None and [s["status"] for s in cuda["stages"]] == [
+            "pass",
+            "pass",
+            "skipped",
+            "pass",
+            "skipped",
+        ]
         assert cuda["functional"]["resume"]["max_abs_diff"] <= 1e-5
 
 
@@ -210,9 +311,11 @@ def test_v015_unified_memory_allocator_is_not_built_at_import(tmp_path, real_ind
     g(tree, "worktree", "add", "-q", "--detach", str(base), "rocmport/base/0.15.3")
 
     def probe(where: Path, hip: str) -> str:
-        out = subprocess.run([sys.executable, "-c", UVM_PROBE, hip], cwd=where, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", UVM_PROBE, hip], cwd=where, capture_output=True, text=True, timeout=300
+        )
         return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-2000:]
 
-    assert probe(base, "none") == "IndexError 1"          # upstream: the import fails
-    assert probe(tree, "none") == "False 1"               # ported: upstream's own fallback, unified memory off
+    assert probe(base, "none") == "IndexError 1"  # upstream: the import fails
+    assert probe(tree, "none") == "False 1"  # ported: upstream's own fallback, unified memory off
     assert probe(tree, "6.4.43482-0f2d60242") == "False 0"  # ROCm: the CUDA-only allocator is never built

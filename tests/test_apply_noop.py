@@ -36,18 +36,24 @@ print(json.dumps({"code": code, "heavy": sorted({m.split(".")[0] if m.startswith
 @pytest.fixture()
 def proj(tmp_path, monkeypatch):
     p = Project(tmp_path, monkeypatch)
-    p.write_series({"0001-f.patch": make_patch(p.up, {"megatron/core/utils.py": "x = 1\n"})},
-                   codemods=["apex-to-torch", "guard-nvidia-only-imports", "launch-env"])
+    p.write_series(
+        {"0001-f.patch": make_patch(p.up, {"megatron/core/utils.py": "x = 1\n"})},
+        codemods=["apex-to-torch", "guard-nvidia-only-imports", "launch-env"],
+    )
     return p
 
 
 def run(proj: Project, *args: str) -> tuple[int, list[str], str, str]:
     """``rocmport ARGS`` in a fresh interpreter: exit code, heavy modules loaded, stdout (less the
     runner's line), stderr."""
-    env = {**os.environ, "ROCMPORT_CACHE_DIR": str(proj.cache),
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", RUNNER, *args], capture_output=True, text=True, env=env, timeout=300,
-                          cwd=proj.tmp)
+    env = {
+        **os.environ,
+        "ROCMPORT_CACHE_DIR": str(proj.cache),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, *args], capture_output=True, text=True, env=env, timeout=300, cwd=proj.tmp
+    )
     *out, last = proc.stdout.rstrip("\n").split("\n")
     result = json.loads(last)
     return result["code"], result["heavy"], "\n".join(out), proc.stderr
@@ -70,9 +76,14 @@ def test_a_noop_apply_loads_no_codemod_and_says_what_apply_says(proj):
 def test_a_changed_input_is_not_a_noop(proj):
     assert run(proj, "-C", str(proj.root), "apply")[0] == 0
     # A codemod's options change the inputs hash: the full apply runs and rebuilds.
-    proj.write_series({"0001-f.patch": make_patch(proj.up, {"megatron/core/utils.py": "x = 1\n"})},
-                      codemods=["apex-to-torch", {"name": "guard-nvidia-only-imports", "options": {"packages": {"foo": "foo"}}},
-                                "launch-env"])
+    proj.write_series(
+        {"0001-f.patch": make_patch(proj.up, {"megatron/core/utils.py": "x = 1\n"})},
+        codemods=[
+            "apex-to-torch",
+            {"name": "guard-nvidia-only-imports", "options": {"packages": {"foo": "foo"}}},
+            "launch-env",
+        ],
+    )
     code, heavy, _, err = run(proj, "-C", str(proj.root), "apply")
     assert code == 0 and "libcst" in heavy and "nothing to do" not in err
     # An uncommitted edit: never "up to date"; the full apply refuses, as it does for any edit.
@@ -92,11 +103,15 @@ def test_help_and_status_load_neither_libcst_nor_torch(proj):
 def test_apply_reads_only_the_selected_series(proj):
     other = proj.root / "patchsets" / "megatron-lm" / "v0.17"
     other.mkdir()
-    (other / "series").write_text("upstream: megatron-lm\nline: v0.17\nversions: '>=0.17.0,<0.18.0'\npatches: [0001-gone.patch]\n")
+    (other / "series").write_text(
+        "upstream: megatron-lm\nline: v0.17\nversions: '>=0.17.0,<0.18.0'\npatches: [0001-gone.patch]\n"
+    )
     # Another line's series names a patch file that is not there: that line is not built, so not read.
     code, _, _, err = run(proj, "-C", str(proj.root), "apply")
     assert code == 0, err
     # The selected series is read whole: the same fault there is refused.
-    (proj.series_dir / "series").write_text((proj.series_dir / "series").read_text().replace("0001-f.patch", "0001-gone.patch"))
+    (proj.series_dir / "series").write_text(
+        (proj.series_dir / "series").read_text().replace("0001-f.patch", "0001-gone.patch")
+    )
     code, _, _, err = run(proj, "-C", str(proj.root), "apply")
     assert code == 2 and "0001-gone.patch" in err, err

@@ -64,8 +64,12 @@ def layer(name: str) -> int:
 
 def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
     """The reader itself: an import inside a function body and a relative import both count."""
-    known = {"rocmport.a": tmp_path / "a.py", "rocmport.b": tmp_path / "b.py", "rocmport.p": tmp_path / "p" / "__init__.py",
-             "rocmport.p.c": tmp_path / "p" / "c.py"}
+    known = {
+        "rocmport.a": tmp_path / "a.py",
+        "rocmport.b": tmp_path / "b.py",
+        "rocmport.p": tmp_path / "p" / "__init__.py",
+        "rocmport.p.c": tmp_path / "p" / "c.py",
+    }
     (tmp_path / "a.py").write_text("def f():\n    from rocmport.b import x\n")
     assert imports("rocmport.a", known["rocmport.a"], known) == {"rocmport.b"}
     (tmp_path / "p").mkdir()
@@ -74,9 +78,11 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path):
 
 
 def test_only_the_command_layer_imports_the_command_layer():
-    offenders = {name: sorted(d for d in deps if d.startswith("rocmport.commands") or d in ENTRY_POINTS)
-                 for name, deps in graph().items()
-                 if not name.startswith("rocmport.commands") and name not in ENTRY_POINTS}
+    offenders = {
+        name: sorted(d for d in deps if d.startswith("rocmport.commands") or d in ENTRY_POINTS)
+        for name, deps in graph().items()
+        if not name.startswith("rocmport.commands") and name not in ENTRY_POINTS
+    }
     assert {n: d for n, d in offenders.items() if d} == {}
 
 
@@ -140,31 +146,62 @@ def upstream_facts() -> tuple[set[str], set[str]]:
     modules, helper paths) and fragments no other literal may contain (URLs, helper paths)."""
     from rocmport.upstreams import UPSTREAMS
 
-    whole = {f for u in UPSTREAMS.values() for f in (u.name, u.url, u.web_url, u.distribution, u.package_dir, u.module,
-                                                      u.package_info, u.helper_path, u.helper_module)}
-    parts = {f for u in UPSTREAMS.values()
-             for f in (u.web_url.removeprefix("https://"), u.helper_path, u.helper_module, u.package_info)}
+    whole = {
+        f
+        for u in UPSTREAMS.values()
+        for f in (
+            u.name,
+            u.url,
+            u.web_url,
+            u.distribution,
+            u.package_dir,
+            u.module,
+            u.package_info,
+            u.helper_path,
+            u.helper_module,
+        )
+    }
+    parts = {
+        f
+        for u in UPSTREAMS.values()
+        for f in (u.web_url.removeprefix("https://"), u.helper_path, u.helper_module, u.package_info)
+    }
     return whole, parts
 
 
 def upstream_literals(source: str, whole: set[str], parts: set[str]) -> list[tuple[int, str]]:
     """The string literals of ``source`` (docstrings aside) that spell an upstream fact."""
     tree = ast.parse(source)
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-            and (node.value in whole or any(p in node.value for p in parts)))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and (node.value in whole or any(p in node.value for p in parts))
+    )
 
 
 def test_the_literal_reader_finds_facts_in_code_not_in_docstrings():
     whole, parts = upstream_facts()
-    source = ('"""megatron-lm"""\ndef f():\n    """megatron/core/_rocm.py"""\n'
-              '    return ("megatron-lm", "megatron-lm/x",\n'
-              '            f"see https://github.com/NVIDIA/Megatron-LM/commit/{1}", "megatron.core._rocm")\n')
-    assert upstream_literals(source, whole, parts) == [(4, "megatron-lm"), (5, "megatron.core._rocm"),
-                                                       (5, "see https://github.com/NVIDIA/Megatron-LM/commit/")]
+    source = (
+        '"""megatron-lm"""\ndef f():\n    """megatron/core/_rocm.py"""\n'
+        '    return ("megatron-lm", "megatron-lm/x",\n'
+        '            f"see https://github.com/NVIDIA/Megatron-LM/commit/{1}", "megatron.core._rocm")\n'
+    )
+    assert upstream_literals(source, whole, parts) == [
+        (4, "megatron-lm"),
+        (5, "megatron.core._rocm"),
+        (5, "see https://github.com/NVIDIA/Megatron-LM/commit/"),
+    ]
 
 
 def test_upstream_facts_are_spelled_only_in_upstreams_py():

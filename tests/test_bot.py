@@ -31,8 +31,15 @@ def port(tmp_path, monkeypatch):
 def _release_0_16_2(port: Ported) -> str:
     """core_v0.16.2 on a release branch, tagged after core_v0.17.0 (as upstream does)."""
     g(port.up, "checkout", "-q", "-b", "core_r0.16.0", "core_v0.16.1")
-    sha = commit(port.up, {"megatron/core/package_info.py": "MAJOR = 0\nMINOR = 16\nPATCH = 2\nPRE_RELEASE = \"\"\n",
-                           "docs/index.md": "patch release docs\n"}, "0.16.2", "2025-06-01T00:00:00+00:00")
+    sha = commit(
+        port.up,
+        {
+            "megatron/core/package_info.py": 'MAJOR = 0\nMINOR = 16\nPATCH = 2\nPRE_RELEASE = ""\n',
+            "docs/index.md": "patch release docs\n",
+        },
+        "0.16.2",
+        "2025-06-01T00:00:00+00:00",
+    )
     g(port.up, "tag", "core_v0.16.2")
     g(port.up, "checkout", "-q", "main")
     return sha
@@ -49,15 +56,22 @@ def test_two_releases_processed_in_version_order_on_their_own_branches(port, cap
     capsys.readouterr()
     assert port.run("bot", "--once", "--no-verify", "--json") == 0
     done = json.loads(capsys.readouterr().out)["processed"]
-    assert [d["tag"] for d in done] == ["core_v0.16.2", "core_v0.17.0"] and {d["status"] for d in done} == {"not-verified"}
+    assert [d["tag"] for d in done] == ["core_v0.16.2", "core_v0.17.0"] and {d["status"] for d in done} == {
+        "not-verified"
+    }
     assert {d["reason"] for d in done} == {"verify was skipped (--no-verify)"}
     # The project is back on main, untouched.
-    assert g(port.root, "rev-parse", "--abbrev-ref", "HEAD") == "main" and g(port.root, "rev-parse", "HEAD") == main_head
+    assert (
+        g(port.root, "rev-parse", "--abbrev-ref", "HEAD") == "main" and g(port.root, "rev-parse", "HEAD") == main_head
+    )
     assert g(port.root, "status", "--porcelain") == ""
     b16, b17 = "rocmport/refresh-core_v0.16.2", "rocmport/refresh-core_v0.17.0"
     assert subjects(port, b16, 2) == ["bump upstream.lock to core_v0.16.2", "summary of the refresh to core_v0.16.2"]
-    assert subjects(port, b17, 3) == ["bump upstream.lock to core_v0.17.0", "refresh patches for core_v0.17.0",
-                                      "summary of the refresh to core_v0.17.0"]
+    assert subjects(port, b17, 3) == [
+        "bump upstream.lock to core_v0.17.0",
+        "refresh patches for core_v0.17.0",
+        "summary of the refresh to core_v0.17.0",
+    ]
     # The PRs stack: 0.17.0 builds on the 0.16.2 branch; each commit is the bot's.
     assert g(port.root, "merge-base", "--is-ancestor", b16, b17) == ""
     assert set(g(port.root, "log", "--format=%ae", f"main..{b17}").splitlines()) == {bot.BOT_EMAIL}
@@ -74,8 +88,12 @@ def test_upstreamed_patch_is_dropped_in_its_own_commit(port):
     port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
     assert port.run("bot", "--once", "--no-verify") == 0
     b = "rocmport/refresh-core_v0.17.0"
-    assert subjects(port, b, 4) == ["bump upstream.lock to core_v0.17.0", "refresh patches for core_v0.17.0",
-                                    "drop upstreamed patches", "summary of the refresh to core_v0.17.0"]
+    assert subjects(port, b, 4) == [
+        "bump upstream.lock to core_v0.17.0",
+        "refresh patches for core_v0.17.0",
+        "drop upstreamed patches",
+        "summary of the refresh to core_v0.17.0",
+    ]
     # Bisectable: the refresh commit still lists the patch; the drop commit removes it with the evidence.
     assert "0003-utils.patch" in g(port.root, "show", f"{b}~2:patchsets/megatron-lm/v0.17/series").split("patches:")[1]
     drop = g(port.root, "show", "--stat", "--format=%B", f"{b}~1")
@@ -99,7 +117,10 @@ def test_failed_release_is_not_retried_until_inputs_change(port, capsys):
     (port.series_dir / "0002-layers-thirty.patch").unlink()
     g(port.root, "commit", "-qam", "drop 0002")
     assert port.run("bot", "--once", "--no-verify") == 0
-    assert json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]["status"] == "not-verified"
+    assert (
+        json.loads((port.root / ".rocmport" / "bot-state.json").read_text())["tags"]["core_v0.17.0"]["status"]
+        == "not-verified"
+    )
 
 
 def test_concurrent_run_is_refused(port, capsys):
@@ -121,8 +142,12 @@ def test_push_to_a_bare_remote_never_over_a_human(port, tmp_path):
     assert g(remote, "rev-parse", b) == g(port.root, "rev-parse", b)
     # A bot-only rewrite of the branch may replace the remote one ...
     g(port.root, "checkout", "-q", b)
-    subprocess.run(["git", "commit", "-q", "--amend", "-m", "summary again"], cwd=port.root, check=True,
-                   env={**os.environ, **bot.BOT_ENV})
+    subprocess.run(
+        ["git", "commit", "-q", "--amend", "-m", "summary again"],
+        cwd=port.root,
+        check=True,
+        env={**os.environ, **bot.BOT_ENV},
+    )
     g(port.root, "checkout", "-q", "main")
     assert bot.push(port.root, str(remote), b, warn=print) == "replaced"
     # ... but once a human added a commit there, the bot never force-pushes.
@@ -131,8 +156,12 @@ def test_push_to_a_bare_remote_never_over_a_human(port, tmp_path):
     commit(human, {"NOTE.md": "reviewed\n"}, "human review note")
     g(human, "push", "-q", "origin", b)
     g(port.root, "checkout", "-q", b)
-    subprocess.run(["git", "commit", "-q", "--amend", "-m", "summary a third time"], cwd=port.root, check=True,
-                   env={**os.environ, **bot.BOT_ENV})
+    subprocess.run(
+        ["git", "commit", "-q", "--amend", "-m", "summary a third time"],
+        cwd=port.root,
+        check=True,
+        env={**os.environ, **bot.BOT_ENV},
+    )
     g(port.root, "checkout", "-q", "main")
     warnings = []
     assert bot.push(port.root, str(remote), b, warn=warnings.append) == "refused"
@@ -169,7 +198,9 @@ def test_a_push_that_failed_is_pushed_by_the_next_run_with_push(port, tmp_path, 
 
 def test_track_main_and_release_lines(port, capsys):
     port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
-    head = port.upstream_commit({"megatron/core/package_info.py": "MAJOR = 0\nMINOR = 18\nPATCH = 0\nPRE_RELEASE = \"rc0\"\n"}, "main moves")
+    head = port.upstream_commit(
+        {"megatron/core/package_info.py": 'MAJOR = 0\nMINOR = 18\nPATCH = 0\nPRE_RELEASE = "rc0"\n'}, "main moves"
+    )
     settings = load_settings(port.root)
     assert [c.name for c in bot.candidates(settings, "main", None, say=print)] == [f"main@{head[:12]}"]
     assert [c.name for c in bot.candidates(settings, "release", ["v0.16"], say=print)] == []
@@ -214,14 +245,16 @@ WORKFLOW = REPO / ".github" / "workflows" / "rocmport-refresh.yml"
 
 def _lint(path: Path) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("check-jsonschema")
-    return subprocess.run([str(exe), "--builtin-schema", "vendor.github-workflows", str(path)], capture_output=True, text=True)
+    return subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.github-workflows", str(path)], capture_output=True, text=True
+    )
 
 
 def test_shipped_workflow_passes_the_github_workflow_schema_and_runs_the_bot(tmp_path):
     proc = _lint(WORKFLOW)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = WORKFLOW.read_text()
-    assert "rocmport bot --once --track \"${{ matrix.track }}\" --push origin --json" in text and "schedule:" in text
+    assert 'rocmport bot --once --track "${{ matrix.track }}" --push origin --json' in text and "schedule:" in text
     # refresh's verify runs on new releases: Python 3.12 (v0.17+ require it) and verify's extras.
     steps = yaml.safe_load(text)["jobs"]["refresh"]["steps"]
     setup = next(s for s in steps if s.get("uses", "").startswith("actions/setup-python"))
@@ -330,11 +363,14 @@ def _render(value, variables):
     return value
 
 
-@pytest.mark.parametrize("variables, tracks, gpu", [
-    ({}, ["release"], None),
-    ({"ROCMPORT_TRACKS": '["release", "main"]'}, ["release", "main"], None),
-    ({"ROCMPORT_GPU_RUNNER": '["self-hosted", "rocm", "mi300x"]'}, ["release"], ["self-hosted", "rocm", "mi300x"]),
-])
+@pytest.mark.parametrize(
+    "variables, tracks, gpu",
+    [
+        ({}, ["release"], None),
+        ({"ROCMPORT_TRACKS": '["release", "main"]'}, ["release", "main"], None),
+        ({"ROCMPORT_GPU_RUNNER": '["self-hosted", "rocm", "mi300x"]'}, ["release"], ["self-hosted", "rocm", "mi300x"]),
+    ],
+)
 def test_the_workflow_renders_its_tracks_and_the_gpu_job_from_repository_variables(variables, tracks, gpu):
     jobs = yaml.safe_load(WORKFLOW.read_text())["jobs"]
     assert _render(jobs["refresh"]["strategy"], variables)["matrix"]["track"] == tracks
@@ -346,6 +382,12 @@ def test_the_workflow_renders_its_tracks_and_the_gpu_job_from_repository_variabl
     if gpu:
         assert _render(job["runs-on"], variables) == gpu and job["needs"] == "refresh"
         script = next(s for s in job["steps"] if s.get("name") == "Verify each built branch on the GPU")["run"]
-        for what in ("rocmport emit docker", "rocmport doctor", "rocmport verify --tp 2 --pp 2", "--record-golden",
-                     "gh pr comment", "--device=/dev/kfd"):
+        for what in (
+            "rocmport emit docker",
+            "rocmport doctor",
+            "rocmport verify --tp 2 --pp 2",
+            "--record-golden",
+            "gh pr comment",
+            "--device=/dev/kfd",
+        ):
             assert what in script, what

@@ -65,9 +65,16 @@ def test_bridge_training_entry_point_is_imported_behind_the_firewall(tmp_path):
     (training / "pretrain.py").write_text("import modelopt.torch.opt  # an unguarded NVIDIA-only import\n")
     result, training_data = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
     assert result.status == "fail" and training_data == {}
-    assert result.details["modules"] == ["megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.training.pretrain"]
+    assert result.details["modules"] == [
+        "megatron.bridge",
+        "megatron.bridge.models.gpt_provider",
+        "megatron.bridge.training.pretrain",
+    ]
     assert list(result.details["failures"]) == ["megatron.bridge.training.pretrain"]
-    assert result.reason.startswith("megatron.bridge.training.pretrain: ModuleNotFoundError") and "(missing: modelopt" in result.reason
+    assert (
+        result.reason.startswith("megatron.bridge.training.pretrain: ModuleNotFoundError")
+        and "(missing: modelopt" in result.reason
+    )
 
 
 def test_import_failure_from_a_dependency_outside_bridge_s_declared_range_says_environment(tmp_path):
@@ -79,20 +86,34 @@ def test_import_failure_from_a_dependency_outside_bridge_s_declared_range_says_e
     mlm = tmp_path / "megatron-lm"
     (mlm / "megatron").mkdir(parents=True)
     installed = metadata.version("PyYAML")
-    pyproject = ('[project]\nname = "megatron-bridge"\n'
-                 'dependencies = ["pyyaml<1.0", "click>=1", "torch<0.1", "megatron-core>=99", "nosuchdist-rocmport>=1"]\n')
-    tree = _bridge_tree(tmp_path, "import yaml.modeling_attn_mask_utils  # gone from the installed release\n", pyproject)
+    pyproject = (
+        '[project]\nname = "megatron-bridge"\n'
+        'dependencies = ["pyyaml<1.0", "click>=1", "torch<0.1", "megatron-core>=99", "nosuchdist-rocmport>=1"]\n'
+    )
+    tree = _bridge_tree(
+        tmp_path, "import yaml.modeling_attn_mask_utils  # gone from the installed release\n", pyproject
+    )
     result, _ = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
     assert result.status == "fail"
-    assert result.reason.startswith("megatron.bridge: ModuleNotFoundError") and "(missing: yaml.modeling_attn_mask_utils)" in result.reason
-    assert f"an environment problem: pyyaml {installed} is installed, Megatron-Bridge declares pyyaml<1.0 (pyproject.toml)" in result.reason
+    assert (
+        result.reason.startswith("megatron.bridge: ModuleNotFoundError")
+        and "(missing: yaml.modeling_attn_mask_utils)" in result.reason
+    )
+    assert (
+        f"an environment problem: pyyaml {installed} is installed, Megatron-Bridge declares pyyaml<1.0 (pyproject.toml)"
+        in result.reason
+    )
     assert result.reason.endswith(f"`{sys.executable} -m pip install 'pyyaml<1.0'`")
     # click is within its range; torch and megatron-core are verify's own business; the absent one is the probe's.
     assert result.details["declared_unmet"] == {"pyyaml": {"installed": installed, "declared": "pyyaml<1.0"}}
 
-    other = _bridge_tree(tmp_path / "other", "import modelopt.torch.opt  # an unguarded NVIDIA-only import\n", pyproject)
+    other = _bridge_tree(
+        tmp_path / "other", "import modelopt.torch.opt  # an unguarded NVIDIA-only import\n", pyproject
+    )
     result, _ = stage_bridge(other, _env(tmp_path, mlm), 1, 1, 1, 2)
-    assert result.status == "fail" and "environment problem" not in result.reason and "(missing: modelopt" in result.reason
+    assert (
+        result.status == "fail" and "environment problem" not in result.reason and "(missing: modelopt" in result.reason
+    )
 
 
 def test_the_readme_s_python_3_12_block_installs_the_pins_stage_5_suggests():
@@ -131,10 +152,19 @@ def test_stage_5_suggests_the_readme_s_pin_when_bridge_s_declared_range_admits_i
     mlm = tmp_path / "megatron-lm"
     (mlm / "megatron").mkdir(parents=True)
     gone = "import transformers.rocmport_gone_module  # as Bridge imports a module a newer transformers removed\n"
-    for declared, wanted in (("transformers>=5.8,<=5.12.1", " ".join(f"'{p}'" for p in BRIDGE_PINS)), ("transformers<5", "'transformers<5'")):
-        tree = _bridge_tree(tmp_path / declared.replace("<", "lt").replace(">", "gt").replace(",", "_").replace("=", "e"), gone,
-                            f'[project]\nname = "megatron-bridge"\ndependencies = ["{declared}"]\n')
+    for declared, wanted in (
+        ("transformers>=5.8,<=5.12.1", " ".join(f"'{p}'" for p in BRIDGE_PINS)),
+        ("transformers<5", "'transformers<5'"),
+    ):
+        tree = _bridge_tree(
+            tmp_path / declared.replace("<", "lt").replace(">", "gt").replace(",", "_").replace("=", "e"),
+            gone,
+            f'[project]\nname = "megatron-bridge"\ndependencies = ["{declared}"]\n',
+        )
         result, _ = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
-        assert result.status == "fail" and f"an environment problem: transformers {installed} is installed" in result.reason, result.reason
+        assert (
+            result.status == "fail"
+            and f"an environment problem: transformers {installed} is installed" in result.reason
+        ), result.reason
         assert f"-m pip install {wanted}`" in result.reason
         assert ("the README's pin" in result.reason) == (declared != "transformers<5")

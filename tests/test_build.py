@@ -75,12 +75,19 @@ def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, real_in
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    ).stdout.strip()
     Path(site, "borrowed-torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, capture_output=True)
-    probe = ("import importlib.metadata as m, megatron.core, megatron.core._rocm as r, megatron.core._rocm_build as b; "
-             "print(m.version('megatron-core'), b.SERIES_HASH == %r, r.is_hip(), megatron.core.__file__)" % built["metadata"]["series_hash"])
-    proc = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
+    probe = (
+        "import importlib.metadata as m, megatron.core, megatron.core._rocm as r, megatron.core._rocm_build as b; "
+        "print(m.version('megatron-core'), b.SERIES_HASH == %r, r.is_hip(), megatron.core.__file__)"
+        % built["metadata"]["series_hash"]
+    )
+    proc = subprocess.run(
+        [str(py), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     version, same_hash, hip, where = proc.stdout.split()
     assert (version, same_hash, hip) == ("0.16.1+rocm.1", "True", "False") and str(venv) in where
@@ -89,12 +96,23 @@ def test_build_wheel_of_the_ported_sdist_installs_with_no_deps(tmp_path, real_in
 def _buildable(proj: Project, requires_python: str | None, setup_py: str | None = None) -> None:
     """The project's upstream becomes a buildable megatron-core (setuptools) declaring ``requires_python``."""
     project = '[project]\nname = "megatron-core"\n' + (
-        f'requires-python = "{requires_python}"\ndynamic = ["version"]\n' if requires_python else 'dynamic = ["version", "requires-python"]\n')
-    files = {"pyproject.toml": '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n' + project
-             + '\n[tool.setuptools.packages.find]\ninclude = ["megatron*"]\n'
-             + ('' if setup_py else '\n[tool.setuptools.dynamic]\nversion = {attr = "megatron.core.package_info.__version__"}\n'),
-             "megatron/__init__.py": "", "megatron/core/__init__.py": "",
-             "megatron/core/package_info.py": "MAJOR, MINOR, PATCH = 0, 16, 1\n__version__ = '0.16.1'\n"}
+        f'requires-python = "{requires_python}"\ndynamic = ["version"]\n'
+        if requires_python
+        else 'dynamic = ["version", "requires-python"]\n'
+    )
+    files = {
+        "pyproject.toml": '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        + project
+        + '\n[tool.setuptools.packages.find]\ninclude = ["megatron*"]\n'
+        + (
+            ""
+            if setup_py
+            else '\n[tool.setuptools.dynamic]\nversion = {attr = "megatron.core.package_info.__version__"}\n'
+        ),
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/package_info.py": "MAJOR, MINOR, PATCH = 0, 16, 1\n__version__ = '0.16.1'\n",
+    }
     if setup_py:
         files["setup.py"] = setup_py
     sha = proj.upstream_commit(files, "buildable")
@@ -112,10 +130,18 @@ def test_a_python_without_pypa_build_is_refused_from_the_project_root(tmp_path, 
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     python = str(bare / "bin" / "python")
     for cwd in (proj.root, tmp_path):
-        proc = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(proj.root), "build", "--no-check-deps", "--python", python],
-                              capture_output=True, text=True, cwd=cwd, env=os.environ.copy(), timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "rocmport", "-C", str(proj.root), "build", "--no-check-deps", "--python", python],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            env=os.environ.copy(),
+            timeout=120,
+        )
         assert proc.returncode == 2, (cwd, proc.stderr)
-        assert f"{python} (Python {platform.python_version()}) has no `build` package to build with" in proc.stderr, proc.stderr
+        assert f"{python} (Python {platform.python_version()}) has no `build` package to build with" in proc.stderr, (
+            proc.stderr
+        )
         assert f"`{python} -m pip install build`" in proc.stderr
     assert not (proj.root / "dist").exists()
 
@@ -130,7 +156,10 @@ def test_build_needs_the_python_the_tree_requires(tmp_path, monkeypatch, capsys)
     err = capsys.readouterr().err
     assert "megatron-lm requires Python >=3.99; no such Python here" in err and "give --python PATH" in err
     assert main(["-C", str(proj.root), "build", "--python", sys.executable]) == 2
-    assert f"--python {sys.executable} is Python {platform.python_version()}, but megatron-lm requires Python >=3.99" in capsys.readouterr().err
+    assert (
+        f"--python {sys.executable} is Python {platform.python_version()}, but megatron-lm requires Python >=3.99"
+        in capsys.readouterr().err
+    )
     assert not (proj.root / "dist").exists()
 
 
@@ -146,5 +175,7 @@ def test_a_wheel_its_python_cannot_install_fails_the_build(tmp_path, monkeypatch
     [record] = out["built"]
     assert any(f.endswith(".whl") for f in record["files"]) and out["python"] == platform.python_version()
     assert "requires a different Python" in record["installable"]["error"]
-    assert out["problems"] == [f"megatron-lm: {Path(next(f for f in record['files'] if f.endswith('.whl'))).name} cannot be installed by "
-                               f"Python {platform.python_version()} ({sys.executable}): {record['installable']['error']}"]
+    assert out["problems"] == [
+        f"megatron-lm: {Path(next(f for f in record['files'] if f.endswith('.whl'))).name} cannot be installed by "
+        f"Python {platform.python_version()} ({sys.executable}): {record['installable']['error']}"
+    ]

@@ -21,7 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 def rocmport(*args: str, cache: Path, code: str | None = None) -> subprocess.CompletedProcess:
     """``python -m rocmport ARGS``, or ``python -c CODE`` (which calls rocmport.cli.main itself)."""
-    env = {**os.environ, "ROCMPORT_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "ROCMPORT_CACHE_DIR": str(cache),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "rocmport", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
@@ -50,7 +54,9 @@ def test_a_bug_exits_70_with_one_line_and_the_traceback_in_a_log_file(tmp_path):
     logs = list((tmp_path / "cache" / "logs").glob("crash-*.log"))
     assert len(logs) == 1 and str(logs[0]) in proc.stderr
     text = logs[0].read_text()
-    assert "Traceback (most recent call last)" in text and 'KeyError: \'missing key\'' in text and "argv: ['buggy']" in text
+    assert (
+        "Traceback (most recent call last)" in text and "KeyError: 'missing key'" in text and "argv: ['buggy']" in text
+    )
 
 
 def test_a_bug_logs_to_the_temporary_directory_when_the_cache_cannot_be_written(tmp_path):
@@ -79,17 +85,32 @@ def test_a_failing_file_system_exits_1_naming_the_path(tmp_path):
     build_mlm(mlm)
     project = tmp_path / "project"
     (project / "upstream.lock" / "not-a-file").mkdir(parents=True)  # a directory where the lock goes
-    proc = rocmport("-C", str(project), "sync", "--ref", "v0.16", "--no-bridge", "--remote", f"megatron-lm={mlm}",
-                    cache=tmp_path / "cache")
+    proc = rocmport(
+        "-C",
+        str(project),
+        "sync",
+        "--ref",
+        "v0.16",
+        "--no-bridge",
+        "--remote",
+        f"megatron-lm={mlm}",
+        cache=tmp_path / "cache",
+    )
     assert proc.returncode == EXIT_PROBLEM
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("rocmport: error: ") and str(project / "upstream.lock") in proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("rocmport: error: ")
+        and str(project / "upstream.lock") in proc.stderr
+    )
 
 
 def test_bad_input_stays_2(tmp_path):
     proc = rocmport("-C", str(tmp_path), "apply", cache=tmp_path / "cache")
     assert proc.returncode == EXIT_USAGE
-    assert proc.stderr == f"rocmport: error: {tmp_path.resolve() / 'upstream.lock'}: no lock file; run `rocmport sync --ref REF` first\n"
+    assert (
+        proc.stderr
+        == f"rocmport: error: {tmp_path.resolve() / 'upstream.lock'}: no lock file; run `rocmport sync --ref REF` first\n"
+    )
 
 
 def test_the_command_listing_is_each_commands_own_first_line():

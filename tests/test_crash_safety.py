@@ -139,7 +139,9 @@ def test_recovery_keeps_the_interrupted_steps_leftovers_without_refusing(proj, c
 
 def test_recovery_takes_its_own_in_flight_commit_for_its_own(proj):
     """Killed between a commit and the state update: HEAD is one rocmport commit past last_good."""
-    patches = {f"000{i}-p.patch": make_patch(proj.up, {f"megatron/core/new{i}.py": f"x = {i}\n"}, desc=f"p{i}") for i in (1, 2)}
+    patches = {
+        f"000{i}-p.patch": make_patch(proj.up, {f"megatron/core/new{i}.py": f"x = {i}\n"}, desc=f"p{i}") for i in (1, 2)
+    }
     proj.write_series(patches)
     assert apply(proj) == 0
     s = state(proj)
@@ -208,8 +210,16 @@ def test_abort_and_continue_act_on_the_tree_that_stopped(proj, capsys):
     g(proj.tmp, "clone", "-q", "--bare", str(bup), str(proj.cache / "mirrors" / "megatron-bridge.git"))
     _conflict(proj)
     lock = load_lock(proj.root / "upstream.lock")
-    lock.upstreams["megatron-bridge"] = Pin("https://github.com/NVIDIA-NeMo/Megatron-Bridge.git", "git", "v0.3.1", "v0.3.1", bbase,
-                                            "2025-01-01T00:00:00+00:00", version="0.3.1", chosen_by="override")
+    lock.upstreams["megatron-bridge"] = Pin(
+        "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git",
+        "git",
+        "v0.3.1",
+        "v0.3.1",
+        bbase,
+        "2025-01-01T00:00:00+00:00",
+        version="0.3.1",
+        chosen_by="override",
+    )
     lock.save(proj.root / "upstream.lock")
     d = proj.root / "patchsets" / "megatron-bridge" / "v0.3"
     d.mkdir(parents=True)

@@ -24,11 +24,16 @@ MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
 REPO = Path(__file__).resolve().parents[1]
 REL = "megatron/training/training.py"
 PATCH = "0004-training-ddp-side-stream-waits-for-default-stream.patch"
-pytestmark = [pytest.mark.mirror, pytest.mark.skipif(not MLM, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")]
+pytestmark = [
+    pytest.mark.mirror,
+    pytest.mark.skipif(not MLM, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror"),
+]
 
 
 def show(tag: str) -> str:
-    return subprocess.run(["git", "--git-dir", MLM, "show", f"{tag}:{REL}"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", MLM, "show", f"{tag}:{REL}"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def patched_v015(tmp_path: Path) -> str:
@@ -58,7 +63,11 @@ def ddp_block(source: str) -> list[ast.stmt]:
 
 
 def test_patched_v015_is_upstreams_v016_fix(tmp_path):
-    before, after, fixed = ddp_block(show("core_v0.15.3")), ddp_block(patched_v015(tmp_path)), ddp_block(show("core_v0.16.1"))
+    before, after, fixed = (
+        ddp_block(show("core_v0.15.3")),
+        ddp_block(patched_v015(tmp_path)),
+        ddp_block(show("core_v0.16.1")),
+    )
     assert [ast.dump(s) for s in after] == [ast.dump(s) for s in fixed]
     assert len(before) == 1 and "wait_stream" not in ast.unparse(before[0])
 
@@ -90,7 +99,9 @@ def run_block(tmp_path: Path, block: list[ast.stmt], hip: bool) -> list[str]:
     from tests.test_hip_sim import run_probe
 
     code = RECORD + textwrap.dedent("\n".join(ast.unparse(s) for s in block)) + "\nprint(json.dumps(events))\n"
-    proc = run_probe(tmp_path / ("hip" if hip else "cuda"), hip_sim.child_env(hip_sim.DEFAULT_VERSION) if hip else {}, code=code)
+    proc = run_probe(
+        tmp_path / ("hip" if hip else "cuda"), hip_sim.child_env(hip_sim.DEFAULT_VERSION) if hip else {}, code=code
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

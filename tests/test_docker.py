@@ -50,7 +50,9 @@ def _lint(path: Path) -> subprocess.CompletedProcess:
 
 
 def test_dockerfile_content_and_hadolint(tmp_path):
-    text = dockerfile(remaining_requirements(_trees(tmp_path), {"megatron-core": ["mlm"]}), base_tag="rocm7.0_test", arch="gfx942")
+    text = dockerfile(
+        remaining_requirements(_trees(tmp_path), {"megatron-core": ["mlm"]}), base_tag="rocm7.0_test", arch="gfx942"
+    )
     assert "ARG ROCM_PYTORCH_TAG=rocm7.0_test\n" in text and "\nFROM rocm/pytorch:${ROCM_PYTORCH_TAG} AS base\n" in text
     assert 'ARG PYTORCH_ROCM_ARCH="gfx942"' in text and "PYTORCH_ROCM_ARCH=${PYTORCH_ROCM_ARCH}" in text
     env = text.split("\nENV ")[-1].split("\n\n")[0]
@@ -73,8 +75,10 @@ def test_dockerfile_content_and_hadolint(tmp_path):
     proc = _lint(path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # The linter is real: the same file with a pip cache, or with a `cd` in RUN, fails.
-    for bad in (text.replace("pip install --no-cache-dir --constraint", "pip install --constraint"),
-                text.replace("RUN pip install --no-cache-dir --no-deps", "RUN cd /tmp && pip install --no-cache-dir --no-deps")):
+    for bad in (
+        text.replace("pip install --no-cache-dir --constraint", "pip install --constraint"),
+        text.replace("RUN pip install --no-cache-dir --no-deps", "RUN cd /tmp && pip install --no-cache-dir --no-deps"),
+    ):
         assert bad != text
         path.write_text(bad)
         assert _lint(path).returncode != 0
@@ -98,9 +102,15 @@ def test_every_line_renders_and_lints(tmp_path, line):
     series = load_series(PATCHSETS / "megatron-lm" / line / "series")
     matrix = series.rocm
     chosen, _ = components.choose(matrix, "all", ["gfx942", "gfx950"])
-    text = dockerfile(remaining_requirements(_trees(tmp_path), {"megatron-core": ["mlm"]}, {"transformer-engine"}),
-                      base_tag=matrix.base_tag, arch="gfx942;gfx950", choices=chosen, matrix=matrix, file_name="Dockerfile.rocm",
-                      sdists=[Sdist("megatron-core"), Sdist("megatron-bridge", isolation=False)])
+    text = dockerfile(
+        remaining_requirements(_trees(tmp_path), {"megatron-core": ["mlm"]}, {"transformer-engine"}),
+        base_tag=matrix.base_tag,
+        arch="gfx942;gfx950",
+        choices=chosen,
+        matrix=matrix,
+        file_name="Dockerfile.rocm",
+        sdists=[Sdist("megatron-core"), Sdist("megatron-bridge", isolation=False)],
+    )
     path = tmp_path / "Dockerfile.rocm"
     path.write_text(text)
     proc = _lint(path)
@@ -111,20 +121,31 @@ def test_every_line_renders_and_lints(tmp_path, line):
     for choice in chosen:
         c = choice.component
         stage = c.name.replace("_", "-")
-        assert f"FROM base AS {stage}\n" in text and f"COPY --from={stage} /opt/rocmport/wheels/ /tmp/rocmport-components/" in text
+        assert (
+            f"FROM base AS {stage}\n" in text
+            and f"COPY --from={stage} /opt/rocmport/wheels/ /tmp/rocmport-components/" in text
+        )
         assert f'python -c "{c.smoke}"' in text.split("FROM base AS image")[1]
         if "{" not in c.ref:
             assert f"ARG {c.name.upper()}_REF={c.ref}\n" in text
         # Built without isolation: what its build imports is installed first, the image's torch pinned.
         needs = " ".join(f'"{r}"' for r in c.build_requires)
         assert needs and f"pip install --no-cache-dir --constraint /opt/rocmport/torch-constraint.txt {needs}" in text
-    assert "NVTE_ROCM_ARCH=\"$(echo \"${PYTORCH_ROCM_ARCH}\" | tr ';' ',')\"" in text   # ROCm TE's comma list
-    assert 'GPU_ARCHS="${PYTORCH_ROCM_ARCH}"' in text                                      # flash-attention's ';' list
-    assert ("sed -i '/--offload-arch=gfx942/d' /opt/rocmport/src/grouped_gemm/setup.py" in text) == ("grouped_gemm" in matrix.components)
+    assert "NVTE_ROCM_ARCH=\"$(echo \"${PYTORCH_ROCM_ARCH}\" | tr ';' ',')\"" in text  # ROCm TE's comma list
+    assert 'GPU_ARCHS="${PYTORCH_ROCM_ARCH}"' in text  # flash-attention's ';' list
+    assert ("sed -i '/--offload-arch=gfx942/d' /opt/rocmport/src/grouped_gemm/setup.py" in text) == (
+        "grouped_gemm" in matrix.components
+    )
     # The ported packages are built in the image, for its Python, from the sdists (never host wheels).
     assert "COPY dist/megatron_core-*.tar.gz dist/megatron_bridge-*.tar.gz /opt/rocmport/sdist/" in text
-    assert "pip wheel --no-cache-dir --no-deps --wheel-dir /opt/rocmport/port-wheels /opt/rocmport/sdist/megatron_core-*.tar.gz" in text
-    assert "--no-build-isolation --wheel-dir /opt/rocmport/port-wheels /opt/rocmport/sdist/megatron_bridge-*.tar.gz" in text
+    assert (
+        "pip wheel --no-cache-dir --no-deps --wheel-dir /opt/rocmport/port-wheels /opt/rocmport/sdist/megatron_core-*.tar.gz"
+        in text
+    )
+    assert (
+        "--no-build-isolation --wheel-dir /opt/rocmport/port-wheels /opt/rocmport/sdist/megatron_bridge-*.tar.gz"
+        in text
+    )
     assert "*.whl /tmp" not in text and "COPY dist/*.whl" not in text
     # torch: recorded in the base stage, compared at the end (the build fails if it changed).
     base, final = text.split("FROM base AS image")
@@ -145,13 +166,21 @@ def test_the_torch_check_really_fails_when_torch_changed(tmp_path):
 
     def run(cmd: str, pip_freeze: str) -> subprocess.CompletedProcess:
         (tmp_path / "pip-freeze").write_text(pip_freeze)
-        cmd = cmd.replace("pip freeze", f"cat {tmp_path / 'pip-freeze'}").replace("/opt/rocmport/torch-freeze.txt", str(freeze))
+        cmd = cmd.replace("pip freeze", f"cat {tmp_path / 'pip-freeze'}").replace(
+            "/opt/rocmport/torch-freeze.txt", str(freeze)
+        )
         return subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True)
 
-    image = "numpy==2.1.0\ntorch==2.7.1+rocm7.0.0.git698b58a9\npytorch-triton-rocm==3.3.1\ntorchvision==0.22.1+rocm7.0.0\n"
+    image = (
+        "numpy==2.1.0\ntorch==2.7.1+rocm7.0.0.git698b58a9\npytorch-triton-rocm==3.3.1\ntorchvision==0.22.1+rocm7.0.0\n"
+    )
     assert run(record, image).returncode == 0
-    assert freeze.read_text().splitlines() == ["pytorch-triton-rocm==3.3.1", "torch==2.7.1+rocm7.0.0.git698b58a9", "torchvision==0.22.1+rocm7.0.0"]
-    assert run(check, image.replace("numpy==2.1.0", "numpy==1.26.4")).returncode == 0   # other packages may move
+    assert freeze.read_text().splitlines() == [
+        "pytorch-triton-rocm==3.3.1",
+        "torch==2.7.1+rocm7.0.0.git698b58a9",
+        "torchvision==0.22.1+rocm7.0.0",
+    ]
+    assert run(check, image.replace("numpy==2.1.0", "numpy==1.26.4")).returncode == 0  # other packages may move
     changed = run(check, image.replace("torch==2.7.1+rocm7.0.0.git698b58a9", "torch==2.9.0"))
     assert changed.returncode == 1 and "+torch==2.9.0" in changed.stdout
 
@@ -178,13 +207,19 @@ def test_emit_docker_command(tmp_path, monkeypatch, capsys):
     assert main(["-C", root, "emit", "docker", "-o", str(out), "--extra", "nonsense"]) == 2
     assert main(["-C", root, "emit", "docker", "-o", str(out)]) == 0
     text = out.read_text()
-    assert "docker build -f Dockerfile.gfx942 ." in text and "Dockerfile.rocm" not in text   # the header names its own file
-    assert "rocm7.0_ubuntu24.04_py3.12_pytorch_release_2.7.1" in text                            # the matrix's base image
+    assert (
+        "docker build -f Dockerfile.gfx942 ." in text and "Dockerfile.rocm" not in text
+    )  # the header names its own file
+    assert "rocm7.0_ubuntu24.04_py3.12_pytorch_release_2.7.1" in text  # the matrix's base image
     assert _lint(out).returncode == 0
     # --components none: today's slim image, no component stage.
     slim = tmp_path / "Dockerfile.slim"
     assert main(["-C", root, "emit", "docker", "--components", "none", "-o", str(slim)]) == 0
-    assert "FROM base AS " in slim.read_text() and "transformer-engine" not in slim.read_text() and _lint(slim).returncode == 0
+    assert (
+        "FROM base AS " in slim.read_text()
+        and "transformer-engine" not in slim.read_text()
+        and _lint(slim).returncode == 0
+    )
     capsys.readouterr()
     # Bad options: exit 2, one line naming what to do, nothing written.
     for args, message in (
@@ -204,7 +239,23 @@ def test_emit_docker_command(tmp_path, monkeypatch, capsys):
         assert message in capsys.readouterr().err and not bad.exists(), args
     # What the arch cannot build, swapped for what it can: Radeon with flash-attention's Triton backend.
     radeon = tmp_path / "Dockerfile.radeon"
-    assert main(["-C", root, "emit", "docker", "--arch", "gfx1100", "--components", "apex,flash_attn:triton", "-o", str(radeon)]) == 0
+    assert (
+        main(
+            [
+                "-C",
+                root,
+                "emit",
+                "docker",
+                "--arch",
+                "gfx1100",
+                "--components",
+                "apex,flash_attn:triton",
+                "-o",
+                str(radeon),
+            ]
+        )
+        == 0
+    )
     text = radeon.read_text()
     assert 'FLASH_ATTENTION_TRITON_AMD_ENABLE="TRUE"' in text and "FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE \\" in text
     assert "transformer-engine" not in text and _lint(radeon).returncode == 0

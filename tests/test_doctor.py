@@ -57,8 +57,13 @@ def _doctor(root: Path, *args, site: Path | None = None) -> tuple[int, dict | st
     env = dict(os.environ)
     if site is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(root), "doctor", *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmport", "-C", str(root), "doctor", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     out = json.loads(proc.stdout) if "--json" in args and proc.stdout.strip() else proc.stdout
     return proc.returncode, out, proc.stderr
 
@@ -75,10 +80,12 @@ def test_this_machine_has_none_of_the_components_and_says_so(tmp_path):
     assert set(rows) == {"transformer_engine", "flash_attn", "apex", "grouped_gemm"}
     assert all(r["status"] == "missing" and r["detail"] == "not installed" for r in rows.values())
     assert rows["transformer_engine"]["required"] and rows["transformer_engine"]["problem"]
-    assert not rows["flash_attn"]["problem"]   # optional: missing, but no reason to fail
+    assert not rows["flash_attn"]["problem"]  # optional: missing, but no reason to fail
     assert data["arch"] is None and data["arch_source"] == "none" and data["devices"] == []
-    none = (f"none of the components of {root / 'patchsets/megatron-lm/v0.16/series'} is installed here "
-            "(transformer_engine, flash_attn, apex, grouped_gemm)")
+    none = (
+        f"none of the components of {root / 'patchsets/megatron-lm/v0.16/series'} is installed here "
+        "(transformer_engine, flash_attn, apex, grouped_gemm)"
+    )
     assert data["problems"] == ["transformer_engine: not installed", none]
     rc, text, err = _doctor(root, "--line", "v0.16")
     assert rc == 1
@@ -94,7 +101,10 @@ def test_in_range_and_built_for_the_arch(tmp_path):
     rc, data, err = _doctor(root, "--line", "v0.16", "--arch", "gfx942", "--json", site=site)
     assert rc == 0, err
     rows = _rows(data)
-    assert rows["transformer_engine"]["status"] == "ok" and rows["transformer_engine"]["built_for"] == ["gfx942", "gfx950"]
+    assert rows["transformer_engine"]["status"] == "ok" and rows["transformer_engine"]["built_for"] == [
+        "gfx942",
+        "gfx950",
+    ]
     assert rows["transformer_engine"]["version"] == "2.10.0" and rows["flash_attn"]["status"] == "ok"
     assert rows["apex"]["status"] == "missing" and not rows["apex"]["problem"]
     use = {r["topic"]: r["use"] for r in data["recommendations"]}
@@ -105,15 +115,18 @@ def test_in_range_and_built_for_the_arch(tmp_path):
 def _report(monkeypatch, site: Path, line: str = "v0.16", arch: str | None = "gfx942") -> dict:
     """The same engine in this process, with ``site`` on sys.path (importlib.metadata finds its dist-info)."""
     monkeypatch.syspath_prepend(str(site))
-    return {r.name: r for r in component_report(load_series(REPO / "patchsets" / "megatron-lm" / line / "series").rocm, arch).rows}
+    return {
+        r.name: r
+        for r in component_report(load_series(REPO / "patchsets" / "megatron-lm" / line / "series").rocm, arch).rows
+    }
 
 
 def test_out_of_range_wrong_arch_and_not_importable_fail(tmp_path, monkeypatch):
     old = tmp_path / "old"
-    fake_dist(old, "transformer_engine", "2.14.1", "transformer_engine", ["gfx942"])   # v0.16 runs below 2.13
+    fake_dist(old, "transformer_engine", "2.14.1", "transformer_engine", ["gfx942"])  # v0.16 runs below 2.13
     te = _report(monkeypatch, old)["transformer_engine"]
     assert te.status == "out-of-range" and te.problem and "2.14.1 is outside <2.13,>=2.9.0a0" in te.detail
-    assert _report(monkeypatch, old, "v0.17")["transformer_engine"].status == "ok"   # the line decides
+    assert _report(monkeypatch, old, "v0.17")["transformer_engine"].status == "ok"  # the line decides
     other = tmp_path / "other"
     fake_dist(other, "transformer_engine", "2.10.0", "transformer_engine", ["gfx950"])
     te = _report(monkeypatch, other)["transformer_engine"]
@@ -127,7 +140,7 @@ def test_not_importable_and_unrecorded_arch(tmp_path, monkeypatch):
     te = _report(monkeypatch, broken)["transformer_engine"]
     assert te.status == "not-importable" and te.problem
     plain = tmp_path / "plain"
-    fake_dist(plain, "flash_attn", "2.8.0.post2", "flash_attn")   # no shared library: nothing recorded
+    fake_dist(plain, "flash_attn", "2.8.0.post2", "flash_attn")  # no shared library: nothing recorded
     fa = _report(monkeypatch, plain)["flash_attn"]
     assert fa.status == "ok" and fa.built_for is None and fa.detail == "arch not recorded in its libraries"
 
@@ -139,7 +152,10 @@ def test_arch_recommendations_for_radeon_and_mi50(tmp_path, capsys):
     te = {r.name: r for r in report.rows}["transformer_engine"]
     assert te.status == "not-for-this-arch" and not te.required and not report.problems  # TE does not build for gfx1100
     use = {t: u for t, u, _ in report.recommendations}
-    assert use["layers"] == "--transformer-impl local" and "FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE" in use["flash-attention"]
+    assert (
+        use["layers"] == "--transformer-impl local"
+        and "FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE" in use["flash-attention"]
+    )
     assert use["fp8"].startswith("not available")
     recs = {(t, u) for t, u, _ in component_report(matrix, "gfx906").recommendations}
     assert ("environment", "HSA_OVERRIDE_GFX_VERSION=9.0.6") in recs and ("flash-attention", "none") in recs
@@ -150,7 +166,7 @@ def test_arch_recommendations_for_radeon_and_mi50(tmp_path, capsys):
 
 
 def test_the_locked_line_is_the_default(tmp_path, monkeypatch, capsys):
-    proj = Project(tmp_path, monkeypatch)   # locks megatron-lm 0.16.1; its series has no rocm: section yet
+    proj = Project(tmp_path, monkeypatch)  # locks megatron-lm 0.16.1; its series has no rocm: section yet
     assert main(["-C", str(proj.root), "doctor", "--json", "--arch", "gfx1100"]) == 0
     assert json.loads(capsys.readouterr().out)["components"] == []
     assert main(["-C", str(proj.root), "doctor", "--line", "v0.16"]) == 2
@@ -169,12 +185,14 @@ def test_exit_codes_as_the_readme_says_for_a_planned_arch_and_an_unknown_one(tmp
     root = _project(tmp_path)
     rc, data, err = _doctor(root, "--line", "v0.16", "--arch", "gfx90a", "--json")
     assert rc == 1, err
-    assert not _rows(data)["transformer_engine"]["required"] and data["problems"][0].startswith("none of the components of")
+    assert not _rows(data)["transformer_engine"]["required"] and data["problems"][0].startswith(
+        "none of the components of"
+    )
     rc, _, err = _doctor(root, "--line", "v0.16", "--arch", "gfx1234")
     assert rc == 2 and err.strip().startswith("rocmport: error: --arch gfx1234: not a GPU arch rocmport knows (known: ")
     assert "gfx942" in err and "gfx90a" in err and len(err.strip().splitlines()) == 1
     site = tmp_path / "site"
-    fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx90a"])   # one installed, none required: fine
+    fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx90a"])  # one installed, none required: fine
     rc, data, err = _doctor(root, "--line", "v0.16", "--arch", "gfx90a", "--json", site=site)
     assert rc == 0 and data["problems"] == [], err
 
@@ -211,7 +229,9 @@ def test_verify_takes_the_te_case_when_doctor_finds_te_usable(tmp_path, monkeypa
 
     assert case() == "gpt3_mcore_tp2_pp2_uninstall_te"
     old = tmp_path / "old"
-    fake_dist(old, "transformer_engine", "2.14.1", "transformer_engine", ["gfx942"])   # importable, but outside v0.16's range
+    fake_dist(
+        old, "transformer_engine", "2.14.1", "transformer_engine", ["gfx942"]
+    )  # importable, but outside v0.16's range
     monkeypatch.syspath_prepend(str(old))
     assert case() == "gpt3_mcore_tp2_pp2_uninstall_te"
     monkeypatch.undo()
@@ -227,13 +247,15 @@ def test_verify_reports_the_component_versions_in_its_env(tmp_path, monkeypatch,
     from tests.test_verify import minimal_tree
 
     tree = minimal_tree(tmp_path / "t")
-    (tree / "megatron/core/__init__.py").write_text("import modelopt\n")   # stage 1 fails at once: no training launched
+    (tree / "megatron/core/__init__.py").write_text("import modelopt\n")  # stage 1 fails at once: no training launched
     (tree / ".git").mkdir(exist_ok=True)
-    write_state(tree, ApplyState(status="done", series=str(SERIES)))   # as `rocmport apply` leaves it
+    write_state(tree, ApplyState(status="done", series=str(SERIES)))  # as `rocmport apply` leaves it
     site = tmp_path / "site"
     fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx942"])
     monkeypatch.syspath_prepend(str(site))
-    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json", "--no-unit-tests", "--no-functional"]) == 1
+    assert (
+        main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json", "--no-unit-tests", "--no-functional"]) == 1
+    )
     env = json.loads(capsys.readouterr().out)["env"]
     assert env["components"]["flash_attn"] == {"version": "2.8.0.post2", "status": "ok"}
     assert env["components"]["transformer_engine"] == {"version": None, "status": "missing"}

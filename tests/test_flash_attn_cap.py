@@ -15,7 +15,7 @@ LINES = ("v0.15", "v0.16", "v0.17", "v0.18", "v0.19")
 @pytest.mark.parametrize("line", LINES)
 def test_newer_flash_attn_than_rocm_te_accepts_is_out_of_range(tmp_path, monkeypatch, line):
     built = tmp_path / "built"
-    fake_dist(built, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx942"])   # what the recipe builds (v2.8.0-cktile)
+    fake_dist(built, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx942"])  # what the recipe builds (v2.8.0-cktile)
     row = _report(monkeypatch, built, line)["flash_attn"]
     assert row.status == "ok", row.detail
     newer = tmp_path / "newer"

@@ -142,7 +142,8 @@ def make_tree(root: Path, script: str) -> Path:
     (root / "megatron" / "core" / "__init__.py").write_text("")
     (root / "megatron" / "core" / "tensor_parallel" / "__init__.py").write_text("")
     (root / "megatron" / "core" / "tensor_parallel" / "random.py").write_text(
-        "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\nclass CudaRNGStatesTracker:\n    pass\n")
+        "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\nclass CudaRNGStatesTracker:\n    pass\n"
+    )
     return root
 
 
@@ -156,7 +157,9 @@ def proxy_env(tmp_path: Path, tree: Path, hip: str | None = hip_sim.DEFAULT_VERS
     upstream scripts' workers) and, by default, the HIP simulation."""
     boot = firewall.write_bootstrap(tmp_path / "realboot")
     sim = hip_sim.child_env(hip) if hip else {}
-    return environment.child_env(tree, boot, {**firewall.firewall_env("cpu-proxy"), "ROCMPORT_PROXY": "1", **sim, **extra})
+    return environment.child_env(
+        tree, boot, {**firewall.firewall_env("cpu-proxy"), "ROCMPORT_PROXY": "1", **sim, **extra}
+    )
 
 
 def test_build_args_mock_data_and_proxy_scale(tmp_path):
@@ -172,14 +175,18 @@ def test_build_args_mock_data_and_proxy_scale(tmp_path):
     assert pairs["--transformer-impl"] == "local" and "--use-mcore-models" in args  # the case's own flags stay
     real = build_args(config, iters=50, proxy=False, data_path="/data/gpt3", work=tmp_path)
     pairs = dict(zip(real, real[1:]))
-    assert pairs["--data-path"] == "/data/gpt3/my-gpt3_00_text_document" and "--mock-data" not in real and "--fp16" in real
+    assert (
+        pairs["--data-path"] == "/data/gpt3/my-gpt3_00_text_document" and "--mock-data" not in real and "--fp16" in real
+    )
     assert pairs["--num-layers"] == "12" and pairs["--distributed-backend"] == "nccl"
 
 
 def test_parse_losses_and_default_case():
-    log = ("iteration        2/      50 | consumed samples: 64 | lm loss: 1.073209E+01 | loss scale: 4096.0 |\n"
-           "noise\n iteration        1/      50 | consumed samples: 32 | lm loss: 1.092717E+01 |\n"
-           " iteration        3/      50 | consumed samples: 96 | skipped iterations:   1 |\n")
+    log = (
+        "iteration        2/      50 | consumed samples: 64 | lm loss: 1.073209E+01 | loss scale: 4096.0 |\n"
+        "noise\n iteration        1/      50 | consumed samples: 32 | lm loss: 1.092717E+01 |\n"
+        " iteration        3/      50 | consumed samples: 96 | skipped iterations:   1 |\n"
+    )
     assert parse_losses(log) == [10.92717, 10.73209]
     assert default_case(2, 2, te_present=False) == "gpt3_mcore_tp2_pp2_uninstall_te"
     assert default_case(2, 2, te_present=True) == "gpt3_mcore_te_tp2_pp2"
@@ -188,12 +195,18 @@ def test_parse_losses_and_default_case():
 def test_default_case_by_v015_names(tmp_path):
     """Up to v0.15 upstream's merge-request cases carry the suite and machine in their names."""
     cases = tmp_path / "tests" / "functional_tests" / "test_cases" / "gpt"
-    for name in ("gpt3_mr_mcore_tp2_pp2_uninstall_te_dgx_a100_1N8G", "gpt3_mr_mcore_tp2_pp2_resume_torch_dist_uninstall_te_dgx_a100_1N8G",
-                 "gpt3_mr_mcore_te_tp2_pp2_dgx_a100_1N8G", "gpt3_mr_mcore_te_tp2_pp2_mla_dgx_a100_1N8G"):
+    for name in (
+        "gpt3_mr_mcore_tp2_pp2_uninstall_te_dgx_a100_1N8G",
+        "gpt3_mr_mcore_tp2_pp2_resume_torch_dist_uninstall_te_dgx_a100_1N8G",
+        "gpt3_mr_mcore_te_tp2_pp2_dgx_a100_1N8G",
+        "gpt3_mr_mcore_te_tp2_pp2_mla_dgx_a100_1N8G",
+    ):
         (cases / name).mkdir(parents=True)
     assert default_case(2, 2, te_present=False, tree=tmp_path) == "gpt3_mr_mcore_tp2_pp2_uninstall_te_dgx_a100_1N8G"
     assert default_case(2, 2, te_present=True, tree=tmp_path) == "gpt3_mr_mcore_te_tp2_pp2_dgx_a100_1N8G"
-    assert default_case(1, 1, te_present=False, tree=tmp_path) == "gpt3_mcore_tp1_pp1_uninstall_te"  # none: today's name, for the message
+    assert (
+        default_case(1, 1, te_present=False, tree=tmp_path) == "gpt3_mcore_tp1_pp1_uninstall_te"
+    )  # none: today's name, for the message
     (cases / "gpt3_mcore_tp2_pp2_uninstall_te").mkdir()
     assert default_case(2, 2, te_present=False, tree=tmp_path) == "gpt3_mcore_tp2_pp2_uninstall_te"
 
@@ -220,7 +233,9 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
     assert same.status == "pass" and "max relative drift vs golden 0" in same.reason
     drifted, data = stage_functional(tree, env_for(tmp_path, tree, FAKE_SHIFT="0.5"), record=False, **kwargs)
     assert drifted.status == "fail" and data["golden"]["max_rel_drift"] > 0.04
-    other, _ = stage_functional(tree, env_for(tmp_path, tree), record=False, **{**kwargs, "device_kind": "rocm-amd-instinct-mi300x"})
+    other, _ = stage_functional(
+        tree, env_for(tmp_path, tree), record=False, **{**kwargs, "device_kind": "rocm-amd-instinct-mi300x"}
+    )
     assert other.status == "pass" and "no golden for this device kind" in other.reason
 
 
@@ -230,10 +245,24 @@ def test_upstream_a100_golden_side_by_side(tmp_path):
     cdir = tmp_path / "case"
     cdir.mkdir()
     assert upstream_golden(cdir, [1.0]) is None
-    (cdir / "golden_values_dev_dgx_a100.json").write_text(json.dumps(
-        {"lm loss": {"start_step": 1, "end_step": 50, "step_interval": 5, "values": {"1": 10.92717, "5": 10.92928, "10": 10.91616}}}))
+    (cdir / "golden_values_dev_dgx_a100.json").write_text(
+        json.dumps(
+            {
+                "lm loss": {
+                    "start_step": 1,
+                    "end_step": 50,
+                    "step_interval": 5,
+                    "values": {"1": 10.92717, "5": 10.92928, "10": 10.91616},
+                }
+            }
+        )
+    )
     ref = upstream_golden(cdir, [10.9, 10.8, 10.7, 10.6, 10.5, 10.4])
-    assert [s["step"] for s in ref["steps"]] == [1, 5] and ref["steps"][1] == {"step": 5, "a100": 10.92928, "here": 10.5}
+    assert [s["step"] for s in ref["steps"]] == [1, 5] and ref["steps"][1] == {
+        "step": 5,
+        "a100": 10.92928,
+        "here": 10.5,
+    }
     assert ref["summary"] == "step 1: 10.9272 vs 10.9000, step 5: 10.9293 vs 10.5000"
 
 
@@ -245,7 +274,9 @@ def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
     kwargs = dict(case=CASE, dp=1, iters=3, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy")
     res, _ = stage_functional(tree, env_for(tmp_path, tree), proxy=True, **kwargs)
     assert res.status == "unsupported-in-proxy"
-    assert res.reason.endswith("AssertionError: Megatron requires CUDA. at megatron/training/initialize.py:7 (initialize_megatron)")
+    assert res.reason.endswith(
+        "AssertionError: Megatron requires CUDA. at megatron/training/initialize.py:7 (initialize_megatron)"
+    )
     # On a GPU machine the same exit is a failure, never excused.
     res, _ = stage_functional(tree, env_for(tmp_path, tree), proxy=False, **kwargs)
     assert res.status == "fail" and "Megatron requires CUDA" in res.reason
@@ -267,28 +298,59 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     equal the uninterrupted run's."""
     tree = make_tree(tmp_path / "tree", SHAPED_PRETRAIN)
     seen = tmp_path / "seen.json"
-    kwargs = dict(case=CASE, dp=1, iters=6, proxy=True, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy",
-                  hip=hip_sim.DEFAULT_VERSION)
+    kwargs = dict(
+        case=CASE,
+        dp=1,
+        iters=6,
+        proxy=True,
+        data_path=None,
+        series_dir=None,
+        record=False,
+        device_kind="cpu-proxy",
+        hip=hip_sim.DEFAULT_VERSION,
+    )
     res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_SEEN=str(seen)), **kwargs)
     assert res.status == "pass", res.reason
-    assert json.loads(seen.read_text()) == {"hip": hip_sim.DEFAULT_VERSION, "name": "AMD Instinct MI300X", "arch": "gfx942:sramecc+:xnack-"}
+    assert json.loads(seen.read_text()) == {
+        "hip": hip_sim.DEFAULT_VERSION,
+        "name": "AMD Instinct MI300X",
+        "arch": "gfx942:sramecc+:xnack-",
+    }
     lr = 3e-3 * 2500  # the proxy's learning rate (PROXY_SCALE) moves the fake loss
     assert data["losses"] == pytest.approx([10.0 - lr * i for i in range(6)])
-    assert data["resume"] == {"from_iteration": 3, "loaded_iteration": 3, "max_abs_diff": 0.0, "tolerance": 1e-5, "async_save": True,
-                              "losses": data["losses"][3:]}
+    assert data["resume"] == {
+        "from_iteration": 3,
+        "loaded_iteration": 3,
+        "max_abs_diff": 0.0,
+        "tolerance": 1e-5,
+        "async_save": True,
+        "losses": data["losses"][3:],
+    }
     assert "resumed from the iteration-3 checkpoint (async torch_dist): max |Δ| 0 over iterations 4-6" in res.reason
     redirects = data["redirects"]
-    for call in ("cuda.is_available @ megatron/training/loop.py:15", "cuda.get_device_properties @ megatron/training/loop.py:16",
-                 "cuda.memory_stats @ megatron/training/loop.py:34", "cuda.synchronize @ megatron/training/loop.py:32",
-                 "cuda.stream @ megatron/training/loop.py:30", "cuda.cudart @ megatron/training/loop.py:42",
-                 "tensor(device=cuda) @ megatron/training/loop.py:31", "Tensor.pin_memory @ megatron/training/loop.py:45",
-                 "accelerator.current_accelerator (none) @ megatron/training/loop.py:46"):
+    for call in (
+        "cuda.is_available @ megatron/training/loop.py:15",
+        "cuda.get_device_properties @ megatron/training/loop.py:16",
+        "cuda.memory_stats @ megatron/training/loop.py:34",
+        "cuda.synchronize @ megatron/training/loop.py:32",
+        "cuda.stream @ megatron/training/loop.py:30",
+        "cuda.cudart @ megatron/training/loop.py:42",
+        "tensor(device=cuda) @ megatron/training/loop.py:31",
+        "Tensor.pin_memory @ megatron/training/loop.py:45",
+        "accelerator.current_accelerator (none) @ megatron/training/loop.py:46",
+    ):
         assert redirects.get(call, 0) >= 1, (call, redirects)
     assert redirects["cuda.synchronize @ megatron/training/loop.py:32"] == 6  # the uninterrupted run's (the report's)
     assert data["proxy_env"] and "TORCHDYNAMO_DISABLE=1" in data["proxy_env"]
     # The CUDA path (--no-hip-sim) runs the same loop with an A100's answers.
-    res, data = stage_functional(tree, proxy_env(tmp_path, tree, hip=None, FAKE_SEEN=str(seen)), **{**kwargs, "hip": None})
-    assert res.status == "pass" and json.loads(seen.read_text())["hip"] is None and json.loads(seen.read_text())["name"].startswith("NVIDIA A100")
+    res, data = stage_functional(
+        tree, proxy_env(tmp_path, tree, hip=None, FAKE_SEEN=str(seen)), **{**kwargs, "hip": None}
+    )
+    assert (
+        res.status == "pass"
+        and json.loads(seen.read_text())["hip"] is None
+        and json.loads(seen.read_text())["name"].startswith("NVIDIA A100")
+    )
     # A resumed run that does not continue the same curve fails the stage.
     res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_RESUME_SHIFT="0.01"), **kwargs)
     assert res.status == "fail" and "resumed losses differ from the uninterrupted run's by 0.01" in res.reason
@@ -319,10 +381,21 @@ def test_resume_support_reads_the_training_loop(tmp_path):
     from rocmport.verify.functional import resume_support
 
     (tmp_path / "megatron" / "training").mkdir(parents=True)
-    assert resume_support(tmp_path) == {"ckpt_step": False, "async_save": False, "async_strategy": False, "first_two_logged_together": False}
+    assert resume_support(tmp_path) == {
+        "ckpt_step": False,
+        "async_save": False,
+        "async_strategy": False,
+        "first_two_logged_together": False,
+    }
     (tmp_path / "megatron" / "training" / "training.py").write_text(
-        "ckpt_step = None\nasync_save = use_persistent_ckpt_worker = False\nshould_reset = not is_first_iteration\n")
-    assert resume_support(tmp_path) == {"ckpt_step": True, "async_save": True, "async_strategy": False, "first_two_logged_together": True}
+        "ckpt_step = None\nasync_save = use_persistent_ckpt_worker = False\nshould_reset = not is_first_iteration\n"
+    )
+    assert resume_support(tmp_path) == {
+        "ckpt_step": True,
+        "async_save": True,
+        "async_strategy": False,
+        "first_two_logged_together": True,
+    }
     (tmp_path / "megatron" / "training" / "async_utils.py").write_text('async_strategy = "nvrx"\n')
     assert resume_support(tmp_path)["async_strategy"] is True
 
@@ -337,14 +410,25 @@ def test_async_writer_chosen_on_the_cuda_path_left_to_the_port_on_hip(tmp_path):
     tree = make_tree(tmp_path / "tree", FAKE_PRETRAIN)
     (tree / "megatron" / "training" / "async_utils.py").write_text('async_strategy = "nvrx"\n')
     series_dir = tmp_path / "series"
-    kwargs = dict(case=CASE, dp=1, iters=4, proxy=True, data_path=None, series_dir=series_dir, device_kind="cpu-proxy", resume=False)
+    kwargs = dict(
+        case=CASE,
+        dp=1,
+        iters=4,
+        proxy=True,
+        data_path=None,
+        series_dir=series_dir,
+        device_kind="cpu-proxy",
+        resume=False,
+    )
     env = env_for(tmp_path, tree, ROCMPORT_FIREWALL="transformer_engine,nvidia_resiliency_ext")
     cuda, data = stage_functional(tree, env, record=True, **kwargs)
     assert cuda.status == "pass", cuda.reason
     assert "--async-save --use-persistent-ckpt-worker --async-strategy mcore" in data["command"]
     assert "nvidia-resiliency-ext" in data["chosen_args"]["--async-strategy mcore"]
     golden = json.loads(golden_path(series_dir, CASE, "cpu-proxy").read_text())
-    assert "--async-save" in golden["args"] and "--async-strategy" not in golden["args"] and "mcore" not in golden["args"]
+    assert (
+        "--async-save" in golden["args"] and "--async-strategy" not in golden["args"] and "mcore" not in golden["args"]
+    )
     hip, data = stage_functional(tree, env, record=False, rocm=True, hip=hip_sim.DEFAULT_VERSION, **kwargs)
     assert hip.status == "pass" and "--async-strategy" not in data["command"] and data["chosen_args"] == {}
     assert "max relative drift vs golden 0" in hip.reason  # the same golden: compared, not "other args"
@@ -358,13 +442,17 @@ def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, caps
 
     from rocmport.verify.functional import _launch
 
-    script = ("import sys, time\n"
-              "for i in range(1, 4):\n"
-              "    print(f' [2026-11-26 01:30:00] iteration {i:8d}/       3 | consumed samples: 8 | lm loss: 1.0E+00 |', flush=True)\n"
-              "print('a warning', file=sys.stderr)\n")
+    script = (
+        "import sys, time\n"
+        "for i in range(1, 4):\n"
+        "    print(f' [2026-11-26 01:30:00] iteration {i:8d}/       3 | consumed samples: 8 | lm loss: 1.0E+00 |', flush=True)\n"
+        "print('a warning', file=sys.stderr)\n"
+    )
     proc = _launch([sys.executable, "-c", script], tmp_path, None, what="resumed from iteration 1")
     assert proc.returncode == 0 and proc.stdout.count("iteration") == 3 and proc.stderr == "a warning\n"
     said = [ln for ln in capsys.readouterr().err.splitlines() if "stage 4" in ln]
-    assert [ln.split(",")[0] for ln in said] == [f"stage 4 resumed from iteration 1: iteration {i}/3" for i in (1, 2, 3)]
+    assert [ln.split(",")[0] for ln in said] == [
+        f"stage 4 resumed from iteration 1: iteration {i}/3" for i in (1, 2, 3)
+    ]
     with pytest.raises(subprocess.TimeoutExpired):
         _launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, None, timeout=1)

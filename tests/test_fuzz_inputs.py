@@ -27,16 +27,34 @@ from rocmport.patches.series import load_patch, load_series
 from rocmport.upstream.lock import Lock, Pin, parse_lock, parse_lock_bytes
 
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "60"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 SHA = "55ac7082517c3878ae653c07c09c534b8aed49f6"
-LOCK = Lock(upstreams={
-    "megatron-lm": Pin("https://github.com/NVIDIA/Megatron-LM.git", "git", "v0.16", "core_v0.16.1", SHA,
-                       "2026-03-16T09:59:46+00:00", version="0.16.1"),
-    "megatron-bridge": Pin("https://github.com/NVIDIA-NeMo/Megatron-Bridge.git", "git", "companion of core_v0.16.1", "v0.3.1",
-                           "1" * 40, "2026-01-01T00:00:00+00:00", chosen_by="gitlink-exact", version="0.3.1"),
-}).dumps()
+LOCK = Lock(
+    upstreams={
+        "megatron-lm": Pin(
+            "https://github.com/NVIDIA/Megatron-LM.git",
+            "git",
+            "v0.16",
+            "core_v0.16.1",
+            SHA,
+            "2026-03-16T09:59:46+00:00",
+            version="0.16.1",
+        ),
+        "megatron-bridge": Pin(
+            "https://github.com/NVIDIA-NeMo/Megatron-Bridge.git",
+            "git",
+            "companion of core_v0.16.1",
+            "v0.3.1",
+            "1" * 40,
+            "2026-01-01T00:00:00+00:00",
+            chosen_by="gitlink-exact",
+            version="0.3.1",
+        ),
+    }
+).dumps()
 PATCH = (
     "Description: make f return 2\n more words\n .\n last line\nUpstream-Status: Backport 55ac7082\nBug: https://example.org/1\n---\n"
     "diff --git a/megatron/core/utils.py b/megatron/core/utils.py\n"
@@ -62,10 +80,54 @@ SERIES = (
     "allow: [mode-changes]\nmax_patch_bytes: 100000\n"
 )
 # Fragments that mean something to YAML, to a diff or to git, spliced in at random places.
-TOKENS = ["\n", ": ", "- ", "[", "]", "{", "}", "&a ", "*a", "!!binary ", "!!python/object:os.system ", "%YAML 1.1\n", "\t", "\x00",
-          "\ufeff", "---\n", "...", "../", "/", "@@ ", "@@ -1,3 +1,3 @@\n", "+", "-", " ", "diff --git a/x b/x\n", "new file mode 120000\n",
-          "new file mode 160000\n", "old mode 100644\nnew mode 100755\n", "GIT binary patch\nliteral 3\n", "a/", "b/", "\\ No newline at end of file\n",
-          "? ", "<<: *a\n", "true", "null", "1e400", "0x10", "'", '"', "\r\n", "\u2028", "é", "\udcff"[:0], "~", "yes"]
+TOKENS = [
+    "\n",
+    ": ",
+    "- ",
+    "[",
+    "]",
+    "{",
+    "}",
+    "&a ",
+    "*a",
+    "!!binary ",
+    "!!python/object:os.system ",
+    "%YAML 1.1\n",
+    "\t",
+    "\x00",
+    "\ufeff",
+    "---\n",
+    "...",
+    "../",
+    "/",
+    "@@ ",
+    "@@ -1,3 +1,3 @@\n",
+    "+",
+    "-",
+    " ",
+    "diff --git a/x b/x\n",
+    "new file mode 120000\n",
+    "new file mode 160000\n",
+    "old mode 100644\nnew mode 100755\n",
+    "GIT binary patch\nliteral 3\n",
+    "a/",
+    "b/",
+    "\\ No newline at end of file\n",
+    "? ",
+    "<<: *a\n",
+    "true",
+    "null",
+    "1e400",
+    "0x10",
+    "'",
+    '"',
+    "\r\n",
+    "\u2028",
+    "é",
+    "\udcff"[:0],
+    "~",
+    "yes",
+]
 
 
 @st.composite
@@ -80,7 +142,7 @@ def mutated_bytes(draw, seed: str) -> bytes:
         elif op == "insert":
             data[pos:pos] = draw(st.binary(min_size=1, max_size=4))
         elif op == "delete":
-            del data[pos:pos + draw(st.integers(1, 16))]
+            del data[pos : pos + draw(st.integers(1, 16))]
         elif op == "truncate":
             del data[pos:]
         elif op == "splice":
@@ -118,8 +180,14 @@ def mutated_text(draw, seed: str) -> str:
 
 
 YAML_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) | st.text(max_size=30)
-    | st.sampled_from(["core_v0.16.1\n", "../../x", "-x", "v0.16", SHA, "banana", "https://u:TOKEN@h/x", "ext::sh", "0.16", ""]),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=30)
+    | st.sampled_from(
+        ["core_v0.16.1\n", "../../x", "-x", "v0.16", SHA, "banana", "https://u:TOKEN@h/x", "ext::sh", "0.16", ""]
+    ),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=10,
 )
@@ -145,11 +213,14 @@ def retyped(draw, seed: str) -> str:
 
 def _tally(stats: Counter, name: str) -> None:
     total = sum(stats.values())
-    print(f"\nfuzz {name}: {total} inputs, {stats['accepted']} accepted, {stats['refused']} refused with BadInput, 0 crashes")
+    print(
+        f"\nfuzz {name}: {total} inputs, {stats['accepted']} accepted, {stats['refused']} refused with BadInput, 0 crashes"
+    )
     assert total >= 1
 
 
 # -- upstream.lock -------------------------------------------------------------------------------
+
 
 def check_lock(data: bytes | str, stats: Counter) -> None:
     try:
@@ -169,8 +240,12 @@ def check_lock(data: bytes | str, stats: Counter) -> None:
 @pytest.mark.parametrize("kind", ["bytes", "text", "types", "random"])
 def test_fuzz_lock_loader(kind):
     stats: Counter = Counter()
-    strategy = {"bytes": mutated_bytes(LOCK), "text": mutated_text(LOCK), "types": retyped(LOCK),
-                "random": st.binary(max_size=300) | st.text(max_size=300)}[kind]
+    strategy = {
+        "bytes": mutated_bytes(LOCK),
+        "text": mutated_text(LOCK),
+        "types": retyped(LOCK),
+        "random": st.binary(max_size=300) | st.text(max_size=300),
+    }[kind]
 
     @FUZZ
     @given(strategy)
@@ -182,6 +257,7 @@ def test_fuzz_lock_loader(kind):
 
 
 # -- series and patches ----------------------------------------------------------------------------
+
 
 def _load_series(series: bytes | str, patch: bytes | str, stats: Counter) -> None:
     with tempfile.TemporaryDirectory(prefix="rocmport-fuzz-") as tmp:
@@ -238,8 +314,14 @@ def _load_patch(data: bytes | str, stats: Counter, allow: frozenset[str] = froze
 @pytest.mark.parametrize("kind", ["bytes", "text", "allowing-everything"])
 def test_fuzz_patch_loader(kind):
     stats: Counter = Counter()
-    strategy = {"bytes": mutated_bytes(PATCH), "text": mutated_text(PATCH), "allowing-everything": mutated_text(PATCH_ALLOWED)}[kind]
-    allow = frozenset({"binary", "gitlinks", "mode-changes", "symlinks"}) if kind == "allowing-everything" else frozenset()
+    strategy = {
+        "bytes": mutated_bytes(PATCH),
+        "text": mutated_text(PATCH),
+        "allowing-everything": mutated_text(PATCH_ALLOWED),
+    }[kind]
+    allow = (
+        frozenset({"binary", "gitlinks", "mode-changes", "symlinks"}) if kind == "allowing-everything" else frozenset()
+    )
 
     @FUZZ
     @given(strategy)
@@ -267,5 +349,7 @@ def test_what_the_10000_example_runs_found_is_refused_in_one_line():
     error (two lines), and a series' `verify.unit_tests: false` was accepted as no tests."""
     stats: Counter = Counter()
     check_lock("schema_version: 1\nupstreams:\n  ? '\n\n    '\n  : null\n", stats)
-    _load_series(SERIES.replace("unit_tests: [tests/unit_tests/models/test_gpt_model.py]", "unit_tests: false"), PATCH, stats)
+    _load_series(
+        SERIES.replace("unit_tests: [tests/unit_tests/models/test_gpt_model.py]", "unit_tests: false"), PATCH, stats
+    )
     assert stats == Counter(refused=2)

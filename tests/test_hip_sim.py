@@ -30,10 +30,15 @@ print(json.dumps({
 """
 
 
-def run_probe(tmp_path: Path, extra: dict, code: str = PROBE, python: str = sys.executable) -> subprocess.CompletedProcess:
+def run_probe(
+    tmp_path: Path, extra: dict, code: str = PROBE, python: str = sys.executable
+) -> subprocess.CompletedProcess:
     boot = firewall.write_bootstrap(tmp_path / "boot")
-    env = environment.child_env(tmp_path, boot, {**firewall.firewall_env("cpu-proxy"), "ROCMPORT_PROXY": "1", "CUDA_HOME": "/usr/local/cuda",
-                                                 **extra})
+    env = environment.child_env(
+        tmp_path,
+        boot,
+        {**firewall.firewall_env("cpu-proxy"), "ROCMPORT_PROXY": "1", "CUDA_HOME": "/usr/local/cuda", **extra},
+    )
     return subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -45,8 +50,13 @@ def test_worker_sees_a_rocm_build_and_an_mi300x(tmp_path):
     assert seen["hip"] == hip_sim.DEFAULT_VERSION and seen["cuda"] is None
     assert seen["is_hip_extension"] is True and seen["rocm_home"] == "/opt/rocm" and seen["cuda_home"] is None
     assert seen["rocm_version"] == [7, 1]
-    assert seen["env"] == {"ROCM_HOME": "/opt/rocm", "CUDA_HOME": None, "NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1",
-                           "HSA_NO_SCRATCH_RECLAIM": launch_env()["HSA_NO_SCRATCH_RECLAIM"]}
+    assert seen["env"] == {
+        "ROCM_HOME": "/opt/rocm",
+        "CUDA_HOME": None,
+        "NVTE_FLASH_ATTN": "0",
+        "NVTE_FUSED_ATTN": "1",
+        "HSA_NO_SCRATCH_RECLAIM": launch_env()["HSA_NO_SCRATCH_RECLAIM"],
+    }
     assert seen["device"] == ["AMD Instinct MI300X", "gfx942:sramecc+:xnack-", 9, 4, 192 * 2**30]
     assert seen["capability"] == [9, 4]
     # Outside upstream's training script nothing runs on a device: the proxy says so.
@@ -69,10 +79,16 @@ def test_another_python_a_build_step_starts_is_left_alone(tmp_path):
     proc = run_probe(tmp_path, hip_sim.child_env("7.1"), code="import shutil, sys; print(shutil.which('python3'))")
     assert proc.stdout.strip() == str(tmp_path / "boot" / "bin" / "python3")
     env = environment.child_env(tmp_path, tmp_path / "boot", {**hip_sim.child_env("7.1"), "ROCMPORT_PROXY": "1"})
-    wrapped = subprocess.run([proc.stdout.strip(), "-c", "import sys, torch; print(sys.executable, torch.version.hip)"], env=env,
-                             capture_output=True, text=True)
+    wrapped = subprocess.run(
+        [proc.stdout.strip(), "-c", "import sys, torch; print(sys.executable, torch.version.hip)"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert wrapped.stdout.split() == [sys.executable, "None"]  # this Python, without the simulation (a build step)
-    config = subprocess.run([str(tmp_path / "boot" / "bin" / "python3-config"), "--extension-suffix"], capture_output=True, text=True)
+    config = subprocess.run(
+        [str(tmp_path / "boot" / "bin" / "python3-config"), "--extension-suffix"], capture_output=True, text=True
+    )
     import sysconfig
 
     assert config.stdout.strip() == sysconfig.get_config_var("EXT_SUFFIX")
@@ -93,17 +109,27 @@ def test_bad_hip_version_is_exit_2(tmp_path, capsys):
 
 def test_simulation_break_names_a_site_outside_the_tree(tmp_path):
     tree = tmp_path / "tree"
-    stderr = ("Traceback (most recent call last):\n"
-              f'  File "{tree}/pretrain_gpt.py", line 3, in <module>\n    build()\n'
-              '  File "/venv/lib/python3.11/site-packages/torch/utils/cpp_extension.py", line 2400, in _join_rocm_home\n'
-              "    raise OSError('Building PyTorch extensions using ROCm and Windows is not supported.')\n"
-              "OSError: ROCM_HOME /opt/rocm has no hipcc\n")
+    stderr = (
+        "Traceback (most recent call last):\n"
+        f'  File "{tree}/pretrain_gpt.py", line 3, in <module>\n    build()\n'
+        '  File "/venv/lib/python3.11/site-packages/torch/utils/cpp_extension.py", line 2400, in _join_rocm_home\n'
+        "    raise OSError('Building PyTorch extensions using ROCm and Windows is not supported.')\n"
+        "OSError: ROCM_HOME /opt/rocm has no hipcc\n"
+    )
     site = hip_sim.simulation_break(stderr, tree)
-    assert site == "/venv/lib/python3.11/site-packages/torch/utils/cpp_extension.py:2400 (_join_rocm_home): OSError: ROCM_HOME /opt/rocm has no hipcc"
+    assert (
+        site
+        == "/venv/lib/python3.11/site-packages/torch/utils/cpp_extension.py:2400 (_join_rocm_home): OSError: ROCM_HOME /opt/rocm has no hipcc"
+    )
     # The same error raised in the tree is the tree's own: the simulation never hides it.
     inside = stderr.replace("/venv/lib/python3.11/site-packages/torch/utils", f"{tree}/megatron")
     assert hip_sim.simulation_break(inside, tree) is None
-    assert hip_sim.simulation_break(stderr.replace("ROCM_HOME /opt/rocm has no hipcc", "disk full").replace("ROCm", "X"), tree) is None
+    assert (
+        hip_sim.simulation_break(
+            stderr.replace("ROCM_HOME /opt/rocm has no hipcc", "disk full").replace("ROCm", "X"), tree
+        )
+        is None
+    )
 
 
 @pytest.mark.torch
@@ -115,8 +141,25 @@ def test_stage_1_process_sees_the_simulation(tmp_path, capsys):
     seen = tmp_path / "seen.json"
     (tree / "megatron" / "core" / "__init__.py").write_text(
         "import json, os, torch\nfrom torch.utils import cpp_extension as ce\n"
-        f"json.dump([torch.version.hip, torch.version.cuda, ce.IS_HIP_EXTENSION, os.environ.get('NVTE_FUSED_ATTN')], open({str(seen)!r}, 'w'))\n")
-    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--json", "--hip-version", "6.4.43482-0f2d60242"]) == 0
+        f"json.dump([torch.version.hip, torch.version.cuda, ce.IS_HIP_EXTENSION, os.environ.get('NVTE_FUSED_ATTN')], open({str(seen)!r}, 'w'))\n"
+    )
+    assert (
+        main(
+            [
+                "-C",
+                str(tmp_path),
+                "verify",
+                "--tree",
+                str(tree),
+                "--stages",
+                "1",
+                "--json",
+                "--hip-version",
+                "6.4.43482-0f2d60242",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert json.loads(seen.read_text()) == ["6.4.43482-0f2d60242", None, True, "1"]
     assert data["hip_sim"] == {"version": "6.4.43482-0f2d60242", "arch": "gfx942", "device": "AMD Instinct MI300X"}

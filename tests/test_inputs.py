@@ -34,19 +34,23 @@ def untouched(proj) -> bool:
 
 # -- the one loader ------------------------------------------------------------------------------
 
+
 def test_non_utf8_names_file_byte_and_line():
     with pytest.raises(BadInput) as err:
         decode(b"line one\nline \xc3( two\n", "f.yaml")
     assert str(err.value).startswith("f.yaml: not UTF-8 at byte 14 (line 2, byte 0xc3)")
 
 
-@pytest.mark.parametrize("text, what", [
-    ("a: 1\na: 2\n", "at line 2 (duplicate key 'a' (first at line 1))"),
-    ("x:\n  b: 1\n  b: 2\n", "at line 3 (duplicate key 'b'"),
-    ("? [a, b]\n: 1\n", "a mapping key must be a plain value"),
-    ("[" * 3000, "nested too deeply"),
-    ("a: !!python/object:os.system x\n", "could not determine a constructor"),
-])
+@pytest.mark.parametrize(
+    "text, what",
+    [
+        ("a: 1\na: 2\n", "at line 2 (duplicate key 'a' (first at line 1))"),
+        ("x:\n  b: 1\n  b: 2\n", "at line 3 (duplicate key 'b'"),
+        ("? [a, b]\n: 1\n", "a mapping key must be a plain value"),
+        ("[" * 3000, "nested too deeply"),
+        ("a: !!python/object:os.system x\n", "could not determine a constructor"),
+    ],
+)
 def test_yaml_duplicates_and_oddities_are_one_line(text, what):
     with pytest.raises(BadInput) as err:
         parse_yaml(text, "f.yaml")
@@ -59,27 +63,38 @@ def test_yaml_merge_may_still_be_overridden():
 
 # -- upstream.lock -------------------------------------------------------------------------------
 
+
 def _lock_text(**changes) -> str:
-    pin = dict(url="https://github.com/NVIDIA/Megatron-LM.git", source="git", requested_ref="v0.16", resolved_ref="core_v0.16.1",
-               commit=SHA, commit_date="2025-12-01T00:00:00+00:00", version="0.16.1")
+    pin = dict(
+        url="https://github.com/NVIDIA/Megatron-LM.git",
+        source="git",
+        requested_ref="v0.16",
+        resolved_ref="core_v0.16.1",
+        commit=SHA,
+        commit_date="2025-12-01T00:00:00+00:00",
+        version="0.16.1",
+    )
     pin.update(changes)
     return Lock(upstreams={"megatron-lm": Pin(**pin)}).dumps()
 
 
-@pytest.mark.parametrize("text, key", [
-    (_lock_text().replace("schema_version: 1", "schema_version: true"), "schema_version"),
-    (_lock_text(version="banana"), "upstreams.megatron-lm.version"),
-    (_lock_text(resolved_ref="core_v0.16.1\nx"), "upstreams.megatron-lm.resolved_ref"),
-    (_lock_text(resolved_ref="../../x"), "upstreams.megatron-lm.resolved_ref"),
-    (_lock_text(resolved_ref="-x"), "upstreams.megatron-lm.resolved_ref"),
-    (_lock_text(requested_ref="v0.16\nrm -rf"), "upstreams.megatron-lm.requested_ref"),
-    (_lock_text(commit=SHA + "\n"), "upstreams.megatron-lm.commit"),
-    (_lock_text(commit_date="yesterday"), "upstreams.megatron-lm.commit_date"),
-    (_lock_text(url="https://user:TOKEN@github.com/NVIDIA/Megatron-LM.git"), "upstreams.megatron-lm.url"),
-    (_lock_text(url="ext::sh -c touch x"), "upstreams.megatron-lm.url"),
-    (_lock_text(chosen_by="whim"), "upstreams.megatron-lm.chosen_by"),
-    (_lock_text().replace("version: 0.16.1", "version: 0.16"), "upstreams.megatron-lm.version"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        (_lock_text().replace("schema_version: 1", "schema_version: true"), "schema_version"),
+        (_lock_text(version="banana"), "upstreams.megatron-lm.version"),
+        (_lock_text(resolved_ref="core_v0.16.1\nx"), "upstreams.megatron-lm.resolved_ref"),
+        (_lock_text(resolved_ref="../../x"), "upstreams.megatron-lm.resolved_ref"),
+        (_lock_text(resolved_ref="-x"), "upstreams.megatron-lm.resolved_ref"),
+        (_lock_text(requested_ref="v0.16\nrm -rf"), "upstreams.megatron-lm.requested_ref"),
+        (_lock_text(commit=SHA + "\n"), "upstreams.megatron-lm.commit"),
+        (_lock_text(commit_date="yesterday"), "upstreams.megatron-lm.commit_date"),
+        (_lock_text(url="https://user:TOKEN@github.com/NVIDIA/Megatron-LM.git"), "upstreams.megatron-lm.url"),
+        (_lock_text(url="ext::sh -c touch x"), "upstreams.megatron-lm.url"),
+        (_lock_text(chosen_by="whim"), "upstreams.megatron-lm.chosen_by"),
+        (_lock_text().replace("version: 0.16.1", "version: 0.16"), "upstreams.megatron-lm.version"),
+    ],
+)
 def test_lock_values_are_checked_by_meaning(text, key):
     with pytest.raises(BadInput) as err:
         parse_lock(text, "upstream.lock")
@@ -119,26 +134,36 @@ def test_lock_with_a_bad_byte_stops_every_command(proj, capsys):
 SERIES = "upstream: megatron-lm\nline: v0.16\nversions: '>=0.16.0,<0.17.0'\n"
 
 
-@pytest.mark.parametrize("extra, message", [
-    ("codemods: 5\n", "key 'codemods' must be a list of codemod names"),
-    ("codemods:\n  - name: guard-nvidia-only-imports\n    options: {packages: 5}\n",
-     "key 'codemods[0]' (guard-nvidia-only-imports): option 'packages' must be a mapping of a Python module name"),
-    ("codemods:\n  - name: guard-nvidia-only-imports\n    options: {packages: {'os; import evil': x}}\n",
-     "option 'packages' must be a mapping of a Python module name"),
-    ("codemods:\n  - name: guard-nvidia-only-imports\n    options: {bogus: 1}\n", "unknown option 'bogus' (it takes: packages)"),
-    ("codemods:\n  - name: apex-to-torch\n    options: {x: 1}\n", "unknown option 'x' (it takes: none)"),
-    ("codemods: [apex-to-torch, apex-to-torch]\n", "lists 'apex-to-torch' a second time"),
-    ("codemods: [no-such-codemod]\n", "unknown codemod 'no-such-codemod'"),
-    ("line: v0.99\n", "not valid YAML at line 4 (duplicate key 'line'"),
-    ("verify:\n  unit_tests: [1, {a: b}]\n", "key 'verify.unit_tests' must be a list of test paths"),
-    ("verify:\n  known_failures: {a: 1}\n", "key 'verify.known_failures' must map test ids"),
-    ("manifests: {drop: [x]}\n", "key 'manifests' must be false or a mapping"),
-    ("allow: [everything]\n", "key 'allow' must be a list of: binary, gitlinks, mode-changes, symlinks"),
-    ("max_patch_bytes: -1\n", "key 'max_patch_bytes' must be a positive number of bytes"),
-    ("max_patch_bytes: true\n", "key 'max_patch_bytes' must be a positive number of bytes"),
-    ("excluded_paths: [../x]\n", "key 'excluded_paths' must be a list of relative directories"),
-    ("patches: [../../x.patch]\n", "key 'patches' must be a list of file names"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("codemods: 5\n", "key 'codemods' must be a list of codemod names"),
+        (
+            "codemods:\n  - name: guard-nvidia-only-imports\n    options: {packages: 5}\n",
+            "key 'codemods[0]' (guard-nvidia-only-imports): option 'packages' must be a mapping of a Python module name",
+        ),
+        (
+            "codemods:\n  - name: guard-nvidia-only-imports\n    options: {packages: {'os; import evil': x}}\n",
+            "option 'packages' must be a mapping of a Python module name",
+        ),
+        (
+            "codemods:\n  - name: guard-nvidia-only-imports\n    options: {bogus: 1}\n",
+            "unknown option 'bogus' (it takes: packages)",
+        ),
+        ("codemods:\n  - name: apex-to-torch\n    options: {x: 1}\n", "unknown option 'x' (it takes: none)"),
+        ("codemods: [apex-to-torch, apex-to-torch]\n", "lists 'apex-to-torch' a second time"),
+        ("codemods: [no-such-codemod]\n", "unknown codemod 'no-such-codemod'"),
+        ("line: v0.99\n", "not valid YAML at line 4 (duplicate key 'line'"),
+        ("verify:\n  unit_tests: [1, {a: b}]\n", "key 'verify.unit_tests' must be a list of test paths"),
+        ("verify:\n  known_failures: {a: 1}\n", "key 'verify.known_failures' must map test ids"),
+        ("manifests: {drop: [x]}\n", "key 'manifests' must be false or a mapping"),
+        ("allow: [everything]\n", "key 'allow' must be a list of: binary, gitlinks, mode-changes, symlinks"),
+        ("max_patch_bytes: -1\n", "key 'max_patch_bytes' must be a positive number of bytes"),
+        ("max_patch_bytes: true\n", "key 'max_patch_bytes' must be a positive number of bytes"),
+        ("excluded_paths: [../x]\n", "key 'excluded_paths' must be a list of relative directories"),
+        ("patches: [../../x.patch]\n", "key 'patches' must be a list of file names"),
+    ],
+)
 def test_series_is_checked_before_anything_is_touched(proj, capsys, extra, message):
     (proj.series_dir / "series").write_text(SERIES + extra)
     assert apply(proj) == 2
@@ -157,8 +182,9 @@ def test_series_upstream_must_match_its_directory(proj, capsys):
 def test_duplicate_patch_in_series(proj, capsys):
     patch = make_patch(proj.up, {"megatron/core/utils.py": "x = 1\n"})
     proj.write_series({"0001-f.patch": patch})
-    (proj.series_dir / "series").write_text((proj.series_dir / "series").read_text().replace(
-        "- 0001-f.patch", "- 0001-f.patch\n- 0001-f.patch"))
+    (proj.series_dir / "series").write_text(
+        (proj.series_dir / "series").read_text().replace("- 0001-f.patch", "- 0001-f.patch\n- 0001-f.patch")
+    )
     assert apply(proj) == 2
     assert "key 'patches' lists 0001-f.patch twice" in capsys.readouterr().err
     assert untouched(proj)
@@ -182,6 +208,7 @@ def test_non_utf8_series_and_patch(proj, capsys):
 
 # -- patches -------------------------------------------------------------------------------------
 
+
 def _binary_patch(proj) -> str:
     (proj.up / "megatron/core/blob.bin").write_bytes(bytes(range(256)))
     g(proj.up, "add", "-A")
@@ -190,17 +217,26 @@ def _binary_patch(proj) -> str:
     return "Description: bin\nUpstream-Status: Pending\n---\n" + diff
 
 
-GITLINK = ("Description: gitlink\nUpstream-Status: Pending\n---\ndiff --git a/sub b/sub\nnew file mode 160000\nindex 0000000..1234567\n"
-           "--- /dev/null\n+++ b/sub\n@@ -0,0 +1 @@\n+Subproject commit 1234567890123456789012345678901234567890\n")
-MODE = ("Description: mode\nUpstream-Status: Pending\n---\ndiff --git a/megatron/core/utils.py b/megatron/core/utils.py\n"
-        "old mode 100644\nnew mode 100755\n")
+GITLINK = (
+    "Description: gitlink\nUpstream-Status: Pending\n---\ndiff --git a/sub b/sub\nnew file mode 160000\nindex 0000000..1234567\n"
+    "--- /dev/null\n+++ b/sub\n@@ -0,0 +1 @@\n+Subproject commit 1234567890123456789012345678901234567890\n"
+)
+MODE = (
+    "Description: mode\nUpstream-Status: Pending\n---\ndiff --git a/megatron/core/utils.py b/megatron/core/utils.py\n"
+    "old mode 100644\nnew mode 100755\n"
+)
 
 
-@pytest.mark.parametrize("kind, key", [("binary", "binary"), ("gitlink", "gitlinks"), ("mode", "mode-changes"),
-                                       ("link", "symlinks")])
+@pytest.mark.parametrize(
+    "kind, key", [("binary", "binary"), ("gitlink", "gitlinks"), ("mode", "mode-changes"), ("link", "symlinks")]
+)
 def test_binary_gitlink_mode_and_link_need_the_series_to_allow_them(proj, capsys, kind, key):
-    patch = {"binary": lambda: _binary_patch(proj), "gitlink": lambda: GITLINK, "mode": lambda: MODE,
-             "link": lambda: link_patch("megatron/core/alias.py", "utils.py")}[kind]()
+    patch = {
+        "binary": lambda: _binary_patch(proj),
+        "gitlink": lambda: GITLINK,
+        "mode": lambda: MODE,
+        "link": lambda: link_patch("megatron/core/alias.py", "utils.py"),
+    }[kind]()
     proj.write_series({"0001-x.patch": patch})
     assert apply(proj) == 2
     err = capsys.readouterr().err
@@ -220,8 +256,17 @@ def test_a_link_resolving_outside_is_refused_even_when_links_are_allowed(proj, c
     assert untouched(proj)
 
 
-@pytest.mark.parametrize("path", ["megatron/core/_rocm.py", "megatron", "pyproject.toml", "requirements", "requirements-dev.txt",
-                                  "megatron/core/package_info.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "megatron/core/_rocm.py",
+        "megatron",
+        "pyproject.toml",
+        "requirements",
+        "requirements-dev.txt",
+        "megatron/core/package_info.py",
+    ],
+)
 def test_a_link_where_a_later_step_writes_is_refused(proj, capsys, path):
     proj.write_series({"0001-l.patch": link_patch(path, "docs")}, allow=["symlinks"])
     assert apply(proj) == 2
@@ -240,8 +285,9 @@ def test_a_link_through_an_upstream_link_is_resolved_for_real(proj, capsys, tmp_
     proj.refresh_mirror()
     proj.pin(g(proj.up, "rev-parse", "HEAD"))
     good = make_patch(proj.up, {"megatron/core/utils.py": "x = 1\n"}, desc="good")
-    proj.write_series({"0001-good.patch": good, "0002-l.patch": link_patch("megatron/core/l", "../../up/secret")},
-                      allow=["symlinks"])
+    proj.write_series(
+        {"0001-good.patch": good, "0002-l.patch": link_patch("megatron/core/l", "../../up/secret")}, allow=["symlinks"]
+    )
     assert apply(proj) == 2
     err = capsys.readouterr().err
     assert "0002-l.patch: 'megatron/core/l' becomes a symlink that resolves outside the tree" in err
@@ -276,8 +322,11 @@ def test_patch_size_limit_is_configurable(proj, capsys):
 @pytest.mark.parametrize("cut", ["mid-line", "no hunks", "short hunk"])
 def test_truncated_patch_is_corrupt_not_a_conflict(proj, capsys, cut):
     good = make_patch(proj.up, {"megatron/core/layers.py": LAYERS.replace("line 20\n", "line twenty\n")})
-    text = {"mid-line": good.rstrip("\n")[:-3], "no hunks": good[: good.index("@@")],
-            "short hunk": good[: good.rstrip("\n").rindex("\n") + 1]}[cut]
+    text = {
+        "mid-line": good.rstrip("\n")[:-3],
+        "no hunks": good[: good.index("@@")],
+        "short hunk": good[: good.rstrip("\n").rindex("\n") + 1],
+    }[cut]
     proj.write_series({"0001-t.patch": text})
     assert apply(proj) == 2
     err = capsys.readouterr().err
@@ -286,11 +335,14 @@ def test_truncated_patch_is_corrupt_not_a_conflict(proj, capsys, cut):
     assert untouched(proj)
 
 
-@pytest.mark.parametrize("text", [
-    "Description: x\nUpstream-Status: Pending\n---\ndiff --git a/a b/a\n--- a/a\n+++ b/a\n@@ -1 +1 @@\n-a\n+b\x00\n",
-    "Description: x\nUpstream-Status: Pending\n---\ndiff --git a/a\x1bb b/a\x1bb\n--- a/a\x1bb\n+++ b/a\x1bb\n@@ -1 +1 @@\n-a\n+b\n",
-    "Description: x\nUpstream-Status: Pending\n---\ndiff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-a\n+b\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Description: x\nUpstream-Status: Pending\n---\ndiff --git a/a b/a\n--- a/a\n+++ b/a\n@@ -1 +1 @@\n-a\n+b\x00\n",
+        "Description: x\nUpstream-Status: Pending\n---\ndiff --git a/a\x1bb b/a\x1bb\n--- a/a\x1bb\n+++ b/a\x1bb\n@@ -1 +1 @@\n-a\n+b\n",
+        "Description: x\nUpstream-Status: Pending\n---\ndiff --git a/.git/config b/.git/config\n--- a/.git/config\n+++ b/.git/config\n@@ -1 +1 @@\n-a\n+b\n",
+    ],
+)
 def test_patch_parser_refuses_oddities(tmp_path, text):
     path = tmp_path / "0001-x.patch"
     with pytest.raises(BadInput) as err:

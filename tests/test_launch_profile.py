@@ -31,7 +31,7 @@ ADDED = {
 def test_each_arch_adds_its_values_with_a_source(arch, tmp_path):
     settings, notes = lp.profile(arch, sys_root=tmp_path, proc_root=tmp_path)
     names = [s.name for s in settings]
-    assert names[:len(BASE)] == BASE
+    assert names[: len(BASE)] == BASE
     assert {s.name: s.value for s in settings if s.part == arch} == ADDED[arch]
     assert all(s.source and s.reason for s in settings)
     # The notes say what AMD's file for it sets that the profile does not take, and that no fabric was found.
@@ -60,7 +60,9 @@ IPV4_GID = "0000:0000:0000:0000:0000:ffff:0a00:0304"
 LINK_LOCAL = "fe80:0000:0000:0000:0000:0000:0000:0001"
 
 
-def rdma(sys_root: Path, dev: str, *, state="4: ACTIVE", layer="Ethernet", gids: dict[int, tuple[str, str]] | None = None):
+def rdma(
+    sys_root: Path, dev: str, *, state="4: ACTIVE", layer="Ethernet", gids: dict[int, tuple[str, str]] | None = None
+):
     port = sys_root / "class" / "infiniband" / dev / "ports" / "1"
     (port / "gid_attrs" / "types").mkdir(parents=True)
     (port / "gids").mkdir()
@@ -72,7 +74,12 @@ def rdma(sys_root: Path, dev: str, *, state="4: ACTIVE", layer="Ethernet", gids:
 
 
 # Two RoCE NICs with the IPv4 RoCE v2 GID at index 3 (v1 and link-local before it), one at 5, one down.
-ROCE_GIDS = {0: ("IB/RoCE v1", LINK_LOCAL), 1: ("RoCE v2", LINK_LOCAL), 2: ("IB/RoCE v1", IPV4_GID), 3: ("RoCE v2", IPV4_GID)}
+ROCE_GIDS = {
+    0: ("IB/RoCE v1", LINK_LOCAL),
+    1: ("RoCE v2", LINK_LOCAL),
+    2: ("IB/RoCE v1", IPV4_GID),
+    3: ("RoCE v2", IPV4_GID),
+}
 
 
 def test_roce_devices_their_gid_index_and_the_interface_to_the_master(tmp_path):
@@ -87,13 +94,17 @@ def test_roce_devices_their_gid_index_and_the_interface_to_the_master(tmp_path):
         "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
         "eth0\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
         "ens51np0\t0000000A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"
-        "down0\t0003000A\t00000000\t0000\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")
+        "down0\t0003000A\t00000000\t0000\t0\t0\t0\t00FFFFFF\t0\t0\t0\n"
+    )
     hosts = {"node0": "10.0.3.4", "far": "8.8.8.8", "localhost": "127.0.0.1"}
 
     settings, notes = lp.fabric_settings("node0", sys_root, proc_root, resolve=hosts.__getitem__)
     got = {s.name: s for s in settings}
     assert got["NCCL_IB_HCA"].value == "rdma0,rdma1,rdma2"
-    assert got["NCCL_IB_GID_INDEX"].value == "3" and "2 of the 3 RoCE devices (others: 5 on 1)" in got["NCCL_IB_GID_INDEX"].reason
+    assert (
+        got["NCCL_IB_GID_INDEX"].value == "3"
+        and "2 of the 3 RoCE devices (others: 5 on 1)" in got["NCCL_IB_GID_INDEX"].reason
+    )
     assert got["NCCL_SOCKET_IFNAME"].value == got["GLOO_SOCKET_IFNAME"].value == "ens51np0"
     assert got["NCCL_CROSS_NIC"].value == "0" and got["NCCL_PROTO"].value == "Simple"
     assert all(s.part == "fabric" and s.source for s in settings)
@@ -114,6 +125,7 @@ def test_infiniband_keeps_the_default_gid_and_no_devices_set_nothing(tmp_path):
 
 
 # ---- the command -------------------------------------------------------------------------------------
+
 
 def run_env(capsys, *args: str) -> tuple[int, str, str]:
     code = main(["env", *args])
@@ -140,16 +152,31 @@ def test_explain_says_why_and_where_from(capsys, monkeypatch, tmp_path):
     code, out, _ = run_env(capsys, "--arch", "gfx942", "--explain", "--sys-root", str(tmp_path))
     assert code == 0
     block = out.split("HSA_KERNARG_POOL_SIZE=12582912  [gfx942]\n")[1].split("\n")
-    assert block[0].startswith("    why: a 12 MiB kernel-argument pool") and block[1] == "    source: AMD-AGI/Primus runner/helpers/envs/MI300X.sh, MI325X.sh"
+    assert (
+        block[0].startswith("    why: a 12 MiB kernel-argument pool")
+        and block[1] == "    source: AMD-AGI/Primus runner/helpers/envs/MI300X.sh, MI325X.sh"
+    )
     assert "NCCL_IB_GID_INDEX=3  [fabric]" in out and "note: fabric: no master address" in out
     assert out.count("    why: ") == out.count("    source: ") == len(BASE) + 1 + 4
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--arch", "gfx1030"], "rocmport: error: --arch 'gfx1030': no launch profile for it; choose one of gfx942, gfx950, gfx90a, gfx1100, gfx1201, gfx906 or auto"),
-    (["--tune", "replay", "{tmp}/missing"], "rocmport: error: --tune replay {tmp}/missing: no such directory; record first: rocmport env --tune record {tmp}/missing"),
-    (["--tune", "replay", "{tmp}"], "rocmport: error: --tune replay {tmp}: nothing recorded there (no tunableop_results*.csv, no te_hipblaslt_algos_*.csv); record first: rocmport env --tune record {tmp}"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--arch", "gfx1030"],
+            "rocmport: error: --arch 'gfx1030': no launch profile for it; choose one of gfx942, gfx950, gfx90a, gfx1100, gfx1201, gfx906 or auto",
+        ),
+        (
+            ["--tune", "replay", "{tmp}/missing"],
+            "rocmport: error: --tune replay {tmp}/missing: no such directory; record first: rocmport env --tune record {tmp}/missing",
+        ),
+        (
+            ["--tune", "replay", "{tmp}"],
+            "rocmport: error: --tune replay {tmp}: nothing recorded there (no tunableop_results*.csv, no te_hipblaslt_algos_*.csv); record first: rocmport env --tune record {tmp}",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):
     code, out, err = run_env(capsys, *[a.format(tmp=tmp_path) for a in args])
     assert code == 2 and out == "" and err.strip() == message.format(tmp=tmp_path)
@@ -157,8 +184,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):
 
 # ---- GEMM tuning -------------------------------------------------------------------------------------
 
+
 def exported(out: str) -> dict[str, str]:
-    return dict(line[len("export "):].split("=", 1) for line in out.splitlines() if line.startswith("export "))
+    return dict(line[len("export ") :].split("=", 1) for line in out.splitlines() if line.startswith("export "))
 
 
 def test_record_then_replay(capsys, tmp_path):
@@ -167,13 +195,22 @@ def test_record_then_replay(capsys, tmp_path):
     env = exported(out)
     assert code == 0 and d.is_dir()
     assert {k: v for k, v in env.items() if k.startswith(("PYTORCH_TUNABLEOP", "TE_HIPBLASLT"))} == {
-        "PYTORCH_TUNABLEOP_ENABLED": "1", "PYTORCH_TUNABLEOP_TUNING": "1", "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
+        "PYTORCH_TUNABLEOP_ENABLED": "1",
+        "PYTORCH_TUNABLEOP_TUNING": "1",
+        "PYTORCH_TUNABLEOP_RECORD_UNTUNED": "0",
         "PYTORCH_TUNABLEOP_FILENAME": f"{d}/tunableop_results.csv",
-        "TE_HIPBLASLT_TUNING_RUN_COUNT": "10", "TE_HIPBLASLT_TUNING_ALGO_COUNT": "50",
-        "TE_HIPBLASLT_ALGO_SAVE": f"{d}/te_hipblaslt_algos_%i.csv"}
+        "TE_HIPBLASLT_TUNING_RUN_COUNT": "10",
+        "TE_HIPBLASLT_TUNING_ALGO_COUNT": "50",
+        "TE_HIPBLASLT_ALGO_SAVE": f"{d}/te_hipblaslt_algos_%i.csv",
+    }
     # What a shell gets from it (eval, as the README says), with a value of the user's kept.
-    shell = subprocess.run(["bash", "-c", 'eval "$OUT"; echo "$PYTORCH_TUNABLEOP_FILENAME|$TE_HIPBLASLT_ALGO_SAVE|$GPU_MAX_HW_QUEUES"'],
-                           env={**os.environ, "OUT": out}, capture_output=True, text=True, check=True)
+    shell = subprocess.run(
+        ["bash", "-c", 'eval "$OUT"; echo "$PYTORCH_TUNABLEOP_FILENAME|$TE_HIPBLASLT_ALGO_SAVE|$GPU_MAX_HW_QUEUES"'],
+        env={**os.environ, "OUT": out},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert shell.stdout.strip() == f"{d}/tunableop_results.csv|{d}/te_hipblaslt_algos_%i.csv|2"
     # What a recording run leaves: torch's file per device, TE's per process (a shared header).
     (d / "tunableop_results0.csv").write_text("Validator,PT_VERSION,2.7.1\n")
@@ -181,7 +218,10 @@ def test_record_then_replay(capsys, tmp_path):
     (d / "te_hipblaslt_algos_102.csv").write_text("m,n,k,algo\n8,8,8,3\n32,32,32,7\n")
     code, out, err = run_env(capsys, "--no-fabric", "--tune", "replay", str(d), "--explain")
     assert code == 0
-    assert "PYTORCH_TUNABLEOP_TUNING=0  [tune]" in out and f"TE_HIPBLASLT_ALGO_LOAD={d}/te_hipblaslt_algos.csv  [tune]" in out
+    assert (
+        "PYTORCH_TUNABLEOP_TUNING=0  [tune]" in out
+        and f"TE_HIPBLASLT_ALGO_LOAD={d}/te_hipblaslt_algos.csv  [tune]" in out
+    )
     assert "TE_HIPBLASLT_TUNING_RUN_COUNT" not in out and "TE_HIPBLASLT_ALGO_SAVE" not in out
     assert (d / "te_hipblaslt_algos.csv").read_text() == "m,n,k,algo\n8,8,8,3\n16,16,16,1\n32,32,32,7\n"
     assert f"note: tune: merged 2 TE algorithm file(s) into {d}/te_hipblaslt_algos.csv (4 lines)" in out

@@ -44,24 +44,36 @@ def test_line_syncs_applies_and_verifies(tmp_path, line, capsys):
         assert proc.returncode == 0, proc.stderr[-3000:]
         lock = yaml.safe_load((root / "upstream.lock").read_text())["upstreams"]
         assert lock["megatron-lm"]["commit"] == g(MLM, "rev-parse", "refs/heads/main")
-        assert (root / "patchsets" / "megatron-lm" / f"v{'.'.join(lock['megatron-lm']['version'].split('.')[:2])}" / "series").is_file()
+        assert (
+            root
+            / "patchsets"
+            / "megatron-lm"
+            / f"v{'.'.join(lock['megatron-lm']['version'].split('.')[:2])}"
+            / "series"
+        ).is_file()
     else:
         proc = rocmport(root, "apply", cache=CACHE, python=python)
         assert proc.returncode == 0, proc.stderr[-3000:]
     apply_s = time.monotonic() - start
     lock = yaml.safe_load((root / "upstream.lock").read_text())["upstreams"]
-    proc = rocmport(root, "verify", "--tp", "2", "--pp", "2", "--report", str(root / "verify.json"), cache=CACHE, python=python)
+    proc = rocmport(
+        root, "verify", "--tp", "2", "--pp", "2", "--report", str(root / "verify.json"), cache=CACHE, python=python
+    )
     report = json.loads((root / "verify.json").read_text()) if (root / "verify.json").is_file() else {}
     stages = {s["name"]: s for s in report.get("stages", [])}
     with capsys.disabled():
-        print(f"\n{line}: sync {sync_s:.1f}s, {'refresh --to main' if line == 'main' else 'apply'} {apply_s:.1f}s; "
-              + ", ".join(f"{n} {s['status']} {s['seconds']}s" for n, s in stages.items()))
+        print(
+            f"\n{line}: sync {sync_s:.1f}s, {'refresh --to main' if line == 'main' else 'apply'} {apply_s:.1f}s; "
+            + ", ".join(f"{n} {s['status']} {s['seconds']}s" for n, s in stages.items())
+        )
         unit = stages.get("unit-tests", {})
         if "counts" in unit:  # what the closing notes quote: outcomes, and what each failure was labelled
             labels: dict[str, int] = {}
             for label in unit.get("labels", {}).values():
                 labels[label] = labels.get(label, 0) + 1
-            print(f"{line}: unit-tests {unit['counts']}, baseline cached {unit.get('baseline', {}).get('cached')}, labels {labels}")
+            print(
+                f"{line}: unit-tests {unit['counts']}, baseline cached {unit.get('baseline', {}).get('cached')}, labels {labels}"
+            )
     assert report, proc.stderr[-3000:]
     assert report["env"]["python"].startswith("3.12") and report["mode"] == "cpu-proxy"
     assert list(stages) == STAGES
@@ -90,21 +102,44 @@ def test_refresh_chain_v016_to_v019_with_verify(tmp_path, capsys):
         seconds = time.monotonic() - start
         summary = json.loads((root / "build" / "refresh" / "summary.json").read_text())
         verify = summary.get("verify") or {}
-        hops.append((to, proc.returncode, summary["status"], round(seconds, 1), {s["name"]: s["status"] for s in verify.get("stages", [])},
-                     summary.get("conflict")))
+        hops.append(
+            (
+                to,
+                proc.returncode,
+                summary["status"],
+                round(seconds, 1),
+                {s["name"]: s["status"] for s in verify.get("stages", [])},
+                summary.get("conflict"),
+            )
+        )
         with capsys.disabled():
-            print(f"\nrefresh -> {to}: exit {proc.returncode}, {summary['status']}, {seconds:.1f}s; verify {hops[-1][4]}"
-                  + (f"; conflict {summary['conflict']['patch']} in {summary['conflict']['files']}" if summary.get("conflict") else ""))
+            print(
+                f"\nrefresh -> {to}: exit {proc.returncode}, {summary['status']}, {seconds:.1f}s; verify {hops[-1][4]}"
+                + (
+                    f"; conflict {summary['conflict']['patch']} in {summary['conflict']['files']}"
+                    if summary.get("conflict")
+                    else ""
+                )
+            )
         if proc.returncode == 1 and summary.get("conflict"):  # a real upstream conflict: named, for a human
             conflict = summary["conflict"]
-            assert conflict["patch"] and conflict["files"] and (root / "build" / "refresh" / conflict["upstream"]).is_dir()
-            pytest.fail(f"refresh to {to} stops at a real upstream conflict in {conflict['patch']} ({conflict['files']}): "
-                        f"the chain needs a human there")
+            assert (
+                conflict["patch"] and conflict["files"] and (root / "build" / "refresh" / conflict["upstream"]).is_dir()
+            )
+            pytest.fail(
+                f"refresh to {to} stops at a real upstream conflict in {conflict['patch']} ({conflict['files']}): "
+                f"the chain needs a human there"
+            )
         assert proc.returncode == 0, (proc.stderr[-3000:], verify)
         assert summary["status"] == "ready" and not verify.get("skipped") and verify["failed"] == []
         # refresh verifies stages 1-2 (the bot's per-release gate) and lists the rest as not run.
-        assert hops[-1][4] == {"imports": "pass", "gpt-training": "pass", "unit-tests": "skipped", "functional": "skipped",
-                               "bridge": "skipped"}
+        assert hops[-1][4] == {
+            "imports": "pass",
+            "gpt-training": "pass",
+            "unit-tests": "skipped",
+            "functional": "skipped",
+            "bridge": "skipped",
+        }
         assert all("refresh verifies imports and GPT training" in st["reason"] for st in verify["stages"][2:])
         lock = yaml.safe_load((root / "upstream.lock").read_text())["upstreams"]
         assert lock["megatron-lm"]["resolved_ref"].startswith(f"core_{to}")

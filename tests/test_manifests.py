@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from rocmport.port import manifests
-from rocmport.port.manifests import Policy, cuda_only_requirements, rewrite_pyproject, rewrite_requirements, rewrite_tree
+from rocmport.port.manifests import (
+    Policy,
+    cuda_only_requirements,
+    rewrite_pyproject,
+    rewrite_requirements,
+    rewrite_tree,
+)
 from tests.helpers.manifests import BRIDGE_PYPROJECT, MLM_PYPROJECT
 
 
@@ -28,13 +34,17 @@ def test_pyproject_rewrite_drops_cuda_only_and_touches_nothing_else():
     }
     assert all(c.reason for c in changes)
     trimmed = [c for c in changes if c.action == "extras-trimmed"]
-    assert [(c.requirement, c.reason) for c in trimmed] == [("jax[cuda12,tpu]", "CUDA-specific extras removed: now jax[tpu]")]
+    assert [(c.requirement, c.reason) for c in trimmed] == [
+        ("jax[cuda12,tpu]", "CUDA-specific extras removed: now jax[tpu]")
+    ]
     # Everything else byte for byte: tool tables, dependency groups, the base dependencies, comments.
-    for kept in ('[tool.uv]\nno-build-isolation-package = ["transformer-engine", "mamba-ssm"]\n',
-                 '[dependency-groups]\nbuild = ["nvidia-mathdx", "pybind11"]\n',
-                 'dependencies = ["torch>=2.6.0", "numpy", "packaging>=24.2"]\n',
-                 '    "einops~=0.8",                # keep me and my comment\n',
-                 'transformer-engine = { git = "https://github.com/NVIDIA/TransformerEngine.git", rev = "5671fd36" }\n'):
+    for kept in (
+        '[tool.uv]\nno-build-isolation-package = ["transformer-engine", "mamba-ssm"]\n',
+        '[dependency-groups]\nbuild = ["nvidia-mathdx", "pybind11"]\n',
+        'dependencies = ["torch>=2.6.0", "numpy", "packaging>=24.2"]\n',
+        '    "einops~=0.8",                # keep me and my comment\n',
+        'transformer-engine = { git = "https://github.com/NVIDIA/TransformerEngine.git", rev = "5671fd36" }\n',
+    ):
         assert kept in new
     assert "# rocmport: transformer-engine has no ROCm build on PyPI; on ROCm: pip install" in new
     assert "ROCm/mamba" in new
@@ -80,7 +90,9 @@ def _dist(root: Path, name: str, deps: list[str]) -> Path:
     d = root / name
     (d / name.replace("-", "_")).mkdir(parents=True)
     (d / name.replace("-", "_") / "__init__.py").write_text("")
-    (d / "pyproject.toml").write_text(textwrap.dedent(f'''\
+    (d / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f'''\
         [build-system]
         requires = ["setuptools"]
         build-backend = "setuptools.build_meta"
@@ -88,7 +100,9 @@ def _dist(root: Path, name: str, deps: list[str]) -> Path:
         name = "{name}"
         version = "1.0"
         dependencies = {deps!r}
-        '''.replace("'", '"')))
+        '''.replace("'", '"')
+        )
+    )
     return d
 
 
@@ -101,8 +115,22 @@ def test_pip_dry_run_shows_what_would_be_pulled(tmp_path):
     house.mkdir()
     for name, deps in (("transformer-engine", ["nvidia-cudnn-cu12"]), ("nvidia-cudnn-cu12", []), ("tqdm-fake", [])):
         src = _dist(tmp_path / "src", name, deps)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(house), str(src)],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(house),
+                str(src),
+            ],
+            check=True,
+            capture_output=True,
+        )
     project = _dist(tmp_path, "ported-core", ["torch>=2.0", "tqdm-fake", "transformer-engine[pytorch]"])
     args = ("--no-index", "--find-links", str(house))
     names, error = manifests.pip_dry_run([str(project)], extra_args=args)
@@ -123,8 +151,11 @@ def test_pip_dry_run_names_a_dependency_whose_build_fails(tmp_path):
     house.mkdir()
     broken = _dist(tmp_path / "src", "needs-rust-fake", [])
     (broken / "setup.py").write_text("import setuptools_rust_rocmport_absent\n")
-    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(house), str(broken)],
-                   check=False, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(house), str(broken)],
+        check=False,
+        capture_output=True,
+    )
     if not list(house.glob("*.tar.gz")):  # building the sdist runs setup.py too: copy it by hand instead
         import tarfile
 
@@ -132,11 +163,15 @@ def test_pip_dry_run_names_a_dependency_whose_build_fails(tmp_path):
             tar.add(broken, arcname="needs_rust_fake-1.0")
     fine = _dist(tmp_path / "fine", "ported-core", [])
     if manifests.pip_dry_run([str(fine)], extra_args=("--no-index",))[1]:
-        pytest.skip("this interpreter cannot build a setuptools project without isolation (setuptools < 70.1 wants `wheel`)")
+        pytest.skip(
+            "this interpreter cannot build a setuptools project without isolation (setuptools < 70.1 wants `wheel`)"
+        )
     project = _dist(tmp_path, "ported-core", ["needs-rust-fake"])
     names, error = manifests.pip_dry_run([str(project)], extra_args=("--no-index", "--find-links", str(house)))
     assert names == []
-    assert error.startswith("metadata-generation-failed: ModuleNotFoundError: No module named 'setuptools_rust_rocmport_absent'"), error
+    assert error.startswith(
+        "metadata-generation-failed: ModuleNotFoundError: No module named 'setuptools_rust_rocmport_absent'"
+    ), error
     assert error.endswith("needs_rust_fake-1.0.tar.gz (from ported-core==1.0))") and "(processing " in error, error
 
 
@@ -154,12 +189,19 @@ def test_the_line_matrix_gives_the_exact_install_command():
     matrix = _matrix()
     new, changes = rewrite_pyproject(pyproject, Policy(rocm=matrix))
     te, gg = matrix.components["transformer_engine"], matrix.components["grouped_gemm"]
-    assert f"# rocmport: transformer-engine has no ROCm build on PyPI; on ROCm (gfx942;gfx950; set the archs for your GPUs): " \
-           f"{te.install_command('gfx942;gfx950')}\n" in new
+    assert (
+        f"# rocmport: transformer-engine has no ROCm build on PyPI; on ROCm (gfx942;gfx950; set the archs for your GPUs): "
+        f"{te.install_command('gfx942;gfx950')}\n" in new
+    )
     assert "git clone --recursive --branch release_v2.10_rocm https://github.com/ROCm/TransformerEngine.git" in new
-    assert f"{gg.install_command('gfx942;gfx950')}\n" in new and "sed -i '/--offload-arch=gfx942/d' grouped_gemm/setup.py" in new
+    assert (
+        f"{gg.install_command('gfx942;gfx950')}\n" in new
+        and "sed -i '/--offload-arch=gfx942/d' grouped_gemm/setup.py" in new
+    )
     reasons = {c.requirement: c.reason for c in changes}
-    assert reasons["transformer-engine[pytorch,core_cu13]"].endswith("from https://github.com/ROCm/TransformerEngine.git@release_v2.10_rocm")
+    assert reasons["transformer-engine[pytorch,core_cu13]"].endswith(
+        "from https://github.com/ROCm/TransformerEngine.git@release_v2.10_rocm"
+    )
     assert "nv-grouped-gemm" not in new.split("# rocmport")[0].split("[project.optional-dependencies]")[1]
     assert rewrite_pyproject(new, Policy(rocm=matrix)) == (new, [])
 
@@ -170,8 +212,10 @@ def test_a_rocm_package_index_makes_the_replacement_a_real_requirement(tmp_path)
     assert 'te = ["transformer-engine-rocm-torch<2.13,>=2.9.0a0",' in new
     assert "pip install --extra-index-url https://rocm.example.org/simple/" in new
     replaced = [c for c in changes if c.action == "replaced"]
-    assert [(c.requirement, c.where) for c in replaced] == [("transformer-engine[pytorch,core_cu13]", "optional-dependencies.te")]
-    assert rewrite_pyproject(new, Policy(rocm=matrix)) == (new, [])   # the ROCm build is never dropped again
+    assert [(c.requirement, c.where) for c in replaced] == [
+        ("transformer-engine[pytorch,core_cu13]", "optional-dependencies.te")
+    ]
+    assert rewrite_pyproject(new, Policy(rocm=matrix)) == (new, [])  # the ROCm build is never dropped again
     assert not manifests.is_cuda_only("transformer-engine-rocm-torch<2.13")
     tree = tmp_path / "tree"
     tree.mkdir()
@@ -197,10 +241,16 @@ def test_apply_rewrites_with_the_series_matrix(tmp_path, monkeypatch):
     proj.pin(proj.upstream_commit({"pyproject.toml": MLM_PYPROJECT}, "upstream pyproject"))
     proj.refresh_mirror()
     data = yaml.safe_load((proj.series_dir / "series").read_text())
-    data["rocm"] = yaml.safe_load((Path(__file__).resolve().parents[1] / "patchsets/megatron-lm/v0.16/series").read_text())["rocm"]
+    data["rocm"] = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "patchsets/megatron-lm/v0.16/series").read_text()
+    )["rocm"]
     (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
     assert main(["-C", str(proj.root), "apply"]) == 0
     ported = (proj.tree / "pyproject.toml").read_text()
     assert "git clone --recursive --branch release_v2.10_rocm https://github.com/ROCm/TransformerEngine.git" in ported
-    log = subprocess.run(["git", "-C", str(proj.tree), "log", "-1", "--format=%B", "--", "pyproject.toml"], capture_output=True, text=True).stdout
+    log = subprocess.run(
+        ["git", "-C", str(proj.tree), "log", "-1", "--format=%B", "--", "pyproject.toml"],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert "manifests: ROCm dependency declarations 2" in log and "ROCm/TransformerEngine.git@release_v2.10_rocm" in log

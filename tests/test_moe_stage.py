@@ -31,7 +31,9 @@ def test_the_moe_pair_is_launched_with_te_where_expert_parallel_fits():
 def test_moe_losses_first_iteration_tight_then_within_the_routing_bound():
     ref = [4.8687, 4.4866, 4.3872, 4.2191, 4.0764, 3.9408]
     dense_tol = 1e-5 * 4.8687
-    moe, problems = stages._moe_check(ref, [x + d for x, d in zip(ref, [1e-7, 0, 1e-5, 2e-5, 2e-4, 7e-3])], dense_tol, "gloo")
+    moe, problems = stages._moe_check(
+        ref, [x + d for x, d in zip(ref, [1e-7, 0, 1e-5, 2e-5, 2e-4, 7e-3])], dense_tol, "gloo"
+    )
     assert not problems and moe["first_abs_diff"] == pytest.approx(1e-7) and moe["max_abs_diff"] == pytest.approx(7e-3)
     # a misplaced expert shows on the first iteration, before routing could differ
     _, problems = stages._moe_check(ref, [ref[0] + 0.01, *ref[1:]], dense_tol, "gloo")
@@ -70,8 +72,14 @@ def test_all_to_all_with_tensor_split_sizes_on_the_proxy(tmp_path, mode):
     script = tmp_path / "a2a.py"
     script.write_text(ALL_TO_ALL)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), mode],
-                          capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), mode],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
+    )
     if mode == "plain":
         assert proc.returncode != 0 and "all_to_all_single(): incompatible function arguments" in proc.stderr
         return
@@ -85,13 +93,18 @@ def test_a_launch_that_ran_out_of_a_machine_resource_is_retried_once_then_said_t
     (no thread could start) and read as the port's failure."""
     monkeypatch.setattr(stages, "EXHAUSTION_RETRY_AFTER", 0.0)
     marker = tmp_path / "first"
-    once = [sys.executable, "-c", f"import os, sys\nif not os.path.exists({str(marker)!r}):\n    open({str(marker)!r}, 'w').close()\n"
-                                  "    sys.exit('RuntimeError: Resource temporarily unavailable')\n"]
+    once = [
+        sys.executable,
+        "-c",
+        f"import os, sys\nif not os.path.exists({str(marker)!r}):\n    open({str(marker)!r}, 'w').close()\n"
+        "    sys.exit('RuntimeError: Resource temporarily unavailable')\n",
+    ]
     assert stages.launch_retrying(once, dict(os.environ), tmp_path).returncode == 0 and marker.exists()
     always = [sys.executable, "-c", "import sys; sys.exit('[rank2]: RuntimeError: Resource temporarily unavailable')"]
     proc = stages.launch_retrying(always, dict(os.environ), tmp_path)
     assert proc.returncode != 0
     assert stages._failed("tp2/pp2/dp1 run", proc).startswith(
-        "tp2/pp2/dp1 run failed twice because this machine ran out of a resource (Resource temporarily unavailable")
+        "tp2/pp2/dp1 run failed twice because this machine ran out of a resource (Resource temporarily unavailable"
+    )
     broken = subprocess.run([sys.executable, "-c", "raise ValueError('a bug')"], capture_output=True, text=True)
     assert stages._failed("tp2/pp2/dp1 run", broken) == "tp2/pp2/dp1 run failed: ValueError: a bug"

@@ -14,7 +14,13 @@ from tests.helpers.sync import g
 @pytest.fixture()
 def applied(tmp_path, monkeypatch):
     proj = Project(tmp_path, monkeypatch)
-    proj.write_series({"0001-f.patch": make_patch(proj.up, {"megatron/core/utils.py": "def f():\n    return 2\n"}, desc="f returns 2")})
+    proj.write_series(
+        {
+            "0001-f.patch": make_patch(
+                proj.up, {"megatron/core/utils.py": "def f():\n    return 2\n"}, desc="f returns 2"
+            )
+        }
+    )
     # A comment in the series must survive an export.
     series = proj.series_dir / "series"
     series.write_text("# hand-written comment\n" + series.read_text())
@@ -39,7 +45,9 @@ def test_export_is_byte_stable_and_appends_to_series(applied, tmp_path):
     out = applied.series_dir / "0002-add-hello.patch"
     first = out.read_bytes()
     text = first.decode()
-    assert text.startswith("Description: Add hello\n Because ROCm needs it.\nUpstream-Status: ROCm-only\n---\ndiff --git a/megatron/core/new.py")
+    assert text.startswith(
+        "Description: Add hello\n Because ROCm needs it.\nUpstream-Status: ROCm-only\n---\ndiff --git a/megatron/core/new.py"
+    )
     assert "Date:" not in text and "From " not in text and g(applied.tree, "rev-parse", "HEAD") not in text
     series = (applied.series_dir / "series").read_text()
     assert series.startswith("# hand-written comment\n") and "- 0001-f.patch\n- 0002-add-hello.patch\n" in series
@@ -61,7 +69,9 @@ def test_export_twice_from_two_clones_is_identical(applied, tmp_path):
     assert cli(applied, "export") == 0
     a = (applied.series_dir / "0002-add-hello.patch").read_bytes()
     (applied.series_dir / "0002-add-hello.patch").unlink()
-    (applied.series_dir / "series").write_text((applied.series_dir / "series").read_text().replace("- 0002-add-hello.patch\n", ""))
+    (applied.series_dir / "series").write_text(
+        (applied.series_dir / "series").read_text().replace("- 0002-add-hello.patch\n", "")
+    )
     assert cli(applied, "export") == 0
     assert (applied.series_dir / "0002-add-hello.patch").read_bytes() == a
 
@@ -91,8 +101,11 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("rocmport: error:")]
 
 
-@pytest.mark.parametrize("codemods", [["no-such-codemod"], [{"name": "apex-to-torch", "options": {"no_such_option": 1}}]],
-                         ids=["unknown codemod", "undeclared option"])
+@pytest.mark.parametrize(
+    "codemods",
+    [["no-such-codemod"], [{"name": "apex-to-torch", "options": {"no_such_option": 1}}]],
+    ids=["unknown codemod", "undeclared option"],
+)
 def test_every_reader_of_a_series_refuses_what_apply_refuses(tmp_path, monkeypatch, capsys, codemods):
     """A series apply refuses passes no read-only check either (the CI drift gate included): the same
     message, exit 2, from patches check / list, status, emit docker, build and doctor."""
@@ -104,7 +117,14 @@ def test_every_reader_of_a_series_refuses_what_apply_refuses(tmp_path, monkeypat
     assert main(["-C", root, "apply"]) == 2
     refused = _errors(capsys.readouterr().err)
     assert len(refused) == 1 and "series: key 'codemods[0]'" in refused[0]
-    for args in (["patches", "check"], ["patches", "list"], ["status"], ["status", "--json"], ["emit", "docker", "--components", "none"],
-                 ["build", "--no-check-deps"], ["doctor"]):
+    for args in (
+        ["patches", "check"],
+        ["patches", "list"],
+        ["status"],
+        ["status", "--json"],
+        ["emit", "docker", "--components", "none"],
+        ["build", "--no-check-deps"],
+        ["doctor"],
+    ):
         assert main(["-C", root, *args]) == 2, args
         assert _errors(capsys.readouterr().err) == refused, args

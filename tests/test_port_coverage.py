@@ -74,7 +74,10 @@ def test_cells_follow_the_recipe():
     item = {"id": "X", "title": "t", "rocmport_by": [{"codemod": "nccl-allocator-rccl"}]}
     series = pc.recipes()
     sites = {"v0.16": {"nccl-allocator-rccl": [["megatron/core/nccl_allocator.py", 91, "extra_ldflags"]]}}
-    assert pc.line_cell(item, "v0.16", series["v0.16"], sites) == ("`nccl-allocator-rccl` 1", ["`megatron/core/nccl_allocator.py:91`"])
+    assert pc.line_cell(item, "v0.16", series["v0.16"], sites) == (
+        "`nccl-allocator-rccl` 1",
+        ["`megatron/core/nccl_allocator.py:91`"],
+    )
     trimmed = series["v0.16"]
     trimmed.codemods = [c for c in trimmed.codemods if c["name"] != "nccl-allocator-rccl"]
     cell, _ = pc.line_cell(item, "v0.16", trimmed, sites)

@@ -16,7 +16,11 @@ from rocmport.verify.launcher import free_port
 from tests.helpers.pypi import Index, make_sdist
 from tests.helpers.sync import g, package_info
 
-CORE_FILES = {"megatron/core/package_info.py": package_info("0.16.1"), "megatron/core/__init__.py": "", "tools/run.sh": "#!/bin/sh\n"}
+CORE_FILES = {
+    "megatron/core/package_info.py": package_info("0.16.1"),
+    "megatron/core/__init__.py": "",
+    "tools/run.sh": "#!/bin/sh\n",
+}
 
 
 @pytest.fixture()
@@ -24,15 +28,41 @@ def index(tmp_path, monkeypatch):
     files = tmp_path / "files"
     with Index(files) as idx:
         for v in ("0.15.3", "0.16.0", "0.16.1", "0.16.2rc1", "0.16.3.dev20250101", "0.17.0"):
-            idx.add("megatron-core", make_sdist(files, "megatron-core", v, {**CORE_FILES, "megatron/core/package_info.py": package_info(v.split("rc")[0].split(".dev")[0])}))
-        for v, req in (("0.2.0", "megatron-core<0.16.0,>=0.15.0a0"), ("0.2.2", "megatron-core<0.16.0,>=0.15.0a0"),
-                       ("0.3.1", "megatron-core[dev,mlm]<0.17.0,>=0.15.0a0"), ("0.4.0", "megatron-core[dev,mlm]")):
-            idx.add("megatron-bridge", make_sdist(files, "megatron-bridge", v, {"src/megatron/bridge/__init__.py": ""}, f"Requires-Dist: {req}\n"))
+            idx.add(
+                "megatron-core",
+                make_sdist(
+                    files,
+                    "megatron-core",
+                    v,
+                    {**CORE_FILES, "megatron/core/package_info.py": package_info(v.split("rc")[0].split(".dev")[0])},
+                ),
+            )
+        for v, req in (
+            ("0.2.0", "megatron-core<0.16.0,>=0.15.0a0"),
+            ("0.2.2", "megatron-core<0.16.0,>=0.15.0a0"),
+            ("0.3.1", "megatron-core[dev,mlm]<0.17.0,>=0.15.0a0"),
+            ("0.4.0", "megatron-core[dev,mlm]"),
+        ):
+            idx.add(
+                "megatron-bridge",
+                make_sdist(
+                    files, "megatron-bridge", v, {"src/megatron/bridge/__init__.py": ""}, f"Requires-Dist: {req}\n"
+                ),
+            )
         monkeypatch.setenv("ROCMPORT_INDEX_URL", idx.url)
         yield idx
 
 
-@pytest.mark.parametrize("ref, want", [("v0.16", "0.16.1"), ("0.16", "0.16.1"), ("core_v0.16.0", "0.16.0"), ("v0.15.3", "0.15.3"), ("0.16.2rc1", "0.16.2rc1")])
+@pytest.mark.parametrize(
+    "ref, want",
+    [
+        ("v0.16", "0.16.1"),
+        ("0.16", "0.16.1"),
+        ("core_v0.16.0", "0.16.0"),
+        ("v0.15.3", "0.15.3"),
+        ("0.16.2rc1", "0.16.2rc1"),
+    ],
+)
 def test_version_selection_ignores_dev_and_rc(index, tmp_path, ref, want):
     pin = package_index.pin_from_index(Store(tmp_path / "c"), "megatron-lm", ref)
     assert pin.resolved_ref == want and pin.version == want and pin.source == "pypi"
@@ -77,8 +107,15 @@ def test_tampered_file_is_refused_and_removed(index, tmp_path):
     assert not list(store.sdist_dir().glob("megatron_core-0.19.0*"))
 
 
-@pytest.mark.parametrize("name, link", [("megatron_core-0.20.0/../escape.py", None), ("/etc/passwd", None),
-                                         ("megatron_core-0.20.0/link", "../../outside"), ("megatron_core-0.20.0/abs", "/etc/shadow")])
+@pytest.mark.parametrize(
+    "name, link",
+    [
+        ("megatron_core-0.20.0/../escape.py", None),
+        ("/etc/passwd", None),
+        ("megatron_core-0.20.0/link", "../../outside"),
+        ("megatron_core-0.20.0/abs", "/etc/shadow"),
+    ],
+)
 def test_unsafe_members_are_refused(index, tmp_path, name, link):
     info = tarfile.TarInfo(name)
     if link:
@@ -95,7 +132,9 @@ def test_bridge_companion_is_the_tightest_bounded_range(index, tmp_path):
     assert str(sdist.version) == "0.3.1"
     sdist, why = package_index.choose_bridge_from_index(store, "0.15.3")  # 0.3.1 admits it too; 0.2.x is its line
     assert str(sdist.version) == "0.2.2"
-    assert "candidates (newest first): 0.3.1 declares <0.17.0,>=0.15.0a0; 0.2.2, 0.2.0 declare <0.16.0,>=0.15.0a0" in why
+    assert (
+        "candidates (newest first): 0.3.1 declares <0.17.0,>=0.15.0a0; 0.2.2, 0.2.0 declare <0.16.0,>=0.15.0a0" in why
+    )
     assert package_index.choose_bridge_from_index(store, "0.18.0") is None  # 0.4.0 is unbounded: never a match
 
 
@@ -105,8 +144,13 @@ def test_cli_source_pypi_and_auto_fallback(index, tmp_path, monkeypatch, capsys)
     project.mkdir()
     assert main(["-C", str(project), "sync", "--ref", "v0.16", "--source", "pypi"]) == 0
     data = yaml.safe_load((project / "upstream.lock").read_text())["upstreams"]
-    assert data["megatron-lm"]["source"] == "pypi" and data["megatron-lm"]["sdist"]["filename"] == "megatron_core-0.16.1.tar.gz"
-    assert data["megatron-bridge"]["resolved_ref"] == "0.3.1" and data["megatron-bridge"]["chosen_by"] == "declared-range"
+    assert (
+        data["megatron-lm"]["source"] == "pypi"
+        and data["megatron-lm"]["sdist"]["filename"] == "megatron_core-0.16.1.tar.gz"
+    )
+    assert (
+        data["megatron-bridge"]["resolved_ref"] == "0.3.1" and data["megatron-bridge"]["chosen_by"] == "declared-range"
+    )
     first = (project / "upstream.lock").read_bytes()
     assert main(["-C", str(project), "sync"]) == 0  # verifies the pins against the index
     (project / "upstream.lock").unlink()
@@ -134,6 +178,8 @@ def test_real_megatron_core_sdist(tmp_path, real_index):
     mirror = Store(cache).mirror_dir("megatron-lm")
     assert "MINOR = 16" in g(mirror, "show", f"{pin.commit}:megatron/core/package_info.py")
     # Same sdist, fresh cache: the same commit id.
-    again = Store(tmp_path / "fresh").import_sdist(Store(cache).sdist_dir() / pin.sdist["filename"], "megatron-lm", "0.16.1", pin.sdist["sha256"])
+    again = Store(tmp_path / "fresh").import_sdist(
+        Store(cache).sdist_dir() / pin.sdist["filename"], "megatron-lm", "0.16.1", pin.sdist["sha256"]
+    )
     assert again == pin.commit
     print(f"real sdist pin took {time.monotonic() - start:.1f}s")

@@ -21,13 +21,13 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 
 def howto() -> str:
     start = README.index("## How to add …")
-    return README[start:README.index("\n## ", start + 1)]
+    return README[start : README.index("\n## ", start + 1)]
 
 
 def codemod_table_rows() -> list[str]:
     """The codemods named in the first column of the README's codemod table."""
     start = README.index("| codemod | what it does")
-    table = README[start:README.index("\n\n", start)]
+    table = README[start : README.index("\n\n", start)]
     return re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
 
 
@@ -81,9 +81,20 @@ def test_every_verify_stage_keeps_the_stage_contract(tmp_path):
     for number, stage in enumerate(registry.STAGES, 1):
         assert isinstance(stage, Stage) and not inspect.isabstract(type(stage))
         assert stage.name and stage.summary and parse_stages(str(number)) == (stage.name,)
-        assert stage.report_key is None or stage.report_key in inspect.signature(
-            __import__("rocmport.verify.run", fromlist=["VerifyReport"]).VerifyReport).parameters
+        assert (
+            stage.report_key is None
+            or stage.report_key
+            in inspect.signature(__import__("rocmport.verify.run", fromlist=["VerifyReport"]).VerifyReport).parameters
+        )
     assert [s.after_imports for s in registry.STAGES] == [False] + [True] * (len(registry.STAGES) - 1)
     opts = VerifyOptions(tree=tmp_path, stages=registry.NAMES)
-    assert [s.requested(opts) for s in registry.STAGES] == [True, True, False, False, False]  # no unit/functional/bridge options
-    assert all(step["stage"].split(" ")[0] in registry.NAMES for s in registry.STAGES for step in s.launches(opts, tmp_path))
+    assert [s.requested(opts) for s in registry.STAGES] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]  # no unit/functional/bridge options
+    assert all(
+        step["stage"].split(" ")[0] in registry.NAMES for s in registry.STAGES for step in s.launches(opts, tmp_path)
+    )

@@ -29,7 +29,9 @@ def _hunks_and_body(text: str) -> tuple[list[str], str]:
 
 
 def test_offset_patch_is_shifted_into_a_new_series_and_lock_is_bumped(port, capsys):
-    new = port.tag({"megatron/core/layers.py": "".join(f"new {i}\n" for i in range(5)) + LAYERS}, "core_v0.17.0", "0.17.0")
+    new = port.tag(
+        {"megatron/core/layers.py": "".join(f"new {i}\n" for i in range(5)) + LAYERS}, "core_v0.17.0", "0.17.0"
+    )
     old_lock = (port.root / "upstream.lock").read_text()
     assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
     rows = port.rows()
@@ -46,7 +48,9 @@ def test_offset_patch_is_shifted_into_a_new_series_and_lock_is_bumped(port, caps
     assert (v17 / "0003-utils.patch").read_text() == port.patches["0003-utils.patch"]
     # The old series is untouched; the lock pins the new tag; the work tree is the new port.
     assert (port.series_dir / "0001-layers-ten.patch").read_text() == old_text
-    assert port.lock["upstreams"]["megatron-lm"]["commit"] == new and (port.root / "upstream.lock").read_text() != old_lock
+    assert (
+        port.lock["upstreams"]["megatron-lm"]["commit"] == new and (port.root / "upstream.lock").read_text() != old_lock
+    )
     tree = port.root / "build" / "megatron-lm"
     assert g(tree, "rev-parse", "rocmport/base/core_v0.17.0^{commit}") == new
     assert "line 10 rocm" in (tree / "megatron/core/layers.py").read_text()
@@ -75,9 +79,13 @@ def test_three_way_patch_is_regenerated_with_its_context_width(port):
     assert row["bucket"] == "merged-3way" and row["action"] == "regenerated"
     text = (port.root / "patchsets/megatron-lm/v0.17/0002-layers-thirty.patch").read_text()
     assert " line 28 upstream" in text and "+line 30 rocm" in text
-    assert text.startswith("Description: rocm line thirty\n more words\nUpstream-Status: ROCm-only\nBug: https://example.invalid/2\n---\n")
+    assert text.startswith(
+        "Description: rocm line thirty\n more words\nUpstream-Status: ROCm-only\nBug: https://example.invalid/2\n---\n"
+    )
     assert len([ln for ln in text.split("\n---\n", 1)[1].splitlines() if ln.startswith(" ")]) == 6
-    assert re.search(r"2:  [0-9a-f]+ ! 2:  [0-9a-f]+ rocm line thirty", port.summary["range_diff"])  # three lines each side, as written
+    assert re.search(
+        r"2:  [0-9a-f]+ ! 2:  [0-9a-f]+ rocm line thirty", port.summary["range_diff"]
+    )  # three lines each side, as written
     assert port.run("apply") == 0
     assert json.loads((port.root / "build" / "megatron-lm.report.json").read_text())["totals"] == {"clean": 3}
 
@@ -195,7 +203,11 @@ def test_refresh_json_and_bad_input(port, capsys):
     capsys.readouterr()
     assert port.run("refresh", "--to", "v0.17", "--no-verify", "--json") == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["status"] == "not-verified" and data["to"] == "v0.17" and "series_text" not in data["upstreams"]["megatron-lm"]
+    assert (
+        data["status"] == "not-verified"
+        and data["to"] == "v0.17"
+        and "series_text" not in data["upstreams"]["megatron-lm"]
+    )
     # Moved but unchanged patches read as equal in the range-diff.
     assert re.search(r"1:  [0-9a-f]+ = 1:  [0-9a-f]+ rocm line ten", data["range_diff"])
 
@@ -219,13 +231,18 @@ def test_verify_failure_is_labelled_against_the_old_pin(port):
 def test_patch_merged_then_changed_upstream_is_dropped_by_patch_id(port):
     """Upstream landed patch 0002 and then edited the same line: it neither applies nor reverse-applies,
     but its patch-id names the upstream commit, so it is dropped instead of stopping as a conflict."""
-    landed = port.upstream_commit({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")}, "upstream takes 0002")
+    landed = port.upstream_commit(
+        {"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")}, "upstream takes 0002"
+    )
     port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm, tuned")}, "core_v0.17.0", "0.17.0")
     assert port.run("refresh", "--to", "v0.17", "--no-verify") == 0
     row = port.rows()["0002-layers-thirty.patch"]
     # The evidence names the patch-id git computes for the upstream commit itself.
     upstream_pid = g(port.up, "patch-id", "--stable", input=g(port.up, "show", landed) + "\n").split()[0]
-    assert row["action"] == "dropped" and row["evidence"] == f"patch-id {upstream_pid[:12]} matches upstream commit {landed[:12]}"
+    assert (
+        row["action"] == "dropped"
+        and row["evidence"] == f"patch-id {upstream_pid[:12]} matches upstream commit {landed[:12]}"
+    )
     assert port.series("v0.17")["patches"] == ["0001-layers-ten.patch", "0003-utils.patch"]
 
 
@@ -238,28 +255,46 @@ def test_unverified_summary_explains_files_a_codemod_lost_and_holds_no_machine_p
     summary says which, calls a --no-verify refresh "not verified", and names no path of this machine."""
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
     up = init(tmp_path / "upstream")
-    commit(up, {"megatron/core/package_info.py": package_info("0.16.1"), "megatron/core/a.py": guarded("a"),
-                "megatron/core/b.py": guarded("b"), "megatron/core/c.py": guarded("c")}, "0.16.1")
+    commit(
+        up,
+        {
+            "megatron/core/package_info.py": package_info("0.16.1"),
+            "megatron/core/a.py": guarded("a"),
+            "megatron/core/b.py": guarded("b"),
+            "megatron/core/c.py": guarded("c"),
+        },
+        "0.16.1",
+    )
     g(up, "tag", "core_v0.16.1")
     root = tmp_path / "project"
     (root / "patchsets/megatron-lm/v0.16").mkdir(parents=True)
     (root / "patchsets/megatron-lm/v0.16/series").write_text(
-        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\ncodemods:\n  - guard-nvidia-only-imports\n')
+        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\ncodemods:\n  - guard-nvidia-only-imports\n'
+    )
     run = lambda *a: main(["-C", str(root), *a])  # noqa: E731
     assert run("sync", "--ref", "v0.16", "--no-bridge", "--remote", f"megatron-lm={up}") == 0
     assert run("apply") == 0
     g(up, "rm", "-q", "megatron/core/a.py")
     g(up, "mv", "megatron/core/b.py", "megatron/core/b2.py")
-    commit(up, {"megatron/core/package_info.py": package_info("0.17.0"), "megatron/core/c.py": "def f():\n    return None\n"}, "0.17.0")
+    commit(
+        up,
+        {"megatron/core/package_info.py": package_info("0.17.0"), "megatron/core/c.py": "def f():\n    return None\n"},
+        "0.17.0",
+    )
     g(up, "tag", "core_v0.17.0")
     assert run("refresh", "--to", "v0.17", "--no-verify") == 0
     md = (root / "build/refresh/summary.md").read_text()
-    assert "**Status:** `not-verified`: the patches and codemods carried over, but verify was skipped (--no-verify)" in md
+    assert (
+        "**Status:** `not-verified`: the patches and codemods carried over, but verify was skipped (--no-verify)" in md
+    )
     assert "ready to merge" not in md
     assert "| guard-nvidia-only-imports | 3 → 1 | 4 → 2 | `megatron/core/b2.py` |" in md  # with the generated _rocm.py
     assert "- guard-nvidia-only-imports: `megatron/core/a.py`: deleted upstream" in md
     assert "- guard-nvidia-only-imports: `megatron/core/b.py`: moved upstream to `megatron/core/b2.py`" in md
-    assert "- guard-nvidia-only-imports: `megatron/core/c.py`: changed upstream: nothing left for the codemod to rewrite" in md
+    assert (
+        "- guard-nvidia-only-imports: `megatron/core/c.py`: changed upstream: nothing left for the codemod to rewrite"
+        in md
+    )
     assert "(new series `patchsets/megatron-lm/v0.17/series`)" in md
     assert str(tmp_path) not in md and str(tmp_path.resolve()) not in md
     summary = json.loads((root / "build/refresh/summary.json").read_text())
@@ -292,7 +327,9 @@ def test_one_status_in_json_summary_and_exit_code_for_every_outcome(port, capsys
     code, printed, summary, word = _said(capsys, port, "refresh", "--to", "core_v0.16.2", "--no-verify")
     _agree(code, printed, summary, word, "up-to-date")
     # Without --no-verify, on a tree that needs a Python this one is not: verify cannot run.
-    port.tag({"pyproject.toml": '[project]\nname = "megatron-core"\nrequires-python = ">=3.99"\n'}, "core_v0.16.3", "0.16.3")
+    port.tag(
+        {"pyproject.toml": '[project]\nname = "megatron-core"\nrequires-python = ">=3.99"\n'}, "core_v0.16.3", "0.16.3"
+    )
     code, printed, summary, word = _said(capsys, port, "refresh", "--to", "core_v0.16.3")
     _agree(code, printed, summary, word, "not-verified")
     assert printed["why"].startswith("verify did not run: the new tree requires Python >=3.99")
@@ -303,8 +340,10 @@ def test_one_status_in_json_summary_and_exit_code_for_every_outcome(port, capsys
     assert port.run("refresh", "--abort") == 0
     settings = load_settings(port.root)
     stage = {"name": "imports", "status": "pass", "seconds": 1.0, "reason": ""}
-    for verify, expected in (({"mode": "cpu-proxy", "stages": [stage], "failed": []}, "ready"),
-                             ({"mode": "cpu-proxy", "stages": [{**stage, "status": "fail"}], "failed": ["imports"]}, "needs-a-human")):
+    for verify, expected in (
+        ({"mode": "cpu-proxy", "stages": [stage], "failed": []}, "ready"),
+        ({"mode": "cpu-proxy", "stages": [{**stage, "status": "fail"}], "failed": ["imports"]}, "needs-a-human"),
+    ):
         result = RefreshResult(READY, "v0.17", port.lock, port.lock, verify=verify).settle()
         md = (write_summary(result, settings.refresh_dir, settings)).read_text()
         word = re.search(r"^\*\*Status:\*\* `([a-z-]+)`", md, re.M).group(1)  # type: ignore[union-attr]

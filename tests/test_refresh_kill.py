@@ -22,14 +22,16 @@ from tests.helpers.sync import commit, g, init, package_info
 
 REPO = Path(__file__).resolve().parents[1]
 # Slow to parse (libcst, about half a second each here): the pool's two workers are busy for seconds.
-BIG = "import modelopt\n" + "".join(f"def f{i}(a, b):\n    return [a * {i} + b for _ in range(a)]\n" for i in range(1500))
+BIG = "import modelopt\n" + "".join(
+    f"def f{i}(a, b):\n    return [a * {i} + b for _ in range(a)]\n" for i in range(1500)
+)
 # The new release's megatron.core, imported by verify's stage-1 probe (a child of refresh's verify):
 # it starts a grandchild in a session of its own, then waits ten minutes.
-SLOW_CORE = '''import os, subprocess, sys, time
+SLOW_CORE = """import os, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
 open(os.path.join(os.environ["KILLTEST_PIDS"], f"{os.getpid()}-{child.pid}"), "w").close()
 time.sleep(600)
-'''
+"""
 
 
 def project(tmp: Path, monkeypatch, new_files: dict[str, str]) -> Path:
@@ -37,13 +39,22 @@ def project(tmp: Path, monkeypatch, new_files: dict[str, str]) -> Path:
     upstream tag that adds ``new_files``."""
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp / "cache"))
     up = init(tmp / "upstream")
-    commit(up, {"megatron/__init__.py": "", "megatron/core/__init__.py": "", "megatron/core/package_info.py": package_info("0.16.1"),
-                "megatron/core/a.py": "import modelopt\n"}, "0.16.1")
+    commit(
+        up,
+        {
+            "megatron/__init__.py": "",
+            "megatron/core/__init__.py": "",
+            "megatron/core/package_info.py": package_info("0.16.1"),
+            "megatron/core/a.py": "import modelopt\n",
+        },
+        "0.16.1",
+    )
     g(up, "tag", "core_v0.16.1")
     root = tmp / "project"
     (root / "patchsets/megatron-lm/v0.16").mkdir(parents=True)
     (root / "patchsets/megatron-lm/v0.16/series").write_text(
-        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\ncodemods:\n  - guard-nvidia-only-imports\n')
+        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\ncodemods:\n  - guard-nvidia-only-imports\n'
+    )
     init(root)
     (root / ".gitignore").write_text("/build/\n/.rocmport/\n")
     assert main(["-C", str(root), "sync", "--ref", "v0.16", "--no-bridge", "--remote", f"megatron-lm={up}"]) == 0
@@ -63,10 +74,22 @@ class Run:
         self.mark, self.tmpdir, self.pids = uuid.uuid4().hex, tmp / "tmp", tmp / "pids"
         self.tmpdir.mkdir()
         self.pids.mkdir()
-        env = {**os.environ, "ROCMPORT_KILLTEST": self.mark, "TMPDIR": str(self.tmpdir), "KILLTEST_PIDS": str(self.pids),
-               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-        self.proc = subprocess.Popen([sys.executable, "-m", "rocmport", "-C", str(root), *args],
-                                     env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        env = {
+            **os.environ,
+            "ROCMPORT_KILLTEST": self.mark,
+            "TMPDIR": str(self.tmpdir),
+            "KILLTEST_PIDS": str(self.pids),
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rocmport", "-C", str(root), *args],
+            env=env,
+            cwd=tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def alive(self) -> list[int]:
         return marked(self.mark, "ROCMPORT_KILLTEST")
@@ -115,7 +138,10 @@ def big_release() -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, code, to", [(signal.SIGINT, 130, "group"), (signal.SIGTERM, 143, "group"), (signal.SIGTERM, 143, "refresh")])
+@pytest.mark.parametrize(
+    "signum, code, to",
+    [(signal.SIGINT, 130, "group"), (signal.SIGTERM, 143, "group"), (signal.SIGTERM, 143, "refresh")],
+)
 def test_interrupted_refresh_ends_its_pool_workers_and_says_what_finished(tmp_path, monkeypatch, signum, code, to):
     """Ctrl-C (SIGINT to the process group), a CI runner's cancel (SIGTERM to the group), or `kill PID`
     (SIGTERM to refresh alone) while the codemod pool parses the new release."""
@@ -140,11 +166,15 @@ def test_interrupted_refresh_ends_its_pool_workers_and_says_what_finished(tmp_pa
     assert list(run.tmpdir.iterdir()) == []
     line = err.strip().splitlines()[-1]
     assert f"interrupted by {signal.Signals(signum).name}" in line, err
-    assert "finished: megatron-lm v0.17 resolved to core_v0.17.0" in line and "stopped during applying megatron-lm" in line, line
+    assert (
+        "finished: megatron-lm v0.17 resolved to core_v0.17.0" in line and "stopped during applying megatron-lm" in line
+    ), line
     assert "refresh --abort" in line  # what to do next
     assert "ended the" in line and "removed" in line
     # Nothing of the project changed: the lock still pins 0.16, no v0.17 series.
-    assert "core_v0.16.1" in (root / "upstream.lock").read_text() and not (root / "patchsets/megatron-lm/v0.17").exists()
+    assert (
+        "core_v0.16.1" in (root / "upstream.lock").read_text() and not (root / "patchsets/megatron-lm/v0.17").exists()
+    )
     assert main(["-C", str(root), "refresh", "--abort"]) == 0  # and the stopped refresh is given up as any other
 
 
@@ -187,7 +217,10 @@ def test_interrupted_refresh_during_its_verify_ends_the_verify_children_too(tmp_
     assert list(run.tmpdir.iterdir()) == []
     line = err.strip().splitlines()[-1]
     assert f"interrupted by {signal.Signals(signum).name}" in line, err
-    assert "megatron-lm applied" in line and "stopped during verify (no stage had finished; stopped during imports)" in line, line
+    assert (
+        "megatron-lm applied" in line
+        and "stopped during verify (no stage had finished; stopped during imports)" in line
+    ), line
 
 
 @pytest.mark.slow
@@ -209,7 +242,10 @@ def test_a_bot_stopped_by_sigterm_goes_back_to_its_branch(tmp_path, monkeypatch)
     line = err.strip().splitlines()[-1]
     assert "interrupted by SIGTERM; nothing had finished; stopped during the refresh to core_v0.17.0" in line, line
     assert "the checkout is back on the branch it was on" in line
-    assert g(root, "symbolic-ref", "--short", "HEAD") == "main" and g(root, "status", "--porcelain", "--untracked-files=no") == ""
+    assert (
+        g(root, "symbolic-ref", "--short", "HEAD") == "main"
+        and g(root, "status", "--porcelain", "--untracked-files=no") == ""
+    )
     assert list(run.tmpdir.iterdir()) == []
     record = root / ".rocmport" / "bot-state.json"  # not recorded as built: the next run takes the release again
     assert not record.exists() or "core_v0.17.0" not in json.loads(record.read_text()).get("tags", {})

@@ -13,7 +13,6 @@ from tests.helpers.real import BRIDGE, MLM, needs_mirrors, project_with
 from tests.helpers.sync import g
 
 
-
 @pytest.mark.mirror
 @needs_mirrors
 def test_refresh_v016_port_to_v017(tmp_path, monkeypatch):
@@ -37,12 +36,17 @@ def test_refresh_v016_port_to_v017(tmp_path, monkeypatch):
     assert run("apply") == 0
     report = json.loads((root / "build" / "megatron-lm.report.json").read_text())
     assert report["totals"] == {"clean": len(series["patches"])}
-    assert g(root / "build" / "megatron-lm", "rev-parse", "rocmport/base/core_v0.17.1^{commit}") == lock["megatron-lm"]["commit"]
+    assert (
+        g(root / "build" / "megatron-lm", "rev-parse", "rocmport/base/core_v0.17.1^{commit}")
+        == lock["megatron-lm"]["commit"]
+    )
     md = (root / "build" / "refresh" / "summary.md").read_text()
     assert "core_v0.16.1" in md and "core_v0.17.1" in md and "range-diff" in md
     outcomes = {p["name"]: (p["bucket"], p["action"]) for p in mlm["patches"]}
-    print(f"\nrefresh v0.16 -> v0.17 (--no-verify): {seconds:.1f} s; patches {outcomes}; "
-          f"codemods {[(c['name'], c['old_sites'], c['new_sites']) for c in mlm['codemods']]}")
+    print(
+        f"\nrefresh v0.16 -> v0.17 (--no-verify): {seconds:.1f} s; patches {outcomes}; "
+        f"codemods {[(c['name'], c['old_sites'], c['new_sites']) for c in mlm['codemods']]}"
+    )
 
 
 @pytest.mark.mirror
@@ -63,6 +67,12 @@ def test_refresh_patch_release_with_verify(tmp_path, monkeypatch):
     assert (root / "patchsets" / "megatron-lm" / "v0.16" / "series").read_text() == before
     stages = {s["name"]: s["status"] for s in summary["verify"]["stages"]}
     # refresh verifies stages 1-2; the others are listed as not run, with the reason
-    assert stages == {"imports": "pass", "gpt-training": "pass", "unit-tests": "skipped", "functional": "skipped", "bridge": "skipped"}
+    assert stages == {
+        "imports": "pass",
+        "gpt-training": "pass",
+        "unit-tests": "skipped",
+        "functional": "skipped",
+        "bridge": "skipped",
+    }
     assert summary["verify"]["mode"] == "cpu-proxy"
     print(f"\nrefresh core_v0.16.0 -> core_v0.16.1 with verify: {seconds:.1f} s; stages {stages}")

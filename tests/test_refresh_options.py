@@ -26,12 +26,18 @@ from rocmport.refresh.result import UP_TO_DATE, RefreshResult
 from rocmport.verify.gpt_worker import HEADS, LAYERS
 
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "300"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 COUNTED: dict[str, int] = {}
 
 TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=12)  # argv holds no NUL
-SIZE_TEXT = st.one_of(st.integers(min_value=-3, max_value=9).map(str), st.integers(min_value=-10**30, max_value=10**30).map(str),
-                      st.sampled_from(["", " ", "1.5", "0x4", "1e3", "²", "٤", "+2", "--", "nan"]), TEXT)
+SIZE_TEXT = st.one_of(
+    st.integers(min_value=-3, max_value=9).map(str),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.sampled_from(["", " ", "1.5", "0x4", "1e3", "²", "٤", "+2", "--", "nan"]),
+    TEXT,
+)
 LOCK = {"upstreams": {"megatron-lm": {"resolved_ref": "core_v0.16.1", "commit": "0" * 40}}}
 
 
@@ -105,16 +111,42 @@ def engine(monkeypatch) -> list[tuple]:
 
 
 def summary_paths(project: Path):
-    return st.sampled_from(["", " ", "out.md", "new-dir/out.md", "a-file/out.md", "a-dir", "~",
-                            "/proc/version/x", str(project / "sum.md"), "-", "--json"])
+    return st.sampled_from(
+        [
+            "",
+            " ",
+            "out.md",
+            "new-dir/out.md",
+            "a-file/out.md",
+            "a-dir",
+            "~",
+            "/proc/version/x",
+            str(project / "sum.md"),
+            "-",
+            "--json",
+        ]
+    )
 
 
 @st.composite
 def refresh_argv(draw, project: Path) -> list[str]:
     parts: list[list[str]] = []
     for _ in range(draw(st.integers(0, 3))):  # the action: none, one, or several (repeated, too)
-        parts.append(draw(st.sampled_from([["--to", draw(st.one_of(st.sampled_from(["v0.17", "core_v0.17.1", "", " ", "-x", ".."]), TEXT)) or ""],
-                                           ["--continue"], ["--abort"]])))
+        parts.append(
+            draw(
+                st.sampled_from(
+                    [
+                        [
+                            "--to",
+                            draw(st.one_of(st.sampled_from(["v0.17", "core_v0.17.1", "", " ", "-x", ".."]), TEXT))
+                            or "",
+                        ],
+                        ["--continue"],
+                        ["--abort"],
+                    ]
+                )
+            )
+        )
     if draw(st.booleans()):
         parts.append(["--no-verify"])
     for name in ("--tp", "--pp"):
@@ -125,7 +157,9 @@ def refresh_argv(draw, project: Path) -> list[str]:
     if draw(st.booleans()):
         parts.append(["--json"])
     if draw(st.integers(0, 9)) == 0:
-        parts.append([draw(st.sampled_from(["--bogus", "extra", "--to"]))])  # an unknown option, a stray argument, a value missing
+        parts.append(
+            [draw(st.sampled_from(["--bogus", "extra", "--to"]))]
+        )  # an unknown option, a stray argument, a value missing
     order = draw(st.permutations(parts))
     return [token for part in order for token in part]
 
@@ -161,7 +195,9 @@ def _check_refresh(project: Path, engine: list[tuple], argv: list[str]) -> None:
             assert verify_opts is None
         else:
             tp, pp = verify_opts["tp"], verify_opts["pp"]
-            assert type(tp) is int and type(pp) is int and tp >= 1 and pp >= 1 and HEADS % tp == 0 and LAYERS % pp == 0, (argv, verify_opts)
+            assert (
+                type(tp) is int and type(pp) is int and tp >= 1 and pp >= 1 and HEADS % tp == 0 and LAYERS % pp == 0
+            ), (argv, verify_opts)
             for name, value, default in (("--tp", tp, DEFAULT_TP), ("--pp", pp, DEFAULT_PP)):
                 if name in given:  # the last one given wins, as click takes it
                     assert value == _int(argv[len(argv) - 1 - argv[::-1].index(name) + 1]), (argv, verify_opts)
@@ -190,8 +226,16 @@ def test_fuzz_refresh_options(project, engine, monkeypatch, data):
     count("refresh")
     monkeypatch.chdir(project)
     if data is None:  # the examples the probes started from
-        for argv in (["--to", "v0.17", "--tp", "0"], ["--to", "v0.17", "--tp", "3"], ["--continue", "--no-verify"], ["--abort", "--tp", "2"],
-                     ["--to", "v0.17", "--summary", ""], ["--to", "v0.17", "--summary", "a-file/out.md"], ["--to", " "], []):
+        for argv in (
+            ["--to", "v0.17", "--tp", "0"],
+            ["--to", "v0.17", "--tp", "3"],
+            ["--continue", "--no-verify"],
+            ["--abort", "--tp", "2"],
+            ["--to", "v0.17", "--summary", ""],
+            ["--to", "v0.17", "--summary", "a-file/out.md"],
+            ["--to", " "],
+            [],
+        ):
             _check_refresh(project, engine, argv)
         return
     _check_refresh(project, engine, data.draw(refresh_argv(project)))
@@ -230,9 +274,14 @@ def poller(monkeypatch) -> list[dict]:
     return calls
 
 
-LINE = st.one_of(st.sampled_from(["v0.16", "v0.17", " v0.18 ", "0.16", "v0", "v0.x", "", "v99999999999999999999.1"]), TEXT)
-INTERVAL = st.one_of(st.sampled_from(["3600", "0.5", "0", "-1", "nan", "inf", "-inf", "1e400", "1e9", "31536000", "", "x"]),
-                     st.floats(allow_nan=True, allow_infinity=True).map(repr), TEXT)
+LINE = st.one_of(
+    st.sampled_from(["v0.16", "v0.17", " v0.18 ", "0.16", "v0", "v0.x", "", "v99999999999999999999.1"]), TEXT
+)
+INTERVAL = st.one_of(
+    st.sampled_from(["3600", "0.5", "0", "-1", "nan", "inf", "-inf", "1e400", "1e9", "31536000", "", "x"]),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    TEXT,
+)
 
 
 @st.composite

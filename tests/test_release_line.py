@@ -30,4 +30,8 @@ def test_a_versions_line_and_the_range_of_its_series():
     assert line == ReleaseLine.of(Version("0.16.0rc1")) == ReleaseLine(0, 16)
     assert line.admits(Version("0.16.0rc0")) and not line.admits(Version("0.17.0"))
     assert line.versions == ">=0.16.0rc0,<0.17.0rc0"
-    assert sorted([ReleaseLine(0, 17), ReleaseLine(1, 0), ReleaseLine(0, 9)]) == [ReleaseLine(0, 9), ReleaseLine(0, 17), ReleaseLine(1, 0)]
+    assert sorted([ReleaseLine(0, 17), ReleaseLine(1, 0), ReleaseLine(0, 9)]) == [
+        ReleaseLine(0, 9),
+        ReleaseLine(0, 17),
+        ReleaseLine(1, 0),
+    ]

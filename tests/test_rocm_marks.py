@@ -28,7 +28,13 @@ from rocmport.verify.unit_tests import label
 ROOT = Path(__file__).resolve().parents[1]
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
 AMD = "refs/pull/3318/head"
-RELEASES = {"v0.15": "core_v0.15.3", "v0.16": "core_v0.16.1", "v0.17": "core_v0.17.1", "v0.18": "core_v0.18.2", "v0.19": "core_v0.19.0"}
+RELEASES = {
+    "v0.15": "core_v0.15.3",
+    "v0.16": "core_v0.16.1",
+    "v0.17": "core_v0.17.1",
+    "v0.18": "core_v0.18.2",
+    "v0.19": "core_v0.19.0",
+}
 MARKS = ("failing_on_rocm", "failing_on_rocm_mi250", "failing_on_upstream")
 FP8_BLOCK = "tests/unit_tests/transformer/test_transformer_block.py::TestParallelTransformerBlock::test_gpu_forward_full_checkpoint_fp8"
 MLA_THD = "tests/unit_tests/transformer/test_multi_latent_attention.py::TestParallelMLAAttention::test_gpu_forward_thd"
@@ -46,12 +52,17 @@ def git(*args: str) -> str:
 def marked_tests(ref: str) -> dict[str, set[str]]:
     """{test id (file::Class::test): the fork's marks on it} read from the decorators at ``ref``."""
     out: dict[str, set[str]] = {}
-    for hit in git("grep", "-l", "-E", r"pytest\.mark\.(failing_on_rocm|failing_on_upstream)", ref, "--", "tests/unit_tests").split():
+    for hit in git(
+        "grep", "-l", "-E", r"pytest\.mark\.(failing_on_rocm|failing_on_upstream)", ref, "--", "tests/unit_tests"
+    ).split():
         path = hit.split(":", 1)[1]
         tree = ast.parse(git("show", f"{ref}:{path}"))
         for cls, fn in _functions(tree):
-            names = {d.attr for d in (dec.func if isinstance(dec, ast.Call) else dec for dec in fn.decorator_list)
-                     if isinstance(d, ast.Attribute)}
+            names = {
+                d.attr
+                for d in (dec.func if isinstance(dec, ast.Call) else dec for dec in fn.decorator_list)
+                if isinstance(d, ast.Attribute)
+            }
             if names & set(MARKS):
                 out[f"{path}::{cls + '::' if cls else ''}{fn.name}"] = names & set(MARKS)
     return out
@@ -131,8 +142,10 @@ def test_marks_applied_by_platform_and_arch(line):
 
 def test_arch_lists_are_validated(tmp_path):
     series = tmp_path / "series"
-    body = ("upstream: megatron-lm\nline: v0.16\nversions: '>=0.16.0rc0,<0.17.0rc0'\npatches: []\ncodemods: []\n"
-            "verify:\n  rocm_arch_known_failures: {ARCH: {tests/unit_tests/test_x.py::test_y: REASON}}\n")
+    body = (
+        "upstream: megatron-lm\nline: v0.16\nversions: '>=0.16.0rc0,<0.17.0rc0'\npatches: []\ncodemods: []\n"
+        "verify:\n  rocm_arch_known_failures: {ARCH: {tests/unit_tests/test_x.py::test_y: REASON}}\n"
+    )
     series.write_text(body.replace("ARCH", "gfx90a").replace("REASON", "MI250 only"))
     cfg = parse_settings(load_series(series).verify, str(series))
     assert cfg.rocm_arch_known_failures == {"gfx90a": {"tests/unit_tests/test_x.py::test_y": "MI250 only"}}
@@ -145,8 +158,8 @@ def test_arch_lists_are_validated(tmp_path):
 def test_device_arch_is_the_simulated_or_the_gpus():
     env = environment.Environment(python="3.11", torch="2.13", hip=None, cuda=None, device_count=0)
     assert run.device_arch("cpu-proxy", env, "gfx90a") == "gfx90a"
-    assert run.device_arch("cpu-proxy", env, None) is None          # the CUDA path of the proxy
-    assert run.device_arch("gpu", env, None) is None                # a CUDA GPU
+    assert run.device_arch("cpu-proxy", env, None) is None  # the CUDA path of the proxy
+    assert run.device_arch("gpu", env, None) is None  # a CUDA GPU
 
 
 @pytest.mark.torch
@@ -157,7 +170,11 @@ def test_simulated_arch_reaches_the_workers(tmp_path):
     assert seen["device"][:4] == ["AMD Instinct MI250X/MI250", "gfx90a:sramecc+:xnack-", 9, 0]
     seen = json.loads(run_probe(tmp_path, hip_sim.child_env(hip_sim.DEFAULT_VERSION)).stdout)
     assert seen["device"][1] == "gfx942:sramecc+:xnack-"
-    assert hip_sim.summary("7.1", "gfx90a") == {"version": "7.1", "arch": "gfx90a", "device": "AMD Instinct MI250X/MI250"}
+    assert hip_sim.summary("7.1", "gfx90a") == {
+        "version": "7.1",
+        "arch": "gfx90a",
+        "device": "AMD Instinct MI250X/MI250",
+    }
 
 
 def test_hip_arch_option_refuses_an_unknown_arch(tmp_path, capsys):

@@ -20,14 +20,22 @@ import yaml
 
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
 REPO = Path(__file__).resolve().parents[1]
-RELEASES = {"v0.15": "core_v0.15.3", "v0.16": "core_v0.16.1", "v0.17": "core_v0.17.1", "v0.18": "core_v0.18.2", "v0.19": "core_v0.19.0"}
+RELEASES = {
+    "v0.15": "core_v0.15.3",
+    "v0.16": "core_v0.16.1",
+    "v0.17": "core_v0.17.1",
+    "v0.18": "core_v0.18.2",
+    "v0.19": "core_v0.19.0",
+}
 ROPE = "megatron/core/models/common/embeddings/rope_utils.py"
 TE = "megatron/core/extensions/transformer_engine.py"
 needs_mirror = pytest.mark.skipif(not MLM, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
 
 
 def show(ref: str, path: str) -> str:
-    return subprocess.run(["git", "--git-dir", MLM, "show", f"{ref}:{path}"], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", MLM, "show", f"{ref}:{path}"], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def function(source: str, name: str) -> ast.FunctionDef:
@@ -48,11 +56,19 @@ def test_upstream_default_rope_is_tes_fused_rope(line):
     assert "from megatron.core.extensions.transformer_engine import fused_apply_rotary_pos_emb" in rope
     assert not re.search(r"\bhip\b|is_hip|IS_HIP", rope)
     apply = function(rope, "apply_rotary_pos_emb")
-    fusion = next(n for n in ast.walk(apply) if isinstance(n, ast.If) and ast.unparse(n.test) == "config.apply_rope_fusion")
+    fusion = next(
+        n for n in ast.walk(apply) if isinstance(n, ast.If) and ast.unparse(n.test) == "config.apply_rope_fusion"
+    )
     assert any(ast.unparse(c.func) == "fused_apply_rotary_pos_emb" for c in calls(fusion))
     # TE's fused kernel: apply_rotary_pos_emb(..., fused=True) in every branch of the extension's wrapper.
-    te_calls = [c for c in calls(function(show(tag, TE), "fused_apply_rotary_pos_emb")) if ast.unparse(c.func) == "apply_rotary_pos_emb"]
-    assert te_calls and all(any(k.arg == "fused" and ast.unparse(k.value) == "True" for k in c.keywords) for c in te_calls)
+    te_calls = [
+        c
+        for c in calls(function(show(tag, TE), "fused_apply_rotary_pos_emb"))
+        if ast.unparse(c.func) == "apply_rotary_pos_emb"
+    ]
+    assert te_calls and all(
+        any(k.arg == "fused" and ast.unparse(k.value) == "True" for k in c.keywords) for c in te_calls
+    )
     # On by default for RoPE: `--no-rope-fusion` is the opt-out (store_false into apply_rope_fusion).
     args = show(tag, "megatron/training/arguments.py")
     assert re.search(r"'--no-rope-fusion', action='store_false',(.|\n){0,200}dest='apply_rope_fusion'", args)
@@ -70,8 +86,11 @@ def test_the_port_leaves_the_rope_path_alone(line):
 @needs_mirror
 def test_amds_flag_reaches_nothing_in_its_015_port():
     ref = "refs/pull/3318/head"
-    hits = subprocess.run(["git", "--git-dir", MLM, "grep", "-l", "disable_te_fused_rope", ref, "--", "megatron"],
-                          capture_output=True, text=True).stdout.split()
+    hits = subprocess.run(
+        ["git", "--git-dir", MLM, "grep", "-l", "disable_te_fused_rope", ref, "--", "megatron"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert [h.split(":", 1)[1] for h in hits] == ["megatron/training/arguments.py"]
     config = ast.parse(show(ref, "megatron/core/transformer/transformer_config.py"))
     fields = {n.target.id for n in ast.walk(config) if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}

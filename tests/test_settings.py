@@ -35,8 +35,9 @@ COMMANDS = [["status"], ["refresh", "--to", "v0.17"], ["bot", "--once"]]
 
 def _rocmport(root: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROCMPORT_CACHE_DIR": str(root / "cache")}
-    return subprocess.run([sys.executable, "-m", "rocmport", "-C", str(root), *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rocmport", "-C", str(root), *args], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.parametrize("body,expected", BAD_TOOL_VALUES, ids=[b for b, _ in BAD_TOOL_VALUES])
@@ -62,7 +63,10 @@ def test_a_bad_local_setting_is_exit_2_naming_file_and_key(tmp_path):
     (tmp_path / ".rocmport" / "local.yaml").write_text("worktree_dir: [a]\n")
     for args in COMMANDS[:1]:
         proc = _rocmport(tmp_path, *args)
-        assert proc.returncode == 2 and "local.yaml: key 'worktree_dir' must be a directory path" in proc.stderr, (args, proc.stderr)
+        assert proc.returncode == 2 and "local.yaml: key 'worktree_dir' must be a directory path" in proc.stderr, (
+            args,
+            proc.stderr,
+        )
 
 
 def test_settings_are_typed_with_one_default(tmp_path, monkeypatch):
@@ -71,8 +75,9 @@ def test_settings_are_typed_with_one_default(tmp_path, monkeypatch):
     assert (s.tp, s.pp, s.release_lines, s.python) == (DEFAULT_TP, DEFAULT_PP, (), None)
     with pytest.raises(Exception):  # frozen: every command sees the settings as loaded
         s.tp = 3  # type: ignore[misc]
-    (tmp_path / "pyproject.toml").write_text('[tool.rocmport]\ntp = 4\npp = 1\nrelease-lines = ["0.16", " core_v0.17"]\n'
-                                             'python = "python3.12"\n')
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.rocmport]\ntp = 4\npp = 1\nrelease-lines = ["0.16", " core_v0.17"]\npython = "python3.12"\n'
+    )
     s = load_settings(tmp_path)
     assert (s.tp, s.pp, s.release_lines, s.python) == (4, 1, ("v0.16", "v0.17"), "python3.12")
 

@@ -67,7 +67,9 @@ def test_tree_io_never_follows_a_link(tmp_path, outside):
     assert snapshot(outside) == before
     assert os.path.islink(tree / "a" / "filelink.py")  # refused, not replaced by a file either
     assert tree_kind(tree, "a/dirlink") == tree_kind(tree, "a/dirlink/victim.py") == "link"
-    assert tree_kind(tree, "a/f.py") == "file" and tree_kind(tree, "a") == "dir" and tree_kind(tree, "nope") == "missing"
+    assert (
+        tree_kind(tree, "a/f.py") == "file" and tree_kind(tree, "a") == "dir" and tree_kind(tree, "nope") == "missing"
+    )
     tree_write_text(tree, "new/dir/n.py", "n\n")
     with pytest.raises(FileExistsError):
         tree_write_text(tree, "new/dir/n.py", "again\n", replace=False)
@@ -98,8 +100,15 @@ def test_the_helper_is_never_written_through_a_link(proj, outside, capsys):
 
 
 def test_manifests_never_read_or_write_through_a_link(proj, outside):
-    upstream_with(proj, {}, {"requirements": str(outside), "pyproject.toml": str(outside / "pyproject.toml"),
-                             "requirements-dev.txt": str(outside / "base.txt")})
+    upstream_with(
+        proj,
+        {},
+        {
+            "requirements": str(outside),
+            "pyproject.toml": str(outside / "pyproject.toml"),
+            "requirements-dev.txt": str(outside / "base.txt"),
+        },
+    )
     proj.write_series({})
     before = snapshot(outside)
     assert main(["-C", str(proj.root), "apply"]) == 0

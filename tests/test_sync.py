@@ -23,8 +23,14 @@ def upstreams(tmp_path, monkeypatch):
     bridge_commits = build_bridge(tmp_path / "up" / "bridge", mlm_commits)
     project = tmp_path / "project"
     project.mkdir()
-    return {"mlm": tmp_path / "up" / "mlm", "bridge": tmp_path / "up" / "bridge", "c": mlm_commits,
-            "b": bridge_commits, "project": project, "tmp": tmp_path}
+    return {
+        "mlm": tmp_path / "up" / "mlm",
+        "bridge": tmp_path / "up" / "bridge",
+        "c": mlm_commits,
+        "b": bridge_commits,
+        "project": project,
+        "tmp": tmp_path,
+    }
 
 
 def run(u, *args):
@@ -94,18 +100,24 @@ def test_declared_range_takes_the_tightest_range_and_lists_the_candidates(upstre
     assert lock(upstreams)["megatron-bridge"]["resolved_ref"] == "v0.2.2"
     err = " ".join(capsys.readouterr().err.split())
     assert "v0.2.2: the tightest declared megatron-core range admitting 0.15.3 (<0.16.0,>=0.15.0a0)" in err
-    assert "candidates (newest first): v0.3.1 declares <0.17.0,>=0.15.0a0; v0.2.2, v0.2.0 declare <0.16.0,>=0.15.0a0" in err
+    assert (
+        "candidates (newest first): v0.3.1 declares <0.17.0,>=0.15.0a0; v0.2.2, v0.2.0 declare <0.16.0,>=0.15.0a0"
+        in err
+    )
 
 
-@pytest.mark.parametrize("spec, upper, lower", [
-    ("<0.16.0,>=0.15.0a0", ("0.16.0", 0), "0.15.0a0"),
-    ("<=0.16.0", ("0.16.0", 1), None),
-    ("~=0.15.2", ("0.16", 0), "0.15.2"),
-    ("~=1.4", ("2", 0), "1.4"),
-    ("==0.15.*", ("0.16", 0), "0.15"),
-    ("==0.15.3", ("0.15.3", 1), "0.15.3"),
-    (">=0.15", None, "0.15"),
-])
+@pytest.mark.parametrize(
+    "spec, upper, lower",
+    [
+        ("<0.16.0,>=0.15.0a0", ("0.16.0", 0), "0.15.0a0"),
+        ("<=0.16.0", ("0.16.0", 1), None),
+        ("~=0.15.2", ("0.16", 0), "0.15.2"),
+        ("~=1.4", ("2", 0), "1.4"),
+        ("==0.15.*", ("0.16", 0), "0.15"),
+        ("==0.15.3", ("0.15.3", 1), "0.15.3"),
+        (">=0.15", None, "0.15"),
+    ],
+)
 def test_range_bounds(spec, upper, lower):
     from packaging.specifiers import SpecifierSet
     from packaging.version import Version
@@ -122,10 +134,17 @@ def test_tightest_range_orders_upper_then_lower_then_newest():
 
     from rocmport.upstream.companion import tightest_range
 
-    cands = [("c", S(">=0.15,<0.17")), ("b2", S(">=0.15,<0.16")), ("b1", S(">=0.14,<0.16")), ("a", S("<=0.16")), ("x", None), ("u", S(">=0.1"))]
-    assert tightest_range(cands, "0.15.3")[0] == "b2"   # <0.16 beats <=0.16 and <0.17; >=0.15 beats >=0.14
-    assert tightest_range(cands, "0.16.0")[0] == "a"    # only <=0.16 and <0.17 admit it
-    assert tightest_range(cands, "0.17.0") is None      # the unbounded range never matches
+    cands = [
+        ("c", S(">=0.15,<0.17")),
+        ("b2", S(">=0.15,<0.16")),
+        ("b1", S(">=0.14,<0.16")),
+        ("a", S("<=0.16")),
+        ("x", None),
+        ("u", S(">=0.1")),
+    ]
+    assert tightest_range(cands, "0.15.3")[0] == "b2"  # <0.16 beats <=0.16 and <0.17; >=0.15 beats >=0.14
+    assert tightest_range(cands, "0.16.0")[0] == "a"  # only <=0.16 and <0.17 admit it
+    assert tightest_range(cands, "0.17.0") is None  # the unbounded range never matches
     assert tightest_range([("n", S("<0.16")), ("o", S("<0.16"))], "0.15")[0] == "n"  # equals: the newest
 
 
@@ -274,20 +293,53 @@ def test_mirror_with_missing_blob(upstreams, capsys):
         pack.with_suffix(".idx").unlink()
         subprocess.run(["git", "unpack-objects", "-q"], cwd=mirror, input=data, check=True)
     (mirror / "objects" / blob[:2] / blob[2:]).unlink()
-    assert run(upstreams, "sync", "--ref", "v0.16", "--bridge-ref", "v0.3.2",
-               "--remote", f"megatron-lm={upstreams['mlm']}", "--remote", f"megatron-bridge={mirror}") == 0
+    assert (
+        run(
+            upstreams,
+            "sync",
+            "--ref",
+            "v0.16",
+            "--bridge-ref",
+            "v0.3.2",
+            "--remote",
+            f"megatron-lm={upstreams['mlm']}",
+            "--remote",
+            f"megatron-bridge={mirror}",
+        )
+        == 0
+    )
     assert lock(upstreams)["megatron-bridge"]["commit"] == big
     with GitDaemon(upstreams["tmp"] / "up") as daemon:
         cache2 = upstreams["tmp"] / "cache2"
-        rc = run(upstreams, "sync", "--ref", "v0.16", "--bridge-ref", "v0.3.2", "--cache-dir", str(cache2),
-                 "--remote", f"megatron-bridge={daemon.url('bridge-mirror.git')}")
+        rc = run(
+            upstreams,
+            "sync",
+            "--ref",
+            "v0.16",
+            "--bridge-ref",
+            "v0.3.2",
+            "--cache-dir",
+            str(cache2),
+            "--remote",
+            f"megatron-bridge={daemon.url('bridge-mirror.git')}",
+        )
     assert rc != 0
     err = capsys.readouterr().err
     assert "clone it by plain path instead" in err
 
 
 def test_concurrent_syncs(upstreams):
-    cmd = [sys.executable, "-m", "rocmport", "-C", str(upstreams["project"]), "sync", "--ref", "v0.16", *remotes(upstreams)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rocmport",
+        "-C",
+        str(upstreams["project"]),
+        "sync",
+        "--ref",
+        "v0.16",
+        *remotes(upstreams),
+    ]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
     assert [r[2] for r in results] == [0, 0, 0], results
@@ -312,7 +364,10 @@ def test_credentials_are_used_never_stored_or_printed(upstreams, capsys):
     """`user:TOKEN@` in a URL: not in upstream.lock, not in .rocmport/local.yaml, not in any output
     (progress, errors, --json), and the user is pointed at git credential helpers."""
     url = "https://user:TOKEN123@127.0.0.1:9/NVIDIA/Megatron-LM.git"
-    assert run(upstreams, "sync", "--ref", "v0.16", "--source", "git", "--no-bridge", "--remote", f"megatron-lm={url}") == 2
+    assert (
+        run(upstreams, "sync", "--ref", "v0.16", "--source", "git", "--no-bridge", "--remote", f"megatron-lm={url}")
+        == 2
+    )
     out, err = capsys.readouterr()
     assert "TOKEN123" not in out + err and "https://***@127.0.0.1:9/" in err and "credential helper" in err
     assert run(upstreams, "sync", "--ref", "v0.16", *remotes(upstreams)) == 0
@@ -326,8 +381,16 @@ def test_credentials_are_used_never_stored_or_printed(upstreams, capsys):
     assert lock(upstreams)["megatron-lm"]["url"] == "https://127.0.0.1:9/NVIDIA/Megatron-LM.git"
 
 
-@pytest.mark.parametrize("url", ["ssh://%2DoProxyCommand=touch%20{marker}/x", "ssh://git@host/%2D-upload-pack=touch%20{marker}",
-                                 "ssh://%2Duser@host/x", "ssh://host%0Aevil/x", "https://host/%0Ax"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ssh://%2DoProxyCommand=touch%20{marker}/x",
+        "ssh://git@host/%2D-upload-pack=touch%20{marker}",
+        "ssh://%2Duser@host/x",
+        "ssh://host%0Aevil/x",
+        "https://host/%0Ax",
+    ],
+)
 def test_urls_are_checked_after_percent_decoding(upstreams, capsys, url):
     marker = upstreams["tmp"] / "pwned"
     assert run(upstreams, "sync", "--ref", "v0.16", "--remote", f"megatron-lm={url.format(marker=marker)}") == 2
@@ -339,7 +402,9 @@ def test_offline_with_a_missing_remote_path_stores_nothing(upstreams, capsys):
     assert run(upstreams, "sync", "--ref", "v0.16", *remotes(upstreams)) == 0
     local = (upstreams["project"] / ".rocmport" / "local.yaml").read_bytes()
     capsys.readouterr()
-    assert run(upstreams, "sync", "--ref", "v0.16", "--offline", "--remote", "megatron-lm=/nonexistent/Megatron-LM") == 2
+    assert (
+        run(upstreams, "sync", "--ref", "v0.16", "--offline", "--remote", "megatron-lm=/nonexistent/Megatron-LM") == 2
+    )
     assert "/nonexistent/Megatron-LM': no such directory" in capsys.readouterr().err
     assert (upstreams["project"] / ".rocmport" / "local.yaml").read_bytes() == local
 
@@ -359,5 +424,8 @@ def test_unknown_line_suggests_the_nearest_lines(upstreams, capsys):
     g(upstreams["mlm"], "tag", "core_v0.62.0")
     assert run(upstreams, "sync", "--ref", "v0.61", *remotes(upstreams)) == 2
     err = capsys.readouterr().err
-    assert "nearest release lines: v0.18 (newest core_v0.18.0), v0.60 (newest core_v0.60.0), v0.62 (newest core_v0.62.0)" in err
+    assert (
+        "nearest release lines: v0.18 (newest core_v0.18.0), v0.60 (newest core_v0.60.0), v0.62 (newest core_v0.62.0)"
+        in err
+    )
     assert "v0.15.3" not in err

@@ -23,21 +23,34 @@ def _gen(*shape, seed=0):
 
 
 def gemm(A, transa, B, transb, **kw):
-    args = dict(D=None, quantizer=None, out_dtype=None, bias=None, bias_type=None, gelu=False, gelu_in=None, grad=False,
-                workspace=torch.empty(0), workspaceSize=0, accumulate=False, use_split_accumulator=False)
+    args = dict(
+        D=None,
+        quantizer=None,
+        out_dtype=None,
+        bias=None,
+        bias_type=None,
+        gelu=False,
+        gelu_in=None,
+        grad=False,
+        workspace=torch.empty(0),
+        workspaceSize=0,
+        accumulate=False,
+        use_split_accumulator=False,
+    )
     args.update(kw)
     return tex.generic_gemm(A, transa, B, transb, **args)
 
 
 # ---- GEMM: TE's three layouts (Linear's forward TN, dgrad NN, wgrad NT) and its epilogues ----
 
+
 def test_gemm_layouts_are_linears_forward_dgrad_and_wgrad():
     x, w, dy = _gen(6, 4), _gen(3, 4), _gen(6, 3)
-    out, *_ = gemm(w, True, x, False)                 # layout TN: y = x @ W^T
+    out, *_ = gemm(w, True, x, False)  # layout TN: y = x @ W^T
     torch.testing.assert_close(out, x @ w.t(), **TOL)
-    dgrad, *_ = gemm(w, False, dy, False)             # NN: dx = dy @ W
+    dgrad, *_ = gemm(w, False, dy, False)  # NN: dx = dy @ W
     torch.testing.assert_close(dgrad, dy @ w, **TOL)
-    wgrad, *_ = gemm(x, False, dy, True)              # NT: dW = dy^T @ x
+    wgrad, *_ = gemm(x, False, dy, True)  # NT: dW = dy^T @ x
     torch.testing.assert_close(wgrad, dy.t() @ x, **TOL)
 
 
@@ -108,6 +121,7 @@ def test_a_kernel_without_a_cpu_implementation_fails_when_called_naming_itself()
 
 
 # ---- normalization ----
+
 
 @pytest.mark.parametrize("zero_centered", [False, True])
 def test_layernorm_forward_and_backward_match_torch(zero_centered):
@@ -191,6 +205,7 @@ def test_gelu_derivative_is_the_tanh_approximations():
 
 # ---- softmax variants ----
 
+
 def test_softmax_variants_forward_and_backward():
     x, grad = _gen(2, 3, 5, 5), _gen(2, 3, 5, 5, seed=9)
     scale = 0.5
@@ -205,16 +220,24 @@ def test_softmax_variants_forward_and_backward():
     y = tex.scaled_upper_triang_masked_softmax_forward(x3, scale)
     torch.testing.assert_close(y, ref_causal, **TOL)
     xr = x3.clone().requires_grad_(True)
-    (rdx,) = torch.autograd.grad(torch.softmax((xr * scale).masked_fill(causal, -10000.0), -1), xr, grad.reshape(6, 5, 5))
-    torch.testing.assert_close(tex.scaled_upper_triang_masked_softmax_backward(grad.reshape(6, 5, 5), y, scale), rdx, **TOL)
+    (rdx,) = torch.autograd.grad(
+        torch.softmax((xr * scale).masked_fill(causal, -10000.0), -1), xr, grad.reshape(6, 5, 5)
+    )
+    torch.testing.assert_close(
+        tex.scaled_upper_triang_masked_softmax_backward(grad.reshape(6, 5, 5), y, scale), rdx, **TOL
+    )
     # bottom-right aligned causal mask for sk > sq
     x4 = _gen(1, 2, 3, 5)
     aligned = torch.ones(3, 5, dtype=torch.bool).triu(1 + 2)
-    torch.testing.assert_close(tex.scaled_aligned_causal_masked_softmax_forward(x4, 1.0),
-                               torch.softmax(x4.masked_fill(aligned, -10000.0), -1), **TOL)
+    torch.testing.assert_close(
+        tex.scaled_aligned_causal_masked_softmax_forward(x4, 1.0),
+        torch.softmax(x4.masked_fill(aligned, -10000.0), -1),
+        **TOL,
+    )
 
 
 # ---- RoPE ----
+
 
 def _rope_reference(t, freqs, interleaved=False):
     d2 = freqs.shape[-1]
@@ -256,24 +279,30 @@ def test_rope_thd_restarts_positions_per_sequence():
 
 def test_rope_with_context_parallelism_is_unsupported():
     with pytest.raises(tex.UnsupportedInProxy, match="fused_rope_forward"):
-        tex.fused_rope_forward(_gen(4, 1, 1, 4), _gen(8, 1, 1, 4), None, tex.NVTE_QKV_Format.NVTE_SBHD, False, None, 2, 0)
+        tex.fused_rope_forward(
+            _gen(4, 1, 1, 4), _gen(8, 1, 1, 4), None, tex.NVTE_QKV_Format.NVTE_SBHD, False, None, 2, 0
+        )
 
 
 # ---- multi-tensor kernels ----
+
 
 @pytest.mark.parametrize("mode", [0, 1])
 def test_multi_tensor_adam_matches_torch(mode):
     params = [_gen(4, 3), _gen(5, seed=1)]
     grads = [_gen(4, 3, seed=2), _gen(5, seed=3)]
     ref = [p.clone().requires_grad_(True) for p in params]
-    opt = (torch.optim.AdamW if mode == 1 else torch.optim.Adam)(ref, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt = (torch.optim.AdamW if mode == 1 else torch.optim.Adam)(
+        ref, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1
+    )
     m, v = [torch.zeros_like(p) for p in params], [torch.zeros_like(p) for p in params]
     for step in (1, 2):
         for r, g in zip(ref, grads):
             r.grad = g.clone()
         opt.step()
-        tex.multi_tensor_adam(2048, torch.zeros(1, dtype=torch.int), [grads, params, m, v], 1e-2, 0.9, 0.95, 1e-8, step,
-                              mode, 1, 0.1)
+        tex.multi_tensor_adam(
+            2048, torch.zeros(1, dtype=torch.int), [grads, params, m, v], 1e-2, 0.9, 0.95, 1e-8, step, mode, 1, 0.1
+        )
     for p, r in zip(params, ref):
         torch.testing.assert_close(p, r.detach(), **TOL)
 
@@ -298,8 +327,16 @@ def test_multi_tensor_l2norm_and_scale():
 
 def test_enums_are_what_te_reads():
     # TE 2.17+ asserts its Python DType has exactly the extension's members.
-    assert set(tex.DType.__members__) == {"kByte", "kInt32", "kFloat32", "kFloat16", "kBFloat16", "kFloat8E4M3",
-                                          "kFloat8E5M2", "kFloat4E2M1"}
+    assert set(tex.DType.__members__) == {
+        "kByte",
+        "kInt32",
+        "kFloat32",
+        "kFloat16",
+        "kBFloat16",
+        "kFloat8E4M3",
+        "kFloat8E5M2",
+        "kFloat4E2M1",
+    }
     fmt = tex.NVTE_QKV_Format
     assert fmt(int(fmt.NVTE_THD)) is fmt.NVTE_THD
     late = fmt.NVTE_QKV_Format_NOT_SET  # a member a newer TE names: made once, stable
@@ -314,13 +351,47 @@ def test_grouped_gemm_is_one_gemm_per_group_and_splits_a_single_output():
     x = [_gen(2, 4, seed=3), _gen(5, 4, seed=4)]
     out = [torch.empty(7, 3)]
     bias = [torch.empty(0), torch.empty(0)]
-    tex.te_general_grouped_gemm(w, True, x, False, out, tex.DType.kFloat32, [2, 5], bias, tex.DType.kFloat32, True,
-                                [torch.empty(0)] * 2, False, [torch.empty(0)], 0, False, False, 0)
+    tex.te_general_grouped_gemm(
+        w,
+        True,
+        x,
+        False,
+        out,
+        tex.DType.kFloat32,
+        [2, 5],
+        bias,
+        tex.DType.kFloat32,
+        True,
+        [torch.empty(0)] * 2,
+        False,
+        [torch.empty(0)],
+        0,
+        False,
+        False,
+        0,
+    )
     torch.testing.assert_close(out[0], torch.cat([x[0] @ w[0].t(), x[1] @ w[1].t()]), **TOL)
     # wgrad, accumulated into each expert's main_grad
     dy = [_gen(2, 3, seed=5), _gen(5, 3, seed=6)]
     main = [torch.ones(3, 4), torch.ones(3, 4)]
-    tex.te_general_grouped_gemm(x, False, dy, True, main, tex.DType.kFloat32, [2, 5], [None, None], tex.DType.kFloat32,
-                                False, [torch.empty(0)] * 2, True, [torch.empty(0)], 0, True, False, 0)
+    tex.te_general_grouped_gemm(
+        x,
+        False,
+        dy,
+        True,
+        main,
+        tex.DType.kFloat32,
+        [2, 5],
+        [None, None],
+        tex.DType.kFloat32,
+        False,
+        [torch.empty(0)] * 2,
+        True,
+        [torch.empty(0)],
+        0,
+        True,
+        False,
+        0,
+    )
     for i in range(2):
         torch.testing.assert_close(main[i], 1 + dy[i].t() @ x[i], **TOL)

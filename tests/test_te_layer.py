@@ -19,8 +19,10 @@ from rocmport.verify import firewall, te_layer
 from tests.helpers.pypi import Index
 from tests.helpers.real import REAL_CACHE, REPO
 
-WHEELS = [te_layer.WheelFile(Version(v), f"transformer_engine-{v}-py3-none-any.whl", f"/files/{v}", "0" * 64)
-          for v in ("2.8.0", "2.9.0", "2.12.0", "2.13.0")]
+WHEELS = [
+    te_layer.WheelFile(Version(v), f"transformer_engine-{v}-py3-none-any.whl", f"/files/{v}", "0" * 64)
+    for v in ("2.8.0", "2.9.0", "2.12.0", "2.13.0")
+]
 
 
 def test_none_auto_and_an_exact_version():
@@ -31,8 +33,11 @@ def test_none_auto_and_an_exact_version():
 
 
 def test_a_version_the_index_lacks_is_bad_input_listing_what_exists():
-    with pytest.raises(BadInput, match=r"--te 2\.10\.0: the package index has no Transformer Engine 2\.10\.0 Python wheel; "
-                                        r"it has: 2\.8\.0, 2\.9\.0, 2\.12\.0, 2\.13\.0"):
+    with pytest.raises(
+        BadInput,
+        match=r"--te 2\.10\.0: the package index has no Transformer Engine 2\.10\.0 Python wheel; "
+        r"it has: 2\.8\.0, 2\.9\.0, 2\.12\.0, 2\.13\.0",
+    ):
         te_layer.choose("2.10.0", None, WHEELS)
     with pytest.raises(BadInput, match="give a Transformer Engine version, auto or none"):
         te_layer.choose("latest", None, WHEELS)
@@ -43,8 +48,13 @@ def test_a_version_the_index_lacks_is_bad_input_listing_what_exists():
 def _wheel(tmp_path: Path, version: str, members: dict[str, str] | None = None) -> Path:
     path = tmp_path / f"transformer_engine-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
-        for name, text in (members or {"transformer_engine/__init__.py": f"__version__ = '{version}'\n",
-                                       f"transformer_engine-{version}.dist-info/METADATA": f"Name: transformer_engine\nVersion: {version}\n"}).items():
+        for name, text in (
+            members
+            or {
+                "transformer_engine/__init__.py": f"__version__ = '{version}'\n",
+                f"transformer_engine-{version}.dist-info/METADATA": f"Name: transformer_engine\nVersion: {version}\n",
+            }
+        ).items():
             zf.writestr(name, text)
     return path
 
@@ -55,17 +65,21 @@ def test_the_wheel_is_fetched_verified_and_unpacked_once(tmp_path, monkeypatch):
     with Index(files) as index:
         for v in ("2.9.0", "2.12.0"):
             index.add("transformer-engine", _wheel(files, v))
-        index.files["transformer-engine"].append({"filename": "transformer_engine-2.11.0.tar.gz", "url": "/files/x",
-                                                  "hashes": {"sha256": "0" * 64}})  # an sdist is not a Python layer
+        index.files["transformer-engine"].append(
+            {"filename": "transformer_engine-2.11.0.tar.gz", "url": "/files/x", "hashes": {"sha256": "0" * 64}}
+        )  # an sdist is not a Python layer
         monkeypatch.setenv("ROCMPORT_INDEX_URL", index.url)
         wheels = te_layer.list_wheels()
         assert [str(w.version) for w in wheels] == ["2.9.0", "2.12.0"]
         layer = te_layer.fetch(tmp_path / "cache", te_layer.choose("auto", ">=2.9.0a0,<2.13", wheels))
         assert layer.path == tmp_path / "cache" / "te" / "2.12.0"
         assert (layer.path / "transformer_engine" / "__init__.py").read_text() == "__version__ = '2.12.0'\n"
-        assert layer.to_dict() == {"version": "2.12.0", "python_layer": "NVIDIA's Python layer",
-                                   "source": "transformer_engine-2.12.0-py3-none-any.whl from the package index",
-                                   "note": "ROCm TE differences not simulated"}
+        assert layer.to_dict() == {
+            "version": "2.12.0",
+            "python_layer": "NVIDIA's Python layer",
+            "source": "transformer_engine-2.12.0-py3-none-any.whl from the package index",
+            "note": "ROCm TE differences not simulated",
+        }
         te_layer.fetch(tmp_path / "cache", wheels[-1])
         assert index.hits["transformer_engine-2.12.0-py3-none-any.whl"] == 1
 
@@ -104,10 +118,30 @@ def test_verify_te_with_a_version_the_index_lacks_exits_2_listing_versions(tmp_p
         for v in ("2.9.0", "2.12.0"):
             index.add("transformer-engine", _wheel(files, v))
         env = {**os.environ, "ROCMPORT_INDEX_URL": index.url, "ROCMPORT_CACHE_DIR": str(tmp_path / "cache")}
-        proc = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(tmp_path), "verify", "--tree", str(tree),
-                               "--te", "2.10.0", "--dry-run"], capture_output=True, text=True, env=env, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rocmport",
+                "-C",
+                str(tmp_path),
+                "verify",
+                "--tree",
+                str(tree),
+                "--te",
+                "2.10.0",
+                "--dry-run",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
     assert proc.returncode == 2, proc.stderr
-    assert "--te 2.10.0: the package index has no Transformer Engine 2.10.0 Python wheel; it has: 2.9.0, 2.12.0" in proc.stderr
+    assert (
+        "--te 2.10.0: the package index has no Transformer Engine 2.10.0 Python wheel; it has: 2.9.0, 2.12.0"
+        in proc.stderr
+    )
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
@@ -119,11 +153,19 @@ def test_the_firewall_lets_te_through_and_keeps_flash_attention_out():
 
 # ---- TE's own Python layer on the proxy (the real wheel from the package index) ----
 
+
 def _te_env(layer: te_layer.TELayer, boot: Path) -> dict[str, str]:
     firewall.write_bootstrap(boot)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(boot), str(REPO)]), "ROCMPORT_PYTHON": sys.executable,
-           "ROCMPORT_FIREWALL": ",".join(te_layer.unblocked(blocked("cpu-proxy"))), "ROCMPORT_PROXY": "1",
-           "ROCMPORT_HIP_SIM": "7.1.25424-4179531dcd", "OMP_NUM_THREADS": "1", **te_layer.child_env(layer)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(boot), str(REPO)]),
+        "ROCMPORT_PYTHON": sys.executable,
+        "ROCMPORT_FIREWALL": ",".join(te_layer.unblocked(blocked("cpu-proxy"))),
+        "ROCMPORT_PROXY": "1",
+        "ROCMPORT_HIP_SIM": "7.1.25424-4179531dcd",
+        "OMP_NUM_THREADS": "1",
+        **te_layer.child_env(layer),
+    }
     return env
 
 
@@ -138,9 +180,23 @@ def _real_layer(version: str) -> te_layer.TELayer:
 
 def _tp2(layer: te_layer.TELayer, tmp_path: Path, *extra: str) -> list[dict]:
     out = tmp_path / "out.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           str(REPO / "tests" / "helpers" / "te_tp_worker.py"), str(out), *extra],
-                          env=_te_env(layer, tmp_path / "boot"), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(REPO / "tests" / "helpers" / "te_tp_worker.py"),
+            str(out),
+            *extra,
+        ],
+        env=_te_env(layer, tmp_path / "boot"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0 and out.is_file(), proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -177,8 +233,13 @@ def test_stage_4_names_the_te_kernel_the_proxy_lacks_as_unsupported(tmp_path):
 
     from rocmport.verify.functional import _failure
 
-    stderr = ("[rank0]: rocmport.verify.te_cpu.UnsupportedInProxy: unsupported-in-proxy: transformer_engine_torch.fused_attn_fwd "
-              "has no CPU reference implementation\n")
+    stderr = (
+        "[rank0]: rocmport.verify.te_cpu.UnsupportedInProxy: unsupported-in-proxy: transformer_engine_torch.fused_attn_fwd "
+        "has no CPU reference implementation\n"
+    )
     res = _failure(sp.CompletedProcess([], 1, "", stderr), tmp_path, True, None, "pretrain_gpt.py", 1.0, {})
     assert res.status == "unsupported-in-proxy" and "transformer_engine_torch.fused_attn_fwd" in res.reason
-    assert _failure(sp.CompletedProcess([], 1, "", stderr), tmp_path, False, None, "pretrain_gpt.py", 1.0, {}).status == "fail"
+    assert (
+        _failure(sp.CompletedProcess([], 1, "", stderr), tmp_path, False, None, "pretrain_gpt.py", 1.0, {}).status
+        == "fail"
+    )

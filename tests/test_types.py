@@ -19,7 +19,12 @@ def test_mypy_passes_on_rocmport(tmp_path, python):
     """As configured (3.11), and against the standard library of the other Pythons rocmport runs on:
     a 3.11-only module or function (tomllib, typing.Self ...) or one 3.12 removed fails here."""
     target = ["--python-version", python] if python else []
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy-cache"), *target], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "mypy-cache"), *target],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert proc.stdout.startswith("Success: no issues found")

@@ -54,19 +54,24 @@ def upstream_repo(root: Path) -> tuple[Path, str]:
     (root / "megatron" / "core" / "tensor_parallel").mkdir(parents=True)
     (root / "megatron" / "core" / "tensor_parallel" / "__init__.py").write_text("")
     (root / "megatron" / "core" / "tensor_parallel" / "random.py").write_text(
-        "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\nclass CudaRNGStatesTracker:\n    pass\n")
-    (root / "megatron" / "core" / "mathops.py").write_text("def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n\n\n"
-                                                           "def scale(a):\n    return 2 * a\n")
+        "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\nclass CudaRNGStatesTracker:\n    pass\n"
+    )
+    (root / "megatron" / "core" / "mathops.py").write_text(
+        "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n\n\ndef scale(a):\n    return 2 * a\n"
+    )
     (root / "tests" / "unit_tests").mkdir(parents=True)
     (root / "tests" / "unit_tests" / "test_ops.py").write_text(TESTS)
-    (root / "tests" / "unit_tests" / "test_needs_te.py").write_text("import transformer_engine\n\n\ndef test_te():\n    pass\n")
+    (root / "tests" / "unit_tests" / "test_needs_te.py").write_text(
+        "import transformer_engine\n\n\ndef test_te():\n    pass\n"
+    )
     g(root, "init", "-q", "-b", "main")
     g(root, "add", "-A")
     g(root, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "upstream")
     base = g(root, "rev-parse", "HEAD")
     text = (root / "megatron" / "core" / "mathops.py").read_text()
-    (root / "megatron" / "core" / "mathops.py").write_text(text.replace("return a + b\n\n\ndef mul", "return a - b\n\n\ndef mul")
-                                                           .replace("2 * a", "3 * a"))
+    (root / "megatron" / "core" / "mathops.py").write_text(
+        text.replace("return a + b\n\n\ndef mul", "return a - b\n\n\ndef mul").replace("2 * a", "3 * a")
+    )
     g(root, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "port")
     return root, base
 
@@ -75,8 +80,12 @@ def upstream_repo(root: Path) -> tuple[Path, str]:
 def child_env(tmp_path):
     """verify's environment for the started processes (the bootstrap and the cpu-proxy firewall:
     TE is absent), without the proxy shim (these trees have no megatron internals to shim)."""
+
     def make(tree: Path) -> dict:
-        return environment.child_env(tree, firewall.write_bootstrap(tmp_path / "boot"), firewall.firewall_env("cpu-proxy"))
+        return environment.child_env(
+            tree, firewall.write_bootstrap(tmp_path / "boot"), firewall.firewall_env("cpu-proxy")
+        )
+
     return make
 
 
@@ -93,8 +102,13 @@ def test_port_run_merges_ranks(tmp_path, child_env):
     res = run_tests(tree, FILES, child_env(tree), nproc=2)
     assert res["ranks"] == 2
     ops = {k.split("::")[1]: v for k, v in res["outcomes"].items() if "::" in k}
-    assert ops == {"test_add": "failed", "test_upstream_broken": "failed", "test_listed": "failed", "test_skipped": "skipped",
-                   "test_fails_on_rank_one_only": "failed"}
+    assert ops == {
+        "test_add": "failed",
+        "test_upstream_broken": "failed",
+        "test_listed": "failed",
+        "test_skipped": "skipped",
+        "test_fails_on_rank_one_only": "failed",
+    }
     assert res["outcomes"]["tests/unit_tests/test_needs_te.py"] == "error"
     assert "No module named 'transformer_engine'" in res["details"]["tests/unit_tests/test_needs_te.py"]
     assert res["missing"] == {"tests/unit_tests/test_needs_te.py": "transformer_engine"}
@@ -112,10 +126,17 @@ def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     labels = {k.split("::")[-1]: v for k, v in d["labels"].items()}
     # test_needs_te.py: TE is absent by the firewall's doing on both trees, the one absence that may explain a module error;
     # it is what this environment lacks by design, not upstream's bug.
-    assert labels == {"test_add": "port-regression", "test_upstream_broken": "upstream-known", "test_listed": "known-failure",
-                      "tests/unit_tests/test_needs_te.py": "needs-nvidia-only", "test_fails_on_rank_one_only": "port-regression"}
+    assert labels == {
+        "test_add": "port-regression",
+        "test_upstream_broken": "upstream-known",
+        "test_listed": "known-failure",
+        "tests/unit_tests/test_needs_te.py": "needs-nvidia-only",
+        "test_fails_on_rank_one_only": "port-regression",
+    }
     assert d["label_reasons"]["tests/unit_tests/test_ops.py::test_add"] == "passed on the unported tree"
-    assert d["outcomes"]["tests/unit_tests/test_ops.py::test_skipped"] == "skipped"  # per-test outcomes, not only counts
+    assert (
+        d["outcomes"]["tests/unit_tests/test_ops.py::test_skipped"] == "skipped"
+    )  # per-test outcomes, not only counts
     assert d["counts"] == {"passed": 0, "skipped": 1, "failed": 4, "error": 1}
     on_base = {k.split("::")[-1]: v for k, v in d["on_baseline"].items()}
     assert on_base["test_add"] == "passed" and on_base["test_upstream_broken"] == "failed"
@@ -124,76 +145,153 @@ def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     assert d["baseline"]["counts"] == {"passed": 3, "skipped": 1, "failed": 1, "error": 1}
     assert "2 port-regression, 1 upstream-known, 1 needs-nvidia-only, 1 known-failure" in res.reason
     assert g(tree, "worktree", "list").count("\n") == 0  # the baseline checkout is gone
-    again = stage_unit_tests(tree, child_env(tree), FILES, 2, known, tmp_path / "cache", base, blocked=BLOCKED).to_dict()
+    again = stage_unit_tests(
+        tree, child_env(tree), FILES, 2, known, tmp_path / "cache", base, blocked=BLOCKED
+    ).to_dict()
     assert again["baseline"]["cached"] and again["labels"] == d["labels"]
     assert len(list((tmp_path / "cache" / "unit-baselines").glob("*.json"))) == 1
 
 
 def test_label_rules():
-    port = {"outcomes": {"a.py::x": "failed", "a.py::y": "failed", "b.py": "error", "c.py::z": "failed", "d/e.py::w": "failed",
-                         "a.py::ok": "passed", "a.py::diff": "failed", "a.py::te": "failed", "a.py::gone": "failed",
-                         "f.py": "error", "a.py::dep": "failed", "a.py::hang1": "failed", "a.py::hang2": "failed",
-                         "a.py::hang3": "failed", "a.py::rope": "failed", "a.py::nvrx": "failed", "g.py": "error", "a.py::cuda": "failed",
-                         "a.py::eagain": "failed"},
-            "kinds": {"a.py::eagain": "RuntimeError", "a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "TypeError", "a.py::te": "AssertionError",
-                      "a.py::hang1": "hang", "a.py::hang2": "hang", "a.py::hang3": "hang"},
-            "missing": {"f.py": "yaml", "g.py": "transformer_engine.pytorch"},
-            "details": {"a.py::dep": "ModuleNotFoundError: No module named 'mock' at a.py:3",
-                        "a.py::rope": "ValueError: apply_rope_fusion is not available. Please install TE >= 1.4. at megatron/core/x.py:9",
-                        "a.py::nvrx": "ModuleNotFoundError: A compatible `nvidia-resiliency-ext` installation is required",
-                        "a.py::cuda": "AssertionError: expected torch.cuda.FloatTensor, Apex is not installed at a.py:5",
-                        "a.py::eagain": "RuntimeError: Resource temporarily unavailable at rocmport/verify/proxy_shim.py:171"},
-            "local_spec": ["a.py::te"], "hung": ["a.py::hang1", "a.py::hang2", "a.py::hang3"],
-            "alone": {"a.py::hang1": "passed", "a.py::hang2": "hung", "a.py::hang3": "hung"}}
-    base = {"outcomes": {"a.py::x": "passed", "a.py::y": "failed", "b.py": "error", "c.py": "error", "d/e.py::w": "passed",
-                         "a.py::diff": "failed", "a.py::te": "failed", "f.py": "error", "a.py::dep": "failed",
-                         "a.py::hang2": "failed", "a.py::hang3": "passed", "a.py::rope": "failed", "a.py::nvrx": "failed", "g.py": "error",
-                         "a.py::cuda": "failed", "a.py::eagain": "failed"},
-            "kinds": {"a.py::eagain": "RuntimeError", "a.py::y": "AssertionError", "b.py": "ImportError", "a.py::diff": "AssertionError", "a.py::te": "AssertionError",
-                      "a.py::hang2": "hang"},
-            "hung": ["a.py::hang2"], "alone": {"a.py::hang2": "hung"}}
-    labels, why = label(port, base, {"d/": "whole directory skipped on ROCm"}, blocked=("transformer_engine", "nvidia_resiliency_ext", "cuda", "apex"))
-    assert labels == {
-        "a.py::x": "port-regression", "a.py::y": "upstream-known", "b.py": "upstream-known",
-        "c.py::z": "unverified",            # its module did not import on the unported tree: no outcome there
-        "d/e.py::w": "known-failure",
-        "a.py::diff": "unverified",         # fails differently on the unported tree
-        "a.py::te": "proxy-artifact",       # same failure on both, but with the local spec in place of TE's
-        "a.py::gone": "unverified",         # never ran on the unported tree
-        "f.py": "missing-dependency",       # a missing ordinary package is never upstream-known
-        "a.py::dep": "missing-dependency",
-        "a.py::hang1": "flaky",             # hung in the suite, passed alone
-        "a.py::hang2": "flaky",             # hangs on both trees
-        "a.py::hang3": "port-regression",   # hangs alone too, passes on the unported tree
-        "a.py::rope": "needs-nvidia-only",  # same failure on both, naming a firewalled package (TE, as megatron spells it)
-        "a.py::nvrx": "needs-nvidia-only",
-        "g.py": "needs-nvidia-only",
-        "a.py::cuda": "upstream-known",     # torch.cuda and "Apex" in a message are not the firewalled cuda/apex modules
-        "a.py::eagain": "proxy-artifact"}   # both trees ran out of threads creating a gloo group: the machine, not upstream
-    assert why["a.py::eagain"].startswith("fails the same way on the unported tree: this machine ran out of a resource "
-                                          "(Resource temporarily unavailable)")
+    port = {
+        "outcomes": {
+            "a.py::x": "failed",
+            "a.py::y": "failed",
+            "b.py": "error",
+            "c.py::z": "failed",
+            "d/e.py::w": "failed",
+            "a.py::ok": "passed",
+            "a.py::diff": "failed",
+            "a.py::te": "failed",
+            "a.py::gone": "failed",
+            "f.py": "error",
+            "a.py::dep": "failed",
+            "a.py::hang1": "failed",
+            "a.py::hang2": "failed",
+            "a.py::hang3": "failed",
+            "a.py::rope": "failed",
+            "a.py::nvrx": "failed",
+            "g.py": "error",
+            "a.py::cuda": "failed",
+            "a.py::eagain": "failed",
+        },
+        "kinds": {
+            "a.py::eagain": "RuntimeError",
+            "a.py::y": "AssertionError",
+            "b.py": "ImportError",
+            "a.py::diff": "TypeError",
+            "a.py::te": "AssertionError",
+            "a.py::hang1": "hang",
+            "a.py::hang2": "hang",
+            "a.py::hang3": "hang",
+        },
+        "missing": {"f.py": "yaml", "g.py": "transformer_engine.pytorch"},
+        "details": {
+            "a.py::dep": "ModuleNotFoundError: No module named 'mock' at a.py:3",
+            "a.py::rope": "ValueError: apply_rope_fusion is not available. Please install TE >= 1.4. at megatron/core/x.py:9",
+            "a.py::nvrx": "ModuleNotFoundError: A compatible `nvidia-resiliency-ext` installation is required",
+            "a.py::cuda": "AssertionError: expected torch.cuda.FloatTensor, Apex is not installed at a.py:5",
+            "a.py::eagain": "RuntimeError: Resource temporarily unavailable at rocmport/verify/proxy_shim.py:171",
+        },
+        "local_spec": ["a.py::te"],
+        "hung": ["a.py::hang1", "a.py::hang2", "a.py::hang3"],
+        "alone": {"a.py::hang1": "passed", "a.py::hang2": "hung", "a.py::hang3": "hung"},
+    }
+    base = {
+        "outcomes": {
+            "a.py::x": "passed",
+            "a.py::y": "failed",
+            "b.py": "error",
+            "c.py": "error",
+            "d/e.py::w": "passed",
+            "a.py::diff": "failed",
+            "a.py::te": "failed",
+            "f.py": "error",
+            "a.py::dep": "failed",
+            "a.py::hang2": "failed",
+            "a.py::hang3": "passed",
+            "a.py::rope": "failed",
+            "a.py::nvrx": "failed",
+            "g.py": "error",
+            "a.py::cuda": "failed",
+            "a.py::eagain": "failed",
+        },
+        "kinds": {
+            "a.py::eagain": "RuntimeError",
+            "a.py::y": "AssertionError",
+            "b.py": "ImportError",
+            "a.py::diff": "AssertionError",
+            "a.py::te": "AssertionError",
+            "a.py::hang2": "hang",
+        },
+        "hung": ["a.py::hang2"],
+        "alone": {"a.py::hang2": "hung"},
+    }
+    labels, why = label(
+        port,
+        base,
+        {"d/": "whole directory skipped on ROCm"},
+        blocked=("transformer_engine", "nvidia_resiliency_ext", "cuda", "apex"),
+    )
+    assert (
+        labels
+        == {
+            "a.py::x": "port-regression",
+            "a.py::y": "upstream-known",
+            "b.py": "upstream-known",
+            "c.py::z": "unverified",  # its module did not import on the unported tree: no outcome there
+            "d/e.py::w": "known-failure",
+            "a.py::diff": "unverified",  # fails differently on the unported tree
+            "a.py::te": "proxy-artifact",  # same failure on both, but with the local spec in place of TE's
+            "a.py::gone": "unverified",  # never ran on the unported tree
+            "f.py": "missing-dependency",  # a missing ordinary package is never upstream-known
+            "a.py::dep": "missing-dependency",
+            "a.py::hang1": "flaky",  # hung in the suite, passed alone
+            "a.py::hang2": "flaky",  # hangs on both trees
+            "a.py::hang3": "port-regression",  # hangs alone too, passes on the unported tree
+            "a.py::rope": "needs-nvidia-only",  # same failure on both, naming a firewalled package (TE, as megatron spells it)
+            "a.py::nvrx": "needs-nvidia-only",
+            "g.py": "needs-nvidia-only",
+            "a.py::cuda": "upstream-known",  # torch.cuda and "Apex" in a message are not the firewalled cuda/apex modules
+            "a.py::eagain": "proxy-artifact",
+        }
+    )  # both trees ran out of threads creating a gloo group: the machine, not upstream
+    assert why["a.py::eagain"].startswith(
+        "fails the same way on the unported tree: this machine ran out of a resource (Resource temporarily unavailable)"
+    )
     assert why["a.py::diff"].startswith("fails differently on the unported tree (AssertionError there, TypeError here)")
     assert why["f.py"] == "the ordinary package yaml is not installed"
-    assert why["a.py::rope"] == "fails the same way on the unported tree: it needs transformer_engine, which the firewall removes here"
+    assert (
+        why["a.py::rope"]
+        == "fails the same way on the unported tree: it needs transformer_engine, which the firewall removes here"
+    )
     assert why["a.py::nvrx"].endswith("it needs nvidia_resiliency_ext, which the firewall removes here")
     # v0.19's one unverified test read "hung; alone: failed; unported tree: failed": the same, in words.
     port["alone"]["a.py::hang3"] = "failed"
     labels, why = label(port, base, {})
     assert labels["a.py::hang3"] == "unverified"
-    assert why["a.py::hang3"] == "it hung in the suite and failed when rerun alone; the unported tree passed it without hanging"
+    assert (
+        why["a.py::hang3"]
+        == "it hung in the suite and failed when rerun alone; the unported tree passed it without hanging"
+    )
     base["outcomes"]["a.py::hang3"] = "failed"
-    assert label(port, base, {})[1]["a.py::hang3"] == ("it hung in the suite and failed when rerun alone; "
-                                                       "the unported tree failed it without hanging")
+    assert label(port, base, {})[1]["a.py::hang3"] == (
+        "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging"
+    )
     # On a machine other jobs kept busy, a hang verdict says so beside it; other failures do not.
     port["machine"] = {"cpus": 2, "seconds": 300.0, "others_cores": 1.6, "run_cores": 0.4, "overloaded": True}
     why = label(port, base, {})[1]
-    assert why["a.py::hang3"].endswith("(on an overloaded machine: other processes kept 1.6 of its 2 cores busy on average for 300 s)")
+    assert why["a.py::hang3"].endswith(
+        "(on an overloaded machine: other processes kept 1.6 of its 2 cores busy on average for 300 s)"
+    )
     assert "overloaded" not in why["a.py::x"]
 
 
 def test_missing_test_file_and_no_tests_dir(tmp_path, child_env):
     tree, base = upstream_repo(tmp_path / "up")
-    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_nope.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    res = stage_unit_tests(
+        tree, child_env(tree), ["tests/unit_tests/test_nope.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED
+    )
     assert res.status == "fail" and "tests/unit_tests/test_nope.py" in res.reason and "--unit-test" in res.reason
     (tmp_path / "bare" / "megatron" / "core").mkdir(parents=True)
     res = stage_unit_tests(tmp_path / "bare", {}, FILES, 2, {}, tmp_path / "cache", None)
@@ -202,23 +300,32 @@ def test_missing_test_file_and_no_tests_dir(tmp_path, child_env):
 
 def test_series_verify_settings_and_known_failures_by_mode(tmp_path):
     series = tmp_path / "series"
-    series.write_text("upstream: megatron-lm\nline: v0.16\nversions: '>=0.16.0rc0,<0.17.0rc0'\npatches: []\ncodemods: []\n"
-                      "verify:\n  unit_tests: [tests/unit_tests/models/test_gpt_model.py]\n"
-                      "  known_failures: {tests/unit_tests/test_fp8.py: needs FP8 on MI300}\n"
-                      "  rocm_known_failures: {tests/unit_tests/test_utils.py::test_straggler_detector: skipped by AMD's fork}\n"
-                      "  hip_known_failures: {tests/unit_tests/test_async_save.py::test_errors: the writer is spawned on HIP}\n"
-                      "  proxy_known_failures: {tests/unit_tests/dist_checkpointing/: the CPU proxy has no pinned memory}\n")
+    series.write_text(
+        "upstream: megatron-lm\nline: v0.16\nversions: '>=0.16.0rc0,<0.17.0rc0'\npatches: []\ncodemods: []\n"
+        "verify:\n  unit_tests: [tests/unit_tests/models/test_gpt_model.py]\n"
+        "  known_failures: {tests/unit_tests/test_fp8.py: needs FP8 on MI300}\n"
+        "  rocm_known_failures: {tests/unit_tests/test_utils.py::test_straggler_detector: skipped by AMD's fork}\n"
+        "  hip_known_failures: {tests/unit_tests/test_async_save.py::test_errors: the writer is spawned on HIP}\n"
+        "  proxy_known_failures: {tests/unit_tests/dist_checkpointing/: the CPU proxy has no pinned memory}\n"
+    )
     cfg = suite.parse_settings(load_series(series).verify, str(series))
     assert cfg.unit_tests == {"tests/unit_tests/models/test_gpt_model.py": ""}  # a plain list: no reasons
     everywhere = {"tests/unit_tests/test_fp8.py": "needs FP8 on MI300"}
     rocm = {**everywhere, "tests/unit_tests/test_utils.py::test_straggler_detector": "skipped by AMD's fork"}
     proxy = {**everywhere, "tests/unit_tests/dist_checkpointing/": "the CPU proxy has no pinned memory"}
     hip = {"tests/unit_tests/test_async_save.py::test_errors": "the writer is spawned on HIP"}
-    not_hip = {"hip_known_failures": "applied only where the port's HIP branches run (a ROCm GPU or the HIP simulation)"}
-    assert cfg.known_for("gpu", hip=True) == ({**rocm, **hip}, {"proxy_known_failures": "applied only in CPU-proxy mode"})
+    not_hip = {
+        "hip_known_failures": "applied only where the port's HIP branches run (a ROCm GPU or the HIP simulation)"
+    }
+    assert cfg.known_for("gpu", hip=True) == (
+        {**rocm, **hip},
+        {"proxy_known_failures": "applied only in CPU-proxy mode"},
+    )
     not_rocm = {"rocm_known_failures": "applied only on ROCm (a ROCm GPU or the HIP simulation)"}
-    assert cfg.known_for("gpu", hip=False) == (everywhere, {**not_hip, **not_rocm,
-                                                            "proxy_known_failures": "applied only in CPU-proxy mode"})  # a CUDA GPU: no list
+    assert cfg.known_for("gpu", hip=False) == (
+        everywhere,
+        {**not_hip, **not_rocm, "proxy_known_failures": "applied only in CPU-proxy mode"},
+    )  # a CUDA GPU: no list
     assert cfg.known_for("cpu-proxy", hip=False) == (proxy, {**not_hip, **not_rocm})
     # The HIP simulation stands in for a ROCm GPU: hip_known_failures and AMD's marks (rocm_known_failures).
     rocm_only = {k: v for k, v in rocm.items() if k not in everywhere}
@@ -226,12 +333,20 @@ def test_series_verify_settings_and_known_failures_by_mode(tmp_path):
     # Applied: a ROCm-listed failure is a known-failure on ROCm (GPU or simulated) and a port-regression on the CUDA path.
     port = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "failed"}}
     base = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "passed"}}
-    assert label(port, base, cfg.known_for("gpu", hip=True)[0])[0] == {"tests/unit_tests/test_utils.py::test_straggler_detector": "known-failure"}
-    assert label(port, base, cfg.known_for("cpu-proxy", hip=False)[0])[0] == {"tests/unit_tests/test_utils.py::test_straggler_detector": "port-regression"}
+    assert label(port, base, cfg.known_for("gpu", hip=True)[0])[0] == {
+        "tests/unit_tests/test_utils.py::test_straggler_detector": "known-failure"
+    }
+    assert label(port, base, cfg.known_for("cpu-proxy", hip=False)[0])[0] == {
+        "tests/unit_tests/test_utils.py::test_straggler_detector": "port-regression"
+    }
     series.write_text(series.read_text().replace("known_failures:", "known_fails:", 1))
     with pytest.raises(BadInput, match="key 'verify'"):
         load_series(series)
-    series.write_text(series.read_text().replace("known_fails:", "known_failures:").replace("{tests/unit_tests/test_fp8.py: needs FP8 on MI300}", "[x]"))
+    series.write_text(
+        series.read_text()
+        .replace("known_fails:", "known_failures:")
+        .replace("{tests/unit_tests/test_fp8.py: needs FP8 on MI300}", "[x]")
+    )
     with pytest.raises(BadInput, match="key 'verify.known_failures' must map test ids"):
         load_series(series)
 
@@ -275,18 +390,35 @@ def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, 
     ids = {k.split("::")[1]: v for k, v in res["outcomes"].items()}
     # The barrier hangs -> failed, the run restarts without it, the next test passes; the sleeper
     # hangs too -> failed.
-    assert ids == {"test_first": "passed", "test_collective_only_rank_one_enters": "failed", "test_after_the_hang": "passed",
-                   "test_sleeps_forever": "failed"}, res
-    assert res["restarts"] >= 1 and not res["timed_out"]  # no restart after the last test's hang: nothing is left to run
+    assert ids == {
+        "test_first": "passed",
+        "test_collective_only_rank_one_enters": "failed",
+        "test_after_the_hang": "passed",
+        "test_sleeps_forever": "failed",
+    }, res
+    assert (
+        res["restarts"] >= 1 and not res["timed_out"]
+    )  # no restart after the last test's hang: nothing is left to run
     assert res["files"]["tests/unit_tests/test_hangs.py"]["status"] == "ran"
     assert [h.split("::")[1] for h in res["hung"]] == ["test_collective_only_rank_one_enters", "test_sleeps_forever"]
-    assert "hung: no result after 6 s on rank 1" in res["details"]["tests/unit_tests/test_hangs.py::test_collective_only_rank_one_enters"]
+    assert (
+        "hung: no result after 6 s on rank 1"
+        in res["details"]["tests/unit_tests/test_hangs.py::test_collective_only_rank_one_enters"]
+    )
     # A run stopped from outside keeps what ran and fails the test that was running.
     env["ROCMPORT_UNIT_TEST_TIMEOUT"] = "0"
-    res = run_tests(tree, ["tests/unit_tests/test_hangs.py::test_first", "tests/unit_tests/test_hangs.py::test_sleeps_forever"],
-                    env, nproc=2, timeout=40)
+    res = run_tests(
+        tree,
+        ["tests/unit_tests/test_hangs.py::test_first", "tests/unit_tests/test_hangs.py::test_sleeps_forever"],
+        env,
+        nproc=2,
+        timeout=40,
+    )
     assert res["timed_out"] and res["outcomes"]["tests/unit_tests/test_hangs.py::test_first"] == "passed"
-    assert "still running when the stage stopped it" in res["details"]["tests/unit_tests/test_hangs.py::test_sleeps_forever"]
+    assert (
+        "still running when the stage stopped it"
+        in res["details"]["tests/unit_tests/test_hangs.py::test_sleeps_forever"]
+    )
 
 
 @pytest.mark.torch
@@ -296,7 +428,8 @@ def test_a_rank_that_finishes_first_with_a_failure_does_not_cut_its_peers_short(
     still in a test that fails only there; that failure must still be recorded."""
     tree = tmp_path / "up"
     (tree / "tests" / "unit_tests").mkdir(parents=True)
-    (tree / "tests" / "unit_tests" / "test_slow.py").write_text(textwrap.dedent("""\
+    (tree / "tests" / "unit_tests" / "test_slow.py").write_text(
+        textwrap.dedent("""\
         import os, time
 
         def test_fails_everywhere():
@@ -306,11 +439,14 @@ def test_a_rank_that_finishes_first_with_a_failure_does_not_cut_its_peers_short(
             if os.environ["RANK"] == "1":
                 time.sleep(4)
                 assert False, "rank one's own failure"
-        """))
+        """)
+    )
     res = run_tests(tree, ["tests/unit_tests/test_slow.py"], child_env(tree), nproc=2)
     assert res["ranks"] == 2 and res["peak"]["threads"] > 0 and res["peak"]["rss_mb"] > 0
-    assert res["outcomes"] == {"tests/unit_tests/test_slow.py::test_fails_everywhere": "failed",
-                               "tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one": "failed"}
+    assert res["outcomes"] == {
+        "tests/unit_tests/test_slow.py::test_fails_everywhere": "failed",
+        "tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one": "failed",
+    }
     assert "rank one's own failure" in res["details"]["tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one"]
 
 
@@ -318,12 +454,17 @@ def test_missing_ordinary_dependency_fails_the_stage_before_it_runs(tmp_path, ch
     tree, base = upstream_repo(tmp_path / "up")
     (tree / "tests" / "unit_tests" / "test_plugins.py").write_text(
         "import pytest\nimport rocmport_absent_pkg.sub\ntry:\n    import rocmport_optional_pkg\nexcept ImportError:\n    pass\n\n\n"
-        "def test_uses_mocker(mocker):\n    pass\n")
+        "def test_uses_mocker(mocker):\n    pass\n"
+    )
     (tree / "tests" / "unit_tests" / "conftest.py").write_text("import rocmport_absent_conftest_dep\n")
-    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_plugins.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    res = stage_unit_tests(
+        tree, child_env(tree), ["tests/unit_tests/test_plugins.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED
+    )
     assert res.status == "fail" and res.details["missing_dependencies"] == {
-        "rocmport_absent_pkg": "rocmport-absent-pkg", "rocmport_absent_conftest_dep": "rocmport-absent-conftest-dep",
-        **({} if importlib.util.find_spec("pytest_mock") else {"pytest_mock": "pytest-mock"})}
+        "rocmport_absent_pkg": "rocmport-absent-pkg",
+        "rocmport_absent_conftest_dep": "rocmport-absent-conftest-dep",
+        **({} if importlib.util.find_spec("pytest_mock") else {"pytest_mock": "pytest-mock"}),
+    }
     assert "-m pip install " in res.reason and res.reason.endswith("rocmport-absent-conftest-dep rocmport-absent-pkg`")
     # NVIDIA-only packages are absent on purpose (the firewall): no pip command for them.
     (tree / "tests" / "unit_tests" / "conftest.py").unlink()
@@ -336,7 +477,9 @@ def test_a_package_of_upstream_s_test_environment_the_library_uses_is_a_dependen
     monkeypatch.setattr(suite, "TEST_ENVIRONMENT", {"rocmport_absent_env_pkg": "megatron/core/mathops.py"})
     files = ["tests/unit_tests/test_ops.py"]
     assert suite.missing_dependencies(tree, files, BLOCKED) == {}
-    (tree / "megatron" / "core" / "mathops.py").write_text("try:\n    import rocmport_absent_env_pkg\nexcept ImportError:\n    pass\n")
+    (tree / "megatron" / "core" / "mathops.py").write_text(
+        "try:\n    import rocmport_absent_env_pkg\nexcept ImportError:\n    pass\n"
+    )
     assert suite.missing_dependencies(tree, files, BLOCKED) == {"rocmport_absent_env_pkg": "rocmport-absent-env-pkg"}
     monkeypatch.setattr(suite, "TEST_ENVIRONMENT", {"yaml": "megatron/core/mathops.py"})  # installed: nothing to do
     (tree / "megatron" / "core" / "mathops.py").write_text("import yaml\n")
@@ -377,7 +520,9 @@ def test_hang_rerun_alone_is_flaky_and_leaked_groups_are_released(tmp_path, chil
     g(tree, "add", "-A")
     g(tree, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "a flaky test")
     env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "8", "FLAKY_MARKER": str(tmp_path / "marker")}
-    res = stage_unit_tests(tree, env, ["tests/unit_tests/test_flaky.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    res = stage_unit_tests(
+        tree, env, ["tests/unit_tests/test_flaky.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED
+    )
     d = res.details
     hang = "tests/unit_tests/test_flaky.py::test_hangs_only_the_first_time"
     assert d["labels"] == {hang: "flaky"} and d["rerun_alone"] == {hang: "passed"}, d
@@ -400,12 +545,30 @@ def test_injected_port_bug_is_a_port_regression_and_exit_1(tmp_path, capsys):
     tree, base = upstream_repo(tmp_path / "up")
     g(tree, "checkout", "-q", base, "--", "megatron")  # the port as it should be: no bug
     wt.write_state(tree, wt.ApplyState(status="done", base=base))
-    args = ["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2", "--unit-test", "tests/unit_tests/test_ops.py",
-            "--json", "--junit", str(tmp_path / "j.xml")]
+    args = [
+        "-C",
+        str(tmp_path),
+        "verify",
+        "--tree",
+        str(tree),
+        "--stages",
+        "unit-tests",
+        "--unit-nproc",
+        "2",
+        "--unit-test",
+        "tests/unit_tests/test_ops.py",
+        "--json",
+        "--junit",
+        str(tmp_path / "j.xml"),
+    ]
     assert main(args) == 0
     first = json.loads(capsys.readouterr().out)["stages"][2]
-    assert first["labels"] == {"tests/unit_tests/test_ops.py::test_upstream_broken": "upstream-known"}  # upstream's own bug only
-    (tree / "megatron" / "core" / "mathops.py").write_text((tree / "megatron" / "core" / "mathops.py").read_text().replace("a + b\n\n\ndef mul", "a + b + 1\n\n\ndef mul"))
+    assert first["labels"] == {
+        "tests/unit_tests/test_ops.py::test_upstream_broken": "upstream-known"
+    }  # upstream's own bug only
+    (tree / "megatron" / "core" / "mathops.py").write_text(
+        (tree / "megatron" / "core" / "mathops.py").read_text().replace("a + b\n\n\ndef mul", "a + b + 1\n\n\ndef mul")
+    )
     assert main(args) == 1
     stage = json.loads(capsys.readouterr().out)["stages"][2]
     assert stage["status"] == "fail" and stage["labels"]["tests/unit_tests/test_ops.py::test_add"] == "port-regression"
@@ -420,17 +583,30 @@ def test_injected_port_bug_is_a_port_regression_and_exit_1(tmp_path, capsys):
 def _records(rank1_end: float | None) -> list[dict]:
     """Two ranks' records as the plugin writes them when rank 1 lags into a recv that never returns:
     rank 0 passed it, waited in the next test's barrier, and its watchdog fired first (at 16.0)."""
-    first, coll, after = (f"tests/unit_tests/test_hangs.py::{n}" for n in ("test_first", "test_collective", "test_after"))
-    rank0 = {"rank": 0, "outcomes": {first: "passed", coll: "passed", after: "failed"}, "hung": [[after, 2, 16.0]],
-             "spans": {first: [0, 0.0, 1.0], coll: [1, 1.0, 1.1], after: [2, 1.1, None]}}
-    rank1 = {"rank": 1, "outcomes": {first: "passed"}, "hung": [], "spans": {first: [0, 0.0, 2.0], coll: [1, 2.0, rank1_end]}}
+    first, coll, after = (
+        f"tests/unit_tests/test_hangs.py::{n}" for n in ("test_first", "test_collective", "test_after")
+    )
+    rank0 = {
+        "rank": 0,
+        "outcomes": {first: "passed", coll: "passed", after: "failed"},
+        "hung": [[after, 2, 16.0]],
+        "spans": {first: [0, 0.0, 1.0], coll: [1, 1.0, 1.1], after: [2, 1.1, None]},
+    }
+    rank1 = {
+        "rank": 1,
+        "outcomes": {first: "passed"},
+        "hung": [],
+        "spans": {first: [0, 0.0, 2.0], coll: [1, 2.0, rank1_end]},
+    }
     if rank1_end is not None:  # rank 0's exit broke rank 1's recv: an error, then the barrier failed at once too
         rank1["outcomes"].update({coll: "failed", after: "failed"})
         rank1["spans"][after] = [2, rank1_end, rank1_end + 0.1]
     return [rank0, rank1]
 
 
-@pytest.mark.parametrize("rank1_end", [None, 16.1], ids=["rank 1 stopped by torchrun", "rank 1's recv broken by rank 0's exit"])
+@pytest.mark.parametrize(
+    "rank1_end", [None, 16.1], ids=["rank 1 stopped by torchrun", "rank 1's recv broken by rank 0's exit"]
+)
 def test_hang_is_the_stuck_rank_s_test_not_the_one_its_peer_waited_in(rank1_end):
     ranks = _records(rank1_end)
     hang = _first_hang(ranks, stopped=False, seconds="6")
@@ -555,10 +731,12 @@ def test_proxy_shim_gives_a_device_per_rank_and_reaches_a_spawned_worker(tmp_pat
     (tree / "megatron" / "core" / "ckpt_worker.py").write_text(CKPT_WORKER)
     (tree / "tests" / "unit_tests" / "test_spawn.py").write_text(PROXY_RANK_TESTS)
     res = run_tests(tree, ["tests/unit_tests/test_spawn.py"], {**child_env(tree), "ROCMPORT_PROXY": "1"}, nproc=2)
-    assert res["outcomes"] == {"tests/unit_tests/test_spawn.py::test_one_device_per_rank_of_the_node": "passed",
-                               "tests/unit_tests/test_spawn.py::test_nvtx_ranges": "passed",
-                               "tests/unit_tests/test_spawn.py::test_side_stream_and_events": "passed",
-                               "tests/unit_tests/test_spawn.py::test_spawned_worker_sets_its_device": "passed"}, res["details"]
+    assert res["outcomes"] == {
+        "tests/unit_tests/test_spawn.py::test_one_device_per_rank_of_the_node": "passed",
+        "tests/unit_tests/test_spawn.py::test_nvtx_ranges": "passed",
+        "tests/unit_tests/test_spawn.py::test_side_stream_and_events": "passed",
+        "tests/unit_tests/test_spawn.py::test_spawned_worker_sets_its_device": "passed",
+    }, res["details"]
 
 
 # v0.17+'s layer specs: TE's spec is built from its submodules function, which tests also call
@@ -617,12 +795,24 @@ def test_te_layer_spec_becomes_local_and_upstream_ci_s_deselection_is_listed(tmp
     g(tree, "add", "-A")
     g(tree, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "layer specs")
     env = {**child_env(tree), "ROCMPORT_PROXY": "1"}
-    res = stage_unit_tests(tree, env, ["tests/unit_tests/test_specs.py"], 2, {}, tmp_path / "cache", g(tree, "rev-parse", "HEAD"),
-                           blocked=BLOCKED).to_dict()
-    assert res["outcomes"] == {"tests/unit_tests/test_specs.py::test_submodules_called_directly": "passed",
-                               "tests/unit_tests/test_specs.py::test_spec": "passed"}, res["failures"]
-    assert sorted(res["local_spec_instead_of_te"]) == ["tests/unit_tests/test_specs.py::test_spec",
-                                                       "tests/unit_tests/test_specs.py::test_submodules_called_directly"]
+    res = stage_unit_tests(
+        tree,
+        env,
+        ["tests/unit_tests/test_specs.py"],
+        2,
+        {},
+        tmp_path / "cache",
+        g(tree, "rev-parse", "HEAD"),
+        blocked=BLOCKED,
+    ).to_dict()
+    assert res["outcomes"] == {
+        "tests/unit_tests/test_specs.py::test_submodules_called_directly": "passed",
+        "tests/unit_tests/test_specs.py::test_spec": "passed",
+    }, res["failures"]
+    assert sorted(res["local_spec_instead_of_te"]) == [
+        "tests/unit_tests/test_specs.py::test_spec",
+        "tests/unit_tests/test_specs.py::test_submodules_called_directly",
+    ]
     flaky = "tests/unit_tests/test_specs.py::test_upstream_ci_skips_in_dev"
     assert list(res["deselected"]) == [flaky] and "flaky_in_dev" in res["deselected"][flaky]
     assert res["baseline"]["counts"] == {"passed": 2, "skipped": 0, "failed": 0, "error": 0}
@@ -646,15 +836,19 @@ def test_data_download_stub_answers_every_lines_conftest():
 def test_crash_line_names_pytests_own_error():
     from rocmport.verify.unit_tests import _crash_line
 
-    log = ("[rank3]: W1125 noise\n"
-           "ImportError while loading conftest '/t/tests/unit_tests/conftest.py'.\n"
-           "tests/unit_tests/conftest.py:13: in <module>\n"
-           "    from tests.test_utils.python_scripts.download_unit_tests_dataset import (\n"
-           "E   ImportError: cannot import name 'get_oldest_release_and_assets' from 'tests.test_utils...'\n"
-           "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
-           "============================================================\n")
-    assert _crash_line(log) == ("ImportError while loading conftest '/t/tests/unit_tests/conftest.py'. E   ImportError: cannot "
-                                "import name 'get_oldest_release_and_assets' from 'tests.test_utils...'")
+    log = (
+        "[rank3]: W1125 noise\n"
+        "ImportError while loading conftest '/t/tests/unit_tests/conftest.py'.\n"
+        "tests/unit_tests/conftest.py:13: in <module>\n"
+        "    from tests.test_utils.python_scripts.download_unit_tests_dataset import (\n"
+        "E   ImportError: cannot import name 'get_oldest_release_and_assets' from 'tests.test_utils...'\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "============================================================\n"
+    )
+    assert _crash_line(log) == (
+        "ImportError while loading conftest '/t/tests/unit_tests/conftest.py'. E   ImportError: cannot "
+        "import name 'get_oldest_release_and_assets' from 'tests.test_utils...'"
+    )
     assert _crash_line("a\nlast line\n\n") == "last line"
 
 
@@ -689,35 +883,70 @@ def test_every_selected_file_is_accounted_for_and_one_hanging_file_cannot_starve
     stage) and the files after it still run; a module that does not import is accounted for too."""
     from rocmport.verify import report
 
-    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n", "test_hangs.py": HANGS_THRICE,
-                                           "test_broken.py": "raise RuntimeError('broken at import')\n",
-                                           "test_c.py": "def test_c():\n    pass\n"})
+    tree = _account_tree(
+        tmp_path / "up",
+        {
+            "test_a.py": "def test_a():\n    pass\n",
+            "test_hangs.py": HANGS_THRICE,
+            "test_broken.py": "raise RuntimeError('broken at import')\n",
+            "test_c.py": "def test_c():\n    pass\n",
+        },
+    )
     files = [f"tests/unit_tests/{n}" for n in ("test_a.py", "test_hangs.py", "test_broken.py", "test_c.py")]
     env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "4"}
     lines: list[str] = []
-    stage = stage_unit_tests(tree, env, files, 2, {}, tmp_path / "cache", None, blocked=BLOCKED, progress=lines.append, restarts=1)
+    stage = stage_unit_tests(
+        tree, env, files, 2, {}, tmp_path / "cache", None, blocked=BLOCKED, progress=lines.append, restarts=1
+    )
     d = stage.to_dict()
     # The file after the one that hangs ran: the hanging file used its own budget, not theirs.
     assert d["outcomes"]["tests/unit_tests/test_c.py::test_c"] == "passed", d
     accounts = d["files"]
     assert list(accounts) == files
-    assert accounts["tests/unit_tests/test_a.py"] == {"status": "ran", "counts": {"passed": 1}, "hangs": 0, "reason": "", "not_run": []}
+    assert accounts["tests/unit_tests/test_a.py"] == {
+        "status": "ran",
+        "counts": {"passed": 1},
+        "hangs": 0,
+        "reason": "",
+        "not_run": [],
+    }
     assert accounts["tests/unit_tests/test_c.py"]["status"] == "ran"
     assert accounts["tests/unit_tests/test_broken.py"]["status"] == "collection-error"
     assert "RuntimeError: broken at import" in accounts["tests/unit_tests/test_broken.py"]["reason"]
     hangs = accounts["tests/unit_tests/test_hangs.py"]
-    assert hangs["status"] == "not-run" and hangs["hangs"] == 2 and hangs["not_run"] == ["tests/unit_tests/test_hangs.py::test_hang_3"]
-    assert hangs["reason"] == "1 of its 3 tests did not run: its restart budget ran out: 2 hangs in this file, 1 restart per file"
-    assert any(ln.startswith("port not run: tests/unit_tests/test_hangs.py: 1 of its 3 tests did not run") for ln in lines), lines
+    assert (
+        hangs["status"] == "not-run"
+        and hangs["hangs"] == 2
+        and hangs["not_run"] == ["tests/unit_tests/test_hangs.py::test_hang_3"]
+    )
+    assert (
+        hangs["reason"]
+        == "1 of its 3 tests did not run: its restart budget ran out: 2 hangs in this file, 1 restart per file"
+    )
+    assert any(
+        ln.startswith("port not run: tests/unit_tests/test_hangs.py: 1 of its 3 tests did not run") for ln in lines
+    ), lines
     # Progress, a line per update with the elapsed time: per file, per hang and restart, per rerun alone.
-    assert any(re.fullmatch(r"port \[\d/4\] tests/unit_tests/test_a\.py: 1 passed \(rank 0\), \d+ s elapsed", ln) for ln in lines), lines
-    assert any(ln.startswith("port hung: tests/unit_tests/test_hangs.py::test_hang_2; tests/unit_tests/test_hangs.py used its 1 restarts")
-               for ln in lines), lines
-    assert any(re.fullmatch(r"port rerun alone \[1/2\] tests/unit_tests/test_hangs\.py::test_hang_1: hung, \d+ s elapsed", ln)
-               for ln in lines), lines
+    assert any(
+        re.fullmatch(r"port \[\d/4\] tests/unit_tests/test_a\.py: 1 passed \(rank 0\), \d+ s elapsed", ln)
+        for ln in lines
+    ), lines
+    assert any(
+        ln.startswith(
+            "port hung: tests/unit_tests/test_hangs.py::test_hang_2; tests/unit_tests/test_hangs.py used its 1 restarts"
+        )
+        for ln in lines
+    ), lines
+    assert any(
+        re.fullmatch(r"port rerun alone \[1/2\] tests/unit_tests/test_hangs\.py::test_hang_1: hung, \d+ s elapsed", ln)
+        for ln in lines
+    ), lines
     # The stage: failed, the file named in its reason and its per-test list (the JSON), and the JUnit.
     assert stage.status == "fail"
-    assert "in 3 of 4 files on 2 ranks" in stage.reason and "not run: tests/unit_tests/test_hangs.py (1 of its 3 tests" in stage.reason
+    assert (
+        "in 3 of 4 files on 2 ranks" in stage.reason
+        and "not run: tests/unit_tests/test_hangs.py (1 of its 3 tests" in stage.reason
+    )
     assert "restart budget 1 per test file" in stage.reason
     assert d["labels"]["tests/unit_tests/test_hangs.py"] == "not-run" and d["restarts_per_file"] == 1
     junit = report.junit_xml({"mode": "cpu-proxy", "stages": [d]})
@@ -729,14 +958,21 @@ def test_every_selected_file_is_accounted_for_and_one_hanging_file_cannot_starve
 def test_files_a_stopped_run_never_reached_are_not_run_with_the_time_limit(tmp_path, child_env):
     """A module whose import hangs (no test started, so no watchdog): the run stops at its time
     limit and every file of its group is named as not run, for that reason."""
-    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n",
-                                           "test_sleeps_on_import.py": "import time\ntime.sleep(3600)\n\n\ndef test_x():\n    pass\n"})
+    tree = _account_tree(
+        tmp_path / "up",
+        {
+            "test_a.py": "def test_a():\n    pass\n",
+            "test_sleeps_on_import.py": "import time\ntime.sleep(3600)\n\n\ndef test_x():\n    pass\n",
+        },
+    )
     files = ["tests/unit_tests/test_a.py", "tests/unit_tests/test_sleeps_on_import.py"]
     res = run_tests(tree, files, child_env(tree), nproc=2, timeout=20)
     assert res["timed_out"] and res["outcomes"] == {}
     for f in files:
         assert res["files"][f]["status"] == "not-run"
-        assert "the run was stopped at its time limit (20 s for up to 16 test files)" in res["files"][f]["reason"], res["files"]
+        assert "the run was stopped at its time limit (20 s for up to 16 test files)" in res["files"][f]["reason"], res[
+            "files"
+        ]
 
 
 @pytest.mark.torch
@@ -758,9 +994,16 @@ def test_a_file_under_a_conftest_that_does_not_import_is_not_run_with_that_error
 @pytest.mark.torch
 @pytest.mark.slow
 def test_a_conftest_that_stops_pytest_fails_the_stage_naming_every_file_not_run(tmp_path, child_env):
-    tree = _account_tree(tmp_path / "up", {"test_a.py": "def test_a():\n    pass\n", "conftest.py": "raise RuntimeError('conftest broken')\n"})
-    res = stage_unit_tests(tree, child_env(tree), ["tests/unit_tests/test_a.py"], 2, {}, tmp_path / "cache", None, blocked=BLOCKED)
-    assert res.status == "fail" and "(none of the 1 selected files ran)" in res.reason and "conftest" in res.reason, res.reason
+    tree = _account_tree(
+        tmp_path / "up",
+        {"test_a.py": "def test_a():\n    pass\n", "conftest.py": "raise RuntimeError('conftest broken')\n"},
+    )
+    res = stage_unit_tests(
+        tree, child_env(tree), ["tests/unit_tests/test_a.py"], 2, {}, tmp_path / "cache", None, blocked=BLOCKED
+    )
+    assert res.status == "fail" and "(none of the 1 selected files ran)" in res.reason and "conftest" in res.reason, (
+        res.reason
+    )
     account = res.details["files"]["tests/unit_tests/test_a.py"]
     assert account["status"] == "not-run" and "pytest under torchrun recorded nothing" in account["reason"], account
 
@@ -804,7 +1047,9 @@ def test_a_rank_still_computing_is_slow_not_hung_and_a_livelock_still_ends(tmp_p
     assert "tests/unit_tests/test_slow.py::test_one_rank_computes_past_the_timeout" in res["slow"]
     detail = res["details"]["tests/unit_tests/test_slow.py::test_computes_forever"]
     waited = int(re.match(r"hung: no result after (\d+) s", detail).group(1))
-    assert waited >= 3 * pytest_plugin.SLOW_CAP - 3 and "still computing after 10 timeouts: a livelock" in detail, detail
+    assert waited >= 3 * pytest_plugin.SLOW_CAP - 3 and "still computing after 10 timeouts: a livelock" in detail, (
+        detail
+    )
     assert res["machine"]["cpus"] >= 1 and res["machine"]["run_cores"] > 0
 
 
@@ -832,7 +1077,9 @@ def test_a_namespace_package_of_the_tree_is_the_tree_s_own_not_a_missing_depende
     tree, _ = upstream_repo(tmp_path / "up")
     (tree / "rocmport_ns_pkg" / "core").mkdir(parents=True)  # a namespace package: no rocmport_ns_pkg/__init__.py
     (tree / "rocmport_ns_pkg" / "core" / "__init__.py").write_text("")
-    (tree / "tests" / "unit_tests" / "test_ns.py").write_text("from rocmport_ns_pkg.core import x\n\n\ndef test_x():\n    pass\n")
+    (tree / "tests" / "unit_tests" / "test_ns.py").write_text(
+        "from rocmport_ns_pkg.core import x\n\n\ndef test_x():\n    pass\n"
+    )
     assert suite.missing_dependencies(tree, ["tests/unit_tests/test_ns.py"], BLOCKED) == {}
 
 
@@ -848,7 +1095,13 @@ def test_stage_4_names_psutil_when_the_tree_s_checkpoint_writer_needs_it(tmp_pat
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "psutil" else real(name, *a))
     why = environment.functional_blockers(tree)
-    assert why is not None and why.startswith("missing dependency psutil (psutil: the persistent checkpoint writer of upstream's "
-                                              "--async-save cases uses it): `") and why.endswith(" -m pip install psutil`"), why
+    assert (
+        why is not None
+        and why.startswith(
+            "missing dependency psutil (psutil: the persistent checkpoint writer of upstream's "
+            "--async-save cases uses it): `"
+        )
+        and why.endswith(" -m pip install psutil`")
+    ), why
     writer.write_text("import os\n")  # a line whose writer does not use it
     assert environment.functional_blockers(tree) is None or "psutil" not in environment.functional_blockers(tree)

@@ -48,32 +48,42 @@ def test_firewall_emulates_absence(tmp_path):
 
 
 def minimal_tree(root: Path, random_py: str = "") -> Path:
-    for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": "",
-                      "megatron/core/tensor_parallel/__init__.py": "", "megatron/core/tensor_parallel/random.py": random_py}.items():
+    for rel, text in {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/tensor_parallel/__init__.py": "",
+        "megatron/core/tensor_parallel/random.py": random_py,
+    }.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     return root
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("args, message", [
-    (["--tp", "2", "--pp", "2", "--nproc", "6"], "--nproc 6 is not a multiple of tp×pp = 4"),
-    (["--tp", "3"], "--tp 3: the verify model has 4 heads"),
-    (["--tp", "0", "--dry-run"], "Invalid value for '--tp': 0 is not in the range 1<=x<=65536"),
-    (["--pp", "0", "--dry-run", "--nproc", "4"], "Invalid value for '--pp': 0 is not in the range 1<=x<=65536"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tp", "2", "--pp", "2", "--nproc", "6"], "--nproc 6 is not a multiple of tp×pp = 4"),
+        (["--tp", "3"], "--tp 3: the verify model has 4 heads"),
+        (["--tp", "0", "--dry-run"], "Invalid value for '--tp': 0 is not in the range 1<=x<=65536"),
+        (["--pp", "0", "--dry-run", "--nproc", "4"], "Invalid value for '--pp': 0 is not in the range 1<=x<=65536"),
+    ],
+)
 def test_bad_parallel_sizes(tmp_path, capsys, args, message):
     tree = minimal_tree(tmp_path / "t")
     assert main(["verify", "--tree", str(tree), *args]) == 2
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tp", "3", "--pp", "2"], "--tp 3: the verify model has 4 heads; use a tp that divides 4"),
-    (["--pp", "3"], "--pp 3: the verify model has 4 layers"),
-    (["--nproc", "5"], "--nproc 5 is not a multiple of tp×pp = 4"),
-    (["--dp", "1", "--nproc", "8"], "--dp 1 and --nproc 8 disagree: tp 2 × pp 2 × dp 1 = 4 processes"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tp", "3", "--pp", "2"], "--tp 3: the verify model has 4 heads; use a tp that divides 4"),
+        (["--pp", "3"], "--pp 3: the verify model has 4 layers"),
+        (["--nproc", "5"], "--nproc 5 is not a multiple of tp×pp = 4"),
+        (["--dp", "1", "--nproc", "8"], "--dp 1 and --nproc 8 disagree: tp 2 × pp 2 × dp 1 = 4 processes"),
+    ],
+)
 @pytest.mark.parametrize("where", ["work tree", "--tree"])
 def test_a_bad_parallel_layout_is_answered_from_the_options_alone(tmp_path, args, message, where):
     """The real command line, in a project with no work tree, and with a tree given: the layout's
@@ -83,9 +93,16 @@ def test_a_bad_parallel_layout_is_answered_from_the_options_alone(tmp_path, args
     project.mkdir()
     tree = ["--tree", str(minimal_tree(tmp_path / "t"))] if where == "--tree" else []
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    probe = "import sys, runpy; sys.argv = ['rocmport', *sys.argv[1:]]; runpy.run_module('rocmport', run_name='__main__')"
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-c", probe, "-C", str(project), "verify", *tree, *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    probe = (
+        "import sys, runpy; sys.argv = ['rocmport', *sys.argv[1:]]; runpy.run_module('rocmport', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", probe, "-C", str(project), "verify", *tree, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
     assert len(lines) == 1 and lines[0].startswith(f"rocmport: error: {message}"), lines
@@ -133,12 +150,17 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
     imports, training, unit, functional, bridge = data["stages"]
     assert imports["status"] == "pass"
-    assert imports["reason"] == ("1 module imports behind the firewall (megatron.core); "
-                                 "the tree has no megatron/training (a package-index source): not tested")
+    assert imports["reason"] == (
+        "1 module imports behind the firewall (megatron.core); "
+        "the tree has no megatron/training (a package-index source): not tested"
+    )
     assert training["status"] == "unsupported-in-proxy"
     assert "megatron.core.tensor_parallel.random._get_cuda_rng_state" in training["reason"]
     # Stages that do not apply to this tree are listed, with the reason, never silently absent.
-    assert (unit["status"], unit["reason"]) == ("skipped", "the tree has no tests/unit_tests (a package-index source ships megatron/core only)")
+    assert (unit["status"], unit["reason"]) == (
+        "skipped",
+        "the tree has no tests/unit_tests (a package-index source ships megatron/core only)",
+    )
     assert functional["status"] == "skipped" and "no pretrain_gpt.py" in functional["reason"]
     assert bridge["status"] == "skipped" and "--tree given" in bridge["reason"]
     assert data["hip_sim"]["version"] == hip_sim.DEFAULT_VERSION and data["hip_sim"]["arch"] == "gfx942"
@@ -177,13 +199,28 @@ def test_verify_s_processes_get_the_launch_profile_of_the_device_s_arch():
 
 
 def test_report_schema_junit_and_plot(tmp_path):
-    r = {"mode": "cpu-proxy", "backend": "gloo", "world_size": 4, "tp": 2, "pp": 2, "dp": 1, "tree": "t", "env": {},
-         "stages": [StageResult("imports", "pass", "ok", 1.0).to_dict(), StageResult("gpt-training", "fail", "loss did not fall", 2.0).to_dict()],
-         "training": {}}
+    r = {
+        "mode": "cpu-proxy",
+        "backend": "gloo",
+        "world_size": 4,
+        "tp": 2,
+        "pp": 2,
+        "dp": 1,
+        "tree": "t",
+        "env": {},
+        "stages": [
+            StageResult("imports", "pass", "ok", 1.0).to_dict(),
+            StageResult("gpt-training", "fail", "loss did not fall", 2.0).to_dict(),
+        ],
+        "training": {},
+    }
     report.write_json(r, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["stages"][1]["status"] == "fail"
     suite = ET.fromstring(report.junit_xml(r)).find("testsuite")
-    assert suite.get("failures") == "1" and suite.find("testcase[@name='gpt-training']/failure").get("message") == "loss did not fall"
+    assert (
+        suite.get("failures") == "1"
+        and suite.find("testcase[@name='gpt-training']/failure").get("message") == "loss did not fall"
+    )
     plot = report.loss_plot([5.0, 4.0, 3.0])
     assert plot.splitlines()[0].endswith("*  ") and "(3 iterations)" in plot
 
@@ -202,8 +239,10 @@ def test_env_and_doctor(capsys):
     d = json.loads(capsys.readouterr().out)
     assert {c["name"] for c in d["components"]} >= {"apex", "transformer_engine", "flash_attn"}
     assert d["devices"] == [] and d["hip"] is None and d["problems"][0] == "transformer_engine: not installed"
-    assert d["problems"][1:] == [f"none of the components of {Path(__file__).resolve().parents[1] / 'patchsets/megatron-lm/v0.16/series'} "
-                                 "is installed here (transformer_engine, flash_attn, apex, grouped_gemm)"]
+    assert d["problems"][1:] == [
+        f"none of the components of {Path(__file__).resolve().parents[1] / 'patchsets/megatron-lm/v0.16/series'} "
+        "is installed here (transformer_engine, flash_attn, apex, grouped_gemm)"
+    ]
 
 
 RNG_HOOKS = "def _get_cuda_rng_state():\n    pass\ndef _set_cuda_rng_state(s):\n    pass\nclass CudaRNGStatesTracker:\n    pass\n"
@@ -231,18 +270,28 @@ def test_proxy_answers_current_stream_for_v019_grad_sync(tmp_path, shim):
     (tree / "megatron/core/distributed").mkdir(parents=True)
     (tree / "megatron/core/distributed/__init__.py").write_text("")
     (tree / "megatron/core/distributed/param_and_grad_buffer.py").write_text(GRAD_SYNC_V019)
-    code = ("import torch\n"
-            + ("from rocmport.verify import proxy_shim\nproxy_shim.install()\n" if shim else "")
-            + "from megatron.core.distributed.param_and_grad_buffer import start_grad_sync\n"
-            "p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))\n"
-            "p._cudagraph_wgrad_ready_event = q._cudagraph_wgrad_ready_event = torch.Event('cpu')\n"
-            "try:\n    print('waited', start_grad_sync([p, q, torch.nn.Parameter(torch.ones(1))]))\n"
-            "except (RuntimeError, AssertionError) as exc:\n    print('no cuda:', type(exc).__name__)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).parents[1])]), "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    code = (
+        "import torch\n"
+        + ("from rocmport.verify import proxy_shim\nproxy_shim.install()\n" if shim else "")
+        + "from megatron.core.distributed.param_and_grad_buffer import start_grad_sync\n"
+        "p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))\n"
+        "p._cudagraph_wgrad_ready_event = q._cudagraph_wgrad_ready_event = torch.Event('cpu')\n"
+        "try:\n    print('waited', start_grad_sync([p, q, torch.nn.Parameter(torch.ones(1))]))\n"
+        "except (RuntimeError, AssertionError) as exc:\n    print('no cuda:', type(exc).__name__)\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).parents[1])]),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     last = out.stdout.strip().splitlines()[-1:]
     # Without the shim: a CPU build of torch asserts it has no CUDA, a CUDA build finds no driver.
-    assert last == ["waited 1"] if shim else last in (["no cuda: AssertionError"], ["no cuda: RuntimeError"]), out.stderr[-2000:]
+    assert last == ["waited 1"] if shim else last in (["no cuda: AssertionError"], ["no cuda: RuntimeError"]), (
+        out.stderr[-2000:]
+    )
 
 
 PER_VIEW_GROUPS = """
@@ -274,8 +323,24 @@ def _torchrun_script(tmp_path: Path, script: str, nproc: int, mode: str) -> None
     """Run `script` as groups.py on `nproc` local ranks (argument: `mode`); each rank writes rankN.json."""
     (tmp_path / "groups.py").write_text(script)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master-port",
-                          str(free_port()), "groups.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master-port",
+            str(free_port()),
+            "groups.py",
+            mode,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -347,27 +412,69 @@ def a_v019_report():
     from rocmport.verify.run import VerifyReport
 
     hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
-    labels = {hang: "unverified", "tests/unit_tests/test_utils.py": "not-run",
-              **{f"tests/unit_tests/test_x.py::test_{i}": "upstream-known" for i in range(3)},
-              **{f"tests/unit_tests/test_te.py::test_{i}": "needs-nvidia-only" for i in range(2)}}
-    unit = StageResult("unit-tests", "fail", "40 passed, 3 skipped, 6 failed (...) in 6 of 7 files on 8 ranks", 2100.0, {
-        "labels": labels,
-        "label_reasons": {hang: "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging",
-                          "tests/unit_tests/test_utils.py": "none of its 12 tests ran: its restart budget ran out: 7 hangs in this file, 6 restarts per file",
-                          **{k: "fails the same way on the unported tree" for k in labels if "test_x" in k or "test_te" in k}},
-        "failures": {hang: "hung: no result after 45 s on rank 3"},
-        "on_baseline": {hang: "failed", "tests/unit_tests/test_utils.py": "ran: 12 passed"}})
-    return VerifyReport(mode="cpu-proxy", backend="gloo", world_size=4, tp=2, pp=2, dp=1, tree="/p/build/megatron-lm",
-                        hip_sim={"version": "7.1", "arch": "gfx942", "device": "AMD Instinct MI300X"},
-                        env={"torch": "2.13", "hip": "7.1", "cuda": None, "python": "3.12", "device_count": 0}, launcher={},
-                        stages=[StageResult("imports", "pass", "3 modules import behind the firewall", 30.0),
-                                StageResult("gpt-training", "pass", "loss 4.8 -> 4.1 in 10 iterations", 60.0), unit,
-                                StageResult("functional", "skipped", "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"),
-                                StageResult("bridge", "skipped", "--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)")],
-                        port_sites={"te-version-gates": {"exercised": 0, "total": 28, "rewrites": 28, "unreached": {
-                            "megatron/core/extensions/transformer_engine.py:40 is_te_min_version": "module never imported: TE absent",
-                            "megatron/core/utils.py:12 is_te_min_version": "imported, the branch did not run"}}},
-                        line="v0.19", commit="abc123", started="2026-11-26T01:30:00Z")
+    labels = {
+        hang: "unverified",
+        "tests/unit_tests/test_utils.py": "not-run",
+        **{f"tests/unit_tests/test_x.py::test_{i}": "upstream-known" for i in range(3)},
+        **{f"tests/unit_tests/test_te.py::test_{i}": "needs-nvidia-only" for i in range(2)},
+    }
+    unit = StageResult(
+        "unit-tests",
+        "fail",
+        "40 passed, 3 skipped, 6 failed (...) in 6 of 7 files on 8 ranks",
+        2100.0,
+        {
+            "labels": labels,
+            "label_reasons": {
+                hang: "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging",
+                "tests/unit_tests/test_utils.py": "none of its 12 tests ran: its restart budget ran out: 7 hangs in this file, 6 restarts per file",
+                **{k: "fails the same way on the unported tree" for k in labels if "test_x" in k or "test_te" in k},
+            },
+            "failures": {hang: "hung: no result after 45 s on rank 3"},
+            "on_baseline": {hang: "failed", "tests/unit_tests/test_utils.py": "ran: 12 passed"},
+        },
+    )
+    return VerifyReport(
+        mode="cpu-proxy",
+        backend="gloo",
+        world_size=4,
+        tp=2,
+        pp=2,
+        dp=1,
+        tree="/p/build/megatron-lm",
+        hip_sim={"version": "7.1", "arch": "gfx942", "device": "AMD Instinct MI300X"},
+        env={"torch": "2.13", "hip": "7.1", "cuda": None, "python": "3.12", "device_count": 0},
+        launcher={},
+        stages=[
+            StageResult("imports", "pass", "3 modules import behind the firewall", 30.0),
+            StageResult("gpt-training", "pass", "loss 4.8 -> 4.1 in 10 iterations", 60.0),
+            unit,
+            StageResult(
+                "functional",
+                "skipped",
+                "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)",
+            ),
+            StageResult(
+                "bridge",
+                "skipped",
+                "--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)",
+            ),
+        ],
+        port_sites={
+            "te-version-gates": {
+                "exercised": 0,
+                "total": 28,
+                "rewrites": 28,
+                "unreached": {
+                    "megatron/core/extensions/transformer_engine.py:40 is_te_min_version": "module never imported: TE absent",
+                    "megatron/core/utils.py:12 is_te_min_version": "imported, the branch did not run",
+                },
+            }
+        },
+        line="v0.19",
+        commit="abc123",
+        started="2026-11-26T01:30:00Z",
+    )
 
 
 def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_blocks(capsys):
@@ -376,24 +483,37 @@ def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_block
     _print_summary(a_v019_report().to_dict(), "build/verify/v0.19-20261126T013000Z.json")
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == ("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; blocking: unit-tests (1 unverified test, "
-                        "1 test file not run); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)")
+    assert lines[0] == (
+        "v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; blocking: unit-tests (1 unverified test, "
+        "1 test file not run); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)"
+    )
     table = next(i for i, ln in enumerate(lines) if "gpt-training" in ln)
     blocking = lines.index("blocking:")
     assert table < blocking
     text = "\n".join(lines[blocking:])
-    assert ("  unit-tests: unverified: tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward\n"
-            "      why it blocks: the unported tree did not fail it the same way, so it cannot be called upstream's own failure") in text
-    assert "      what happened: it hung in the suite and failed when rerun alone; the unported tree failed it without hanging" in text
+    assert (
+        "  unit-tests: unverified: tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward\n"
+        "      why it blocks: the unported tree did not fail it the same way, so it cannot be called upstream's own failure"
+    ) in text
+    assert (
+        "      what happened: it hung in the suite and failed when rerun alone; the unported tree failed it without hanging"
+        in text
+    )
     assert "      the unported tree: failed\n" in text
-    assert ("  unit-tests: not-run: tests/unit_tests/test_utils.py\n      why it blocks: a selected test file whose tests did not all run "
-            "is never counted as passed\n      what happened: none of its 12 tests ran: its restart budget ran out: 7 hangs") in text
+    assert (
+        "  unit-tests: not-run: tests/unit_tests/test_utils.py\n      why it blocks: a selected test file whose tests did not all run "
+        "is never counted as passed\n      what happened: none of its 12 tests ran: its restart budget ran out: 7 hangs"
+    ) in text
     # The labelled tests that do not block: one count, not 5 entries of 4 lines each.
-    assert ("+5 more labelled tests that do not block (3 upstream-known, 2 needs-nvidia-only): each with why in the report, "
-            "build/verify/v0.19-20261126T013000Z.json") in lines
+    assert (
+        "+5 more labelled tests that do not block (3 upstream-known, 2 needs-nvidia-only): each with why in the report, "
+        "build/verify/v0.19-20261126T013000Z.json"
+    ) in lines
     assert "test_x.py" not in out and "test_te.py" not in out
-    assert ("  te-version-gates: 0 of 28 rewritten sites ran; e.g. megatron/core/extensions/transformer_engine.py:40 is_te_min_version "
-            "did not: module never imported: TE absent (+1 more in the report)") in lines
+    assert (
+        "  te-version-gates: 0 of 28 rewritten sites ran; e.g. megatron/core/extensions/transformer_engine.py:40 is_te_min_version "
+        "did not: module never imported: TE absent (+1 more in the report)"
+    ) in lines
 
 
 def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
@@ -401,15 +521,23 @@ def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
 
     r = a_v019_report()
     r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)
-    r.stages[1] = StageResult("gpt-training", "unsupported-in-proxy", "proxy shim hook missing: x._get_cuda_rng_state", 1.0)
-    assert summary.verdict(r.to_dict()) == ("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; unsupported on the CPU proxy: "
-                                            "gpt-training (proxy shim hook missing: x._get_cuda_rng_state); not run here: functional "
-                                            "(the tree has no pretrain_gpt.py), bridge (--tree given)")
-    r.stages[0] = StageResult("imports", "fail", "megatron.core: ModuleNotFoundError: No module named 'modelopt'; import chain: a -> b", 1.0)
+    r.stages[1] = StageResult(
+        "gpt-training", "unsupported-in-proxy", "proxy shim hook missing: x._get_cuda_rng_state", 1.0
+    )
+    assert summary.verdict(r.to_dict()) == (
+        "v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; unsupported on the CPU proxy: "
+        "gpt-training (proxy shim hook missing: x._get_cuda_rng_state); not run here: functional "
+        "(the tree has no pretrain_gpt.py), bridge (--tree given)"
+    )
+    r.stages[0] = StageResult(
+        "imports", "fail", "megatron.core: ModuleNotFoundError: No module named 'modelopt'; import chain: a -> b", 1.0
+    )
     r.line, r.mode = None, "gpu"
     d = r.to_dict()
-    assert summary.verdict(d).startswith("tree /p/build/megatron-lm: 1 of 5 stages pass; blocking: imports (megatron.core: "
-                                         "ModuleNotFoundError: No module named 'modelopt')")
+    assert summary.verdict(d).startswith(
+        "tree /p/build/megatron-lm: 1 of 5 stages pass; blocking: imports (megatron.core: "
+        "ModuleNotFoundError: No module named 'modelopt')"
+    )
     assert summary.blocking_lines(d) == ["imports: stage failed", f"    {r.stages[0].reason}"]
 
 
@@ -425,6 +553,7 @@ def canned_run(monkeypatch):
         monkeypatch.setattr(cmd, "prepare", lambda *a, **k: None)
         monkeypatch.setattr(cmd, "run_verify", lambda opts: made["report"])
         return r
+
     return use
 
 
@@ -449,7 +578,12 @@ def test_the_report_is_always_written_and_status_shows_the_last_verify(tmp_path,
     assert "  v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; blocking: unit-tests" in err
     assert main(["-C", str(project), "status", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["last_verify"]
-    assert (data["started"], data["commit"], data["line"], data["failed"]) == ("2026-11-26T01:30:00Z", "abc123", "v0.19", ["unit-tests"])
+    assert (data["started"], data["commit"], data["line"], data["failed"]) == (
+        "2026-11-26T01:30:00Z",
+        "abc123",
+        "v0.19",
+        ["unit-tests"],
+    )
     assert data["verdict"].startswith("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass")
     assert main(["-C", str(tmp_path / "elsewhere"), "status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["last_verify"] is None
@@ -459,7 +593,9 @@ def test_last_json_names_the_report_absolutely_from_a_relative_project(tmp_path,
     canned_run(a_v019_report())
     monkeypatch.chdir(tmp_path)
     assert main(["-C", "project", "verify", "--report", "r.json"]) == 1
-    assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] == str(tmp_path / "r.json")
+    assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] == str(
+        tmp_path / "r.json"
+    )
 
 
 def test_a_report_path_that_cannot_be_written_loses_nothing_else(tmp_path, capsys, canned_run):
@@ -468,18 +604,29 @@ def test_a_report_path_that_cannot_be_written_loses_nothing_else(tmp_path, capsy
     canned_run(r)
     (tmp_path / "a-file").write_text("")
     bad = tmp_path / "a-file" / "report.json"  # under a file: the OS says no
-    assert main(["-C", str(tmp_path / "project"), "verify", "--report", str(bad), "--junit", str(tmp_path / "j.xml")]) == 1
+    assert (
+        main(["-C", str(tmp_path / "project"), "verify", "--report", str(bad), "--junit", str(tmp_path / "j.xml")]) == 1
+    )
     out, err = capsys.readouterr()
-    assert out.splitlines()[0].startswith("v0.19 port (CPU proxy, not a GPU result): 3 of 5 stages pass")  # the summary printed
+    assert out.splitlines()[0].startswith(
+        "v0.19 port (CPU proxy, not a GPU result): 3 of 5 stages pass"
+    )  # the summary printed
     assert [ln for ln in err.splitlines() if "error" in ln] == [
-        f"rocmport: error: the report could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory"]
+        f"rocmport: error: the report could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory"
+    ]
     assert ET.parse(tmp_path / "j.xml").getroot().find("testsuite").get("tests") == "5"  # the JUnit written
     assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] is None
     # The JUnit path failing instead: the report and the summary are still there.
-    assert main(["-C", str(tmp_path / "project"), "verify", "--report", str(tmp_path / "r.json"), "--junit", str(bad)]) == 1
+    assert (
+        main(["-C", str(tmp_path / "project"), "verify", "--report", str(tmp_path / "r.json"), "--junit", str(bad)])
+        == 1
+    )
     out, err = capsys.readouterr()
     assert json.loads((tmp_path / "r.json").read_text())["line"] == "v0.19" and out.startswith("v0.19 port")
-    assert f"rocmport: error: the JUnit XML could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory" in err.splitlines()
+    assert (
+        f"rocmport: error: the JUnit XML could not be written to {bad}: {tmp_path / 'a-file'} is a file, not a directory"
+        in err.splitlines()
+    )
     # All written: exit 0.
     assert main(["-C", str(tmp_path / "project"), "verify", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"].startswith("v0.19 port")

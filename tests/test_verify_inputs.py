@@ -20,15 +20,22 @@ from rocmport.verify import environment, firewall
 from rocmport.verify.functional import CASES
 
 CASE = "gpt3_mcore_tp2_pp2_uninstall_te"
-MODEL_CONFIG = ("MODEL_ARGS:\n  --num-layers: 2\n  --data-path: ${DATA_PATH}/text/shard00/my-gpt3_00_text_document\n"
-                "  --vocab-file: ${DATA_PATH}/text/shard00/bpe/vocab.json\n  --data-cache-path: ${DATA_CACHE_PATH}\n")
+MODEL_CONFIG = (
+    "MODEL_ARGS:\n  --num-layers: 2\n  --data-path: ${DATA_PATH}/text/shard00/my-gpt3_00_text_document\n"
+    "  --vocab-file: ${DATA_PATH}/text/shard00/bpe/vocab.json\n  --data-cache-path: ${DATA_CACHE_PATH}\n"
+)
 
 
 def fake_tree(root: Path) -> Path:
     """A Megatron-LM-shaped tree: megatron.core with a module, pretrain_gpt.py, a unit test and a functional case."""
-    files = {"megatron/__init__.py": "", "megatron/core/__init__.py": "X = 1\n", "megatron/core/utils.py": "Y = 2\n",
-             "pretrain_gpt.py": "import megatron.core\n", "tests/unit_tests/test_a.py": "def test_a():\n    pass\n",
-             f"{CASES}/{CASE}/model_config.yaml": MODEL_CONFIG}
+    files = {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "X = 1\n",
+        "megatron/core/utils.py": "Y = 2\n",
+        "pretrain_gpt.py": "import megatron.core\n",
+        "tests/unit_tests/test_a.py": "def test_a():\n    pass\n",
+        f"{CASES}/{CASE}/model_config.yaml": MODEL_CONFIG,
+    }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
@@ -52,9 +59,22 @@ def files_under(root: Path) -> set[str]:
 
 # Items 1 and 2: --case is a case name under the tree's tests/functional_tests/test_cases/gpt.
 
+
 @pytest.mark.torch
-@pytest.mark.parametrize("case", ["/ABS/evilcase", "../../../../../outside/evilcase", "/nonexistent/case", "..", ".",
-                                  "gpt/../../evilcase", "", "a\nb", "evil\0case"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "/ABS/evilcase",
+        "../../../../../outside/evilcase",
+        "/nonexistent/case",
+        "..",
+        ".",
+        "gpt/../../evilcase",
+        "",
+        "a\nb",
+        "evil\0case",
+    ],
+)
 def test_case_outside_the_cases_directory_is_exit_2_before_anything_runs(tmp_path, capsys, tree, case):
     outside = tmp_path / "outside" / "evilcase"
     outside.mkdir(parents=True)
@@ -123,24 +143,28 @@ def test_golden_path_stays_in_the_goldens_directory(tmp_path):
 
 # Item 8: sizes are validated at the edge, in a run and a --dry-run alike.
 
+
 @pytest.mark.torch
-@pytest.mark.parametrize("args, message", [
-    (["--dp", "-2"], "'--dp'"),
-    (["--dp", "0"], "'--dp'"),
-    (["--nproc", "-4"], "'--nproc'"),
-    (["--nproc", "0"], "'--nproc'"),
-    (["--tp", "99999999999999999999"], "'--tp'"),
-    (["--pp", "99999999999999999999"], "'--pp'"),
-    (["--dp", "99999999999999999999"], "'--dp'"),
-    (["--tp", "-1"], "'--tp'"),
-    (["--iters", "1"], "'--iters'"),
-    (["--unit-nproc", "0"], "'--unit-nproc'"),
-    (["--nnodes", "0"], "'--nnodes'"),
-    (["--tp", "3"], "--tp 3: the verify model has 4 heads"),
-    (["--pp", "3"], "--pp 3: the verify model has"),
-    (["--dp", "65536"], "world size 262144"),
-    (["--nproc", "6"], "--nproc 6 is not a multiple of tp×pp = 4"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dp", "-2"], "'--dp'"),
+        (["--dp", "0"], "'--dp'"),
+        (["--nproc", "-4"], "'--nproc'"),
+        (["--nproc", "0"], "'--nproc'"),
+        (["--tp", "99999999999999999999"], "'--tp'"),
+        (["--pp", "99999999999999999999"], "'--pp'"),
+        (["--dp", "99999999999999999999"], "'--dp'"),
+        (["--tp", "-1"], "'--tp'"),
+        (["--iters", "1"], "'--iters'"),
+        (["--unit-nproc", "0"], "'--unit-nproc'"),
+        (["--nnodes", "0"], "'--nnodes'"),
+        (["--tp", "3"], "--tp 3: the verify model has 4 heads"),
+        (["--pp", "3"], "--pp 3: the verify model has"),
+        (["--dp", "65536"], "world size 262144"),
+        (["--nproc", "6"], "--nproc 6 is not a multiple of tp×pp = 4"),
+    ],
+)
 def test_bad_sizes_are_refused_even_with_dry_run(capsys, tree, args, message):
     rc, out, err = verify(capsys, tree, *args, "--stages", "2", "--dry-run")
     assert rc == 2, (out, err)
@@ -149,9 +173,19 @@ def test_bad_sizes_are_refused_even_with_dry_run(capsys, tree, args, message):
 
 # Item 9: --unit-test paths resolve inside the tree's tests/unit_tests.
 
+
 @pytest.mark.torch
-@pytest.mark.parametrize("path", ["/etc/passwd", "tests/unit_tests/../../../x", "tests/unit_tests/../../pretrain_gpt.py",
-                                  "pretrain_gpt.py", "tests/unit_tests/link_out/x.py", "/ABS/tests/unit_tests/test_a.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/passwd",
+        "tests/unit_tests/../../../x",
+        "tests/unit_tests/../../pretrain_gpt.py",
+        "pretrain_gpt.py",
+        "tests/unit_tests/link_out/x.py",
+        "/ABS/tests/unit_tests/test_a.py",
+    ],
+)
 def test_unit_test_paths_outside_tests_unit_tests_are_exit_2(tmp_path, capsys, tree, path):
     (tmp_path / "x").write_text("")
     (tree / "tests" / "unit_tests" / "link_out").symlink_to(tmp_path)
@@ -163,8 +197,15 @@ def test_unit_test_paths_outside_tests_unit_tests_are_exit_2(tmp_path, capsys, t
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("path", ["tests/unit_tests/test_a.py", "tests/unit_tests/test_a.py::test_a", "tests/unit_tests",
-                                  "tests/unit_tests/sub/../test_a.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests/unit_tests/test_a.py",
+        "tests/unit_tests/test_a.py::test_a",
+        "tests/unit_tests",
+        "tests/unit_tests/sub/../test_a.py",
+    ],
+)
 def test_unit_test_paths_inside_are_planned(capsys, tree, path):
     (tree / "tests" / "unit_tests" / "sub").mkdir()
     rc, out, err = verify(capsys, tree, "--unit-test", path, "--stages", "3", "--dry-run")
@@ -174,7 +215,10 @@ def test_unit_test_paths_inside_are_planned(capsys, tree, path):
 
 # Item 10: a malformed --hip-version is exit 2, never the CUDA path.
 
-@pytest.mark.parametrize("version", ["", " ", "7", "7.", "x.y", "².³", "7.1-", "7.1\0", "7.1 x", "-7.1", "7.1.25424-41795/31"])
+
+@pytest.mark.parametrize(
+    "version", ["", " ", "7", "7.", "x.y", "².³", "7.1-", "7.1\0", "7.1 x", "-7.1", "7.1.25424-41795/31"]
+)
 def test_malformed_hip_version_is_exit_2(capsys, tree, version):
     rc, out, err = verify(capsys, tree, "--hip-version", version, "--stages", "1", "--backend", "gloo", "--dry-run")
     assert rc == 2, (out, err)
@@ -189,6 +233,7 @@ def test_good_hip_versions_pass(capsys, tree, version):
 
 # Item 11: --stages names at least one stage.
 
+
 @pytest.mark.parametrize("text", ["", ",,", " , ", "0", "6", "²", "9" * 5000, "imports,,nope"])
 def test_stages_that_name_no_stage_are_exit_2_naming_the_stages(capsys, tree, text):
     rc, out, err = verify(capsys, tree, "--stages", text, "--backend", "gloo", "--dry-run")
@@ -199,10 +244,15 @@ def test_stages_that_name_no_stage_are_exit_2_naming_the_stages(capsys, tree, te
 
 # Item 12: --data-path is upstream CI's data root ($DATA_PATH), the case's paths under it; checked whole.
 
+
 @pytest.mark.torch
 def test_data_path_is_the_data_root_and_is_not_split_on_spaces(tmp_path, capsys, tree):
     root = tmp_path / "my data"
-    for rel in ("text/shard00/my-gpt3_00_text_document.bin", "text/shard00/my-gpt3_00_text_document.idx", "text/shard00/bpe/vocab.json"):
+    for rel in (
+        "text/shard00/my-gpt3_00_text_document.bin",
+        "text/shard00/my-gpt3_00_text_document.idx",
+        "text/shard00/bpe/vocab.json",
+    ):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("")
     rc, out, err = verify(capsys, tree, "--case", CASE, "--data-path", str(root), "--stages", "4", "--dry-run")
@@ -216,7 +266,11 @@ def test_data_path_is_the_data_root_and_is_not_split_on_spaces(tmp_path, capsys,
 @pytest.mark.torch
 def test_data_path_relative_is_taken_from_the_working_directory(tmp_path, capsys, tree, monkeypatch):
     root = tmp_path / "data"
-    for rel in ("text/shard00/my-gpt3_00_text_document.bin", "text/shard00/my-gpt3_00_text_document.idx", "text/shard00/bpe/vocab.json"):
+    for rel in (
+        "text/shard00/my-gpt3_00_text_document.bin",
+        "text/shard00/my-gpt3_00_text_document.idx",
+        "text/shard00/bpe/vocab.json",
+    ):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("")
     monkeypatch.chdir(tmp_path)
@@ -229,8 +283,17 @@ def test_data_path_relative_is_taken_from_the_working_directory(tmp_path, capsys
 @pytest.mark.parametrize("value", ["/nonexistent/data", "FILE"])
 def test_data_path_that_is_not_a_directory_is_exit_2(tmp_path, capsys, tree, value):
     (tmp_path / "f").write_text("")
-    rc, out, err = verify(capsys, tree, "--case", CASE, "--data-path", value.replace("FILE", str(tmp_path / "f")), "--stages", "4",
-                          "--dry-run")
+    rc, out, err = verify(
+        capsys,
+        tree,
+        "--case",
+        CASE,
+        "--data-path",
+        value.replace("FILE", str(tmp_path / "f")),
+        "--stages",
+        "4",
+        "--dry-run",
+    )
     assert rc == 2 and "--data-path" in err and "directory" in err and out == ""
 
 
@@ -240,6 +303,7 @@ def test_readme_documents_data_path_as_the_data_root():
 
 
 # Item 19: a stage that checks nothing does not pass.
+
 
 @pytest.mark.torch
 @pytest.mark.parametrize("make", ["empty-dirs", "empty-package", "namespace-package"])
@@ -288,6 +352,7 @@ def test_stage_1_fails_when_megatron_core_is_imported_from_outside_the_tree(tmp_
 
 # Item 20: verify leaves nothing in the tree it verifies (its processes' bytecode goes elsewhere).
 
+
 def _git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
@@ -311,13 +376,21 @@ def test_bytecode_of_verify_processes_leaves_the_tree_clean(tmp_path):
 # nothing runs), never 70 (a bug), and a plan only ever names paths inside the tree.
 
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "60"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 COUNTED: dict[str, int] = {}
-SIZE_TEXT = st.one_of(st.integers(min_value=-3, max_value=9).map(str), st.integers(min_value=-3, max_value=9).map(str),
-                      st.integers(min_value=-10**30, max_value=10**30).map(str), st.sampled_from(["", " ", "1.5", "0x4", "1e3", "²", "٤", "+2", "--"]),
-                      st.text(max_size=12))
-HOSTILE = st.lists(st.sampled_from(["..", "/", "tests", "unit_tests", "test_a.py", "::", "x", "\0", "\n", " ", ".", "~", "²", "link"]),
-                   max_size=4).map("".join)
+SIZE_TEXT = st.one_of(
+    st.integers(min_value=-3, max_value=9).map(str),
+    st.integers(min_value=-3, max_value=9).map(str),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.sampled_from(["", " ", "1.5", "0x4", "1e3", "²", "٤", "+2", "--"]),
+    st.text(max_size=12),
+)
+HOSTILE = st.lists(
+    st.sampled_from(["..", "/", "tests", "unit_tests", "test_a.py", "::", "x", "\0", "\n", " ", ".", "~", "²", "link"]),
+    max_size=4,
+).map("".join)
 
 
 @pytest.fixture(scope="module")
@@ -348,8 +421,15 @@ def count(name: str) -> None:
 
 @pytest.mark.torch
 @FUZZ
-@given(text=st.one_of(st.text(max_size=30), st.lists(st.sampled_from(["1", "2", "3", "4", "5", "0", "6", "imports", "bridge", "", " ",
-                                                                     "99999999999999999999"]), max_size=6).map(",".join)))
+@given(
+    text=st.one_of(
+        st.text(max_size=30),
+        st.lists(
+            st.sampled_from(["1", "2", "3", "4", "5", "0", "6", "imports", "bridge", "", " ", "99999999999999999999"]),
+            max_size=6,
+        ).map(",".join),
+    )
+)
 @example(text="")
 @example(text=",,")
 def test_fuzz_stages(ftree, text):
@@ -366,7 +446,9 @@ def test_fuzz_stages(ftree, text):
 @example(tp="2", pp="2", dp="1", nproc="-4", iters="10")
 def test_fuzz_sizes(ftree, tp, pp, dp, nproc, iters):
     count("sizes")
-    args = ["--tp", tp, "--pp", pp, "--dp", dp, "--iters", iters, "--stages", "2"] + (["--nproc", nproc] if nproc is not None else [])
+    args = ["--tp", tp, "--pp", pp, "--dp", dp, "--iters", iters, "--stages", "2"] + (
+        ["--nproc", nproc] if nproc is not None else []
+    )
     rc, out = dry_run(ftree, *args)
     if rc == 0:  # a plan only for sizes that make a world of 1..65536 processes
         from rocmport.verify.gpt_worker import HEADS, LAYERS
@@ -378,7 +460,11 @@ def test_fuzz_sizes(ftree, tp, pp, dp, nproc, iters):
 
 @pytest.mark.torch
 @FUZZ
-@given(version=st.one_of(st.text(max_size=24), st.from_regex(r"[0-9]{1,3}\.[0-9]{1,3}(\.[0-9]{1,6})?(-[0-9a-f]{1,10})?", fullmatch=True)))
+@given(
+    version=st.one_of(
+        st.text(max_size=24), st.from_regex(r"[0-9]{1,3}\.[0-9]{1,3}(\.[0-9]{1,6})?(-[0-9a-f]{1,10})?", fullmatch=True)
+    )
+)
 @example(version="")
 def test_fuzz_hip_version(ftree, version):
     count("hip-version")
@@ -432,4 +518,6 @@ def test_a_verify_run_leaves_the_tree_as_it_found_it(tmp_path, capsys, monkeypat
     assert rc == 0, err
     assert files_under(tree) == before
     assert list((tmp_path / "cache" / "pycache").rglob("utils*.pyc"))
-    assert not [p for p in (tmp_path / "cache" / "pycache").rglob("*") if "rocmport-verify-" in p.name]  # the run's own: pruned
+    assert not [
+        p for p in (tmp_path / "cache" / "pycache").rglob("*") if "rocmport-verify-" in p.name
+    ]  # the run's own: pruned

@@ -20,16 +20,20 @@ from rocmport.procs import marked
 REPO = Path(__file__).resolve().parents[1]
 # Imported by each torchrun worker of stage 2 (LOCAL_RANK set): a grandchild in a session of its own,
 # then nothing for ten minutes. Stage 1's import probe (no LOCAL_RANK) imports it at once.
-CORE_INIT = '''import os, subprocess, sys, time
+CORE_INIT = """import os, subprocess, sys, time
 if os.environ.get("LOCAL_RANK") is not None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
     open(os.path.join(os.environ["KILLTEST_PIDS"], f"{os.getpid()}-{child.pid}"), "w").close()
     time.sleep(600)
-'''
+"""
 
 
 def slow_tree(root: Path) -> Path:
-    for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": CORE_INIT, "megatron/core/utils.py": ""}.items():
+    for rel, text in {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": CORE_INIT,
+        "megatron/core/utils.py": "",
+    }.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     return root
@@ -44,10 +48,22 @@ def test_interrupted_verify_leaves_no_process_and_no_temporary_directory(tmp_pat
     pids.mkdir()
     tmpdir.mkdir()
     mark = uuid.uuid4().hex
-    env = {**os.environ, "ROCMPORT_KILLTEST": mark, "KILLTEST_PIDS": str(pids), "TMPDIR": str(tmpdir),
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "rocmport", "-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1,2"],
-                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {
+        **os.environ,
+        "ROCMPORT_KILLTEST": mark,
+        "KILLTEST_PIDS": str(pids),
+        "TMPDIR": str(tmpdir),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmport", "-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1,2"],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not list(pids.iterdir()):  # a worker and its grandchild are running
@@ -75,7 +91,7 @@ def test_interrupted_verify_leaves_no_process_and_no_temporary_directory(tmp_pat
     assert not list(tree.rglob("__pycache__"))  # nor bytecode in the tree
 
 
-POOL_PARENT = '''
+POOL_PARENT = """
 import os, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from rocmport.procs import pool_initializer
@@ -88,7 +104,7 @@ if __name__ == "__main__":
     init, initargs = pool_initializer()
     with ProcessPoolExecutor(max_workers=2, initializer=init, initargs=initargs) as pool:
         list(pool.map(task, range(4)))
-'''
+"""
 
 
 @pytest.mark.slow
@@ -98,7 +114,11 @@ def test_pool_workers_die_with_a_killed_parent(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(POOL_PARENT)
     mark = uuid.uuid4().hex
-    env = {**os.environ, "ROCMPORT_KILLTEST": mark, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "ROCMPORT_KILLTEST": mark,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     parent = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 60
@@ -130,15 +150,26 @@ def test_kill_9_of_a_codemod_run_leaves_no_worker(tmp_path):
     its workers are busy. Before: both workers outlived it (finishing their files, then blocked on the
     queues forever, as refresh's did)."""
     tree = tmp_path / "tree"
-    body = "import apex\n" + "".join(f"def f{i}(a, b):\n    return [a * {i} + b for _ in range(a)]\n" for i in range(1500))
+    body = "import apex\n" + "".join(
+        f"def f{i}(a, b):\n    return [a * {i} + b for _ in range(a)]\n" for i in range(1500)
+    )
     for i in range(12):
         (tree / "megatron" / "legacy" / f"m{i}.py").parent.mkdir(parents=True, exist_ok=True)
         (tree / "megatron" / "legacy" / f"m{i}.py").write_text(body)
     mark = uuid.uuid4().hex
-    env = {**os.environ, "ROCMPORT_KILLTEST": mark, "ROCMPORT_CACHE_DIR": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "rocmport", "codemod", "--check", "--jobs", "2", str(tree)], env=env, cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "ROCMPORT_KILLTEST": mark,
+        "ROCMPORT_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmport", "codemod", "--check", "--jobs", "2", str(tree)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(marked(mark, "ROCMPORT_KILLTEST")) < 3:  # the command and its two workers

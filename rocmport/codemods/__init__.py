@@ -17,8 +17,15 @@ if TYPE_CHECKING:
     from rocmport.codemods.runner import FileFailure, Layer, LayersResult, compute_layers
 
 __all__ = ["Codemod", "Context", "FileFailure", "Layer", "LayersResult", "compute_layers", "registry"]
-_WHERE = {"Codemod": "base", "Context": "base", "registry": "catalog", "FileFailure": "runner", "Layer": "runner",
-          "LayersResult": "runner", "compute_layers": "runner"}
+_WHERE = {
+    "Codemod": "base",
+    "Context": "base",
+    "registry": "catalog",
+    "FileFailure": "runner",
+    "Layer": "runner",
+    "LayersResult": "runner",
+    "compute_layers": "runner",
+}
 
 
 def __getattr__(name: str) -> Any:

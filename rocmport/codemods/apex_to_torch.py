@@ -71,7 +71,9 @@ class _AmpRewrite(cst.CSTTransformer):
         target = None if isinstance(original.decorator, cst.Call) else self._target(original.decorator)
         if target in _KW_AMP:
             self._site(original, target, f'torch.amp.{_KW_AMP[target]}(device_type="cuda")')
-            return updated.with_changes(decorator=cst.parse_expression(f'torch.amp.{_KW_AMP[target]}(device_type="cuda")'))
+            return updated.with_changes(
+                decorator=cst.parse_expression(f'torch.amp.{_KW_AMP[target]}(device_type="cuda")')
+            )
         return updated
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
@@ -82,12 +84,22 @@ class _AmpRewrite(cst.CSTTransformer):
             if not any(a.keyword and a.keyword.value == "device_type" for a in args):
                 if args:
                     args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-                args.append(cst.Arg(keyword=cst.Name("device_type"), value=cst.SimpleString('"cuda"'),
-                                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+                args.append(
+                    cst.Arg(
+                        keyword=cst.Name("device_type"),
+                        value=cst.SimpleString('"cuda"'),
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")),
+                    )
+                )
             return updated.with_changes(func=_torch_amp(_KW_AMP[target]), args=args)
         if target in _POS_AMP:
             self._site(original, target, f'torch.amp.{_POS_AMP[target]}("cuda", ...)')
-            first = cst.Arg(value=cst.SimpleString('"cuda"'), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if updated.args else cst.MaybeSentinel.DEFAULT)
+            first = cst.Arg(
+                value=cst.SimpleString('"cuda"'),
+                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                if updated.args
+                else cst.MaybeSentinel.DEFAULT,
+            )
             return updated.with_changes(func=_torch_amp(_POS_AMP[target]), args=[first, *updated.args])
         return updated
 
@@ -118,8 +130,14 @@ class ApexToTorch(Codemod):
     DESCRIPTION = "torch.cuda.amp -> torch.amp; unguarded apex imports -> guarded, with torch fallbacks"
     # Every spelling of torch.cuda.amp passes through one of the first four; only module-level apex
     # imports are guarded.
-    TRIGGERS = ("cuda.amp", "from torch.cuda import", "from torch import cuda", "import torch.cuda as",
-                "\nimport apex", "\nfrom apex")
+    TRIGGERS = (
+        "cuda.amp",
+        "from torch.cuda import",
+        "from torch import cuda",
+        "import torch.cuda as",
+        "\nimport apex",
+        "\nfrom apex",
+    )
 
     def transform(self, module: cst.Module, ctx: Context):
         sites = 0
@@ -131,10 +149,14 @@ class ApexToTorch(Codemod):
             sites += amp.sites
             # The rewritten references need `torch` (and functools for a bare reference); imports
             # that only served the old spellings go when nothing uses them any more.
-            module = add_imports(module, [("torch", None, None)] + ([("functools", None, None)] if amp.needs_functools else []))
+            module = add_imports(
+                module, [("torch", None, None)] + ([("functools", None, None)] if amp.needs_functools else [])
+            )
             module = remove_unused_imports(module, amp.aliases)
         module, guarded = guard_imports(
-            module, ctx, {"apex"},
+            module,
+            ctx,
+            {"apex"},
             lambda name, source, node: f"apex_fallback({source!r})",
             lambda top: "HAVE_APEX",
             prelude=helper_import(ctx, "apex_fallback"),

@@ -27,7 +27,9 @@ class _ForkInAsyncCaller(cst.CSTTransformer):
         self.found: list[tuple[cst.CSTNode, str]] = []
 
     def _is_caller(self, node: cst.ClassDef) -> bool:
-        return any(q == "AsyncCaller" or q.endswith(".AsyncCaller") for b in node.bases for q in qualified_names(self, b.value))
+        return any(
+            q == "AsyncCaller" or q.endswith(".AsyncCaller") for b in node.bases for q in qualified_names(self, b.value)
+        )
 
     def visit_ClassDef(self, node: cst.ClassDef):
         self.callers += self._is_caller(node)
@@ -39,7 +41,9 @@ class _ForkInAsyncCaller(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if self.callers and m.matches(original, FORK) and means(self, original.func, *GET_CONTEXT):
             self.sites += 1
-            self.found.append((original, "get_context('fork') -> get_context(async_start_method('fork')): spawn on HIP"))
+            self.found.append(
+                (original, "get_context('fork') -> get_context(async_start_method('fork')): spawn on HIP")
+            )
             arg = cst.Arg(cst.Call(cst.Name("async_start_method"), [cst.Arg(original.args[0].value)]))
             return updated.with_changes(args=[arg])
         return updated

@@ -24,5 +24,10 @@ class AsyncSaveStrategy(Codemod):
     def transform(self, module: cst.Module, ctx: Context):
         if not m.findall(module, _ASYNC_STRATEGY):  # lines before v0.17 have no --async-strategy
             return module, 0
-        return prepend_to_validate_args(module, ctx, "use_available_async_strategy", "on ROCm, mcore where nvidia-resiliency-ext is absent",
-                                        "validate_args() starts with use_available_async_strategy(args) (HIP only)")
+        return prepend_to_validate_args(
+            module,
+            ctx,
+            "use_available_async_strategy",
+            "on ROCm, mcore where nvidia-resiliency-ext is absent",
+            "validate_args() starts with use_available_async_strategy(args) (HIP only)",
+        )

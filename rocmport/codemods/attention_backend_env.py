@@ -14,7 +14,9 @@ from rocmport.codemods.guard import helper_import
 
 class AttentionBackendEnv(Codemod):
     NAME = "attention-backend-env"
-    DESCRIPTION = "On ROCm, keep the image's NVTE_* attention settings for auto; set, not assert, for an explicit backend"
+    DESCRIPTION = (
+        "On ROCm, keep the image's NVTE_* attention settings for auto; set, not assert, for an explicit backend"
+    )
     TRIGGERS = ("def check_and_set_env_variable(",)
 
     def transform(self, module: cst.Module, ctx: Context):
@@ -28,5 +30,11 @@ class AttentionBackendEnv(Codemod):
             "        os.environ[env_variable_name] = str(expected_value)\n"
             "    return\n"
         )
-        return prepend_to_function(module, ("_set_attention_backend", "check_and_set_env_variable"), code, "is_hip()",
-                                   ctx, "check_and_set_env_variable(): on HIP setdefault for auto, set for an explicit backend")
+        return prepend_to_function(
+            module,
+            ("_set_attention_backend", "check_and_set_env_variable"),
+            code,
+            "is_hip()",
+            ctx,
+            "check_and_set_env_variable(): on HIP setdefault for auto, set for an explicit backend",
+        )

@@ -103,7 +103,7 @@ class Codemod:
     # From rocmport/codemods/declared.py, the one place they are written (read there without libcst):
     VERSION: str = "1"
     USES_HELPER: bool = False  # rewritten call sites import megatron/core/_rocm.py (written by the runner when needed)
-    OPTIONS: dict = {}         # the options a series may give it: name -> spec (see codemods/options.py)
+    OPTIONS: dict = {}  # the options a series may give it: name -> spec (see codemods/options.py)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -113,8 +113,10 @@ class Codemod:
 
         spelled = [a for a in ("VERSION", "USES_HELPER", "OPTIONS") if a in cls.__dict__]
         if spelled or cls.NAME not in DECLARED:
-            raise TypeError(f"codemod {cls.NAME}: declare its version, helper use and options in rocmport/codemods/declared.py "
-                            f"(not on the class: {', '.join(spelled) or 'no entry there'})")
+            raise TypeError(
+                f"codemod {cls.NAME}: declare its version, helper use and options in rocmport/codemods/declared.py "
+                f"(not on the class: {', '.join(spelled) or 'no entry there'})"
+            )
         d = DECLARED[cls.NAME]
         cls.VERSION, cls.USES_HELPER, cls.OPTIONS = d.version, d.uses_helper, d.options
 
@@ -184,9 +186,10 @@ def bound_names(stmt: cst.Import | cst.ImportFrom) -> list[str]:
     out = []
     if isinstance(stmt, cst.Import):
         for a in stmt.names:
-            out.append(cst.ensure_type(a.asname.name, cst.Name).value if a.asname else (dotted(a.name) or "").split(".")[0])
+            out.append(
+                cst.ensure_type(a.asname.name, cst.Name).value if a.asname else (dotted(a.name) or "").split(".")[0]
+            )
     elif not isinstance(stmt.names, cst.ImportStar):
         for a in stmt.names:
             out.append(cst.ensure_type(a.asname.name, cst.Name).value if a.asname else dotted(a.name) or "")
     return out
-

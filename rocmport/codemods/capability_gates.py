@@ -22,7 +22,9 @@ from rocmport.codemods.guard import helper_import
 
 CAPABILITY = "torch.cuda.get_device_capability"
 PROPERTIES = "torch.cuda.get_device_properties"
-_AT_MOST_ONE_ARG = m.Call(args=m.MatchIfTrue(lambda args: not args or (len(args) == 1 and args[0].keyword is None and not args[0].star)))
+_AT_MOST_ONE_ARG = m.Call(
+    args=m.MatchIfTrue(lambda args: not args or (len(args) == 1 and args[0].keyword is None and not args[0].star))
+)
 
 
 class _CapabilityGates(cst.CSTTransformer):
@@ -31,7 +33,9 @@ class _CapabilityGates(cst.CSTTransformer):
     METADATA_DEPENDENCIES = (QualifiedNameProvider,)
     MAJOR_INDEX = m.Subscript(value=_AT_MOST_ONE_ARG, slice=[m.SubscriptElement(m.Index(m.Integer("0")))])
     MAJOR_ATTR = m.Attribute(value=_AT_MOST_ONE_ARG, attr=m.Name("major"))
-    HOPPER = m.OneOf(m.ComparisonTarget(m.GreaterThanEqual(), m.Integer("9")), m.ComparisonTarget(m.GreaterThan(), m.Integer("8")))
+    HOPPER = m.OneOf(
+        m.ComparisonTarget(m.GreaterThanEqual(), m.Integer("9")), m.ComparisonTarget(m.GreaterThan(), m.Integer("8"))
+    )
 
     def __init__(self):
         self.sites = 0
@@ -93,9 +97,16 @@ class CapabilityGates(Codemod):
         ctx.sites_at(before, gates.found)
         if gates.uses:
             module = add_imports(module, helper_imports(ctx, *sorted(gates.uses)))
-        module, arch = prepend_to_function(module, ("get_device_arch_version",), (
-            f"{helper_import(ctx, 'is_hip', 'HIP_ARCH_EQUIVALENT')}\n"
-            "if is_hip():\n"
-            "    return HIP_ARCH_EQUIVALENT  # rocmport: AMD gfx numbers are not NVIDIA architectures\n"
-        ), "HIP_ARCH_EQUIVALENT", ctx, "get_device_arch_version() answers HIP_ARCH_EQUIVALENT on HIP")
+        module, arch = prepend_to_function(
+            module,
+            ("get_device_arch_version",),
+            (
+                f"{helper_import(ctx, 'is_hip', 'HIP_ARCH_EQUIVALENT')}\n"
+                "if is_hip():\n"
+                "    return HIP_ARCH_EQUIVALENT  # rocmport: AMD gfx numbers are not NVIDIA architectures\n"
+            ),
+            "HIP_ARCH_EQUIVALENT",
+            ctx,
+            "get_device_arch_version() answers HIP_ARCH_EQUIVALENT on HIP",
+        )
         return module, gates.sites + arch

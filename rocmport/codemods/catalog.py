@@ -7,6 +7,7 @@ from rocmport.codemods.async_checkpoint_spawn import AsyncCheckpointSpawn
 from rocmport.codemods.async_save_strategy import AsyncSaveStrategy
 from rocmport.codemods.attention_backend_env import AttentionBackendEnv
 from rocmport.codemods.base import Codemod
+
 # The recipe checks need no codemod loaded: they live with the declarations (re-exported here).
 from rocmport.codemods.declared import check_recipe, check_series  # noqa: F401
 from rocmport.codemods.capability_gates import CapabilityGates
@@ -27,11 +28,27 @@ from rocmport.codemods.tp_comm_overlap import TpCommOverlap
 
 registry: dict[str, Codemod] = {
     c.NAME: c
-    for c in (ApexToTorch(), FusedKernelFallbacks(), GuardNvidiaOnlyImports(), AttentionBackendEnv(), TeVersionGates(),
-              DeviceProbes(), FlashAttentionHooks(), CapabilityGates(), GroupedGemm(),
-              # issue 17: the ROCm run-time gaps
-              LaunchEnv(), DeterministicEnv(), TpCommOverlap(), AsyncCheckpointSpawn(), DataloaderMpContext(),
-              NcclAllocatorRccl(), AsyncSaveStrategy(),
-              # issue 29: what AMD's own ports do
-              HipRuntimeLink(), Fp8ArchCheck(), EmptyCacheInterval())
+    for c in (
+        ApexToTorch(),
+        FusedKernelFallbacks(),
+        GuardNvidiaOnlyImports(),
+        AttentionBackendEnv(),
+        TeVersionGates(),
+        DeviceProbes(),
+        FlashAttentionHooks(),
+        CapabilityGates(),
+        GroupedGemm(),
+        # issue 17: the ROCm run-time gaps
+        LaunchEnv(),
+        DeterministicEnv(),
+        TpCommOverlap(),
+        AsyncCheckpointSpawn(),
+        DataloaderMpContext(),
+        NcclAllocatorRccl(),
+        AsyncSaveStrategy(),
+        # issue 29: what AMD's own ports do
+        HipRuntimeLink(),
+        Fp8ArchCheck(),
+        EmptyCacheInterval(),
+    )
 }

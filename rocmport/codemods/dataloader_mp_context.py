@@ -44,7 +44,9 @@ class _WrapLoader(cst.CSTTransformer):
 
 class DataloaderMpContext(Codemod):
     NAME = "dataloader-mp-context"
-    DESCRIPTION = "On ROCm the pretraining DataLoader's workers are spawned (ROCMPORT_DATALOADER_MP_CONTEXT=fork opts out)"
+    DESCRIPTION = (
+        "On ROCm the pretraining DataLoader's workers are spawned (ROCMPORT_DATALOADER_MP_CONTEXT=fork opts out)"
+    )
     TRIGGERS = ("def build_pretraining_data_loader(",)
 
     def transform(self, module: cst.Module, ctx: Context):

@@ -58,7 +58,9 @@ def check_recipe(codemods: list[dict], where) -> None:
     for i, entry in enumerate(codemods):
         mod = DECLARED.get(entry["name"])
         if mod is None:
-            raise BadInput(f"{where}: key 'codemods[{i}]': unknown codemod '{entry['name']}'; known: {', '.join(sorted(DECLARED))}")
+            raise BadInput(
+                f"{where}: key 'codemods[{i}]': unknown codemod '{entry['name']}'; known: {', '.join(sorted(DECLARED))}"
+            )
         found = problems(mod.options, entry.get("options") or {})
         if found:
             raise BadInput(f"{where}: key 'codemods[{i}]' ({entry['name']}): {found[0]}")

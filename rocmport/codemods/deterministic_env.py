@@ -18,5 +18,10 @@ class DeterministicEnv(Codemod):
     TRIGGERS = ("\ndef validate_args(args",)
 
     def transform(self, module: cst.Module, ctx: Context):
-        return prepend_to_validate_args(module, ctx, "apply_deterministic_env", "on ROCm, deterministic-mode extras",
-                                        "validate_args() starts with apply_deterministic_env(args) (HIP, --deterministic-mode)")
+        return prepend_to_validate_args(
+            module,
+            ctx,
+            "apply_deterministic_env",
+            "on ROCm, deterministic-mode extras",
+            "validate_args() starts with apply_deterministic_env(args) (HIP, --deterministic-mode)",
+        )

@@ -21,14 +21,28 @@ class DeviceProbes(Codemod):
     TRIGGERS = ("def set_ideal_affinity_for_current_gpu(", "has_nvml")
 
     def transform(self, module: cst.Module, ctx: Context):
-        module, a = prepend_to_function(module, ("set_ideal_affinity_for_current_gpu",), (
-            f"{helper_import(ctx, 'is_hip')}\n"
-            "if is_hip():\n"
-            "    return  # rocmport: NVML/cuda-python affinity is NVIDIA-only\n"
-        ), "is_hip()", ctx, "set_ideal_affinity_for_current_gpu() returns at once on HIP")
-        module, b = insert_after_binding(module, "has_nvml", (
-            f"{helper_import(ctx, 'is_hip as _rocmport_is_hip')}\n"
-            "if _rocmport_is_hip():\n"
-            "    has_nvml = False  # rocmport: NVML counters are NVIDIA-only (pynvml imports on ROCm, nvmlInit fails)\n"
-        ), "rocmport: NVML counters", ctx, "has_nvml forced False on HIP")
+        module, a = prepend_to_function(
+            module,
+            ("set_ideal_affinity_for_current_gpu",),
+            (
+                f"{helper_import(ctx, 'is_hip')}\n"
+                "if is_hip():\n"
+                "    return  # rocmport: NVML/cuda-python affinity is NVIDIA-only\n"
+            ),
+            "is_hip()",
+            ctx,
+            "set_ideal_affinity_for_current_gpu() returns at once on HIP",
+        )
+        module, b = insert_after_binding(
+            module,
+            "has_nvml",
+            (
+                f"{helper_import(ctx, 'is_hip as _rocmport_is_hip')}\n"
+                "if _rocmport_is_hip():\n"
+                "    has_nvml = False  # rocmport: NVML counters are NVIDIA-only (pynvml imports on ROCm, nvmlInit fails)\n"
+            ),
+            "rocmport: NVML counters",
+            ctx,
+            "has_nvml forced False on HIP",
+        )
         return module, a + b

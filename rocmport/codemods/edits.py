@@ -19,8 +19,11 @@ ImportSpec = tuple[str, "str | None", "str | None"]
 
 
 def _is_docstring(stmt) -> bool:
-    return (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Expr)
-            and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 class _Prepend(cst.CSTTransformer):
@@ -48,8 +51,9 @@ class _Prepend(cst.CSTTransformer):
         return updated.with_changes(body=updated.body.with_changes(body=[*body[:at], *new, *body[at:]]))
 
 
-def prepend_to_function(module: cst.Module, path: tuple[str, ...], code: str, marker: str,
-                        ctx: Context | None = None, note: str = "") -> tuple[cst.Module, int]:
+def prepend_to_function(
+    module: cst.Module, path: tuple[str, ...], code: str, marker: str, ctx: Context | None = None, note: str = ""
+) -> tuple[cst.Module, int]:
     """Insert ``code`` at the start of the function whose def-nesting is ``path`` (classes ignored),
     after its docstring, unless the function already contains ``marker``. Each insertion is
     reported to ``ctx`` as a site with ``note``."""
@@ -99,8 +103,9 @@ class _Binds(cst.CSTVisitor):
         self.found |= m.matches(node.target, self.target) and node.value is not None
 
 
-def insert_after_binding(module: cst.Module, name: str, code: str, marker: str,
-                         ctx: Context | None = None, note: str = "") -> tuple[cst.Module, int]:
+def insert_after_binding(
+    module: cst.Module, name: str, code: str, marker: str, ctx: Context | None = None, note: str = ""
+) -> tuple[cst.Module, int]:
     """Insert ``code`` after the last module-level statement that assigns ``name`` (also inside a
     top-level try/if), unless the module already contains ``marker``; reported to ``ctx``."""
     if marker in module.code:
@@ -116,12 +121,14 @@ def insert_after_binding(module: cst.Module, name: str, code: str, marker: str,
         return module, 0
     if ctx is not None:
         ctx.site(note or f"after {name}: inserted", ctx.wrap(module).resolve(PositionProvider)[body[last]].end.line)
-    body[last + 1:last + 1] = list(cst.parse_module(code).body)
+    body[last + 1 : last + 1] = list(cst.parse_module(code).body)
     return module.with_changes(body=body), 1
 
 
 def _is_import_line(stmt: cst.BaseStatement) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(b, (cst.Import, cst.ImportFrom)) for b in stmt.body)
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(b, (cst.Import, cst.ImportFrom)) for b in stmt.body
+    )
 
 
 def _module_of(node: cst.ImportFrom) -> str | None:
@@ -185,16 +192,27 @@ def add_imports(module: cst.Module, imports: Iterable[ImportSpec]) -> cst.Module
             last = old[-1]
             if not isinstance(last.comma, cst.Comma):
                 old[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-                extra = [alias(n, a).with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))) for n, a in names]
+                extra = [
+                    alias(n, a).with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                    for n, a in names
+                ]
                 extra[-1] = extra[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
             else:  # a parenthesised list ending in a comma keeps that style
                 extra = [alias(n, a).with_changes(comma=last.comma) for n, a in names]
             body[i] = line.with_changes(body=[node.with_changes(names=[*old, *extra])])
         else:
-            added.append(cst.SimpleStatementLine([cst.ImportFrom(module=dotted_name(mod), names=[alias(n, a) for n, a in names])]))
+            added.append(
+                cst.SimpleStatementLine(
+                    [cst.ImportFrom(module=dotted_name(mod), names=[alias(n, a) for n, a in names])]
+                )
+            )
     if added:
         at = 0
-        if body and isinstance(body[0], cst.SimpleStatementLine) and m.matches(body[0].body[0], m.Expr(m.SimpleString() | m.ConcatenatedString())):
+        if (
+            body
+            and isinstance(body[0], cst.SimpleStatementLine)
+            and m.matches(body[0].body[0], m.Expr(m.SimpleString() | m.ConcatenatedString()))
+        ):
             at = 1  # the module docstring
         while at < len(body) and _is_import_line(body[at]):
             at += 1

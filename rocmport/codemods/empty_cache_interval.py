@@ -19,8 +19,12 @@ from libcst.metadata import QualifiedNameProvider
 from rocmport.codemods.base import Codemod, Context, means
 from rocmport.codemods.edits import visit_with_helper_import
 
-LEVEL_1 = m.If(test=m.Comparison(left=m.Attribute(attr=m.Name("empty_unused_memory_level")),
-                                 comparisons=[m.ComparisonTarget(operator=m.GreaterThanEqual(), comparator=m.Integer("1"))]))
+LEVEL_1 = m.If(
+    test=m.Comparison(
+        left=m.Attribute(attr=m.Name("empty_unused_memory_level")),
+        comparisons=[m.ComparisonTarget(operator=m.GreaterThanEqual(), comparator=m.Integer("1"))],
+    )
+)
 
 
 class _Interval(cst.CSTTransformer):
@@ -48,18 +52,29 @@ class _Interval(cst.CSTTransformer):
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         # Directly in the level-1 gate's body (not in a nested if or function).
-        if not (self._gates and self._gates[-1]) or original.args or not means(self, original.func, "torch.cuda.empty_cache"):
+        if (
+            not (self._gates and self._gates[-1])
+            or original.args
+            or not means(self, original.func, "torch.cuda.empty_cache")
+        ):
             return updated
         self.sites += 1
-        self.found.append((original, "train_step's per-iteration empty_cache() -> empty_cache_on_interval(): "
-                                     "every ROCMPORT_EMPTY_CACHE_INTERVAL iterations on HIP"))
+        self.found.append(
+            (
+                original,
+                "train_step's per-iteration empty_cache() -> empty_cache_on_interval(): "
+                "every ROCMPORT_EMPTY_CACHE_INTERVAL iterations on HIP",
+            )
+        )
         return cst.Call(cst.Name("empty_cache_on_interval"))
 
 
 class EmptyCacheInterval(Codemod):
     NAME = "empty-cache-interval"
-    DESCRIPTION = ("On ROCm train_step's per-iteration torch.cuda.empty_cache() (--empty-unused-memory-level >= 1) "
-                   "runs every ROCMPORT_EMPTY_CACHE_INTERVAL iterations")
+    DESCRIPTION = (
+        "On ROCm train_step's per-iteration torch.cuda.empty_cache() (--empty-unused-memory-level >= 1) "
+        "runs every ROCMPORT_EMPTY_CACHE_INTERVAL iterations"
+    )
     TRIGGERS = ("empty_unused_memory_level >= 1",)
 
     def transform(self, module: cst.Module, ctx: Context):

@@ -117,7 +117,9 @@ def _inside(relpath: str, scope: str) -> bool:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(relpath: str, body: list[ast.stmt], kind: str = "module") -> Iterable[tuple[list[str], ImportSite]]:
@@ -189,8 +191,11 @@ def probe_only_files(texts: Mapping[str, str], candidates: Iterable[str]) -> dic
         dependents, frontier = {module}, {module}
         while frontier:  # the scope's modules that fail when one that fails is imported at their top
             inner = {f for f in index.may_import(frontier) & library if _inside(f, scope)}
-            frontier = {m for s in parsed.sites(inner, frontier) if s.kind == "module"
-                        and (m := module_name(s.path)) and m not in dependents}
+            frontier = {
+                m
+                for s in parsed.sites(inner, frontier)
+                if s.kind == "module" and (m := module_name(s.path)) and m not in dependents
+            }
             dependents |= frontier
         outer = {f for f in index.may_import(dependents) & library if not _inside(f, scope)}
         found = parsed.sites(outer, dependents)

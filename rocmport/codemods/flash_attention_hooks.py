@@ -19,14 +19,28 @@ class FlashAttentionHooks(Codemod):
     TRIGGERS = ("HAVE_FA3", "def get_fa_version(")
 
     def transform(self, module: cst.Module, ctx: Context):
-        module, a = insert_after_binding(module, "HAVE_FA3", (
-            f"{helper_import(ctx, 'is_hip as _rocmport_is_hip')}\n"
-            "if _rocmport_is_hip():\n"
-            "    HAVE_FA3 = False  # rocmport: FlashAttention-3 is Hopper-only; ROCm uses flash_attn (CK)\n"
-        ), "rocmport: FlashAttention-3 is Hopper-only", ctx, "HAVE_FA3 forced False on HIP")
-        module, b = prepend_to_function(module, ("get_fa_version",), (
-            f"{helper_import(ctx, 'module_available')}\n"
-            "if not module_available(\"flash_attn\"):\n"
-            "    return PkgVersion(\"0.0.0\")  # rocmport: no flash_attn, no FA feature of any version\n"
-        ), "module_available(\"flash_attn\")", ctx, "get_fa_version() answers 0.0.0 without flash_attn")
+        module, a = insert_after_binding(
+            module,
+            "HAVE_FA3",
+            (
+                f"{helper_import(ctx, 'is_hip as _rocmport_is_hip')}\n"
+                "if _rocmport_is_hip():\n"
+                "    HAVE_FA3 = False  # rocmport: FlashAttention-3 is Hopper-only; ROCm uses flash_attn (CK)\n"
+            ),
+            "rocmport: FlashAttention-3 is Hopper-only",
+            ctx,
+            "HAVE_FA3 forced False on HIP",
+        )
+        module, b = prepend_to_function(
+            module,
+            ("get_fa_version",),
+            (
+                f"{helper_import(ctx, 'module_available')}\n"
+                'if not module_available("flash_attn"):\n'
+                '    return PkgVersion("0.0.0")  # rocmport: no flash_attn, no FA feature of any version\n'
+            ),
+            'module_available("flash_attn")',
+            ctx,
+            "get_fa_version() answers 0.0.0 without flash_attn",
+        )
         return module, a + b

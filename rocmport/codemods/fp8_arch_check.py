@@ -14,9 +14,16 @@ from rocmport.codemods.launch_env import prepend_to_validate_args
 
 class Fp8ArchCheck(Codemod):
     NAME = "fp8-arch-check"
-    DESCRIPTION = "On ROCm, validate_args() refuses an FP8 recipe the GPU's arch cannot run (and enables MXFP8 on gfx950)"
+    DESCRIPTION = (
+        "On ROCm, validate_args() refuses an FP8 recipe the GPU's arch cannot run (and enables MXFP8 on gfx950)"
+    )
     TRIGGERS = ("\ndef validate_args(args",)
 
     def transform(self, module: cst.Module, ctx: Context):
-        return prepend_to_validate_args(module, ctx, "check_fp8_for_arch", "on ROCm, the FP8 recipe against the GPU's arch",
-                                        "validate_args() starts with check_fp8_for_arch(args) (HIP, --fp8-format)")
+        return prepend_to_validate_args(
+            module,
+            ctx,
+            "check_fp8_for_arch",
+            "on ROCm, the FP8 recipe against the GPU's arch",
+            "validate_args() starts with check_fp8_for_arch(args) (HIP, --fp8-format)",
+        )

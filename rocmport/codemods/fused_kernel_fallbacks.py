@@ -24,8 +24,14 @@ from rocmport.codemods.edits import prepend_to_function
 from rocmport.codemods.guard import guard_imports, helper_import
 
 KERNEL_MODULES = {
-    "fused_weight_gradient_mlp_cuda", "scaled_masked_softmax_cuda", "scaled_upper_triang_masked_softmax_cuda",
-    "scaled_softmax_cuda", "amp_C", "fused_layer_norm_cuda", "fast_layer_norm", "fused_adam_cuda",
+    "fused_weight_gradient_mlp_cuda",
+    "scaled_masked_softmax_cuda",
+    "scaled_upper_triang_masked_softmax_cuda",
+    "scaled_softmax_cuda",
+    "amp_C",
+    "fused_layer_norm_cuda",
+    "fast_layer_norm",
+    "fused_adam_cuda",
 }
 
 
@@ -50,12 +56,16 @@ class _ValidateArgsReturn(cst.CSTTransformer):
         if name == "validate_args" and path.endswith("training/arguments.py") and "disable_missing_fusions" not in code:
             new_body: list[cst.BaseStatement] = []
             for old, stmt in zip(original.body.body, updated.body.body):
-                if isinstance(stmt, cst.SimpleStatementLine) and m.matches(stmt, m.SimpleStatementLine(body=[m.Return(m.Name("args"))])):
+                if isinstance(stmt, cst.SimpleStatementLine) and m.matches(
+                    stmt, m.SimpleStatementLine(body=[m.Return(m.Name("args"))])
+                ):
                     self.sites += 1
                     self.found.append((old, "validate_args(): return disable_missing_fusions(args)"))
                     imp = cst.parse_statement(helper_import(self.ctx, "disable_missing_fusions") + "\n")
                     new_body.append(imp.with_changes(leading_lines=stmt.leading_lines))
-                    stmt = stmt.with_changes(leading_lines=[], body=[cst.Return(cst.parse_expression("disable_missing_fusions(args)"))])
+                    stmt = stmt.with_changes(
+                        leading_lines=[], body=[cst.Return(cst.parse_expression("disable_missing_fusions(args)"))]
+                    )
                 new_body.append(stmt)
             return updated.with_changes(body=updated.body.with_changes(body=new_body))
         return updated
@@ -100,14 +110,21 @@ class _FunctionImports(cst.CSTTransformer):
         kernel, bound = names[0].evaluated_name, names[0].evaluated_alias or names[0].evaluated_name
         fallback = FUNCTION_FALLBACKS.get(kernel)
         if fallback is None:
-            self.skipped.append((original, f"import {kernel} in a function: no torch fallback; the fusion that needs it is "
-                                           "switched off on ROCm when the kernel is absent (validate_args)"))
+            self.skipped.append(
+                (
+                    original,
+                    f"import {kernel} in a function: no torch fallback; the fusion that needs it is "
+                    "switched off on ROCm when the kernel is absent (validate_args)",
+                )
+            )
             return updated
         self.sites += 1
         self.found.append((original, f"import {kernel} in a function -> guarded, {fallback} without the kernel"))
-        code = (f"try:\n    {cst.Module([]).code_for_node(original.body[0])}\n"
-                f"except ImportError:  # rocmport: no apex kernel (ROCm apex does not build it): torch fallback\n"
-                f"    from {self.ctx.helper_module} import {fallback} as {bound}\n")
+        code = (
+            f"try:\n    {cst.Module([]).code_for_node(original.body[0])}\n"
+            f"except ImportError:  # rocmport: no apex kernel (ROCm apex does not build it): torch fallback\n"
+            f"    from {self.ctx.helper_module} import {fallback} as {bound}\n"
+        )
         return cst.parse_statement(code).with_changes(leading_lines=updated.leading_lines)
 
 
@@ -119,11 +136,18 @@ class FusedKernelFallbacks(Codemod):
     def transform(self, module: cst.Module, ctx: Context):
         load_sites = 0
         if ctx.relpath.endswith("fused_kernels/__init__.py"):
-            module, load_sites = prepend_to_function(module, ("load",), (
-                f"{helper_import(ctx, 'cuda_toolkit_missing')}\n"
-                "if cuda_toolkit_missing():\n"
-                "    return  # rocmport: no nvcc (ROCm, or CUDA_HOME unset): nothing to build\n"
-            ), "cuda_toolkit_missing", ctx, "load() returns early without nvcc (ROCm, or CUDA_HOME unset)")
+            module, load_sites = prepend_to_function(
+                module,
+                ("load",),
+                (
+                    f"{helper_import(ctx, 'cuda_toolkit_missing')}\n"
+                    "if cuda_toolkit_missing():\n"
+                    "    return  # rocmport: no nvcc (ROCm, or CUDA_HOME unset): nothing to build\n"
+                ),
+                "cuda_toolkit_missing",
+                ctx,
+                "load() returns early without nvcc (ROCm, or CUDA_HOME unset)",
+            )
         rewrite = _ValidateArgsReturn(ctx)
         before = module
         module = module.visit(rewrite)
@@ -142,7 +166,11 @@ class FusedKernelFallbacks(Codemod):
 
         needs_ampc = "amp_C" in module.code
         module, guarded = guard_imports(
-            module, ctx, KERNEL_MODULES, fallback, lambda top: f"HAVE_{top.upper()}",
+            module,
+            ctx,
+            KERNEL_MODULES,
+            fallback,
+            lambda top: f"HAVE_{top.upper()}",
             prelude=helper_import(ctx, "AmpCFallback") if needs_ampc else None,
         )
         return module, load_sites + rewrite.sites + inner.sites + guarded

@@ -72,8 +72,10 @@ def guard_imports(
         out.append(new.with_changes(leading_lines=first.leading_lines))
         sites += len(run)
         for stmt, _ in run:
-            ctx.site(f"guarded: {module.code_for_node(stmt).strip()} (except ImportError: {', '.join(flags)} = False)",
-                     lines[stmt].start.line)
+            ctx.site(
+                f"guarded: {module.code_for_node(stmt).strip()} (except ImportError: {', '.join(flags)} = False)",
+                lines[stmt].start.line,
+            )
     return (module.with_changes(body=out), sites) if sites else (module, 0)
 
 

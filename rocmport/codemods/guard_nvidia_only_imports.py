@@ -26,7 +26,12 @@ class GuardNvidiaOnlyImports(Codemod):
     NAME = "guard-nvidia-only-imports"
     DESCRIPTION = "Guard hard imports of modelopt / nvidia-resiliency-ext; uses fail clearly, not imports"
     # Only module-level (unindented) imports are guarded.
-    TRIGGERS = ("\nimport modelopt", "\nfrom modelopt", "\nimport nvidia_resiliency_ext", "\nfrom nvidia_resiliency_ext")
+    TRIGGERS = (
+        "\nimport modelopt",
+        "\nfrom modelopt",
+        "\nimport nvidia_resiliency_ext",
+        "\nfrom nvidia_resiliency_ext",
+    )
     # More modules to guard, each with the distribution that provides it (named in the error).
 
     def triggers(self, options: dict) -> tuple[str, ...]:
@@ -41,15 +46,31 @@ class GuardNvidiaOnlyImports(Codemod):
         packages = dict(DEFAULT_PACKAGES)
         packages.update(ctx.options.get("packages", {}))
         if isinstance(ctx.facts, list) and ctx.facts:
-            imported = sorted({packages[top] for stmt in module.body if (node := matching_import(stmt, set(packages)))
-                               for name in import_names(node) if (top := name.split(".")[0]) in packages})
-            ctx.skip(f"left unguarded: upstream imports this module only behind feature probes "
-                     f"({', '.join(ctx.facts)}), which must see it fail where {' / '.join(imported)} is absent",
-                     probes=list(ctx.facts))
+            imported = sorted(
+                {
+                    packages[top]
+                    for stmt in module.body
+                    if (node := matching_import(stmt, set(packages)))
+                    for name in import_names(node)
+                    if (top := name.split(".")[0]) in packages
+                }
+            )
+            ctx.skip(
+                f"left unguarded: upstream imports this module only behind feature probes "
+                f"({', '.join(ctx.facts)}), which must see it fail where {' / '.join(imported)} is absent",
+                probes=list(ctx.facts),
+            )
             return module, 0
+
         # The placeholder class is imported inside the except branch: nothing extra runs on CUDA.
         def fallback(name: str, source: str, node) -> str:
             return f"MissingPackage({packages[source.split('.')[0]]!r}, {source!r}, {ctx.relpath!r})"
 
-        return guard_imports(module, ctx, set(packages), fallback, lambda top: f"HAVE_{top.upper()}",
-                             prelude=helper_import(ctx, "MissingPackage"))
+        return guard_imports(
+            module,
+            ctx,
+            set(packages),
+            fallback,
+            lambda top: f"HAVE_{top.upper()}",
+            prelude=helper_import(ctx, "MissingPackage"),
+        )

@@ -37,8 +37,11 @@ def piece_source(piece: str) -> str | None:
 
 def pieces() -> list[str]:
     """Every piece there is."""
-    return sorted(p.name.removesuffix(".py") for p in resources.files(PIECES).iterdir()
-                  if p.name.endswith(".py") and p.name != "__init__.py")
+    return sorted(
+        p.name.removesuffix(".py")
+        for p in resources.files(PIECES).iterdir()
+        if p.name.endswith(".py") and p.name != "__init__.py"
+    )
 
 
 def parts(piece: str) -> list[tuple[int, str]]:
@@ -46,8 +49,9 @@ def parts(piece: str) -> list[tuple[int, str]]:
     source = piece_source(piece) or ""
     found = [(int(m.group(1)), m.group(2)) for m in PART.finditer(source)]
     if len(found) != len(_OPEN.findall(source)):
-        raise ValueError(f"rocmport/codemods/runtime/{piece}.py: a `# >>> helper part N` marker "
-                         "without its `# <<< helper part N`")
+        raise ValueError(
+            f"rocmport/codemods/runtime/{piece}.py: a `# >>> helper part N` marker without its `# <<< helper part N`"
+        )
     return found
 
 

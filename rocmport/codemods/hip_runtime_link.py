@@ -21,8 +21,13 @@ from rocmport.codemods.base import Codemod, Context, means
 from rocmport.codemods.edits import visit_with_helper_import
 
 BUILDERS = ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load")
-LCUDART = m.List(elements=[m.ZeroOrMore(), m.Element(m.SimpleString(m.MatchIfTrue(lambda s: s.strip("'\"") == "-lcudart"))),
-                           m.ZeroOrMore()])
+LCUDART = m.List(
+    elements=[
+        m.ZeroOrMore(),
+        m.Element(m.SimpleString(m.MatchIfTrue(lambda s: s.strip("'\"") == "-lcudart"))),
+        m.ZeroOrMore(),
+    ]
+)
 HELPER = "hip_runtime_ldflags"
 
 
@@ -55,7 +60,9 @@ class _CudartLink(cst.CSTTransformer):
         for i, arg in enumerate(original.args):
             if arg.keyword is not None and arg.keyword.value == "extra_ldflags" and self._links_cudart(arg.value):
                 self.sites += 1
-                self.found.append((arg, f"extra_ldflags -lcudart -> {HELPER}(...): the HIP runtime (-lamdhip64) on HIP"))
+                self.found.append(
+                    (arg, f"extra_ldflags -lcudart -> {HELPER}(...): the HIP runtime (-lamdhip64) on HIP")
+                )
                 args[i] = args[i].with_changes(value=cst.Call(cst.Name(HELPER), [cst.Arg(args[i].value)]))
         return updated.with_changes(args=args)
 

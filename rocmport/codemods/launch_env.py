@@ -17,7 +17,9 @@ from rocmport.codemods.guard import helper_import
 VALIDATE_ARGS = "megatron/training/arguments.py"
 
 
-def prepend_to_validate_args(module: cst.Module, ctx: Context, helper: str, comment: str, note: str) -> tuple[cst.Module, int]:
+def prepend_to_validate_args(
+    module: cst.Module, ctx: Context, helper: str, comment: str, note: str
+) -> tuple[cst.Module, int]:
     """`from <helper module> import helper; helper(args)  # comment` first thing in validate_args()."""
     if not ctx.relpath.endswith(VALIDATE_ARGS):
         return module, 0
@@ -31,5 +33,10 @@ class LaunchEnv(Codemod):
     TRIGGERS = ("\ndef validate_args(args",)
 
     def transform(self, module: cst.Module, ctx: Context):
-        return prepend_to_validate_args(module, ctx, "apply_launch_env", "on ROCm, AMD launcher defaults (setdefault)",
-                                        "validate_args() starts with apply_launch_env(args) (HIP only)")
+        return prepend_to_validate_args(
+            module,
+            ctx,
+            "apply_launch_env",
+            "on ROCm, AMD launcher defaults (setdefault)",
+            "validate_args() starts with apply_launch_env(args) (HIP only)",
+        )

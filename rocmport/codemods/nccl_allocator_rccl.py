@@ -13,7 +13,13 @@ from rocmport.codemods.base import Codemod, Context, means
 from rocmport.codemods.edits import visit_with_helper_import
 
 BUILDERS = ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load")
-LNCCL = m.List(elements=[m.ZeroOrMore(), m.Element(m.SimpleString(m.MatchIfTrue(lambda s: s.strip("'\"") == "-lnccl"))), m.ZeroOrMore()])
+LNCCL = m.List(
+    elements=[
+        m.ZeroOrMore(),
+        m.Element(m.SimpleString(m.MatchIfTrue(lambda s: s.strip("'\"") == "-lnccl"))),
+        m.ZeroOrMore(),
+    ]
+)
 
 
 class _NcclLink(cst.CSTTransformer):

@@ -20,8 +20,8 @@ from rocmport.fsutil import tree_kind, tree_read_text, tree_write_text
 class TreeRewrite:
     tree: Path
     result: LayersResult
-    final: dict[str, str] = field(default_factory=dict)                 # file -> text after every layer
-    per_file: dict[str, dict[str, int]] = field(default_factory=dict)   # file -> codemod -> sites
+    final: dict[str, str] = field(default_factory=dict)  # file -> text after every layer
+    per_file: dict[str, dict[str, int]] = field(default_factory=dict)  # file -> codemod -> sites
     written: bool = False
 
     @property
@@ -30,13 +30,21 @@ class TreeRewrite:
 
     def summary(self) -> dict[str, Any]:
         """What `codemod --json` prints."""
-        files: dict[str, dict[str, Any]] = {rel: {"outcome": "changed", "sites": sites} for rel, sites in self.per_file.items()}
+        files: dict[str, dict[str, Any]] = {
+            rel: {"outcome": "changed", "sites": sites} for rel, sites in self.per_file.items()
+        }
         for f in self.result.failures:
             files[f.path] = {"outcome": "failed", "line": f.line, "message": f.message}
-        return {"files_total": self.result.files_total, "files_parsed": self.result.files_parsed, "cache_hits": self.result.cache_hits,
-                "sites": self.sites, "files": files, "written": self.written,
-                # What each codemod decided per site: rewritten (site), left and why (skip), or to check (warning).
-                "reports": [r.to_json() for r in self.reports()]}
+        return {
+            "files_total": self.result.files_total,
+            "files_parsed": self.result.files_parsed,
+            "cache_hits": self.result.cache_hits,
+            "sites": self.sites,
+            "files": files,
+            "written": self.written,
+            # What each codemod decided per site: rewritten (site), left and why (skip), or to check (warning).
+            "reports": [r.to_json() for r in self.reports()],
+        }
 
     def reports(self, kind: str | None = None) -> list[Report]:
         return [r for layer in self.result.layers for r in layer.all_reports() if kind is None or r.kind == kind]
@@ -45,8 +53,12 @@ class TreeRewrite:
         """The changes as a unified diff (a/ and b/ prefixes)."""
         chunks = []
         for rel in sorted(self.final):
-            old = tree_read_text(self.tree, rel).splitlines(keepends=True) if tree_kind(self.tree, rel) == "file" else []
-            chunks.append("".join(difflib.unified_diff(old, self.final[rel].splitlines(keepends=True), f"a/{rel}", f"b/{rel}")))
+            old = (
+                tree_read_text(self.tree, rel).splitlines(keepends=True) if tree_kind(self.tree, rel) == "file" else []
+            )
+            chunks.append(
+                "".join(difflib.unified_diff(old, self.final[rel].splitlines(keepends=True), f"a/{rel}", f"b/{rel}"))
+            )
         return "".join(chunks)
 
 

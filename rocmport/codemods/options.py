@@ -31,7 +31,7 @@ def describe(spec) -> str:
     if isinstance(spec, list):
         return f"a list of {describe(spec[0])}"
     if isinstance(spec, dict):
-        (k, v), = spec.items()
+        ((k, v),) = spec.items()
         return f"a mapping of {describe(k)} to {describe(v)}"
     return _NAMES.get(spec, getattr(spec, "__name__", str(spec)))
 
@@ -49,7 +49,7 @@ def fits(value, spec) -> bool:
     if isinstance(spec, list):
         return isinstance(value, list) and all(fits(v, spec[0]) for v in value)
     if isinstance(spec, dict):
-        (k, v), = spec.items()
+        ((k, v),) = spec.items()
         return isinstance(value, dict) and all(fits(a, k) and fits(b, v) for a, b in value.items())
     raise TypeError(f"not an option spec: {spec!r}")
 

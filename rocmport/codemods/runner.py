@@ -66,7 +66,9 @@ def _specs(codemods) -> list[dict]:
         entry = {"name": entry, "options": {}} if isinstance(entry, str) else entry
         if entry["name"] not in registry:
             raise BadInput(f"unknown codemod '{entry['name']}'; known: {', '.join(sorted(registry))}")
-        out.append({"name": entry["name"], "options": entry.get("options") or {}, "version": registry[entry["name"]].VERSION})
+        out.append(
+            {"name": entry["name"], "options": entry.get("options") or {}, "version": registry[entry["name"]].VERSION}
+        )
     return out
 
 
@@ -77,8 +79,11 @@ def python_files(tree: Path) -> list[str]:
         rel_root = Path(root).relative_to(tree)
         # A symlinked file is not a source file (its target, when inside the tree, is read on its own);
         # os.walk never descends into a linked directory.
-        out += [str(rel_root / f) if str(rel_root) != "." else f for f in sorted(files)
-                if f.endswith(".py") and not os.path.islink(os.path.join(root, f))]
+        out += [
+            str(rel_root / f) if str(rel_root) != "." else f
+            for f in sorted(files)
+            if f.endswith(".py") and not os.path.islink(os.path.join(root, f))
+        ]
     return out
 
 
@@ -106,8 +111,11 @@ def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str
         code = new.code
         changed = code != prev
         if changed or ctx.reports:
-            out[spec["name"]] = {"code": code if changed else None, "sites": sites if changed else 0,
-                                 "reports": [r.to_json() for r in ctx.reports]}
+            out[spec["name"]] = {
+                "code": code if changed else None,
+                "sites": sites if changed else 0,
+                "reports": [r.to_json() for r in ctx.reports],
+            }
         if changed:
             module, prev = new, code
     return out, None
@@ -167,8 +175,13 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     output.advance(f"codemods: 0/{len(work)} files ({said}{len(files)} in the tree)")
     if jobs > 1 and len(work) > 8:
         # workers that end with apply/refresh: killed by kill -9 of it, and at once on a Ctrl-C
-        done = pool_map(_work, work, jobs, chunksize=max(1, min(16, len(work) // (jobs * 4))),
-                        each=lambda n: output.advance(f"codemods: {n}/{len(work)} files ({said}{len(files)} in the tree)"))
+        done = pool_map(
+            _work,
+            work,
+            jobs,
+            chunksize=max(1, min(16, len(work) // (jobs * 4))),
+            each=lambda n: output.advance(f"codemods: {n}/{len(work)} files ({said}{len(files)} in the tree)"),
+        )
     else:
         done = []
         for w in work:
@@ -206,8 +219,10 @@ def _add_helpers(tree: Path, result: LayersResult, specs: list[dict]) -> None:
             if registry[layer.name].USES_HELPER and any(Context(f).helper_module == module for f in layer.files):
                 kind = tree_kind(tree, rel)
                 if kind not in ("file", "missing"):  # never written or read through a link
-                    raise UnsafePath(f"{tree / rel}: the codemods' helper goes here, but it is {'a symlink' if kind == 'link' else 'not a file'}; "
-                                     f"rocmport never writes through a link (remove it from the patches or upstream)")
+                    raise UnsafePath(
+                        f"{tree / rel}: the codemods' helper goes here, but it is {'a symlink' if kind == 'link' else 'not a file'}; "
+                        f"rocmport never writes through a link (remove it from the patches or upstream)"
+                    )
                 current = tree_read_text(tree, rel) if kind == "file" else None
                 if current != text:
                     layer.files[rel] = text

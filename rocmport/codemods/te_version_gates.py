@@ -43,14 +43,35 @@ TE = "transformer_engine"
 # reason), first match wins. These are the skip reasons docs/te-version-gates.md lists per site.
 LEFT_RULES = [
     (r"megatron/legacy/", "legacy model flags (megatron.legacy, gone at v0.18): version bookkeeping"),
-    (r"extra_state|_extra_state|state\[\"recipe\"\]|fp8_meta\[", "checkpoint extra-state format of a TE version: bookkeeping, must match the checkpoint"),
-    (r"ub_|tp_comm_overlap|userbuffer|UserBuffer", "userbuffers comm overlap: NVIDIA-only (NVLink userbuffers); ROCm runs without it"),
-    (r"cuda_graphs\.py|make_graphed_callables|graph", "TE CUDA-graph capture API (make_graphed_callables arguments and FP8 state saving): several arguments and internals at once, kept"),
+    (
+        r"extra_state|_extra_state|state\[\"recipe\"\]|fp8_meta\[",
+        "checkpoint extra-state format of a TE version: bookkeeping, must match the checkpoint",
+    ),
+    (
+        r"ub_|tp_comm_overlap|userbuffer|UserBuffer",
+        "userbuffers comm overlap: NVIDIA-only (NVLink userbuffers); ROCm runs without it",
+    ),
+    (
+        r"cuda_graphs\.py|make_graphed_callables|graph",
+        "TE CUDA-graph capture API (make_graphed_callables arguments and FP8 state saving): several arguments and internals at once, kept",
+    ),
     (r"offload", "activation CPU offloading internals: TE-version-specific API, no single argument to probe"),
-    (r"fp4|FP4|NVFP4|nvfp4|MXFP8|mxfp8", "FP4/MXFP8 recipes: NVIDIA Blackwell formats; where ROCm TE lacks them its recipe constructors fail loudly, so the numeric gate stays"),
-    (r"fp8|FP8|Float8|recipe|quantiz|Quantized", "FP8 recipe / quantized-tensor API: ROCm TE implements a subset under NVIDIA's module layout; numeric gate kept"),
-    (r"^\s*(from|import) |\bimport\b", "import of a module that moved between TE versions: ROCm TE keeps the layout of the release it tracks"),
-    (r"arguments\.py|transformer_config\.py|optimizer_config\.py", "argument validation: the user-facing requirement message, checked before any TE call"),
+    (
+        r"fp4|FP4|NVFP4|nvfp4|MXFP8|mxfp8",
+        "FP4/MXFP8 recipes: NVIDIA Blackwell formats; where ROCm TE lacks them its recipe constructors fail loudly, so the numeric gate stays",
+    ),
+    (
+        r"fp8|FP8|Float8|recipe|quantiz|Quantized",
+        "FP8 recipe / quantized-tensor API: ROCm TE implements a subset under NVIDIA's module layout; numeric gate kept",
+    ),
+    (
+        r"^\s*(from|import) |\bimport\b",
+        "import of a module that moved between TE versions: ROCm TE keeps the layout of the release it tracks",
+    ),
+    (
+        r"arguments\.py|transformer_config\.py|optimizer_config\.py",
+        "argument validation: the user-facing requirement message, checked before any TE call",
+    ),
     (r"rng|checkpoint\(", "activation-checkpoint / RNG-tracker API shape of TE: not one argument; kept"),
     (r"rope|rotary", "fused RoPE entry point that moved between TE versions: kept"),
     (r".", "behaviour switch by TE version (not a single keyword argument of a TE class): kept"),
@@ -77,9 +98,14 @@ def _kwarg_set(stmt: cst.BaseStatement, spread: set[str]) -> str | None:
     if not isinstance(stmt, cst.SimpleStatementLine) or not isinstance(stmt.body[0], cst.Assign):
         return None
     target = stmt.body[0].targets[0].target
-    if (isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) and target.value.value in spread
-            and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index)
-            and isinstance(target.slice[0].slice.value, cst.SimpleString)):
+    if (
+        isinstance(target, cst.Subscript)
+        and isinstance(target.value, cst.Name)
+        and target.value.value in spread
+        and len(target.slice) == 1
+        and isinstance(target.slice[0].slice, cst.Index)
+        and isinstance(target.slice[0].slice.value, cst.SimpleString)
+    ):
         key = target.slice[0].slice.value.evaluated_value
         return key if isinstance(key, str) else None
     return None
@@ -97,7 +123,10 @@ class _Spread(cst.CSTVisitor):
 
 
 def _probe(gate: cst.BaseExpression, owner: str, kwarg: str) -> cst.Call:
-    return cst.Call(cst.Name("te_gate"), [cst.Arg(gate), cst.Arg(cst.SimpleString(f'"{owner}"')), cst.Arg(cst.SimpleString(f'"{kwarg}"'))])
+    return cst.Call(
+        cst.Name("te_gate"),
+        [cst.Arg(gate), cst.Arg(cst.SimpleString(f'"{owner}"')), cst.Arg(cst.SimpleString(f'"{kwarg}"'))],
+    )
 
 
 class _Gates(cst.CSTTransformer):
@@ -120,15 +149,19 @@ class _Gates(cst.CSTTransformer):
         self.recipe_guarded: set[int] = set()  # attribute gates that also ask save_original_input_ok
 
     def is_gate(self, node: cst.BaseExpression) -> bool:
-        return (isinstance(node, cst.Call) and bool(means(self, node.func, "." + GATE, GATE))
-                and len(node.args) >= 1 and isinstance(node.args[0].value, cst.SimpleString))
+        return (
+            isinstance(node, cst.Call)
+            and bool(means(self, node.func, "." + GATE, GATE))
+            and len(node.args) >= 1
+            and isinstance(node.args[0].value, cst.SimpleString)
+        )
 
     def te_class(self, cls: cst.ClassDef) -> str | None:
         """`pytorch.Linear` for a class deriving from transformer_engine.pytorch.Linear, however imported."""
         for base in cls.bases:
             for q in sorted(qualified_names(self, base.value)):
                 if q.startswith(TE + "."):
-                    return q[len(TE) + 1:]
+                    return q[len(TE) + 1 :]
         return None
 
     def drifted(self, call: cst.Call) -> str | None:
@@ -139,7 +172,9 @@ class _Gates(cst.CSTTransformer):
         node.visit(found)
         self.spread.append(found.names)
         spreads = {}
-        for found_call in m.findall(node, m.Call(args=[m.ZeroOrMore(), m.Arg(value=m.Name(), star="**"), m.ZeroOrMore()])):
+        for found_call in m.findall(
+            node, m.Call(args=[m.ZeroOrMore(), m.Arg(value=m.Name(), star="**"), m.ZeroOrMore()])
+        ):
             call = cst.ensure_type(found_call, cst.Call)
             target = self.drifted(call)
             if target:
@@ -215,12 +250,21 @@ class _Gates(cst.CSTTransformer):
         owner, attr = ATTRIBUTE_GATES[helper]
         test = self._replace_gates(original.test, lambda gate: _probe(gate, owner, attr))
         code = cst.Module([]).code_for_node(original.test)
-        config = next((cst.Module([]).code_for_node(cst.ensure_type(a, cst.Attribute).value)
-                       for a in m.findall(original.test, m.Attribute(attr=m.Name("fp8")))), None)
+        config = next(
+            (
+                cst.Module([]).code_for_node(cst.ensure_type(a, cst.Attribute).value)
+                for a in m.findall(original.test, m.Attribute(attr=m.Name("fp8")))
+            ),
+            None,
+        )
         if "fp8_recipe" not in code and config is not None:
             test = cst.BooleanOperation(
-                left=test if not isinstance(test, cst.BooleanOperation) or isinstance(test.operator, cst.And) else test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
-                operator=cst.And(), right=cst.parse_expression(f"save_original_input_ok({config})"))
+                left=test
+                if not isinstance(test, cst.BooleanOperation) or isinstance(test.operator, cst.And)
+                else test.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+                operator=cst.And(),
+                right=cst.parse_expression(f"save_original_input_ok({config})"),
+            )
             self.uses.add("save_original_input_ok")
             self.recipe_guarded.add(id(original))
         self.uses.add("te_gate")
@@ -239,7 +283,9 @@ class _Gates(cst.CSTTransformer):
 
         def probe(gate: cst.Call) -> cst.Call:
             found.append(gate)
-            return cst.Call(cst.Name("te_has"), [cst.Arg(gate), cst.Arg(cst.SimpleString(f'"{FEATURE_GATES[feature]}"'))])
+            return cst.Call(
+                cst.Name("te_has"), [cst.Arg(gate), cst.Arg(cst.SimpleString(f'"{FEATURE_GATES[feature]}"'))]
+            )
 
         test = self._replace_gates(original.test, probe)
         if not found:
@@ -263,7 +309,9 @@ class _Gates(cst.CSTTransformer):
             return updated
         if not isinstance(updated.body, cst.IndentedBlock) or not isinstance(original.body, cst.IndentedBlock):
             return updated
-        wrapped = next((w for w in (self.te_class(s) for s in original.body.body if isinstance(s, cst.ClassDef)) if w), None)
+        wrapped = next(
+            (w for w in (self.te_class(s) for s in original.body.body if isinstance(s, cst.ClassDef)) if w), None
+        )
         if wrapped is None:
             return updated
         new_test = updated.test
@@ -285,15 +333,25 @@ class _Gates(cst.CSTTransformer):
         body = list(updated.body)
         for i, stmt in enumerate(body):
             old = original.body[i]
-            if isinstance(stmt, cst.If) and isinstance(old, cst.If) and self.is_gate(old.test) and isinstance(stmt.body, cst.IndentedBlock):
+            if (
+                isinstance(stmt, cst.If)
+                and isinstance(old, cst.If)
+                and self.is_gate(old.test)
+                and isinstance(stmt.body, cst.IndentedBlock)
+            ):
                 kwarg = next((k for k in (_kwarg_set(b, spread) for b in stmt.body.body) if k), None)
                 if kwarg:
                     body[i] = stmt.with_changes(test=_probe(stmt.test, owner, kwarg))
                     self.sites += 1
                     self.changed[id(old)] = (owner, kwarg)
-            elif (isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assert)
-                  and isinstance(old, cst.SimpleStatementLine) and isinstance(old.body[0], cst.Assert) and self.is_gate(old.body[0].test)):
-                kwarg = next((k for k in (_kwarg_set(b, spread) for b in body[i + 1:i + 4]) if k), None)
+            elif (
+                isinstance(stmt, cst.SimpleStatementLine)
+                and isinstance(stmt.body[0], cst.Assert)
+                and isinstance(old, cst.SimpleStatementLine)
+                and isinstance(old.body[0], cst.Assert)
+                and self.is_gate(old.body[0].test)
+            ):
+                kwarg = next((k for k in (_kwarg_set(b, spread) for b in body[i + 1 : i + 4]) if k), None)
                 if kwarg:
                     check = stmt.body[0].with_changes(test=_probe(stmt.body[0].test, owner, kwarg))
                     body[i] = stmt.with_changes(body=[check, *stmt.body[1:]])
@@ -311,7 +369,11 @@ class _Gates(cst.CSTTransformer):
             return updated
         body = list(updated.body)
         for i, (old, stmt) in enumerate(zip(original.body, updated.body)):
-            if not isinstance(stmt, cst.If) or not isinstance(stmt.body, cst.IndentedBlock) or "te_accepts(" in cst.Module([]).code_for_node(stmt.test):
+            if (
+                not isinstance(stmt, cst.If)
+                or not isinstance(stmt.body, cst.IndentedBlock)
+                or "te_accepts(" in cst.Module([]).code_for_node(stmt.test)
+            ):
                 continue
             for name, (fn, target) in spreads.items():
                 kwarg = _kwarg_set(stmt.body.body[0], {name}) if stmt.body.body else None
@@ -319,13 +381,17 @@ class _Gates(cst.CSTTransformer):
                     body[i] = stmt.with_changes(test=_and_accepts(stmt.test, fn, kwarg))
                     self.sites += 1
                     self.uses.add("te_accepts")
-                    self.calls.append((old, f"probe on HIP: does `{target}` take `{kwarg}`? (passed only where it does)"))
+                    self.calls.append(
+                        (old, f"probe on HIP: does `{target}` take `{kwarg}`? (passed only where it does)")
+                    )
                     break
         return updated.with_changes(body=body)
 
 
 def _and_accepts(test: cst.BaseExpression, fn: str, name: str) -> cst.BooleanOperation:
-    return cst.BooleanOperation(left=test, operator=cst.And(), right=cst.parse_expression(f'te_accepts({fn}, "{name}")'))
+    return cst.BooleanOperation(
+        left=test, operator=cst.And(), right=cst.parse_expression(f'te_accepts({fn}, "{name}")')
+    )
 
 
 class _GateCalls(cst.CSTVisitor):
@@ -358,7 +424,9 @@ class _GateCalls(cst.CSTVisitor):
 
 class TeVersionGates(Codemod):
     NAME = "te-version-gates"
-    DESCRIPTION = "TE version gates and drifted TE call sites ask the installed TE's API on HIP; no TypeError without TE"
+    DESCRIPTION = (
+        "TE version gates and drifted TE call sites ask the installed TE's API on HIP; no TypeError without TE"
+    )
     TRIGGERS = (GATE,)
 
     def transform(self, module: cst.Module, ctx: Context):
@@ -372,7 +440,11 @@ class TeVersionGates(Codemod):
             if owner is None:
                 ctx.skip(left_reason(ctx.relpath, wrapper.module.code_for_node(stmt)), line, version=version)
             elif id(stmt) in gates.recipe_guarded:
-                ctx.site(f"probe on HIP: does `transformer_engine.{owner}` take `{kwarg}`? (and not under the delayed-scaling recipe)", line, version=version)
+                ctx.site(
+                    f"probe on HIP: does `transformer_engine.{owner}` take `{kwarg}`? (and not under the delayed-scaling recipe)",
+                    line,
+                    version=version,
+                )
             elif kwarg:
                 ctx.site(f"probe on HIP: does `transformer_engine.{owner}` take `{kwarg}`?", line, version=version)
             else:
@@ -383,7 +455,9 @@ class TeVersionGates(Codemod):
                 ctx.site(message, lines[node].start.line, version=CALL_SITE)
         if gates.uses:
             module = add_imports(module, helper_imports(ctx, *sorted(gates.uses)))
-        getter = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == "get_te_version"), None)
+        getter = next(
+            (s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == "get_te_version"), None
+        )
         # Only where this module's own get_te_version() can answer None (v0.16); from v0.17 it
         # answers 0.0.0, and modules without it (megatron_fsdp's mixed_precision) check TE otherwise.
         if getter is None or "0.0.0" in module.code_for_node(getter):
@@ -392,6 +466,12 @@ class TeVersionGates(Codemod):
             "if get_te_version() is None:\n"
             "    return False  # rocmport: no Transformer Engine, so no TE feature of any version\n"
         )
-        module, absent = prepend_to_function(module, (GATE,), code, "get_te_version() is None",
-                                             ctx, f"{GATE} answers False without Transformer Engine (get_te_version() is None)")
+        module, absent = prepend_to_function(
+            module,
+            (GATE,),
+            code,
+            "get_te_version() is None",
+            ctx,
+            f"{GATE} answers False without Transformer Engine (get_te_version() is None)",
+        )
         return module, probes + absent

@@ -18,5 +18,10 @@ class TpCommOverlap(Codemod):
     TRIGGERS = ("\ndef validate_args(args",)
 
     def transform(self, module: cst.Module, ctx: Context):
-        return prepend_to_validate_args(module, ctx, "disable_unsupported_tp_comm_overlap", "on ROCm, only with TE userbuffers",
-                                        "validate_args() starts with disable_unsupported_tp_comm_overlap(args) (HIP only)")
+        return prepend_to_validate_args(
+            module,
+            ctx,
+            "disable_unsupported_tp_comm_overlap",
+            "on ROCm, only with TE userbuffers",
+            "validate_args() starts with disable_unsupported_tp_comm_overlap(args) (HIP only)",
+        )

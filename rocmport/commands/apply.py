@@ -14,17 +14,38 @@ from rocmport.upstreams import NAMES
 
 def _print_report(r) -> None:
     if r.noop:
-        output.info(f"{r.upstream}: up to date ({r.branch} at {(r.result or '')[:12]}, series {r.series_hash[:12]}); nothing to do")
+        output.info(
+            f"{r.upstream}: up to date ({r.branch} at {(r.result or '')[:12]}, series {r.series_hash[:12]}); nothing to do"
+        )
         return
     if r.status == "aborted":  # the engine said where the branch is; there is no table to show
         return
     if not r.patches and not r.codemods:
         output.info(f"{r.upstream}: series {r.series} has no patches or codemods; {r.branch} is the upstream commit")
-    rows = [[p["name"], p["bucket"], ", ".join(f"#{o['hunk']}{o['offset']:+d}" for o in p["offsets"]) or "-",
-             ", ".join(p["files"]), p["detail"]] for p in r.patches]
-    rows += [[f"codemod: {c['name']} (version {c['version']})", "codemod", "-", f"{len(c['files'])} files", f"{c['sites']} sites"] for c in r.codemods]
+    rows = [
+        [
+            p["name"],
+            p["bucket"],
+            ", ".join(f"#{o['hunk']}{o['offset']:+d}" for o in p["offsets"]) or "-",
+            ", ".join(p["files"]),
+            p["detail"],
+        ]
+        for p in r.patches
+    ]
+    rows += [
+        [
+            f"codemod: {c['name']} (version {c['version']})",
+            "codemod",
+            "-",
+            f"{len(c['files'])} files",
+            f"{c['sites']} sites",
+        ]
+        for c in r.codemods
+    ]
     if rows:
-        output.table(["patch", "bucket", "offsets", "files", "detail"], rows, title=f"{r.upstream}: {r.branch} ({r.tree})")
+        output.table(
+            ["patch", "bucket", "offsets", "files", "detail"], rows, title=f"{r.upstream}: {r.branch} ({r.tree})"
+        )
     if r.status == "conflict":
         bad = r.patches[-1]
         hunks = ", ".join(f"{h['file']}:{h['line']}" for h in bad["failed_hunks"]) or ", ".join(bad["files"])
@@ -41,7 +62,11 @@ def _print_report(r) -> None:
 @click.option("--codemods-only", is_flag=True, help="No patch series: the default codemod recipe on the pinned commit.")
 @click.option("--continue", "cont", is_flag=True, help="Go on after you resolved and committed a conflicting patch.")
 @click.option("--abort", is_flag=True, help="Give up a stopped apply and restore the branch as it was.")
-@click.option("--force", is_flag=True, help="Rebuild over uncommitted edits or extra commits, saving them on refs/rocmport/backup/<n> first.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Rebuild over uncommitted edits or extra commits, saving them on refs/rocmport/backup/<n> first.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the per-upstream reports as JSON.")
 @click.pass_obj
 def command(obj, upstream, codemods_only, cont, abort, force, as_json):
@@ -65,7 +90,9 @@ def command(obj, upstream, codemods_only, cont, abort, force, as_json):
         if not as_json:
             _print_report(report)
     if not reports:
-        for report in apply_project(settings, upstream, codemods_only=codemods_only, force=force, mode=mode, say=output.info):
+        for report in apply_project(
+            settings, upstream, codemods_only=codemods_only, force=force, mode=mode, say=output.info
+        ):
             reports.append(report)
             if not as_json:
                 _print_report(report)

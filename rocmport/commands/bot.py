@@ -21,13 +21,32 @@ MAX_INTERVAL = 365 * 24 * 3600
 @click.command("bot")
 @click.option("--once", is_flag=True, help="Process new releases once and exit.")
 @click.option("--watch", is_flag=True, help="Keep polling upstream every --interval seconds.")
-@click.option("--interval", type=float, default=3600, show_default=True, help=f"Seconds between polls with --watch (more than 0, at most {MAX_INTERVAL}).")
-@click.option("--track", type=click.Choice(["release", "main"]), default="release", show_default=True,
-              help="Follow release tags, or upstream's main branch (one refresh per new main commit seen).")
-@click.option("--lines", help="Release lines to follow, e.g. v0.16,v0.17 (default: [tool.rocmport] release-lines, "
-                              "else the newest line and every line that has a series).")
+@click.option(
+    "--interval",
+    type=float,
+    default=3600,
+    show_default=True,
+    help=f"Seconds between polls with --watch (more than 0, at most {MAX_INTERVAL}).",
+)
+@click.option(
+    "--track",
+    type=click.Choice(["release", "main"]),
+    default="release",
+    show_default=True,
+    help="Follow release tags, or upstream's main branch (one refresh per new main commit seen).",
+)
+@click.option(
+    "--lines",
+    help="Release lines to follow, e.g. v0.16,v0.17 (default: [tool.rocmport] release-lines, "
+    "else the newest line and every line that has a series).",
+)
 @click.option("--retry", is_flag=True, help="Retry releases that failed before even if nothing changed.")
-@click.option("--push", "push_remote", metavar="REMOTE", help="Push each refresh branch to this git remote (never over a human's commits).")
+@click.option(
+    "--push",
+    "push_remote",
+    metavar="REMOTE",
+    help="Push each refresh branch to this git remote (never over a human's commits).",
+)
 @click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` in each refresh.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was processed as JSON (with --once).")
 @click.pass_obj
@@ -46,20 +65,33 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     if once == watch:
         raise BadInput("give exactly one of --once or --watch")
     if not 0 < interval <= MAX_INTERVAL:  # nan and inf too: time.sleep refuses them after the first cycle
-        raise BadInput(f"--interval {interval}: must be a number of seconds above 0 and at most {MAX_INTERVAL} (a year)")
+        raise BadInput(
+            f"--interval {interval}: must be a number of seconds above 0 and at most {MAX_INTERVAL} (a year)"
+        )
     if as_json and watch:
         raise BadInput("--json: only with --once (--watch logs one line per event)")
     if lines is not None and not lines.strip(", "):
         raise BadInput(f"--lines {lines!r}: names no release line; give lines such as v0.16,v0.17")
     settings = load_settings(obj["project"])
-    wanted = ([str(ReleaseLine.parse(s, "--lines: release line")) for s in lines.split(",") if s.strip()] if lines
-              else list(settings.release_lines))
+    wanted = (
+        [str(ReleaseLine.parse(s, "--lines: release line")) for s in lines.split(",") if s.strip()]
+        if lines
+        else list(settings.release_lines)
+    )
     if not no_verify:  # verify's sizes from [tool.rocmport], told now rather than in every release's refresh
         check_verify_sizes(settings)
     verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
     progress = Progress()
-    kw = dict(track=track, lines=wanted, retry=retry, push_remote=push_remote, verify_opts=verify_opts,
-              say=output.info, warn=output.warn, progress=progress)
+    kw = dict(
+        track=track,
+        lines=wanted,
+        retry=retry,
+        push_remote=push_remote,
+        verify_opts=verify_opts,
+        say=output.info,
+        warn=output.warn,
+        progress=progress,
+    )
     # Ctrl-C, or SIGTERM from cron, CI or systemd: the refresh under way stops as `refresh` does (every
     # process ended, exit 130/143), the checkout goes back to its branch, and the next run starts that
     # release again (the record says it never finished).
@@ -81,5 +113,7 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
             except RocmportError as exc:  # a bad cycle (network, a busy lock) must not end the poller
                 output.warn(f"bot: cycle {cycle} failed: {exc}")
             progress.finish(f"cycle {cycle}")
-            progress.done[:] = progress.done[-3:]  # a poller's line names its last cycles, not every one since it started
+            progress.done[:] = progress.done[
+                -3:
+            ]  # a poller's line names its last cycles, not every one since it started
             time.sleep(interval)

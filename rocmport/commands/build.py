@@ -15,13 +15,32 @@ from rocmport.upstreams import NAMES, UPSTREAMS
 
 @click.command("build")
 @click.option("--upstream", type=click.Choice(sorted(NAMES)), help="Only this upstream (default: every applied one).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="dist", show_default=True, help="Where wheels and sdists go.")
-@click.option("--build-number", type=click.IntRange(min=0), help="The N of +rocm.N (default: commits that touched the series in this project).")
-@click.option("--check-deps/--no-check-deps", default=True, show_default=True,
-              help="Check with `pip install --dry-run --report` that installing the wheels pulls nothing CUDA-only.")
-@click.option("--python", "python", metavar="PATH",
-              help="The Python to build for (default: [tool.rocmport] python, else this one when it satisfies the trees' requires-python, "
-                   "else a python3.X on PATH or under pyenv that does).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="dist",
+    show_default=True,
+    help="Where wheels and sdists go.",
+)
+@click.option(
+    "--build-number",
+    type=click.IntRange(min=0),
+    help="The N of +rocm.N (default: commits that touched the series in this project).",
+)
+@click.option(
+    "--check-deps/--no-check-deps",
+    default=True,
+    show_default=True,
+    help="Check with `pip install --dry-run --report` that installing the wheels pulls nothing CUDA-only.",
+)
+@click.option(
+    "--python",
+    "python",
+    metavar="PATH",
+    help="The Python to build for (default: [tool.rocmport] python, else this one when it satisfies the trees' requires-python, "
+    "else a python3.X on PATH or under pyenv that does).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was built as JSON.")
 @click.pass_obj
 def command(obj, upstream, out_dir, build_number, check_deps, python, as_json):
@@ -36,14 +55,26 @@ def command(obj, upstream, out_dir, build_number, check_deps, python, as_json):
     install, or one that would pull a CUDA-only package, 2 bad input (no Python the trees need here).
     """
     settings = load_settings(obj["project"])
-    result = build_project(settings, upstream, out_dir, build_number, check_deps,
-                           say=output.info, warn=output.warn, python=python or settings.python)
+    result = build_project(
+        settings,
+        upstream,
+        out_dir,
+        build_number,
+        check_deps,
+        say=output.info,
+        warn=output.warn,
+        python=python or settings.python,
+    )
     if as_json:
         output.emit_json({"built": result.built, "python": result.python, "problems": result.problems})
     else:
-        output.table(["distribution", "version", "files"],
-                     [[UPSTREAMS[r["upstream"]].distribution, r["version"], "\n".join(Path(f).name for f in r["files"])]
-                      for r in result.built])
+        output.table(
+            ["distribution", "version", "files"],
+            [
+                [UPSTREAMS[r["upstream"]].distribution, r["version"], "\n".join(Path(f).name for f in r["files"])]
+                for r in result.built
+            ],
+        )
     for p in result.problems:
         output.warn(p)
     return EXIT_PROBLEM if result.problems else EXIT_OK

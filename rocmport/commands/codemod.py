@@ -17,7 +17,9 @@ from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 @click.option("--check", is_flag=True, help="Exit 1 if anything would change; write nothing.")
 @click.option("--list", "list_only", is_flag=True, help="List the codemods and exit.")
 @click.option("--jobs", type=int, help="Worker processes (default: the cores there are).")
-@click.option("--json", "as_json", is_flag=True, help="Per-file outcome, per-codemod site counts and per-site reports as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Per-file outcome, per-codemod site counts and per-site reports as JSON."
+)
 def command(path, only, show_diff, check, list_only, jobs, as_json):
     """Run rocmport's libcst codemods over PATH (a Megatron-LM or Megatron-Bridge tree).
 
@@ -48,8 +50,10 @@ def command(path, only, show_diff, check, list_only, jobs, as_json):
         for r in done.reports("warning"):
             output.warn(f"{tree / r.path}:{r.line or '?'}: {r.codemod}: {r.message}")
         verb = "would change" if (show_diff or check) else "changed"
-        output.info(f"{len(done.final)} files {verb} ({', '.join(f'{k}: {v} sites' for k, v in done.sites.items())}); "
-                    f"{result.files_total} files, {result.files_parsed} parsed, {result.cache_hits} from cache, {len(result.failures)} failed")
+        output.info(
+            f"{len(done.final)} files {verb} ({', '.join(f'{k}: {v} sites' for k, v in done.sites.items())}); "
+            f"{result.files_total} files, {result.files_parsed} parsed, {result.cache_hits} from cache, {len(result.failures)} failed"
+        )
     if result.failures or (check and done.final):
         return EXIT_PROBLEM
     return EXIT_OK

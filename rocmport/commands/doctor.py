@@ -12,10 +12,18 @@ from rocmport.verify.doctor import doctor, matrix_for
 
 
 @click.command("doctor")
-@click.option("--line", default=None, metavar="vX.Y",
-              help="Check against this Megatron-LM line's matrix (default: the line upstream.lock pins).")
-@click.option("--arch", default=None, metavar="GFX",
-              help="Judge builds and recommend for this GPU arch instead of the GPU's (e.g. gfx942, gfx1100, gfx906).")
+@click.option(
+    "--line",
+    default=None,
+    metavar="vX.Y",
+    help="Check against this Megatron-LM line's matrix (default: the line upstream.lock pins).",
+)
+@click.option(
+    "--arch",
+    default=None,
+    metavar="GFX",
+    help="Judge builds and recommend for this GPU arch instead of the GPU's (e.g. gfx942, gfx1100, gfx906).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def command(obj, line, arch, as_json):
@@ -38,18 +46,37 @@ def command(obj, line, arch, as_json):
         output.emit_json(d)
         return EXIT_PROBLEM if d["problems"] else EXIT_OK
     output.info(f"torch {d['torch']}: hip {d['hip']}, cuda {d['cuda']}; ROCm at {d['rocm_path']}; RCCL {d['rccl']}")
-    output.table(["device", "name", "arch"], [[x["index"], x["name"], x["arch"]] for x in d["devices"]] or [["-", "no GPU", "-"]])
-    where = {"gpu": "the GPU", "--arch": "--arch", "none": "no GPU and no --arch: the arch checks are skipped"}[d["arch_source"]]
+    output.table(
+        ["device", "name", "arch"], [[x["index"], x["name"], x["arch"]] for x in d["devices"]] or [["-", "no GPU", "-"]]
+    )
+    where = {"gpu": "the GPU", "--arch": "--arch", "none": "no GPU and no --arch: the arch checks are skipped"}[
+        d["arch_source"]
+    ]
     if matrix is None:
-        output.info("components: no matrix to check against (no upstream.lock with a line whose series has a rocm: section; "
-                    "pass --line vX.Y)")
+        output.info(
+            "components: no matrix to check against (no upstream.lock with a line whose series has a rocm: section; "
+            "pass --line vX.Y)"
+        )
     else:
         output.info(f"components of {d['series']}, for arch {d['arch'] or '-'} ({where}):")
-        output.table(["component", "required", "wanted", "installed", "built for", "status", "detail"],
-                     [[c["name"], "yes" if c["required"] else "no", c["wanted"],
-                       f"{c['distribution']} {c['version']}" if c["version"] else "not installed",
-                       ", ".join(c["built_for"]) if c["built_for"] else "-", c["status"], c["detail"]] for c in d["components"]])
-    output.table(["topic", "use", "why"], [[r["topic"], r["use"], r["why"]] for r in d["recommendations"]], title="on this arch")
+        output.table(
+            ["component", "required", "wanted", "installed", "built for", "status", "detail"],
+            [
+                [
+                    c["name"],
+                    "yes" if c["required"] else "no",
+                    c["wanted"],
+                    f"{c['distribution']} {c['version']}" if c["version"] else "not installed",
+                    ", ".join(c["built_for"]) if c["built_for"] else "-",
+                    c["status"],
+                    c["detail"],
+                ]
+                for c in d["components"]
+            ],
+        )
+    output.table(
+        ["topic", "use", "why"], [[r["topic"], r["use"], r["why"]] for r in d["recommendations"]], title="on this arch"
+    )
     output.table(["variable", "value"], [[k, v if v is not None else "(unset)"] for k, v in d["env"].items()])
     for p in d["problems"]:
         output.warn(p)

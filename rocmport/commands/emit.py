@@ -20,18 +20,50 @@ def command():
 
 
 @command.command("docker")
-@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), help="Write the Dockerfile here (default: stdout).")
-@click.option("--base-tag", default=None, help="rocm/pytorch image tag (default: the line's matrix; an ARG, overridable at docker build).")
-@click.option("--arch", default=DEFAULT_ARCH, show_default=True,
-              help="GPU archs to build for, ';' or ',' separated (gfx942, gfx950, gfx90a, gfx1100, gfx1201, gfx906 ...).")
-@click.option("--components", "spec", default=None, metavar="all|none|NAME[:VARIANT],...",
-              help="ROCm components to build from the line's matrix (e.g. transformer_engine,flash_attn:triton); "
-                   "none: the slim image. Default: all, or none when the series has no rocm: section.")
-@click.option("--max-jobs", type=click.IntRange(min=1), default=DEFAULT_MAX_JOBS, show_default=True,
-              help="Default MAX_JOBS for the component builds (an ARG).")
-@click.option("--extra", "extras", multiple=True, default=(f"{MEGATRON_LM.distribution}:mlm",), show_default=True,
-              metavar="DIST:EXTRA", help="Install this extra's dependencies too, e.g. megatron-core:mlm.")
-@click.option("--dist", default="dist", show_default=True, help="Where `rocmport build` put the sdists, relative to the build context.")
+@click.option(
+    "-o", "--output", "out", type=click.Path(dir_okay=False), help="Write the Dockerfile here (default: stdout)."
+)
+@click.option(
+    "--base-tag",
+    default=None,
+    help="rocm/pytorch image tag (default: the line's matrix; an ARG, overridable at docker build).",
+)
+@click.option(
+    "--arch",
+    default=DEFAULT_ARCH,
+    show_default=True,
+    help="GPU archs to build for, ';' or ',' separated (gfx942, gfx950, gfx90a, gfx1100, gfx1201, gfx906 ...).",
+)
+@click.option(
+    "--components",
+    "spec",
+    default=None,
+    metavar="all|none|NAME[:VARIANT],...",
+    help="ROCm components to build from the line's matrix (e.g. transformer_engine,flash_attn:triton); "
+    "none: the slim image. Default: all, or none when the series has no rocm: section.",
+)
+@click.option(
+    "--max-jobs",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_JOBS,
+    show_default=True,
+    help="Default MAX_JOBS for the component builds (an ARG).",
+)
+@click.option(
+    "--extra",
+    "extras",
+    multiple=True,
+    default=(f"{MEGATRON_LM.distribution}:mlm",),
+    show_default=True,
+    metavar="DIST:EXTRA",
+    help="Install this extra's dependencies too, e.g. megatron-core:mlm.",
+)
+@click.option(
+    "--dist",
+    default="dist",
+    show_default=True,
+    help="Where `rocmport build` put the sdists, relative to the build context.",
+)
 @click.pass_obj
 def docker(obj, out, base_tag, arch, spec, max_jobs, extras, dist):
     """A multi-stage Dockerfile on rocm/pytorch: ROCm components, the port, smoke imports.
@@ -50,8 +82,16 @@ def docker(obj, out, base_tag, arch, spec, max_jobs, extras, dist):
             raise BadInput(f"--extra {item}: expected DIST:EXTRA, e.g. {MEGATRON_LM.distribution}:mlm")
         name, extra = item.split(":", 1)
         wanted.setdefault(name, []).append(extra)
-    recipe = project_dockerfile(settings, wanted, base_tag=base_tag, arch=arch, spec=spec, max_jobs=max_jobs, dist=dist,
-                                file_name=Path(out).name if out else None)
+    recipe = project_dockerfile(
+        settings,
+        wanted,
+        base_tag=base_tag,
+        arch=arch,
+        spec=spec,
+        max_jobs=max_jobs,
+        dist=dist,
+        file_name=Path(out).name if out else None,
+    )
     for w in recipe.warnings:
         output.warn(w)
     if out:

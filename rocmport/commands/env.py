@@ -15,17 +15,34 @@ from rocmport.verify.launch_profile import ARCH_CHOICES, profile, resolve_arch, 
 
 
 @click.command("env")
-@click.option("--arch", default=None, metavar="|".join((*ARCH_CHOICES, "auto")),
-              help="Add this GPU kind's values (auto: the first GPU's arch).")
+@click.option(
+    "--arch",
+    default=None,
+    metavar="|".join((*ARCH_CHOICES, "auto")),
+    help="Add this GPU kind's values (auto: the first GPU's arch).",
+)
 @click.option("--deterministic", is_flag=True, help="Add the settings for run-to-run reproducible results.")
-@click.option("--tune", nargs=2, type=(click.Choice(["record", "replay"]), click.Path(file_okay=False, path_type=Path)),
-              default=None, metavar="record|replay DIR",
-              help="GEMM tuning: record (tune each new GEMM shape, write the results into DIR) or replay (read them, tune nothing).")
-@click.option("--master-addr", default=None, metavar="HOST",
-              help="The master's address, for the socket interface toward it (default: $MASTER_ADDR).")
+@click.option(
+    "--tune",
+    nargs=2,
+    type=(click.Choice(["record", "replay"]), click.Path(file_okay=False, path_type=Path)),
+    default=None,
+    metavar="record|replay DIR",
+    help="GEMM tuning: record (tune each new GEMM shape, write the results into DIR) or replay (read them, tune nothing).",
+)
+@click.option(
+    "--master-addr",
+    default=None,
+    metavar="HOST",
+    help="The master's address, for the socket interface toward it (default: $MASTER_ADDR).",
+)
 @click.option("--no-fabric", is_flag=True, help="Do not read this machine's RDMA devices and routes.")
-@click.option("--explain", is_flag=True, help="Say why each variable is set, where the value comes from, and what was found.")
-@click.option("--json", "as_json", is_flag=True, help="A JSON list of {name, value, reason, source, part, yours, ours}.")
+@click.option(
+    "--explain", is_flag=True, help="Say why each variable is set, where the value comes from, and what was found."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="A JSON list of {name, value, reason, source, part, yours, ours}."
+)
 @click.option("--sys-root", default="/sys", hidden=True, type=click.Path(path_type=Path))
 @click.option("--proc-root", default="/proc", hidden=True, type=click.Path(path_type=Path))
 def command(arch, deterministic, tune, master_addr, no_fabric, explain, as_json, sys_root, proc_root):
@@ -41,8 +58,15 @@ def command(arch, deterministic, tune, master_addr, no_fabric, explain, as_json,
     """
     arch = resolve_arch(arch) if arch else None
     tuned, tune_notes = tune_settings(*tune) if tune else ([], [])
-    settings, notes = profile(arch, deterministic, master_addr=master_addr or os.environ.get("MASTER_ADDR"),
-                              sys_root=sys_root, proc_root=proc_root, fabric=not no_fabric, tune=tuned)
+    settings, notes = profile(
+        arch,
+        deterministic,
+        master_addr=master_addr or os.environ.get("MASTER_ADDR"),
+        sys_root=sys_root,
+        proc_root=proc_root,
+        fabric=not no_fabric,
+        tune=tuned,
+    )
     rows = resolve_env(settings)
     notes += tune_notes
     if as_json:

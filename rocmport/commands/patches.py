@@ -32,27 +32,58 @@ def list_cmd(obj, as_json):
     if as_json:
         output.emit_json({"series": data})
         return EXIT_OK
-    rows = [[d["upstream"], d["line"], d["versions"], len(d["patches"]), ", ".join(d["codemods"]) or "-", ", ".join(d["excluded_paths"]) or "-"] for d in data]
+    rows = [
+        [
+            d["upstream"],
+            d["line"],
+            d["versions"],
+            len(d["patches"]),
+            ", ".join(d["codemods"]) or "-",
+            ", ".join(d["excluded_paths"]) or "-",
+        ]
+        for d in data
+    ]
     output.table(["upstream", "line", "versions", "patches", "codemods", "excluded"], rows)
     for d in data:
         for p in d["patches"]:
             output.info(f"  {d['upstream']} {d['line']}: {p['name']} [{p['upstream_status']}] {p['description']}")
-    rocm = [[d["line"], name + ("*" if c["required"] else ""), re.sub(r"^https://github.com/|\.git(?=@)", "", c["source"]),
-             c["versions"], ",".join(c["builds"]), ",".join(c["refuses"]) or "-", ",".join(c["variants"]) or "-"]
-            for d in data if d["rocm"] for name, c in d["rocm"]["components"].items()]
+    rocm = [
+        [
+            d["line"],
+            name + ("*" if c["required"] else ""),
+            re.sub(r"^https://github.com/|\.git(?=@)", "", c["source"]),
+            c["versions"],
+            ",".join(c["builds"]),
+            ",".join(c["refuses"]) or "-",
+            ",".join(c["variants"]) or "-",
+        ]
+        for d in data
+        if d["rocm"]
+        for name, c in d["rocm"]["components"].items()
+    ]
     if rocm:
-        output.table(["line", "component", "source", "versions", "builds for", "refuses", "variants"], rocm,
-                     title="ROCm component matrix (rocm: in each series, the source of each choice in its comments; * required)")
+        output.table(
+            ["line", "component", "source", "versions", "builds for", "refuses", "variants"],
+            rocm,
+            title="ROCm component matrix (rocm: in each series, the source of each choice in its comments; * required)",
+        )
         for d in data:
             if d["rocm"]:
-                output.info(f"  {d['upstream']} {d['line']}: base image {d['rocm']['base_image']} (Python {d['rocm']['python']})")
+                output.info(
+                    f"  {d['upstream']} {d['line']}: base image {d['rocm']['base_image']} (Python {d['rocm']['python']})"
+                )
     return EXIT_OK
 
 
 @command.command("export")
 @click.option("--upstream", type=click.Choice(NAMES))
 @click.option("--description", help="Description for the new patches (default: the commit message).")
-@click.option("--upstream-status", default="Pending", show_default=True, help="Pending | Submitted <url> | Backport <commit> | Inappropriate <reason> | ROCm-only")
+@click.option(
+    "--upstream-status",
+    default="Pending",
+    show_default=True,
+    help="Pending | Submitted <url> | Backport <commit> | Inappropriate <reason> | ROCm-only",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be written; change nothing.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
@@ -61,8 +92,12 @@ def export_cmd(obj, upstream, description, upstream_status, dry_run, as_json):
     results = {}
     for name, series, tree in ported_trees(load_settings(obj["project"]), upstream):
         r = export_commits(tree, series, description, upstream_status, dry_run=dry_run)
-        results[name] = {"written": r.written, "unchanged": r.unchanged, "would_write": sorted(r.texts) if dry_run else [],
-                         "notes": r.notes}
+        results[name] = {
+            "written": r.written,
+            "unchanged": r.unchanged,
+            "would_write": sorted(r.texts) if dry_run else [],
+            "notes": r.notes,
+        }
         if not as_json:
             for note in r.notes:
                 output.warn(f"{name}: {note}")

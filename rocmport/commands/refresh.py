@@ -22,13 +22,36 @@ SIZE = click.IntRange(1, MAX_WORLD)
 
 
 @click.command("refresh")
-@click.option("--to", "to", help="The new upstream ref, resolved like `sync --ref` (v0.17, core_v0.17.1, a branch, a SHA).")
-@click.option("--continue", "cont", is_flag=True, help="Go on after you resolved and committed a conflicting patch in the refresh tree.")
-@click.option("--abort", is_flag=True, help="Give up a stopped refresh; the lock and patchsets/ stay as they were, your work in its trees is kept on a backup ref.")
+@click.option(
+    "--to", "to", help="The new upstream ref, resolved like `sync --ref` (v0.17, core_v0.17.1, a branch, a SHA)."
+)
+@click.option(
+    "--continue",
+    "cont",
+    is_flag=True,
+    help="Go on after you resolved and committed a conflicting patch in the refresh tree.",
+)
+@click.option(
+    "--abort",
+    is_flag=True,
+    help="Give up a stopped refresh; the lock and patchsets/ stay as they were, your work in its trees is kept on a backup ref.",
+)
 @click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` on the result.")
-@click.option("--tp", type=SIZE, default=None, help=f"Tensor-parallel size for verify (default: [tool.rocmport] tp or {DEFAULT_TP}).")
-@click.option("--pp", type=SIZE, default=None, help=f"Pipeline-parallel size for verify (default: [tool.rocmport] pp or {DEFAULT_PP}).")
-@click.option("--summary", "summary_path", type=click.Path(dir_okay=False), help="Also copy the Markdown summary (PR body) here.")
+@click.option(
+    "--tp",
+    type=SIZE,
+    default=None,
+    help=f"Tensor-parallel size for verify (default: [tool.rocmport] tp or {DEFAULT_TP}).",
+)
+@click.option(
+    "--pp",
+    type=SIZE,
+    default=None,
+    help=f"Pipeline-parallel size for verify (default: [tool.rocmport] pp or {DEFAULT_PP}).",
+)
+@click.option(
+    "--summary", "summary_path", type=click.Path(dir_okay=False), help="Also copy the Markdown summary (PR body) here."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
@@ -54,12 +77,16 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
         check_verify_sizes(settings, tp, pp)
     progress = Progress()
     again = "`rocmport refresh --continue`" if cont else f"`rocmport refresh --to {to}`"
-    then = (f"{settings.lock_path.name} and patchsets/ are as they were; run {again} again, "
-            f"or `rocmport refresh --abort` to give it up")
+    then = (
+        f"{settings.lock_path.name} and patchsets/ are as they were; run {again} again, "
+        f"or `rocmport refresh --abort` to give it up"
+    )
     # Ctrl-C or SIGTERM: every process of the refresh ended (its codemod workers, git, its verify's
     # torchruns and their workers), its temporary directories removed, exit 130/143 saying what finished.
-    with procs.run_scope("rocmport-refresh-", progress.line, then=then), \
-            output.progress(f"refreshing the port to {to}" if to else "continuing the refresh"):
+    with (
+        procs.run_scope("rocmport-refresh-", progress.line, then=then),
+        output.progress(f"refreshing the port to {to}" if to else "continuing the refresh"),
+    ):
         if cont:
             result = continue_refresh(settings, say=output.info, warn=output.warn, progress=progress)
         else:
@@ -85,9 +112,13 @@ def _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json) ->
     if cont or abort:  # --continue goes on with the options its refresh started with; --abort verifies nothing
         extra = next((name for name, on in given.items() if on), None)
         if extra:
-            raise BadInput(f"{extra}: only with --to; {'--continue goes on with the options the refresh started with' if cont else '--abort verifies nothing'}")
+            raise BadInput(
+                f"{extra}: only with --to; {'--continue goes on with the options the refresh started with' if cont else '--abort verifies nothing'}"
+            )
     if abort and (summary_path is not None or as_json):
-        raise BadInput(f"{'--summary' if summary_path is not None else '--json'}: not with --abort (it writes no summary)")
+        raise BadInput(
+            f"{'--summary' if summary_path is not None else '--json'}: not with --abort (it writes no summary)"
+        )
     if summary_path is not None:
         _check_summary_path(summary_path)
 
@@ -122,14 +153,18 @@ def _check_summary_path(path: str) -> None:
 
 def _print(result: RefreshResult, path: Path) -> None:
     for name, up in result.upstreams.items():
-        output.table(["patch", "outcome", "action", "detail"],
-                     [[p.name, p.bucket, p.action, p.evidence or p.detail] for p in up.patches],
-                     title=f"{name}: {up.from_.ref if up.from_ else '-'} -> {up.to.ref if up.to else '-'}")
+        output.table(
+            ["patch", "outcome", "action", "detail"],
+            [[p.name, p.bucket, p.action, p.evidence or p.detail] for p in up.patches],
+            title=f"{name}: {up.from_.ref if up.from_ else '-'} -> {up.to.ref if up.to else '-'}",
+        )
     if result.conflict:
         c = result.conflict
         where = ", ".join(f"{h['file']}:{h['line']}" for h in c["hunks"]) or c["detail"]
-        output.warn(f"{c['patch']} conflicts ({where}); "
-                    f"resolve in {c['tree']}, commit, then `rocmport refresh --continue` (or --abort)")
+        output.warn(
+            f"{c['patch']} conflicts ({where}); "
+            f"resolve in {c['tree']}, commit, then `rocmport refresh --continue` (or --abort)"
+        )
     if result.verify and result.verify.get("failed"):
         output.warn(f"verify failed: {', '.join(result.verify['failed'])}")
     output.info(f"refresh {status_line(public(result))} ({result.seconds} s); summary: {path}")

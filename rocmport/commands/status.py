@@ -29,12 +29,22 @@ def command(obj, as_json):
     rows = []
     for name, pin in data["lock"]["upstreams"].items():
         wt = data["worktrees"].get(name)
-        rows.append([
-            name, pin["source"], pin["resolved_ref"], pin.get("version") or "?", pin["commit"][:12],
-            "yes" if data["cached"].get(name) else "NO",
-            f"{wt['path']} ({wt['branch']}, {'clean' if wt['clean'] else 'DIRTY'}, series {str(wt['series_hash'])[:12]})" if wt else "-",
-        ])
-    output.table(["upstream", "source", "ref", "version", "commit", "cached", "work tree"], rows, title=data["lock_path"])
+        rows.append(
+            [
+                name,
+                pin["source"],
+                pin["resolved_ref"],
+                pin.get("version") or "?",
+                pin["commit"][:12],
+                "yes" if data["cached"].get(name) else "NO",
+                f"{wt['path']} ({wt['branch']}, {'clean' if wt['clean'] else 'DIRTY'}, series {str(wt['series_hash'])[:12]})"
+                if wt
+                else "-",
+            ]
+        )
+    output.table(
+        ["upstream", "source", "ref", "version", "commit", "cached", "work tree"], rows, title=data["lock_path"]
+    )
     _print_last_verify(data["last_verify"])
     return EXIT_OK
 
@@ -47,6 +57,10 @@ def _print_last_verify(last: dict | None) -> None:
         output.info(f"last verify: {last['error']}")
     else:
         tree = f"{last['line']} port" if last.get("line") else last["tree"]
-        output.info(f"last verify: {last['started'] or '?'} UTC, {tree} at {str(last['commit'] or '?')[:12]}"
-                    + (f"; report {last['report']}" if last.get("report") else ""))
-        output.info(f"  {last['verdict'] or ('failed: ' + ', '.join(last['failed']) if last['failed'] else 'no stage failed')}")
+        output.info(
+            f"last verify: {last['started'] or '?'} UTC, {tree} at {str(last['commit'] or '?')[:12]}"
+            + (f"; report {last['report']}" if last.get("report") else "")
+        )
+        output.info(
+            f"  {last['verdict'] or ('failed: ' + ', '.join(last['failed']) if last['failed'] else 'no stage failed')}"
+        )

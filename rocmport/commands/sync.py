@@ -24,12 +24,31 @@ def _parse_remotes(values) -> dict[str, str]:
 
 
 @click.command("sync")
-@click.option("--ref", help="Megatron-LM ref: v0.16 (newest final core_v0.16.*), an exact tag, a branch or a SHA. Omit to verify the lock.")
+@click.option(
+    "--ref",
+    help="Megatron-LM ref: v0.16 (newest final core_v0.16.*), an exact tag, a branch or a SHA. Omit to verify the lock.",
+)
 @click.option("--pre", is_flag=True, help="Let a release line resolve to rc/pre-release tags.")
-@click.option("--remote", "remote_args", multiple=True, metavar="NAME=URL", help="Override an upstream URL (https, ssh, local path, file://). Remembered in .rocmport/local.yaml.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Mirror cache (default: $ROCMPORT_CACHE_DIR or ~/.cache/rocmport). Remembered.")
+@click.option(
+    "--remote",
+    "remote_args",
+    multiple=True,
+    metavar="NAME=URL",
+    help="Override an upstream URL (https, ssh, local path, file://). Remembered in .rocmport/local.yaml.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="Mirror cache (default: $ROCMPORT_CACHE_DIR or ~/.cache/rocmport). Remembered.",
+)
 @click.option("--offline", is_flag=True, help="Use only the cache; never touch the network.")
-@click.option("--source", type=click.Choice(SOURCES), default="auto", show_default=True, help="git, the package index (pypi), or git with a loud fallback to the index.")
+@click.option(
+    "--source",
+    type=click.Choice(SOURCES),
+    default="auto",
+    show_default=True,
+    help="git, the package index (pypi), or git with a loud fallback to the index.",
+)
 @click.option("--bridge-ref", help="Pin this Megatron-Bridge ref instead of choosing the companion.")
 @click.option("--no-bridge", is_flag=True, help="Do not pin Megatron-Bridge.")
 @click.option("--json", "as_json", is_flag=True, help="Print the lock and findings as JSON.")

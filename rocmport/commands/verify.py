@@ -28,21 +28,32 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
     rest folded behind a count (all of it in the report), port coverage, the loss curve."""
     click.echo(redact(summary.verdict(r)))
     if r["mode"] == "cpu-proxy":
-        output.warn("CPU PROXY MODE: no GPU here; the same stages ran on CPU processes over gloo. This is not a GPU result.")
+        output.warn(
+            "CPU PROXY MODE: no GPU here; the same stages ran on CPU processes over gloo. This is not a GPU result."
+        )
         sim = r.get("hip_sim")
         if sim:
-            output.warn(f"HIP simulated: every process saw a ROCm {sim['version']} build of torch and an {sim['device']} "
-                        f"({sim['arch']}); not a ROCm GPU result. --no-hip-sim runs the CUDA path.")
+            output.warn(
+                f"HIP simulated: every process saw a ROCm {sim['version']} build of torch and an {sim['device']} "
+                f"({sim['arch']}); not a ROCm GPU result. --no-hip-sim runs the CUDA path."
+            )
         else:
             output.info("HIP simulation off (--no-hip-sim): the CUDA path of the tree ran.")
         te = r.get("te")
         if te:
-            output.warn(f"Transformer Engine {te['version']}, {te['python_layer']} ({te['source']}): {te['note']}; "
-                        "its compiled kernels ran as CPU reference implementations.")
+            output.warn(
+                f"Transformer Engine {te['version']}, {te['python_layer']} ({te['source']}): {te['note']}; "
+                "its compiled kernels ran as CPU reference implementations."
+            )
     e = r["env"]
-    output.info(f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
-                f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}")
-    output.table(["stage", "status", "seconds", "reason"], [[s["name"], s["status"], s["seconds"], s["reason"]] for s in r["stages"]])
+    output.info(
+        f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
+        f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}"
+    )
+    output.table(
+        ["stage", "status", "seconds", "reason"],
+        [[s["name"], s["status"], s["seconds"], s["reason"]] for s in r["stages"]],
+    )
     blocking = summary.blocking_lines(r)
     if blocking:
         click.echo("blocking:")
@@ -54,8 +65,10 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
     for stage in r["stages"]:
         if stage["name"] == "functional" and stage.get("redirects"):
             top = sorted(stage["redirects"].items(), key=lambda kv: -kv[1])[:5]
-            click.echo(f"functional: {len(stage['redirects'])} torch.cuda call sites answered on the CPU; most called: "
-                       + ", ".join(f"{k} ×{v}" for k, v in top))
+            click.echo(
+                f"functional: {len(stage['redirects'])} torch.cuda call sites answered on the CPU; most called: "
+                + ", ".join(f"{k} ×{v}" for k, v in top)
+            )
     for line in summary.coverage_lines(r):
         click.echo(redact(line))
     t = r["training"]
@@ -64,60 +77,188 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
 
 
 @click.command("verify")
-@click.option("--tree", type=click.Path(file_okay=False), help="The ported Megatron-LM tree (default: the megatron-lm work tree).")
-@click.option("--tp", type=SIZE, default=None, help=f"Tensor-parallel size (default: [tool.rocmport] tp or {DEFAULT_TP}).")
-@click.option("--pp", type=SIZE, default=None, help=f"Pipeline-parallel size (default: [tool.rocmport] pp or {DEFAULT_PP}).")
+@click.option(
+    "--tree", type=click.Path(file_okay=False), help="The ported Megatron-LM tree (default: the megatron-lm work tree)."
+)
+@click.option(
+    "--tp", type=SIZE, default=None, help=f"Tensor-parallel size (default: [tool.rocmport] tp or {DEFAULT_TP})."
+)
+@click.option(
+    "--pp", type=SIZE, default=None, help=f"Pipeline-parallel size (default: [tool.rocmport] pp or {DEFAULT_PP})."
+)
 @click.option("--dp", type=SIZE, default=None, help="Data-parallel size (default 1).")
 @click.option("--nproc", type=SIZE, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
 @click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
-@click.option("--iters", type=click.IntRange(2, MAX_ITERS), default=10, show_default=True, help="Training iterations in stages 2, 4 and 5.")
-@click.option("--stages", "stages_text", default=None, metavar="LIST",
-              help=f"Run only these stages: numbers or names, comma-separated ({', '.join(f'{i} {s.name}' for i, s in enumerate(STAGES, 1))}).")
-@click.option("--unit-tests", "with_unit", is_flag=False, flag_value="default", default=None, type=click.Choice(["default", "all"]),
-              help="Stage 3, upstream's unit tests: the line's default suite (bare flag) or `all` of tests/unit_tests "
-                   "(default: the suite, when the tree has tests/unit_tests).")
+@click.option(
+    "--iters",
+    type=click.IntRange(2, MAX_ITERS),
+    default=10,
+    show_default=True,
+    help="Training iterations in stages 2, 4 and 5.",
+)
+@click.option(
+    "--stages",
+    "stages_text",
+    default=None,
+    metavar="LIST",
+    help=f"Run only these stages: numbers or names, comma-separated ({', '.join(f'{i} {s.name}' for i, s in enumerate(STAGES, 1))}).",
+)
+@click.option(
+    "--unit-tests",
+    "with_unit",
+    is_flag=False,
+    flag_value="default",
+    default=None,
+    type=click.Choice(["default", "all"]),
+    help="Stage 3, upstream's unit tests: the line's default suite (bare flag) or `all` of tests/unit_tests "
+    "(default: the suite, when the tree has tests/unit_tests).",
+)
 @click.option("--no-unit-tests", "no_unit", is_flag=True, help="Skip stage 3.")
-@click.option("--unit-test", "unit_tests", multiple=True, metavar="PATH",
-              help="A test file, directory or id under the tree's tests/unit_tests to run instead of the suite "
-                   "(repeatable; a path that leads out of tests/unit_tests is exit 2).")
-@click.option("--unit-nproc", type=SIZE, default=8, show_default=True, help="Ranks for the unit tests (upstream CI uses 8).")
-@click.option("--functional/--no-functional", "with_functional", default=None,
-              help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).")
-@click.option("--case", default=None, metavar="NAME",
-              help="Functional case: a directory name under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE "
-                   "case where doctor finds TE usable).")
-@click.option("--data-path", default=None, metavar="DIR",
-              help="Real data for the functional case: upstream CI's data root ($DATA_PATH), under which the case names its "
-                   "dataset and tokenizer files (default: mock data, NullTokenizer).")
-@click.option("--record-golden", is_flag=True, help="Store this run's functional loss curve (and its args) as the golden for this device kind.")
-@click.option("--resume/--no-resume", default=True, show_default=True,
-              help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.")
-@click.option("--bridge/--no-bridge", "with_bridge", default=None,
-              help="Stage 5, Megatron-Bridge (default: when the megatron-bridge work tree exists and --tree is not given).")
-@click.option("--hip-version", default=hip_sim.DEFAULT_VERSION, show_default=True, metavar="VERSION",
-              help="CPU proxy: the ROCm version every process sees torch built for (the HIP simulation; e.g. 6.4).")
-@click.option("--hip-arch", default=hip_sim.DEFAULT_ARCH, show_default=True, type=click.Choice(list(hip_sim.SIM_DEVICES)),
-              help="CPU proxy: the GPU architecture the HIP simulation answers device questions as (and stage 3's "
-                   "architecture-conditional ROCm known failures, e.g. AMD's MI250 marks on gfx90a).")
+@click.option(
+    "--unit-test",
+    "unit_tests",
+    multiple=True,
+    metavar="PATH",
+    help="A test file, directory or id under the tree's tests/unit_tests to run instead of the suite "
+    "(repeatable; a path that leads out of tests/unit_tests is exit 2).",
+)
+@click.option(
+    "--unit-nproc", type=SIZE, default=8, show_default=True, help="Ranks for the unit tests (upstream CI uses 8)."
+)
+@click.option(
+    "--functional/--no-functional",
+    "with_functional",
+    default=None,
+    help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).",
+)
+@click.option(
+    "--case",
+    default=None,
+    metavar="NAME",
+    help="Functional case: a directory name under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE "
+    "case where doctor finds TE usable).",
+)
+@click.option(
+    "--data-path",
+    default=None,
+    metavar="DIR",
+    help="Real data for the functional case: upstream CI's data root ($DATA_PATH), under which the case names its "
+    "dataset and tokenizer files (default: mock data, NullTokenizer).",
+)
+@click.option(
+    "--record-golden",
+    is_flag=True,
+    help="Store this run's functional loss curve (and its args) as the golden for this device kind.",
+)
+@click.option(
+    "--resume/--no-resume",
+    default=True,
+    show_default=True,
+    help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.",
+)
+@click.option(
+    "--bridge/--no-bridge",
+    "with_bridge",
+    default=None,
+    help="Stage 5, Megatron-Bridge (default: when the megatron-bridge work tree exists and --tree is not given).",
+)
+@click.option(
+    "--hip-version",
+    default=hip_sim.DEFAULT_VERSION,
+    show_default=True,
+    metavar="VERSION",
+    help="CPU proxy: the ROCm version every process sees torch built for (the HIP simulation; e.g. 6.4).",
+)
+@click.option(
+    "--hip-arch",
+    default=hip_sim.DEFAULT_ARCH,
+    show_default=True,
+    type=click.Choice(list(hip_sim.SIM_DEVICES)),
+    help="CPU proxy: the GPU architecture the HIP simulation answers device questions as (and stage 3's "
+    "architecture-conditional ROCm known failures, e.g. AMD's MI250 marks on gfx90a).",
+)
 @click.option("--no-hip-sim", is_flag=True, help="CPU proxy: no HIP simulation (the CUDA path of the same tree).")
-@click.option("--te", "te_spec", default="none", show_default=True, metavar="VERSION|auto|none",
-              help="CPU proxy: run upstream's Transformer Engine layer spec with TE's own Python layer of this release "
-                   "(auto: the newest in the line's component-matrix range on the package index), its compiled kernels "
-                   "replaced by CPU reference implementations; none: Megatron's local spec.")
-@click.option("--launcher", "launcher_kind", type=click.Choice(KINDS), default="torchrun", show_default=True,
-              help="torchrun, or Slurm's srun with one task per GPU (run inside an allocation).")
-@click.option("--nnodes", type=SIZE, default=1, show_default=True, help="Nodes (torchrun: run the same command on each).")
-@click.option("--node-rank", type=click.IntRange(0, MAX_WORLD - 1), default=0, show_default=True, help="This node's rank (torchrun, multi-node).")
-@click.option("--rdzv-endpoint", default=None, metavar="HOST:PORT", help="torchrun's c10d rendezvous (multi-node; node 0's address).")
+@click.option(
+    "--te",
+    "te_spec",
+    default="none",
+    show_default=True,
+    metavar="VERSION|auto|none",
+    help="CPU proxy: run upstream's Transformer Engine layer spec with TE's own Python layer of this release "
+    "(auto: the newest in the line's component-matrix range on the package index), its compiled kernels "
+    "replaced by CPU reference implementations; none: Megatron's local spec.",
+)
+@click.option(
+    "--launcher",
+    "launcher_kind",
+    type=click.Choice(KINDS),
+    default="torchrun",
+    show_default=True,
+    help="torchrun, or Slurm's srun with one task per GPU (run inside an allocation).",
+)
+@click.option(
+    "--nnodes", type=SIZE, default=1, show_default=True, help="Nodes (torchrun: run the same command on each)."
+)
+@click.option(
+    "--node-rank",
+    type=click.IntRange(0, MAX_WORLD - 1),
+    default=0,
+    show_default=True,
+    help="This node's rank (torchrun, multi-node).",
+)
+@click.option(
+    "--rdzv-endpoint",
+    default=None,
+    metavar="HOST:PORT",
+    help="torchrun's c10d rendezvous (multi-node; node 0's address).",
+)
 @click.option("--dry-run", is_flag=True, help="Print every launch's command line and exit without running anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in the README).")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False),
-              help="Write the JSON report here (default: build/verify/<line>-<UTC time>.json; build/verify/last.json either way).")
-@click.option("--junit", type=click.Path(dir_okay=False), help="Write JUnit XML here (a test case per stage and per upstream unit test).")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Write the JSON report here (default: build/verify/<line>-<UTC time>.json; build/verify/last.json either way).",
+)
+@click.option(
+    "--junit",
+    type=click.Path(dir_okay=False),
+    help="Write JUnit XML here (a test case per stage and per upstream unit test).",
+)
 @click.pass_obj
-def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit, no_unit, unit_tests, unit_nproc, with_functional,
-            case, data_path, record_golden, resume, with_bridge, hip_version, hip_arch, no_hip_sim, launcher_kind, nnodes, node_rank,
-            rdzv_endpoint, te_spec, dry_run, as_json, report_path, junit):
+def command(
+    obj,
+    tree,
+    tp,
+    pp,
+    dp,
+    nproc,
+    backend,
+    iters,
+    stages_text,
+    with_unit,
+    no_unit,
+    unit_tests,
+    unit_nproc,
+    with_functional,
+    case,
+    data_path,
+    record_golden,
+    resume,
+    with_bridge,
+    hip_version,
+    hip_arch,
+    no_hip_sim,
+    launcher_kind,
+    nnodes,
+    node_rank,
+    rdzv_endpoint,
+    te_spec,
+    dry_run,
+    as_json,
+    report_path,
+    junit,
+):
     """Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.
 
     \b
@@ -139,12 +280,33 @@ def command(obj, tree, tp, pp, dp, nproc, backend, iters, stages_text, with_unit
     Exit: 0 no stage failed, 1 a stage failed or a report could not be written, 2 bad input.
     """
     settings = load_settings(obj["project"])
-    opts = prepare(settings, tree, tp=settings.tp if tp is None else tp, pp=settings.pp if pp is None else pp, dp=dp, nproc=nproc, iters=iters, backend=backend,
-                   with_unit=False if no_unit else with_unit, unit_tests=unit_tests, unit_nproc=unit_nproc,
-                   with_functional=with_functional, case=case, data_path=data_path, record_golden=record_golden, resume=resume,
-                   with_bridge=with_bridge, launcher_kind=launcher_kind, nnodes=nnodes, node_rank=node_rank,
-                   rdzv_endpoint=rdzv_endpoint, hip_version=None if no_hip_sim else hip_version, stages_text=stages_text,
-                   te=te_spec, hip_arch=hip_arch)
+    opts = prepare(
+        settings,
+        tree,
+        tp=settings.tp if tp is None else tp,
+        pp=settings.pp if pp is None else pp,
+        dp=dp,
+        nproc=nproc,
+        iters=iters,
+        backend=backend,
+        with_unit=False if no_unit else with_unit,
+        unit_tests=unit_tests,
+        unit_nproc=unit_nproc,
+        with_functional=with_functional,
+        case=case,
+        data_path=data_path,
+        record_golden=record_golden,
+        resume=resume,
+        with_bridge=with_bridge,
+        launcher_kind=launcher_kind,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        hip_version=None if no_hip_sim else hip_version,
+        stages_text=stages_text,
+        te=te_spec,
+        hip_arch=hip_arch,
+    )
     if dry_run:
         plan = launch_plan(opts)
         if as_json:

@@ -34,10 +34,19 @@ DEFAULT_BASE_TAG = "rocm7.0_ubuntu24.04_py3.12_pytorch_release_2.7.1"
 DEFAULT_ARCH = "gfx942;gfx950"
 DEFAULT_MAX_JOBS = 16
 # Provided by the image (torch and its ROCm builds) or by the wheels themselves.
-NOT_FROM_INDEX = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm", *(u.distribution for u in UPSTREAMS.values())}
+NOT_FROM_INDEX = {
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "triton",
+    "pytorch-triton-rocm",
+    *(u.distribution for u in UPSTREAMS.values()),
+}
 # A ROCm TE image sets these (the matrix's transformer_engine runtime_env says so too); kept in every image.
-ROCM_TE_ENV = [("NVTE_FLASH_ATTN", "0", "ROCm TE: flash-attention backend off"),
-               ("NVTE_FUSED_ATTN", "1", "ROCm TE: fused (CK/AOTriton) attention on")]
+ROCM_TE_ENV = [
+    ("NVTE_FLASH_ATTN", "0", "ROCm TE: flash-attention backend off"),
+    ("NVTE_FUSED_ATTN", "1", "ROCm TE: fused (CK/AOTriton) attention on"),
+]
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 TORCH_DISTS = ("torch", "torchvision", "torchaudio", "pytorch-triton-rocm", "triton")
 STATE = "/opt/rocmport"
@@ -49,8 +58,8 @@ SHELL = 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]'
 class Sdist:
     """A ported package the image builds from its `rocmport build` sdist."""
 
-    distribution: str           # megatron-core
-    isolation: bool = True      # False: its build needs torch (Bridge), so it builds against the image's
+    distribution: str  # megatron-core
+    isolation: bool = True  # False: its build needs torch (Bridge), so it builds against the image's
 
     @property
     def pattern(self) -> str:
@@ -59,7 +68,9 @@ class Sdist:
 
 def check_base_tag(tag: str) -> str:
     if not tag or not TAG_RE.match(tag):
-        raise BadInput(f"--base-tag {tag!r}: not a Docker image tag (letters, digits, '_', '.', '-'; e.g. {DEFAULT_BASE_TAG})")
+        raise BadInput(
+            f"--base-tag {tag!r}: not a Docker image tag (letters, digits, '_', '.', '-'; e.g. {DEFAULT_BASE_TAG})"
+        )
     return tag
 
 
@@ -81,13 +92,17 @@ def check_python(tag: str, trees: list[Path]) -> None:
         spec = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("requires-python")
         try:
             if spec and not SpecifierSet(spec).contains(f"{python}.0"):
-                raise BadInput(f"--base-tag {tag}: its Python {python} does not satisfy {tree.name}'s requires-python {spec} "
-                               f"({pyproject}); choose a py{spec.lstrip('>=~ ')} image")
+                raise BadInput(
+                    f"--base-tag {tag}: its Python {python} does not satisfy {tree.name}'s requires-python {spec} "
+                    f"({pyproject}); choose a py{spec.lstrip('>=~ ')} image"
+                )
         except InvalidSpecifier:
             continue
 
 
-def remaining_requirements(trees: list[Path], extras: dict[str, list[str]], skip: frozenset[str] | set[str] = frozenset()) -> list[str]:
+def remaining_requirements(
+    trees: list[Path], extras: dict[str, list[str]], skip: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
     """Dependencies of the ported packages (and the chosen extras) the wheels' --no-deps install skips
     (not those the image builds itself: ``skip``)."""
     found: dict[str, Requirement] = {}
@@ -141,13 +156,15 @@ def _component_stage(choice: Choice) -> str:
     ref = f'"{_sh(c.ref or "", c.name)}"' if dynamic_ref else f'"${{{arg}_REF}}"'
     prepare = "".join(f" \\\n && {_sh(p, c.name)}" for p in c.prepare)
     pip_args = "".join(f" {a}" for a in c.pip_args)
-    fetch = (f'git init -q {src} \\\n'
-             f' && git -C {src} fetch -q --depth 1 "${{{arg}_REPO}}" {ref} \\\n'
-             f' && git -C {src} checkout -q FETCH_HEAD \\\n'
-             f' && git -C {src} submodule update -q --init --recursive{prepare}')
-    build = (f'{env}\\\n    pip wheel --no-cache-dir --no-build-isolation --no-deps{pip_args} --wheel-dir {STATE}/wheels {src}')
+    fetch = (
+        f"git init -q {src} \\\n"
+        f' && git -C {src} fetch -q --depth 1 "${{{arg}_REPO}}" {ref} \\\n'
+        f" && git -C {src} checkout -q FETCH_HEAD \\\n"
+        f" && git -C {src} submodule update -q --init --recursive{prepare}"
+    )
+    build = f"{env}\\\n    pip wheel --no-cache-dir --no-build-isolation --no-deps{pip_args} --wheel-dir {STATE}/wheels {src}"
     variant = f" ({choice.variant} variant)" if choice.variant else ""
-    ref_args = f'ARG {arg}_REPO={c.git}\n' + ("" if dynamic_ref else f'ARG {arg}_REF={c.ref}\n')
+    ref_args = f"ARG {arg}_REPO={c.git}\n" + ("" if dynamic_ref else f"ARG {arg}_REF={c.ref}\n")
     # It builds without isolation (against the image's torch): what its build imports, torch pinned.
     needs = " ".join(f'"{r}"' for r in c.build_requires)
     requires = f"pip install --no-cache-dir --constraint {STATE}/torch-constraint.txt {needs}" if needs else ""
@@ -159,7 +176,7 @@ FROM base AS {_stage_name(choice)}
 {SHELL}
 {ref_args}ARG MAX_JOBS
 RUN if python -c "{smoke}" 2>/dev/null; then echo "{c.name}: the image's build is kept"; else \\
-    {(requires + " && " + chr(92) + chr(10) + "    ") if requires else ""}{fetch.replace(chr(10), chr(10) + '    ')} \\
+    {(requires + " && " + chr(92) + chr(10) + "    ") if requires else ""}{fetch.replace(chr(10), chr(10) + "    ")} \\
  && {build}; fi
 """
     return f"""\
@@ -172,10 +189,19 @@ RUN {build}
 """
 
 
-def dockerfile(requirements: list[str], *, base_tag: str = DEFAULT_BASE_TAG, arch: str = DEFAULT_ARCH,
-               dist: str = "dist", choices: list[Choice] | tuple = (), sdists: list[Sdist] | tuple = (Sdist(MEGATRON_LM.distribution),),
-               max_jobs: int = DEFAULT_MAX_JOBS, matrix: Matrix | None = None, file_name: str | None = None,
-               repository: str = "rocm/pytorch") -> str:
+def dockerfile(
+    requirements: list[str],
+    *,
+    base_tag: str = DEFAULT_BASE_TAG,
+    arch: str = DEFAULT_ARCH,
+    dist: str = "dist",
+    choices: list[Choice] | tuple = (),
+    sdists: list[Sdist] | tuple = (Sdist(MEGATRON_LM.distribution),),
+    max_jobs: int = DEFAULT_MAX_JOBS,
+    matrix: Matrix | None = None,
+    file_name: str | None = None,
+    repository: str = "rocm/pytorch",
+) -> str:
     """The Dockerfile text; ``file_name`` is where it will be written (None: stdout, the header says so)."""
     check_base_tag(base_tag)
     settings = {name: (value, why) for name, value, why in ROCM_TE_ENV}
@@ -187,40 +213,59 @@ def dockerfile(requirements: list[str], *, base_tag: str = DEFAULT_BASE_TAG, arc
     # common part, and the launcher adds the device's (`rocmport env --arch auto`).
     archs = [a for a in re.split(r"[;,]", arch) if a.strip()]
     if len(archs) == 1:
-        settings.update({s.name: (s.value, f"{archs[0]}: {s.reason} ({s.source})") for s in ARCH_SETTINGS.get(archs[0].strip(), [])})
+        settings.update(
+            {s.name: (s.value, f"{archs[0]}: {s.reason} ({s.source})") for s in ARCH_SETTINGS.get(archs[0].strip(), [])}
+        )
     env = [(name, value, why) for name, (value, why) in settings.items()]
     env_lines = " \\\n    ".join(f"{name}={value}" for name, value, _ in env)
     reasons = "\n".join(f"#   {name}={value}: {reason}" for name, value, reason in env)
     reqs = " \\\n        ".join(f'"{r}"' for r in requirements)
     install_reqs = (
-        "# Specifiers come from the ported manifests; the image's packages and the torch constraint decide the rest.\n"
-        f"RUN pip install --no-cache-dir --constraint {STATE}/torch-constraint.txt \\\n        {reqs}\n\n"
-    ) if requirements else ""
-    listing = "".join(
-        f"#   {c.label:<22} {c.component.git}@{c.component.ref}  ({c.component.versions or 'any version'}"
-        f"{', required' if c.component.required else ''})\n" for c in choices) or "#   none (--components none): the ported packages only\n"
+        (
+            "# Specifiers come from the ported manifests; the image's packages and the torch constraint decide the rest.\n"
+            f"RUN pip install --no-cache-dir --constraint {STATE}/torch-constraint.txt \\\n        {reqs}\n\n"
+        )
+        if requirements
+        else ""
+    )
+    listing = (
+        "".join(
+            f"#   {c.label:<22} {c.component.git}@{c.component.ref}  ({c.component.versions or 'any version'}"
+            f"{', required' if c.component.required else ''})\n"
+            for c in choices
+        )
+        or "#   none (--components none): the ported packages only\n"
+    )
     source = f" for {matrix.where}" if matrix is not None else ""
     stages = "\n".join(_component_stage(c) for c in choices)
     sdist_copy = " ".join(f"{dist}/{s.pattern}" for s in sdists)
     sdist_checks = "".join(
         f' \\\n && files=({STATE}/sdist/{s.pattern}) && [ "${{#files[@]}}" = 1 ]'
-        f' || {{ echo "{dist}/ must hold exactly one {s.pattern} (rocmport build writes it)"; exit 1; }}' for s in sdists)
+        f' || {{ echo "{dist}/ must hold exactly one {s.pattern} (rocmport build writes it)"; exit 1; }}'
+        for s in sdists
+    )
     sdist_builds = "".join(
-        f' \\\n && pip wheel --no-cache-dir --no-deps{"" if s.isolation else " --no-build-isolation"} --wheel-dir {STATE}/port-wheels {STATE}/sdist/{s.pattern}'
-        for s in sdists)
+        f" \\\n && pip wheel --no-cache-dir --no-deps{'' if s.isolation else ' --no-build-isolation'} --wheel-dir {STATE}/port-wheels {STATE}/sdist/{s.pattern}"
+        for s in sdists
+    )
     copies = "".join(f"COPY --from={_stage_name(c)} {STATE}/wheels/ /tmp/rocmport-components/\n" for c in choices)
     install_components = (
-        "# The components with their own dependencies, under the constraint that pins the image's torch.\n"
-        f"RUN shopt -s nullglob && wheels=(/tmp/rocmport-components/*.whl) \\\n"
-        f" && if [ \"${{#wheels[@]}}\" -gt 0 ]; then pip install --no-cache-dir --constraint {STATE}/torch-constraint.txt \"${{wheels[@]}}\"; fi \\\n"
-        f" && rm -rf /tmp/rocmport-components\n\n") if choices else ""
+        (
+            "# The components with their own dependencies, under the constraint that pins the image's torch.\n"
+            f"RUN shopt -s nullglob && wheels=(/tmp/rocmport-components/*.whl) \\\n"
+            f' && if [ "${{#wheels[@]}}" -gt 0 ]; then pip install --no-cache-dir --constraint {STATE}/torch-constraint.txt "${{wheels[@]}}"; fi \\\n'
+            f" && rm -rf /tmp/rocmport-components\n\n"
+        )
+        if choices
+        else ""
+    )
     smokes = "".join(f' \\\n && python -c "{c.component.smoke}"' for c in choices)
     grep = "|".join(re.escape(d) for d in TORCH_DISTS)
     return f"""\
 # syntax=docker/dockerfile:1
 # Generated by rocmport {__version__}{source}: the ported Megatron on ROCm, built for {arch}.
 # Build it from the project directory once `rocmport build` has put the ported sdists in {dist}/:
-#   rocmport build && docker build -f {file_name or '<this file>'} .
+#   rocmport build && docker build -f {file_name or "<this file>"} .
 # ROCm components (the series' rocm: matrix names the source of each choice):
 {listing}# The archs were checked against that matrix: change them with `rocmport emit docker --arch`, not with
 # --build-arg PYTORCH_ROCM_ARCH (which skips the check). --build-arg MAX_JOBS=N sets build parallelism.
@@ -274,9 +319,17 @@ class Recipe:
     summary: str
 
 
-def project_dockerfile(settings: Settings, extras: dict[str, list[str]], *, base_tag: str | None = None,
-                       arch: str = DEFAULT_ARCH, spec: str | None = None, max_jobs: int = DEFAULT_MAX_JOBS,
-                       dist: str = "dist", file_name: str | None = None) -> Recipe:
+def project_dockerfile(
+    settings: Settings,
+    extras: dict[str, list[str]],
+    *,
+    base_tag: str | None = None,
+    arch: str = DEFAULT_ARCH,
+    spec: str | None = None,
+    max_jobs: int = DEFAULT_MAX_JOBS,
+    dist: str = "dist",
+    file_name: str | None = None,
+) -> Recipe:
     """`rocmport emit docker`: the recipe for the project's ported trees, the locked line's ROCm matrix
     (``spec``: all | none | name[:variant],...; None: all, or none without a matrix) and the extras."""
     archs = components.parse_archs(arch)
@@ -286,14 +339,20 @@ def project_dockerfile(settings: Settings, extras: dict[str, list[str]], *, base
         raise BadInput(f"--dist {dist!r}: give a directory inside the build context, e.g. dist")
     present = [n for n in NAMES if settings.worktree_path(n).is_dir()]
     if MEGATRON_LM.name not in present:
-        raise BadInput(f"{settings.worktree_path(MEGATRON_LM.name)}: no ported tree; run `rocmport apply` (and `rocmport build`) first")
+        raise BadInput(
+            f"{settings.worktree_path(MEGATRON_LM.name)}: no ported tree; run `rocmport apply` (and `rocmport build`) first"
+        )
     trees = [settings.worktree_path(n) for n in present]
     lock = load_lock(settings.lock_path)
-    series = check_series(select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version))
+    series = check_series(
+        select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version)
+    )
     matrix, warnings = series.rocm, []
     if matrix is None and spec not in (None, "none"):
-        raise BadInput(f"--components {spec}: {series.path} has no rocm: section to build them from; add one "
-                       f"(README \"ROCm component matrix\") or pass --components none")
+        raise BadInput(
+            f"--components {spec}: {series.path} has no rocm: section to build them from; add one "
+            f'(README "ROCm component matrix") or pass --components none'
+        )
     choices: list[Choice] = []
     if matrix is None:
         warnings.append(f"{series.path}: no rocm: section: the slim image (the ported packages only)")
@@ -303,10 +362,24 @@ def project_dockerfile(settings: Settings, extras: dict[str, list[str]], *, base
     tag = base_tag or (matrix.base_tag if matrix is not None else DEFAULT_BASE_TAG)
     check_python(tag, trees)
     skip = {d for c in choices for d in (*c.component.distributions, *c.component.replaces)}
-    sdists = [Sdist(UPSTREAMS[n].distribution, isolation=not ((tree / "pyproject.toml").is_file() and needs_torch_to_build(tree)))
-              for n, tree in zip(present, trees)]
-    text = dockerfile(remaining_requirements(trees, extras, skip), base_tag=tag, arch=";".join(archs), dist=dist.rstrip("/"),
-                      choices=choices, sdists=sdists, max_jobs=max_jobs, matrix=matrix, file_name=file_name,
-                      repository=matrix.base_repository if matrix is not None else "rocm/pytorch")
+    sdists = [
+        Sdist(
+            UPSTREAMS[n].distribution,
+            isolation=not ((tree / "pyproject.toml").is_file() and needs_torch_to_build(tree)),
+        )
+        for n, tree in zip(present, trees)
+    ]
+    text = dockerfile(
+        remaining_requirements(trees, extras, skip),
+        base_tag=tag,
+        arch=";".join(archs),
+        dist=dist.rstrip("/"),
+        choices=choices,
+        sdists=sdists,
+        max_jobs=max_jobs,
+        matrix=matrix,
+        file_name=file_name,
+        repository=matrix.base_repository if matrix is not None else "rocm/pytorch",
+    )
     summary = f"{', '.join(c.label for c in choices) or 'no components'} for {';'.join(archs)} on rocm/pytorch:{tag}"
     return Recipe(text, warnings, summary)

@@ -28,8 +28,14 @@ class PatchOutcome:
     detail: str = ""
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "bucket": self.bucket, "files": self.files, "offsets": self.offsets,
-                "failed_hunks": self.failed_hunks, "detail": self.detail}
+        return {
+            "name": self.name,
+            "bucket": self.bucket,
+            "files": self.files,
+            "offsets": self.offsets,
+            "failed_hunks": self.failed_hunks,
+            "detail": self.detail,
+        }
 
 
 def touched_paths(patch: PatchFile) -> list[tuple[str, str | None, bool]]:
@@ -45,7 +51,9 @@ def check_symlinks(patch: PatchFile, tree: Path) -> None:
             for part in PurePosixPath(path).parts:
                 cur = cur / part
                 if cur.is_symlink() and cur != tree / path:
-                    raise BadInput(f"{patch.path}: path {path!r} goes through the symlink {cur.relative_to(tree)}; refusing the patch")
+                    raise BadInput(
+                        f"{patch.path}: path {path!r} goes through the symlink {cur.relative_to(tree)}; refusing the patch"
+                    )
 
 
 def check_links_after(patch: PatchFile, tree: Path) -> None:
@@ -59,8 +67,10 @@ def check_links_after(patch: PatchFile, tree: Path) -> None:
         inside = real.startswith(root + os.sep) and not (real + os.sep).startswith(os.path.join(root, ".git") + os.sep)
         if not inside:
             run_git("reset", "-q", "--hard", "HEAD", cwd=tree)
-            raise BadInput(f"{patch.path}: {f.path!r} becomes a symlink that resolves outside the tree ({real}); "
-                           f"refusing the patch (the work tree is back at the last good commit)")
+            raise BadInput(
+                f"{patch.path}: {f.path!r} becomes a symlink that resolves outside the tree ({real}); "
+                f"refusing the patch (the work tree is back at the last good commit)"
+            )
 
 
 def _in_tree(tree: Path, path: str) -> bool:
@@ -76,22 +86,32 @@ def apply_patch(patch: PatchFile, tree: Path) -> PatchOutcome:
         raise BadInput(f"{patch.path}: contains no file diff")
     existing = [src for _, src, new in files if src is not None and not new and _in_tree(tree, src)]
     if not any(new for _, _, new in files) and not existing:
-        return PatchOutcome(patch.name, "not-applicable", names, detail="none of the files it changes exist in this source")
+        return PatchOutcome(
+            patch.name, "not-applicable", names, detail="none of the files it changes exist in this source"
+        )
     data = patch.diff
     proc = run_git("apply", "--index", "--verbose", "--whitespace=nowarn", "-", cwd=tree, input=data, check=False)
     if proc.returncode == 0:
         check_links_after(patch, tree)
-        offsets = [{"hunk": int(h), "line": int(at), "offset": int(off)} for h, at, off in _OFFSET_RE.findall(proc.stderr)]
+        offsets = [
+            {"hunk": int(h), "line": int(at), "offset": int(off)} for h, at, off in _OFFSET_RE.findall(proc.stderr)
+        ]
         return PatchOutcome(patch.name, "offset" if offsets else "clean", names, offsets)
     if "corrupt patch" in proc.stderr:  # the loader's own parse lets nothing like this through; git's word is final
-        raise BadInput(f"{patch.path}: corrupt patch ({proc.stderr.strip().splitlines()[-1]}); regenerate it with `rocmport patches export`")
+        raise BadInput(
+            f"{patch.path}: corrupt patch ({proc.stderr.strip().splitlines()[-1]}); regenerate it with `rocmport patches export`"
+        )
     failed = [{"file": f, "line": int(n)} for f, n in _FAILED_RE.findall(proc.stderr)]
     if run_git("apply", "--check", "--reverse", "-", cwd=tree, input=data, check=False).returncode == 0:
-        return PatchOutcome(patch.name, "already-upstream", names, detail="the patch reverse-applies: upstream already has it")
+        return PatchOutcome(
+            patch.name, "already-upstream", names, detail="the patch reverse-applies: upstream already has it"
+        )
     three = run_git("apply", "--3way", "--index", "--whitespace=nowarn", "-", cwd=tree, input=data, check=False)
     if three.returncode == 0 and not _has_conflicts(tree):
         check_links_after(patch, tree)
-        return PatchOutcome(patch.name, "merged-3way", names, detail="applied by 3-way merge against its recorded base blobs")
+        return PatchOutcome(
+            patch.name, "merged-3way", names, detail="applied by 3-way merge against its recorded base blobs"
+        )
     run_git("reset", "-q", "--hard", "HEAD", cwd=tree)  # leave nothing half-applied
     where = ", ".join(f"{h['file']}:{h['line']}" for h in failed)
     detail = f"exact apply failed at {where}; 3-way merge left conflicts" if where else "does not apply"

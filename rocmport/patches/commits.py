@@ -14,7 +14,12 @@ from rocmport.patches.series import Series
 
 
 def commit_diff(tree: Path, commit: str) -> str:
-    return git("diff", "--full-index", "--no-color", "--no-ext-diff", "--no-renames", "-U3", f"{commit}^", commit, cwd=tree) + "\n"
+    return (
+        git(
+            "diff", "--full-index", "--no-color", "--no-ext-diff", "--no-renames", "-U3", f"{commit}^", commit, cwd=tree
+        )
+        + "\n"
+    )
 
 
 def patch_matches_commit(tree: Path, diff: str, commit: str, parent: str | None = None) -> bool:

@@ -28,7 +28,7 @@ ARCH_RE = re.compile(r"^gfx[0-9]{2,3}[0-9a-f]$")
 # Placeholders a build setting or command may use; the Dockerfile turns them into shell expansions so
 # `--build-arg PYTORCH_ROCM_ARCH=...` and `--build-arg MAX_JOBS=...` still reach every build.
 PLACEHOLDERS = {
-    "archs": "${PYTORCH_ROCM_ARCH}",                 # gfx942;gfx950 (what torch and flash-attention read)
+    "archs": "${PYTORCH_ROCM_ARCH}",  # gfx942;gfx950 (what torch and flash-attention read)
     "archs_comma": "$(echo \"${PYTORCH_ROCM_ARCH}\" | tr ';' ',')",  # gfx942,gfx950 (ROCm TE's NVTE_ROCM_ARCH)
     "max_jobs": "${MAX_JOBS}",
     "src": "/opt/rocmport/src/{name}",
@@ -46,9 +46,9 @@ _TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
 class ArchSupport:
     """What a component does on one GPU arch."""
 
-    status: str                 # builds | refuses | unverified
+    status: str  # builds | refuses | unverified
     reason: str = ""
-    instead: str = ""           # refuses: what to use instead (a variant name `flash_attn:triton`, or advice)
+    instead: str = ""  # refuses: what to use instead (a variant name `flash_attn:triton`, or advice)
 
 
 @dataclass
@@ -72,11 +72,11 @@ class Component:
     smoke: str
     git: str | None = None
     ref: str | None = None
-    keep_image_build: bool = False     # the image's own build is kept when its smoke import passes (apex)
-    package: str | None = None         # a distribution a ROCm package index serves (manifests, with --rocm-index)
-    replaces: list[str] = field(default_factory=list)    # upstream requirements it stands in for (manifests)
-    prepare: list[str] = field(default_factory=list)     # shell commands run on the checkout before building
-    build_requires: list[str] = field(default_factory=list)   # what its build imports (it builds without isolation)
+    keep_image_build: bool = False  # the image's own build is kept when its smoke import passes (apex)
+    package: str | None = None  # a distribution a ROCm package index serves (manifests, with --rocm-index)
+    replaces: list[str] = field(default_factory=list)  # upstream requirements it stands in for (manifests)
+    prepare: list[str] = field(default_factory=list)  # shell commands run on the checkout before building
+    build_requires: list[str] = field(default_factory=list)  # what its build imports (it builds without isolation)
     pip_args: list[str] = field(default_factory=list)
     build_env: dict[str, str] = field(default_factory=dict)
     runtime_env: dict[str, str] = field(default_factory=dict)
@@ -98,8 +98,11 @@ class Component:
             return ArchSupport("builds")
         if arch in self.refuses:
             return self.refuses[arch]
-        return ArchSupport("unverified", self.refuses.get("*", ArchSupport("unverified")).reason
-                           or f"no source says whether {self.name} builds for {arch}")
+        return ArchSupport(
+            "unverified",
+            self.refuses.get("*", ArchSupport("unverified")).reason
+            or f"no source says whether {self.name} builds for {arch}",
+        )
 
     def settings(self, variant: str | None = None) -> tuple[dict[str, str], dict[str, str]]:
         """(build_env, runtime_env) of the component or one of its variants."""
@@ -129,16 +132,23 @@ class Component:
         if not self.git:
             return f"(provided by the rocm/pytorch image; `{self.smoke}` checks it)"
         build_env, _ = self.settings(variant)
-        values = {"archs": archs, "archs_comma": archs.replace(";", ","), "max_jobs": "$(nproc)",
-                  "src": self.name, "torch_minor": PLACEHOLDERS["torch_minor"]}
+        values = {
+            "archs": archs,
+            "archs_comma": archs.replace(";", ","),
+            "max_jobs": "$(nproc)",
+            "src": self.name,
+            "torch_minor": PLACEHOLDERS["torch_minor"],
+        }
         env = " ".join(f"{k}={_shell_value(_fill(v, values))}" for k, v in build_env.items())
         ref = _fill(self.ref or "", values)
         extra = " ".join(self.pip_args)
         needs = " ".join(f"'{r}'" for r in self.build_requires)
-        return ((f"pip install {needs} && " if needs else "")
-                + f"git clone --recursive --branch {ref} {self.git} {self.name} && "
-                + "".join(f"{_fill(p, values)} && " for p in self.prepare)
-                + f"{env + ' ' if env else ''}pip install --no-build-isolation {extra + ' ' if extra else ''}./{self.name}")
+        return (
+            (f"pip install {needs} && " if needs else "")
+            + f"git clone --recursive --branch {ref} {self.git} {self.name} && "
+            + "".join(f"{_fill(p, values)} && " for p in self.prepare)
+            + f"{env + ' ' if env else ''}pip install --no-build-isolation {extra + ' ' if extra else ''}./{self.name}"
+        )
 
 
 @dataclass
@@ -148,7 +158,7 @@ class Matrix:
     base_tag: str
     python: str
     components: dict[str, Component]
-    package_index: str | None = None   # a package index serving ROCm builds: the manifests require its `package`s
+    package_index: str | None = None  # a package index serving ROCm builds: the manifests require its `package`s
 
     @property
     def python_tag(self) -> str:
@@ -156,11 +166,20 @@ class Matrix:
 
     def to_dict(self) -> dict:
         return {
-            "base_image": f"{self.base_repository}:{self.base_tag}", "python": self.python, "package_index": self.package_index,
-            "components": {n: {"required": c.required, "versions": str(c.versions) or "any",
-                               "source": f"{c.git}@{c.ref}" if c.git else "the image",
-                               "builds": c.builds, "refuses": sorted(c.refuses), "variants": sorted(c.variants)}
-                           for n, c in self.components.items()},
+            "base_image": f"{self.base_repository}:{self.base_tag}",
+            "python": self.python,
+            "package_index": self.package_index,
+            "components": {
+                n: {
+                    "required": c.required,
+                    "versions": str(c.versions) or "any",
+                    "source": f"{c.git}@{c.ref}" if c.git else "the image",
+                    "builds": c.builds,
+                    "refuses": sorted(c.refuses),
+                    "variants": sorted(c.variants),
+                }
+                for n, c in self.components.items()
+            },
         }
 
 
@@ -173,8 +192,22 @@ def _fill(text: str, values: dict[str, str]) -> str:
 
 _TOP_KEYS = {"base_image", "components", "package_index"}
 _BASE_KEYS = {"repository", "tag", "python"}
-_COMPONENT_KEYS = {"required", "versions", "distributions", "smoke", "source", "package", "replaces", "prepare",
-                   "pip_args", "build_requires", "build_env", "runtime_env", "archs", "variants"}
+_COMPONENT_KEYS = {
+    "required",
+    "versions",
+    "distributions",
+    "smoke",
+    "source",
+    "package",
+    "replaces",
+    "prepare",
+    "pip_args",
+    "build_requires",
+    "build_env",
+    "runtime_env",
+    "archs",
+    "variants",
+}
 _SOURCE_KEYS = {"git", "ref", "image"}
 _ARCH_KEYS = {"builds", "unverified", "refuses"}
 _VARIANT_KEYS = {"description", "build_env", "runtime_env", "archs"}
@@ -185,7 +218,7 @@ def _requirement(text: str) -> bool:
         Requirement(text)
     except InvalidRequirement:
         return False
-    return canonical_name(text) not in ("torch", "torchvision", "torchaudio")   # never a second torch
+    return canonical_name(text) not in ("torch", "torchvision", "torchaudio")  # never a second torch
 
 
 def canonical_name(requirement: str) -> str:
@@ -215,15 +248,25 @@ def _env(value, key, errors) -> dict[str, str]:
         else:
             for ph in _PLACEHOLDER_RE.findall(str(v)):
                 if ph not in PLACEHOLDERS:
-                    errors.append((f"{key}.{k}", f"unknown placeholder {{{ph}}}; known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}"))
+                    errors.append(
+                        (
+                            f"{key}.{k}",
+                            f"unknown placeholder {{{ph}}}; known: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}",
+                        )
+                    )
             out[k] = str(v)
     return out
 
 
 def _archs(value, key, errors) -> tuple[list[str], list[str], dict[str, ArchSupport]]:
     if not isinstance(value, dict) or set(value) - _ARCH_KEYS or "builds" not in value:
-        errors.append((key, "must be a mapping with 'builds' ([gfx...]) and optional 'unverified' ([gfx...]) and "
-                            "'refuses' ({gfx...: {reason, instead}})"))
+        errors.append(
+            (
+                key,
+                "must be a mapping with 'builds' ([gfx...]) and optional 'unverified' ([gfx...]) and "
+                "'refuses' ({gfx...: {reason, instead}})",
+            )
+        )
         return [], [], {}
     is_arch = ARCH_RE.match
     builds = _str_list(value.get("builds"), f"{key}.builds", errors, is_arch, "gfx arch names")
@@ -237,12 +280,18 @@ def _archs(value, key, errors) -> tuple[list[str], list[str], dict[str, ArchSupp
         k = f"{key}.refuses.{arch}"
         if not isinstance(arch, str) or not ARCH_RE.match(arch):
             errors.append((k, "is not a gfx arch name"))
-        elif not isinstance(why, dict) or set(why) != {"reason", "instead"} or not all(isinstance(v, str) and v for v in why.values()):
+        elif (
+            not isinstance(why, dict)
+            or set(why) != {"reason", "instead"}
+            or not all(isinstance(v, str) and v for v in why.values())
+        ):
             errors.append((k, "must be {reason: <why it does not build>, instead: <what to use>}"))
         else:
             refuses[arch] = ArchSupport("refuses", why["reason"], why["instead"])
     for arch in set(builds) & (set(unverified) | set(refuses)):
-        errors.append((key, f"{arch} is listed both as building and as {'unverified' if arch in unverified else 'refused'}"))
+        errors.append(
+            (key, f"{arch} is listed both as building and as {'unverified' if arch in unverified else 'refused'}")
+        )
     return builds, unverified, refuses
 
 
@@ -268,7 +317,9 @@ def _component(name: str, value, errors) -> Component | None:
     except InvalidSpecifier:
         errors.append((f"{key}.versions", f"is not a PEP 440 specifier set: {value.get('versions')!r}"))
         versions = SpecifierSet()
-    dists = _str_list(value.get("distributions", []), f"{key}.distributions", errors, _DIST_RE.match, "distribution names")
+    dists = _str_list(
+        value.get("distributions", []), f"{key}.distributions", errors, _DIST_RE.match, "distribution names"
+    )
     smoke = value.get("smoke", "")
     if not isinstance(smoke, str) or not smoke.strip():
         errors.append((f"{key}.smoke", "must be Python statements (an import) as a string"))
@@ -282,12 +333,14 @@ def _component(name: str, value, errors) -> Component | None:
             if not smoke.lstrip().startswith(("import ", "from ")):
                 errors.append((f"{key}.smoke", "must start with the import of the component's module"))
         if '"' in smoke:
-            errors.append((f"{key}.smoke", "must not contain double quotes (it runs as python -c \"...\")"))
+            errors.append((f"{key}.smoke", 'must not contain double quotes (it runs as python -c "...")'))
     source = value.get("source", {})
     git = ref = None
     keep_image = False
     if not isinstance(source, dict) or set(source) - _SOURCE_KEYS or not source:
-        errors.append((f"{key}.source", "must be {git: <https URL>, ref: <branch, tag or commit>} and optionally image: true"))
+        errors.append(
+            (f"{key}.source", "must be {git: <https URL>, ref: <branch, tag or commit>} and optionally image: true")
+        )
     else:
         keep_image = source.get("image", False)
         if not isinstance(keep_image, bool):
@@ -311,7 +364,9 @@ def _component(name: str, value, errors) -> Component | None:
             if ph not in PLACEHOLDERS:
                 errors.append((f"{key}.prepare", f"unknown placeholder {{{ph}}}"))
     pip_args = _str_list(value.get("pip_args", []), f"{key}.pip_args", errors, None, "pip arguments")
-    build_requires = _str_list(value.get("build_requires", []), f"{key}.build_requires", errors, _requirement, "PEP 508 requirements")
+    build_requires = _str_list(
+        value.get("build_requires", []), f"{key}.build_requires", errors, _requirement, "PEP 508 requirements"
+    )
     build_env = _env(value.get("build_env", {}), f"{key}.build_env", errors)
     runtime_env = _env(value.get("runtime_env", {}), f"{key}.runtime_env", errors)
     builds, unverified, refuses = _archs(value.get("archs", {}), f"{key}.archs", errors)
@@ -325,20 +380,52 @@ def _component(name: str, value, errors) -> Component | None:
         if not isinstance(vname, str) or not re.match(r"^[a-z][a-z0-9-]*$", vname):
             errors.append((vkey, "variant names are lower-case words"))
             continue
-        if not isinstance(v, dict) or set(v) - _VARIANT_KEYS or "archs" not in v or not isinstance(v.get("description"), str):
+        if (
+            not isinstance(v, dict)
+            or set(v) - _VARIANT_KEYS
+            or "archs" not in v
+            or not isinstance(v.get("description"), str)
+        ):
             errors.append((vkey, "must be {description, build_env, runtime_env, archs: {builds, unverified}}"))
             continue
         vb, vu, vr = _archs(v["archs"], f"{vkey}.archs", errors)
         if vr:
             errors.append((f"{vkey}.archs.refuses", "a variant lists what it builds; refusals belong to the component"))
-        variants[vname] = Variant(vname, v["description"], _env(v.get("build_env", {}), f"{vkey}.build_env", errors),
-                                  _env(v.get("runtime_env", {}), f"{vkey}.runtime_env", errors), vb, vu)
+        variants[vname] = Variant(
+            vname,
+            v["description"],
+            _env(v.get("build_env", {}), f"{vkey}.build_env", errors),
+            _env(v.get("runtime_env", {}), f"{vkey}.runtime_env", errors),
+            vb,
+            vu,
+        )
     for arch, why in refuses.items():
         m = re.match(r"^" + re.escape(name) + r":([a-z][a-z0-9-]*)\b", why.instead)
         if m and m.group(1) not in variants:
-            errors.append((f"{key}.archs.refuses.{arch}.instead", f"names variant {m.group(1)!r}, which {key}.variants lacks"))
-    return Component(name, bool(value.get("required", False)), versions, dists, smoke, git, ref, keep_image, package,
-                     replaces, prepare, build_requires, pip_args, build_env, runtime_env, builds, unverified, refuses, variants)
+            errors.append(
+                (f"{key}.archs.refuses.{arch}.instead", f"names variant {m.group(1)!r}, which {key}.variants lacks")
+            )
+    return Component(
+        name,
+        bool(value.get("required", False)),
+        versions,
+        dists,
+        smoke,
+        git,
+        ref,
+        keep_image,
+        package,
+        replaces,
+        prepare,
+        build_requires,
+        pip_args,
+        build_env,
+        runtime_env,
+        builds,
+        unverified,
+        refuses,
+        variants,
+    )
 
 
 def validate(data, where: Path | str) -> tuple[Matrix | None, list[str]]:
@@ -365,7 +452,12 @@ def validate(data, where: Path | str) -> tuple[Matrix | None, list[str]]:
                 errors.append(("rocm.base_image.tag", f"is not a Docker tag: {tag!r}"))
             if not isinstance(python, str) or not re.match(r"^3\.[0-9]{1,2}$", python):
                 errors.append(("rocm.base_image.python", f"must be a quoted 'X.Y' Python version, got {python!r}"))
-            elif isinstance(tag, str) and re.search(r"py3\.?\d+", tag) and f"py{python}" not in tag and f"py{python.replace('.', '')}" not in tag:
+            elif (
+                isinstance(tag, str)
+                and re.search(r"py3\.?\d+", tag)
+                and f"py{python}" not in tag
+                and f"py{python.replace('.', '')}" not in tag
+            ):
                 errors.append(("rocm.base_image.python", f"{python} disagrees with the tag {tag!r}"))
         comps = data.get("components")
         parsed: dict[str, Component] = {}
@@ -397,6 +489,7 @@ def parse(data, where: Path | str) -> Matrix:
 # ---------------------------------------------------------------------------------------------------
 # choosing components for a build
 
+
 @dataclass(frozen=True)
 class Choice:
     component: Component
@@ -413,7 +506,9 @@ def parse_archs(text: str) -> list[str]:
         raise BadInput("--arch: give one or more GPU archs, e.g. gfx942;gfx950")
     for a in archs:
         if not ARCH_RE.match(a):
-            raise BadInput(f"--arch: {a!r} is not a gfx arch name (e.g. gfx90a, gfx942, gfx950, gfx1100, gfx1201, gfx906)")
+            raise BadInput(
+                f"--arch: {a!r} is not a gfx arch name (e.g. gfx90a, gfx942, gfx950, gfx1100, gfx1201, gfx906)"
+            )
     return list(dict.fromkeys(archs))
 
 
@@ -433,14 +528,21 @@ def choose(matrix: Matrix, spec: str, archs: list[str]) -> tuple[list[Choice], l
         seen[name] = item
         comp = matrix.components.get(name)
         if comp is None:
-            raise BadInput(f"--components: {name!r} is not in the {matrix.where} matrix; known: {', '.join(matrix.components)}, or all, none")
+            raise BadInput(
+                f"--components: {name!r} is not in the {matrix.where} matrix; known: {', '.join(matrix.components)}, or all, none"
+            )
         if variant and variant not in comp.variants:
-            raise BadInput(f"--components: {name} has no variant {variant!r}; known: {', '.join(comp.variants) or 'none'}")
+            raise BadInput(
+                f"--components: {name} has no variant {variant!r}; known: {', '.join(comp.variants) or 'none'}"
+            )
         for arch in archs:
             s = comp.support(arch, variant or None)
             if s.status == "refuses":
-                raise BadInput(f"--arch {arch}: {item} does not build there ({s.reason}); "
-                               + _alternative(matrix, wanted, item, arch, s.instead) + f" [{matrix.where}]")
+                raise BadInput(
+                    f"--arch {arch}: {item} does not build there ({s.reason}); "
+                    + _alternative(matrix, wanted, item, arch, s.instead)
+                    + f" [{matrix.where}]"
+                )
             if s.status == "unverified":
                 warnings.append(f"{item} on {arch}: unverified ({s.reason}); the image build will tell")
         choices.append(Choice(comp, variant or None))
@@ -452,8 +554,14 @@ def _alternative(matrix: Matrix, wanted: list[str], item: str, arch: str, instea
     name = item.partition(":")[0]
     variant = re.match(r"^" + re.escape(name) + r":([a-z][a-z0-9-]*)", instead or "")
     if variant is None and not instead:
-        variant = next((re.match(r"(.*)", f"{name}:{v}") for v, var in matrix.components[name].variants.items()
-                        if arch in var.builds + var.unverified), None)
+        variant = next(
+            (
+                re.match(r"(.*)", f"{name}:{v}")
+                for v, var in matrix.components[name].variants.items()
+                if arch in var.builds + var.unverified
+            ),
+            None,
+        )
     if variant is not None:
         swapped = [variant.group(0) if w == item else w for w in wanted]
         return f"use --components {','.join(swapped)} ({instead or variant.group(0)})"
@@ -469,12 +577,13 @@ def _shell_value(value: str) -> str:
 # ---------------------------------------------------------------------------------------------------
 # what each arch is and what works there (sources in the comments; facts the series do not vary)
 
+
 @dataclass(frozen=True)
 class ArchFacts:
     gpus: str
-    family: str                       # CDNA2/3/4, RDNA3/4, GCN5
-    fp8: bool                         # Transformer Engine FP8 execution
-    env: tuple[tuple[str, str, str], ...] = ()   # (variable, value, why)
+    family: str  # CDNA2/3/4, RDNA3/4, GCN5
+    fp8: bool  # Transformer Engine FP8 execution
+    env: tuple[tuple[str, str, str], ...] = ()  # (variable, value, why)
     note: str = ""
 
 
@@ -482,25 +591,47 @@ ARCHS: dict[str, ArchFacts] = {
     # FP8: ROCm TE refuses FP8 below gfx94x ("Device arch gfx94x or gfx95x required for FP8 execution",
     # ROCm/TransformerEngine#359); AMD's fork marks its fp8 tests failing_on_rocm_mi250.
     "gfx942": ArchFacts("MI300X/MI300A/MI325X", "CDNA3", True),
-    "gfx950": ArchFacts("MI350X/MI355X", "CDNA4", True,
-                        note="MXFP8 recipes need NVTE_ROCM_ENABLE_MXFP8=1 (gfx95x only; Primus runner/helpers/envs/base_env.sh)"),
+    "gfx950": ArchFacts(
+        "MI350X/MI355X",
+        "CDNA4",
+        True,
+        note="MXFP8 recipes need NVTE_ROCM_ENABLE_MXFP8=1 (gfx95x only; Primus runner/helpers/envs/base_env.sh)",
+    ),
     "gfx90a": ArchFacts("MI210/MI250/MI250X", "CDNA2", False),
-    "gfx1100": ArchFacts("Radeon RX 7900 XTX/XT, PRO W7900", "RDNA3", False,
-                         note="Megatron reads the gfx major (11) as a compute capability >= 10 (Blackwell-and-later branches)"),
-    "gfx1201": ArchFacts("Radeon RX 9070/AI PRO R9700", "RDNA4", False,
-                         note="Megatron reads the gfx major (12) as a compute capability >= 10 (Blackwell-and-later branches)"),
+    "gfx1100": ArchFacts(
+        "Radeon RX 7900 XTX/XT, PRO W7900",
+        "RDNA3",
+        False,
+        note="Megatron reads the gfx major (11) as a compute capability >= 10 (Blackwell-and-later branches)",
+    ),
+    "gfx1201": ArchFacts(
+        "Radeon RX 9070/AI PRO R9700",
+        "RDNA4",
+        False,
+        note="Megatron reads the gfx major (12) as a compute capability >= 10 (Blackwell-and-later branches)",
+    ),
     # gfx906: the issue's users run MI50s with HSA_OVERRIDE_GFX_VERSION=9.0.6 on Python 3.10 rocm/pytorch
     # images (community images mixa3607/rocm-gfx906); official ROCm support for gfx906 is UNVERIFIED here.
-    "gfx906": ArchFacts("MI50/MI60, Radeon VII", "GCN5 (Vega 20)", False,
-                        env=(("HSA_OVERRIDE_GFX_VERSION", "9.0.6", "run gfx906 code objects on MI50/MI60 (community setups; UNVERIFIED)"),),
-                        note="Python 3.10 images only: Megatron-LM v0.17+ require Python >= 3.12"),
+    "gfx906": ArchFacts(
+        "MI50/MI60, Radeon VII",
+        "GCN5 (Vega 20)",
+        False,
+        env=(
+            (
+                "HSA_OVERRIDE_GFX_VERSION",
+                "9.0.6",
+                "run gfx906 code objects on MI50/MI60 (community setups; UNVERIFIED)",
+            ),
+        ),
+        note="Python 3.10 images only: Megatron-LM v0.17+ require Python >= 3.12",
+    ),
 }
 
 
 def known_archs(matrix: Matrix | None) -> list[str]:
     """The archs rocmport can say something about: its arch table's and every arch the matrix names."""
     named = set(ARCHS)
-    for comp in (matrix.components.values() if matrix else ()):
+    for comp in matrix.components.values() if matrix else ():
         named |= {a for a in comp.builds + comp.unverified + list(comp.refuses) if a != "*"}
         for v in comp.variants.values():
             named |= set(v.builds + v.unverified)
@@ -526,31 +657,69 @@ def recommend(matrix: Matrix | None, arch: str | None, installed_ok: dict[str, b
     te = comps.get("transformer_engine")
     te_arch = te.support(arch) if te else None
     if installed_ok.get("transformer_engine"):
-        out.append(("layers", "--transformer-impl transformer_engine", "ROCm Transformer Engine is installed, in range and built for this arch"))
-        out.append(("attention", "--attention-backend auto with NVTE_FUSED_ATTN=1 NVTE_FLASH_ATTN=0",
-                    "ROCm TE's fused attention (CK/AOTriton); its flash-attention path is off on ROCm"))
+        out.append(
+            (
+                "layers",
+                "--transformer-impl transformer_engine",
+                "ROCm Transformer Engine is installed, in range and built for this arch",
+            )
+        )
+        out.append(
+            (
+                "attention",
+                "--attention-backend auto with NVTE_FUSED_ATTN=1 NVTE_FLASH_ATTN=0",
+                "ROCm TE's fused attention (CK/AOTriton); its flash-attention path is off on ROCm",
+            )
+        )
     else:
-        why = (f"ROCm TE does not build for {arch}: {te_arch.reason}" if te_arch and te_arch.status == "refuses"
-               else "ROCm Transformer Engine is not usable here (see the table)")
-        out.append(("layers", "--transformer-impl local", why + "; Megatron's own layers (upstream's *_uninstall_te cases)"))
+        why = (
+            f"ROCm TE does not build for {arch}: {te_arch.reason}"
+            if te_arch and te_arch.status == "refuses"
+            else "ROCm Transformer Engine is not usable here (see the table)"
+        )
+        out.append(
+            ("layers", "--transformer-impl local", why + "; Megatron's own layers (upstream's *_uninstall_te cases)")
+        )
         out.append(("attention", "--attention-backend unfused", "what upstream's TE-less functional case uses"))
     fa = comps.get("flash_attn")
     if fa is not None:
         s = fa.support(arch)
         if s.status == "builds":
-            have = ("installed and usable here" if installed_ok.get("flash_attn")
-                    else "not usable here yet: install or rebuild it for this arch (see the table)")
-            out.append(("flash-attention", "the CK build (default backend)", f"CK flash-attention targets {', '.join(fa.builds)}; {have}"))
+            have = (
+                "installed and usable here"
+                if installed_ok.get("flash_attn")
+                else "not usable here yet: install or rebuild it for this arch (see the table)"
+            )
+            out.append(
+                (
+                    "flash-attention",
+                    "the CK build (default backend)",
+                    f"CK flash-attention targets {', '.join(fa.builds)}; {have}",
+                )
+            )
         else:
             alt = next((v for v in fa.variants.values() if arch in v.builds + v.unverified), None)
             if alt is not None:
                 env = " ".join(f"{k}={v}" for k, v in alt.runtime_env.items())
-                out.append(("flash-attention", f"the {alt.name} backend ({env})", f"{s.reason or 'CK does not target ' + arch}; {alt.description}"))
+                out.append(
+                    (
+                        "flash-attention",
+                        f"the {alt.name} backend ({env})",
+                        f"{s.reason or 'CK does not target ' + arch}; {alt.description}",
+                    )
+                )
             else:
-                out.append(("flash-attention", "none", s.reason or f"no flash-attention backend is known to build for {arch}"))
+                out.append(
+                    ("flash-attention", "none", s.reason or f"no flash-attention backend is known to build for {arch}")
+                )
     if facts is not None:
-        out.append(("fp8", "available (ROCm TE)" if facts.fp8 else "not available: train in bf16/fp16",
-                    "ROCm TE runs FP8 on gfx94x/gfx95x only (ROCm/TransformerEngine#359)"))
+        out.append(
+            (
+                "fp8",
+                "available (ROCm TE)" if facts.fp8 else "not available: train in bf16/fp16",
+                "ROCm TE runs FP8 on gfx94x/gfx95x only (ROCm/TransformerEngine#359)",
+            )
+        )
         for name, value, why in facts.env:
             out.append(("environment", f"{name}={value}", why))
     return out

@@ -26,22 +26,25 @@ ALLOWABLE = ("binary", "gitlinks", "mode-changes", "symlinks")
 LINK, GITLINK = "120000", "160000"
 _MODE_RE = re.compile(r"^(new file mode|deleted file mode|old mode|new mode) ([0-7]{6})$")
 _INDEX_MODE_RE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+ ([0-7]{6})$")
-_CORRUPT_RE = re.compile(r"(corrupt patch|corrupt binary patch|patch fragment without header|unrecognized input|"
-                         r"No valid patches in input|recount: unexpected line)(?:[^\n]*? at line (\d+))?", re.I)
+_CORRUPT_RE = re.compile(
+    r"(corrupt patch|corrupt binary patch|patch fragment without header|unrecognized input|"
+    r"No valid patches in input|recount: unexpected line)(?:[^\n]*? at line (\d+))?",
+    re.I,
+)
 
 
 @dataclass(frozen=True)
 class FileChange:
     """One file of a diff."""
 
-    path: str                 # the path after the change
-    source: str | None        # the path before (None: a new file)
+    path: str  # the path after the change
+    source: str | None  # the path before (None: a new file)
     is_new: bool
     is_deleted: bool
     old_mode: str | None
     new_mode: str | None
     binary: bool
-    link_target: str | None   # what a symlink the change leaves at ``path`` points to
+    link_target: str | None  # what a symlink the change leaves at ``path`` points to
 
 
 def _bad_path(path: str) -> str | None:
@@ -109,14 +112,18 @@ def parse(diff: str, where: Path, *, first_line: int = 1, allow: frozenset[str] 
     """Every file ``diff`` changes, or BadInput naming ``where`` (and the line, when it is the diff's
     text that is wrong). ``first_line``: the file line the diff text starts on."""
     if "\0" in diff:
-        raise BadInput(f"{where}: holds a NUL byte; a text patch never does (regenerate it with `rocmport patches export`)")
+        raise BadInput(
+            f"{where}: holds a NUL byte; a text patch never does (regenerate it with `rocmport patches export`)"
+        )
     try:
         ps = PatchSet(diff)
     except UnidiffParseError as exc:
         m = re.search(r"line (\d+)", str(exc))
         at = f":{int(m.group(1)) + first_line - 1}" if m else ""
         what = " ".join(str(exc).split())  # unidiff quotes the offending line, newline and all: one line here
-        raise BadInput(f"{where}{at}: corrupt patch: malformed diff ({what}); regenerate it with `rocmport patches export`") from None
+        raise BadInput(
+            f"{where}{at}: corrupt patch: malformed diff ({what}); regenerate it with `rocmport patches export`"
+        ) from None
     if not len(ps):
         raise BadInput(f"{where}: contains no file diff")
     _git_parses(diff, where, first_line)
@@ -129,11 +136,27 @@ def parse(diff: str, where: Path, *, first_line: int = 1, allow: frozenset[str] 
         old, new = _modes([str(x) for x in pf.patch_info or ()])
         source = None if pf.is_added_file else _strip(pf.source_file)
         path = pf.path if not pf.is_removed_file else (source or pf.path)
-        if (not len(pf) and not pf.is_binary_file and not pf.is_added_file and not pf.is_removed_file
-                and not getattr(pf, "is_rename", False) and old == new):
-            raise BadInput(f"{where}: the diff of {path!r} has no hunks (a truncated patch?); regenerate it with `rocmport patches export`")
-        change = FileChange(path, source, pf.is_added_file, pf.is_removed_file, old, new, pf.is_binary_file,
-                            _link_target(pf) if new == LINK and not pf.is_removed_file else None)
+        if (
+            not len(pf)
+            and not pf.is_binary_file
+            and not pf.is_added_file
+            and not pf.is_removed_file
+            and not getattr(pf, "is_rename", False)
+            and old == new
+        ):
+            raise BadInput(
+                f"{where}: the diff of {path!r} has no hunks (a truncated patch?); regenerate it with `rocmport patches export`"
+            )
+        change = FileChange(
+            path,
+            source,
+            pf.is_added_file,
+            pf.is_removed_file,
+            old,
+            new,
+            pf.is_binary_file,
+            _link_target(pf) if new == LINK and not pf.is_removed_file else None,
+        )
         _check_allowed(change, where, allow)
         changes.append(change)
     return changes
@@ -153,24 +176,47 @@ def _check_allowed(c: FileChange, where: Path, allow: frozenset[str]) -> None:
         if "symlinks" not in allow:
             raise _refuse(where, c.path, "becomes a symlink", "symlinks")
         if c.link_target is None or not resolves_inside(c.path, c.link_target):
-            raise BadInput(f"{where}: {c.path!r} becomes a symlink to {c.link_target!r}, which resolves outside the tree; refusing the patch")
+            raise BadInput(
+                f"{where}: {c.path!r} becomes a symlink to {c.link_target!r}, which resolves outside the tree; refusing the patch"
+            )
         step = later_step_writes(c.path)
         if step:
-            raise BadInput(f"{where}: {c.path!r} becomes a symlink where a later step of apply writes ({step}); refusing the patch")
-    elif (c.old_mode and c.new_mode and c.old_mode != c.new_mode and not c.is_new and not c.is_deleted
-          and "mode-changes" not in allow):
+            raise BadInput(
+                f"{where}: {c.path!r} becomes a symlink where a later step of apply writes ({step}); refusing the patch"
+            )
+    elif (
+        c.old_mode
+        and c.new_mode
+        and c.old_mode != c.new_mode
+        and not c.is_new
+        and not c.is_deleted
+        and "mode-changes" not in allow
+    ):
         raise _refuse(where, c.path, f"changes mode {c.old_mode} -> {c.new_mode}", "mode-changes")
 
 
 def _git_parses(diff: str, where: Path, first_line: int) -> None:
     """git's own parser over the diff (it touches nothing): a truncated or corrupt patch is named here."""
-    proc = run_git("apply", "--numstat", "-", cwd=where.parent if where.parent.is_dir() else None, input=diff,
-                   check=False, text=False)
+    proc = run_git(
+        "apply",
+        "--numstat",
+        "-",
+        cwd=where.parent if where.parent.is_dir() else None,
+        input=diff,
+        check=False,
+        text=False,
+    )
     if proc.returncode == 0:
         return
     err = proc.stderr.decode("utf-8", "replace")
     m = _CORRUPT_RE.search(err)
     line = f":{int(m.group(2)) + first_line - 1}" if m and m.group(2) else ""
-    first = next((ln for ln in err.splitlines() if ln.strip()), f"git apply exit {proc.returncode}").removeprefix("error: ")
-    what = "truncated or edited by hand: git cannot parse it" if m and m.group(1).lower().startswith("corrupt patch") else first
+    first = next((ln for ln in err.splitlines() if ln.strip()), f"git apply exit {proc.returncode}").removeprefix(
+        "error: "
+    )
+    what = (
+        "truncated or edited by hand: git cannot parse it"
+        if m and m.group(1).lower().startswith("corrupt patch")
+        else first
+    )
     raise BadInput(f"{where}{line}: corrupt patch ({what}); regenerate it with `rocmport patches export`")

@@ -29,7 +29,7 @@ def _blob(tree: Path, commit: str, path: str, width: int) -> str:
 def _hunk_source(lines: list[str], start: int) -> list[str]:
     """Context and removed lines of the hunk whose header is at ``start``: what must match the base."""
     out = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("@@") or line.startswith("diff --git "):
             break
         if line.startswith((" ", "-")) and not line.startswith("--- "):
@@ -44,7 +44,7 @@ def _find_block(base_lines: list[str], block: list[str], near: int) -> int | Non
     if not block:
         return near
     n = len(block)
-    hits = [i + 1 for i in range(len(base_lines) - n + 1) if base_lines[i:i + n] == block]
+    hits = [i + 1 for i in range(len(base_lines) - n + 1) if base_lines[i : i + n] == block]
     return min(hits, key=lambda h: abs(h - near)) if hits else None
 
 
@@ -95,7 +95,7 @@ def context_width(diff: str) -> int:
     for i, line in enumerate(lines):
         if _HUNK_RE.match(line):
             lead = 0
-            for body in lines[i + 1:]:
+            for body in lines[i + 1 :]:
                 if not body.startswith(" "):
                     break
                 lead += 1
@@ -104,13 +104,26 @@ def context_width(diff: str) -> int:
 
 
 def diff_between(tree: Path, parent: str, commit: str, context: int) -> str:
-    return git("diff", "--full-index", "--no-color", "--no-ext-diff", "--no-renames", f"-U{context}", parent, commit, cwd=tree) + "\n"
+    return (
+        git(
+            "diff",
+            "--full-index",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-renames",
+            f"-U{context}",
+            parent,
+            commit,
+            cwd=tree,
+        )
+        + "\n"
+    )
 
 
 @dataclass
 class Regenerated:
-    text: str       # the whole new patch file
-    changed: bool   # differs from the file on disk
+    text: str  # the whole new patch file
+    changed: bool  # differs from the file on disk
     how: Literal["kept", "shifted", "regenerated"]
 
 
@@ -140,7 +153,9 @@ def patch_id(diff: str, cwd: Path) -> str | None:
 def upstream_patch_ids(repo: Path, old: str, new: str) -> dict[str, str]:
     """patch-id -> upstream commit for every non-merge commit reachable from ``new`` but not ``old``
     (release tags sit on release branches, so ``old`` is often not an ancestor of ``new``)."""
-    log = run_git("log", "-p", "--no-merges", "--full-index", "--no-renames", "--format=commit %H", f"{old}..{new}", cwd=repo).stdout
+    log = run_git(
+        "log", "-p", "--no-merges", "--full-index", "--no-renames", "--format=commit %H", f"{old}..{new}", cwd=repo
+    ).stdout
     found: dict[str, str] = {}
     for line in run_git("patch-id", "--stable", cwd=repo, input=log).stdout.splitlines():
         pid, sha = line.split()
@@ -155,4 +170,9 @@ def reverse_applies(repo: Path, diff: str, commit: str) -> bool:
     with tempfile.TemporaryDirectory(prefix="rocmport-rev-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git("read-tree", commit, cwd=repo, env=env)
-        return run_git("apply", "--cached", "--check", "--reverse", "-", cwd=repo, env=env, input=diff, check=False).returncode == 0
+        return (
+            run_git(
+                "apply", "--cached", "--check", "--reverse", "-", cwd=repo, env=env, input=diff, check=False
+            ).returncode
+            == 0
+        )

@@ -22,8 +22,19 @@ from rocmport.patches.verify_settings import parse_settings as parse_verify_sett
 
 _STATUS_RE = re.compile(r"^(Pending|ROCm-only|Submitted \S+|Backport [0-9a-fA-F]{7,40}|Inappropriate \S.*)$")
 _FIELD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):(?: (.*))?$")
-_SERIES_KEYS = {"upstream", "line", "versions", "patches", "codemods", "excluded_paths", "manifests", "verify", "allow",
-                "max_patch_bytes", "rocm"}
+_SERIES_KEYS = {
+    "upstream",
+    "line",
+    "versions",
+    "patches",
+    "codemods",
+    "excluded_paths",
+    "manifests",
+    "verify",
+    "allow",
+    "max_patch_bytes",
+    "rocm",
+}
 DEFAULT_MAX_PATCH_BYTES = 2 << 20  # a hand-kept patch is kilobytes; `max_patch_bytes:` in the series raises it
 MAX_SERIES_BYTES = 1 << 20
 KNOWN_FIELDS = ("Description", "Upstream-Status", "Bug", "Forwarded", "Author", "Origin", "Last-Update")
@@ -85,7 +96,7 @@ def _split(text: str) -> tuple[list[str], str, int]:
     for i, line in enumerate(lines):
         if line.startswith("diff --git ") or line.rstrip("\n") == "---" or line.startswith("--- "):
             sep = line.rstrip("\n") == "---"
-            body = lines[i + 1:] if sep else lines[i:]
+            body = lines[i + 1 :] if sep else lines[i:]
             return [ln.rstrip("\n") for ln in lines[:i]], "".join(body), i + 1 + sep
     return [ln.rstrip("\n") for ln in lines], "", len(lines) + 1
 
@@ -123,12 +134,18 @@ def lint_header(header: dict[str, str], where: Path) -> list[str]:
     return problems
 
 
-def load_patch(path: Path, *, allow: frozenset[str] = frozenset(), max_bytes: int = DEFAULT_MAX_PATCH_BYTES) -> PatchFile:
+def load_patch(
+    path: Path, *, allow: frozenset[str] = frozenset(), max_bytes: int = DEFAULT_MAX_PATCH_BYTES
+) -> PatchFile:
     """A patch file, fully checked: UTF-8, its DEP-3 header, its diff (paths, modes, links; git can parse it)."""
     if not path.is_file():
         raise BadInput(f"{path}: listed in the series but missing; add the file or drop it from `patches:`")
-    text = read_text(path, "patch", max_bytes=max_bytes,
-                     fix="save it as UTF-8 (a binary change needs `allow: [binary]` and git's base85 form)")
+    text = read_text(
+        path,
+        "patch",
+        max_bytes=max_bytes,
+        fix="save it as UTF-8 (a binary change needs `allow: [binary]` and git's base85 form)",
+    )
     return parse_patch(text, path, allow=allow)
 
 
@@ -149,12 +166,23 @@ def _series_fail(path: Path, key: str, what: str) -> BadInput:
 
 
 def _plain_name(name) -> bool:
-    return isinstance(name, str) and bool(name) and name not in (".", "..") and not any(c in name for c in "/\\") and not has_control(name)
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and name not in (".", "..")
+        and not any(c in name for c in "/\\")
+        and not has_control(name)
+    )
 
 
 def _rel_dir(p) -> bool:
-    return (isinstance(p, str) and bool(p.strip("/")) and not p.startswith("/") and ".." not in p.split("/")
-            and not has_control(p))
+    return (
+        isinstance(p, str)
+        and bool(p.strip("/"))
+        and not p.startswith("/")
+        and ".." not in p.split("/")
+        and not has_control(p)
+    )
 
 
 def _check_upstream(path: Path, upstream: str) -> None:
@@ -164,8 +192,11 @@ def _check_upstream(path: Path, upstream: str) -> None:
     for d in (path.parent.parent.name, path.parent.name):
         if d in NAMES:
             if d != upstream:
-                raise _series_fail(path, "upstream", f"is {upstream!r} but the series lives under {d}/; "
-                                                     f"move it to patchsets/{upstream}/ or fix the key")
+                raise _series_fail(
+                    path,
+                    "upstream",
+                    f"is {upstream!r} but the series lives under {d}/; move it to patchsets/{upstream}/ or fix the key",
+                )
             return
 
 
@@ -173,15 +204,23 @@ def _codemods(path: Path, raw) -> list[dict]:
     if raw is None:
         return []
     if not isinstance(raw, list):
-        raise _series_fail(path, "codemods", f"must be a list of codemod names or {{name, options}} (found {type_name(raw)})")
+        raise _series_fail(
+            path, "codemods", f"must be a list of codemod names or {{name, options}} (found {type_name(raw)})"
+        )
     out, seen = [], set()
     for i, entry in enumerate(raw):
         if isinstance(entry, str):
             entry = {"name": entry}
-        if (not isinstance(entry, dict) or set(map(str, entry)) - {"name", "options"} or not _plain_name(entry.get("name"))
-                or not isinstance(entry.get("options") if entry.get("options") is not None else {}, dict)
-                or not all(isinstance(k, str) for k in (entry.get("options") or {}))):
-            raise _series_fail(path, f"codemods[{i}]", "must be a codemod name or {name: NAME, options: {OPTION: VALUE}}")
+        if (
+            not isinstance(entry, dict)
+            or set(map(str, entry)) - {"name", "options"}
+            or not _plain_name(entry.get("name"))
+            or not isinstance(entry.get("options") if entry.get("options") is not None else {}, dict)
+            or not all(isinstance(k, str) for k in (entry.get("options") or {}))
+        ):
+            raise _series_fail(
+                path, f"codemods[{i}]", "must be a codemod name or {name: NAME, options: {OPTION: VALUE}}"
+            )
         if entry["name"] in seen:
             raise _series_fail(path, f"codemods[{i}]", f"lists {entry['name']!r} a second time")
         seen.add(entry["name"])
@@ -190,11 +229,20 @@ def _codemods(path: Path, raw) -> list[dict]:
 
 
 def _manifests(path: Path, raw):
-    ok = raw is None or raw is False or (
-        isinstance(raw, dict) and set(map(str, raw)) <= {"drop", "keep"}
-        and (raw.get("drop") is None or is_str_map(raw["drop"])) and (raw.get("keep") is None or is_str_list(raw["keep"])))
+    ok = (
+        raw is None
+        or raw is False
+        or (
+            isinstance(raw, dict)
+            and set(map(str, raw)) <= {"drop", "keep"}
+            and (raw.get("drop") is None or is_str_map(raw["drop"]))
+            and (raw.get("keep") is None or is_str_list(raw["keep"]))
+        )
+    )
     if not ok:
-        raise _series_fail(path, "manifests", "must be false or a mapping with 'drop' ({name: reason}) and 'keep' ([names])")
+        raise _series_fail(
+            path, "manifests", "must be false or a mapping with 'drop' ({name: reason}) and 'keep' ([names])"
+        )
     return raw
 
 
@@ -318,10 +366,16 @@ def series_hash(series: Series) -> str:
 def describe(series: Series) -> dict:
     """What `patches list --json` says of a series."""
     return {
-        "upstream": series.upstream, "line": series.line, "versions": str(series.versions), "hash": series_hash(series),
-        "codemods": [c["name"] for c in series.codemods], "excluded_paths": series.excluded_paths,
-        "patches": [{"name": p.name, "description": p.description.splitlines()[0], "upstream_status": p.upstream_status}
-                    for p in series.patches],
+        "upstream": series.upstream,
+        "line": series.line,
+        "versions": str(series.versions),
+        "hash": series_hash(series),
+        "codemods": [c["name"] for c in series.codemods],
+        "excluded_paths": series.excluded_paths,
+        "patches": [
+            {"name": p.name, "description": p.description.splitlines()[0], "upstream_status": p.upstream_status}
+            for p in series.patches
+        ],
         "rocm": series.rocm.to_dict() if series.rocm is not None else None,
     }
 
@@ -342,4 +396,8 @@ def default_series(upstream: str, version: str) -> Series:
 def recipe_digest(series: Series, codemod_versions: dict[str, str]) -> str:
     if series.path.is_file():
         return series_hash(series)
-    return hashlib.sha256(json.dumps({"codemods": series.codemods, "excluded": series.excluded_paths, "v": codemod_versions}, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(
+            {"codemods": series.codemods, "excluded": series.excluded_paths, "v": codemod_versions}, sort_keys=True
+        ).encode()
+    ).hexdigest()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from rocmport import __version__, output
+
 # libcst and the codemods load where a codemod runs (codemod_versions, _codemod_layers): the checks and
 # the helper text need neither, so deciding an apply is a no-op loads no codemod.
 from rocmport.codemods.declared import check_series, recipe_helper_text
@@ -71,8 +72,14 @@ def inputs_hash(pin: Pin, series: Series, versions: dict[str, str]) -> str:
     # The generated runtime helper is part of what the codemod layers write (the one this recipe's
     # tree gets, as rendered: the launcher environment of rocmport/launch_env.py is in it).
     helper = recipe_helper_text(series.codemods).encode() if series.codemods else b""
-    data = {"commit": pin.commit, "recipe": recipe_digest(series, versions), "codemods": versions, "rocmport": __version__,
-            "helper": hashlib.sha256(helper).hexdigest(), "manifests": manifests.VERSION}
+    data = {
+        "commit": pin.commit,
+        "recipe": recipe_digest(series, versions),
+        "codemods": versions,
+        "rocmport": __version__,
+        "helper": hashlib.sha256(helper).hexdigest(),
+        "manifests": manifests.VERSION,
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
@@ -93,7 +100,9 @@ def _ensure_commit(settings: Settings, store: Store, name: str, pin: Pin) -> Pat
 
         if package_index.pin_from_index(store, name, pin.resolved_ref).commit == pin.commit:
             return mirror
-    raise BadInput(f"{name}: pinned commit {pin.commit[:12]} is not in the cache {mirror}; run `rocmport sync` (with --remote if needed)")
+    raise BadInput(
+        f"{name}: pinned commit {pin.commit[:12]} is not in the cache {mirror}; run `rocmport sync` (with --remote if needed)"
+    )
 
 
 def unexplained_commits(tree: Path, series: Series, since: str, head: str) -> list[str]:
@@ -114,8 +123,9 @@ def report_path(tree: Path) -> Path:
     return tree.parent / f"{tree.name}.report.json"
 
 
-def apply_project(settings: Settings, upstream: str | None, *, codemods_only=False, force=False, mode: str = "apply",
-                  say=print) -> Iterator[ApplyReport]:
+def apply_project(
+    settings: Settings, upstream: str | None, *, codemods_only=False, force=False, mode: str = "apply", say=print
+) -> Iterator[ApplyReport]:
     """`rocmport apply`: each pinned upstream (Megatron-LM first) or only ``upstream``, one report
     each as it finishes; a conflict ends the run there. --continue/--abort without --upstream act on
     the work trees that have a stopped apply (BadInput when none has)."""
@@ -142,18 +152,35 @@ def _stopped(tree: Path) -> bool:
     return state is not None and state.status == "conflict"
 
 
-def apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only=False, force=False,
-                   mode: str = "apply", say=print, series: Series | None = None) -> ApplyReport:
+def apply_upstream(
+    settings: Settings,
+    lock: Lock,
+    name: str,
+    *,
+    codemods_only=False,
+    force=False,
+    mode: str = "apply",
+    say=print,
+    series: Series | None = None,
+) -> ApplyReport:
     """``series`` overrides the selection from the project's patchsets (refresh applies a staged copy)."""
     with wt.locked(settings.worktree_path(name)):
-        return _apply_upstream(settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=say, series=series)
+        return _apply_upstream(
+            settings, lock, name, codemods_only=codemods_only, force=force, mode=mode, say=say, series=series
+        )
 
 
-def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only, force, mode, say, series) -> ApplyReport:
+def _apply_upstream(
+    settings: Settings, lock: Lock, name: str, *, codemods_only, force, mode, say, series
+) -> ApplyReport:
     pin = lock.upstreams[name]
     if series is None:
         # Loading checks every patch (paths, modes, links, size, that git can parse it) before anything is touched.
-        series = default_series(name, pin.version or "0") if codemods_only else select_series(settings.patchsets_dir, name, pin.version)
+        series = (
+            default_series(name, pin.version or "0")
+            if codemods_only
+            else select_series(settings.patchsets_dir, name, pin.version)
+        )
     versions = codemod_versions(series)
     inputs = inputs_hash(pin, series, versions)
     digest = recipe_digest(series, versions)
@@ -176,7 +203,9 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
             return _abort(tree, state, pin, series, digest, dirty, say)
         conflicting = state.patches[-1]["name"]
         if dirty:
-            raise BadInput(f"{tree}: uncommitted changes ({', '.join(dirty[:5])}); commit your resolution of {conflicting}, then `rocmport apply --continue`")
+            raise BadInput(
+                f"{tree}: uncommitted changes ({', '.join(dirty[:5])}); commit your resolution of {conflicting}, then `rocmport apply --continue`"
+            )
         if head is None or head == state.last_good or state.last_good is None:
             raise BadInput(f"{tree}: HEAD is still the last good commit; resolve {conflicting} and commit it first")
         resolved = state.patches[-1]
@@ -187,8 +216,17 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
         return _run(tree, pin, series, state, (state.index or 0) + 1, say, settings.cache_dir)
 
     if state and state.status == "conflict":
-        raise BadInput(f"{tree}: an apply stopped at a conflict in {state.patches[-1]['name']}; resolve and commit, then `rocmport apply --continue`, or `rocmport apply --abort`")
-    if state and state.status == "done" and state.inputs == inputs and head == state.result and not dirty and state.report:
+        raise BadInput(
+            f"{tree}: an apply stopped at a conflict in {state.patches[-1]['name']}; resolve and commit, then `rocmport apply --continue`, or `rocmport apply --abort`"
+        )
+    if (
+        state
+        and state.status == "done"
+        and state.inputs == inputs
+        and head == state.result
+        and not dirty
+        and state.report
+    ):
         return ApplyReport(**{**state.report, "noop": True})
 
     recovering = state is not None and state.status == "in-progress"
@@ -202,23 +240,41 @@ def _apply_upstream(settings: Settings, lock: Lock, name: str, *, codemods_only,
                 f"(or commit them elsewhere), or pass --force to save them on refs/rocmport/backup/<n> first"
             )
         if problems or leftovers:
-            what = "; ".join(problems + [f"what the interrupted apply left in {', '.join(leftovers[:3])}{' ...' if len(leftovers) > 3 else ''}"] * bool(leftovers))
+            what = "; ".join(
+                problems
+                + [
+                    f"what the interrupted apply left in {', '.join(leftovers[:3])}{' ...' if len(leftovers) > 3 else ''}"
+                ]
+                * bool(leftovers)
+            )
             ref = wt.save_backup(tree, what)
             say(f"{name}: saved {what} on {ref}")
     elif head and state is None:
         if not force:
-            raise BadInput(f"{tree}: refusing to rebuild over a work tree rocmport did not build (no state file); "
-                           f"pass --force to save what it holds on refs/rocmport/backup/<n> first")
+            raise BadInput(
+                f"{tree}: refusing to rebuild over a work tree rocmport did not build (no state file); "
+                f"pass --force to save what it holds on refs/rocmport/backup/<n> first"
+            )
         ref = wt.save_backup(tree, "a work tree without a state file")
         say(f"{name}: saved the work tree as it was on {ref}")
 
     prev_head = state.prev_head if recovering and state else head
     prev_state = (state.prev_state if recovering else _returnable(state, head)) if state else None
-    new = wt.ApplyState(status="in-progress", inputs=inputs, prev_head=prev_head, prev_state=prev_state, base=pin.commit,
-                        branch=branch_name(pin), series=str(series.path), series_hash=digest,
-                        step=wt.Step("checkout", parent=head),
-                        # Bridge's manifest points its Megatron-LM source at the ported tree beside it.
-                        megatron_lm_path=os.path.relpath(settings.worktree_path(MEGATRON_LM.name), tree) if name == MEGATRON_BRIDGE.name else None)
+    new = wt.ApplyState(
+        status="in-progress",
+        inputs=inputs,
+        prev_head=prev_head,
+        prev_state=prev_state,
+        base=pin.commit,
+        branch=branch_name(pin),
+        series=str(series.path),
+        series_hash=digest,
+        step=wt.Step("checkout", parent=head),
+        # Bridge's manifest points its Megatron-LM source at the ported tree beside it.
+        megatron_lm_path=os.path.relpath(settings.worktree_path(MEGATRON_LM.name), tree)
+        if name == MEGATRON_BRIDGE.name
+        else None,
+    )
     wt.write_state(tree, new)
     wt.set_sparse(tree, pin.commit, series.excluded_paths)
     git("checkout", "-q", "--force", "-B", branch_name(pin), pin.commit, cwd=tree)
@@ -238,7 +294,9 @@ def _returnable(state: wt.ApplyState | None, head: str | None) -> dict | None:
     return None
 
 
-def _user_work(tree: Path, series: Series, state: wt.ApplyState, head: str, dirty: list[str]) -> tuple[list[str], list[str]]:
+def _user_work(
+    tree: Path, series: Series, state: wt.ApplyState, head: str, dirty: list[str]
+) -> tuple[list[str], list[str]]:
     """What a user did in the tree since rocmport last wrote it (problems: refused without --force),
     and what an interrupted apply itself left half-written (leftovers: saved, never refused). The same
     checks for a fresh apply and for the recovery of a killed one."""
@@ -252,7 +310,11 @@ def _user_work(tree: Path, series: Series, state: wt.ApplyState, head: str, dirt
     if state.status == "in-progress":
         # rocmport's own commits end at last_good (or, before the checkout finished, at the HEAD it began from
         # or the base); a kill between a commit and the state update leaves one more, on that parent, its own.
-        anchors = [a for a in ([state.last_good] if state.last_good else [state.step.parent if state.step else None, state.base]) if a]
+        anchors = [
+            a
+            for a in ([state.last_good] if state.last_good else [state.step.parent if state.step else None, state.base])
+            if a
+        ]
         anchor = next((a for a in anchors if _descends(tree, a, head)), None)
         if anchor is None:
             problems.append(f"HEAD moved to {head[:12]}, off the commits the interrupted apply made")
@@ -261,11 +323,15 @@ def _user_work(tree: Path, series: Series, state: wt.ApplyState, head: str, dirt
             if extra and wt.is_own_commit(tree, extra[0], anchor):
                 extra = extra[1:]
             if extra:
-                problems.append(f"{len(extra)} commit(s) on {branch} made after the interrupted apply ({', '.join(c[:12] for c in extra[:3])})")
+                problems.append(
+                    f"{len(extra)} commit(s) on {branch} made after the interrupted apply ({', '.join(c[:12] for c in extra[:3])})"
+                )
     elif state.result and head != state.result:
         extra = unexplained_commits(tree, series, state.result, head)
         if extra:
-            problems.append(f"{len(extra)} commit(s) on {branch} that no patch explains ({', '.join(c[:12] for c in extra[:3])})")
+            problems.append(
+                f"{len(extra)} commit(s) on {branch} that no patch explains ({', '.join(c[:12] for c in extra[:3])})"
+            )
     return problems, leftovers
 
 
@@ -327,10 +393,20 @@ def _codemod_layers(tree: Path, series: Series, cache_dir: Path, state: wt.Apply
             for rel, text in layer.files.items():
                 tree_write_text(tree, rel, text)  # never through a link, never outside the tree
             git("add", "--pathspec-from-file=-", "--pathspec-file-nul", cwd=tree, input="\0".join(layer.files) + "\0")
-            state.last_good = wt.commit_all(tree, f"codemod: {layer.name} {layer.version}\n\nGenerated by rocmport; regenerate, never edit.\n\nCodemod: {layer.name}\n")
+            state.last_good = wt.commit_all(
+                tree,
+                f"codemod: {layer.name} {layer.version}\n\nGenerated by rocmport; regenerate, never edit.\n\nCodemod: {layer.name}\n",
+            )
             state.step = None
             wt.write_state(tree, state)
-        layers.append({"name": layer.name, "version": layer.version, "files": sorted(layer.files), "sites": sum(layer.sites.values())})
+        layers.append(
+            {
+                "name": layer.name,
+                "version": layer.version,
+                "files": sorted(layer.files),
+                "sites": sum(layer.sites.values()),
+            }
+        )
     return layers
 
 
@@ -347,29 +423,48 @@ def _manifest_layer(tree: Path, series: Series, state: wt.ApplyState) -> list[di
             tree_write_text(tree, rel, text)
         git("add", "--pathspec-from-file=-", "--pathspec-file-nul", cwd=tree, input="\0".join(texts) + "\0")
         lines = "\n".join(f"- {c.file} {c.where}: {c.action} {c.requirement} ({c.reason})" for c in changes)
-        state.last_good = wt.commit_all(tree, f"manifests: ROCm dependency declarations {manifests.VERSION}\n\nGenerated by rocmport; regenerate, never edit.\n\n{lines}\n")
+        state.last_good = wt.commit_all(
+            tree,
+            f"manifests: ROCm dependency declarations {manifests.VERSION}\n\nGenerated by rocmport; regenerate, never edit.\n\n{lines}\n",
+        )
         state.step = None
         wt.write_state(tree, state)
     return [c.to_dict() for c in changes]
 
 
-def _report(tree: Path, pin: Pin, series: Series, state: wt.ApplyState, result: str | None, status: ApplyOutcome) -> ApplyReport:
+def _report(
+    tree: Path, pin: Pin, series: Series, state: wt.ApplyState, result: str | None, status: ApplyOutcome
+) -> ApplyReport:
     report = ApplyReport(
-        upstream=series.upstream, tree=str(tree), branch=branch_name(pin), series=str(series.path),
-        series_hash=state.series_hash or "", base=pin.commit, result=result, status=status,
-        patches=list(state.patches), codemods=state.codemods, manifests=state.manifests,
+        upstream=series.upstream,
+        tree=str(tree),
+        branch=branch_name(pin),
+        series=str(series.path),
+        series_hash=state.series_hash or "",
+        base=pin.commit,
+        result=result,
+        status=status,
+        patches=list(state.patches),
+        codemods=state.codemods,
+        manifests=state.manifests,
     )
     atomic_write_text(report_path(tree), json.dumps(report.to_dict(), indent=2, sort_keys=True) + "\n")
     return report
 
 
-def _abort(tree: Path, state: wt.ApplyState, pin: Pin, series: Series, digest: str, dirty: list[str], say) -> ApplyReport:
+def _abort(
+    tree: Path, state: wt.ApplyState, pin: Pin, series: Series, digest: str, dirty: list[str], say
+) -> ApplyReport:
     """Give up a stopped apply: anything in the tree is saved first (a backup ref), then the branch goes
     back to where it was, and so does the state, so a plain `apply` works again afterwards."""
     branch = state.branch or branch_name(pin)
     if dirty:
-        ref = wt.save_backup(tree, f"uncommitted work when the apply stopped at {state.patches[-1]['name']} was aborted")
-        say(f"{series.upstream}: saved the uncommitted changes and untracked files ({', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''}) on {ref}")
+        ref = wt.save_backup(
+            tree, f"uncommitted work when the apply stopped at {state.patches[-1]['name']} was aborted"
+        )
+        say(
+            f"{series.upstream}: saved the uncommitted changes and untracked files ({', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''}) on {ref}"
+        )
     target = state.prev_head or pin.commit
     git("checkout", "-q", "--force", "-B", branch, target, cwd=tree)
     git("clean", "-fdq", cwd=tree)
@@ -377,7 +472,16 @@ def _abort(tree: Path, state: wt.ApplyState, pin: Pin, series: Series, digest: s
     if previous is not None and previous.result == target:
         wt.write_state(tree, previous)
     else:
-        wt.write_state(tree, wt.ApplyState(status="aborted", base=pin.commit, branch=branch, result=target,
-                                           series=str(series.path), series_hash=digest))
+        wt.write_state(
+            tree,
+            wt.ApplyState(
+                status="aborted",
+                base=pin.commit,
+                branch=branch,
+                result=target,
+                series=str(series.path),
+                series_hash=digest,
+            ),
+        )
     say(f"{series.upstream}: aborted; {branch} is back at {target[:12]}")
     return ApplyReport(series.upstream, str(tree), branch, str(series.path), digest, pin.commit, target, "aborted")

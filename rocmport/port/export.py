@@ -52,8 +52,13 @@ def user_commits(tree: Path) -> list[str]:
     if state is None or state.status != "done" or not state.result:
         raise BadInput(f"{tree}: no finished apply to export from; run `rocmport apply` first")
     head = wt.head(tree)
-    if head is None or run_git("merge-base", "--is-ancestor", state.result, head, cwd=tree, check=False).returncode != 0:
-        raise BadInput(f"{tree}: HEAD does not descend from the applied port {state.result[:12]}; rebase your commits onto it")
+    if (
+        head is None
+        or run_git("merge-base", "--is-ancestor", state.result, head, cwd=tree, check=False).returncode != 0
+    ):
+        raise BadInput(
+            f"{tree}: HEAD does not descend from the applied port {state.result[:12]}; rebase your commits onto it"
+        )
     return wt.commits_between(tree, state.result, head)
 
 
@@ -89,10 +94,14 @@ def export(tree: Path, series: Series, description: str | None, status: str, dry
         try:
             tree_write_text(series.dir, name, text, replace=False)  # create-only, never through a link
         except FileExistsError:
-            raise BadInput(f"{series.dir / name}: appeared while exporting; left alone, run `rocmport patches export` again") from None
+            raise BadInput(
+                f"{series.dir / name}: appeared while exporting; left alone, run `rocmport patches export` again"
+            ) from None
         result.written.append(name)
     if new_names:
-        tree_write_text(series.dir, series.path.name, add_to_series(tree_read_text(series.dir, series.path.name), new_names))
+        tree_write_text(
+            series.dir, series.path.name, add_to_series(tree_read_text(series.dir, series.path.name), new_names)
+        )
     return result
 
 
@@ -114,7 +123,11 @@ def check(tree: Path, series: Series) -> list[str]:
                 continue
             stored = next((p for p in series.patches if p.name == trailer.group(1)), None)
             if stored is None:
-                problems.append(f"{trailer.group(1)}: applied on the branch but no longer in {series.path}; re-run `rocmport apply`")
+                problems.append(
+                    f"{trailer.group(1)}: applied on the branch but no longer in {series.path}; re-run `rocmport apply`"
+                )
             elif not patch_matches_commit(tree, stored.diff, c):
-                problems.append(f"{stored.path}: differs from its commit {c[:12]} on the branch; re-run `rocmport apply` or export the branch")
+                problems.append(
+                    f"{stored.path}: differs from its commit {c[:12]} on the branch; re-run `rocmport apply` or export the branch"
+                )
     return problems

@@ -49,8 +49,16 @@ ROCM_INSTALL = {
 # The archs a manifest's install hint builds for (the MI300/MI350 default of `emit docker --arch`).
 DEFAULT_ARCHS = "gfx942;gfx950"
 # Names no rule above lists but that are CUDA builds all the same.
-CUDA_ONLY_PATTERNS = (r"nvidia-.*", r"transformer-engine.*", r"flashinfer.*", r"cupy-cuda.*", r"cuda-python", r"pynvml",
-                      r"nvidia-ml-py", r".*-cu1[0-9]+")
+CUDA_ONLY_PATTERNS = (
+    r"nvidia-.*",
+    r"transformer-engine.*",
+    r"flashinfer.*",
+    r"cupy-cuda.*",
+    r"cuda-python",
+    r"pynvml",
+    r"nvidia-ml-py",
+    r".*-cu1[0-9]+",
+)
 _CUDA_ONLY = re.compile("|".join(f"(?:{p})" for p in CUDA_ONLY_PATTERNS))
 _CUDA_EXTRA = re.compile(r"^(core_)?cu(da)?\d+$")
 # Packages named nvidia-* that are not CUDA builds.
@@ -78,10 +86,10 @@ def is_cuda_only(requirement: str) -> bool:
 class Policy:
     """Per-series settings (`manifests:` in the series), on top of the defaults."""
 
-    drop: dict[str, str] = field(default_factory=dict)   # extra distributions to drop, with reasons
-    keep: list[str] = field(default_factory=list)        # distributions never dropped here
-    megatron_lm_path: str | None = None                  # Bridge: where the ported Megatron-LM tree is
-    rocm: Matrix | None = None                           # the line's ROCm component matrix (`rocm:` in the series)
+    drop: dict[str, str] = field(default_factory=dict)  # extra distributions to drop, with reasons
+    keep: list[str] = field(default_factory=list)  # distributions never dropped here
+    megatron_lm_path: str | None = None  # Bridge: where the ported Megatron-LM tree is
+    rocm: Matrix | None = None  # the line's ROCm component matrix (`rocm:` in the series)
 
     def component(self, name: str) -> Component | None:
         """The matrix component that stands in for an upstream distribution (transformer-engine -> ROCm TE)."""
@@ -120,9 +128,9 @@ class Policy:
 @dataclass
 class Change:
     file: str
-    where: str          # dependencies | optional-dependencies.<extra> | tool.uv.sources | line N
+    where: str  # dependencies | optional-dependencies.<extra> | tool.uv.sources | line N
     requirement: str
-    action: str         # dropped | replaced | extras-trimmed | repointed
+    action: str  # dropped | replaced | extras-trimmed | repointed
     reason: str
 
     def to_dict(self) -> dict:
@@ -148,7 +156,9 @@ def _rewrite_array(array, policy: Policy, file: str, where: str, out: list[Chang
             replacement = policy.replacement(text)
             if replacement:
                 array[i] = replacement
-                changes.append(Change(file, where, text, "replaced", f"the ROCm build {replacement} from {policy.package_index}"))
+                changes.append(
+                    Change(file, where, text, "replaced", f"the ROCm build {replacement} from {policy.package_index}")
+                )
             else:
                 del array[i]
                 comp = policy.component(canonical(Requirement(text).name))
@@ -172,15 +182,23 @@ def _rewrite_array(array, policy: Policy, file: str, where: str, out: list[Chang
             continue
         if change.action == "replaced" and comp is not None:
             hinted.add(key)
-            array.add_line(comment=f"rocmport: {comp.package} is on the ROCm package index: pip install --extra-index-url "
-                                   f"{policy.package_index} ...", indent="    ")
+            array.add_line(
+                comment=f"rocmport: {comp.package} is on the ROCm package index: pip install --extra-index-url "
+                f"{policy.package_index} ...",
+                indent="    ",
+            )
         elif comp is not None:
             hinted.add(key)
-            array.add_line(comment=f"rocmport: {name} has no ROCm build on PyPI; on ROCm ({DEFAULT_ARCHS}; set the archs "
-                                   f"for your GPUs): {comp.install_command(DEFAULT_ARCHS)}", indent="    ")
+            array.add_line(
+                comment=f"rocmport: {name} has no ROCm build on PyPI; on ROCm ({DEFAULT_ARCHS}; set the archs "
+                f"for your GPUs): {comp.install_command(DEFAULT_ARCHS)}",
+                indent="    ",
+            )
         elif name in ROCM_INSTALL:
             hinted.add(key)
-            array.add_line(comment=f"rocmport: {name} has no ROCm build on PyPI; on ROCm: {ROCM_INSTALL[name]}", indent="    ")
+            array.add_line(
+                comment=f"rocmport: {name} has no ROCm build on PyPI; on ROCm: {ROCM_INSTALL[name]}", indent="    "
+            )
 
 
 def rewrite_pyproject(text: str, policy: Policy, file: str = "pyproject.toml") -> tuple[str, list[Change]]:
@@ -194,11 +212,23 @@ def rewrite_pyproject(text: str, policy: Policy, file: str = "pyproject.toml") -
             _rewrite_array(array, policy, file, f"optional-dependencies.{extra}", changes)
     sources = doc.get("tool", {}).get("uv", {}).get("sources", {})
     core = sources.get(MEGATRON_LM.distribution) if hasattr(sources, "get") else None
-    if policy.megatron_lm_path and core is not None and hasattr(core, "get") and core.get("path") not in (None, policy.megatron_lm_path):
+    if (
+        policy.megatron_lm_path
+        and core is not None
+        and hasattr(core, "get")
+        and core.get("path") not in (None, policy.megatron_lm_path)
+    ):
         before = core["path"]
         core["path"] = policy.megatron_lm_path
-        changes.append(Change(file, f"tool.uv.sources.{MEGATRON_LM.distribution}", f"path = {before!r}", "repointed",
-                              f"the gitlinked 3rdparty/Megatron-LM is empty in a checkout; use the ported tree {policy.megatron_lm_path}"))
+        changes.append(
+            Change(
+                file,
+                f"tool.uv.sources.{MEGATRON_LM.distribution}",
+                f"path = {before!r}",
+                "repointed",
+                f"the gitlinked 3rdparty/Megatron-LM is empty in a checkout; use the ported tree {policy.megatron_lm_path}",
+            )
+        )
     return tomlkit.dumps(doc), changes
 
 
@@ -211,7 +241,11 @@ def rewrite_requirements(text: str, policy: Policy, file: str) -> tuple[str, lis
             replacement = policy.replacement(body)
             if replacement:
                 out.append(line.replace(body, replacement, 1))
-                changes.append(Change(file, f"line {n}", body, "replaced", f"the ROCm build {replacement} from {policy.package_index}"))
+                changes.append(
+                    Change(
+                        file, f"line {n}", body, "replaced", f"the ROCm build {replacement} from {policy.package_index}"
+                    )
+                )
             else:
                 changes.append(Change(file, f"line {n}", body, "dropped", why))
             continue
@@ -222,7 +256,9 @@ def rewrite_requirements(text: str, policy: Policy, file: str) -> tuple[str, lis
 def requirement_files(tree: Path) -> list[Path]:
     """Requirements files used to install the package (not examples', tests' or docs'): regular
     files reached without following a link (a link is never read or rewritten)."""
-    return [tree / rel for pattern in MANIFEST_GLOBS if pattern != "pyproject.toml" for rel in tree_files(tree, pattern)]
+    return [
+        tree / rel for pattern in MANIFEST_GLOBS if pattern != "pyproject.toml" for rel in tree_files(tree, pattern)
+    ]
 
 
 def rewrite_tree(tree: Path, policy: Policy) -> tuple[dict[str, str], list[Change]]:
@@ -264,17 +300,24 @@ def cuda_only_requirements(tree: Path) -> list[tuple[str, str]]:
     return found
 
 
-def policy_from_series(options: dict | bool | None, megatron_lm_path: str | None = None, rocm: Matrix | None = None) -> Policy | None:
+def policy_from_series(
+    options: dict | bool | None, megatron_lm_path: str | None = None, rocm: Matrix | None = None
+) -> Policy | None:
     """None when the series turns the rewrite off (`manifests: false`)."""
     if options is False:
         return None
     options = options if isinstance(options, dict) else {}
-    return Policy(drop=dict(options.get("drop") or {}), keep=list(options.get("keep") or []), megatron_lm_path=megatron_lm_path,
-                  rocm=rocm)
+    return Policy(
+        drop=dict(options.get("drop") or {}),
+        keep=list(options.get("keep") or []),
+        megatron_lm_path=megatron_lm_path,
+        rocm=rocm,
+    )
 
 
-def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_args: tuple[str, ...] = (),
-                python: str | None = None) -> tuple[list[str], str]:
+def pip_dry_run(
+    requirements: list[str], index_url: str | None = None, extra_args: tuple[str, ...] = (), python: str | None = None
+) -> tuple[list[str], str]:
     """What `pip install --dry-run --report` would install into this environment (or ``python``'s;
     torch and everything already installed count as satisfied: that is the point on a ROCm image),
     and pip's error text."""
@@ -285,8 +328,19 @@ def pip_dry_run(requirements: list[str], index_url: str | None = None, extra_arg
 
     with tempfile.TemporaryDirectory(prefix="rocmport-dry-") as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [python or sys.executable, "-m", "pip", "install", "--dry-run", "--report", str(report),
-               "--no-build-isolation", *(["--index-url", index_url] if index_url else []), *extra_args, *requirements]
+        cmd = [
+            python or sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--report",
+            str(report),
+            "--no-build-isolation",
+            *(["--index-url", index_url] if index_url else []),
+            *extra_args,
+            *requirements,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0 or not report.is_file():
             return [], _pip_error(proc.stdout, proc.stderr)
@@ -301,9 +355,13 @@ def _pip_error(stdout: str, stderr: str) -> str:
     errors = [ln for ln in stderr.splitlines() if ln.startswith("ERROR:")]
     if errors:
         return errors[-1]
-    kind = next((ln[len("error: "):].strip() for ln in stderr.splitlines() if ln.startswith("error: ")), None)
+    kind = next((ln[len("error: ") :].strip() for ln in stderr.splitlines() if ln.startswith("error: ")), None)
     # The build's own last words: an exception, or a setuptools "error: ..." inside pip's box.
-    raised = [ln.strip() for ln in stderr.splitlines() if re.match(r"^\s*\w+(Error|Exception): |^\s+error: (?!subprocess-exited)", ln)]
+    raised = [
+        ln.strip()
+        for ln in stderr.splitlines()
+        if re.match(r"^\s*\w+(Error|Exception): |^\s+error: (?!subprocess-exited)", ln)
+    ]
     collecting = [ln.strip() for ln in stdout.splitlines() if ln.startswith(("Collecting ", "Processing "))]
     if kind or raised:
         text = ": ".join(x for x in (kind, raised[-1] if raised else None) if x)

@@ -22,9 +22,10 @@ def worktree_info(path: Path) -> dict | None:
     if not (path / ".git").exists() or not is_git_dir(path):
         return None
     branch = run_git("symbolic-ref", "--short", "-q", "HEAD", cwd=path, check=False).stdout.strip() or None
-    base_tags = git("tag", "--list", "rocmport/base/*", "--points-at", "HEAD", cwd=path).split() or git(
-        "tag", "--list", "rocmport/base/*", "--merged", "HEAD", cwd=path
-    ).split()
+    base_tags = (
+        git("tag", "--list", "rocmport/base/*", "--points-at", "HEAD", cwd=path).split()
+        or git("tag", "--list", "rocmport/base/*", "--merged", "HEAD", cwd=path).split()
+    )
     base = git("rev-parse", f"{base_tags[0]}^{{commit}}", cwd=path) if base_tags else None
     state = read_state(path)
     clean = run_git("status", "--porcelain", "-z", "--untracked-files=no", cwd=path).stdout.strip("\0") == ""

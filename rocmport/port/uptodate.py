@@ -40,7 +40,11 @@ def noop_report(settings: Settings, lock: Lock, name: str, *, codemods_only: boo
         return None
     pin = lock.upstreams[name]
     # The series is read and checked as apply reads it: bad input is refused here with apply's message.
-    series = default_series(name, pin.version or "0") if codemods_only else select_series(settings.patchsets_dir, name, pin.version)
+    series = (
+        default_series(name, pin.version or "0")
+        if codemods_only
+        else select_series(settings.patchsets_dir, name, pin.version)
+    )
     inputs = inputs_hash(pin, series, declared.versions(series))
     with wt.locked(tree):
         state = wt.read_state(tree)

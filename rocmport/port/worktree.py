@@ -41,8 +41,8 @@ class PatchEntry(TypedDict, total=False):
     offsets: list[dict[str, int]]
     failed_hunks: list[dict[str, Any]]
     detail: str
-    commit: str             # the commit the patch became
-    parent: str             # the commit it was applied on
+    commit: str  # the commit the patch became
+    parent: str  # the commit it was applied on
     resolved_by_hand: bool
 
 
@@ -54,8 +54,8 @@ class Step:
 
     kind: StepKind
     name: str = ""
-    paths: list[str] | None = None   # None: any path (checkout and clean rewrite the whole tree)
-    parent: str | None = None        # the commit the step builds on
+    paths: list[str] | None = None  # None: any path (checkout and clean rewrite the whole tree)
+    parent: str | None = None  # the commit the step builds on
 
     def covers(self, path: str) -> bool:
         """Could the step have left ``path`` dirty (one of its files, or the temp file of one being written)?"""
@@ -80,15 +80,15 @@ class ApplyState:
     series_hash: str | None = None
     patches: list[PatchEntry] = field(default_factory=list)
     last_good: str | None = None
-    index: int | None = None               # the conflicting patch (status conflict)
+    index: int | None = None  # the conflicting patch (status conflict)
     step: Step | None = None
     codemods: list[dict[str, Any]] = field(default_factory=list)
     manifests: list[dict[str, Any]] = field(default_factory=list)
-    result: str | None = None              # the finished port (done), or where --abort put the branch (aborted)
+    result: str | None = None  # the finished port (done), or where --abort put the branch (aborted)
     report: dict[str, Any] | None = None
-    prev_head: str | None = None           # HEAD before this apply began
+    prev_head: str | None = None  # HEAD before this apply began
     prev_state: dict[str, Any] | None = None  # the state before it (a finished port --abort goes back to)
-    megatron_lm_path: str | None = None    # Bridge: where the ported Megatron-LM tree is, from this tree
+    megatron_lm_path: str | None = None  # Bridge: where the ported Megatron-LM tree is, from this tree
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -98,7 +98,17 @@ class ApplyState:
     def from_json(cls, data: Any) -> ApplyState:
         expect(data, dict, "the apply state")
         status = one_of(value_of(data, "status", str), ApplyStatus, "key 'status'")
-        for key in ("inputs", "base", "branch", "series", "series_hash", "last_good", "result", "prev_head", "megatron_lm_path"):
+        for key in (
+            "inputs",
+            "base",
+            "branch",
+            "series",
+            "series_hash",
+            "last_good",
+            "result",
+            "prev_head",
+            "megatron_lm_path",
+        ):
             value_of(data, key, str, required=False)
         for key in ("patches", "codemods", "manifests"):
             for i, item in enumerate(expect(data.get(key) or [], list, f"key '{key}'")):
@@ -112,14 +122,31 @@ class ApplyState:
             paths = value_of(raw, "paths", list, "step", required=False)
             if paths is not None and not all(isinstance(p, str) for p in paths):
                 raise Invalid("key 'step.paths' must be a list of strings")
-            step = Step(one_of(value_of(raw, "kind", str, "step"), StepKind, "key 'step.kind'"),
-                        value_of(raw, "name", str, "step", required=False) or "", paths,
-                        value_of(raw, "parent", str, "step", required=False))
-        return cls(status=status, inputs=data.get("inputs"), base=data.get("base"), branch=data.get("branch"),
-                   series=data.get("series"), series_hash=data.get("series_hash"), patches=list(data.get("patches") or []),
-                   last_good=data.get("last_good"), index=index, step=step, codemods=list(data.get("codemods") or []),
-                   manifests=list(data.get("manifests") or []), result=data.get("result"), report=data.get("report"),
-                   prev_head=data.get("prev_head"), prev_state=data.get("prev_state"), megatron_lm_path=data.get("megatron_lm_path"))
+            step = Step(
+                one_of(value_of(raw, "kind", str, "step"), StepKind, "key 'step.kind'"),
+                value_of(raw, "name", str, "step", required=False) or "",
+                paths,
+                value_of(raw, "parent", str, "step", required=False),
+            )
+        return cls(
+            status=status,
+            inputs=data.get("inputs"),
+            base=data.get("base"),
+            branch=data.get("branch"),
+            series=data.get("series"),
+            series_hash=data.get("series_hash"),
+            patches=list(data.get("patches") or []),
+            last_good=data.get("last_good"),
+            index=index,
+            step=step,
+            codemods=list(data.get("codemods") or []),
+            manifests=list(data.get("manifests") or []),
+            result=data.get("result"),
+            report=data.get("report"),
+            prev_head=data.get("prev_head"),
+            prev_state=data.get("prev_state"),
+            megatron_lm_path=data.get("megatron_lm_path"),
+        )
 
 
 def read_state(tree: Path) -> ApplyState | None:
@@ -148,7 +175,9 @@ def cone_dirs(mirror_or_tree: Path, commit: str, excluded: list[str]) -> list[st
     while frontier:
         parent = frontier.pop()
         prefix = f"{parent}/" if parent else ""
-        listing = git("ls-tree", "-z", "-d", "--name-only", f"{commit}:{parent}" if parent else commit, cwd=mirror_or_tree)
+        listing = git(
+            "ls-tree", "-z", "-d", "--name-only", f"{commit}:{parent}" if parent else commit, cwd=mirror_or_tree
+        )
         for name in z_paths(listing):
             child = PurePosixPath(prefix + name)
             if child in skip:
@@ -165,7 +194,9 @@ def ensure_clone(mirror: Path, tree: Path) -> bool:
     if (tree / ".git").exists():
         return False
     if tree.exists() and any(tree.iterdir()):
-        raise BadInput(f"{tree}: exists and is not a rocmport work tree; move it away or set [tool.rocmport] worktree-dir")
+        raise BadInput(
+            f"{tree}: exists and is not a rocmport work tree; move it away or set [tool.rocmport] worktree-dir"
+        )
     tree.parent.mkdir(parents=True, exist_ok=True)
     # Clone beside the target and rename: a kill mid-clone never leaves a half work tree.
     staging = tree.parent / f".{tree.name}.cloning"
@@ -193,8 +224,11 @@ def set_sparse(tree: Path, commit: str, excluded: list[str]) -> None:
 @contextmanager
 def locked(tree: Path, timeout: float = 5) -> Iterator[None]:
     """One apply per work tree at a time."""
-    with file_lock(tree.parent / f".{tree.name}.lock", f"another rocmport apply is running on this work tree ({tree}); "
-                                                       f"wait for it to finish", timeout=timeout):
+    with file_lock(
+        tree.parent / f".{tree.name}.lock",
+        f"another rocmport apply is running on this work tree ({tree}); wait for it to finish",
+        timeout=timeout,
+    ):
         yield
 
 
@@ -234,13 +268,21 @@ def copy_backup(source: Path, ref: str, dest: Path, what: str) -> str:
 
 
 def _new_backup_ref(tree: Path, target: str, what: str) -> str:
-    taken = [r.removeprefix(BACKUP_PREFIX) for r in git("for-each-ref", "--format=%(refname)", BACKUP_PREFIX, cwd=tree).split()]
+    taken = [
+        r.removeprefix(BACKUP_PREFIX)
+        for r in git("for-each-ref", "--format=%(refname)", BACKUP_PREFIX, cwd=tree).split()
+    ]
     n = max((int(t) for t in taken if t.isdigit()), default=0)
     while True:
         n += 1
         ref = f"{BACKUP_PREFIX}{n}"
         # Create-only (old value: none): a ref that appeared meanwhile is never replaced.
-        if run_git("update-ref", "-m", f"rocmport backup: {what}", ref, target, _ZERO, cwd=tree, check=False).returncode == 0:
+        if (
+            run_git(
+                "update-ref", "-m", f"rocmport backup: {what}", ref, target, _ZERO, cwd=tree, check=False
+            ).returncode
+            == 0
+        ):
             return ref
 
 
@@ -261,5 +303,8 @@ def is_own_commit(tree: Path, commit: str, parent: str | None) -> bool:
         return False
     fields = git("show", "-s", "--format=%P%x00%an%x00%cn%x00%aI%x00%cI", commit, cwd=tree).split("\0")
     fixed = "2000-01-01T00:00:00+00:00"
-    return (fields[0] == parent and fields[1] == fields[2] == FIXED_IDENTITY["GIT_AUTHOR_NAME"]
-            and fields[3] == fields[4] == fixed)
+    return (
+        fields[0] == parent
+        and fields[1] == fields[2] == FIXED_IDENTITY["GIT_AUTHOR_NAME"]
+        and fields[3] == fields[4] == fixed
+    )

@@ -32,14 +32,19 @@ from rocmport.upstream.store import Store
 from rocmport.upstreams import MEGATRON_LM
 
 BOT_NAME, BOT_EMAIL = "rocmport-bot", "rocmport-bot@users.noreply.github.com"
-BOT_ENV = {"GIT_AUTHOR_NAME": BOT_NAME, "GIT_AUTHOR_EMAIL": BOT_EMAIL, "GIT_COMMITTER_NAME": BOT_NAME, "GIT_COMMITTER_EMAIL": BOT_EMAIL}
+BOT_ENV = {
+    "GIT_AUTHOR_NAME": BOT_NAME,
+    "GIT_AUTHOR_EMAIL": BOT_EMAIL,
+    "GIT_COMMITTER_NAME": BOT_NAME,
+    "GIT_COMMITTER_EMAIL": BOT_EMAIL,
+}
 SUMMARIES = "refresh-summaries"
 
 
 @dataclass(frozen=True)
 class Candidate:
-    name: str      # the tag (or main@<sha12>)
-    ref: str       # what refresh resolves
+    name: str  # the tag (or main@<sha12>)
+    ref: str  # what refresh resolves
     commit: str
 
     @property
@@ -72,8 +77,8 @@ class TagRecord:
     branch: str | None = None
     summary_file: str | None = None
     reason: str | None = None
-    push: str | None = None        # how the last push went: pushed, replaced, refused (a human's commits), failed
-    pushed_to: str | None = None   # the remote that holds ``commit``: set only by a push that succeeded
+    push: str | None = None  # how the last push went: pushed, replaced, refused (a human's commits), failed
+    pushed_to: str | None = None  # the remote that holds ``commit``: set only by a push that succeeded
 
     @property
     def built(self) -> bool:
@@ -129,7 +134,12 @@ def write_record(settings: Settings, record: BotRecord) -> None:
 
 def exclusive(settings: Settings) -> AbstractContextManager[None]:
     """One bot run per project at a time; a second one is refused at once."""
-    return file_lock(state_dir(settings) / "bot.lock", "another rocmport bot run holds it; wait for it or stop it", timeout=0, error=Busy)
+    return file_lock(
+        state_dir(settings) / "bot.lock",
+        "another rocmport bot run holds it; wait for it or stop it",
+        timeout=0,
+        error=Busy,
+    )
 
 
 def candidates(settings: Settings, track: str, lines: list[str] | None, say=print) -> list[Candidate]:
@@ -143,7 +153,9 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
     by_version: dict[Version, Candidate] = {}
     if pin.source == "pypi":
         if track == "main":
-            raise BadInput(f"{settings.lock_path}: pins a package-index release; --track main needs a git upstream (`rocmport sync --source git`)")
+            raise BadInput(
+                f"{settings.lock_path}: pins a package-index release; --track main needs a git upstream (`rocmport sync --source git`)"
+            )
         for v in package_index.list_final_versions(MEGATRON_LM.distribution):
             if v > current:
                 by_version[v] = Candidate(f"v{v}", str(v), f"pypi:{v}")
@@ -165,8 +177,10 @@ def candidates(settings: Settings, track: str, lines: list[str] | None, say=prin
         series_lines = (ReleaseLine.match(s.line) for s in all_series(settings.patchsets_dir, MEGATRON_LM.name))
         wanted = {line for line in series_lines if line} | ({newest} if newest else set())
     out = [c for v, c in sorted(by_version.items()) if ReleaseLine.of(v) in wanted]
-    say(f"bot: {len(out)} release(s) newer than {pin.resolved_ref} on lines {', '.join(map(str, sorted(wanted)))}: "
-        f"{', '.join(c.name for c in out) or 'none'}")
+    say(
+        f"bot: {len(out)} release(s) newer than {pin.resolved_ref} on lines {', '.join(map(str, sorted(wanted)))}: "
+        f"{', '.join(c.name for c in out) or 'none'}"
+    )
     return out
 
 
@@ -207,14 +221,23 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
                 abort_refresh(settings, say=say)
             git("checkout", "-q", "--force", start, cwd=root)
             git("branch", "-q", "-D", cand.branch, cwd=root)
-            return {"status": NEEDS_HUMAN, "reason": result.why, "summary": markdown(public(result), machine_paths(settings))}
+            return {
+                "status": NEEDS_HUMAN,
+                "reason": result.why,
+                "summary": markdown(public(result), machine_paths(settings)),
+            }
         _bisectable_commits(root, cand, result)
         summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"
         summary_file.parent.mkdir(exist_ok=True)
         summary_file.write_text(summary.read_text(encoding="utf-8"), encoding="utf-8")
         _commit(root, [SUMMARIES], f"summary of the refresh to {cand.name}")
-        return {"status": result.status, "branch": cand.branch, "commit": rev_parse("HEAD", root),
-                "summary_file": str(summary_file.relative_to(root)), **({"reason": result.why} if result.status == NOT_VERIFIED else {})}
+        return {
+            "status": result.status,
+            "branch": cand.branch,
+            "commit": rev_parse("HEAD", root),
+            "summary_file": str(summary_file.relative_to(root)),
+            **({"reason": result.why} if result.status == NOT_VERIFIED else {}),
+        }
     finally:
         if git("symbolic-ref", "-q", "--short", "HEAD", cwd=root) != start:
             git("checkout", "-q", start, cwd=root)
@@ -254,7 +277,14 @@ def push(root: Path, remote: str, branch: str, warn) -> str:
             if humans:
                 warn(f"{remote} {branch}: has {len(humans)} commit(s) by a human ({humans[0][:12]}); not force-pushing")
                 return "refused"
-            git("push", "-q", f"--force-with-lease=refs/heads/{branch}:{theirs}", remote, f"{branch}:refs/heads/{branch}", cwd=root)
+            git(
+                "push",
+                "-q",
+                f"--force-with-lease=refs/heads/{branch}:{theirs}",
+                remote,
+                f"{branch}:refs/heads/{branch}",
+                cwd=root,
+            )
             return "replaced"
     git("push", "-q", remote, f"{branch}:refs/heads/{branch}", cwd=root)
     return "pushed"
@@ -276,8 +306,18 @@ def _push_recorded(settings: Settings, record: BotRecord, tag: str, remote: str,
     return {k: v for k, v in entry.to_dict().items() if k != "inputs"}
 
 
-def run_once(settings: Settings, *, track="release", lines=None, retry=False, push_remote=None, verify_opts=None,
-             say=print, warn=print, progress: Progress | None = None) -> list[dict]:
+def run_once(
+    settings: Settings,
+    *,
+    track="release",
+    lines=None,
+    retry=False,
+    push_remote=None,
+    verify_opts=None,
+    say=print,
+    warn=print,
+    progress: Progress | None = None,
+) -> list[dict]:
     """Process every new release once. ``progress``: what has finished, for the line an interrupt prints."""
     progress = progress or Progress()
     with exclusive(settings):
@@ -300,17 +340,27 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
                 if push_remote and prev.pushed_to != push_remote:
                     # Built by a run without --push (or whose push failed or was refused): push it now.
                     if current != prev.commit:
-                        warn(f"bot: {prev.branch} is no longer at the commit the bot built ({str(prev.commit)[:12]}); not pushing it")
+                        warn(
+                            f"bot: {prev.branch} is no longer at the commit the bot built ({str(prev.commit)[:12]}); not pushing it"
+                        )
                     else:
-                        results.append({"tag": cand.name, **_push_recorded(settings, record, cand.name, push_remote, warn)})
+                        results.append(
+                            {"tag": cand.name, **_push_recorded(settings, record, cand.name, push_remote, warn)}
+                        )
                 continue
             if prev and prev.status == NEEDS_HUMAN and prev.inputs == inputs and not retry:
-                say(f"bot: {cand.name} needs a human since a previous run ({prev.reason}); inputs unchanged, not retrying (--retry to force)")
+                say(
+                    f"bot: {cand.name} needs a human since a previous run ({prev.reason}); inputs unchanged, not retrying (--retry to force)"
+                )
                 continue
             say(f"bot: refreshing to {cand.name} on {cand.branch}")
             progress.step(f"the refresh to {cand.name} on {cand.branch}")
-            outcome = {"tag": cand.name, "commit": cand.commit, "inputs": inputs,
-                       **process(settings, cand, base, verify_opts, say, warn)}
+            outcome = {
+                "tag": cand.name,
+                "commit": cand.commit,
+                "inputs": inputs,
+                **process(settings, cand, base, verify_opts, say, warn),
+            }
             # What was built is recorded before any push: a push that fails or is refused leaves a
             # built, unpushed release that the next run with --push pushes (never "done" unpushed).
             record.tags[cand.name] = TagRecord(**{k: v for k, v in outcome.items() if k not in ("tag", "summary")})
@@ -321,5 +371,7 @@ def run_once(settings: Settings, *, track="release", lines=None, retry=False, pu
                     outcome.update(_push_recorded(settings, record, cand.name, push_remote, warn))
             results.append(outcome)
             progress.finish(f"{cand.name} {outcome['status']}")
-            say(f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}")
+            say(
+                f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}"
+            )
         return results

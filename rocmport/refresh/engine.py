@@ -24,7 +24,17 @@ from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
 from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
-from rocmport.refresh.result import NEEDS_HUMAN, PROMOTED, READY, UP_TO_DATE, PatchRow, Pinned, RefreshResult, RefreshStatus, UpstreamOutcome
+from rocmport.refresh.result import (
+    NEEDS_HUMAN,
+    PROMOTED,
+    READY,
+    UP_TO_DATE,
+    PatchRow,
+    Pinned,
+    RefreshResult,
+    RefreshStatus,
+    UpstreamOutcome,
+)
 from rocmport.refresh.staging import StagedSeries, promote, stage_series
 from rocmport.state import expect, one_of, read_json, value_of, write_json
 from rocmport.upstream.lock import Lock, load_lock, parse_lock
@@ -81,34 +91,59 @@ def _write_state(settings: Settings, state: dict[str, Any]) -> None:
     write_json(_state_path(settings), state)
 
 
-def refresh(settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print, progress: Progress | None = None) -> RefreshResult:
+def refresh(
+    settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print, progress: Progress | None = None
+) -> RefreshResult:
     """Start a refresh to ``to``. ``verify_opts`` None means --no-verify."""
     progress = progress or Progress()
     state = read_state(settings)
     if state and state.get("status") == "conflict":
-        raise BadInput(f"{_state_path(settings)}: a refresh to {state['to']} stopped at a conflict; resolve it and run "
-                       f"`rocmport refresh --continue`, or `rocmport refresh --abort`")
+        raise BadInput(
+            f"{_state_path(settings)}: a refresh to {state['to']} stopped at a conflict; resolve it and run "
+            f"`rocmport refresh --continue`, or `rocmport refresh --abort`"
+        )
     old = load_lock(settings.lock_path)
     mlm = old.upstreams.get(MEGATRON_LM.name)
     if mlm is None:
         raise BadInput(f"{settings.lock_path}: pins no megatron-lm; run `rocmport sync --ref REF` first")
     started = time.time()
     progress.step(f"resolving {to}")
-    new = resolve_lock(settings, to, source=mlm.source, no_bridge=MEGATRON_BRIDGE.name not in old.upstreams, say=say, warn=warn)
+    new = resolve_lock(
+        settings, to, source=mlm.source, no_bridge=MEGATRON_BRIDGE.name not in old.upstreams, say=say, warn=warn
+    )
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
-        return RefreshResult(UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"]).settle(up_to_date=True)
+        return RefreshResult(
+            UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"]
+        ).settle(up_to_date=True)
     progress.finish(", ".join(f"{n} {to} resolved to {p.resolved_ref}" for n, p in new.upstreams.items()))
     progress.step("staging the series")
     settings.refresh_dir.mkdir(parents=True, exist_ok=True)
     staged = {}
     for name, pin in new.upstreams.items():
         before = old.upstreams.get(name)
-        staged[name] = stage_series(settings.patchsets_dir, settings.refresh_dir / "patchsets", name, pin.version or "0",
-                                    before.resolved_ref if before else "-", pin.resolved_ref).to_dict()
-    merged = {name: _merged_upstream(settings, StagedSeries.from_dict(staged[name]), old.upstreams.get(name), pin)
-              for name, pin in new.upstreams.items()}
-    state = {"status": "in-progress", "to": to, "old_lock": old.to_dict(), "new_lock": new.to_dict(), "staged": staged,
-             "merged_upstream": merged, "applied": {}, "verify_opts": verify_opts, "started": started}
+        staged[name] = stage_series(
+            settings.patchsets_dir,
+            settings.refresh_dir / "patchsets",
+            name,
+            pin.version or "0",
+            before.resolved_ref if before else "-",
+            pin.resolved_ref,
+        ).to_dict()
+    merged = {
+        name: _merged_upstream(settings, StagedSeries.from_dict(staged[name]), old.upstreams.get(name), pin)
+        for name, pin in new.upstreams.items()
+    }
+    state = {
+        "status": "in-progress",
+        "to": to,
+        "old_lock": old.to_dict(),
+        "new_lock": new.to_dict(),
+        "staged": staged,
+        "merged_upstream": merged,
+        "applied": {},
+        "verify_opts": verify_opts,
+        "started": started,
+    }
     _write_state(settings, state)
     progress.finish("series staged")
     return _advance(settings, state, say, warn, "apply", progress)
@@ -159,13 +194,17 @@ def _keep_work(settings: Settings, name: str, to: str, say) -> str | None:
     if (project_tree / ".git").is_dir():
         with wt.locked(project_tree):
             kept = wt.copy_backup(tree, ref, project_tree, what)
-        say(f"{name}: saved the refresh tree's work (HEAD {head[:12] if head else '-'}{files}) on {kept} of {project_tree}; "
-            f"see it with `git -C {project_tree} log --stat {kept}`")
+        say(
+            f"{name}: saved the refresh tree's work (HEAD {head[:12] if head else '-'}{files}) on {kept} of {project_tree}; "
+            f"see it with `git -C {project_tree} log --stat {kept}`"
+        )
         return f"{project_tree} {kept}"
     aside = settings.worktrees_dir / f"refresh-aborted-{name}-{int(time.time())}"
     tree.rename(aside)
-    say(f"{name}: {project_tree} does not exist; kept the refresh tree with its work (HEAD {head[:12] if head else '-'}{files}) "
-        f"in {aside}, on {ref}")
+    say(
+        f"{name}: {project_tree} does not exist; kept the refresh tree with its work (HEAD {head[:12] if head else '-'}{files}) "
+        f"in {aside}, on {ref}"
+    )
     return f"{aside} {ref}"
 
 
@@ -191,8 +230,14 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str, progress: Pr
             state.update(status="conflict", conflict_in=name)
             _write_state(settings, state)
             result = _result(state, NEEDS_HUMAN)
-            result.conflict = {"upstream": name, "patch": bad["name"], "files": bad["files"], "hunks": bad["failed_hunks"],
-                               "detail": bad["detail"], "tree": report.tree}
+            result.conflict = {
+                "upstream": name,
+                "patch": bad["name"],
+                "files": bad["files"],
+                "hunks": bad["failed_hunks"],
+                "detail": bad["detail"],
+                "tree": report.tree,
+            }
             return result.settle()
         state["applied"][name] = report.to_dict()
         state.pop("conflict_in", None)
@@ -243,12 +288,16 @@ def _finish(settings: Settings, state: dict, say, warn, progress: Progress) -> R
             # exactly what `apply` makes from the project's series, and the next apply is a no-op.
             rebuilt = apply_upstream(rsettings, new, name, series=st.series, force=True, say=say)
             if rebuilt.status != "done":
-                result.problems.append(f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
-                                       f"({rebuilt.status}); the refresh tree is {tree}")
+                result.problems.append(
+                    f"{name}: the refreshed series did not re-apply on {new.upstreams[name].resolved_ref} "
+                    f"({rebuilt.status}); the refresh tree is {tree}"
+                )
         progress.finish(f"{name}'s patches refreshed")
     result.upstreams = outcomes
     progress.step("the range-diff")
-    result.range_diff = range_diff(rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes)
+    result.range_diff = range_diff(
+        rsettings, old, new, {n: StagedSeries.from_dict(s) for n, s in state["staged"].items()}, outcomes
+    )
     progress.finish("range-diff")
     if state.get("verify_opts") is not None:
         progress.step("verify")
@@ -274,9 +323,13 @@ def _refresh_patches(st: StagedSeries, tree: Path, report: dict, merged: dict[st
         if patch.name in merged:
             by_name[patch.name] = {"bucket": "already-upstream", "detail": "", "evidence": merged[patch.name]}
         o = by_name.get(patch.name, {"bucket": "not-applicable", "detail": "not reached"})
-        row = PatchRow(patch.name, "resolved-by-hand" if o.get("resolved_by_hand") else o["bucket"], detail=o.get("detail", ""))
+        row = PatchRow(
+            patch.name, "resolved-by-hand" if o.get("resolved_by_hand") else o["bucket"], detail=o.get("detail", "")
+        )
         if row.bucket in ("offset", "merged-3way", "resolved-by-hand"):
-            regen = regenerate(patch, tree, o["parent"], o["commit"], "merged-3way" if row.bucket == "resolved-by-hand" else row.bucket)
+            regen = regenerate(
+                patch, tree, o["parent"], o["commit"], "merged-3way" if row.bucket == "resolved-by-hand" else row.bucket
+            )
             row.action = regen.how if regen.changed else "unchanged"
             if regen.changed:
                 out.regenerated[patch.name] = regen.text
@@ -311,7 +364,9 @@ def _promote(settings: Settings, new: Lock, state: dict, outcomes: dict[str, Ups
     changed.append(str(settings.lock_path))
     for name in outcomes:
         if _swap_tree(settings, name, warn):
-            _record_series(settings.worktree_path(name), StagedSeries.from_dict(state["staged"][name]).target_dir / "series")
+            _record_series(
+                settings.worktree_path(name), StagedSeries.from_dict(state["staged"][name]).target_dir / "series"
+            )
     shutil.rmtree(settings.refresh_dir / "patchsets", ignore_errors=True)
     _state_path(settings).unlink(missing_ok=True)
     return changed
@@ -323,7 +378,12 @@ def _swap_tree(settings: Settings, name: str, warn) -> bool:
     current = settings.worktree_path(name)
     if current.exists():
         state = wt.read_state(current)
-        owned = state is not None and state.status == "done" and wt.head(current) == state.result and not wt.dirty_paths(current)
+        owned = (
+            state is not None
+            and state.status == "done"
+            and wt.head(current) == state.result
+            and not wt.dirty_paths(current)
+        )
         if not owned:
             warn(f"{current}: has work rocmport did not make; left as it is (the refreshed port is in {fresh})")
             return False

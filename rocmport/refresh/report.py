@@ -44,16 +44,30 @@ def codemod_changes(settings: Settings, old: Lock, name: str, new_report: dict) 
         rp = report_path(_old_port(settings, old, name))
         if rp.is_file():
             old_layers = {c["name"]: c for c in json.loads(rp.read_text()).get("codemods", [])}
-    gone = sorted({f for layer in new_report.get("codemods", []) for f in
-                   set(old_layers.get(layer["name"], {"files": []})["files"]) - set(layer["files"])})
+    gone = sorted(
+        {
+            f
+            for layer in new_report.get("codemods", [])
+            for f in set(old_layers.get(layer["name"], {"files": []})["files"]) - set(layer["files"])
+        }
+    )
     why = _upstream_fate(Path(new_report["tree"]), old.upstreams[name].commit, new_report["base"], gone) if gone else {}
     rows = []
     for layer in new_report.get("codemods", []):
         before = old_layers.get(layer["name"], {"sites": 0, "files": []})
-        rows.append({"name": layer["name"], "old_sites": before["sites"], "new_sites": layer["sites"],
-                     "old_files": len(before["files"]), "new_files": len(layer["files"]),
-                     "newly_rewritten": sorted(set(layer["files"]) - set(before["files"])),
-                     "no_longer_rewritten": [{"file": f, "why": why[f]} for f in sorted(set(before["files"]) - set(layer["files"]))]})
+        rows.append(
+            {
+                "name": layer["name"],
+                "old_sites": before["sites"],
+                "new_sites": layer["sites"],
+                "old_files": len(before["files"]),
+                "new_files": len(layer["files"]),
+                "newly_rewritten": sorted(set(layer["files"]) - set(before["files"])),
+                "no_longer_rewritten": [
+                    {"file": f, "why": why[f]} for f in sorted(set(before["files"]) - set(layer["files"]))
+                ],
+            }
+        )
     return rows
 
 
@@ -92,7 +106,9 @@ def _series_tip(tree: Path, base: str, patches: list[tuple[str, str]], index: Pa
     return tip
 
 
-def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict[str, StagedSeries], outcomes: dict[str, UpstreamOutcome]) -> str:
+def range_diff(
+    rsettings: Settings, old: Lock, new: Lock, staged: dict[str, StagedSeries], outcomes: dict[str, UpstreamOutcome]
+) -> str:
     """`git range-diff` of the old series on the old base vs the new series on the new base."""
     chunks = []
     for name, outcome in outcomes.items():
@@ -105,15 +121,20 @@ def range_diff(rsettings: Settings, old: Lock, new: Lock, staged: dict[str, Stag
             old_series = None
         before = [(p.description.splitlines()[0], p.diff) for p in old_series.patches] if old_series else []
         new_series = staged[name].series
-        after = [(p.description.splitlines()[0], _diff_of(outcome.regenerated.get(p.name), p.diff))
-                 for p in new_series.patches if p.name not in outcome.dropped]
+        after = [
+            (p.description.splitlines()[0], _diff_of(outcome.regenerated.get(p.name), p.diff))
+            for p in new_series.patches
+            if p.name not in outcome.dropped
+        ]
         if not before and not after:
             continue
         with tempfile.TemporaryDirectory(prefix="rocmport-rd-") as tmp:
             o_base, n_base = old.upstreams[name].commit, new.upstreams[name].commit
             o_tip = _series_tip(tree, o_base, before, Path(tmp) / "a")
             n_tip = _series_tip(tree, n_base, after, Path(tmp) / "b")
-            rd = run_git("range-diff", "--no-color", f"{o_base}..{o_tip}", f"{n_base}..{n_tip}", cwd=tree, check=False).stdout
+            rd = run_git(
+                "range-diff", "--no-color", f"{o_base}..{o_tip}", f"{n_base}..{n_tip}", cwd=tree, check=False
+            ).stdout
         chunks.append(f"{name}:\n{rd.rstrip()}")
     return "\n\n".join(chunks)
 
@@ -129,15 +150,30 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     tree = rsettings.worktree_path(MEGATRON_LM.name)
     need = unmet_python(tree)
     if need:
-        return {"skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
-                           + python_setup_hint(need), "stages": [], "failed": []}
+        return {
+            "skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
+            + python_setup_hint(need),
+            "stages": [],
+            "failed": [],
+        }
     not_run = "refresh verifies imports and GPT training (stages 1-2); run `rocmport verify` for the rest"
 
     def options(at: Path):
         """verify's own checked options for ``at``: stages 1-2 (the others listed as not run by refresh)."""
-        checked = prepare(rsettings, str(at), tp=opts.get("tp", DEFAULT_TP), pp=opts.get("pp", DEFAULT_PP), iters=opts.get("iters", 10),
-                          backend=opts.get("backend", "auto"), with_unit=False, with_functional=False, with_bridge=False)
-        return dataclasses.replace(checked, skipped={name: not_run for name in NAMES[2:]})  # after imports and GPT training
+        checked = prepare(
+            rsettings,
+            str(at),
+            tp=opts.get("tp", DEFAULT_TP),
+            pp=opts.get("pp", DEFAULT_PP),
+            iters=opts.get("iters", 10),
+            backend=opts.get("backend", "auto"),
+            with_unit=False,
+            with_functional=False,
+            with_bridge=False,
+        )
+        return dataclasses.replace(
+            checked, skipped={name: not_run for name in NAMES[2:]}
+        )  # after imports and GPT training
 
     new = run_verify(options(tree)).to_dict()
     failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
@@ -145,15 +181,24 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     if failed:
         old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
         before = {s.name: s.status for s in run_verify(options(old_tree)).stages}
-        out["labels"] = {n: ("also fails on the old pin: upstream or environment" if before.get(n) == "fail"
-                             else "passes on the old pin: introduced by the new upstream or a drifted patch") for n in failed}
+        out["labels"] = {
+            n: (
+                "also fails on the old pin: upstream or environment"
+                if before.get(n) == "fail"
+                else "passes on the old pin: introduced by the new upstream or a drifted patch"
+            )
+            for n in failed
+        }
     return out
 
 
 # What each status means to a reviewer, after the status word itself (refresh/result.py's vocabulary).
-_MEANING = {"ready": "verified, ready to merge", "up-to-date": "already up to date",
-            "not-verified": "the patches and codemods carried over, but {why}; run `rocmport verify` on the port before merging",
-            "needs-a-human": "{why}"}
+_MEANING = {
+    "ready": "verified, ready to merge",
+    "up-to-date": "already up to date",
+    "not-verified": "the patches and codemods carried over, but {why}; run `rocmport verify` on the port before merging",
+    "needs-a-human": "{why}",
+}
 
 
 def status_line(result: dict) -> str:
@@ -185,18 +230,28 @@ def markdown(result: dict, places: dict[str, str] | None = None) -> str:
         lines.append(f"| {name} | {frm} | `{pin['resolved_ref']}` ({pin['commit'][:12]}) |")
     for name, before in result["old_lock"]["upstreams"].items():
         if name not in result["new_lock"]["upstreams"]:
-            lines.append(f"| {name} | `{before['resolved_ref']}` ({before['commit'][:12]}) | — (no companion release; no longer pinned) |")
+            lines.append(
+                f"| {name} | `{before['resolved_ref']}` ({before['commit'][:12]}) | — (no companion release; no longer pinned) |"
+            )
     if result.get("conflict"):
         c = result["conflict"]
         hunks = ", ".join(f"{h['file']}:{h['line']}" for h in c["hunks"]) or "—"
-        lines += ["", "## Conflict", "", f"`{c['patch']}` ({c['upstream']}) does not apply: {c['detail']}.",
-                  f"Files: {', '.join(c['files'])}; hunks: {hunks}. Work tree: `{c['tree']}`.",
-                  "Resolve there, commit, then `rocmport refresh --continue` (or `--abort`)."]
+        lines += [
+            "",
+            "## Conflict",
+            "",
+            f"`{c['patch']}` ({c['upstream']}) does not apply: {c['detail']}.",
+            f"Files: {', '.join(c['files'])}; hunks: {hunks}. Work tree: `{c['tree']}`.",
+            "Resolve there, commit, then `rocmport refresh --continue` (or `--abort`).",
+        ]
     for name, up in result["upstreams"].items():
         lines += ["", f"## {name}: patches ({'new series' if up['created'] else 'series'} `{up['series']}`)", ""]
         if up["patches"]:
             lines += ["| patch | outcome | action | detail |", "|---|---|---|---|"]
-            lines += [f"| `{p['name']}` | {p['bucket']} | {p['action']} | {p['evidence'] or p['detail']} |" for p in up["patches"]]
+            lines += [
+                f"| `{p['name']}` | {p['bucket']} | {p['action']} | {p['evidence'] or p['detail']} |"
+                for p in up["patches"]
+            ]
         else:
             lines.append("No patches in this series.")
         if up["dropped"]:
@@ -204,8 +259,12 @@ def markdown(result: dict, places: dict[str, str] | None = None) -> str:
         if up["codemods"]:
             lines += ["", "| codemod | sites old → new | files old → new | newly rewritten |", "|---|---|---|---|"]
             for c in up["codemods"]:
-                new_files = ", ".join(f"`{f}`" for f in c["newly_rewritten"][:5]) + (" …" if len(c["newly_rewritten"]) > 5 else "")
-                lines.append(f"| {c['name']} | {c['old_sites']} → {c['new_sites']} | {c['old_files']} → {c['new_files']} | {new_files or '—'} |")
+                new_files = ", ".join(f"`{f}`" for f in c["newly_rewritten"][:5]) + (
+                    " …" if len(c["newly_rewritten"]) > 5 else ""
+                )
+                lines.append(
+                    f"| {c['name']} | {c['old_sites']} → {c['new_sites']} | {c['old_files']} → {c['new_files']} | {new_files or '—'} |"
+                )
             gone = [(c["name"], f) for c in up["codemods"] for f in c.get("no_longer_rewritten", [])]
             if gone:
                 lines += ["", "No longer rewritten:"] + [f"- {name}: `{f['file']}`: {f['why']}" for name, f in gone]
@@ -219,7 +278,18 @@ def markdown(result: dict, places: dict[str, str] | None = None) -> str:
         lines += [f"Mode: {v['mode']}.", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
         for s in v["stages"]:
             label = (v.get("labels") or {}).get(s["name"], "")
-            lines.append(f"| {s['name']} | {s['status']} | {s.get('seconds', '')} | {s['reason']}{' — ' + label if label else ''} |")
+            lines.append(
+                f"| {s['name']} | {s['status']} | {s.get('seconds', '')} | {s['reason']}{' — ' + label if label else ''} |"
+            )
     if result.get("range_diff"):
-        lines += ["", "<details><summary>range-diff of the old vs new series</summary>", "", "```", result["range_diff"], "```", "", "</details>"]
+        lines += [
+            "",
+            "<details><summary>range-diff of the old vs new series</summary>",
+            "",
+            "```",
+            result["range_diff"],
+            "```",
+            "",
+            "</details>",
+        ]
     return portable("\n".join(lines) + "\n", places or {})

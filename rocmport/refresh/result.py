@@ -20,11 +20,18 @@ READY: RefreshStatus = "ready"
 NOT_VERIFIED: RefreshStatus = "not-verified"
 NEEDS_HUMAN: RefreshStatus = "needs-a-human"
 UP_TO_DATE: RefreshStatus = "up-to-date"
-PROMOTED: tuple[RefreshStatus, ...] = (READY, NOT_VERIFIED)   # what carries the port over (lock, series, tree)
-EXIT_CODES: dict[RefreshStatus, int] = {READY: EXIT_OK, NOT_VERIFIED: EXIT_OK, UP_TO_DATE: EXIT_OK, NEEDS_HUMAN: EXIT_PROBLEM}
+PROMOTED: tuple[RefreshStatus, ...] = (READY, NOT_VERIFIED)  # what carries the port over (lock, series, tree)
+EXIT_CODES: dict[RefreshStatus, int] = {
+    READY: EXIT_OK,
+    NOT_VERIFIED: EXIT_OK,
+    UP_TO_DATE: EXIT_OK,
+    NEEDS_HUMAN: EXIT_PROBLEM,
+}
 
 
-def derive_status(*, conflict: dict | None, verify: dict | None, problems: list[str], up_to_date: bool = False) -> tuple[RefreshStatus, str]:
+def derive_status(
+    *, conflict: dict | None, verify: dict | None, problems: list[str], up_to_date: bool = False
+) -> tuple[RefreshStatus, str]:
     """The status of a refresh and why, from what it found (``verify`` None: --no-verify)."""
     if up_to_date:
         return UP_TO_DATE, "the lock already pins it"
@@ -40,8 +47,11 @@ def derive_status(*, conflict: dict | None, verify: dict | None, problems: list[
         return NOT_VERIFIED, f"verify did not run: {verify['skipped']}"
     return READY, "verify ran and passed"
 
+
 # The apply ladder's buckets (patches/apply.py), plus a conflict a human resolved during the refresh.
-RowBucket = Literal["clean", "offset", "merged-3way", "already-upstream", "not-applicable", "conflict", "resolved-by-hand"]
+RowBucket = Literal[
+    "clean", "offset", "merged-3way", "already-upstream", "not-applicable", "conflict", "resolved-by-hand"
+]
 # kept: applied exactly; unchanged / shifted / regenerated: drifted, and its file is now that;
 # dropped: upstream has it (the evidence says how we know).
 RowAction = Literal["kept", "unchanged", "shifted", "regenerated", "dropped"]
@@ -67,17 +77,17 @@ class UpstreamOutcome:
     """One upstream's refresh: its series (created for a new release line, or the one it had), each
     patch's row, the regenerated and dropped patch files, and codemod sites old vs new."""
 
-    series: str                          # the series file in the project
-    created: bool                        # a new release line
-    from_series: str                     # the series directory it was copied from
+    series: str  # the series file in the project
+    created: bool  # a new release line
+    from_series: str  # the series directory it was copied from
     patches: list[PatchRow] = field(default_factory=list)
-    regenerated: dict[str, str] = field(default_factory=dict)     # patch file -> its new text
-    dropped: dict[str, str] = field(default_factory=dict)         # patch file -> evidence upstream has it
-    dropped_texts: dict[str, str] = field(default_factory=dict)   # patch file -> its text before the drop
-    series_text: str = ""                # the refreshed series file, dropped patches still listed
-    series_text_final: str = ""          # ... and without them
+    regenerated: dict[str, str] = field(default_factory=dict)  # patch file -> its new text
+    dropped: dict[str, str] = field(default_factory=dict)  # patch file -> evidence upstream has it
+    dropped_texts: dict[str, str] = field(default_factory=dict)  # patch file -> its text before the drop
+    series_text: str = ""  # the refreshed series file, dropped patches still listed
+    series_text_final: str = ""  # ... and without them
     codemods: list[dict[str, Any]] = field(default_factory=list)  # refresh/report.codemod_changes
-    from_: Pinned | None = None          # the old pin (None: the upstream was not pinned before)
+    from_: Pinned | None = None  # the old pin (None: the upstream was not pinned before)
     to: Pinned | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,12 +109,14 @@ class RefreshResult:
     seconds: float = 0.0
     promoted: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)   # what needs a human besides a conflict or a failed verify
-    why: str = ""                                       # the reason for ``status`` (derive_status)
+    problems: list[str] = field(default_factory=list)  # what needs a human besides a conflict or a failed verify
+    why: str = ""  # the reason for ``status`` (derive_status)
 
     def settle(self, up_to_date: bool = False) -> RefreshResult:
         """Set ``status`` and ``why`` from what the refresh found: the only way they are set."""
-        self.status, self.why = derive_status(conflict=self.conflict, verify=self.verify, problems=self.problems, up_to_date=up_to_date)
+        self.status, self.why = derive_status(
+            conflict=self.conflict, verify=self.verify, problems=self.problems, up_to_date=up_to_date
+        )
         return self
 
     @property

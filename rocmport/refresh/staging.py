@@ -21,10 +21,10 @@ def _line_key(series: Series) -> ReleaseLine:
 @dataclass
 class StagedSeries:
     upstream: str
-    source_dir: Path      # the project series it was copied from
-    target_dir: Path      # where it lands in the project on success
-    staged_dir: Path      # the copy refresh edits
-    created: bool         # a new release line (target_dir did not exist)
+    source_dir: Path  # the project series it was copied from
+    target_dir: Path  # where it lands in the project on success
+    staged_dir: Path  # the copy refresh edits
+    created: bool  # a new release line (target_dir did not exist)
 
     @property
     def series(self) -> Series:
@@ -35,10 +35,18 @@ class StagedSeries:
 
     @classmethod
     def from_dict(cls, data: dict) -> "StagedSeries":
-        return cls(data["upstream"], Path(data["source_dir"]), Path(data["target_dir"]), Path(data["staged_dir"]), data["created"])
+        return cls(
+            data["upstream"],
+            Path(data["source_dir"]),
+            Path(data["target_dir"]),
+            Path(data["staged_dir"]),
+            data["created"],
+        )
 
 
-def stage_series(patchsets_dir: Path, staging_root: Path, upstream: str, version: str, from_ref: str, to_ref: str) -> StagedSeries:
+def stage_series(
+    patchsets_dir: Path, staging_root: Path, upstream: str, version: str, from_ref: str, to_ref: str
+) -> StagedSeries:
     found = all_series(patchsets_dir, upstream)
     if not found:
         raise BadInput(f"{patchsets_dir / upstream}: no series to refresh from; create one (see README 'Patch sets')")
@@ -46,7 +54,9 @@ def stage_series(patchsets_dir: Path, staging_root: Path, upstream: str, version
     staged_dir = staging_root / upstream
     shutil.rmtree(staged_dir, ignore_errors=True)
     if len(admitting) > 1:
-        raise BadInput(f"{upstream} {version}: several series admit this version ({', '.join(str(s.path) for s in admitting)}); make their ranges disjoint")
+        raise BadInput(
+            f"{upstream} {version}: several series admit this version ({', '.join(str(s.path) for s in admitting)}); make their ranges disjoint"
+        )
     if admitting:
         src = admitting[0]
         shutil.copytree(src.dir, staged_dir)
@@ -56,10 +66,14 @@ def stage_series(patchsets_dir: Path, staging_root: Path, upstream: str, version
     src = max(below, key=_line_key) if below else min(found, key=_line_key)
     target = patchsets_dir / upstream / str(new_line)
     if target.exists():
-        raise BadInput(f"{target}: exists but its series does not admit {version}; fix its 'versions' range or move it away")
+        raise BadInput(
+            f"{target}: exists but its series does not admit {version}; fix its 'versions' range or move it away"
+        )
     shutil.copytree(src.dir, staged_dir)
     text = (staged_dir / "series").read_text(encoding="utf-8")
-    atomic_write_text(staged_dir / "series", renamed_series_text(text, src.line, str(new_line), new_line.versions, from_ref, to_ref))
+    atomic_write_text(
+        staged_dir / "series", renamed_series_text(text, src.line, str(new_line), new_line.versions, from_ref, to_ref)
+    )
     return StagedSeries(upstream, src.dir, target, staged_dir, created=True)
 
 
@@ -68,7 +82,11 @@ def promote(staged: StagedSeries, series_text: str, files: dict[str, str], remov
     target = staged.target_dir
     target.mkdir(parents=True, exist_ok=True)
     changed = []
-    everything = {**{p.name: p.read_text(encoding="utf-8") for p in staged.staged_dir.iterdir() if p.is_file()}, **files, "series": series_text}
+    everything = {
+        **{p.name: p.read_text(encoding="utf-8") for p in staged.staged_dir.iterdir() if p.is_file()},
+        **files,
+        "series": series_text,
+    }
     for name, text in sorted(everything.items()):
         if name in removed:
             continue

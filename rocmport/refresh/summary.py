@@ -26,8 +26,12 @@ def machine_paths(settings: Settings) -> dict[str, str]:
     """This machine's absolute paths a summary may hold -> what the PR body says instead: the project's
     own paths become relative, the cache, the home and the temporary directory are named."""
     places = {}
-    for path, name in ((Path(tempfile.gettempdir()), "$TMPDIR"), (Path.home(), "~"), (settings.cache_dir, "$ROCMPORT_CACHE_DIR"),
-                       (settings.root, ".")):
+    for path, name in (
+        (Path(tempfile.gettempdir()), "$TMPDIR"),
+        (Path.home(), "~"),
+        (settings.cache_dir, "$ROCMPORT_CACHE_DIR"),
+        (settings.root, "."),
+    ):
         for form in {str(path), str(path.resolve())}:
             places[form] = name
             if name == ".":

@@ -107,8 +107,11 @@ def tightest_range(candidates: list[tuple[str, SpecifierSet | None]], version: s
     """Rule 3 over ``candidates`` (release name, declared spec), newest first: the release whose
     bounded range admits ``version`` most tightly, and an explanation that lists every admitting
     release with its range. None when no bounded range admits it."""
-    admitting = [(name, spec) for name, spec in candidates
-                 if spec is not None and has_upper_bound(spec) and spec.contains(version, prereleases=True)]
+    admitting = [
+        (name, spec)
+        for name, spec in candidates
+        if spec is not None and has_upper_bound(spec) and spec.contains(version, prereleases=True)
+    ]
     if not admitting:
         return None
     bounds = {name: range_bounds(spec) for name, spec in admitting}
@@ -121,9 +124,13 @@ def tightest_range(candidates: list[tuple[str, SpecifierSet | None]], version: s
     groups: dict[str, list[str]] = {}
     for name, spec in admitting:
         groups.setdefault(str(spec), []).append(name)
-    listed = "; ".join(f"{', '.join(names)} declare{'s' if len(names) == 1 else ''} {spec}" for spec, names in groups.items())
-    why = (f"{best[0]}: the tightest declared {MEGATRON_LM.distribution} range admitting {version} ({best[1]}), the line made for it; "
-           f"candidates (newest first): {listed}")
+    listed = "; ".join(
+        f"{', '.join(names)} declare{'s' if len(names) == 1 else ''} {spec}" for spec, names in groups.items()
+    )
+    why = (
+        f"{best[0]}: the tightest declared {MEGATRON_LM.distribution} range admitting {version} ({best[1]}), the line made for it; "
+        f"candidates (newest first): {listed}"
+    )
     return best[0], why
 
 
@@ -132,7 +139,9 @@ def choose_bridge(bridge_mirror: Path, mlm_mirror: Path, mlm_commit: str, mlm_ve
     links = {t.name: gitlink(bridge_mirror, t.commit) for t in finals}
     for t in finals:
         if links[t.name] == mlm_commit:
-            return Companion(t.name, t.commit, "gitlink-exact", f"{t.name}: its {GITLINK_PATH} gitlink is exactly {mlm_commit[:12]}")
+            return Companion(
+                t.name, t.commit, "gitlink-exact", f"{t.name}: its {GITLINK_PATH} gitlink is exactly {mlm_commit[:12]}"
+            )
     if mlm_version is None:
         return None
     want = ReleaseLine.of(mlm_version)
@@ -143,7 +152,9 @@ def choose_bridge(bridge_mirror: Path, mlm_mirror: Path, mlm_commit: str, mlm_ve
         linked = version_at(mlm_mirror, link, MEGATRON_LM.name)
         if linked and want.admits(Version(linked)):
             return Companion(
-                t.name, t.commit, "gitlink-minor",
+                t.name,
+                t.commit,
+                "gitlink-minor",
                 f"{t.name}: newest release whose gitlinked Megatron-LM ({link[:12]}, {linked}) is also {want.major}.{want.minor}",
             )
     chosen = tightest_range([(t.name, declared_core_spec(bridge_mirror, t.commit)) for t in finals], mlm_version)

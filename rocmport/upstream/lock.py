@@ -104,7 +104,9 @@ def _check_pin(path, prefix: str, entry: dict) -> None:
     if has_control(entry["requested_ref"]) or len(entry["requested_ref"]) > 200:
         _fail(path, f"{prefix}.requested_ref", "must be one line of text (no control characters)")
     try:
-        datetime.fromisoformat(entry["commit_date"].removesuffix("Z") + ("+00:00" if entry["commit_date"].endswith("Z") else ""))
+        datetime.fromisoformat(
+            entry["commit_date"].removesuffix("Z") + ("+00:00" if entry["commit_date"].endswith("Z") else "")
+        )
     except ValueError:
         _fail(path, f"{prefix}.commit_date", "must be an ISO 8601 date and time")
     try:
@@ -115,10 +117,19 @@ def _check_pin(path, prefix: str, entry: dict) -> None:
         _fail(path, f"{prefix}.url", f"holds credentials; a lock never does ({CREDENTIAL_HELP})")
     sdist = entry.get("sdist")
     if entry["source"] == "pypi":
-        if (not isinstance(sdist, dict) or set(sdist) != {"filename", "sha256"} or not isinstance(sdist["filename"], str)
-                or not _SDIST_NAME_RE.fullmatch(sdist["filename"]) or not isinstance(sdist["sha256"], str)
-                or not _SHA256_RE.fullmatch(sdist["sha256"])):
-            _fail(path, f"{prefix}.sdist", "must hold 'filename' (an sdist file name) and a 64-hex 'sha256' for a pypi source")
+        if (
+            not isinstance(sdist, dict)
+            or set(sdist) != {"filename", "sha256"}
+            or not isinstance(sdist["filename"], str)
+            or not _SDIST_NAME_RE.fullmatch(sdist["filename"])
+            or not isinstance(sdist["sha256"], str)
+            or not _SHA256_RE.fullmatch(sdist["sha256"])
+        ):
+            _fail(
+                path,
+                f"{prefix}.sdist",
+                "must hold 'filename' (an sdist file name) and a 64-hex 'sha256' for a pypi source",
+            )
     elif sdist is not None:
         _fail(path, f"{prefix}.sdist", "is only valid for a pypi source")
     for key in ("chosen_by", "version"):
@@ -162,9 +173,17 @@ def parse_lock(text: str, path: str | Path = "upstream.lock") -> Lock:
         if unknown:
             _fail(path, f"{prefix}.{unknown[0]}", "is not part of the lock schema")
         _check_pin(path, prefix, entry)
-        lock.upstreams[name] = Pin(entry["url"], entry["source"], entry["requested_ref"], entry["resolved_ref"], entry["commit"],
-                                   entry["commit_date"], sdist=entry.get("sdist"), chosen_by=entry.get("chosen_by"),
-                                   version=entry.get("version"))
+        lock.upstreams[name] = Pin(
+            entry["url"],
+            entry["source"],
+            entry["requested_ref"],
+            entry["resolved_ref"],
+            entry["commit"],
+            entry["commit_date"],
+            sdist=entry.get("sdist"),
+            chosen_by=entry.get("chosen_by"),
+            version=entry.get("version"),
+        )
     return lock
 
 

@@ -59,7 +59,9 @@ def _get(url: str, accept: str | None = None, timeout: float = 120) -> bytes:
             return resp.read()
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise IndexUnreachable(f"cannot read {url}: {reason}; use --source git with a mirror, or set ROCMPORT_INDEX_URL") from None
+        raise IndexUnreachable(
+            f"cannot read {url}: {reason}; use --source git with a mirror, or set ROCMPORT_INDEX_URL"
+        ) from None
 
 
 def _page(dist: str, index: str | None) -> tuple[str, list[dict]]:
@@ -75,8 +77,11 @@ def _page(dist: str, index: str | None) -> tuple[str, list[dict]]:
 def index_files(dist: str, index: str | None = None) -> list[tuple[str, str, str]]:
     """(filename, url, sha256) of every file of ``dist`` on the index that has a sha256."""
     page_url, files = _page(dist, index)
-    return [(f["filename"], urllib.parse.urljoin(page_url, f["url"]), f["hashes"]["sha256"])
-            for f in files if (f.get("hashes") or {}).get("sha256")]
+    return [
+        (f["filename"], urllib.parse.urljoin(page_url, f["url"]), f["hashes"]["sha256"])
+        for f in files
+        if (f.get("hashes") or {}).get("sha256")
+    ]
 
 
 def list_sdists(dist: str, index: str | None = None) -> list[SdistFile]:
@@ -89,7 +94,7 @@ def list_sdists(dist: str, index: str | None = None) -> list[SdistFile]:
         if not name.endswith(".tar.gz") or not name.lower().startswith(prefix):
             continue
         try:
-            version = Version(name[len(prefix):-len(".tar.gz")])
+            version = Version(name[len(prefix) : -len(".tar.gz")])
         except InvalidVersion:
             continue
         sha = (f.get("hashes") or {}).get("sha256")
@@ -126,8 +131,13 @@ def select_sdist(files: list[SdistFile], requested: str, pre: bool = False) -> S
         finals = [str(f.version) for f in files if is_final(f.version)]
         import difflib
 
-        close = difflib.get_close_matches(re.sub(r"^(core_)?v", "", requested), finals, n=5, cutoff=0.5) or finals[-5:][::-1]
-        raise BadInput(f"{dist}: no {'release' if pre else 'final release'} matching '{requested}' on the index; closest: {', '.join(close)}")
+        close = (
+            difflib.get_close_matches(re.sub(r"^(core_)?v", "", requested), finals, n=5, cutoff=0.5)
+            or finals[-5:][::-1]
+        )
+        raise BadInput(
+            f"{dist}: no {'release' if pre else 'final release'} matching '{requested}' on the index; closest: {', '.join(close)}"
+        )
     return cands[-1]
 
 
@@ -140,7 +150,9 @@ def pypi_url(dist: str) -> str:
     return f"https://pypi.org/project/{canonicalize_name(dist)}/"
 
 
-def pin_from_index(store: Store, upstream: str, requested_ref: str, *, pre: bool = False, index_url: str | None = None) -> Pin:
+def pin_from_index(
+    store: Store, upstream: str, requested_ref: str, *, pre: bool = False, index_url: str | None = None
+) -> Pin:
     """Resolve ``requested_ref`` on the index, fetch and verify the sdist, import it, return its Pin."""
     dist = UPSTREAMS[upstream].distribution
     sdist = select_sdist(list_sdists(dist, index_url), requested_ref, pre)
@@ -177,7 +189,9 @@ def declared_requirement(sdist_path: Path, name: str) -> Requirement | None:
     return None
 
 
-def choose_bridge_from_index(store: Store, core_version: str, index_url: str | None = None) -> tuple[SdistFile, str] | None:
+def choose_bridge_from_index(
+    store: Store, core_version: str, index_url: str | None = None
+) -> tuple[SdistFile, str] | None:
     """The final megatron-bridge sdist made for ``core_version``: of those whose declared megatron-core
     range is bounded and admits it, the tightest range (companion rule 3), with the explanation."""
     finals = [s for s in list_sdists(MEGATRON_BRIDGE.distribution, index_url) if is_final(s.version)][::-1]

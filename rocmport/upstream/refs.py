@@ -98,7 +98,9 @@ def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = MEG
         why = f"{requested} -> exact tag ({commit[:12]})"
         m = _TAG_RE.match(requested)
         if m:
-            same_version = [t for t in rels if str(t.version) == str(Version(m.group("version"))) and t.name != requested]
+            same_version = [
+                t for t in rels if str(t.version) == str(Version(m.group("version"))) and t.name != requested
+            ]
             for other in same_version:
                 same = "same commit" if other.commit == commit else f"a different commit {other.commit[:12]}"
                 why += f"; {other.name} also exists ({same}), the tag was taken as given"
@@ -108,7 +110,13 @@ def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = MEG
         wanted = m.group("version")
         for tag in reversed(rels):
             if str(tag.version) == wanted or tag.name.endswith("v" + wanted):
-                return Resolution(requested, tag.name, tag.commit, "tag", f"{requested} -> {tag.name} ({tag.commit[:12]}): no tag named {requested}, {tag.name} is that release")
+                return Resolution(
+                    requested,
+                    tag.name,
+                    tag.commit,
+                    "tag",
+                    f"{requested} -> {tag.name} ({tag.commit[:12]}): no tag named {requested}, {tag.name} is that release",
+                )
     heads = branches(mirror)
     if requested in heads:
         commit = heads[requested]

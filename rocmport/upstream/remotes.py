@@ -93,7 +93,9 @@ def _local(name: str, url: str, path: Path) -> Remote:
 def local_git_dir(remote: Remote) -> Path:
     """The git directory of a local repository (bare mirror or work tree)."""
     if remote.local_path is None or not remote.local_path.is_dir():
-        raise BadInput(f"remote {remote.name}={remote.shown!r}: no such directory; give the path of a git repository or mirror")
+        raise BadInput(
+            f"remote {remote.name}={remote.shown!r}: no such directory; give the path of a git repository or mirror"
+        )
     proc = run_git("rev-parse", "--absolute-git-dir", cwd=remote.local_path, check=False)
     if proc.returncode != 0:
         raise BadInput(f"remote {remote.name}={remote.shown!r}: not a git repository; give a clone or bare mirror")

@@ -47,7 +47,9 @@ def _bridge_pin_git(settings, store, remote, mlm: Pin, bridge_ref, pre, offline,
         return pin
     comp = choose_bridge(mirror, store.mirror_dir(MEGATRON_LM.name), mlm.commit, mlm.version)
     if comp is None:
-        warn(f"megatron-bridge: no release matches Megatron-LM {mlm.resolved_ref} ({mlm.version}); no companion pinned (give --bridge-ref to choose one)")
+        warn(
+            f"megatron-bridge: no release matches Megatron-LM {mlm.resolved_ref} ({mlm.version}); no companion pinned (give --bridge-ref to choose one)"
+        )
         return None
     say(f"megatron-bridge: {comp.tag} chosen by rule {comp.rule}: {comp.explanation}")
     return Pin(
@@ -65,13 +67,22 @@ def _bridge_pin_git(settings, store, remote, mlm: Pin, bridge_ref, pre, offline,
 def _pin_at(settings, mirror, remote, requested, pre, say) -> Pin:
     res = refs.resolve(mirror, requested, pre=pre, upstream=remote.name)
     say(f"{remote.name}: {res.explanation}")
-    return Pin(lock_url(settings, remote), "git", requested, res.resolved_ref, res.commit,
-               refs.commit_date(mirror, res.commit), version=refs.version_at(mirror, res.commit, remote.name))
+    return Pin(
+        lock_url(settings, remote),
+        "git",
+        requested,
+        res.resolved_ref,
+        res.commit,
+        refs.commit_date(mirror, res.commit),
+        version=refs.version_at(mirror, res.commit, remote.name),
+    )
 
 
 def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[str, Pin]:
     mlm = package_index.pin_from_index(store, MEGATRON_LM.name, requested, pre=pre)
-    say(f"megatron-lm: {requested} -> {MEGATRON_LM.distribution} {mlm.version} sdist {mlm.sdist_filename} (sha256 verified)")
+    say(
+        f"megatron-lm: {requested} -> {MEGATRON_LM.distribution} {mlm.version} sdist {mlm.sdist_filename} (sha256 verified)"
+    )
     pins = {MEGATRON_LM.name: mlm}
     if no_bridge:
         return pins
@@ -79,9 +90,13 @@ def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[
         pin = package_index.pin_from_index(store, MEGATRON_BRIDGE.name, bridge_ref, pre=pre)
         pin.chosen_by = "override"
     else:
-        found = package_index.choose_bridge_from_index(store, mlm.resolved_ref)  # a package-index pin resolves to its version
+        found = package_index.choose_bridge_from_index(
+            store, mlm.resolved_ref
+        )  # a package-index pin resolves to its version
         if found is None:
-            warn(f"megatron-bridge: no sdist on the index declares a bounded {MEGATRON_LM.distribution} range admitting {mlm.version}; no companion pinned")
+            warn(
+                f"megatron-bridge: no sdist on the index declares a bounded {MEGATRON_LM.distribution} range admitting {mlm.version}; no companion pinned"
+            )
             return pins
         sdist, why = found
         pin = package_index.pin_from_index(store, MEGATRON_BRIDGE.name, str(sdist.version))
@@ -91,8 +106,18 @@ def _pypi_pins(store, requested, pre, bridge_ref, no_bridge, say, warn) -> dict[
     return pins
 
 
-def sync(settings: Settings, ref: str | None, *, pre=False, offline=False, source="auto",
-         bridge_ref=None, no_bridge=False, say=output.info, warn=output.warn) -> SyncResult:
+def sync(
+    settings: Settings,
+    ref: str | None,
+    *,
+    pre=False,
+    offline=False,
+    source="auto",
+    bridge_ref=None,
+    no_bridge=False,
+    say=output.info,
+    warn=output.warn,
+) -> SyncResult:
     if source not in SOURCES:
         raise BadInput(f"--source {source}: choose one of {', '.join(SOURCES)}")
     # Validate every URL before any network access.
@@ -101,14 +126,33 @@ def sync(settings: Settings, ref: str | None, *, pre=False, offline=False, sourc
     if ref is None:
         return verify_lock(settings, store, remotes, offline, say)
     load_lock_or_none(settings.lock_path)  # a malformed lock is reported before anything is replaced
-    lock = resolve_lock(settings, ref, pre=pre, offline=offline, source=source, bridge_ref=bridge_ref,
-                        no_bridge=no_bridge, say=say, warn=warn)
+    lock = resolve_lock(
+        settings,
+        ref,
+        pre=pre,
+        offline=offline,
+        source=source,
+        bridge_ref=bridge_ref,
+        no_bridge=no_bridge,
+        say=say,
+        warn=warn,
+    )
     lock.save(settings.lock_path)
     return SyncResult(lock=lock, written=True)
 
 
-def resolve_lock(settings: Settings, ref: str, *, pre=False, offline=False, source="auto", bridge_ref=None,
-                 no_bridge=False, say=output.info, warn=output.warn) -> Lock:
+def resolve_lock(
+    settings: Settings,
+    ref: str,
+    *,
+    pre=False,
+    offline=False,
+    source="auto",
+    bridge_ref=None,
+    no_bridge=False,
+    say=output.info,
+    warn=output.warn,
+) -> Lock:
     """Resolve ``ref`` (and the companion) into a Lock, fetching into the cache; writes nothing else."""
     remotes = {name: validate_url(name, url) for name, url in settings.remotes.items()}
     store = Store(settings.cache_dir)
@@ -120,12 +164,16 @@ def resolve_lock(settings: Settings, ref: str, *, pre=False, offline=False, sour
         except RemoteUnreachable as exc:
             if source == "git" or offline:
                 raise
-            warn(f"{exc}\n>>> FALLING BACK TO THE PACKAGE INDEX (--source pypi): megatron/core only, no tests or training scripts <<<")
+            warn(
+                f"{exc}\n>>> FALLING BACK TO THE PACKAGE INDEX (--source pypi): megatron/core only, no tests or training scripts <<<"
+            )
             use_pypi = True
     if use_pypi:
         pins = _pypi_pins(store, ref, pre, bridge_ref, no_bridge, say, warn)
     elif not no_bridge:
-        bridge = _bridge_pin_git(settings, store, remotes[MEGATRON_BRIDGE.name], pins[MEGATRON_LM.name], bridge_ref, pre, offline, say, warn)
+        bridge = _bridge_pin_git(
+            settings, store, remotes[MEGATRON_BRIDGE.name], pins[MEGATRON_LM.name], bridge_ref, pre, offline, say, warn
+        )
         if bridge:
             pins[MEGATRON_BRIDGE.name] = bridge
     return Lock(upstreams=pins)
@@ -139,7 +187,9 @@ def verify_lock(settings, store, remotes, offline, say) -> SyncResult:
         if pin.source == "pypi":
             fresh = package_index.pin_from_index(store, name, pin.resolved_ref) if not offline else pin
             if fresh.sdist != pin.sdist or fresh.commit != pin.commit:
-                result.problems.append(f"{name}: the index's {pin.sdist_filename} no longer matches the lock (sha256 or commit changed)")
+                result.problems.append(
+                    f"{name}: the index's {pin.sdist_filename} no longer matches the lock (sha256 or commit changed)"
+                )
             else:
                 say(f"{name}: pypi {pin.resolved_ref} ok ({pin.commit[:12]})")
             continue
@@ -147,7 +197,9 @@ def verify_lock(settings, store, remotes, offline, say) -> SyncResult:
         with output.progress(f"fetching {name} from {remote.shown}"):
             mirror = store.update_mirror(remote, offline)
         if not store.has_commit(name, pin.commit):
-            result.problems.append(f"{name}: pinned commit {pin.commit} is not in {remote.shown}; re-pin with `rocmport sync --ref REF`")
+            result.problems.append(
+                f"{name}: pinned commit {pin.commit} is not in {remote.shown}; re-pin with `rocmport sync --ref REF`"
+            )
             continue
         tag_now = refs.tags(mirror).get(pin.resolved_ref)
         if tag_now is None and pin.resolved_ref != pin.commit and pin.resolved_ref not in refs.branches(mirror):

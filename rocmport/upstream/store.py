@@ -47,8 +47,13 @@ class Store:
     @contextmanager
     def locked(self, timeout: float = 600) -> Iterator[Store]:
         """Hold the cache's file lock: concurrent syncs wait for each other instead of corrupting it."""
-        with file_lock(self.root / ".lock", f"another rocmport process is updating the cache {self.root}; "
-                                            f"wait for it, or remove the lock file if none runs", timeout=timeout, error=RocmportError):
+        with file_lock(
+            self.root / ".lock",
+            f"another rocmport process is updating the cache {self.root}; "
+            f"wait for it, or remove the lock file if none runs",
+            timeout=timeout,
+            error=RocmportError,
+        ):
             self._clear_stale_git_locks()
             yield self
 
@@ -73,7 +78,9 @@ class Store:
         _check_alternates(mirror, remote.name)
         if offline:
             if not (mirror / "HEAD").exists():
-                raise BadInput(f"--offline: no cached mirror of {remote.name} in {self.root}; run `rocmport sync` online once")
+                raise BadInput(
+                    f"--offline: no cached mirror of {remote.name} in {self.root}; run `rocmport sync` online once"
+                )
             return mirror
         with self.locked():
             _init_mirror(mirror)
@@ -83,7 +90,9 @@ class Store:
                 else:
                     _fetch_network(mirror, remote)
             except GitError as exc:
-                raise RocmportError(f"updating the cache mirror of {remote.name} from {remote.shown} failed: {redact(str(exc))}") from None
+                raise RocmportError(
+                    f"updating the cache mirror of {remote.name} from {remote.shown} failed: {redact(str(exc))}"
+                ) from None
         return mirror
 
     # -- sdists ----------------------------------------------------------------------------------
@@ -101,7 +110,9 @@ class Store:
         got = hashlib.sha256(data).hexdigest()
         if got != sha256:
             tmp.unlink()
-            raise ProblemFound(f"{filename}: sha256 {got} does not match the index's {sha256}; the download was discarded")
+            raise ProblemFound(
+                f"{filename}: sha256 {got} does not match the index's {sha256}; the download was discarded"
+            )
         os.replace(tmp, dest)
         return dest
 
@@ -129,8 +140,16 @@ class Store:
                         shutil.copyfileobj(src, out)
                     os.chmod(target, 0o755 if member.mode & stat.S_IXUSR else 0o644)
             env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-            common = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.symlinks=true",
-                      f"--git-dir={repo}", f"--work-tree={work}"]
+            common = [
+                "-c",
+                "core.autocrlf=false",
+                "-c",
+                "core.fileMode=true",
+                "-c",
+                "core.symlinks=true",
+                f"--git-dir={repo}",
+                f"--work-tree={work}",
+            ]
             run_git(*common, "add", "-A", "-f", ".", cwd=work, env=env)
             tree = git(*common, "write-tree", cwd=work, env=env)
         message = f"{dist} {version} from the package index\n\nsdist sha256: {sha256}\n"
@@ -168,7 +187,9 @@ def _refs(git_dir: Path) -> dict[str, str]:
 
 
 def _fetch_network(mirror: Path, remote: Remote) -> None:
-    proc = run_git("fetch", "--prune", "--no-tags", "--quiet", "--", remote.url, *REFSPECS, cwd=mirror, check=False, timeout=3600)
+    proc = run_git(
+        "fetch", "--prune", "--no-tags", "--quiet", "--", remote.url, *REFSPECS, cwd=mirror, check=False, timeout=3600
+    )
     if proc.returncode == 0:
         return
     err = proc.stderr
@@ -178,7 +199,9 @@ def _fetch_network(mirror: Path, remote: Remote) -> None:
             f"clone it by plain path instead: `rocmport sync --remote {remote.name}=/path/to/mirror`"
         )
     first = next((ln for ln in err.splitlines() if ln.strip()), f"exit {proc.returncode}").strip()
-    raise RemoteUnreachable(f"cannot reach {remote.name} at {remote.shown}: {redact(first)}; check the URL, or use --offline / --source pypi")
+    raise RemoteUnreachable(
+        f"cannot reach {remote.name} at {remote.shown}: {redact(first)}; check the URL, or use --offline / --source pypi"
+    )
 
 
 def _check_alternates(mirror: Path, name: str) -> None:

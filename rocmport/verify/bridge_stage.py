@@ -15,14 +15,32 @@ from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 from rocmport.verify.environment import declared_unmet, distributions_of, unmet_python
-from rocmport.verify.stages import (FAIL, IMPORT_PROBE, PASS, SKIPPED, UNSUPPORTED, StageResult, _last_error, launch,
-                                    modules_import, took_part, unsupported_why)
+from rocmport.verify.stages import (
+    FAIL,
+    IMPORT_PROBE,
+    PASS,
+    SKIPPED,
+    UNSUPPORTED,
+    StageResult,
+    _last_error,
+    launch,
+    modules_import,
+    took_part,
+    unsupported_why,
+)
 from rocmport.verify.launcher import Launcher
 
 # The package, the GPT provider, and the training entry points and recipes users run.
-BRIDGE_MODULES = (MEGATRON_BRIDGE.module, "megatron.bridge.models.gpt_provider", "megatron.bridge.peft.lora",
-                  "megatron.bridge.training.gpt_step", "megatron.bridge.training.pretrain",
-                  "megatron.bridge.training.train", "megatron.bridge.training.checkpointing", "megatron.bridge.recipes")
+BRIDGE_MODULES = (
+    MEGATRON_BRIDGE.module,
+    "megatron.bridge.models.gpt_provider",
+    "megatron.bridge.peft.lora",
+    "megatron.bridge.training.gpt_step",
+    "megatron.bridge.training.pretrain",
+    "megatron.bridge.training.train",
+    "megatron.bridge.training.checkpointing",
+    "megatron.bridge.recipes",
+)
 
 
 # What the README's "Python 3.12" block installs for Megatron-Bridge v0.5 and later (the v0.18, v0.19
@@ -44,11 +62,16 @@ def _blame_environment(failure: dict, unmet: dict[str, dict[str, str]]) -> str:
     dists = sorted({d for n in names if n for d in distributions_of(n)} & set(unmet))
     if not dists:
         return ""
-    found = "; ".join(f"{d} {unmet[d]['installed']} is installed, Megatron-Bridge declares {unmet[d]['declared']}" for d in dists)
+    found = "; ".join(
+        f"{d} {unmet[d]['installed']} is installed, Megatron-Bridge declares {unmet[d]['declared']}" for d in dists
+    )
     pinned = [d for d in dists if _pin_fits(d, unmet[d]["declared"])]
-    wanted = " ".join([f"'{p}'" for p in BRIDGE_PINS if pinned] + [f"'{unmet[d]['declared']}'" for d in dists if d not in pinned])
-    return (f" — an environment problem: {found} (pyproject.toml): `{sys.executable} -m pip install {wanted}`"
-            + (" (the README's pin for Megatron-Bridge v0.5+, inside that range)" if pinned else ""))
+    wanted = " ".join(
+        [f"'{p}'" for p in BRIDGE_PINS if pinned] + [f"'{unmet[d]['declared']}'" for d in dists if d not in pinned]
+    )
+    return f" — an environment problem: {found} (pyproject.toml): `{sys.executable} -m pip install {wanted}`" + (
+        " (the README's pin for Megatron-Bridge v0.5+, inside that range)" if pinned else ""
+    )
 
 
 def _pin_fits(dist: str, declared: str) -> bool:
@@ -66,8 +89,12 @@ def _pin_fits(dist: str, declared: str) -> bool:
 
 def _modules(bridge_tree: Path) -> list[str]:
     src = bridge_tree / "src"
-    return [m for m in BRIDGE_MODULES
-            if (src / m.replace(".", "/")).with_suffix(".py").is_file() or (src / m.replace(".", "/") / "__init__.py").is_file()]
+    return [
+        m
+        for m in BRIDGE_MODULES
+        if (src / m.replace(".", "/")).with_suffix(".py").is_file()
+        or (src / m.replace(".", "/") / "__init__.py").is_file()
+    ]
 
 
 def bridge_env(env: dict, bridge_tree: Path) -> dict:
@@ -79,32 +106,71 @@ def bridge_env(env: dict, bridge_tree: Path) -> dict:
 
 
 def bridge_command(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, out: Path, te: bool = False) -> list[str]:
-    return launcher.command(tp * pp * dp, ["-m", "rocmport.verify.gpt_worker", "--bridge", "--tp", str(tp), "--pp", str(pp),
-                                           "--iters", str(iters), "--out", str(out), *(["--te"] if te else [])], "bridge")
+    return launcher.command(
+        tp * pp * dp,
+        [
+            "-m",
+            "rocmport.verify.gpt_worker",
+            "--bridge",
+            "--tp",
+            str(tp),
+            "--pp",
+            str(pp),
+            "--iters",
+            str(iters),
+            "--out",
+            str(out),
+            *(["--te"] if te else []),
+        ],
+        "bridge",
+    )
 
 
-def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
-                 launcher: Launcher = Launcher(), te: str | None = None) -> tuple[StageResult, dict]:
+def stage_bridge(
+    bridge_tree: Path,
+    env: dict,
+    tp: int,
+    pp: int,
+    dp: int,
+    iters: int,
+    launcher: Launcher = Launcher(),
+    te: str | None = None,
+) -> tuple[StageResult, dict]:
     """``te``: the description of TE's Python layer when the GPTModelProvider uses Bridge's TE spec."""
     start = time.monotonic()
     need = unmet_python(bridge_tree)
     if need:
-        return StageResult("bridge", SKIPPED, f"{bridge_tree} requires Python {need}; this is Python {sys.version.split()[0]}"), {}
+        return StageResult(
+            "bridge", SKIPPED, f"{bridge_tree} requires Python {need}; this is Python {sys.version.split()[0]}"
+        ), {}
     env = bridge_env(env, bridge_tree)
     mods = _modules(bridge_tree)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)], cwd=bridge_tree, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)],
+        cwd=bridge_tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROCMPORT-IMPORTS ")), None)
     if line is None:
-        return StageResult("bridge", FAIL, f"the import probe crashed: {_last_error(proc)}", time.monotonic() - start), {}
+        return StageResult(
+            "bridge", FAIL, f"the import probe crashed: {_last_error(proc)}", time.monotonic() - start
+        ), {}
     failed = {m: r for m, r in json.loads(line.split(" ", 1)[1]).items() if r}
     unmet = declared_unmet(bridge_tree, PROVIDED)
     details = {"modules": mods, **({"declared_unmet": unmet} if unmet else {})}
     if failed:
         m, r = next(iter(failed.items()))
         missing = f" (missing: {r['missing']})" if r.get("missing") else ""
-        return StageResult("bridge", FAIL, f"{m}: {r['error']}{missing}{_blame_environment(r, unmet)}", time.monotonic() - start,
-                           {**details, "failures": failed}), {}
+        return StageResult(
+            "bridge",
+            FAIL,
+            f"{m}: {r['error']}{missing}{_blame_environment(r, unmet)}",
+            time.monotonic() - start,
+            {**details, "failures": failed},
+        ), {}
     with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
         out = Path(tmp) / "bridge.json"
         run = launch(bridge_command(launcher, tp, pp, dp, iters, out, te=te is not None), env, bridge_tree)
@@ -112,20 +178,32 @@ def stage_bridge(bridge_tree: Path, env: dict, tp: int, pp: int, dp: int, iters:
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("bridge", launcher, time.monotonic() - start), {}
     if data and "unsupported" in data:
-        return StageResult("bridge", UNSUPPORTED, unsupported_why(data["unsupported"]), time.monotonic() - start, details), {}
+        return StageResult(
+            "bridge", UNSUPPORTED, unsupported_why(data["unsupported"]), time.monotonic() - start, details
+        ), {}
     if run.returncode != 0 or not data:
-        return StageResult("bridge", FAIL, f"training through GPTModelProvider failed: {_last_error(run)}", time.monotonic() - start, details), {}
+        return StageResult(
+            "bridge",
+            FAIL,
+            f"training through GPTModelProvider failed: {_last_error(run)}",
+            time.monotonic() - start,
+            details,
+        ), {}
     losses = data["losses"]
     training = {"losses": losses, "tied_embeddings_equal": data["tied_embeddings_equal"]}
     problems = []
     if not losses or losses[-1] >= losses[0]:
-        problems.append(f"loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "no losses reported")
+        problems.append(
+            f"loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "no losses reported"
+        )
     if not data["tied_embeddings_equal"]:
         problems.append("tied embedding copies differ")
     seconds = time.monotonic() - start
     if problems:
         return StageResult("bridge", FAIL, "; ".join(problems), seconds, details), training
-    reason = (f"{modules_import(len(mods), 'Bridge ')} behind the firewall; GPTModelProvider model tp{tp}×pp{pp}: "
-              f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations, tied embeddings equal"
-              + (f"; Bridge's TE layer spec, {te}" if te else ""))
+    reason = (
+        f"{modules_import(len(mods), 'Bridge ')} behind the firewall; GPTModelProvider model tp{tp}×pp{pp}: "
+        f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations, tied embeddings equal"
+        + (f"; Bridge's TE layer spec, {te}" if te else "")
+    )
     return StageResult("bridge", PASS, reason, seconds, details), training

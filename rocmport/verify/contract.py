@@ -30,10 +30,10 @@ class UnitOptions:
     tests: list[str]
     nproc: int
     cache_dir: Path
-    base: str | None                                   # the unported commit the baseline runs
+    base: str | None  # the unported commit the baseline runs
     settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
     reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
-    selection: str = "series"                          # series | fallback | explicit | all
+    selection: str = "series"  # series | fallback | explicit | all
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ class VerifyOptions:
     functional: FunctionalOptions | None = None
     bridge_tree: Path | None = None
     launcher: Launcher = field(default_factory=Launcher)
-    hip_version: str | None = hip_sim.DEFAULT_VERSION    # CPU proxy: the simulated ROCm (None: the CUDA path)
-    hip_arch: str = hip_sim.DEFAULT_ARCH                  # CPU proxy: the simulated GPU's architecture (--hip-arch)
-    stages: tuple[str, ...] = ()                         # the selected stages' names (prepare: every stage by default)
+    hip_version: str | None = hip_sim.DEFAULT_VERSION  # CPU proxy: the simulated ROCm (None: the CUDA path)
+    hip_arch: str = hip_sim.DEFAULT_ARCH  # CPU proxy: the simulated GPU's architecture (--hip-arch)
+    stages: tuple[str, ...] = ()  # the selected stages' names (prepare: every stage by default)
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
     pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
@@ -85,13 +85,13 @@ class VerifyContext:
     opts: VerifyOptions
     mode: Mode
     backend: str
-    profile: str                 # the firewall profile: "rocm" on GPUs, "cpu-proxy" otherwise
-    blocked: tuple[str, ...]     # what the firewall removes (TE let through with --te)
+    profile: str  # the firewall profile: "rocm" on GPUs, "cpu-proxy" otherwise
+    blocked: tuple[str, ...]  # what the firewall removes (TE let through with --te)
     machine: Environment
-    hip_version: str | None      # None on a real device and with --no-hip-sim
-    device_arch: str | None      # the ROCm GPU's arch, the simulated one (--hip-arch), or None (CUDA)
-    env: dict[str, str]          # the started processes' environment
-    tmp: Path                    # the run's own temporary directory (removed at its end)
+    hip_version: str | None  # None on a real device and with --no-hip-sim
+    device_arch: str | None  # the ROCm GPU's arch, the simulated one (--hip-arch), or None (CUDA)
+    env: dict[str, str]  # the started processes' environment
+    tmp: Path  # the run's own temporary directory (removed at its end)
 
     @property
     def tree(self) -> Path:
@@ -113,10 +113,10 @@ class StageRun:
 class Stage(ABC):
     """One verify stage. ``number`` is its place in `registry.STAGES` (1-based, `--stages 3`)."""
 
-    name: ClassVar[str]            # `--stages` and the report's stage name
-    summary: ClassVar[str]         # one line: what it proves (`verify --help`)
+    name: ClassVar[str]  # `--stages` and the report's stage name
+    summary: ClassVar[str]  # one line: what it proves (`verify --help`)
     report_key: ClassVar[str | None] = None  # the report field its StageRun.data fills
-    after_imports: ClassVar[bool] = True     # skipped when stage 1 (the imports) failed
+    after_imports: ClassVar[bool] = True  # skipped when stage 1 (the imports) failed
 
     def requested(self, opts: VerifyOptions) -> bool:
         """Whether the run's options ask for it (when not, ``opts.skipped[name]`` says why)."""

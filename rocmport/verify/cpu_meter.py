@@ -28,7 +28,7 @@ def _stat_fields(path: Path) -> list[str] | None:
         text = path.read_text()
     except OSError:
         return None
-    return text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2 :].split()
 
 
 def _children() -> dict[int, list[int]]:
@@ -77,8 +77,8 @@ def _own_seconds() -> float:
 class Share:
     cpus: int
     seconds: float
-    others_cores: float   # the average number of cores other processes kept busy
-    run_cores: float      # the average number this run (and its finished children) kept busy
+    others_cores: float  # the average number of cores other processes kept busy
+    run_cores: float  # the average number this run (and its finished children) kept busy
     overloaded: bool
 
     def to_dict(self) -> dict:
@@ -102,4 +102,6 @@ class MachineShare:
         run = max(_own_seconds() - own0, 0.0)
         others = max(busy1 - busy0 - run, 0.0)
         others_cores = others / wall
-        return Share(cpus, round(wall, 1), round(others_cores, 2), round(run / wall, 2), others_cores > OVERLOADED_SHARE * cpus)
+        return Share(
+            cpus, round(wall, 1), round(others_cores, 2), round(run / wall, 2), others_cores > OVERLOADED_SHARE * cpus
+        )

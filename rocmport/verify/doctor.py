@@ -36,10 +36,10 @@ class ComponentRow:
     name: str
     required: bool
     wanted: str
-    status: str                      # ok | missing | out-of-range | wrong-arch | not-importable | version-unknown | not-for-this-arch
+    status: str  # ok | missing | out-of-range | wrong-arch | not-importable | version-unknown | not-for-this-arch
     distribution: str | None = None
     version: str | None = None
-    built_for: list[str] | None = None   # archs its shared libraries carry code for; None: none recorded
+    built_for: list[str] | None = None  # archs its shared libraries carry code for; None: none recorded
     detail: str = ""
 
     @property
@@ -55,7 +55,7 @@ class ComponentRow:
 class ComponentReport:
     series: str | None
     arch: str | None
-    arch_source: str                 # gpu | --arch | none
+    arch_source: str  # gpu | --arch | none
     rows: list[ComponentRow] = field(default_factory=list)
     recommendations: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -70,9 +70,13 @@ class ComponentReport:
         return {r.name: r.version for r in self.rows}
 
     def to_dict(self) -> dict:
-        return {"series": self.series, "arch": self.arch, "arch_source": self.arch_source,
-                "components": [r.to_dict() for r in self.rows],
-                "recommendations": [{"topic": t, "use": u, "why": w} for t, u, w in self.recommendations]}
+        return {
+            "series": self.series,
+            "arch": self.arch,
+            "arch_source": self.arch_source,
+            "components": [r.to_dict() for r in self.rows],
+            "recommendations": [{"topic": t, "use": u, "why": w} for t, u, w in self.recommendations],
+        }
 
 
 def offload_archs(path: Path) -> set[str]:
@@ -125,7 +129,7 @@ def component_report(matrix: Matrix | None, arch: str | None = None) -> Componen
     source = "--arch" if arch else "gpu"
     arch = base_arch(arch) or gpu_arch()
     report = ComponentReport(str(matrix.where) if matrix else None, arch, source if arch else "none")
-    for comp in (matrix.components.values() if matrix else ()):
+    for comp in matrix.components.values() if matrix else ():
         support = comp.support(arch) if arch else None
         row = ComponentRow(comp.name, comp.required, str(comp.versions) or "any", MISSING)
         if support is not None and support.status == "refuses":
@@ -133,12 +137,18 @@ def component_report(matrix: Matrix | None, arch: str | None = None) -> Componen
         dist = _installed(comp.distributions)
         importable = importlib.util.find_spec(comp.module) is not None
         if dist is None and importable:
-            row.status, row.detail = VERSION_UNKNOWN, f"{comp.module} imports but no distribution ({', '.join(comp.distributions)}) records its version"
+            row.status, row.detail = (
+                VERSION_UNKNOWN,
+                f"{comp.module} imports but no distribution ({', '.join(comp.distributions)}) records its version",
+            )
             report.rows.append(row)
             continue
         if dist is None:
-            row.detail = ("not installed" if support is None or support.status != "refuses"
-                          else f"not installed; does not build for {arch}: use {support.instead}")
+            row.detail = (
+                "not installed"
+                if support is None or support.status != "refuses"
+                else f"not installed; does not build for {arch}: use {support.instead}"
+            )
             if support is not None and support.status == "refuses":
                 row.status = NOT_HERE
             report.rows.append(row)
@@ -146,15 +156,24 @@ def component_report(matrix: Matrix | None, arch: str | None = None) -> Componen
         row.distribution, row.version = dist.metadata["Name"], dist.version
         row.built_for = _built_for(dist)
         if not importable:
-            row.status, row.detail = NOT_IMPORTABLE, f"{row.distribution} is installed but its module {comp.module} is not found"
+            row.status, row.detail = (
+                NOT_IMPORTABLE,
+                f"{row.distribution} is installed but its module {comp.module} is not found",
+            )
         elif not comp.admits(dist.version):
             row.status, row.detail = OUT_OF_RANGE, f"{row.distribution} {dist.version} is outside {row.wanted}"
         elif arch and row.built_for is not None and arch not in row.built_for:
-            row.status, row.detail = WRONG_ARCH, f"built for {', '.join(row.built_for)}, not {arch}; rebuild with PYTORCH_ROCM_ARCH={arch}"
+            row.status, row.detail = (
+                WRONG_ARCH,
+                f"built for {', '.join(row.built_for)}, not {arch}; rebuild with PYTORCH_ROCM_ARCH={arch}",
+            )
         else:
             row.status = OK
-            row.detail = ("arch not recorded in its libraries" if row.built_for is None
-                          else ("no GPU to compare with" if not arch else f"built for {arch}"))
+            row.detail = (
+                "arch not recorded in its libraries"
+                if row.built_for is None
+                else ("no GPU to compare with" if not arch else f"built for {arch}")
+            )
         if support is not None and support.status == "refuses" and row.status == OK:
             row.detail += f"; note: the matrix says it does not build for {arch} ({support.reason})"
         report.rows.append(row)
@@ -180,17 +199,31 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
     devices = []
     for i in range(count):
         props = torch.cuda.get_device_properties(i)
-        devices.append({"index": i, "name": torch.cuda.get_device_name(i),
-                        "arch": getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}"})
+        devices.append(
+            {
+                "index": i,
+                "name": torch.cuda.get_device_name(i),
+                "arch": getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}",
+            }
+        )
     rocm_path = os.environ.get("ROCM_PATH") or ("/opt/rocm" if os.path.isdir("/opt/rocm") else None)
     rccl = sorted(glob.glob(os.path.join(rocm_path, "lib", "librccl.so*")))[:1] if rocm_path else []
     names = [n for n, _, _ in LAUNCH_ENV + DETERMINISTIC_ENV] + [
-        "NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN", "FLASH_ATTENTION_TRITON_AMD_ENABLE", "PYTORCH_ROCM_ARCH",
-        "HSA_OVERRIDE_GFX_VERSION", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
+        "NVTE_FLASH_ATTN",
+        "NVTE_FUSED_ATTN",
+        "FLASH_ATTENTION_TRITON_AMD_ENABLE",
+        "PYTORCH_ROCM_ARCH",
+        "HSA_OVERRIDE_GFX_VERSION",
+        "HIP_VISIBLE_DEVICES",
+        "CUDA_VISIBLE_DEVICES",
+    ]
     report = component_report(matrix, arch)
     return {
-        "torch": torch.__version__ if torch else None, "hip": hip, "cuda": getattr(torch.version, "cuda", None) if torch else None,
-        "rocm_path": rocm_path, "rccl": rccl[0] if rccl else None,
+        "torch": torch.__version__ if torch else None,
+        "hip": hip,
+        "cuda": getattr(torch.version, "cuda", None) if torch else None,
+        "rocm_path": rocm_path,
+        "rccl": rccl[0] if rccl else None,
         "devices": devices,
         **report.to_dict(),
         "problems": [f"{r.name}: {r.detail}" for r in report.problems] + _none_installed(report),
@@ -212,12 +245,14 @@ def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
         lock = load_lock(settings.lock_path)
         if MEGATRON_LM.name not in lock.upstreams:
             return None
-        series = check_series(select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version))
-        return series.rocm   # None when the locked line's series has no rocm: section (doctor says so)
+        series = check_series(
+            select_series(settings.patchsets_dir, MEGATRON_LM.name, lock.upstreams[MEGATRON_LM.name].version)
+        )
+        return series.rocm  # None when the locked line's series has no rocm: section (doctor says so)
     else:
         return None
     if series.rocm is None:
-        raise BadInput(f"{series.path}: no rocm: section to check against (README \"ROCm component matrix\")")
+        raise BadInput(f'{series.path}: no rocm: section to check against (README "ROCm component matrix")')
     return series.rocm
 
 
@@ -228,5 +263,8 @@ def for_verify(series_path: Path | None) -> dict:
     if matrix is None:
         return {"te_usable": importlib.util.find_spec("transformer_engine") is not None, "components": {}, "arch": None}
     report = component_report(matrix)
-    return {"te_usable": report.usable("transformer_engine"), "arch": report.arch,
-            "components": {r.name: {"version": r.version, "status": r.status} for r in report.rows}}
+    return {
+        "te_usable": report.usable("transformer_engine"),
+        "arch": report.arch,
+        "components": {r.name: {"version": r.version, "status": r.status} for r in report.rows},
+    }

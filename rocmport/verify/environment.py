@@ -46,14 +46,19 @@ def probe() -> Environment:
     try:
         import torch
     except ImportError:
-        raise BadInput(f"verify needs torch in the Python it runs with ({sys.executable}) and there is none: "
-                       f"on a CPU or CUDA machine `{sys.executable} -m pip install torch`; on ROCm run rocmport "
-                       f"with the image's Python, whose torch must never be replaced") from None
+        raise BadInput(
+            f"verify needs torch in the Python it runs with ({sys.executable}) and there is none: "
+            f"on a CPU or CUDA machine `{sys.executable} -m pip install torch`; on ROCm run rocmport "
+            f"with the image's Python, whose torch must never be replaced"
+        ) from None
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return Environment(
-        python=platform.python_version(), torch=torch.__version__, hip=getattr(torch.version, "hip", None),
-        cuda=getattr(torch.version, "cuda", None), device_count=count,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        hip=getattr(torch.version, "hip", None),
+        cuda=getattr(torch.version, "cuda", None),
+        device_count=count,
         devices=[torch.cuda.get_device_name(i) for i in range(count)],
     )
 
@@ -122,8 +127,12 @@ def distributions_of(module: str) -> set[str]:
 def interpreter_version(python: str) -> str | None:
     """The version of the Python at ``python`` (a path or a command), None when it does not run."""
     try:
-        proc = subprocess.run([python, "-c", "import platform; print(platform.python_version())"], capture_output=True,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            [python, "-c", "import platform; print(platform.python_version())"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
@@ -138,7 +147,9 @@ def find_interpreter(spec: str) -> tuple[str, str] | None:
     minors = [m for m in range(10, 15) if wanted.contains(f"3.{m}.0") or wanted.contains(f"3.{m}.99")]
     root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
     for minor in minors:
-        candidates = [shutil.which(f"python3.{minor}")] + sorted(str(p) for p in root.glob(f"versions/3.{minor}*/bin/python3.{minor}"))
+        candidates = [shutil.which(f"python3.{minor}")] + sorted(
+            str(p) for p in root.glob(f"versions/3.{minor}*/bin/python3.{minor}")
+        )
         for candidate in filter(None, candidates):
             version = interpreter_version(candidate)
             if version and wanted.contains(version):
@@ -160,11 +171,16 @@ def python_setup_hint(spec: str) -> str:
     want = wanted_python(spec) or "3"
     venv = f".venv{want.replace('.', '')}"
     source = Path(__file__).resolve().parents[2]
-    install = (f"pip install -e {shlex.quote(f'{source}[verify,bridge,proxy]')}" if (source / "pyproject.toml").is_file()
-               else "pip install 'rocmport[verify,bridge,proxy]'")
-    return (f"make a Python {want} environment and run rocmport from it: `python{want} -m venv {venv} && . {venv}/bin/activate && "
-            f"pip install torch && {install}` (on ROCm: a rocm/pytorch image with Python {want}, installing rocmport "
-            f"without touching the image's torch; see the README's \"Python 3.12 for v0.17 and later\")")
+    install = (
+        f"pip install -e {shlex.quote(f'{source}[verify,bridge,proxy]')}"
+        if (source / "pyproject.toml").is_file()
+        else "pip install 'rocmport[verify,bridge,proxy]'"
+    )
+    return (
+        f"make a Python {want} environment and run rocmport from it: `python{want} -m venv {venv} && . {venv}/bin/activate && "
+        f"pip install torch && {install}` (on ROCm: a rocm/pytorch image with Python {want}, installing rocmport "
+        f"without touching the image's torch; see the README's \"Python 3.12 for v0.17 and later\")"
+    )
 
 
 def check_python(tree: Path) -> None:
@@ -205,14 +221,20 @@ def functional_blockers(tree: Path) -> str | None:
     writer = tree / MEGATRON_LM.package_dir / "dist_checkpointing" / "strategies" / "filesystem_async.py"
     uses = {"pybind11": True, "psutil": writer.is_file() and "import psutil" in writer.read_text(errors="replace")}
     missing = {mod: dep for mod, dep in FUNCTIONAL_DEPS.items() if uses[mod] and importlib.util.find_spec(mod) is None}
-    tools = [t for t in ("make",) if shutil.which(t) is None] + ([] if shutil.which("c++") or shutil.which("g++") else ["c++ (g++)"])
+    tools = [t for t in ("make",) if shutil.which(t) is None] + (
+        [] if shutil.which("c++") or shutil.which("g++") else ["c++ (g++)"]
+    )
     problems = []
     if missing:
-        problems.append(f"missing dependency {', '.join(d for d, _ in missing.values())} ("
-                        + "; ".join(f"{d}: {why}" for d, why in missing.values())
-                        + f"): `{sys.executable} -m pip install {' '.join(d for d, _ in missing.values())}`")
+        problems.append(
+            f"missing dependency {', '.join(d for d, _ in missing.values())} ("
+            + "; ".join(f"{d}: {why}" for d, why in missing.values())
+            + f"): `{sys.executable} -m pip install {' '.join(d for d, _ in missing.values())}`"
+        )
     if tools:
-        problems.append(f"no {' or '.join(tools)} on PATH to build megatron's dataset helpers (install build-essential)")
+        problems.append(
+            f"no {' or '.join(tools)} on PATH to build megatron's dataset helpers (install build-essential)"
+        )
     return "; ".join(problems) or None
 
 
@@ -222,8 +244,14 @@ def child_env(tree: Path, bootstrap: Path, extra: dict[str, str | None], pycache
     Bytecode goes to ``pycache`` (PYTHONPYCACHEPREFIX), never into the tree; without one none is written."""
     env = dict(os.environ)
     parts = [str(bootstrap), str(tree)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env.update({"PYTHONPATH": os.pathsep.join(parts), "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
-                "PATH": os.pathsep.join([str(bootstrap / "bin"), env.get("PATH", "")]), "ROCMPORT_PYTHON": sys.executable})
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(parts),
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+            "PATH": os.pathsep.join([str(bootstrap / "bin"), env.get("PATH", "")]),
+            "ROCMPORT_PYTHON": sys.executable,
+        }
+    )
     if pycache is not None:
         # Bytecode is written, but under ``pycache``, not in the tree's __pycache__: written there, it
         # made the tree dirty for the next `apply` wherever the tree's .gitignore does not name it. Not

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rocmport.nvidia_only import blocked
 
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 # Written by rocmport verify: emulate the absence of NVIDIA-only packages.
 import os
 import sys
@@ -90,7 +90,7 @@ elif _OURS and os.environ.get("ROCMPORT_SHIM_CHILDREN") == "1" and "--multiproce
     except _shim.Unsupported:  # the rank that started it has reported the missing hook
         pass
 
-'''
+"""
 
 
 PYTHON_CONFIG = """\
@@ -115,8 +115,12 @@ def write_bootstrap(directory: Path) -> Path:
     bindir.mkdir(exist_ok=True)
     # `python3` from PATH is what a build step runs (megatron's Makefile: `python3 -m pybind11`): it
     # gets the firewall only (no HIP simulation or shim importing torch and megatron, ~10 s each).
-    scripts = {name: f'#!/bin/sh\nROCMPORT_BUILD_STEP=1 exec "{sys.executable}" "$@"\n' for name in ("python", "python3")}  # not links: a
-    scripts["python3-config"] = PYTHON_CONFIG.format(python=sys.executable)  # venv's Python finds its venv by its own path
+    scripts = {
+        name: f'#!/bin/sh\nROCMPORT_BUILD_STEP=1 exec "{sys.executable}" "$@"\n' for name in ("python", "python3")
+    }  # not links: a
+    scripts["python3-config"] = PYTHON_CONFIG.format(
+        python=sys.executable
+    )  # venv's Python finds its venv by its own path
     for name, text in scripts.items():
         (bindir / name).write_text(text)
         (bindir / name).chmod(0o755)

@@ -28,26 +28,52 @@ CASES = Path("tests/functional_tests/test_cases/gpt")
 _LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
 # The last one: a torch.cuda call the proxy shim has no CPU answer for reaches the CPU build's missing
 # CUDA bindings (the shim reports CUDA as initialised, so torch's own "not compiled" check is passed).
-_CUDA_BLOCKER = re.compile(r"(Megatron requires CUDA|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
-                           r"No CUDA GPUs are available|CUDA driver|nvml|module 'torch\._C' has no attribute '_cuda)", re.I)
+_CUDA_BLOCKER = re.compile(
+    r"(Megatron requires CUDA|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
+    r"No CUDA GPUs are available|CUDA driver|nvml|module 'torch\._C' has no attribute '_cuda)",
+    re.I,
+)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 # Data and output locations the case takes from upstream CI's environment.
-_DATA_ARGS = ("--data-path", "--vocab-file", "--merge-file", "--split", "--data-cache-path", "--tokenizer-type", "--tokenizer-model")
+_DATA_ARGS = (
+    "--data-path",
+    "--vocab-file",
+    "--merge-file",
+    "--split",
+    "--data-cache-path",
+    "--tokenizer-type",
+    "--tokenizer-model",
+)
 # A model a 2-core CPU trains in seconds; the parallel layout and every other flag stay the case's.
-PROXY_SCALE = {"--num-layers": 4, "--hidden-size": 64, "--num-attention-heads": 4, "--seq-length": 128,
-               "--max-position-embeddings": 128, "--micro-batch-size": 2, "--global-batch-size": 8,
-               # A few iterations must move the loss: the case warms the learning rate up over 1% of
-               # 320000 iterations (about 0 for ten), so on the proxy no warm-up and a small model's rate.
-               "--lr": 3e-3, "--lr-warmup-iters": 0, "--lr-warmup-fraction": None,
-               # Data-loader workers are processes, spawned on HIP (dataloader-mp-context), each importing
-               # torch and megatron.training: one per rank still proves the spawned worker, and validation,
-               # which the case never reaches in a few iterations (--eval-interval 1000), builds no loader.
-               "--num-workers": 1, "--eval-iters": 0}
+PROXY_SCALE = {
+    "--num-layers": 4,
+    "--hidden-size": 64,
+    "--num-attention-heads": 4,
+    "--seq-length": 128,
+    "--max-position-embeddings": 128,
+    "--micro-batch-size": 2,
+    "--global-batch-size": 8,
+    # A few iterations must move the loss: the case warms the learning rate up over 1% of
+    # 320000 iterations (about 0 for ten), so on the proxy no warm-up and a small model's rate.
+    "--lr": 3e-3,
+    "--lr-warmup-iters": 0,
+    "--lr-warmup-fraction": None,
+    # Data-loader workers are processes, spawned on HIP (dataloader-mp-context), each importing
+    # torch and megatron.training: one per rank still proves the spawned worker, and validation,
+    # which the case never reaches in a few iterations (--eval-interval 1000), builds no loader.
+    "--num-workers": 1,
+    "--eval-iters": 0,
+}
 TOLERANCE = {"cpu-proxy": 1e-4, "gpu": 0.05}
 RESUME_TOLERANCE = {True: 1e-5, False: 1e-3}  # proxy (fp32 on the CPU, deterministic) | GPU
 # What the proxy changes in the workers' environment besides the shim, with the reason (reported).
-PROXY_ENV = {"TORCHDYNAMO_DISABLE": ("1", "torch.compile off: megatron's jit_fuser functions run eagerly (a GPU compiles "
-                                          "them to triton kernels; inductor on the CPU would build C++ ones, minutes per rank)")}
+PROXY_ENV = {
+    "TORCHDYNAMO_DISABLE": (
+        "1",
+        "torch.compile off: megatron's jit_fuser functions run eagerly (a GPU compiles "
+        "them to triton kernels; inductor on the CPU would build C++ ones, minutes per rank)",
+    )
+}
 
 
 def default_case(tp: int, pp: int, te_present: bool, tree: Path | None = None) -> str:
@@ -58,7 +84,9 @@ def default_case(tp: int, pp: int, te_present: bool, tree: Path | None = None) -
     name = f"gpt3_mcore_te_tp{tp}_pp{pp}" if te_present else f"gpt3_mcore_tp{tp}_pp{pp}_uninstall_te"
     if tree is None or case_dir(tree, name).is_dir():
         return name
-    older = sorted(p.name for p in (tree / CASES).glob(f"{name.replace('gpt3_mcore_', 'gpt3_mr_mcore_', 1)}_dgx_*") if p.is_dir())
+    older = sorted(
+        p.name for p in (tree / CASES).glob(f"{name.replace('gpt3_mcore_', 'gpt3_mr_mcore_', 1)}_dgx_*") if p.is_dir()
+    )
     return next((n for n in older if n.endswith("_dgx_a100_1N8G")), older[0] if older else name)
 
 
@@ -89,13 +117,19 @@ def cases_near(tree: Path) -> list[str]:
     return sorted(p.name for p in (tree / CASES).glob("gpt3_*mcore_*") if p.is_dir() and "_tp" in p.name)[:8]
 
 
-def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, work: Path,
-               extra: dict[str, object] | None = None) -> list[str]:
+def build_args(
+    config: dict, *, iters: int, proxy: bool, data_path: str | None, work: Path, extra: dict[str, object] | None = None
+) -> list[str]:
     """MODEL_ARGS as a command line, with CI's paths replaced, (in proxy mode) the model scaled
     down, and ``extra`` on top (a value of None drops the flag)."""
     args: dict[str, Any] = dict(config.get("MODEL_ARGS") or {})  # YAML values: str, int, float, bool
-    paths = {"TENSORBOARD_PATH": work / "tensorboard", "CHECKPOINT_SAVE_PATH": work / "ckpt", "CHECKPOINT_LOAD_PATH": work / "ckpt",
-             "DATA_CACHE_PATH": work / "data-cache", "DATA_PATH": Path(data_path) if data_path else work / "data"}
+    paths = {
+        "TENSORBOARD_PATH": work / "tensorboard",
+        "CHECKPOINT_SAVE_PATH": work / "ckpt",
+        "CHECKPOINT_LOAD_PATH": work / "ckpt",
+        "DATA_CACHE_PATH": work / "data-cache",
+        "DATA_PATH": Path(data_path) if data_path else work / "data",
+    }
     if not data_path:
         for key in _DATA_ARGS:
             args.pop(key, None)
@@ -127,7 +161,12 @@ def build_args(config: dict, *, iters: int, proxy: bool, data_path: str | None, 
 
 # The files a case reads from upstream CI's data root ($DATA_PATH), by flag: a dataset prefix is
 # its .bin and .idx.
-_DATA_FILES = {"--data-path": (".bin", ".idx"), "--vocab-file": ("",), "--merge-file": ("",), "--tokenizer-model": ("",)}
+_DATA_FILES = {
+    "--data-path": (".bin", ".idx"),
+    "--vocab-file": ("",),
+    "--merge-file": ("",),
+    "--tokenizer-model": ("",),
+}
 
 
 def missing_data(config: dict, data_root: Path) -> list[str]:
@@ -176,9 +215,15 @@ def resume_support(tree: Path) -> dict[str, bool]:
     whether it logs the first two iterations after a start as one interval: its training log keeps
     the first iteration's loss in the running total (`should_reset = not is_first_iteration`), so
     the second logged `lm loss` of any run is the mean of its first two iterations."""
-    text = "".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py")))
-    return {"ckpt_step": "ckpt_step" in text, "async_save": "async_save" in text and "use_persistent_ckpt_worker" in text,
-            "async_strategy": "async_strategy" in text, "first_two_logged_together": "should_reset = not is_first_iteration" in text}
+    text = "".join(
+        p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py"))
+    )
+    return {
+        "ckpt_step": "ckpt_step" in text,
+        "async_save": "async_save" in text and "use_persistent_ckpt_worker" in text,
+        "async_strategy": "async_strategy" in text,
+        "first_two_logged_together": "should_reset = not is_first_iteration" in text,
+    }
 
 
 def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_together: bool) -> dict[int, float]:
@@ -210,8 +255,10 @@ def nvrx_usable(env: dict) -> bool:
     """Whether the run's processes can import nvidia-resiliency-ext (not behind the firewall, installed)."""
     import importlib.util
 
-    return "nvidia_resiliency_ext" not in env.get("ROCMPORT_FIREWALL", "").split(",") and \
-        importlib.util.find_spec("nvidia_resiliency_ext") is not None
+    return (
+        "nvidia_resiliency_ext" not in env.get("ROCMPORT_FIREWALL", "").split(",")
+        and importlib.util.find_spec("nvidia_resiliency_ext") is not None
+    )
 
 
 def _args_difference(a: list[str], b: list[str]) -> str:
@@ -226,15 +273,21 @@ def _args_difference(a: list[str], b: list[str]) -> str:
         return out
 
     pa, pb = pairs(a), pairs(b)
-    diff = [f"{k} {pa.get(k, '(absent)')} vs {pb.get(k, '(absent)')}" for k in sorted(set(pa) | set(pb)) if pa.get(k) != pb.get(k)]
+    diff = [
+        f"{k} {pa.get(k, '(absent)')} vs {pb.get(k, '(absent)')}"
+        for k in sorted(set(pa) | set(pb))
+        if pa.get(k) != pb.get(k)
+    ]
     return "; ".join(diff[:4]) + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
 
 
 def golden_path(series_dir: Path, case: str, device_kind: str) -> Path:
     """Where the golden of ``case`` for ``device_kind`` lives: always a file directly in the series' goldens/."""
     if not _NAME.fullmatch(case) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", device_kind, re.ASCII):
-        raise BadInput(f"golden for case {case[:80]!r} and device kind {device_kind[:80]!r}: not plain names; "
-                       f"a golden is a file in {series_dir / 'goldens'}")
+        raise BadInput(
+            f"golden for case {case[:80]!r} and device kind {device_kind[:80]!r}: not plain names; "
+            f"a golden is a file in {series_dir / 'goldens'}"
+        )
     return series_dir / "goldens" / f"{case}.{device_kind}.json"
 
 
@@ -263,7 +316,7 @@ def _blocker(stderr: str, tree: Path) -> str | None:
         for prev in reversed(lines[:i]):
             m = _FRAME.search(prev)
             if m and m.group(1).startswith(root):
-                site = f" at {m.group(1)[len(root):]}:{m.group(2)} ({m.group(3)})"
+                site = f" at {m.group(1)[len(root) :]}:{m.group(2)} ({m.group(3)})"
                 break
         return line.strip()[:200] + site
     return None
@@ -289,7 +342,9 @@ def load_case(tree: Path, case: str) -> dict:
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
 
 
-def _launch(cmd: list[str], tree: Path, env: dict, timeout: float = 1800, what: str = "pretrain_gpt.py") -> subprocess.CompletedProcess:
+def _launch(
+    cmd: list[str], tree: Path, env: dict, timeout: float = 1800, what: str = "pretrain_gpt.py"
+) -> subprocess.CompletedProcess:
     """subprocess.run(capture_output=True) that says each training iteration as megatron logs it
     (a line per iteration with the elapsed time: a run of minutes is not silent)."""
     import threading
@@ -313,7 +368,9 @@ def _launch(cmd: list[str], tree: Path, env: dict, timeout: float = 1800, what: 
             out.append(line)
             m = _ITERATION.search(line)
             if m:
-                output.info(f"stage 4 {what}: iteration {m.group(1)}/{m.group(2)}, {output.elapsed(time.monotonic() - start)} elapsed")
+                output.info(
+                    f"stage 4 {what}: iteration {m.group(1)}/{m.group(2)}, {output.elapsed(time.monotonic() - start)} elapsed"
+                )
         proc.wait()
     finally:
         timer.cancel()
@@ -323,14 +380,23 @@ def _launch(cmd: list[str], tree: Path, env: dict, timeout: float = 1800, what: 
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
 
 
-def _failure(proc: subprocess.CompletedProcess, tree: Path, proxy: bool, hip: str | None, what: str, seconds: float,
-             details: dict) -> StageResult:
+def _failure(
+    proc: subprocess.CompletedProcess,
+    tree: Path,
+    proxy: bool,
+    hip: str | None,
+    what: str,
+    seconds: float,
+    details: dict,
+) -> StageResult:
     """Why a run of pretrain_gpt.py did not log every iteration: a CPU blocker or a break the HIP
     simulation made (unsupported-in-proxy, naming the site), else a failure."""
     blocker = _blocker(proc.stderr, tree) if proxy else None
     te_kernel = re.search(r"unsupported-in-proxy: transformer_engine_torch\.\w+[^\n]*", proc.stderr) if proxy else None
     if te_kernel:  # TE's Python layer reached a kernel the CPU proxy has no reference implementation for (verify --te)
-        return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py with TE's Python layer: {te_kernel.group(0)}", seconds, details)
+        return StageResult(
+            "functional", UNSUPPORTED, f"pretrain_gpt.py with TE's Python layer: {te_kernel.group(0)}", seconds, details
+        )
     if blocker:
         return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
     if proxy and hip:
@@ -338,16 +404,38 @@ def _failure(proc: subprocess.CompletedProcess, tree: Path, proxy: bool, hip: st
 
         site = simulation_break(proc.stderr, tree)
         if site:
-            return StageResult("functional", UNSUPPORTED, f"the HIP simulation breaks {site} (a ROCm build of torch would not)", seconds, details)
-    errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln and "ChildFailedError" not in ln and "elastic" not in ln]
+            return StageResult(
+                "functional",
+                UNSUPPORTED,
+                f"the HIP simulation breaks {site} (a ROCm build of torch would not)",
+                seconds,
+                details,
+            )
+    errors = [
+        ln for ln in proc.stderr.splitlines() if "Error" in ln and "ChildFailedError" not in ln and "elastic" not in ln
+    ]
     tail = errors[:1] or proc.stderr.strip().splitlines()[-1:] or ["no output"]
     return StageResult("functional", FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
 
 
-def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, proxy: bool, data_path: str | None,
-                     series_dir: Path | None, record: bool, device_kind: str, defaulted: bool = False,
-                     launcher: Launcher = Launcher(), resume: bool = True, hip: str | None = None,
-                     rocm: bool = False) -> tuple[StageResult, dict]:
+def stage_functional(
+    tree: Path,
+    env: dict,
+    *,
+    case: str,
+    dp: int,
+    iters: int,
+    proxy: bool,
+    data_path: str | None,
+    series_dir: Path | None,
+    record: bool,
+    device_kind: str,
+    defaulted: bool = False,
+    launcher: Launcher = Launcher(),
+    resume: bool = True,
+    hip: str | None = None,
+    rocm: bool = False,
+) -> tuple[StageResult, dict]:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
     the remaining iterations. ``hip``: the simulated ROCm version (proxy), for the report;
@@ -355,7 +443,9 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
     start = time.monotonic()
     cdir = check_case(tree, case)
     if not (tree / "pretrain_gpt.py").is_file():
-        return StageResult("functional", SKIPPED, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"), {}
+        return StageResult(
+            "functional", SKIPPED, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
+        ), {}
     if not (cdir / "model_config.yaml").is_file():
         text = f"upstream has no functional case {case} ({CASES / case}); pass --case NAME (e.g. {', '.join(cases_near(tree))})"
         return StageResult("functional", SKIPPED if defaulted else FAIL, text), {}
@@ -372,8 +462,10 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
                 # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
                 # (async-save-strategy), the CUDA path keeps upstream's default, which needs the package.
                 save["--async-strategy"] = "mcore"
-                chosen["--async-strategy mcore"] = ("nvidia-resiliency-ext (upstream's default async writer, nvrx) is NVIDIA-only "
-                                                    "and not importable here; on HIP the port picks mcore itself")
+                chosen["--async-strategy mcore"] = (
+                    "nvidia-resiliency-ext (upstream's default async writer, nvrx) is NVIDIA-only "
+                    "and not importable here; on HIP the port picks mcore itself"
+                )
         args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=save)
         run_env = {**env, **{k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}}
         swaps = {}
@@ -388,17 +480,28 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
         losses = [steps[i] for i in sorted(steps)]
         if proc.returncode == 0 and not losses and launcher.multi_node:
             return took_part("functional", launcher, time.monotonic() - start), {}
-        details: dict[str, Any] = {"case": case, "command": " ".join(cmd), "losses": losses, "iters": iters, "proxy_env": swaps,
-                                   "chosen_args": chosen,
-                   "log_tail": [ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]}
+        details: dict[str, Any] = {
+            "case": case,
+            "command": " ".join(cmd),
+            "losses": losses,
+            "iters": iters,
+            "proxy_env": swaps,
+            "chosen_args": chosen,
+            "log_tail": [ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:],
+        }
         if proxy:
             from rocmport.verify.proxy_shim import read_redirects
 
             details["redirects"] = read_redirects(work / "shim")
         hook = work / "shim" / "unsupported.txt"
         if proxy and hook.is_file():
-            return StageResult("functional", UNSUPPORTED, f"proxy shim hook missing: {hook.read_text()}", time.monotonic() - start,
-                               details), details
+            return StageResult(
+                "functional",
+                UNSUPPORTED,
+                f"proxy shim hook missing: {hook.read_text()}",
+                time.monotonic() - start,
+                details,
+            ), details
         if proc.returncode != 0 or len(losses) < iters:
             what = f"pretrain_gpt.py (after {len(losses)} of {iters} iterations)"
             res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, details)
@@ -408,36 +511,58 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
         if losses[-1] >= losses[0]:
             problems.append(f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
         if resume and half >= 1 and support["ckpt_step"]:
-            again = {**save, "--ckpt-step": half, "--save": str(work / "ckpt-resumed"), "--async-save": None,
-                     "--use-persistent-ckpt-worker": None}
+            again = {
+                **save,
+                "--ckpt-step": half,
+                "--save": str(work / "ckpt-resumed"),
+                "--async-save": None,
+                "--use-persistent-ckpt-worker": None,
+            }
             rargs = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=again)
-            rproc = _launch(functional_command(launcher, config, rargs, dp), tree, run_env, what=f"resumed from iteration {half}")
+            rproc = _launch(
+                functional_command(launcher, config, rargs, dp), tree, run_env, what=f"resumed from iteration {half}"
+            )
             rlog = rproc.stdout + rproc.stderr
             rsteps = loss_steps(rlog)
             wanted = list(range(half + 1, iters + 1))
-            details["resume_log_tail"] = [ln for ln in rproc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]
+            details["resume_log_tail"] = [ln for ln in rproc.stderr.splitlines() if "rank0" in ln or "Error" in ln][
+                -15:
+            ]
             if rproc.returncode != 0 or any(i not in rsteps for i in wanted):
-                return _failure(rproc, tree, proxy, hip, f"the run resumed from iteration {half}", time.monotonic() - start,
-                                details), details
+                return _failure(
+                    rproc, tree, proxy, hip, f"the run resumed from iteration {half}", time.monotonic() - start, details
+                ), details
             expected = expected_resumed(steps, half, iters, support["first_two_logged_together"])
             diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
             norms, rnorms = params_norms(proc.stdout + proc.stderr), params_norms(rlog)
             norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
             tol = RESUME_TOLERANCE[proxy]
-            details["resume"] = {"from_iteration": half, "loaded_iteration": loaded_iteration(rlog), "max_abs_diff": diff,
-                                 "tolerance": tol, "async_save": support["async_save"], "losses": [rsteps[i] for i in wanted]}
+            details["resume"] = {
+                "from_iteration": half,
+                "loaded_iteration": loaded_iteration(rlog),
+                "max_abs_diff": diff,
+                "tolerance": tol,
+                "async_save": support["async_save"],
+                "losses": [rsteps[i] for i in wanted],
+            }
             if norm_diff is not None:
                 details["resume"]["params_norm_max_abs_diff"] = norm_diff
             if support["first_two_logged_together"] and half + 2 <= iters:
                 details["resume"]["averaged_iteration"] = half + 2
-            reason += (f"; resumed from the iteration-{half} checkpoint ({'async ' if support['async_save'] else ''}torch_dist): "
-                       f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})")
+            reason += (
+                f"; resumed from the iteration-{half} checkpoint ({'async ' if support['async_save'] else ''}torch_dist): "
+                f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
+            )
             if norm_diff is not None:
                 reason += f", params norm max |Δ| {norm_diff:.2g}"
                 if norm_diff > tol:
-                    problems.append(f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})")
+                    problems.append(
+                        f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})"
+                    )
             if details["resume"]["loaded_iteration"] != half:
-                problems.append(f"the resumed run did not load iteration {half} (it says {details['resume']['loaded_iteration']})")
+                problems.append(
+                    f"the resumed run did not load iteration {half} (it says {details['resume']['loaded_iteration']})"
+                )
             if diff > tol:
                 problems.append(f"resumed losses differ from the uninterrupted run's by {diff:.3g} > {tol:g}")
         elif resume:
@@ -449,22 +574,45 @@ def stage_functional(tree: Path, env: dict, *, case: str, dp: int, iters: int, p
     status = FAIL if problems else PASS
     if series_dir is not None:
         golden = golden_path(series_dir, case, device_kind)
-        if record and problems:  # a golden is what a passing run logged: a failed run's curve would excuse the failure next time
+        if (
+            record and problems
+        ):  # a golden is what a passing run logged: a failed run's curve would excuse the failure next time
             reason += f"; golden not recorded: the run failed ({golden} unchanged)"
         elif record:
-            atomic_write_text(golden, json.dumps({"case": case, "device_kind": device_kind, "iters": iters, "losses": losses,
-                                                  "hip_sim": hip, "args": recorded}, indent=1) + "\n")
+            atomic_write_text(
+                golden,
+                json.dumps(
+                    {
+                        "case": case,
+                        "device_kind": device_kind,
+                        "iters": iters,
+                        "losses": losses,
+                        "hip_sim": hip,
+                        "args": recorded,
+                    },
+                    indent=1,
+                )
+                + "\n",
+            )
             reason += f"; golden recorded in {golden}"
         elif golden.is_file():
             ref = json.loads(golden.read_text())
             details["golden"] = {"path": str(golden)}
             if ref.get("args") != recorded:
-                why = _args_difference(recorded, ref["args"]) if ref.get("args") else "the golden records no args; re-record it"
+                why = (
+                    _args_difference(recorded, ref["args"])
+                    if ref.get("args")
+                    else "the golden records no args; re-record it"
+                )
                 details["golden"]["other_args"] = why
                 reason += f"; golden made with other args, not compared ({why})"
             else:
                 n = min(len(ref["losses"]), len(losses))
-                drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[:n], ref["losses"][:n])) if n else float("inf")
+                drift = (
+                    max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[:n], ref["losses"][:n]))
+                    if n
+                    else float("inf")
+                )
                 tol = TOLERANCE.get(device_kind.split("-te")[0], 0.05)  # cpu-proxy-te<version>: the proxy's bound
                 details["golden"].update({"max_rel_drift": drift, "tolerance": tol, "hip_sim": ref.get("hip_sim")})
                 reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"

@@ -27,9 +27,17 @@ def parse():
     p.add_argument("--save-init")
     p.add_argument("--load-init")
     p.add_argument("--bridge", action="store_true", help="build the model through Megatron-Bridge's GPTModelProvider")
-    p.add_argument("--te", action="store_true", help="upstream's Transformer Engine layer spec (TE's Python layer must be importable)")
-    p.add_argument("--moe", type=int, default=0, help="MoE: this many experts (top-2, grouped GEMM: TE's GroupedLinear with --te)")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (with --moe; experts are not tensor-parallel)")
+    p.add_argument(
+        "--te",
+        action="store_true",
+        help="upstream's Transformer Engine layer spec (TE's Python layer must be importable)",
+    )
+    p.add_argument(
+        "--moe", type=int, default=0, help="MoE: this many experts (top-2, grouped GEMM: TE's GroupedLinear with --te)"
+    )
+    p.add_argument(
+        "--ep", type=int, default=1, help="expert-parallel size (with --moe; experts are not tensor-parallel)"
+    )
     return p.parse_args()
 
 
@@ -81,7 +89,10 @@ def train(args):
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_layer_with_transformer_engine_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
@@ -91,18 +102,38 @@ def train(args):
     if args.moe:
         # Experts spread over ep ranks, each whole (expert tp 1: ep fits in tp×dp at tp2×pp2×dp1); top-2
         # routing without an auxiliary loss or token dropping, so ep2 computes what ep1 does.
-        moe = dict(num_moe_experts=args.moe, moe_router_topk=2, moe_grouped_gemm=True, moe_token_dispatcher_type="alltoall",
-                   moe_aux_loss_coeff=0.0, expert_model_parallel_size=args.ep, expert_tensor_parallel_size=1,
-                   sequence_parallel=args.tp > 1)  # megatron refuses MoE with tp but without sequence parallelism
-    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                                 **({"expert_model_parallel_size": args.ep, "expert_tensor_parallel_size": 1} if args.moe else {}))
+        moe = dict(
+            num_moe_experts=args.moe,
+            moe_router_topk=2,
+            moe_grouped_gemm=True,
+            moe_token_dispatcher_type="alltoall",
+            moe_aux_loss_coeff=0.0,
+            expert_model_parallel_size=args.ep,
+            expert_tensor_parallel_size=1,
+            sequence_parallel=args.tp > 1,
+        )  # megatron refuses MoE with tp but without sequence parallelism
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        **({"expert_model_parallel_size": args.ep, "expert_tensor_parallel_size": 1} if args.moe else {}),
+    )
     model_parallel_cuda_manual_seed(args.seed)
     config = TransformerConfig(
-        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
         # Trap G1: the real tp/pp sizes, or the tied-embedding sync is silently skipped.
-        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
-        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=proxy, batch_p2p_sync=not proxy,
-        params_dtype=torch.float32, bf16=False, fp16=False, **moe,
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=proxy,
+        batch_p2p_sync=not proxy,
+        params_dtype=torch.float32,
+        bf16=False,
+        fp16=False,
+        **moe,
     )
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     if args.bridge:
@@ -110,9 +141,16 @@ def train(args):
     else:
         experts = {"num_experts": args.moe, "moe_grouped_gemm": True} if args.moe else {}
         spec = get_gpt_layer_with_transformer_engine_spec(**experts) if args.te else get_gpt_layer_local_spec(**experts)
-        model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB,
-                         max_sequence_length=SEQ, pre_process=first, post_process=last,
-                         share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute")
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=VOCAB,
+            max_sequence_length=SEQ,
+            pre_process=first,
+            post_process=last,
+            share_embeddings_and_output_weights=True,
+            position_embedding_type="learned_absolute",
+        )
     if backend == "nccl":
         model.cuda()
     tied_start = _tied_ok(model, ps)
@@ -120,11 +158,17 @@ def train(args):
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, args.save_init)
     if args.load_init:
         _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp, args.moe // args.ep if args.moe else 0)
-    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=False), model)
+    ddp = DistributedDataParallel(
+        config, DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=False), model
+    )
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = ddp.no_sync
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=3e-3, clip_grad=1.0, params_dtype=torch.float32, use_distributed_optimizer=False), [ddp])
+        OptimizerConfig(
+            optimizer="adam", lr=3e-3, clip_grad=1.0, params_dtype=torch.float32, use_distributed_optimizer=False
+        ),
+        [ddp],
+    )
     forward_backward = get_forward_backward_func()
     device = "cuda" if backend == "nccl" else "cpu"
 
@@ -151,14 +195,23 @@ def train(args):
     for it in range(args.iters):
         ddp.zero_grad_buffer()
         optimizer.zero_grad()
-        reduced = forward_backward(forward_step_func=forward_step, data_iterator=batches(it), model=[ddp],
-                                   num_microbatches=MICROBATCHES, seq_length=SEQ, micro_batch_size=MBS, forward_only=False)
+        reduced = forward_backward(
+            forward_step_func=forward_step,
+            data_iterator=batches(it),
+            model=[ddp],
+            num_microbatches=MICROBATCHES,
+            seq_length=SEQ,
+            micro_batch_size=MBS,
+            forward_only=False,
+        )
         optimizer.step()
         if last:
             losses.append(float(torch.stack([r["lm loss"] for r in reduced]).mean()))
     tied_end = _tied_ok(model, ps)
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank()})
+    torch.distributed.all_gather_object(
+        gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank()}
+    )
     if torch.distributed.get_rank() == 0:
         reporter = next(g for g in gathered if g["last"] and g["tp_rank"] == 0)
         redirects = {}
@@ -166,8 +219,16 @@ def train(args):
             from rocmport.verify.proxy_shim import REDIRECTS
 
             redirects = dict(REDIRECTS.most_common())
-        _write(args.out, {"losses": reporter["losses"], "tied_embeddings_equal": tied_start and tied_end,
-                          "tied_start": tied_start, "tied_end": tied_end, "redirects": redirects})
+        _write(
+            args.out,
+            {
+                "losses": reporter["losses"],
+                "tied_embeddings_equal": tied_start and tied_end,
+                "tied_start": tied_start,
+                "tied_end": tied_end,
+                "redirects": redirects,
+            },
+        )
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
@@ -182,11 +243,24 @@ def _bridge_model(args, proxy, first, last, te=False):
     layer_spec = gpt_provider.transformer_engine_layer_spec if te else gpt_provider.local_layer_spec
 
     provider = GPTModelProvider(
-        num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, vocab_size=VOCAB, seq_length=SEQ,
-        tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp, pipeline_dtype=torch.float32,
-        hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=proxy, batch_p2p_sync=not proxy,
-        params_dtype=torch.float32, bf16=False, fp16=False, transformer_layer_spec=layer_spec,
-        share_embeddings_and_output_weights=True, position_embedding_type="learned_absolute",
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        vocab_size=VOCAB,
+        seq_length=SEQ,
+        tensor_model_parallel_size=args.tp,
+        pipeline_model_parallel_size=args.pp,
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=proxy,
+        batch_p2p_sync=not proxy,
+        params_dtype=torch.float32,
+        bf16=False,
+        fp16=False,
+        transformer_layer_spec=layer_spec,
+        share_embeddings_and_output_weights=True,
+        position_embedding_type="learned_absolute",
         make_vocab_size_divisible_by=VOCAB,
     )
     if hasattr(provider, "finalize"):  # Bridge defers TransformerConfig's __post_init__ to finalize()
@@ -223,12 +297,20 @@ def _load_split(model, full: dict, ps, layers_per_stage: int, local_experts: int
     ep_rank = ps.get_expert_model_parallel_rank() if local_experts else 0
     with torch.no_grad():
         for name, param in model.named_parameters():
-            ref_name = re.sub(r"decoder\.layers\.(\d+)\.", lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", name)
+            ref_name = re.sub(
+                r"decoder\.layers\.(\d+)\.", lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", name
+            )
             if ref_name == "output_layer.weight" and ref_name not in full:
                 ref_name = "embedding.word_embeddings.weight"  # tied: the last stage holds a copy
             expert = ".experts." in name
-            if expert:  # this rank's local expert i is global expert ep_rank * local_experts + i (GroupedLinear's weight<i>)
-                ref_name = re.sub(r"(weight|bias)(\d+)$", lambda m: f"{m.group(1)}{ep_rank * local_experts + int(m.group(2))}", ref_name)
+            if (
+                expert
+            ):  # this rank's local expert i is global expert ep_rank * local_experts + i (GroupedLinear's weight<i>)
+                ref_name = re.sub(
+                    r"(weight|bias)(\d+)$",
+                    lambda m: f"{m.group(1)}{ep_rank * local_experts + int(m.group(2))}",
+                    ref_name,
+                )
             ref = full[ref_name]
             if getattr(param, "tensor_model_parallel", False) and tp > 1 and not expert:
                 ref = torch.chunk(ref, tp, dim=param.partition_dim)[rank]

@@ -26,8 +26,10 @@ def parse_version(text: str) -> tuple[int, int]:
     # goes into every started process's environment and torch.version.hip.
     match = _VERSION.fullmatch(text) if len(text) <= 64 else None
     if match is None:
-        raise BadInput(f"--hip-version {text[:80]!r}: not a ROCm version; expected MAJOR.MINOR[.BUILD][-HASH], "
-                       f"e.g. 7.1 or 6.4.43482-0f2d60242 (--no-hip-sim for the CUDA path)")
+        raise BadInput(
+            f"--hip-version {text[:80]!r}: not a ROCm version; expected MAJOR.MINOR[.BUILD][-HASH], "
+            f"e.g. 7.1 or 6.4.43482-0f2d60242 (--no-hip-sim for the CUDA path)"
+        )
     return int(match[1]), int(match[2])
 
 
@@ -57,29 +59,88 @@ class DeviceProperties:
     pci_domain_id: int = 0
 
     def __repr__(self):
-        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, gcnArchName='{self.gcnArchName}', "
-                f"total_memory={self.total_memory // 2**20}MB, multi_processor_count={self.multi_processor_count})")
+        return (
+            f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, gcnArchName='{self.gcnArchName}', "
+            f"total_memory={self.total_memory // 2**20}MB, multi_processor_count={self.multi_processor_count})"
+        )
 
 
 # The simulated devices: an MI300X under the HIP simulation, an A100 (upstream's golden machine) on the CUDA path.
-MI300X = DeviceProperties(name="AMD Instinct MI300X", major=9, minor=4, gcnArchName="gfx942:sramecc+:xnack-", total_memory=192 * 2**30,
-                          multi_processor_count=304, warp_size=64, L2_cache_size=4 * 2**20)
-A100 = DeviceProperties(name="NVIDIA A100-SXM4-80GB", major=8, minor=0, gcnArchName="NVIDIA A100-SXM4-80GB", total_memory=80 * 2**30,
-                        multi_processor_count=108, warp_size=32, L2_cache_size=40 * 2**20, shared_memory_per_block=48 * 2**10)
+MI300X = DeviceProperties(
+    name="AMD Instinct MI300X",
+    major=9,
+    minor=4,
+    gcnArchName="gfx942:sramecc+:xnack-",
+    total_memory=192 * 2**30,
+    multi_processor_count=304,
+    warp_size=64,
+    L2_cache_size=4 * 2**20,
+)
+A100 = DeviceProperties(
+    name="NVIDIA A100-SXM4-80GB",
+    major=8,
+    minor=0,
+    gcnArchName="NVIDIA A100-SXM4-80GB",
+    total_memory=80 * 2**30,
+    multi_processor_count=108,
+    warp_size=32,
+    L2_cache_size=40 * 2**20,
+    shared_memory_per_block=48 * 2**10,
+)
 # One GPU of each architecture rocmport has a launch profile for (--hip-arch), as ROCm's torch reports it
 # (major/minor: the gfx number's digits, as HIP's hipDeviceProp_t gives them).
 SIM_DEVICES = {
     "gfx942": MI300X,
-    "gfx950": DeviceProperties(name="AMD Instinct MI355X", major=9, minor=5, gcnArchName="gfx950:sramecc+:xnack-", total_memory=288 * 2**30,
-                               multi_processor_count=256, warp_size=64, L2_cache_size=4 * 2**20),
-    "gfx90a": DeviceProperties(name="AMD Instinct MI250X/MI250", major=9, minor=0, gcnArchName="gfx90a:sramecc+:xnack-", total_memory=64 * 2**30,
-                               multi_processor_count=110, warp_size=64, L2_cache_size=8 * 2**20),
-    "gfx1100": DeviceProperties(name="AMD Radeon RX 7900 XTX", major=11, minor=0, gcnArchName="gfx1100", total_memory=24 * 2**30,
-                                multi_processor_count=48, warp_size=32, L2_cache_size=6 * 2**20),
-    "gfx1201": DeviceProperties(name="AMD Radeon AI PRO R9700", major=12, minor=0, gcnArchName="gfx1201", total_memory=32 * 2**30,
-                                multi_processor_count=32, warp_size=32, L2_cache_size=8 * 2**20),
-    "gfx906": DeviceProperties(name="AMD Instinct MI50/MI60", major=9, minor=0, gcnArchName="gfx906:sramecc+:xnack-", total_memory=32 * 2**30,
-                               multi_processor_count=60, warp_size=64, L2_cache_size=4 * 2**20),
+    "gfx950": DeviceProperties(
+        name="AMD Instinct MI355X",
+        major=9,
+        minor=5,
+        gcnArchName="gfx950:sramecc+:xnack-",
+        total_memory=288 * 2**30,
+        multi_processor_count=256,
+        warp_size=64,
+        L2_cache_size=4 * 2**20,
+    ),
+    "gfx90a": DeviceProperties(
+        name="AMD Instinct MI250X/MI250",
+        major=9,
+        minor=0,
+        gcnArchName="gfx90a:sramecc+:xnack-",
+        total_memory=64 * 2**30,
+        multi_processor_count=110,
+        warp_size=64,
+        L2_cache_size=8 * 2**20,
+    ),
+    "gfx1100": DeviceProperties(
+        name="AMD Radeon RX 7900 XTX",
+        major=11,
+        minor=0,
+        gcnArchName="gfx1100",
+        total_memory=24 * 2**30,
+        multi_processor_count=48,
+        warp_size=32,
+        L2_cache_size=6 * 2**20,
+    ),
+    "gfx1201": DeviceProperties(
+        name="AMD Radeon AI PRO R9700",
+        major=12,
+        minor=0,
+        gcnArchName="gfx1201",
+        total_memory=32 * 2**30,
+        multi_processor_count=32,
+        warp_size=32,
+        L2_cache_size=8 * 2**20,
+    ),
+    "gfx906": DeviceProperties(
+        name="AMD Instinct MI50/MI60",
+        major=9,
+        minor=0,
+        gcnArchName="gfx906:sramecc+:xnack-",
+        total_memory=32 * 2**30,
+        multi_processor_count=60,
+        warp_size=64,
+        L2_cache_size=4 * 2**20,
+    ),
 }
 DEFAULT_ARCH = "gfx942"
 
@@ -89,7 +150,9 @@ def parse_arch(text: str) -> str:
     from rocmport.errors import BadInput
 
     if text not in SIM_DEVICES:
-        raise BadInput(f"--hip-arch {text[:40]!r}: no simulated GPU of that architecture; choose one of {', '.join(SIM_DEVICES)}")
+        raise BadInput(
+            f"--hip-arch {text[:40]!r}: no simulated GPU of that architecture; choose one of {', '.join(SIM_DEVICES)}"
+        )
     return text
 
 
@@ -126,8 +189,12 @@ def install(version: str | None = None) -> None:
     # Device questions answer as an MI300X (whether a device can run anything is the proxy shim's
     # business: outside upstream's training script, torch.cuda.is_available() stays False).
     props = device(True)
-    answers = {"get_device_properties": lambda device=None: props, "get_device_capability": lambda device=None: (props.major, props.minor),
-               "get_device_name": lambda device=None: props.name, "get_arch_list": lambda: [arch(True)]}
+    answers = {
+        "get_device_properties": lambda device=None: props,
+        "get_device_capability": lambda device=None: (props.major, props.minor),
+        "get_device_name": lambda device=None: props.name,
+        "get_arch_list": lambda: [arch(True)],
+    }
     for name, answer in answers.items():
         setattr(torch.cuda, name, answer)
 
@@ -139,8 +206,16 @@ def child_env(version: str, gfx: str = DEFAULT_ARCH) -> dict[str, str | None]:
     from rocmport.launch_env import launch_env
 
     parse_version(version)
-    return {"ROCMPORT_HIP_SIM": version, "ROCMPORT_HIP_SIM_ARCH": parse_arch(gfx), "ROCM_HOME": "/opt/rocm", "CUDA_HOME": None,
-            "CUDA_PATH": None, "NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1", **launch_env()}
+    return {
+        "ROCMPORT_HIP_SIM": version,
+        "ROCMPORT_HIP_SIM_ARCH": parse_arch(gfx),
+        "ROCM_HOME": "/opt/rocm",
+        "CUDA_HOME": None,
+        "CUDA_PATH": None,
+        "NVTE_FLASH_ATTN": "0",
+        "NVTE_FUSED_ATTN": "1",
+        **launch_env(),
+    }
 
 
 def summary(version: str | None, gfx: str = DEFAULT_ARCH) -> dict | None:
@@ -164,7 +239,7 @@ def simulation_break(stderr: str, tree: Path) -> str | None:
     if not starts:
         return None
     frame, code, error = None, "", ""
-    for i, line in enumerate(lines[starts[-1] + 1:], starts[-1] + 1):
+    for i, line in enumerate(lines[starts[-1] + 1 :], starts[-1] + 1):
         m = _FRAME.match(line)
         if m:
             frame, code = m.groups(), (lines[i + 1].strip() if i + 1 < len(lines) else "")

@@ -35,7 +35,7 @@ class Setting:
     value: str
     reason: str
     source: str
-    part: str            # base | deterministic | <arch> | fabric | tune
+    part: str  # base | deterministic | <arch> | fabric | tune
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,15 @@ class Resolved:
 
     def to_dict(self) -> dict:
         s = self.setting
-        return {"name": s.name, "value": self.value, "reason": s.reason, "source": s.source, "part": s.part,
-                "yours": self.yours, "ours": s.value}
+        return {
+            "name": s.name,
+            "value": self.value,
+            "reason": s.reason,
+            "source": s.source,
+            "part": s.part,
+            "yours": self.yours,
+            "ours": s.value,
+        }
 
 
 # Where each value of rocmport's base launcher environment comes from.
@@ -68,47 +75,71 @@ BASE_SOURCES = {
 
 # --deterministic's values only a launcher can set (read before validate_args runs: coverage item E4).
 LAUNCHER_DETERMINISTIC = [
-    Setting("TORCH_COMPILE_DISABLE", "1",
-            "no torch.compile in a reproducible run (Primus: a race in some Triton versions); torch._dynamo reads it "
-            "when megatron.core.jit first imports it, before validate_args, so only the launcher can set it",
-            f"{PRIMUS}/base_env.sh (PRIMUS_DETERMINISTIC=1)", "deterministic"),
+    Setting(
+        "TORCH_COMPILE_DISABLE",
+        "1",
+        "no torch.compile in a reproducible run (Primus: a race in some Triton versions); torch._dynamo reads it "
+        "when megatron.core.jit first imports it, before validate_args, so only the launcher can set it",
+        f"{PRIMUS}/base_env.sh (PRIMUS_DETERMINISTIC=1)",
+        "deterministic",
+    ),
 ]
 
-FA_TRITON = Setting("FLASH_ATTENTION_TRITON_AMD_ENABLE", "TRUE",
-                    "ROCm flash-attention's CK backend does not build for RDNA; its Triton backend is chosen at run time by this variable",
-                    "ROCm/flash-attention README at v2.8.0-cktile ('Triton Backend'); the series' rocm: matrix (flash_attn variants.triton)",
-                    "")
+FA_TRITON = Setting(
+    "FLASH_ATTENTION_TRITON_AMD_ENABLE",
+    "TRUE",
+    "ROCm flash-attention's CK backend does not build for RDNA; its Triton backend is chosen at run time by this variable",
+    "ROCm/flash-attention README at v2.8.0-cktile ('Triton Backend'); the series' rocm: matrix (flash_attn variants.triton)",
+    "",
+)
 
 # Per architecture: what AMD's launchers add for that GPU kind. Values that only restate a default, or
 # only tune a component that does not build there, are left out (--explain says which).
 ARCH_SETTINGS: dict[str, list[Setting]] = {
     "gfx942": [
-        Setting("HSA_KERNARG_POOL_SIZE", "12582912",
-                "a 12 MiB kernel-argument pool for models that launch many kernels", f"{PRIMUS}/MI300X.sh, MI325X.sh", "gfx942"),
+        Setting(
+            "HSA_KERNARG_POOL_SIZE",
+            "12582912",
+            "a 12 MiB kernel-argument pool for models that launch many kernels",
+            f"{PRIMUS}/MI300X.sh, MI325X.sh",
+            "gfx942",
+        ),
     ],
     "gfx950": [
-        Setting("RCCL_WARP_SPEED_AUTO", "0",
-                "RCCL's WarpSpeed is on by default in gfx950 builds and can produce NaN losses", f"{PRIMUS}/MI350X.sh, MI355X.sh", "gfx950"),
-        Setting("NVTE_ROCM_ENABLE_MXFP8", "1",
-                "ROCm TE runs MXFP8 recipes only with this set (gfx95x only; read when TE is imported, before validate_args: "
-                "coverage item E3)", f"{ROCM_TE_README} ('MXFP8 support on ROCm (gfx95x only)'); {PRIMUS}/base_env.sh", "gfx950"),
+        Setting(
+            "RCCL_WARP_SPEED_AUTO",
+            "0",
+            "RCCL's WarpSpeed is on by default in gfx950 builds and can produce NaN losses",
+            f"{PRIMUS}/MI350X.sh, MI355X.sh",
+            "gfx950",
+        ),
+        Setting(
+            "NVTE_ROCM_ENABLE_MXFP8",
+            "1",
+            "ROCm TE runs MXFP8 recipes only with this set (gfx95x only; read when TE is imported, before validate_args: "
+            "coverage item E3)",
+            f"{ROCM_TE_README} ('MXFP8 support on ROCm (gfx95x only)'); {PRIMUS}/base_env.sh",
+            "gfx950",
+        ),
     ],
     "gfx90a": [],
     "gfx1100": [replace(FA_TRITON, part="gfx1100")],
     "gfx1201": [replace(FA_TRITON, part="gfx1201")],
-    "gfx906": [Setting(n, v, why, "rocmport's arch table (rocmport/patches/components.py ARCHS)", "gfx906")
-               for n, v, why in ARCHS["gfx906"].env],
+    "gfx906": [
+        Setting(n, v, why, "rocmport's arch table (rocmport/patches/components.py ARCHS)", "gfx906")
+        for n, v, why in ARCHS["gfx906"].env
+    ],
 }
 # Why an architecture adds nothing, or less than AMD's file for it (printed by --explain).
 ARCH_NOTES = {
     "gfx942": "Primus MI300X.sh also sets HSA_XNACK=0 and GPU_MAX_HEAP_SIZE=100, the runtime's defaults: not repeated",
     "gfx950": "Primus MI355X.sh also sets HSA_XNACK=1 and HSA_ENABLE_INTERRUPT=1 calling MI355X an APU; it is a discrete GPU "
-              "(MI300A is the APU), so they are not taken",
+    "(MI300A is the APU), so they are not taken",
     "gfx90a": "Primus MI250X.sh sets only the base values and Transformer Engine's cast-transpose switches; ROCm TE does not "
-              "build for gfx90a (ROCm/TransformerEngine#439): nothing to add",
+    "build for gfx90a (ROCm/TransformerEngine#439): nothing to add",
     "gfx1100": "a workstation GPU: RCCL's values matter only with several cards; no RDMA fabric is expected",
     "gfx1201": "a workstation GPU: RCCL's values matter only with several cards; FLASH_ATTENTION_TRITON_AMD_ENABLE is UNVERIFIED "
-               "on RDNA4 (the v2.8.0-cktile README names RDNA3)",
+    "on RDNA4 (the v2.8.0-cktile README names RDNA3)",
     "gfx906": "HSA_OVERRIDE_GFX_VERSION is UNVERIFIED (community MI50 setups)",
 }
 ARCH_CHOICES = tuple(ARCH_SETTINGS)
@@ -131,7 +162,9 @@ def resolve_arch(arch: str, device_arch=None) -> str:
         if not found:
             raise BadInput(f"--arch auto: no AMD GPU visible here; name it: --arch {'|'.join(ARCH_CHOICES)}")
         if found not in ARCH_SETTINGS:
-            raise BadInput(f"--arch auto: this GPU is {found}, which has no launch profile; known: {', '.join(ARCH_CHOICES)}")
+            raise BadInput(
+                f"--arch auto: this GPU is {found}, which has no launch profile; known: {', '.join(ARCH_CHOICES)}"
+            )
         return found
     name = base_arch(arch) or ""
     if name not in ARCH_SETTINGS:
@@ -140,6 +173,7 @@ def resolve_arch(arch: str, device_arch=None) -> str:
 
 
 # ---- the fabric ------------------------------------------------------------------------------------
+
 
 def _read(path: Path) -> str:
     try:
@@ -154,7 +188,9 @@ def _roce_v2_ipv4_gid(port: Path) -> int | None:
     if not types.is_dir():
         return None
     for idx in sorted((int(p.name) for p in types.iterdir() if p.name.isdigit())):
-        if _read(types / str(idx)).lower() == "roce v2" and _read(port / "gids" / str(idx)).lower().startswith("0000:0000:0000:0000:0000:ffff:"):
+        if _read(types / str(idx)).lower() == "roce v2" and _read(port / "gids" / str(idx)).lower().startswith(
+            "0000:0000:0000:0000:0000:ffff:"
+        ):
             return idx
     return None
 
@@ -173,8 +209,14 @@ def rdma_devices(sys_root: Path) -> list[dict]:
             if "ACTIVE" not in _read(port / "state"):
                 continue
             layer = _read(port / "link_layer") or "InfiniBand"
-            found.append({"name": dev.name, "port": port.name, "link_layer": layer,
-                          "gid_index": _roce_v2_ipv4_gid(port) if layer == "Ethernet" else None})
+            found.append(
+                {
+                    "name": dev.name,
+                    "port": port.name,
+                    "link_layer": layer,
+                    "gid_index": _roce_v2_ipv4_gid(port) if layer == "Ethernet" else None,
+                }
+            )
             break
     return found
 
@@ -202,21 +244,41 @@ def route_interface(address: str, proc_root: Path) -> str | None:
     return best[1] if best else None
 
 
-def fabric_settings(master_addr: str | None, sys_root: Path = Path("/sys"), proc_root: Path = Path("/proc"),
-                    resolve=socket.gethostbyname) -> tuple[list[Setting], list[str]]:
+def fabric_settings(
+    master_addr: str | None,
+    sys_root: Path = Path("/sys"),
+    proc_root: Path = Path("/proc"),
+    resolve=socket.gethostbyname,
+) -> tuple[list[Setting], list[str]]:
     """The fabric part, read from this machine, and what was found (or not) for --explain."""
     out: list[Setting] = []
     notes: list[str] = []
     sysfs = sys_root / "class" / "infiniband"
     devices = rdma_devices(sys_root)
     if not devices:
-        notes.append(f"fabric: no RDMA device with an active port under {sysfs}: RCCL uses sockets (NCCL_IB_* left unset)")
+        notes.append(
+            f"fabric: no RDMA device with an active port under {sysfs}: RCCL uses sockets (NCCL_IB_* left unset)"
+        )
     else:
         names = ",".join(d["name"] for d in devices)
-        out.append(Setting("NCCL_IB_HCA", names, f"the RDMA devices with an active port under {sysfs}",
-                           f"{PRIMUS}/base_env.sh (get_nccl_ib_hca.sh); {FORK_SCRIPT} (rdma link)", "fabric"))
-        out.append(Setting("NCCL_CROSS_NIC", "0", "each rank keeps to its own NIC across nodes (rail-aligned fabrics)",
-                           f"{PRIMUS}/base_env.sh; {FORK_SCRIPT}", "fabric"))
+        out.append(
+            Setting(
+                "NCCL_IB_HCA",
+                names,
+                f"the RDMA devices with an active port under {sysfs}",
+                f"{PRIMUS}/base_env.sh (get_nccl_ib_hca.sh); {FORK_SCRIPT} (rdma link)",
+                "fabric",
+            )
+        )
+        out.append(
+            Setting(
+                "NCCL_CROSS_NIC",
+                "0",
+                "each rank keeps to its own NIC across nodes (rail-aligned fabrics)",
+                f"{PRIMUS}/base_env.sh; {FORK_SCRIPT}",
+                "fabric",
+            )
+        )
         roce = [d for d in devices if d["link_layer"] == "Ethernet"]
         gids = Counter(d["gid_index"] for d in roce if d["gid_index"] is not None)
         if gids:
@@ -224,17 +286,35 @@ def fabric_settings(master_addr: str | None, sys_root: Path = Path("/sys"), proc
             why = f"the RoCE v2 GID over IPv4 of {count} of the {len(roce)} RoCE devices"
             if len(gids) > 1:
                 why += f" (others: {', '.join(f'{i} on {n}' for i, n in gids.items() if i != index)})"
-            out.append(Setting("NCCL_IB_GID_INDEX", str(index), why,
-                               f"read from {sysfs}/<dev>/ports/<n>/gid_attrs/types; AMD's launchers hard-code 3 "
-                               f"({PRIMUS}/base_env.sh; {FORK_SCRIPT})", "fabric"))
+            out.append(
+                Setting(
+                    "NCCL_IB_GID_INDEX",
+                    str(index),
+                    why,
+                    f"read from {sysfs}/<dev>/ports/<n>/gid_attrs/types; AMD's launchers hard-code 3 "
+                    f"({PRIMUS}/base_env.sh; {FORK_SCRIPT})",
+                    "fabric",
+                )
+            )
         elif roce:
             notes.append("fabric: RoCE devices without a RoCE v2 IPv4 GID: NCCL_IB_GID_INDEX left to RCCL")
         else:
-            notes.append("fabric: InfiniBand link layer: GID index 0 (RCCL's default) is right, NCCL_IB_GID_INDEX left unset")
-        out.append(Setting("NCCL_PROTO", "Simple", "AMD's MI300 training scripts run RCCL's Simple protocol over RDMA",
-                           FORK_SCRIPT, "fabric"))
+            notes.append(
+                "fabric: InfiniBand link layer: GID index 0 (RCCL's default) is right, NCCL_IB_GID_INDEX left unset"
+            )
+        out.append(
+            Setting(
+                "NCCL_PROTO",
+                "Simple",
+                "AMD's MI300 training scripts run RCCL's Simple protocol over RDMA",
+                FORK_SCRIPT,
+                "fabric",
+            )
+        )
     if not master_addr:
-        notes.append("fabric: no master address (--master-addr or MASTER_ADDR): the socket interface is left to RCCL and gloo")
+        notes.append(
+            "fabric: no master address (--master-addr or MASTER_ADDR): the socket interface is left to RCCL and gloo"
+        )
         return out, notes
     try:
         address = resolve(master_addr)
@@ -246,19 +326,37 @@ def fabric_settings(master_addr: str | None, sys_root: Path = Path("/sys"), proc
         return out, notes
     iface = route_interface(address, proc_root)
     if iface is None:
-        notes.append(f"fabric: no route to the master {master_addr} ({address}) in {proc_root / 'net' / 'route'}: socket interface left unset")
+        notes.append(
+            f"fabric: no route to the master {master_addr} ({address}) in {proc_root / 'net' / 'route'}: socket interface left unset"
+        )
         return out, notes
     for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-        out.append(Setting(name, iface, f"the interface the route to the master {master_addr} ({address}) leaves by",
-                           f"{PRIMUS}/base_env.sh (get_ip_interface.sh); {FORK_SCRIPT} (multi-node)", "fabric"))
+        out.append(
+            Setting(
+                name,
+                iface,
+                f"the interface the route to the master {master_addr} ({address}) leaves by",
+                f"{PRIMUS}/base_env.sh (get_ip_interface.sh); {FORK_SCRIPT} (multi-node)",
+                "fabric",
+            )
+        )
     return out, notes
 
 
 # ---- the whole profile -------------------------------------------------------------------------------
 
-def profile(arch: str | None = None, deterministic: bool = False, *, master_addr: str | None = None,
-            sys_root: Path = Path("/sys"), proc_root: Path = Path("/proc"), fabric: bool = True,
-            tune: list[Setting] | tuple = (), resolve=socket.gethostbyname) -> tuple[list[Setting], list[str]]:
+
+def profile(
+    arch: str | None = None,
+    deterministic: bool = False,
+    *,
+    master_addr: str | None = None,
+    sys_root: Path = Path("/sys"),
+    proc_root: Path = Path("/proc"),
+    fabric: bool = True,
+    tune: list[Setting] | tuple = (),
+    resolve=socket.gethostbyname,
+) -> tuple[list[Setting], list[str]]:
     """Every setting in order (a later part replaces an earlier one's value of the same variable) and the notes."""
     rows = base_settings(deterministic)
     notes: list[str] = []
@@ -298,17 +396,19 @@ def resolve_env(settings: list[Setting], environ=None) -> list[Resolved]:
 # ---- GEMM tuning (--tune record|replay DIR) -----------------------------------------------------------
 
 TORCH_TUNABLEOP = "torch.cuda.tunable (PyTorch TunableOp: 'Environment Variable Interface', 'File Input and Output')"
-TUNABLEOP_FILE = "tunableop_results.csv"        # torch inserts the device ordinal: tunableop_results0.csv, ...
-TE_SAVE_FILE = "te_hipblaslt_algos_%i.csv"      # ROCm TE replaces %i with the process id: one file per rank
-TE_LOAD_FILE = "te_hipblaslt_algos.csv"         # replay: the ranks' files merged into one
+TUNABLEOP_FILE = "tunableop_results.csv"  # torch inserts the device ordinal: tunableop_results0.csv, ...
+TE_SAVE_FILE = "te_hipblaslt_algos_%i.csv"  # ROCm TE replaces %i with the process id: one file per rank
+TE_LOAD_FILE = "te_hipblaslt_algos.csv"  # replay: the ranks' files merged into one
 # AMD's fork runs its GEMM tuning with these counts (GEMM_TUNING=1 in its training scripts).
 TE_RUN_COUNT, TE_ALGO_COUNT = "10", "50"
 
 
 def tune_files(directory: Path) -> dict[str, list[Path]]:
     """What a recording left in ``directory``: torch's per-device results and TE's per-process algorithms."""
-    return {"torch": sorted(directory.glob("tunableop_results*.csv")),
-            "te": sorted(p for p in directory.glob("te_hipblaslt_algos_*.csv"))}
+    return {
+        "torch": sorted(directory.glob("tunableop_results*.csv")),
+        "te": sorted(p for p in directory.glob("te_hipblaslt_algos_*.csv")),
+    }
 
 
 def merge_te_algos(files: list[Path], into: Path) -> int:
@@ -316,7 +416,11 @@ def merge_te_algos(files: list[Path], into: Path) -> int:
     the files share is kept once, every other line once, in order. Returns the lines written."""
     texts = [f.read_text().splitlines() for f in files]
     firsts = {t[0] for t in texts if t}
-    header = next(iter(firsts)) if len(firsts) == 1 and len(files) > 1 and any(c.isalpha() for c in next(iter(firsts))) else None
+    header = (
+        next(iter(firsts))
+        if len(firsts) == 1 and len(files) > 1 and any(c.isalpha() for c in next(iter(firsts)))
+        else None
+    )
     seen: dict[str, None] = {}
     for lines in texts:
         for line in lines[1:] if header is not None else lines:
@@ -335,49 +439,104 @@ def tune_settings(mode: str, directory: Path) -> tuple[list[Setting], list[str]]
     notes: list[str] = []
     torch_file = str(d / TUNABLEOP_FILE)
     common = [
-        Setting("PYTORCH_TUNABLEOP_ENABLED", "1", "torch's GEMMs (all of --transformer-impl local's) go through TunableOp",
-                TORCH_TUNABLEOP, "tune"),
-        Setting("PYTORCH_TUNABLEOP_RECORD_UNTUNED", "0", "recording untuned GEMMs turns the results lookup off: not wanted here",
-                TORCH_TUNABLEOP + "; torch's TuningContext::IsRecordUntunedEnabled", "tune"),
-        Setting("PYTORCH_TUNABLEOP_FILENAME", torch_file,
-                f"{'written' if mode == 'record' else 'read'} as {d}/tunableop_results<device>.csv (torch inserts each "
-                "process's device ordinal before the extension)", TORCH_TUNABLEOP, "tune"),
+        Setting(
+            "PYTORCH_TUNABLEOP_ENABLED",
+            "1",
+            "torch's GEMMs (all of --transformer-impl local's) go through TunableOp",
+            TORCH_TUNABLEOP,
+            "tune",
+        ),
+        Setting(
+            "PYTORCH_TUNABLEOP_RECORD_UNTUNED",
+            "0",
+            "recording untuned GEMMs turns the results lookup off: not wanted here",
+            TORCH_TUNABLEOP + "; torch's TuningContext::IsRecordUntunedEnabled",
+            "tune",
+        ),
+        Setting(
+            "PYTORCH_TUNABLEOP_FILENAME",
+            torch_file,
+            f"{'written' if mode == 'record' else 'read'} as {d}/tunableop_results<device>.csv (torch inserts each "
+            "process's device ordinal before the extension)",
+            TORCH_TUNABLEOP,
+            "tune",
+        ),
     ]
     if mode == "record":
         try:
             d.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise BadInput(f"--tune record {directory}: cannot create the directory ({e.strerror}); name a writable one") from None
+            raise BadInput(
+                f"--tune record {directory}: cannot create the directory ({e.strerror}); name a writable one"
+            ) from None
         rows = common + [
-            Setting("PYTORCH_TUNABLEOP_TUNING", "1", "benchmark each GEMM shape the first time it runs and keep the fastest",
-                    TORCH_TUNABLEOP, "tune"),
-            Setting("TE_HIPBLASLT_TUNING_RUN_COUNT", TE_RUN_COUNT, "ROCm TE times each candidate hipBLASLt algorithm this many times",
-                    f"{ROCM_TE_README} (hipBLASLt algorithm selection); the count from ROCm/Megatron-LM's GEMM_TUNING=1", "tune"),
-            Setting("TE_HIPBLASLT_TUNING_ALGO_COUNT", TE_ALGO_COUNT, "... among at most this many candidates per GEMM shape",
-                    f"{ROCM_TE_README}; the count from ROCm/Megatron-LM's GEMM_TUNING=1", "tune"),
-            Setting("TE_HIPBLASLT_ALGO_SAVE", str(d / TE_SAVE_FILE),
-                    f"TE writes its choices to {d}/te_hipblaslt_algos_<pid>.csv (one file per process: %i is the process id)",
-                    ROCM_TE_README, "tune"),
+            Setting(
+                "PYTORCH_TUNABLEOP_TUNING",
+                "1",
+                "benchmark each GEMM shape the first time it runs and keep the fastest",
+                TORCH_TUNABLEOP,
+                "tune",
+            ),
+            Setting(
+                "TE_HIPBLASLT_TUNING_RUN_COUNT",
+                TE_RUN_COUNT,
+                "ROCm TE times each candidate hipBLASLt algorithm this many times",
+                f"{ROCM_TE_README} (hipBLASLt algorithm selection); the count from ROCm/Megatron-LM's GEMM_TUNING=1",
+                "tune",
+            ),
+            Setting(
+                "TE_HIPBLASLT_TUNING_ALGO_COUNT",
+                TE_ALGO_COUNT,
+                "... among at most this many candidates per GEMM shape",
+                f"{ROCM_TE_README}; the count from ROCm/Megatron-LM's GEMM_TUNING=1",
+                "tune",
+            ),
+            Setting(
+                "TE_HIPBLASLT_ALGO_SAVE",
+                str(d / TE_SAVE_FILE),
+                f"TE writes its choices to {d}/te_hipblaslt_algos_<pid>.csv (one file per process: %i is the process id)",
+                ROCM_TE_README,
+                "tune",
+            ),
         ]
-        notes.append(f"tune: record into {d}: torch writes tunableop_results<device>.csv when each process exits, "
-                     "TE te_hipblaslt_algos_<pid>.csv; a short run with the real shapes (same parallelism, batch and "
-                     "sequence length) is enough; then launch with --tune replay " + str(d))
+        notes.append(
+            f"tune: record into {d}: torch writes tunableop_results<device>.csv when each process exits, "
+            "TE te_hipblaslt_algos_<pid>.csv; a short run with the real shapes (same parallelism, batch and "
+            "sequence length) is enough; then launch with --tune replay " + str(d)
+        )
         return rows, notes
     if not d.is_dir():
-        raise BadInput(f"--tune replay {directory}: no such directory; record first: rocmport env --tune record {directory}")
+        raise BadInput(
+            f"--tune replay {directory}: no such directory; record first: rocmport env --tune record {directory}"
+        )
     found = tune_files(d)
     if not found["torch"] and not found["te"] and not (d / TE_LOAD_FILE).is_file():
-        raise BadInput(f"--tune replay {directory}: nothing recorded there (no tunableop_results*.csv, no te_hipblaslt_algos_*.csv); "
-                       f"record first: rocmport env --tune record {directory}")
-    rows = common + [Setting("PYTORCH_TUNABLEOP_TUNING", "0", "use the recorded results and tune no new shape", TORCH_TUNABLEOP, "tune")]
+        raise BadInput(
+            f"--tune replay {directory}: nothing recorded there (no tunableop_results*.csv, no te_hipblaslt_algos_*.csv); "
+            f"record first: rocmport env --tune record {directory}"
+        )
+    rows = common + [
+        Setting(
+            "PYTORCH_TUNABLEOP_TUNING", "0", "use the recorded results and tune no new shape", TORCH_TUNABLEOP, "tune"
+        )
+    ]
     if found["te"]:
         lines = merge_te_algos(found["te"], d / TE_LOAD_FILE)
         notes.append(f"tune: merged {len(found['te'])} TE algorithm file(s) into {d / TE_LOAD_FILE} ({lines} lines)")
     if (d / TE_LOAD_FILE).is_file():
-        rows.append(Setting("TE_HIPBLASLT_ALGO_LOAD", str(d / TE_LOAD_FILE), "ROCm TE reads its recorded hipBLASLt choices from here",
-                            ROCM_TE_README, "tune"))
+        rows.append(
+            Setting(
+                "TE_HIPBLASLT_ALGO_LOAD",
+                str(d / TE_LOAD_FILE),
+                "ROCm TE reads its recorded hipBLASLt choices from here",
+                ROCM_TE_README,
+                "tune",
+            )
+        )
     else:
-        notes.append(f"tune: no TE algorithms in {d} (the recording ran no Transformer Engine GEMM): only torch's results are replayed")
+        notes.append(
+            f"tune: no TE algorithms in {d} (the recording ran no Transformer Engine GEMM): only torch's results are replayed"
+        )
     if not found["torch"]:
         notes.append(f"tune: no tunableop_results*.csv in {d}: torch's GEMMs run untuned")
     return rows, notes

@@ -41,11 +41,17 @@ class Launcher:
         if self.kind not in KINDS:
             raise BadInput(f"--launcher {self.kind!r}: expected one of {', '.join(KINDS)}")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            raise BadInput(f"--nnodes {self.nnodes} --node-rank {self.node_rank}: need nnodes >= 1 and 0 <= node-rank < nnodes")
+            raise BadInput(
+                f"--nnodes {self.nnodes} --node-rank {self.node_rank}: need nnodes >= 1 and 0 <= node-rank < nnodes"
+            )
         if self.kind == "torchrun" and self.nnodes > 1 and not self.rdzv_endpoint:
-            raise BadInput(f"--nnodes {self.nnodes}: give --rdzv-endpoint HOST:PORT (a host every node reaches; node 0's address)")
+            raise BadInput(
+                f"--nnodes {self.nnodes}: give --rdzv-endpoint HOST:PORT (a host every node reaches; node 0's address)"
+            )
         if self.kind == "slurm" and (self.node_rank or self.rdzv_endpoint):
-            raise BadInput("--launcher slurm: srun starts every node from one command; drop --node-rank/--rdzv-endpoint")
+            raise BadInput(
+                "--launcher slurm: srun starts every node from one command; drop --node-rank/--rdzv-endpoint"
+            )
         if self.rdzv_endpoint:
             _endpoint(self.rdzv_endpoint)
 
@@ -60,31 +66,67 @@ class Launcher:
 
     def per_node(self, world: int) -> int:
         if world % self.nnodes:
-            raise BadInput(f"world size {world} does not split over --nnodes {self.nnodes}; use a tp×pp×dp that is a multiple of it")
+            raise BadInput(
+                f"world size {world} does not split over --nnodes {self.nnodes}; use a tp×pp×dp that is a multiple of it"
+            )
         return world // self.nnodes
 
     def runs_stage(self, single_node: bool) -> bool:
         """Single-node stages (upstream's unit tests, like upstream CI) run from node 0 only."""
         return not single_node or self.reports
 
-    def command(self, world: int, target: list[str], stage: str, port: int | None = None, single_node: bool = False) -> list[str]:
+    def command(
+        self, world: int, target: list[str], stage: str, port: int | None = None, single_node: bool = False
+    ) -> list[str]:
         """The command that starts ``world`` processes of ``target`` (``["-m", module, ...]`` or
         ``["script.py", ...]``) for ``stage``. A world of 1 always runs here alone; ``single_node``
         keeps every process on one node (under Slurm: one node of the allocation)."""
         if world == 1 or (self.kind == "torchrun" and (single_node or not self.multi_node)):
-            return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}", "--master_addr=127.0.0.1",
-                    f"--master_port={port or free_port()}", *target]
+            return [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc_per_node={world}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port or free_port()}",
+                *target,
+            ]
         nnodes = 1 if single_node else self.nnodes
         per_node = world if single_node else self.per_node(world)
         if self.kind == "torchrun":
             # A rendezvous id per stage: each stage is its own torchrun job on every node.
-            return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", f"--node_rank={self.node_rank}",
-                    f"--nproc_per_node={per_node}", "--rdzv_backend=c10d", f"--rdzv_endpoint={self.rdzv_endpoint}",
-                    f"--rdzv_id={self.rdzv_id}-{stage}", *target]
+            return [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={self.nnodes}",
+                f"--node_rank={self.node_rank}",
+                f"--nproc_per_node={per_node}",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={self.rdzv_endpoint}",
+                f"--rdzv_id={self.rdzv_id}-{stage}",
+                *target,
+            ]
         gpus = [f"--gpus-per-node={per_node}"] if self.gpus else []
-        return ["srun", f"--nodes={nnodes}", f"--ntasks-per-node={per_node}", f"--ntasks={world}", *gpus,
-                "--kill-on-bad-exit=1", "--export=ALL", sys.executable, "-m", "rocmport.verify.slurm_task",
-                f"--master-port={port or free_port()}", *target]
+        return [
+            "srun",
+            f"--nodes={nnodes}",
+            f"--ntasks-per-node={per_node}",
+            f"--ntasks={world}",
+            *gpus,
+            "--kill-on-bad-exit=1",
+            "--export=ALL",
+            sys.executable,
+            "-m",
+            "rocmport.verify.slurm_task",
+            f"--master-port={port or free_port()}",
+            *target,
+        ]
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "nnodes": self.nnodes, "node_rank": self.node_rank, "rdzv_endpoint": self.rdzv_endpoint}
+        return {
+            "kind": self.kind,
+            "nnodes": self.nnodes,
+            "node_rank": self.node_rank,
+            "rdzv_endpoint": self.rdzv_endpoint,
+        }

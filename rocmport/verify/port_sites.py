@@ -48,8 +48,10 @@ NOT_RUN = {
     "te_accepts": "a TE call-site probe on a TE code path: {te}",
     "save_original_input_ok": "only with FP8 on Transformer Engine layers: {te}",
     "nccl_ldflags": "only with --use-nccl-ub (the NCCL allocator extension is built then): verify does not use it",
-    "async_start_method": ("only in TemporalAsyncCaller: --async-save without the persistent checkpoint worker "
-                           "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"),
+    "async_start_method": (
+        "only in TemporalAsyncCaller: --async-save without the persistent checkpoint worker "
+        "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"
+    ),
 }
 NOT_RUN_DEFAULT = "its module was imported; this branch did not run in the stages verify ran"
 
@@ -57,8 +59,10 @@ NOT_RUN_DEFAULT = "its module was imported; this branch did not run in the stage
 def moe_why(te_version: str | None) -> str:
     """Why a MoE module did not run: stage 2's MoE case runs with TE only, through TE's GroupedLinear."""
     if te_version:
-        return ("not on the path of stage 2's MoE case (TE's GroupedLinear experts, the all-to-all dispatcher; "
-                "the grouped_gemm package's GroupedMLP and the other dispatchers are not taken)")
+        return (
+            "not on the path of stage 2's MoE case (TE's GroupedLinear experts, the all-to-all dispatcher; "
+            "the grouped_gemm package's GroupedMLP and the other dispatchers are not taken)"
+        )
     return "stage 2's MoE case runs with TE (verify --te): without it verify's GPT cases are dense"
 
 
@@ -72,10 +76,10 @@ def te_why(te_version: str | None) -> str:
 @dataclass(frozen=True)
 class Site:
     codemod: str
-    path: str     # relative to the tree
-    line: int     # the call's first line in the ported tree
-    end: int      # its last line
-    helper: str   # the helper's own name in _rocm.py
+    path: str  # relative to the tree
+    line: int  # the call's first line in the ported tree
+    end: int  # its last line
+    helper: str  # the helper's own name in _rocm.py
 
     @property
     def key(self) -> str:
@@ -88,9 +92,9 @@ class Coverage:
 
     exercised: int = 0
     total: int = 0
-    rewrites: int | None = None                   # the codemod's own count of rewritten sites (apply state)
+    rewrites: int | None = None  # the codemod's own count of rewritten sites (apply state)
     unreached: dict[str, str] = field(default_factory=dict)
-    explanation: str = ""                         # why none ran, when none did
+    explanation: str = ""  # why none ran, when none did
 
     def to_dict(self) -> dict:
         out = {"exercised": self.exercised, "total": self.total, "unreached": dict(sorted(self.unreached.items()))}
@@ -107,7 +111,9 @@ def helper_names(tree: Path) -> set[str]:
         path = tree / rel
         if path.is_file():
             body = ast.parse(path.read_text(encoding="utf-8")).body
-            return {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")}
+            return {
+                n.name for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")
+            }
     return set()
 
 
@@ -196,11 +202,11 @@ def read_records(directory: Path, tree: Path) -> tuple[set[tuple[str, int]], set
             where, _, _helper = line.rpartition(" ")
             file, _, lineno = where.rpartition(":")
             if file.startswith(root) and lineno.isdigit():
-                calls.add((file[len(root):], int(lineno)))
+                calls.add((file[len(root) :], int(lineno)))
     for path in directory.glob("modules-*.txt"):
         for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith(root):
-                modules.add(line[len(root):])
+                modules.add(line[len(root) :])
     return calls, modules
 
 
@@ -211,8 +217,13 @@ def _not_imported(rel: str, te_version: str | None = None) -> str:
     return "module never imported by verify's stages"
 
 
-def coverage(sites: list[Site], calls: set[tuple[str, int]], modules: set[str], codemods: dict[str, int | None],
-             te_version: str | None = None) -> dict[str, Coverage]:
+def coverage(
+    sites: list[Site],
+    calls: set[tuple[str, int]],
+    modules: set[str],
+    codemods: dict[str, int | None],
+    te_version: str | None = None,
+) -> dict[str, Coverage]:
     """Per codemod (``codemods``: name -> its own rewrite count, in series order): sites exercised,
     total, and each unreached site with its reason (``te_version``: the TE Python layer that ran)."""
     by_file: dict[str, set[int]] = {}

@@ -29,7 +29,7 @@ def _site() -> str:
     while f is not None:
         name = f.f_code.co_filename
         if "/megatron/" in name:
-            return f"{name[name.index('/megatron/') + 1:]}:{f.f_lineno}"
+            return f"{name[name.index('/megatron/') + 1 :]}:{f.f_lineno}"
         f = f.f_back
     return "<outside megatron>"
 
@@ -49,10 +49,28 @@ def _is_cuda(dev) -> bool:
 DEVICE_RNG = torch.Generator()
 # Random ops that run on the device in a GPU run: dropout and Bernoulli masks on the model's
 # tensors, and random factories asked for device="cuda".
-_DEVICE_RANDOM = {torch.nn.functional.dropout, torch.nn.functional.dropout1d, torch.nn.functional.dropout2d,
-                  torch.nn.functional.dropout3d, torch.nn.functional.alpha_dropout, torch.nn.functional.feature_alpha_dropout,
-                  torch.dropout, torch.bernoulli, torch.Tensor.bernoulli_, torch.Tensor.bernoulli}
-_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal, torch.rand_like, torch.randn_like, torch.randint_like}
+_DEVICE_RANDOM = {
+    torch.nn.functional.dropout,
+    torch.nn.functional.dropout1d,
+    torch.nn.functional.dropout2d,
+    torch.nn.functional.dropout3d,
+    torch.nn.functional.alpha_dropout,
+    torch.nn.functional.feature_alpha_dropout,
+    torch.dropout,
+    torch.bernoulli,
+    torch.Tensor.bernoulli_,
+    torch.Tensor.bernoulli,
+}
+_FACTORIES = {
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.normal,
+    torch.rand_like,
+    torch.randn_like,
+    torch.randint_like,
+}
 
 
 def on_device_rng(call):
@@ -98,6 +116,7 @@ class CudaToCpu(TorchFunctionMode):
 
 def _answer(name: str, answer) -> None:
     """torch.cuda.<name> answers with ``answer`` on the CPU; each call is counted by its megatron call site."""
+
     def redirected(*args, **kwargs):
         REDIRECTS[f"cuda.{name} @ {_site()}"] += 1
         return answer(*args, **kwargs)
@@ -129,7 +148,9 @@ def install(megatron: bool = True) -> None:
             raise Unsupported(f"megatron.core.tensor_parallel.random does not import ({exc})") from None
         for hook in ("_get_cuda_rng_state", "_set_cuda_rng_state", "CudaRNGStatesTracker"):
             if not hasattr(mrandom, hook):
-                raise Unsupported(f"megatron.core.tensor_parallel.random.{hook} (the shim backs the RNG tracker with its device generator through it)")
+                raise Unsupported(
+                    f"megatron.core.tensor_parallel.random.{hook} (the shim backs the RNG tracker with its device generator through it)"
+                )
     import torch.cuda.nvtx as nvtx
 
     if type(nvtx._nvtx).__name__ == "_NVTXStub":
@@ -455,9 +476,12 @@ def install_for_te() -> None:
     props = hip_sim.device(bool(os.environ.get("ROCMPORT_HIP_SIM")))
     # current_device: TE builds torch.device("cuda", current_device()) (utils.canonicalize_device, its
     # fusible ops); the index is 0, and the redirecting mode puts what it allocates there on the CPU.
-    for name, te_answer in (("is_available", lambda: True), ("get_device_properties", lambda device=None: props),
-                            ("get_device_capability", lambda device=None: (props.major, props.minor)),
-                            ("current_device", lambda: 0)):
+    for name, te_answer in (
+        ("is_available", lambda: True),
+        ("get_device_properties", lambda device=None: props),
+        ("get_device_capability", lambda device=None: (props.major, props.minor)),
+        ("current_device", lambda: 0),
+    ):
         _answer_te_frames(name, te_answer)
     _in_order_streams()  # TE's modules keep side streams for weight-gradient and offload work
     _answer("is_current_stream_capturing", lambda: False)
@@ -512,7 +536,7 @@ def _te_caller() -> str | None:
     """When the function that calls this was called from TE's own code: that file
     (transformer_engine/...); else None."""
     caller = sys._getframe(2).f_code.co_filename
-    return caller[caller.index("/transformer_engine/") + 1:] if "/transformer_engine/" in caller else None
+    return caller[caller.index("/transformer_engine/") + 1 :] if "/transformer_engine/" in caller else None
 
 
 def _answer_te_frames(name: str, answer) -> None:
@@ -540,6 +564,7 @@ def _torch_sees_no_accelerator() -> None:
     (optimizer.py's step_with_ready_grads). An explicit `Tensor.pin_memory()` returns the tensor:
     page-locked host memory only speeds copies to a device, which is the CPU here (patched on the
     class: the loader's thread does not see the redirecting mode). Each call is counted by its site."""
+
     def current_accelerator(check_available=False):
         REDIRECTS[f"accelerator.current_accelerator (none) @ {_site()}"] += 1
 
@@ -574,12 +599,16 @@ def _name_groups_by_members() -> None:
     c10d._process_group_name = process_group_name
 
 
-_UPSTREAM_SWAPS = ["proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none, "
-                   "one gloo device per process)",
-                   "cuda.set_device no-op", "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
-                   "init_process_group nccl -> gloo", "new_group/new_subgroups nccl -> gloo",
-                   "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)",
-                   "cuda.Stream/Event/stream in order on the CPU (waits return at once)"]
+_UPSTREAM_SWAPS = [
+    "proxy shim (RNG on CPU, device=cuda -> cpu, nvtx ranges where torch's CPU build has none, "
+    "one gloo device per process)",
+    "cuda.set_device no-op",
+    "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
+    "init_process_group nccl -> gloo",
+    "new_group/new_subgroups nccl -> gloo",
+    "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)",
+    "cuda.Stream/Event/stream in order on the CPU (waits return at once)",
+]
 
 
 def install_for_script() -> None:

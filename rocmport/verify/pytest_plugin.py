@@ -47,9 +47,9 @@ import pytest
 
 SWAPS: list[str] = []
 GUARDS: list[str] = []
-_STATE: dict[str, str] = {}   # nodeid -> passed | failed | error | skipped
+_STATE: dict[str, str] = {}  # nodeid -> passed | failed | error | skipped
 _DETAIL: dict[str, str] = {}  # nodeid -> the exception and its site
-_KIND: dict[str, str] = {}    # nodeid -> the exception's type ("AssertionError")
+_KIND: dict[str, str] = {}  # nodeid -> the exception's type ("AssertionError")
 _MISSING: dict[str, str] = {}  # nodeid of a module that did not import -> the module it found missing
 _RUNNING: list[str] = []
 _HUNG: list[list] = []  # [nodeid, position in the run order, fire time] of each test the watchdog ended
@@ -77,7 +77,9 @@ def _stub_data_download() -> None:
     stub = types.ModuleType(DATA_DOWNLOAD)
 
     def skipped(*args, **kwargs):
-        raise ImportError("rocmport verify: the unit-test data download is skipped (tests that need /opt/data skip or fail)")
+        raise ImportError(
+            "rocmport verify: the unit-test data download is skipped (tests that need /opt/data skip or fail)"
+        )
 
     def __getattr__(name: str):
         if name.startswith("__"):
@@ -106,8 +108,10 @@ def _proxy_swaps() -> None:
     os.environ["ROCMPORT_SHIM_CHILDREN"] = "1"  # the bootstrap shims the children this rank spawns
     if os.environ.get("ROCMPORT_TE"):  # verify --te: TE's own Python layer, its kernels on the CPU
         proxy_shim.install_for_te()
-        SWAPS.append(f"Transformer Engine {os.environ['ROCMPORT_TE']}: TE's Python layer, its compiled kernels as CPU "
-                     "reference implementations (rocmport.verify.te_cpu)")
+        SWAPS.append(
+            f"Transformer Engine {os.environ['ROCMPORT_TE']}: TE's Python layer, its compiled kernels as CPU "
+            "reference implementations (rocmport.verify.te_cpu)"
+        )
     import importlib.util
 
     if importlib.util.find_spec("transformer_engine") is None:
@@ -118,8 +122,10 @@ def _proxy_swaps() -> None:
         # v0.17+ builds TE's spec from get_gpt_layer_with_transformer_engine_submodules, which tests
         # also call directly; earlier lines have the spec function only. The lowest one present is
         # redirected to its local counterpart (the spec then reaches it through its own call).
-        for te_name, local_name in (("get_gpt_layer_with_transformer_engine_submodules", "get_gpt_layer_local_submodules"),
-                                    ("get_gpt_layer_with_transformer_engine_spec", "get_gpt_layer_local_spec")):
+        for te_name, local_name in (
+            ("get_gpt_layer_with_transformer_engine_submodules", "get_gpt_layer_local_submodules"),
+            ("get_gpt_layer_with_transformer_engine_spec", "get_gpt_layer_local_spec"),
+        ):
             te_fn, local_fn = getattr(gpt_layer_specs, te_name, None), getattr(gpt_layer_specs, local_name, None)
             if te_fn is not None and local_fn is not None:
                 if _redirect_in_place(gpt_layer_specs, te_name, _te_to_local(te_fn, local_fn)):
@@ -188,10 +194,20 @@ def _baseline_guards() -> None:
         return
     from packaging.version import Version
 
-    _guard(utils, "is_te_min_version", "transformer_engine", False,
-           "core.utils.is_te_min_version -> False when TE is absent (else it compares None with a Version)")
-    _guard(utils, "get_fa_version", "flash_attn", Version("0.0.0"),
-           "core.utils.get_fa_version -> 0.0.0 when flash-attn is absent (else it asks pip for it)")
+    _guard(
+        utils,
+        "is_te_min_version",
+        "transformer_engine",
+        False,
+        "core.utils.is_te_min_version -> False when TE is absent (else it compares None with a Version)",
+    )
+    _guard(
+        utils,
+        "get_fa_version",
+        "flash_attn",
+        Version("0.0.0"),
+        "core.utils.get_fa_version -> 0.0.0 when flash-attn is absent (else it asks pip for it)",
+    )
 
 
 def _buffer_for_local_attention() -> None:
@@ -204,7 +220,9 @@ def _buffer_for_local_attention() -> None:
         from megatron.core import parallel_state
     except ImportError:
         return
-    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", True) is None and hasattr(parallel_state, "_set_global_memory_buffer"):
+    if getattr(parallel_state, "_GLOBAL_MEMORY_BUFFER", True) is None and hasattr(
+        parallel_state, "_set_global_memory_buffer"
+    ):
         parallel_state._set_global_memory_buffer()
 
 
@@ -234,9 +252,14 @@ def _watchdog(nodeid: str) -> None:
         waited = time.monotonic() - start
         _STATE[nodeid] = "failed"
         _KIND[nodeid] = "hang"
-        why = ("waiting on a collective other ranks never entered" if busy is None or busy < _min_progress(seconds)
-               else f"the ranks were still computing after {SLOW_CAP} timeouts: a livelock, or a machine too slow for it")
-        cpu = f"; the ranks' main threads used {busy:.1f} s of CPU in the last {seconds:g} s" if busy is not None else ""
+        why = (
+            "waiting on a collective other ranks never entered"
+            if busy is None or busy < _min_progress(seconds)
+            else f"the ranks were still computing after {SLOW_CAP} timeouts: a livelock, or a machine too slow for it"
+        )
+        cpu = (
+            f"; the ranks' main threads used {busy:.1f} s of CPU in the last {seconds:g} s" if busy is not None else ""
+        )
         _DETAIL[nodeid] = f"hung: no result after {waited:.0f} s on rank {os.environ.get('RANK', '0')} ({why}{cpu})"
         _HUNG.append([nodeid, _SPANS[nodeid][0], time.time()])
         _RUNNING.clear()
@@ -273,6 +296,7 @@ def _arm(seconds: float, check) -> None:
 
 
 # ---- what a test leaves behind ---------------------------------------------------------------------
+
 
 def _c10d():
     try:
@@ -347,6 +371,7 @@ def _sample_peak() -> None:
 
 
 # ---- hooks ---------------------------------------------------------------------------------------------
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
@@ -503,9 +528,25 @@ def _write(exitstatus: int | None = None) -> None:
         return
     path = os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json")
     with open(path + ".tmp", "w") as fh:
-        json.dump({"outcomes": _STATE, "details": _DETAIL, "kinds": _KIND, "missing": _MISSING, "swaps": SWAPS,
-                   "guards": GUARDS, "unsupported": _UNSUPPORTED, "running": _RUNNING, "spans": _SPANS,
-                   "rank": int(os.environ.get("RANK", "0")), "hung": _HUNG, "slow": _SLOW, "local_spec": _LOCAL_SPEC, "peak": _PEAK,
-                   "deselected": _DESELECTED,
-                   "exitstatus": exitstatus}, fh)
+        json.dump(
+            {
+                "outcomes": _STATE,
+                "details": _DETAIL,
+                "kinds": _KIND,
+                "missing": _MISSING,
+                "swaps": SWAPS,
+                "guards": GUARDS,
+                "unsupported": _UNSUPPORTED,
+                "running": _RUNNING,
+                "spans": _SPANS,
+                "rank": int(os.environ.get("RANK", "0")),
+                "hung": _HUNG,
+                "slow": _SLOW,
+                "local_spec": _LOCAL_SPEC,
+                "peak": _PEAK,
+                "deselected": _DESELECTED,
+                "exitstatus": exitstatus,
+            },
+            fh,
+        )
     os.replace(path + ".tmp", path)

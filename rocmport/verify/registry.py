@@ -24,27 +24,44 @@ class Imports(Stage):
         missing = environment.missing_deps(ctx.tree)
         if missing:
             cmd = f"python -m pip install {' '.join(sorted(set(missing.values())))}"
-            return StageRun(StageResult(self.name, stages.FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`"))
+            return StageRun(
+                StageResult(self.name, stages.FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`")
+            )
         with output.progress("stage 1: imports behind the firewall"):
             return StageRun(stages.stage_imports(ctx.tree, ctx.env, ctx.blocked))
 
 
 class Training(Stage):
     name = "gpt-training"
-    summary = ("megatron's schedule/DDP/optimizer via torchrun; the loss falls, tied embeddings stay equal, and losses "
-               "match a tp1/pp1 run from the same weights (with --te, a MoE case too)")
+    summary = (
+        "megatron's schedule/DDP/optimizer via torchrun; the loss falls, tied embeddings stay equal, and losses "
+        "match a tp1/pp1 run from the same weights (with --te, a MoE case too)"
+    )
     report_key = "training"
 
     def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
-        cmds = stages.training_commands(opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp, te=opts.te is not None)
+        cmds = stages.training_commands(
+            opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp, te=opts.te is not None
+        )
         return [{"stage": f"{self.name} ({name})", "command": cmd, "cwd": str(opts.tree)} for name, cmd in cmds.items()]
 
     def run(self, ctx: VerifyContext) -> StageRun:
         o = ctx.opts
         spec = f"Transformer Engine {o.te.version}" if o.te else "the local layer spec"
-        with output.progress(f"stage 2: GPT training tp{o.tp}×pp{o.pp}×dp{o.dp} on {ctx.backend} with {spec}, and the tp1/pp1 reference"):
-            result, training = stages.stage_training(ctx.tree, ctx.env, o.tp, o.pp, o.dp, o.iters, ctx.backend, o.launcher,
-                                                     te=o.te.describe() if o.te else None)
+        with output.progress(
+            f"stage 2: GPT training tp{o.tp}×pp{o.pp}×dp{o.dp} on {ctx.backend} with {spec}, and the tp1/pp1 reference"
+        ):
+            result, training = stages.stage_training(
+                ctx.tree,
+                ctx.env,
+                o.tp,
+                o.pp,
+                o.dp,
+                o.iters,
+                ctx.backend,
+                o.launcher,
+                te=o.te.describe() if o.te else None,
+            )
         return StageRun(result, training)
 
 
@@ -62,8 +79,14 @@ class UnitTests(Stage):
         if unit is None or not opts.launcher.runs_stage(single_node=True):
             return []
         cmd = pytest_command(unit.tests, unit.nproc, opts.launcher)
-        return [{"stage": self.name, "command": cmd, "cwd": str(opts.tree)},
-                {"stage": f"{self.name} (baseline, unless cached)", "command": cmd, "cwd": f"{tmp}/baseline at {str(unit.base)[:12]}"}]
+        return [
+            {"stage": self.name, "command": cmd, "cwd": str(opts.tree)},
+            {
+                "stage": f"{self.name} (baseline, unless cached)",
+                "command": cmd,
+                "cwd": f"{tmp}/baseline at {str(unit.base)[:12]}",
+            },
+        ]
 
     def run(self, ctx: VerifyContext) -> StageRun:
         from rocmport.nvidia_only import blocked
@@ -72,18 +95,37 @@ class UnitTests(Stage):
 
         unit = ctx.opts.unit
         assert unit is not None
-        known, not_applied = unit.settings.known_for(ctx.mode, bool(ctx.machine.hip), hip_sim=bool(ctx.hip_version), arch=ctx.device_arch)
+        known, not_applied = unit.settings.known_for(
+            ctx.mode, bool(ctx.machine.hip), hip_sim=bool(ctx.hip_version), arch=ctx.device_arch
+        )
         files = suite.test_files(ctx.tree, unit.tests)
-        with output.progress(f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"):
-            return StageRun(stage_unit_tests(ctx.tree, ctx.env, unit.tests, unit.nproc, known, unit.cache_dir, unit.base, ctx.launcher,
-                                             blocked=blocked(ctx.profile), progress=output.info, reasons=unit.reasons,
-                                             known_skipped=not_applied))
+        with output.progress(
+            f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"
+        ):
+            return StageRun(
+                stage_unit_tests(
+                    ctx.tree,
+                    ctx.env,
+                    unit.tests,
+                    unit.nproc,
+                    known,
+                    unit.cache_dir,
+                    unit.base,
+                    ctx.launcher,
+                    blocked=blocked(ctx.profile),
+                    progress=output.info,
+                    reasons=unit.reasons,
+                    known_skipped=not_applied,
+                )
+            )
 
 
 class Functional(Stage):
     name = "functional"
-    summary = ("upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data), a checkpoint saved half way and "
-               "resumed with equal losses, and this device kind's golden")
+    summary = (
+        "upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data), a checkpoint saved half way and "
+        "resumed with equal losses, and this device kind's golden"
+    )
     report_key = "functional"
 
     def requested(self, opts: VerifyOptions) -> bool:
@@ -97,7 +139,13 @@ class Functional(Stage):
             return []
         config = load_case(opts.tree, f.case)
         args = build_args(config, iters=f.iters, proxy=not environment.probe().has_gpu, data_path=f.data_path, work=tmp)
-        return [{"stage": self.name, "command": functional_command(opts.launcher, config, args, opts.dp), "cwd": str(opts.tree)}]
+        return [
+            {
+                "stage": self.name,
+                "command": functional_command(opts.launcher, config, args, opts.dp),
+                "cwd": str(opts.tree),
+            }
+        ]
 
     def run(self, ctx: VerifyContext) -> StageRun:
         from rocmport.verify.functional import stage_functional
@@ -107,12 +155,27 @@ class Functional(Stage):
         blocked_by = environment.functional_blockers(ctx.tree)
         if blocked_by:
             return StageRun(StageResult(self.name, stages.FAIL, blocked_by))
-        with output.progress(f"stage 4: upstream's functional case {f.case} (pretrain_gpt.py, {f.iters} iterations, "
-                             f"then resumed from iteration {f.iters // 2})"):
-            result, details = stage_functional(ctx.tree, ctx.env, case=f.case, dp=ctx.opts.dp, iters=f.iters, proxy=ctx.mode == "cpu-proxy",
-                                               data_path=f.data_path, series_dir=f.series_dir, record=f.record,
-                                               device_kind=device_kind(ctx), defaulted=f.defaulted, launcher=ctx.launcher,
-                                               resume=f.resume, hip=ctx.hip_version, rocm=bool(ctx.hip_version or ctx.machine.hip))
+        with output.progress(
+            f"stage 4: upstream's functional case {f.case} (pretrain_gpt.py, {f.iters} iterations, "
+            f"then resumed from iteration {f.iters // 2})"
+        ):
+            result, details = stage_functional(
+                ctx.tree,
+                ctx.env,
+                case=f.case,
+                dp=ctx.opts.dp,
+                iters=f.iters,
+                proxy=ctx.mode == "cpu-proxy",
+                data_path=f.data_path,
+                series_dir=f.series_dir,
+                record=f.record,
+                device_kind=device_kind(ctx),
+                defaulted=f.defaulted,
+                launcher=ctx.launcher,
+                resume=f.resume,
+                hip=ctx.hip_version,
+                rocm=bool(ctx.hip_version or ctx.machine.hip),
+            )
         return StageRun(result, details)
 
 
@@ -129,8 +192,15 @@ class Bridge(Stage):
 
         if opts.bridge_tree is None:
             return []
-        return [{"stage": self.name, "command": bridge_command(opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp / "bridge.json",
-                                                               te=opts.te is not None), "cwd": str(opts.bridge_tree)}]
+        return [
+            {
+                "stage": self.name,
+                "command": bridge_command(
+                    opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp / "bridge.json", te=opts.te is not None
+                ),
+                "cwd": str(opts.bridge_tree),
+            }
+        ]
 
     def run(self, ctx: VerifyContext) -> StageRun:
         from rocmport.verify.bridge_stage import stage_bridge
@@ -138,8 +208,9 @@ class Bridge(Stage):
         o = ctx.opts
         assert o.bridge_tree is not None
         with output.progress(f"stage 5: Megatron-Bridge imports and GPTModelProvider training tp{o.tp}×pp{o.pp}"):
-            result, training = stage_bridge(o.bridge_tree, ctx.env, o.tp, o.pp, o.dp, o.iters, o.launcher,
-                                            te=o.te.describe() if o.te else None)
+            result, training = stage_bridge(
+                o.bridge_tree, ctx.env, o.tp, o.pp, o.dp, o.iters, o.launcher, te=o.te.describe() if o.te else None
+            )
         return StageRun(result, training)
 
 

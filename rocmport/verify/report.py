@@ -53,11 +53,21 @@ def last_verify(project: Path) -> dict | None:
         return None
     try:
         r = json.loads(path.read_text(encoding="utf-8"))
-        return {"started": r.get("started"), "tree": r["tree"], "line": r.get("line"), "commit": r.get("commit"),
-                "verdict": r.get("verdict"), "failed": [s["name"] for s in r["stages"] if s["status"] == "fail"],
-                "report": r.get("report"), "path": str(path)}
+        return {
+            "started": r.get("started"),
+            "tree": r["tree"],
+            "line": r.get("line"),
+            "commit": r.get("commit"),
+            "verdict": r.get("verdict"),
+            "failed": [s["name"] for s in r["stages"] if s["status"] == "fail"],
+            "report": r.get("report"),
+            "path": str(path),
+        }
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return {"error": f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it", "path": str(path)}
+        return {
+            "error": f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it",
+            "path": str(path),
+        }
 
 
 def junit_xml(report: dict) -> str:
@@ -66,11 +76,18 @@ def junit_xml(report: dict) -> str:
     skipped with the label and its reason)."""
     root = ET.Element("testsuites", name="rocmport.verify")
     stages = report["stages"]
-    suite = ET.SubElement(root, "testsuite", name="rocmport.verify.stages", tests=str(len(stages)),
-                          failures=str(sum(s["status"] == "fail" for s in stages)),
-                          skipped=str(sum(s["status"] in ("skipped", "unsupported-in-proxy") for s in stages)))
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name="rocmport.verify.stages",
+        tests=str(len(stages)),
+        failures=str(sum(s["status"] == "fail" for s in stages)),
+        skipped=str(sum(s["status"] in ("skipped", "unsupported-in-proxy") for s in stages)),
+    )
     for s in stages:
-        case = ET.SubElement(suite, "testcase", classname=f"rocmport.verify.{report['mode']}", name=s["name"], time=str(s["seconds"]))
+        case = ET.SubElement(
+            suite, "testcase", classname=f"rocmport.verify.{report['mode']}", name=s["name"], time=str(s["seconds"])
+        )
         if s["status"] == "fail":
             ET.SubElement(case, "failure", message=s["reason"][:500]).text = s["reason"]
         elif s["status"] != "pass":
@@ -81,16 +98,25 @@ def junit_xml(report: dict) -> str:
         # a selected file that did not run (label not-run) is a failing case too: never left out
         outcomes = {**unit.get("outcomes", {}), **{k: "not-run" for k, v in labels.items() if v == "not-run"}}
         failing = [k for k in outcomes if labels.get(k) in BLOCKING]
-        tests = ET.SubElement(root, "testsuite", name="upstream.unit_tests", tests=str(len(outcomes)), failures=str(len(failing)),
-                              skipped=str(len(outcomes) - len(failing) - sum(v == "passed" for v in outcomes.values())))
+        tests = ET.SubElement(
+            root,
+            "testsuite",
+            name="upstream.unit_tests",
+            tests=str(len(outcomes)),
+            failures=str(len(failing)),
+            skipped=str(len(outcomes) - len(failing) - sum(v == "passed" for v in outcomes.values())),
+        )
         for nodeid, outcome in sorted(outcomes.items()):
             path, _, name = nodeid.partition("::")
-            case = ET.SubElement(tests, "testcase", classname=path.removesuffix(".py").replace("/", "."), name=name or path,
-                                 file=path)
+            case = ET.SubElement(
+                tests, "testcase", classname=path.removesuffix(".py").replace("/", "."), name=name or path, file=path
+            )
             lab, why = labels.get(nodeid), unit.get("label_reasons", {}).get(nodeid, "")
             failure = unit.get("failures", {}).get(nodeid, "")
             if lab in BLOCKING:
-                ET.SubElement(case, "failure", message=f"{lab}: {why}"[:500], type=lab).text = f"{failure}\nunported tree: {unit['on_baseline'].get(nodeid, '')}"
+                ET.SubElement(
+                    case, "failure", message=f"{lab}: {why}"[:500], type=lab
+                ).text = f"{failure}\nunported tree: {unit['on_baseline'].get(nodeid, '')}"
             elif lab:
                 ET.SubElement(case, "skipped", message=f"{lab}: {why}"[:500]).text = failure
             elif outcome == "skipped":

@@ -30,7 +30,16 @@ from rocmport.verify.te_layer import TELayer
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
 # Re-exported: the options are part of the stage contract (contract.py); the stages' order is registry.py's.
-__all__ = ["FunctionalOptions", "UnitOptions", "VerifyOptions", "VerifyReport", "NAMES", "prepare", "run_verify", "launch_plan"]
+__all__ = [
+    "FunctionalOptions",
+    "UnitOptions",
+    "VerifyOptions",
+    "VerifyReport",
+    "NAMES",
+    "prepare",
+    "run_verify",
+    "launch_plan",
+]
 
 
 @dataclass
@@ -54,9 +63,9 @@ class VerifyReport:
     port_sites: dict = field(default_factory=dict)
     bridge_port_sites: dict | None = None
     te: TELayer | None = None
-    line: str | None = None      # the release line of the series the tree was ported with ("v0.19"), None for another tree
-    commit: str | None = None    # the tree's HEAD when verify ran
-    started: str = ""            # when verify ran: UTC, ISO 8601 ("2026-11-26T01:30:00Z")
+    line: str | None = None  # the release line of the series the tree was ported with ("v0.19"), None for another tree
+    commit: str | None = None  # the tree's HEAD when verify ran
+    started: str = ""  # when verify ran: UTC, ISO 8601 ("2026-11-26T01:30:00Z")
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -66,10 +75,25 @@ class VerifyReport:
         return [s.name for s in self.stages if s.status == stages.FAIL]
 
     def to_dict(self) -> dict:
-        out = {"mode": self.mode, "backend": self.backend, "world_size": self.world_size, "tp": self.tp, "pp": self.pp, "dp": self.dp,
-               "tree": self.tree, "line": self.line, "commit": self.commit, "started": self.started, "hip_sim": self.hip_sim, "env": self.env, "launcher": self.launcher,
-               "stages": [s.to_dict() for s in self.stages], "training": self.training, "port_sites": self.port_sites,
-               "te": self.te.to_dict() if self.te else None}
+        out = {
+            "mode": self.mode,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "tree": self.tree,
+            "line": self.line,
+            "commit": self.commit,
+            "started": self.started,
+            "hip_sim": self.hip_sim,
+            "env": self.env,
+            "launcher": self.launcher,
+            "stages": [s.to_dict() for s in self.stages],
+            "training": self.training,
+            "port_sites": self.port_sites,
+            "te": self.te.to_dict() if self.te else None,
+        }
         if self.functional:
             out["functional"] = self.functional
         if self.bridge_training:
@@ -112,11 +136,15 @@ def check_sizes(tp: int, pp: int, iters: int, dp: int | None = None, nproc: int 
         if nproc % (tp * pp):
             raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
         if dp is not None and tp * pp * dp != nproc:
-            raise BadInput(f"--dp {dp} and --nproc {nproc} disagree: tp {tp} × pp {pp} × dp {dp} = {tp * pp * dp} processes; give one of them")
+            raise BadInput(
+                f"--dp {dp} and --nproc {nproc} disagree: tp {tp} × pp {pp} × dp {dp} = {tp * pp * dp} processes; give one of them"
+            )
         dp = nproc // (tp * pp)
     dp = dp or 1
     if tp * pp * dp > MAX_WORLD:
-        raise BadInput(f"world size {tp * pp * dp} (tp {tp} × pp {pp} × dp {dp}) is over {MAX_WORLD}; give smaller sizes")
+        raise BadInput(
+            f"world size {tp * pp * dp} (tp {tp} × pp {pp} × dp {dp}) is over {MAX_WORLD}; give smaller sizes"
+        )
     return dp
 
 
@@ -167,18 +195,25 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     backend = opts.backend if opts.backend != "auto" else ("nccl" if machine.has_gpu else "gloo")
     per_node = launcher.per_node(opts.world)
     if backend == "nccl" and per_node > machine.device_count:
-        raise BadInput(f"world size {opts.world} (tp {opts.tp} × pp {opts.pp} × dp {opts.dp}) over {launcher.nnodes} node(s) needs "
-                       f"{per_node} GPUs per node; this machine has {machine.device_count}")
+        raise BadInput(
+            f"world size {opts.world} (tp {opts.tp} × pp {opts.pp} × dp {opts.dp}) over {launcher.nnodes} node(s) needs "
+            f"{per_node} GPUs per node; this machine has {machine.device_count}"
+        )
     mode: Mode = "gpu" if backend == "nccl" else "cpu-proxy"
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
     hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
-    extra: dict[str, str | None] = {"ROCMPORT_BACKEND": backend, **firewall.firewall_env(profile),
-                                    "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir()}
+    extra: dict[str, str | None] = {
+        "ROCMPORT_BACKEND": backend,
+        **firewall.firewall_env(profile),
+        "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
+    }
     shut_out = blocked(profile)
     if opts.te is not None:
         if mode != "cpu-proxy":
-            raise BadInput("--te runs TE's Python layer on the CPU proxy; on GPUs verify uses the Transformer Engine installed "
-                           "(see `rocmport doctor`): drop --te or pass --backend gloo")
+            raise BadInput(
+                "--te runs TE's Python layer on the CPU proxy; on GPUs verify uses the Transformer Engine installed "
+                "(see `rocmport doctor`): drop --te or pass --backend gloo"
+            )
         shut_out = tuple(te_layer.unblocked(shut_out))
         extra.update({"ROCMPORT_FIREWALL": ",".join(shut_out), **te_layer.child_env(opts.te)})
     if mode == "cpu-proxy":
@@ -194,19 +229,35 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     applied_launch_env = verify_env(arch)
     extra.update(applied_launch_env)
     line, commit = tree_identity(tree)
-    report = VerifyReport(mode=mode, backend=backend, world_size=opts.world, tp=opts.tp, pp=opts.pp, dp=opts.dp, tree=str(tree),
-                          line=line, commit=commit, started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                          hip_sim=hip_sim.summary(hip_version, opts.hip_arch),
-                          env={**machine.to_dict(), "launcher_env": applied_launch_env, "firewall_profile": profile,
-                               "components": _component_versions(tree)},
-                          launcher=launcher.to_dict(), te=opts.te)
+    report = VerifyReport(
+        mode=mode,
+        backend=backend,
+        world_size=opts.world,
+        tp=opts.tp,
+        pp=opts.pp,
+        dp=opts.dp,
+        tree=str(tree),
+        line=line,
+        commit=commit,
+        started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        hip_sim=hip_sim.summary(hip_version, opts.hip_arch),
+        env={
+            **machine.to_dict(),
+            "launcher_env": applied_launch_env,
+            "firewall_profile": profile,
+            "components": _component_versions(tree),
+        },
+        launcher=launcher.to_dict(),
+        te=opts.te,
+    )
 
     def finished() -> str:
         """What the run had done when it was interrupted (the message of Interrupted)."""
         done = [s for s in report.stages if s.status != stages.SKIPPED or s.reason != "not selected (--stages)"]
         running = next((n for n in opts.stages if n not in {s.name for s in report.stages}), None)
         return ("finished: " + ", ".join(f"{s.name} {s.status}" for s in done) if done else "no stage had finished") + (
-            f"; stopped during {running}" if running else "")
+            f"; stopped during {running}" if running else ""
+        )
 
     # Ctrl-C or SIGTERM: every process of the run ended (torchrun's workers in their own sessions too),
     # its temporary files (torchelastic_*, the bootstrap) removed, exit 130/143 saying what finished.
@@ -216,14 +267,26 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         sites_dir.mkdir()
         extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
         env = environment.child_env(tree, firewall.write_bootstrap(tmp / "boot"), extra, opts.pycache)
-        ctx = VerifyContext(opts=opts, mode=mode, backend=backend, profile=profile, blocked=shut_out, machine=machine,
-                            hip_version=hip_version, device_arch=arch, env=env, tmp=tmp)
+        ctx = VerifyContext(
+            opts=opts,
+            mode=mode,
+            backend=backend,
+            profile=profile,
+            blocked=shut_out,
+            machine=machine,
+            hip_version=hip_version,
+            device_arch=arch,
+            env=env,
+            tmp=tmp,
+        )
         imports_failed = False
         for stage in STAGES:
             if stage.name not in opts.stages:
                 report.stages.append(StageResult(stage.name, stages.SKIPPED, "not selected (--stages)"))
             elif not stage.requested(opts):
-                report.stages.append(StageResult(stage.name, stages.SKIPPED, opts.skipped.get(stage.name, "not requested")))
+                report.stages.append(
+                    StageResult(stage.name, stages.SKIPPED, opts.skipped.get(stage.name, "not requested"))
+                )
             elif stage.after_imports and imports_failed:
                 report.stages.append(StageResult(stage.name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)"))
             else:
@@ -262,7 +325,9 @@ def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> d
     sites = port_sites.find_sites(tree, state.base)
     calls, modules = port_sites.read_records(sites_dir, tree)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
-    return {name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods, te_version).items()}
+    return {
+        name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods, te_version).items()
+    }
 
 
 def _component_versions(tree: Path) -> dict:
@@ -283,15 +348,24 @@ def series_settings(tree: Path) -> tuple[suite.VerifySettings, Path | None, str 
     return suite.VerifySettings(), None, base
 
 
-def unit_options(settings: suite.VerifySettings, base: str | None, cache_dir: Path, tree: Path, wanted: str | bool | None,
-                 tests, nproc: int) -> tuple[UnitOptions | None, str]:
+def unit_options(
+    settings: suite.VerifySettings,
+    base: str | None,
+    cache_dir: Path,
+    tree: Path,
+    wanted: str | bool | None,
+    tests,
+    nproc: int,
+) -> tuple[UnitOptions | None, str]:
     """Stage 3's options, or None and why it does not run. ``wanted``: None (default), False
     (--no-unit-tests), "default" or "all" (--unit-tests [all]); ``tests``: explicit --unit-test paths."""
     if wanted is False:
         return None, "--no-unit-tests"
     if not (tree / "tests" / "unit_tests").is_dir():
         if wanted or tests:
-            raise BadInput(f"{tree}: no tests/unit_tests to run (a package-index source ships megatron/core only); drop --unit-tests")
+            raise BadInput(
+                f"{tree}: no tests/unit_tests to run (a package-index source ships megatron/core only); drop --unit-tests"
+            )
         return None, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)"
     if nproc < 1:
         raise BadInput(f"--unit-nproc {nproc}: must be at least 1")
@@ -305,8 +379,9 @@ def unit_options(settings: suite.VerifySettings, base: str | None, cache_dir: Pa
         chosen, reasons, how = list(settings.unit_tests), dict(settings.unit_tests), "series"
     else:
         chosen, reasons, how = list(suite.FALLBACK_TESTS), dict(suite.FALLBACK_TESTS), "fallback"
-    return UnitOptions(tests=chosen, nproc=nproc, cache_dir=cache_dir, base=base, settings=settings, reasons=reasons,
-                       selection=how), ""
+    return UnitOptions(
+        tests=chosen, nproc=nproc, cache_dir=cache_dir, base=base, settings=settings, reasons=reasons, selection=how
+    ), ""
 
 
 def check_unit_test(tree: Path, test: str) -> None:
@@ -324,8 +399,19 @@ def check_unit_test(tree: Path, test: str) -> None:
         raise BadInput(f"--unit-test {test[:120]}: no such file or directory in {tree}; {hint}")
 
 
-def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: int, pp: int, data_path, record: bool,
-                       iters: int, resume: bool = True, te: bool = False) -> tuple[FunctionalOptions | None, str]:
+def functional_options(
+    tree: Path,
+    series_dir: Path | None,
+    wanted,
+    case,
+    tp: int,
+    pp: int,
+    data_path,
+    record: bool,
+    iters: int,
+    resume: bool = True,
+    te: bool = False,
+) -> tuple[FunctionalOptions | None, str]:
     from rocmport.verify.doctor import for_verify
     from rocmport.verify.functional import CASES, cases_near, check_case, default_case, load_case, missing_data
 
@@ -335,12 +421,18 @@ def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: in
         return None, "--no-functional"
     if not (tree / "pretrain_gpt.py").is_file():
         if wanted:
-            raise BadInput(f"{tree}: no pretrain_gpt.py to run (a package-index source ships megatron/core only); drop --functional")
+            raise BadInput(
+                f"{tree}: no pretrain_gpt.py to run (a package-index source ships megatron/core only); drop --functional"
+            )
         return None, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
     if case is not None and not (check_case(tree, case) / "model_config.yaml").is_file():
-        raise BadInput(f"--case {case!r}: no such case in {tree / CASES} (no model_config.yaml); e.g. {', '.join(cases_near(tree)) or '-'}")
+        raise BadInput(
+            f"--case {case!r}: no such case in {tree / CASES} (no model_config.yaml); e.g. {', '.join(cases_near(tree)) or '-'}"
+        )
     if record and series_dir is None:
-        raise BadInput(f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)")
+        raise BadInput(
+            f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)"
+        )
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
     # or where TE's Python layer runs on the CPU proxy (--te).
     te_usable = te or for_verify(series_dir / "series" if series_dir else None)["te_usable"]
@@ -350,35 +442,68 @@ def functional_options(tree: Path, series_dir: Path | None, wanted, case, tp: in
         # whole (never split on spaces) and made absolute: pretrain_gpt.py runs in the tree.
         root = Path(data_path).expanduser().resolve()
         if not root.is_dir():
-            raise BadInput(f"--data-path {data_path}: not a directory; give upstream CI's data root ($DATA_PATH), "
-                           f"under which the case names its dataset and tokenizer files")
+            raise BadInput(
+                f"--data-path {data_path}: not a directory; give upstream CI's data root ($DATA_PATH), "
+                f"under which the case names its dataset and tokenizer files"
+            )
         config = check_case(tree, chosen) / "model_config.yaml"
         missing = missing_data(load_case(tree, chosen), root) if config.is_file() else []
         if missing:
-            raise BadInput(f"--data-path {data_path}: case {chosen} reads {missing[0]}, which is not there"
-                           + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
-                           + "; lay the data out as upstream CI does under that directory")
+            raise BadInput(
+                f"--data-path {data_path}: case {chosen} reads {missing[0]}, which is not there"
+                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+                + "; lay the data out as upstream CI does under that directory"
+            )
         data_path = str(root)
-    return FunctionalOptions(case=chosen, defaulted=not case, data_path=data_path, record=record, series_dir=series_dir,
-                             iters=iters, resume=resume), ""
+    return FunctionalOptions(
+        case=chosen,
+        defaulted=not case,
+        data_path=data_path,
+        record=record,
+        series_dir=series_dir,
+        iters=iters,
+        resume=resume,
+    ), ""
 
 
 def launch_plan(opts: VerifyOptions) -> list[dict]:
     """The command line of every launch verify would make (``--dry-run``); temporary paths under $TMP."""
     return [step for stage in STAGES if stage.name in opts.stages for step in stage.launches(opts, Path("$TMP"))]
 
+
 def _lock_pins(settings: Settings, name: str) -> bool:
     """Whether the project's lock pins ``name`` (True when there is no lock to say otherwise)."""
     return not settings.lock_path.is_file() or name in load_lock(settings.lock_path).upstreams
 
 
-def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: int = DEFAULT_PP, dp: int | None = None, nproc: int | None = None,
-            iters: int = 10, backend: str = "auto", with_unit: str | bool | None = None, unit_tests=(), unit_nproc: int = 8,
-            with_functional: bool | None = None, case: str | None = None, data_path: str | None = None,
-            record_golden: bool = False, resume: bool = True, with_bridge: bool | None = None, launcher_kind: str = "torchrun",
-            nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-            hip_version: str | None = hip_sim.DEFAULT_VERSION, stages_text: str | None = None, te: str = "none",
-            hip_arch: str = hip_sim.DEFAULT_ARCH) -> VerifyOptions:
+def prepare(
+    settings: Settings,
+    tree: str | None,
+    *,
+    tp: int = DEFAULT_TP,
+    pp: int = DEFAULT_PP,
+    dp: int | None = None,
+    nproc: int | None = None,
+    iters: int = 10,
+    backend: str = "auto",
+    with_unit: str | bool | None = None,
+    unit_tests=(),
+    unit_nproc: int = 8,
+    with_functional: bool | None = None,
+    case: str | None = None,
+    data_path: str | None = None,
+    record_golden: bool = False,
+    resume: bool = True,
+    with_bridge: bool | None = None,
+    launcher_kind: str = "torchrun",
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str | None = None,
+    hip_version: str | None = hip_sim.DEFAULT_VERSION,
+    stages_text: str | None = None,
+    te: str = "none",
+    hip_arch: str = hip_sim.DEFAULT_ARCH,
+) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
     the one place a run's options are checked (run_verify takes them as checked)."""
     dp = check_sizes(tp, pp, iters, dp, nproc)
@@ -397,28 +522,65 @@ def prepare(settings: Settings, tree: str | None, *, tp: int = DEFAULT_TP, pp: i
         pinned = _lock_pins(settings, MEGATRON_BRIDGE.name)
         with_bridge = not tree and bridge_tree.is_dir() and pinned
         if not with_bridge:
-            skipped["bridge"] = ("--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)" if tree
-                                 else "no Megatron-Bridge work tree (the lock pins no Bridge)" if not bridge_tree.is_dir()
-                                 else "the lock pins no Megatron-Bridge (its old work tree is not verified against this Megatron-LM)")
+            skipped["bridge"] = (
+                "--tree given (stage 5 runs with the project's own work trees; --bridge to ask for it)"
+                if tree
+                else "no Megatron-Bridge work tree (the lock pins no Bridge)"
+                if not bridge_tree.is_dir()
+                else "the lock pins no Megatron-Bridge (its old work tree is not verified against this Megatron-LM)"
+            )
     elif not with_bridge:
         skipped["bridge"] = "--no-bridge"
     if with_bridge and not bridge_tree.is_dir():
-        raise BadInput(f"{bridge_tree}: no Megatron-Bridge work tree; run `rocmport apply` with a Bridge pin or pass --no-bridge")
-    launcher = Launcher(kind=launcher_kind, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                        gpus=backend != "gloo" and environment.probe().has_gpu)
+        raise BadInput(
+            f"{bridge_tree}: no Megatron-Bridge work tree; run `rocmport apply` with a Bridge pin or pass --no-bridge"
+        )
+    launcher = Launcher(
+        kind=launcher_kind,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        gpus=backend != "gloo" and environment.probe().has_gpu,
+    )
     cfg, series_dir, base = series_settings(path)
     unit, why = unit_options(cfg, base, settings.cache_dir, path, with_unit, unit_tests, unit_nproc)
     if why:
         skipped["unit-tests"] = why
     te_layer_ = te_for(te, series_dir, settings.cache_dir)
-    functional, why = functional_options(path, series_dir, with_functional, case, tp, pp, data_path, record_golden, iters, resume,
-                                         te=te_layer_ is not None)
+    functional, why = functional_options(
+        path,
+        series_dir,
+        with_functional,
+        case,
+        tp,
+        pp,
+        data_path,
+        record_golden,
+        iters,
+        resume,
+        te=te_layer_ is not None,
+    )
     if why:
         skipped["functional"] = why
-    return VerifyOptions(tree=path.resolve(), tp=tp, pp=pp, dp=dp, backend=backend, iters=iters, unit=unit,
-                         functional=functional, bridge_tree=bridge_tree.resolve() if with_bridge else None, launcher=launcher,
-                         hip_version=hip_version, hip_arch=hip_arch, stages=chosen, skipped=skipped, te=te_layer_,
-                         pycache=settings.cache_dir / "pycache")
+    return VerifyOptions(
+        tree=path.resolve(),
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        backend=backend,
+        iters=iters,
+        unit=unit,
+        functional=functional,
+        bridge_tree=bridge_tree.resolve() if with_bridge else None,
+        launcher=launcher,
+        hip_version=hip_version,
+        hip_arch=hip_arch,
+        stages=chosen,
+        skipped=skipped,
+        te=te_layer_,
+        pycache=settings.cache_dir / "pycache",
+    )
+
 
 def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | None:
     """``--te VERSION|auto|none``: the TE Python layer for this run, fetched into the cache (auto:

@@ -28,17 +28,27 @@ def torch_env(environ: Mapping[str, str], master_port: int) -> dict[str, str]:
     try:
         rank, world, local = (int(environ[k]) for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"))
     except KeyError as exc:
-        raise SystemExit(f"rocmport.verify.slurm_task: {exc.args[0]} is not set; run it under srun (rocmport verify --launcher slurm)")
+        raise SystemExit(
+            f"rocmport.verify.slurm_task: {exc.args[0]} is not set; run it under srun (rocmport verify --launcher slurm)"
+        )
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or "127.0.0.1"
     per_node = environ.get("SLURM_NTASKS_PER_NODE") or str(world // max(1, int(environ.get("SLURM_NNODES", "1"))))
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": per_node.split("(")[0],
-            "GROUP_RANK": environ.get("SLURM_NODEID", "0"), "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
-            "MASTER_PORT": str(master_port)}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": per_node.split("(")[0],
+        "GROUP_RANK": environ.get("SLURM_NODEID", "0"),
+        "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
+        "MASTER_PORT": str(master_port),
+    }
 
 
 def main(argv: list[str]) -> None:
     if not argv or not argv[0].startswith("--master-port="):
-        raise SystemExit("usage: python -m rocmport.verify.slurm_task --master-port=PORT (-m MODULE | SCRIPT) [ARGS...]")
+        raise SystemExit(
+            "usage: python -m rocmport.verify.slurm_task --master-port=PORT (-m MODULE | SCRIPT) [ARGS...]"
+        )
     os.environ.update(torch_env(os.environ, int(argv[0].split("=", 1)[1])))
     if os.environ.get("ROCMPORT_SHIM_WORKERS") == "1":
         from rocmport.verify import proxy_shim

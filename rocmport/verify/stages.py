@@ -23,7 +23,7 @@ EQUIVALENCE_TOL = {"gloo": 1e-5, "nccl": 1e-3}
 
 
 def modules_import(n: int, kind: str = "") -> str:
-    """"1 module imports" / "24 modules import" (``kind`` e.g. "Bridge ")."""
+    """ "1 module imports" / "24 modules import" (``kind`` e.g. "Bridge ")."""
     return f"{n} {kind}module imports" if n == 1 else f"{n} {kind}modules import"
 
 
@@ -36,10 +36,16 @@ class StageResult:
     details: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "reason": self.reason, "seconds": round(self.seconds, 2), **self.details}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 2),
+            **self.details,
+        }
 
 
-IMPORT_PROBE = r'''
+IMPORT_PROBE = r"""
 import importlib, json, sys, traceback
 out = {}
 for m in json.loads(sys.argv[1]):
@@ -51,7 +57,7 @@ for m in json.loads(sys.argv[1]):
         out[m] = {"error": f"{type(e).__name__}: {e}", "chain": chain[-6:], "missing": getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None}
 print("ROCMPORT-IMPORTS " + json.dumps(out))
 print("ROCMPORT-FILES " + json.dumps({m: getattr(sys.modules.get(m), "__file__", None) for m in out if out[m] is None}))
-'''
+"""
 
 
 def modules_to_import(tree: Path) -> list[str]:
@@ -71,35 +77,68 @@ def modules_to_import(tree: Path) -> list[str]:
 
 def has_code(package: Path) -> bool:
     """Whether any Python file in ``package`` holds more than blank lines (stops at the first that does)."""
-    return any(p.stat().st_size and p.read_text(encoding="utf-8", errors="replace").strip() for p in package.rglob("*.py"))
+    return any(
+        p.stat().st_size and p.read_text(encoding="utf-8", errors="replace").strip() for p in package.rglob("*.py")
+    )
 
 
 def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResult:
     start = time.monotonic()
     if not has_code(tree / "megatron" / "core"):  # it would import, and prove nothing
-        return StageResult("imports", FAIL, f"{tree / 'megatron' / 'core'} holds no Python code: nothing to check "
-                                            f"(not a Megatron-LM tree; run `rocmport apply` or pass --tree)")
+        return StageResult(
+            "imports",
+            FAIL,
+            f"{tree / 'megatron' / 'core'} holds no Python code: nothing to check "
+            f"(not a Megatron-LM tree; run `rocmport apply` or pass --tree)",
+        )
     mods = modules_to_import(tree)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)], cwd=tree, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROCMPORT-IMPORTS ")), None)
     if line is None:
-        return StageResult("imports", FAIL, f"the import probe crashed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}", time.monotonic() - start)
+        return StageResult(
+            "imports",
+            FAIL,
+            f"the import probe crashed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}",
+            time.monotonic() - start,
+        )
     results = json.loads(line.split(" ", 1)[1])
     failed = {m: r for m, r in results.items() if r}
     details = {"modules": mods, "failures": failed}
     if not failed:
         elsewhere = _not_from(tree, proc.stdout)
-        if elsewhere:  # the tree's own package was shadowed (or is a namespace package): nothing of the tree was checked
+        if (
+            elsewhere
+        ):  # the tree's own package was shadowed (or is a namespace package): nothing of the tree was checked
             m, where = next(iter(elsewhere.items()))
-            return StageResult("imports", FAIL, f"{m} imported {where}, not from the tree {tree}: stage 1 checked nothing of the tree "
-                               f"(a package of that name earlier on the path, or no {m.replace('.', '/')}/__init__.py)",
-                               time.monotonic() - start, {**details, "not_from_tree": elsewhere})
+            return StageResult(
+                "imports",
+                FAIL,
+                f"{m} imported {where}, not from the tree {tree}: stage 1 checked nothing of the tree "
+                f"(a package of that name earlier on the path, or no {m.replace('.', '/')}/__init__.py)",
+                time.monotonic() - start,
+                {**details, "not_from_tree": elsewhere},
+            )
         shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
         # What was not tested says so: "1 module imports" alone hid that megatron.training was absent, not tried.
-        absent = "" if (tree / "megatron" / "training").is_dir() else "; the tree has no megatron/training (a package-index source): not tested"
-        return StageResult("imports", PASS, f"{modules_import(len(mods))} behind the firewall ({shown}){absent}", time.monotonic() - start,
-                           details)
+        absent = (
+            ""
+            if (tree / "megatron" / "training").is_dir()
+            else "; the tree has no megatron/training (a package-index source): not tested"
+        )
+        return StageResult(
+            "imports",
+            PASS,
+            f"{modules_import(len(mods))} behind the firewall ({shown}){absent}",
+            time.monotonic() - start,
+            details,
+        )
     m, r = next(iter(failed.items()))
     missing = r.get("missing")
     hint = ""
@@ -108,7 +147,9 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
     elif missing:
         hint = f" (missing dependency: `{sys.executable} -m pip install {missing.split('.')[0]}`)"
     chain = " -> ".join(r["chain"])
-    return StageResult("imports", FAIL, f"{m}: {r['error']}{hint}; import chain: {chain}", time.monotonic() - start, details)
+    return StageResult(
+        "imports", FAIL, f"{m}: {r['error']}{hint}; import chain: {chain}", time.monotonic() - start, details
+    )
 
 
 def _not_from(tree: Path, stdout: str) -> dict[str, str]:
@@ -145,22 +186,69 @@ def moe_applies(tp: int, dp: int, te: bool) -> str | None:
     return None
 
 
-def training_commands(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False) -> dict[str, list[str]]:
+def training_commands(
+    launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False
+) -> dict[str, list[str]]:
     """Stage 2's launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run (``te``:
     both with upstream's Transformer Engine layer spec, and, where `moe_applies`, the same pair for a
     MoE model with the grouped GEMM through TE's GroupedLinear at expert parallel MOE_EP)."""
     worker = ["-m", "rocmport.verify.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
-    cmds = {"reference": launcher.command(1, [*worker, "--tp", "1", "--pp", "1", "--out", str(tmp / "ref.json"),
-                                              "--save-init", str(tmp / "init.pt")], "gpt-reference"),
-            "run": launcher.command(tp * pp * dp, [*worker, "--tp", str(tp), "--pp", str(pp), "--out", str(tmp / "run.json"),
-                                                   "--load-init", str(tmp / "init.pt")], "gpt-training")}
+    cmds = {
+        "reference": launcher.command(
+            1,
+            [*worker, "--tp", "1", "--pp", "1", "--out", str(tmp / "ref.json"), "--save-init", str(tmp / "init.pt")],
+            "gpt-reference",
+        ),
+        "run": launcher.command(
+            tp * pp * dp,
+            [
+                *worker,
+                "--tp",
+                str(tp),
+                "--pp",
+                str(pp),
+                "--out",
+                str(tmp / "run.json"),
+                "--load-init",
+                str(tmp / "init.pt"),
+            ],
+            "gpt-training",
+        ),
+    }
     if moe_applies(tp, dp, te) is None:
         moe = [*worker, "--moe", str(MOE_EXPERTS)]
-        cmds["moe-reference"] = launcher.command(1, [*moe, "--tp", "1", "--pp", "1", "--out", str(tmp / "moe-ref.json"),
-                                                     "--save-init", str(tmp / "moe-init.pt")], "gpt-moe-reference")
-        cmds["moe-run"] = launcher.command(tp * pp * dp, [*moe, "--ep", str(MOE_EP), "--tp", str(tp), "--pp", str(pp),
-                                                          "--out", str(tmp / "moe-run.json"), "--load-init", str(tmp / "moe-init.pt")],
-                                           "gpt-moe-training")
+        cmds["moe-reference"] = launcher.command(
+            1,
+            [
+                *moe,
+                "--tp",
+                "1",
+                "--pp",
+                "1",
+                "--out",
+                str(tmp / "moe-ref.json"),
+                "--save-init",
+                str(tmp / "moe-init.pt"),
+            ],
+            "gpt-moe-reference",
+        )
+        cmds["moe-run"] = launcher.command(
+            tp * pp * dp,
+            [
+                *moe,
+                "--ep",
+                str(MOE_EP),
+                "--tp",
+                str(tp),
+                "--pp",
+                str(pp),
+                "--out",
+                str(tmp / "moe-run.json"),
+                "--load-init",
+                str(tmp / "moe-init.pt"),
+            ],
+            "gpt-moe-training",
+        )
     return cmds
 
 
@@ -171,8 +259,13 @@ def launch(cmd: list[str], env: dict, cwd: Path, timeout: float = 900) -> subpro
 def took_part(name: str, launcher: Launcher, seconds: float) -> StageResult:
     """A node without global rank 0 of a multi-node run: its processes finished cleanly, the
     numbers are reported by the node that held rank 0."""
-    return StageResult(name, PASS, f"node {launcher.node_rank} of {launcher.nnodes} took part and exited 0; "
-                                   "the node that held global rank 0 reports the results", seconds)
+    return StageResult(
+        name,
+        PASS,
+        f"node {launcher.node_rank} of {launcher.nnodes} took part and exited 0; "
+        "the node that held global rank 0 reports the results",
+        seconds,
+    )
 
 
 def unsupported_why(what: str) -> str:
@@ -188,7 +281,12 @@ def _last_error(proc: subprocess.CompletedProcess) -> str:
 
 # What a process prints when the machine, not the code, ran out of something (threads, processes,
 # file descriptors, memory): on a busy machine a run can hit it where the same run passes later.
-EXHAUSTION = ("Resource temporarily unavailable", "can't start new thread", "Too many open files", "Cannot allocate memory")
+EXHAUSTION = (
+    "Resource temporarily unavailable",
+    "can't start new thread",
+    "Too many open files",
+    "Cannot allocate memory",
+)
 EXHAUSTION_RETRY_AFTER = 20.0  # seconds before the one retry of a launch that ran out of a machine resource
 
 
@@ -221,13 +319,17 @@ def _failed(what: str, proc: subprocess.CompletedProcess) -> str:
     m = exhausted(proc.stderr)
     if m:
         threads = _threads_running()
-        return (f"{what} failed twice because this machine ran out of a resource ({m}"
-                + (f"; {threads} threads running on it" if threads else "") + "): the machine, not the port; rerun when it is less busy")
+        return (
+            f"{what} failed twice because this machine ran out of a resource ({m}"
+            + (f"; {threads} threads running on it" if threads else "")
+            + "): the machine, not the port; rerun when it is less busy"
+        )
     return f"{what} failed: {_last_error(proc)}"
 
 
-def _pair(cmds: dict, key: str, env: dict, tree: Path, tmp: Path, launcher: Launcher, what: str,
-          layout: str) -> tuple[StageResult | None, dict, dict]:
+def _pair(
+    cmds: dict, key: str, env: dict, tree: Path, tmp: Path, launcher: Launcher, what: str, layout: str
+) -> tuple[StageResult | None, dict, dict]:
     """One reference/run pair of stage 2 (``key``: "" for the dense model, "moe-" for the MoE one):
     a StageResult when it did not produce losses to compare, else (None, reference, run)."""
     start = time.monotonic()
@@ -235,22 +337,47 @@ def _pair(cmds: dict, key: str, env: dict, tree: Path, tmp: Path, launcher: Laun
     ref_file, run_file = tmp / f"{key}ref.json", tmp / f"{key}run.json"
     ref_data = json.loads(ref_file.read_text()) if ref_file.exists() else None
     if ref_data and "unsupported" in ref_data:
-        return StageResult("gpt-training", UNSUPPORTED, what + unsupported_why(ref_data["unsupported"]), time.monotonic() - start), {}, {}
+        return (
+            StageResult(
+                "gpt-training", UNSUPPORTED, what + unsupported_why(ref_data["unsupported"]), time.monotonic() - start
+            ),
+            {},
+            {},
+        )
     if ref.returncode != 0 or not ref_data:
-        return StageResult("gpt-training", FAIL, _failed(f"{what}tp1/pp1 reference run", ref), time.monotonic() - start), {}, {}
+        return (
+            StageResult("gpt-training", FAIL, _failed(f"{what}tp1/pp1 reference run", ref), time.monotonic() - start),
+            {},
+            {},
+        )
     run = launch_retrying(cmds[f"{key}run"], env, tree)
     data = json.loads(run_file.read_text()) if run_file.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("gpt-training", launcher, time.monotonic() - start), {}, {}
     if data and "unsupported" in data:
-        return StageResult("gpt-training", UNSUPPORTED, what + unsupported_why(data["unsupported"]), time.monotonic() - start), {}, {}
+        return (
+            StageResult(
+                "gpt-training", UNSUPPORTED, what + unsupported_why(data["unsupported"]), time.monotonic() - start
+            ),
+            {},
+            {},
+        )
     if run.returncode != 0 or not data:
         return StageResult("gpt-training", FAIL, _failed(f"{what}{layout} run", run), time.monotonic() - start), {}, {}
     return None, ref_data, data
 
 
-def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int, backend: str,
-                   launcher: Launcher = Launcher(), te: str | None = None) -> tuple[StageResult, dict]:
+def stage_training(
+    tree: Path,
+    env: dict,
+    tp: int,
+    pp: int,
+    dp: int,
+    iters: int,
+    backend: str,
+    launcher: Launcher = Launcher(),
+    te: str | None = None,
+) -> tuple[StageResult, dict]:
     """``te``: the description of the Transformer Engine layer the run uses (None: the local spec)."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp_dir:
@@ -259,20 +386,44 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
         stopped, ref_data, data = _pair(cmds, "", env, tree, tmp, launcher, "", f"tp{tp}/pp{pp}/dp{dp}")
         if stopped:
             return stopped, {}
-        moe_stopped, moe_ref, moe_data = (_pair(cmds, "moe-", env, tree, tmp, launcher, f"MoE case ({MOE_EXPERTS} experts, ep{MOE_EP}): ",
-                                                f"tp{tp}/pp{pp}/dp{dp}/ep{MOE_EP}")
-                                          if "moe-run" in cmds else (None, {}, {}))
+        moe_stopped, moe_ref, moe_data = (
+            _pair(
+                cmds,
+                "moe-",
+                env,
+                tree,
+                tmp,
+                launcher,
+                f"MoE case ({MOE_EXPERTS} experts, ep{MOE_EP}): ",
+                f"tp{tp}/pp{pp}/dp{dp}/ep{MOE_EP}",
+            )
+            if "moe-run" in cmds
+            else (None, {}, {})
+        )
     losses, ref_losses = data["losses"], ref_data["losses"]
-    diff = max(abs(a - b) for a, b in zip(losses, ref_losses)) if losses and len(losses) == len(ref_losses) else float("inf")
-    training = {"losses": losses, "reference_losses": ref_losses, "max_abs_diff": diff,
-                "tied_embeddings_equal": data["tied_embeddings_equal"], "redirects": data.get("redirects", {})}
+    diff = (
+        max(abs(a - b) for a, b in zip(losses, ref_losses))
+        if losses and len(losses) == len(ref_losses)
+        else float("inf")
+    )
+    training = {
+        "losses": losses,
+        "reference_losses": ref_losses,
+        "max_abs_diff": diff,
+        "tied_embeddings_equal": data["tied_embeddings_equal"],
+        "redirects": data.get("redirects", {}),
+    }
     tol = EQUIVALENCE_TOL.get(backend, 1e-3) * max([1.0, *(abs(x) for x in ref_losses)])
     training["tolerance"] = tol
     problems = []
     if not losses or losses[-1] >= losses[0]:
-        problems.append(f"loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "no losses reported")
+        problems.append(
+            f"loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "no losses reported"
+        )
     if not data["tied_embeddings_equal"]:
-        problems.append(f"tied embedding copies differ (start equal: {data['tied_start']}, end equal: {data['tied_end']})")
+        problems.append(
+            f"tied embedding copies differ (start equal: {data['tied_start']}, end equal: {data['tied_end']})"
+        )
     if diff > tol:
         problems.append(f"tp{tp}xpp{pp} losses differ from tp1/pp1 by {diff:.3g} > {tol:.2g}")
     moe_phrase = ""
@@ -281,9 +432,11 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
         moe["redirects"] = moe_data.get("redirects", {})
         training["moe"] = moe
         problems += moe_problems
-        moe_phrase = (f"; MoE ({MOE_EXPERTS} experts, top-2, grouped GEMM through TE's GroupedLinear, ep{MOE_EP}): loss "
-                      f"{moe['losses'][0]:.4f} -> {moe['losses'][-1]:.4f}, first iteration |Δ| {moe['first_abs_diff']:.2g}, "
-                      f"max |Δ| {moe['max_abs_diff']:.2g} (≤ {moe['tolerance']:.2g})")
+        moe_phrase = (
+            f"; MoE ({MOE_EXPERTS} experts, top-2, grouped GEMM through TE's GroupedLinear, ep{MOE_EP}): loss "
+            f"{moe['losses'][0]:.4f} -> {moe['losses'][-1]:.4f}, first iteration |Δ| {moe['first_abs_diff']:.2g}, "
+            f"max |Δ| {moe['max_abs_diff']:.2g} (≤ {moe['tolerance']:.2g})"
+        )
     elif te and moe_applies(tp, dp, True):
         training["moe"] = {"not_run": moe_applies(tp, dp, True)}
         moe_phrase = f"; MoE case not run: {moe_applies(tp, dp, True)}"
@@ -292,8 +445,12 @@ def stage_training(tree: Path, env: dict, tp: int, pp: int, dp: int, iters: int,
         return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
     if moe_stopped:  # the dense model passed; the MoE case did not run to the end: never a pass
         training["moe"] = {"not_run": moe_stopped.reason}
-        return StageResult("gpt-training", moe_stopped.status, f"dense model passed (max |Δ| vs tp1/pp1 {diff:.2g}); {moe_stopped.reason}",
-                           seconds), training
+        return StageResult(
+            "gpt-training",
+            moe_stopped.status,
+            f"dense model passed (max |Δ| vs tp1/pp1 {diff:.2g}); {moe_stopped.reason}",
+            seconds,
+        ), training
     reason = f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations; max |Δ| vs tp1/pp1 {diff:.2g} (≤ {tol:.2g}); tied embeddings equal"
     if te:
         reason += moe_phrase + f"; {te}"
@@ -308,14 +465,26 @@ def _moe_check(ref_losses: list[float], losses: list[float], dense_tol: float, b
     diffs = [abs(a - b) for a, b in zip(losses, ref_losses)] if same else []
     tol = MOE_TOL.get(backend, 2e-2) * max([1.0, *(abs(x) for x in ref_losses)])
     first, worst = (diffs[0], max(diffs)) if diffs else (float("inf"), float("inf"))
-    moe = {"losses": losses, "reference_losses": ref_losses, "first_abs_diff": first, "max_abs_diff": worst, "tolerance": tol,
-           "first_tolerance": dense_tol, "experts": MOE_EXPERTS, "ep": MOE_EP}
+    moe = {
+        "losses": losses,
+        "reference_losses": ref_losses,
+        "first_abs_diff": first,
+        "max_abs_diff": worst,
+        "tolerance": tol,
+        "first_tolerance": dense_tol,
+        "experts": MOE_EXPERTS,
+        "ep": MOE_EP,
+    }
     problems = []
     if not losses or losses[-1] >= losses[0]:
-        problems.append(f"MoE loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "MoE: no losses reported")
+        problems.append(
+            f"MoE loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "MoE: no losses reported"
+        )
     elif first > dense_tol:
-        problems.append(f"MoE first iteration differs from tp1/pp1 by {first:.3g} > {dense_tol:.2g} "
-                        "(expert placement or the all-to-all dispatch, not routing)")
+        problems.append(
+            f"MoE first iteration differs from tp1/pp1 by {first:.3g} > {dense_tol:.2g} "
+            "(expert placement or the all-to-all dispatch, not routing)"
+        )
     elif worst > tol:
         problems.append(f"MoE losses differ from tp1/pp1 by {worst:.3g} > {tol:.2g}")
     return moe, problems

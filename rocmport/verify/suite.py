@@ -35,15 +35,28 @@ FALLBACK_TESTS = {
 ALL = "tests/unit_tests"
 
 # Import name -> what to pip install, where they differ.
-PIP_NAMES = {"pytest_mock": "pytest-mock", "yaml": "pyyaml", "PIL": "pillow", "sklearn": "scikit-learn",
-             "pytest_asyncio": "pytest-asyncio", "google": "protobuf", "github": "pygithub", "cv2": "opencv-python"}
+PIP_NAMES = {
+    "pytest_mock": "pytest-mock",
+    "yaml": "pyyaml",
+    "PIL": "pillow",
+    "sklearn": "scikit-learn",
+    "pytest_asyncio": "pytest-asyncio",
+    "google": "protobuf",
+    "github": "pygithub",
+    "cv2": "opencv-python",
+}
 # Packages upstream's test environment has (its `dev` extra) that the library uses only where they
 # are installed: without one, a test of that branch fails on both trees for the environment's
 # sake, not upstream's. Module -> the library file whose import of it makes it needed.
 TEST_ENVIRONMENT = {"nvtx": "megatron/core/utils.py"}
 # Fixtures that come from pytest plugins: fixture -> the plugin's module.
-PLUGIN_FIXTURES = {"mocker": "pytest_mock", "class_mocker": "pytest_mock", "module_mocker": "pytest_mock",
-                   "session_mocker": "pytest_mock", "benchmark": "pytest_benchmark"}
+PLUGIN_FIXTURES = {
+    "mocker": "pytest_mock",
+    "class_mocker": "pytest_mock",
+    "module_mocker": "pytest_mock",
+    "session_mocker": "pytest_mock",
+    "benchmark": "pytest_benchmark",
+}
 
 
 def matches(nodeid: str, pattern: str) -> bool:
@@ -71,8 +84,10 @@ def _guarded(node: ast.AST, parents: dict) -> bool:
         if isinstance(cur, ast.Try) and child in cur.body:
             for h in cur.handlers:
                 names = [h.type] if not isinstance(h.type, ast.Tuple) else list(h.type.elts)
-                if h.type is None or any(isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception")
-                                         for n in names):
+                if h.type is None or any(
+                    isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception")
+                    for n in names
+                ):
                     return True
         child, cur = cur, parents.get(cur)
     return False
@@ -90,8 +105,13 @@ def needed_modules(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and _module_level(node, parents) and not _guarded(node, parents):
             out.update(a.name.split(".")[0] for a in node.names)
-        elif (isinstance(node, ast.ImportFrom) and not node.level and node.module and _module_level(node, parents)
-              and not _guarded(node, parents)):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and not node.level
+            and node.module
+            and _module_level(node, parents)
+            and not _guarded(node, parents)
+        ):
             out.add(node.module.split(".")[0])
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             out.update(PLUGIN_FIXTURES[a.arg] for a in node.args.args if a.arg in PLUGIN_FIXTURES)
@@ -104,8 +124,9 @@ def _imported(path: Path) -> set[str]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError, OSError):
         return set()
-    return ({a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-            | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level})
+    return {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level
+    }
 
 
 def _module_level(node: ast.AST, parents: dict) -> bool:

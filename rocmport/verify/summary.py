@@ -11,8 +11,10 @@ from rocmport.verify.unit_tests import BLOCKING
 # Why a test with this label fails the stage, in words a newcomer reads.
 WHY_IT_BLOCKS = {
     "port-regression": "it passes on the unported tree at the same commit: the port broke it",
-    "unverified": ("the unported tree did not fail it the same way, so it cannot be called upstream's own failure: "
-                   "fix the port, or name it in the series' known_failures with the reason"),
+    "unverified": (
+        "the unported tree did not fail it the same way, so it cannot be called upstream's own failure: "
+        "fix the port, or name it in the series' known_failures with the reason"
+    ),
     "missing-dependency": "an ordinary package it needs is not installed here (the stage's reason has the pip command)",
     "not-run": "a selected test file whose tests did not all run is never counted as passed",
 }
@@ -22,7 +24,7 @@ def _short(reason: str, width: int = 70) -> str:
     """A stage's reason cut to its first clause ("the tree has no tests/unit_tests (a package-index
     source ...)" -> "the tree has no tests/unit_tests")."""
     text = reason.split(";")[0].split(" (")[0].strip()
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _plural(n: int, word: str) -> str:
@@ -39,7 +41,7 @@ def _unit_blocking(stage: dict) -> dict[str, list[str]]:
 
 
 def _count(lab: str, n: int) -> str:
-    """"1 unverified test", "2 test files not run"."""
+    """ "1 unverified test", "2 test files not run"."""
     return _plural(n, "test file") + " not run" if lab == "not-run" else f"{n} {lab} test" + ("" if n == 1 else "s")
 
 
@@ -86,13 +88,18 @@ def blocking_lines(r: dict) -> list[str]:
         local = set(s.get("local_spec_instead_of_te", []))
         for lab, ids in items.items():
             for nodeid in ids:
-                lines.append(f"{s['name']}: {lab}: {nodeid}" + ("  (ran with the local spec in place of TE's)" if nodeid in local else ""))
+                lines.append(
+                    f"{s['name']}: {lab}: {nodeid}"
+                    + ("  (ran with the local spec in place of TE's)" if nodeid in local else "")
+                )
                 lines.append(f"    why it blocks: {WHY_IT_BLOCKS.get(lab, lab)}")
                 lines.append(f"    what happened: {s.get('label_reasons', {}).get(nodeid) or '-'}")
                 failure = s.get("failures", {}).get(nodeid)
                 if failure:
                     lines.append(f"    its failure: {failure}")
-                lines.append(f"    the unported tree: {' '.join(str(s.get('on_baseline', {}).get(nodeid) or 'not run').split())}")
+                lines.append(
+                    f"    the unported tree: {' '.join(str(s.get('on_baseline', {}).get(nodeid) or 'not run').split())}"
+                )
     return lines
 
 
@@ -121,12 +128,20 @@ def coverage_lines(r: dict) -> list[str]:
             continue
         lines.append(f"port coverage ({title}): of the call sites each codemod rewrote, how many ran in these stages")
         for name, cov in r[key].items():
-            c = Coverage(cov["exercised"], cov["total"], cov.get("rewrites"), cov.get("unreached", {}), cov.get("explanation", ""))
+            c = Coverage(
+                cov["exercised"],
+                cov["total"],
+                cov.get("rewrites"),
+                cov.get("unreached", {}),
+                cov.get("explanation", ""),
+            )
             line = f"  {name}: {c.exercised} of {c.total} rewritten sites ran"
             if c.explanation:
                 line += f" ({c.explanation})"
             elif c.unreached:
                 site, why = sorted(c.unreached.items())[0]
-                line += f"; e.g. {site} did not: {why}" + (f" (+{len(c.unreached) - 1} more in the report)" if len(c.unreached) > 1 else "")
+                line += f"; e.g. {site} did not: {why}" + (
+                    f" (+{len(c.unreached) - 1} more in the report)" if len(c.unreached) > 1 else ""
+                )
             lines.append(line)
     return lines

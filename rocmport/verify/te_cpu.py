@@ -31,8 +31,9 @@ class UnsupportedInProxy(RuntimeError):
 
     def __init__(self, name: str, why: str = "") -> None:
         self.kernel = f"transformer_engine_torch.{name}"
-        super().__init__(f"unsupported-in-proxy: {self.kernel} has no CPU reference implementation"
-                         + (f" ({why})" if why else ""))
+        super().__init__(
+            f"unsupported-in-proxy: {self.kernel} has no CPU reference implementation" + (f" ({why})" if why else "")
+        )
 
 
 def _count(name: str) -> None:
@@ -42,6 +43,7 @@ def _count(name: str) -> None:
 def _unsupported(name: str):
     def kernel(*args: Any, **kwargs: Any):
         raise UnsupportedInProxy(name)
+
     kernel.__name__ = name
     kernel.__qualname__ = name
     return kernel
@@ -61,6 +63,7 @@ def __getattr__(name: str):
 
 # ---- enums of the extension (pybind11 enums: hashable, comparable, int(), .name, .value) ----
 
+
 class DType(enum.IntEnum):
     # Exactly the members the extension binds, with transformer_engine::DType's values (TE 2.17+
     # asserts its Python DType mirrors this enum's member names).
@@ -74,8 +77,13 @@ class DType(enum.IntEnum):
     kFloat4E2M1 = 10
 
 
-_TORCH_OF = {DType.kByte: torch.uint8, DType.kInt32: torch.int32, DType.kFloat32: torch.float32,
-             DType.kFloat16: torch.float16, DType.kBFloat16: torch.bfloat16}
+_TORCH_OF = {
+    DType.kByte: torch.uint8,
+    DType.kInt32: torch.int32,
+    DType.kFloat32: torch.float32,
+    DType.kFloat16: torch.float16,
+    DType.kBFloat16: torch.bfloat16,
+}
 
 
 def _torch_dtype(otype, default: torch.dtype) -> torch.dtype:
@@ -132,36 +140,96 @@ def _enum(name: str, members: list[str]) -> Any:
     return _OpenEnum(name, (), {"__members__": {m: _Member(name, m, i) for i, m in enumerate(members)}})
 
 
-FP8FwdTensors = _enum("FP8FwdTensors", ["GEMM1_INPUT", "GEMM1_WEIGHT", "GEMM1_OUTPUT", "GEMM2_INPUT",
-                                        "GEMM2_WEIGHT", "GEMM2_OUTPUT", "GEMM3_INPUT", "GEMM3_WEIGHT",
-                                        "GEMM3_OUTPUT"])
-FP8BwdTensors = _enum("FP8BwdTensors", ["GRAD_OUTPUT1", "GRAD_INPUT1", "GRAD_OUTPUT2", "GRAD_INPUT2",
-                                        "GRAD_OUTPUT3", "GRAD_INPUT3"])
+FP8FwdTensors = _enum(
+    "FP8FwdTensors",
+    [
+        "GEMM1_INPUT",
+        "GEMM1_WEIGHT",
+        "GEMM1_OUTPUT",
+        "GEMM2_INPUT",
+        "GEMM2_WEIGHT",
+        "GEMM2_OUTPUT",
+        "GEMM3_INPUT",
+        "GEMM3_WEIGHT",
+        "GEMM3_OUTPUT",
+    ],
+)
+FP8BwdTensors = _enum(
+    "FP8BwdTensors", ["GRAD_OUTPUT1", "GRAD_INPUT1", "GRAD_OUTPUT2", "GRAD_INPUT2", "GRAD_OUTPUT3", "GRAD_INPUT3"]
+)
 CommOverlapType = _enum("CommOverlapType", ["RS", "AG"])
-CommOverlapAlgo = _enum("CommOverlapAlgo", ["BULK_OVERLAP_AG", "BULK_OVERLAP_RS", "SPLIT_PIPELINED_AG_P2P",
-                                            "SPLIT_PIPELINED_RS", "SPLIT_PIPELINED_RS_P2P", "ATOMIC_GEMM_RS",
-                                            "ATOMIC_GEMM_AG_P2P", "ATOMIC_GEMM_RS_P2P", "EXTERNAL_BULK_OVERLAP_AG"])
+CommOverlapAlgo = _enum(
+    "CommOverlapAlgo",
+    [
+        "BULK_OVERLAP_AG",
+        "BULK_OVERLAP_RS",
+        "SPLIT_PIPELINED_AG_P2P",
+        "SPLIT_PIPELINED_RS",
+        "SPLIT_PIPELINED_RS_P2P",
+        "ATOMIC_GEMM_RS",
+        "ATOMIC_GEMM_AG_P2P",
+        "ATOMIC_GEMM_RS_P2P",
+        "EXTERNAL_BULK_OVERLAP_AG",
+    ],
+)
 Float8BlockScaleTensorFormat = _enum("Float8BlockScaleTensorFormat", ["GEMM_READY", "COMPACT"])
-NVTE_Fused_Attn_Backend = _enum("NVTE_Fused_Attn_Backend", ["NVTE_F16_max512_seqlen", "NVTE_F16_arbitrary_seqlen",
-                                                            "NVTE_FP8", "NVTE_No_Backend"])
+NVTE_Fused_Attn_Backend = _enum(
+    "NVTE_Fused_Attn_Backend", ["NVTE_F16_max512_seqlen", "NVTE_F16_arbitrary_seqlen", "NVTE_FP8", "NVTE_No_Backend"]
+)
 NVTE_Bias_Type = _enum("NVTE_Bias_Type", ["NVTE_NO_BIAS", "NVTE_PRE_SCALE_BIAS", "NVTE_POST_SCALE_BIAS", "NVTE_ALIBI"])
-NVTE_Mask_Type = _enum("NVTE_Mask_Type", ["NVTE_NO_MASK", "NVTE_PADDING_MASK", "NVTE_CAUSAL_MASK",
-                                          "NVTE_PADDING_CAUSAL_MASK", "NVTE_CAUSAL_BOTTOM_RIGHT_MASK",
-                                          "NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK", "NVTE_ARBITRARY_MASK"])
-NVTE_Softmax_Type = _enum("NVTE_Softmax_Type", ["NVTE_VANILLA_SOFTMAX", "NVTE_OFF_BY_ONE_SOFTMAX",
-                                                "NVTE_LEARNABLE_SOFTMAX"])
-NVTE_QKV_Format = _enum("NVTE_QKV_Format", ["NVTE_SBHD", "NVTE_BSHD", "NVTE_THD", "NVTE_SBHD_2BSHD",
-                                            "NVTE_BSHD_2SBHD", "NVTE_THD_2BSHD", "NVTE_THD_2SBHD"])
-NVTE_QKV_Layout = _enum("NVTE_QKV_Layout", [
-    "NVTE_SB3HD", "NVTE_SBH3D", "NVTE_SBHD_SB2HD", "NVTE_SBHD_SBH2D", "NVTE_SBHD_SBHD_SBHD", "NVTE_BS3HD",
-    "NVTE_BSH3D", "NVTE_BSHD_BS2HD", "NVTE_BSHD_BSH2D", "NVTE_BSHD_BSHD_BSHD", "NVTE_T3HD", "NVTE_TH3D",
-    "NVTE_THD_T2HD", "NVTE_THD_TH2D", "NVTE_THD_THD_THD", "NVTE_SBHD_BSHD_BSHD", "NVTE_BSHD_SBHD_SBHD",
-    "NVTE_THD_BSHD_BSHD", "NVTE_THD_SBHD_SBHD", "NVTE_Paged_KV_BSHD_BSHD_BSHD", "NVTE_Paged_KV_BSHD_SBHD_SBHD",
-    "NVTE_Paged_KV_SBHD_BSHD_BSHD", "NVTE_Paged_KV_SBHD_SBHD_SBHD", "NVTE_Paged_KV_THD_BSHD_BSHD",
-    "NVTE_Paged_KV_THD_SBHD_SBHD"])
+NVTE_Mask_Type = _enum(
+    "NVTE_Mask_Type",
+    [
+        "NVTE_NO_MASK",
+        "NVTE_PADDING_MASK",
+        "NVTE_CAUSAL_MASK",
+        "NVTE_PADDING_CAUSAL_MASK",
+        "NVTE_CAUSAL_BOTTOM_RIGHT_MASK",
+        "NVTE_PADDING_CAUSAL_BOTTOM_RIGHT_MASK",
+        "NVTE_ARBITRARY_MASK",
+    ],
+)
+NVTE_Softmax_Type = _enum(
+    "NVTE_Softmax_Type", ["NVTE_VANILLA_SOFTMAX", "NVTE_OFF_BY_ONE_SOFTMAX", "NVTE_LEARNABLE_SOFTMAX"]
+)
+NVTE_QKV_Format = _enum(
+    "NVTE_QKV_Format",
+    ["NVTE_SBHD", "NVTE_BSHD", "NVTE_THD", "NVTE_SBHD_2BSHD", "NVTE_BSHD_2SBHD", "NVTE_THD_2BSHD", "NVTE_THD_2SBHD"],
+)
+NVTE_QKV_Layout = _enum(
+    "NVTE_QKV_Layout",
+    [
+        "NVTE_SB3HD",
+        "NVTE_SBH3D",
+        "NVTE_SBHD_SB2HD",
+        "NVTE_SBHD_SBH2D",
+        "NVTE_SBHD_SBHD_SBHD",
+        "NVTE_BS3HD",
+        "NVTE_BSH3D",
+        "NVTE_BSHD_BS2HD",
+        "NVTE_BSHD_BSH2D",
+        "NVTE_BSHD_BSHD_BSHD",
+        "NVTE_T3HD",
+        "NVTE_TH3D",
+        "NVTE_THD_T2HD",
+        "NVTE_THD_TH2D",
+        "NVTE_THD_THD_THD",
+        "NVTE_SBHD_BSHD_BSHD",
+        "NVTE_BSHD_SBHD_SBHD",
+        "NVTE_THD_BSHD_BSHD",
+        "NVTE_THD_SBHD_SBHD",
+        "NVTE_Paged_KV_BSHD_BSHD_BSHD",
+        "NVTE_Paged_KV_BSHD_SBHD_SBHD",
+        "NVTE_Paged_KV_SBHD_BSHD_BSHD",
+        "NVTE_Paged_KV_SBHD_SBHD_SBHD",
+        "NVTE_Paged_KV_THD_BSHD_BSHD",
+        "NVTE_Paged_KV_THD_SBHD_SBHD",
+    ],
+)
 NVTERoutingMapFormat = _enum("NVTERoutingMapFormat", ["BYTEMAP", "BITMAP_U8"])
-NVTE_Activation_Type = _enum("NVTE_Activation_Type", ["GELU", "GEGLU", "SILU", "SWIGLU", "RELU", "REGLU",
-                                                      "QGELU", "QGEGLU", "SRELU", "SREGLU"])
+NVTE_Activation_Type = _enum(
+    "NVTE_Activation_Type", ["GELU", "GEGLU", "SILU", "SWIGLU", "RELU", "REGLU", "QGELU", "QGEGLU", "SRELU", "SREGLU"]
+)
 
 
 class FP8TensorMeta:
@@ -193,6 +261,7 @@ class CommOverlapP2P(_Userbuffers):
 
 
 # ---- what TE asks of its library ----
+
 
 def get_cublasLt_version() -> int:
     return 120800
@@ -226,6 +295,7 @@ def get_fused_attn_backend(*args: Any, **kwargs: Any):
 
 # ---- GEMM ----
 
+
 def _plain(t: Any, name: str) -> torch.Tensor:
     if t is None or type(t) in (torch.Tensor, torch.nn.Parameter):
         return t
@@ -250,9 +320,30 @@ def _dgelu(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
 
 
-def generic_gemm(A, transa, B, transb, D, quantizer, out_dtype, bias, bias_type, gelu, gelu_in, grad,
-                 workspace, workspaceSize, accumulate, use_split_accumulator, comm_overlap=None,
-                 comm_type=None, extra_output=None, bulk_overlap=False, alpha=1.0, beta=None):
+def generic_gemm(
+    A,
+    transa,
+    B,
+    transb,
+    D,
+    quantizer,
+    out_dtype,
+    bias,
+    bias_type,
+    gelu,
+    gelu_in,
+    grad,
+    workspace,
+    workspaceSize,
+    accumulate,
+    use_split_accumulator,
+    comm_overlap=None,
+    comm_type=None,
+    extra_output=None,
+    bulk_overlap=False,
+    alpha=1.0,
+    beta=None,
+):
     """cuBLASLt's column-major D = op(A)·op(B) on row-major tensors: D = op(B) @ op(A)^T, i.e.
     (B^T if transb else B) @ (A^T if transa else A), leading dimensions flattened and B's kept."""
     _count("generic_gemm")
@@ -302,9 +393,25 @@ def generic_gemm(A, transa, B, transb, D, quantizer, out_dtype, bias, bias_type,
     return D, bias_grad, gelu_out, extra_output
 
 
-def te_general_grouped_gemm(A, transa, B, transb, D, D_type, m_splits, bias, bias_type, single_output,
-                            pre_gelu_out, grad, workspace, workspaceSize, accumulate,
-                            use_split_accumulator, math_sm_count):
+def te_general_grouped_gemm(
+    A,
+    transa,
+    B,
+    transb,
+    D,
+    D_type,
+    m_splits,
+    bias,
+    bias_type,
+    single_output,
+    pre_gelu_out,
+    grad,
+    workspace,
+    workspaceSize,
+    accumulate,
+    use_split_accumulator,
+    math_sm_count,
+):
     """One GEMM per group (TE's GroupedLinear); a single output is split by ``m_splits``."""
     _count("te_general_grouped_gemm")
     outs = list(torch.split(D[0], m_splits)) if single_output else D
@@ -315,15 +422,31 @@ def te_general_grouped_gemm(A, transa, B, transb, D, D_type, m_splits, bias, bia
             continue
         use_bias = bias is not None and i < len(bias) and bias[i] is not None and bias[i].numel() > 0
         gelu = pre_gelu_out is not None and i < len(pre_gelu_out) and pre_gelu_out[i].numel() > 0
-        _, bgrad, _, _ = generic_gemm(a, transa, b, transb, outs[i], None, D_type, bias[i] if use_bias else None,
-                                      bias_type, gelu, pre_gelu_out[i] if gelu else None, grad, None, 0,
-                                      accumulate, use_split_accumulator)
+        _, bgrad, _, _ = generic_gemm(
+            a,
+            transa,
+            b,
+            transb,
+            outs[i],
+            None,
+            D_type,
+            bias[i] if use_bias else None,
+            bias_type,
+            gelu,
+            pre_gelu_out[i] if gelu else None,
+            grad,
+            None,
+            0,
+            accumulate,
+            use_split_accumulator,
+        )
         if grad and use_bias and bgrad is not None:
             bias[i].copy_(bgrad)
     return bias
 
 
 # ---- normalization ----
+
 
 def _gamma(weight: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
     w = weight.float()
@@ -360,8 +483,7 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
     xhat = (xf - mu.float().reshape(-1, 1)) * r
     dy = dzf * _gamma(gamma, zero_centered_gamma)
     dx = r * (dy - dy.mean(-1, keepdim=True) - xhat * (dy * xhat).mean(-1, keepdim=True))
-    return (dx.to(x.dtype).reshape(x.shape), (dzf * xhat).sum(0).to(gamma.dtype),
-            dzf.sum(0).to(gamma.dtype))
+    return (dx.to(x.dtype).reshape(x.shape), (dzf * xhat).sum(0).to(gamma.dtype), dzf.sum(0).to(gamma.dtype))
 
 
 def rmsnorm_fwd(input, weight, eps, ln_out, quantizer, otype, sm_margin, zero_centered_gamma):
@@ -392,10 +514,12 @@ def rmsnorm_bwd_add(dz, x, add, rsigma, gamma, sm_margin, zero_centered_gamma):
 
 # ---- activations (TE's GELU is the tanh approximation) ----
 
+
 def _glu(act):
     def fwd(x: torch.Tensor) -> torch.Tensor:
         a, b = x.float().chunk(2, dim=-1)
         return act(a) * b
+
     return fwd
 
 
@@ -406,8 +530,15 @@ _ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
     "srelu": lambda x: F.relu(x).pow(2),
 }
-_ACTS.update({"geglu": _glu(_gelu), "reglu": _glu(F.relu), "swiglu": _glu(F.silu),
-              "qgeglu": _glu(_ACTS["qgelu"]), "sreglu": _glu(_ACTS["srelu"])})
+_ACTS.update(
+    {
+        "geglu": _glu(_gelu),
+        "reglu": _glu(F.relu),
+        "swiglu": _glu(F.silu),
+        "qgeglu": _glu(_ACTS["qgelu"]),
+        "sreglu": _glu(_ACTS["srelu"]),
+    }
+)
 
 
 def _activation(name: str):
@@ -461,6 +592,7 @@ def bgrad_quantize(input, quantizer):
 
 # ---- softmax variants (inputs [b, np, sq, sk] or [b*np, sq, sk]; masked logits get -10000) ----
 
+
 def _softmax(x: torch.Tensor, scale, mask=None) -> torch.Tensor:
     s = x.float() * float(scale)
     if mask is not None:
@@ -504,6 +636,7 @@ scaled_upper_triang_masked_softmax_backward = scaled_aligned_causal_masked_softm
 
 # ---- RoPE (sbhd / bshd / thd; non-interleaved rotates halves, interleaved rotates pairs) ----
 
+
 def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
     if interleaved:
         x1, x2 = x[..., 0::2], x[..., 1::2]
@@ -527,13 +660,17 @@ def _rope(t, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_siz
     fmt = NVTE_QKV_Format(int(qkv_format))
     if fmt == NVTE_QKV_Format.NVTE_THD:
         bounds = cu_seqlens.tolist()
-        pieces = [_rope_apply(t[a:b], freqs[: b - a].reshape(b - a, *([1] * (t.dim() - 2)), -1), interleaved)
-                  for a, b in zip(bounds, bounds[1:])]
+        pieces = [
+            _rope_apply(t[a:b], freqs[: b - a].reshape(b - a, *([1] * (t.dim() - 2)), -1), interleaved)
+            for a, b in zip(bounds, bounds[1:])
+        ]
         return torch.cat(pieces) if pieces else t.clone()
     seq = t if fmt == NVTE_QKV_Format.NVTE_SBHD else t.transpose(0, 1)
     if start_positions is not None:
-        rows = [_rope_apply(seq[:, i: i + 1], freqs[int(p): int(p) + seq.shape[0]], interleaved)
-                for i, p in enumerate(start_positions.tolist())]
+        rows = [
+            _rope_apply(seq[:, i : i + 1], freqs[int(p) : int(p) + seq.shape[0]], interleaved)
+            for i, p in enumerate(start_positions.tolist())
+        ]
         out = torch.cat(rows, dim=1)
     else:
         out = _rope_apply(seq, freqs[: seq.shape[0]], interleaved)
@@ -542,8 +679,9 @@ def _rope(t, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_siz
 
 def fused_rope_forward(input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
     _count("fused_rope_forward")
-    return _rope(input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank,
-                 "fused_rope_forward")
+    return _rope(
+        input, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank, "fused_rope_forward"
+    )
 
 
 def fused_rope_backward(output_grads, freqs, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
@@ -557,6 +695,7 @@ def fused_rope_backward(output_grads, freqs, qkv_format, interleaved, cu_seqlens
 
 
 # ---- multi-tensor kernels (TE's FusedAdam / FusedSGD, megatron's grad clipping) ----
+
 
 def _flag_nonfinite(noop_flag: torch.Tensor, tensors) -> None:
     if any(not torch.isfinite(t).all() for t in tensors):
@@ -596,15 +735,16 @@ def multi_tensor_unscale_l2norm(chunk_size, noop_flag, tensor_lists, inv_scale, 
     return multi_tensor_l2norm(chunk_size, noop_flag, scaled, per_tensor)
 
 
-def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step, mode,
-                      bias_correction, weight_decay):
+def multi_tensor_adam(
+    chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, epsilon, step, mode, bias_correction, weight_decay
+):
     """Adam (mode 0: L2 in the gradient) / AdamW (mode 1: decoupled decay), as TE's kernel; a fifth
     list holds fp32 master weights that are updated and copied back to the model's parameters."""
     _count("multi_tensor_adam")
     grads, params, exp_avgs, exp_avg_sqs = tensor_lists[:4]
     masters = tensor_lists[4] if len(tensor_lists) > 4 else None
-    c1 = 1 - beta1 ** step if bias_correction else 1.0
-    c2 = 1 - beta2 ** step if bias_correction else 1.0
+    c1 = 1 - beta1**step if bias_correction else 1.0
+    c2 = 1 - beta2**step if bias_correction else 1.0
     for i, (g, p, m, v) in enumerate(zip(grads, params, exp_avgs, exp_avg_sqs)):
         target = masters[i] if masters is not None else p
         w, gr = target.float(), g.float()
@@ -623,8 +763,19 @@ def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps
             p.copy_(w)
 
 
-def multi_tensor_sgd(chunk_size, noop_flag, tensor_lists, weight_decay, momentum, dampening, lr, nesterov,
-                     first_run, wd_after_momentum, scale):
+def multi_tensor_sgd(
+    chunk_size,
+    noop_flag,
+    tensor_lists,
+    weight_decay,
+    momentum,
+    dampening,
+    lr,
+    nesterov,
+    first_run,
+    wd_after_momentum,
+    scale,
+):
     _count("multi_tensor_sgd")
     grads, params, bufs = tensor_lists[:3]
     for g, p, buf in zip(grads, params, bufs):

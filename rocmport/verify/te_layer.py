@@ -57,8 +57,12 @@ class TELayer:
         return f"TE {self.version}, {self.python_layer}: {NOT_SIMULATED}"
 
     def to_dict(self) -> dict[str, str]:
-        return {"version": self.version, "python_layer": self.python_layer, "source": self.source,
-                "note": NOT_SIMULATED}
+        return {
+            "version": self.version,
+            "python_layer": self.python_layer,
+            "source": self.source,
+            "note": NOT_SIMULATED,
+        }
 
 
 def list_wheels(index: str | None = None) -> list[WheelFile]:
@@ -70,7 +74,7 @@ def list_wheels(index: str | None = None) -> list[WheelFile]:
         if not (name.startswith("transformer_engine-") and name.endswith("-py3-none-any.whl")):
             continue
         try:
-            version = Version(name[len("transformer_engine-"):-len("-py3-none-any.whl")])
+            version = Version(name[len("transformer_engine-") : -len("-py3-none-any.whl")])
         except InvalidVersion:
             continue
         if is_final(version):
@@ -92,8 +96,10 @@ def choose(spec: str, line_range: str | None, wheels: list[WheelFile]) -> WheelF
             raise BadInput(f"the series' transformer_engine versions {line_range!r} is not a version range") from None
         inside = [w for w in wheels if allowed.contains(w.version, prereleases=True)]
         if not inside:
-            raise BadInput(f"--te auto: the package index has no Transformer Engine wheel in this line's range "
-                           f"{line_range or '(any)'}; it has: {have}")
+            raise BadInput(
+                f"--te auto: the package index has no Transformer Engine wheel in this line's range "
+                f"{line_range or '(any)'}; it has: {have}"
+            )
         return inside[-1]
     try:
         want = Version(spec)
@@ -147,8 +153,10 @@ def check_deps() -> None:
 
     missing = sorted({dist for mod, dist in IMPORT_DEPS.items() if importlib.util.find_spec(mod) is None})
     if missing:
-        raise BadInput(f"--te: Transformer Engine's Python layer imports {', '.join(missing)}, which this Python lacks: "
-                       f"`{sys.executable} -m pip install {' '.join(missing)}` (rocmport's [proxy] extra has them)")
+        raise BadInput(
+            f"--te: Transformer Engine's Python layer imports {', '.join(missing)}, which this Python lacks: "
+            f"`{sys.executable} -m pip install {' '.join(missing)}` (rocmport's [proxy] extra has them)"
+        )
 
 
 def unblocked(blocked: tuple[str, ...] | list[str]) -> list[str]:
@@ -162,6 +170,7 @@ def child_env(layer: TELayer) -> dict[str, str]:
 
 
 # ---- in the started processes ----
+
 
 class _PatchCommon(importlib.abc.MetaPathFinder):
     """When ``transformer_engine.common`` is imported, replace its loader of the compiled extension."""

@@ -54,10 +54,21 @@ from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 
 PLUGIN_VERSION = "16"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14: subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for; 16: TE answers for verify --te: current_device 0 to TE frames, device selection a no-op)
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
-RESTARTS_PER_FILE = 6  # hangs a test file may restart its run for; past that its remaining tests are not run (and say so)
+RESTARTS_PER_FILE = (
+    6  # hangs a test file may restart its run for; past that its remaining tests are not run (and say so)
+)
 _RANK = {"error": 3, "failed": 2, "skipped": 1, "passed": 0}
-LABELS = ("port-regression", "unverified", "missing-dependency", "not-run", "upstream-known", "proxy-artifact", "needs-nvidia-only",
-          "flaky", "known-failure")
+LABELS = (
+    "port-regression",
+    "unverified",
+    "missing-dependency",
+    "not-run",
+    "upstream-known",
+    "proxy-artifact",
+    "needs-nvidia-only",
+    "flaky",
+    "known-failure",
+)
 # `not-run`: a selected test file some or all of whose tests have no outcome (FileRun): never counted as run.
 BLOCKING = ("port-regression", "unverified", "missing-dependency", "not-run")
 Progress = Callable[[str], None]
@@ -65,30 +76,61 @@ Progress = Callable[[str], None]
 
 def pytest_command(tests: list[str], nproc: int, launcher: Launcher = Launcher()) -> list[str]:
     """Upstream CI's invocation (`torchrun --nproc_per_node N -m pytest`, one node), plus rocmport's plugin."""
-    return launcher.command(nproc, ["-m", "pytest", "-p", "rocmport.verify.pytest_plugin", "-p", "no:cacheprovider",
-                                    "--continue-on-collection-errors", "-q", "-o", "addopts=", *tests], "unit-tests", single_node=True)
+    return launcher.command(
+        nproc,
+        [
+            "-m",
+            "pytest",
+            "-p",
+            "rocmport.verify.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "--continue-on-collection-errors",
+            "-q",
+            "-o",
+            "addopts=",
+            *tests,
+        ],
+        "unit-tests",
+        single_node=True,
+    )
 
 
 def _file(nodeid: str) -> str:
     return nodeid.split("::")[0]
 
 
-def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: int, launcher: Launcher, timeout: float,
-             on_file: Callable[[str, dict], None] | None = None):
+def _attempt(
+    tree: Path,
+    tests: list[str],
+    done: list[str],
+    env: dict,
+    nproc: int,
+    launcher: Launcher,
+    timeout: float,
+    on_file: Callable[[str, dict], None] | None = None,
+):
     """One torchrun of pytest, without the tests in ``done`` (ids, or `file::` for every test of a
     file); each rank's record, whether it was stopped, torchrun's crash line, and what pytest
     collected (the first rank's collected<RANK>.json; {} when none got that far). ``on_file`` is
     called (each second, maybe again) with each test file rank 0 has moved past, and rank 0's
     outcomes so far; the file rank 0 is in when the run ends is not (it may go on after a restart)."""
     cmd = pytest_command(tests, nproc, launcher)
-    cmd = cmd[:-len(tests)] + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
+    cmd = cmd[: -len(tests)] + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
     with tempfile.TemporaryDirectory(prefix="rocmport-unit-") as out:
         log = Path(out) / "torchrun.log"
         rank0 = Path(out) / "rank0.json"
         current = None
         with open(log, "w") as fh:  # a file, not a pipe: an orphaned worker cannot block the read
-            proc = subprocess.Popen(cmd, cwd=tree, text=True, start_new_session=True, env={**env, "ROCMPORT_UNIT_OUT": out},
-                                    stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=tree,
+                text=True,
+                start_new_session=True,
+                env={**env, "ROCMPORT_UNIT_OUT": out},
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
             deadline = time.monotonic() + timeout
             stopped = False
             while proc.poll() is None:
@@ -109,7 +151,9 @@ def _attempt(tree: Path, tests: list[str], done: list[str], env: dict, nproc: in
                     now = _file(running[0]) if running else None
                     current = now or current
                     outcomes = record.get("outcomes", {})
-                    for f in dict.fromkeys(_file(k) for k in outcomes):  # each file rank 0 has left (a fast one between two polls too)
+                    for f in dict.fromkeys(
+                        _file(k) for k in outcomes
+                    ):  # each file rank 0 has left (a fast one between two polls too)
                         if f != current:
                             on_file(f, outcomes)
         ranks = [r for r in (_read(p) for p in sorted(Path(out).glob("rank*.json"))) if r]
@@ -127,10 +171,12 @@ def _crash_line(log: str) -> str:
     """Why pytest under torchrun recorded nothing, from its log: pytest's own error (a conftest
     that does not import: "ImportError while loading conftest ...", then its "E   ..." line),
     else the log's last line (torchrun's summary)."""
-    lines = [ln.split("]:", 1)[1].strip() if ln.startswith("[rank") and "]:" in ln else ln.strip() for ln in log.splitlines()]
+    lines = [
+        ln.split("]:", 1)[1].strip() if ln.startswith("[rank") and "]:" in ln else ln.strip() for ln in log.splitlines()
+    ]
     for i, line in enumerate(lines):
         if line.startswith(("ImportError while loading conftest", "ERROR: ")):
-            detail = next((ln for ln in lines[i + 1:i + 12] if ln.startswith("E ")), "")
+            detail = next((ln for ln in lines[i + 1 : i + 12] if ln.startswith("E ")), "")
             return f"{line} {detail}".strip()[:400]
     return next((ln for ln in reversed(lines) if ln), "")[:300]
 
@@ -164,7 +210,7 @@ def _chunks(tests: list[str]) -> list[list[str]]:
     for t in tests:
         groups.setdefault(_file(t), []).append(t)
     files = list(groups)
-    return [[t for f in files[i:i + FILES_PER_RUN] for t in groups[f]] for i in range(0, len(files), FILES_PER_RUN)]
+    return [[t for f in files[i : i + FILES_PER_RUN] for t in groups[f]] for i in range(0, len(files), FILES_PER_RUN)]
 
 
 @dataclass(frozen=True)
@@ -204,10 +250,16 @@ def _first_hang(ranks: list[dict], stopped: bool, seconds: str) -> Hang | None:
     candidates = [(position, waited_in, "")]
     for r in ranks:
         own = {h[0] for h in r.get("hung", [])}
-        candidates += [(pos, nodeid, f"hung: no result after {seconds} s on rank {r.get('rank', '?')} (it was still in this test when "
-                                     f"a peer's watchdog fired in a later one, {waited_in.split('::')[-1]}, waiting for it)")
-                       for nodeid, (pos, start, end) in r.get("spans", {}).items()
-                       if start < cut and (end is None or end >= cut) and pos < position and nodeid not in own]
+        candidates += [
+            (
+                pos,
+                nodeid,
+                f"hung: no result after {seconds} s on rank {r.get('rank', '?')} (it was still in this test when "
+                f"a peer's watchdog fired in a later one, {waited_in.split('::')[-1]}, waiting for it)",
+            )
+            for nodeid, (pos, start, end) in r.get("spans", {}).items()
+            if start < cut and (end is None or end >= cut) and pos < position and nodeid not in own
+        ]
     _, nodeid, detail = min(candidates)
     return Hang(nodeid, detail, cut)
 
@@ -229,11 +281,28 @@ class FileRun:
     not_run: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "counts": self.counts, "hangs": self.hangs, "reason": self.reason, "not_run": list(self.not_run)}
+        return {
+            "status": self.status,
+            "counts": self.counts,
+            "hangs": self.hangs,
+            "reason": self.reason,
+            "not_run": list(self.not_run),
+        }
 
 
-def _account(f: str, explicit: bool, merged: dict[str, str], details: dict[str, str], collected: set[str], modules: dict[str, str],
-             deselected: dict[str, str], hangs: int, exhausted: bool, restarts: int, why_stopped: str) -> FileRun:
+def _account(
+    f: str,
+    explicit: bool,
+    merged: dict[str, str],
+    details: dict[str, str],
+    collected: set[str],
+    modules: dict[str, str],
+    deselected: dict[str, str],
+    hangs: int,
+    exhausted: bool,
+    restarts: int,
+    why_stopped: str,
+) -> FileRun:
     """The FileRun of test file ``f`` after its group's last attempt (see run_tests). ``explicit``:
     named on the command line (pytest always collects such a file), not found in a directory."""
     mine = {k: v for k, v in merged.items() if _file(k) == f}
@@ -242,17 +311,36 @@ def _account(f: str, explicit: bool, merged: dict[str, str], details: dict[str, 
         return FileRun("collection-error", counts, hangs, f"its module does not import: {details.get(f, '')}"[:300])
     left = tuple(sorted(i for i in collected if _file(i) == f and i not in mine and i not in deselected))
     if not left and (mine or f in modules):
-        none = "" if mine else ("skipped at module level" if modules.get(f) == "skipped"
-                                else "all its tests deselected as upstream's CI does" if any(_file(d) == f for d in deselected)
-                                else "pytest collected no tests from it")
+        none = (
+            ""
+            if mine
+            else (
+                "skipped at module level"
+                if modules.get(f) == "skipped"
+                else "all its tests deselected as upstream's CI does"
+                if any(_file(d) == f for d in deselected)
+                else "pytest collected no tests from it"
+            )
+        )
         return FileRun("ran", counts, hangs, none)
     # a conftest.py above it that does not import: pytest records the error on its directory
-    above = next((k for k, v in merged.items() if v == "error" and k != f and f.startswith(k.removesuffix("conftest.py").rstrip("/") + "/")), None)
+    above = next(
+        (
+            k
+            for k, v in merged.items()
+            if v == "error" and k != f and f.startswith(k.removesuffix("conftest.py").rstrip("/") + "/")
+        ),
+        None,
+    )
     if not left and why_stopped == "" and not explicit and modules and not above:
-        return FileRun("not-collected", counts, hangs, "pytest did not collect it (upstream's pytest configuration leaves it out)")
+        return FileRun(
+            "not-collected", counts, hangs, "pytest did not collect it (upstream's pytest configuration leaves it out)"
+        )
     if exhausted:
-        why = (f"its restart budget ran out: {hangs} hangs in this file, {restarts} restart{'s' if restarts != 1 else ''} "
-               f"per file")
+        why = (
+            f"its restart budget ran out: {hangs} hangs in this file, {restarts} restart{'s' if restarts != 1 else ''} "
+            f"per file"
+        )
     elif why_stopped:
         why = why_stopped
     elif above:
@@ -261,13 +349,26 @@ def _account(f: str, explicit: bool, merged: dict[str, str], details: dict[str, 
         why = "pytest never collected it"
     else:
         why = "the run ended before they had an outcome"
-    what = (f"{len(left)} of its {len(left) + len(mine)} tests did not run" if left and mine
-            else f"none of its {len(left)} tests ran" if left else "it did not run")
+    what = (
+        f"{len(left)} of its {len(left) + len(mine)} tests did not run"
+        if left and mine
+        else f"none of its {len(left)} tests ran"
+        if left
+        else "it did not run"
+    )
     return FileRun("not-run", counts, hangs, f"{what}: {why}", left)
 
 
-def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Launcher = Launcher(), timeout: float = 1500,
-              restarts: int = RESTARTS_PER_FILE, progress: Progress | None = None) -> dict:
+def run_tests(
+    tree: Path,
+    tests: list[str],
+    env: dict,
+    nproc: int,
+    launcher: Launcher = Launcher(),
+    timeout: float = 1500,
+    restarts: int = RESTARTS_PER_FILE,
+    progress: Progress | None = None,
+) -> dict:
     """Outcomes per test id, merged over ranks (a failure on any rank is a failure). A test that
     hangs (the plugin's watchdog) is a failure and the run starts again without the tests that have
     an outcome; a run stopped at ``timeout`` keeps what the ranks recorded. At most FILES_PER_RUN
@@ -302,8 +403,11 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
         if progress and f not in reported:
             reported.add(f)
             tally = Counter(v for k, v in rank0.items() if _file(k) == f)
-            progress(f"[{len(reported)}/{files_total}] {f}: " + (", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or "no outcome")
-                     + f" ({whose}), {elapsed(time.monotonic() - start)} elapsed")
+            progress(
+                f"[{len(reported)}/{files_total}] {f}: "
+                + (", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or "no outcome")
+                + f" ({whose}), {elapsed(time.monotonic() - start)} elapsed"
+            )
 
     for chunk in _chunks(tests):
         chunk_start = time.monotonic()
@@ -319,8 +423,16 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
             attempts += 1
             left = max(1.0, timeout - (time.monotonic() - chunk_start))
             done = [k for k in merged if "::" in k and any(suite.matches(k, c) for c in chunk)]
-            ranks, stopped, crash, seen = _attempt(tree, chunk, done + [f"{f}::" for f in sorted(exhausted)], env, nproc,
-                                                   launcher, left, file_done if progress else None)
+            ranks, stopped, crash, seen = _attempt(
+                tree,
+                chunk,
+                done + [f"{f}::" for f in sorted(exhausted)],
+                env,
+                nproc,
+                launcher,
+                left,
+                file_done if progress else None,
+            )
             collected.update(seen.get("items", []))
             modules.update(seen.get("modules", {}))
             ran = max(ran, len(ranks))
@@ -329,8 +441,12 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                 why_stopped = f"the proxy shim stopped the run: {unsupported}"
                 break
             if not ranks:
-                why_stopped = (f"the run was stopped at its time limit ({timeout:g} s for up to {FILES_PER_RUN} test files) "
-                               "before any test started" if stopped else f"pytest under torchrun recorded nothing: {crash}")
+                why_stopped = (
+                    f"the run was stopped at its time limit ({timeout:g} s for up to {FILES_PER_RUN} test files) "
+                    "before any test started"
+                    if stopped
+                    else f"pytest under torchrun recorded nothing: {crash}"
+                )
                 break
             swaps = swaps or (ranks[0].get("swaps", []) if ranks else [])
             guards = guards or (ranks[0].get("guards", []) if ranks else [])
@@ -344,7 +460,9 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
                 peak["threads"] = max(peak["threads"], p.get("threads", 0))
                 peak["rss_mb"] = max(peak["rss_mb"], p.get("rss_mb", 0.0))
                 peak["released_groups"] += p.get("released_groups", 0)
-            peak["rss_mb_all_ranks"] = max(peak["rss_mb_all_ranks"], round(sum((r.get("peak") or {}).get("rss_mb", 0.0) for r in ranks), 1))
+            peak["rss_mb_all_ranks"] = max(
+                peak["rss_mb_all_ranks"], round(sum((r.get("peak") or {}).get("rss_mb", 0.0) for r in ranks), 1)
+            )
             hang = _first_hang(ranks, stopped, env["ROCMPORT_UNIT_TEST_TIMEOUT"])
             if hang:
                 hung.append(hang.nodeid)
@@ -366,7 +484,9 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
             if hang and hang.detail:  # the stuck rank did not record it: its outcome, as its own watchdog would have
                 merged[hang.nodeid], kinds[hang.nodeid], details[hang.nodeid] = "failed", "hang", hang.detail
             if stopped:
-                why_stopped = f"the run was stopped at its time limit ({timeout:g} s for up to {FILES_PER_RUN} test files)"
+                why_stopped = (
+                    f"the run was stopped at its time limit ({timeout:g} s for up to {FILES_PER_RUN} test files)"
+                )
                 break
             if not hang:
                 break
@@ -374,28 +494,66 @@ def run_tests(tree: Path, tests: list[str], env: dict, nproc: int, launcher: Lau
             if file_hangs[_file(hang.nodeid)] > restarts:
                 exhausted.add(_file(hang.nodeid))
             if progress:  # minutes may pass before the next file's line: say what the restart is for
-                progress(f"hung: {hang.nodeid}; " + (f"{_file(hang.nodeid)} used its {restarts} restarts: its other tests are not run; "
-                                                     if _file(hang.nodeid) in exhausted else "")
-                         + f"restarting without the tests that have an outcome, {elapsed(time.monotonic() - start)} elapsed")
-            if collected and not any(i not in merged and i not in deselected and _file(i) not in exhausted for i in collected):
+                progress(
+                    f"hung: {hang.nodeid}; "
+                    + (
+                        f"{_file(hang.nodeid)} used its {restarts} restarts: its other tests are not run; "
+                        if _file(hang.nodeid) in exhausted
+                        else ""
+                    )
+                    + f"restarting without the tests that have an outcome, {elapsed(time.monotonic() - start)} elapsed"
+                )
+            if collected and not any(
+                i not in merged and i not in deselected and _file(i) not in exhausted for i in collected
+            ):
                 break  # nothing left to run: no restart
         for f in chunk_files:
-            files[f] = _account(f, f in explicit, merged, details, collected, modules, deselected, file_hangs[f], f in exhausted,
-                                restarts, why_stopped)
+            files[f] = _account(
+                f,
+                f in explicit,
+                merged,
+                details,
+                collected,
+                modules,
+                deselected,
+                file_hangs[f],
+                f in exhausted,
+                restarts,
+                why_stopped,
+            )
             if progress and files[f].status == "not-run":
                 progress(f"not run: {f}: {files[f].reason}")
             elif files[f].status != "not-collected":
                 file_done(f, merged, "all ranks")  # the files rank 0 was still in when its last run ended
-    return {"outcomes": merged, "details": details, "kinds": kinds, "missing": missing, "ranks": ran, "timed_out": stopped,
-            "hung": hung, "restarts": attempts - len(_chunks(tests)), "swaps": swaps, "unsupported": unsupported, "guards": guards, "local_spec": sorted(local_spec),
-            "deselected": dict(sorted(deselected.items())), "peak": peak, "seconds": round(time.monotonic() - start, 1), "crash": "" if ran else crash,
-            "files": {f: a.to_dict() for f, a in files.items()}, "restarts_per_file": restarts,
-            # tests with no result after the timeout whose ranks were still computing: slow, not hung (pytest_plugin._watchdog)
-            "slow": dict(sorted(slow.items())), "watchdog_seconds": float(env["ROCMPORT_UNIT_TEST_TIMEOUT"]), "machine": (m.to_dict() if (m := share.read()) else None)}
+    return {
+        "outcomes": merged,
+        "details": details,
+        "kinds": kinds,
+        "missing": missing,
+        "ranks": ran,
+        "timed_out": stopped,
+        "hung": hung,
+        "restarts": attempts - len(_chunks(tests)),
+        "swaps": swaps,
+        "unsupported": unsupported,
+        "guards": guards,
+        "local_spec": sorted(local_spec),
+        "deselected": dict(sorted(deselected.items())),
+        "peak": peak,
+        "seconds": round(time.monotonic() - start, 1),
+        "crash": "" if ran else crash,
+        "files": {f: a.to_dict() for f, a in files.items()},
+        "restarts_per_file": restarts,
+        # tests with no result after the timeout whose ranks were still computing: slow, not hung (pytest_plugin._watchdog)
+        "slow": dict(sorted(slow.items())),
+        "watchdog_seconds": float(env["ROCMPORT_UNIT_TEST_TIMEOUT"]),
+        "machine": (m.to_dict() if (m := share.read()) else None),
+    }
 
 
-def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher,
-                progress: Progress | None = None) -> dict[str, str]:
+def rerun_alone(
+    tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher, progress: Progress | None = None
+) -> dict[str, str]:
     """Each test id run again on its own (a fresh torchrun): its outcome then. ``progress`` gets a line per test."""
     out = {}
     start = time.monotonic()
@@ -403,12 +561,17 @@ def rerun_alone(tree: Path, nodeids: list[str], env: dict, nproc: int, launcher:
         res = run_tests(tree, [nodeid], env, nproc, launcher, timeout=600, restarts=0)
         out[nodeid] = "hung" if nodeid in res["hung"] else res["outcomes"].get(nodeid, "not run")
         if progress:
-            progress(f"rerun alone [{i}/{len(nodeids)}] {nodeid}: {out[nodeid]}, {elapsed(time.monotonic() - start)} elapsed")
+            progress(
+                f"rerun alone [{i}/{len(nodeids)}] {nodeid}: {out[nodeid]}, {elapsed(time.monotonic() - start)} elapsed"
+            )
     return out
 
 
 def _swap_tree(env: dict, old: Path, new: Path) -> dict:
-    return {**env, "PYTHONPATH": os.pathsep.join(str(new) if p == str(old) else p for p in env["PYTHONPATH"].split(os.pathsep))}
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join(str(new) if p == str(old) else p for p in env["PYTHONPATH"].split(os.pathsep)),
+    }
 
 
 def overlay_files(tree: Path, base: str) -> list[str]:
@@ -419,18 +582,39 @@ def overlay_files(tree: Path, base: str) -> list[str]:
     return sorted({f for f in changed if (tree / f).is_file()} | set(helpers))
 
 
-def baseline(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cache_dir: Path,
-             launcher: Launcher = Launcher(), progress: Progress | None = None) -> tuple[dict, bool]:
+def baseline(
+    tree: Path,
+    base: str,
+    tests: list[str],
+    env: dict,
+    nproc: int,
+    cache_dir: Path,
+    launcher: Launcher = Launcher(),
+    progress: Progress | None = None,
+) -> tuple[dict, bool]:
     """The same tests on the unported tree at ``base`` under the port's conditions (see the module
     docstring), from the cache when it has them. Its hung tests are rerun alone too."""
     import torch
 
     overlay = overlay_files(tree, base)
     digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
-    key = hashlib.sha256(json.dumps([base, sorted(tests), nproc, PLUGIN_VERSION, torch.__version__, platform.python_version(),
-                                     env.get("ROCMPORT_PROXY", ""), env.get("ROCMPORT_HIP_SIM", ""), digest]
-                                    # TE's Python layer (verify --te): a baseline run with another TE, or none, is not reused
-                                    + ([env["ROCMPORT_TE"]] if env.get("ROCMPORT_TE") else [])).encode()).hexdigest()[:20]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                base,
+                sorted(tests),
+                nproc,
+                PLUGIN_VERSION,
+                torch.__version__,
+                platform.python_version(),
+                env.get("ROCMPORT_PROXY", ""),
+                env.get("ROCMPORT_HIP_SIM", ""),
+                digest,
+            ]
+            # TE's Python layer (verify --te): a baseline run with another TE, or none, is not reused
+            + ([env["ROCMPORT_TE"]] if env.get("ROCMPORT_TE") else [])
+        ).encode()
+    ).hexdigest()[:20]
     cached = cache_dir / "unit-baselines" / f"{base[:12]}-{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text()), True
@@ -498,7 +682,9 @@ def _exhausted(nodeid: str, res: dict) -> str | None:
     return exhausted(res.get("details", {}).get(nodeid, ""))
 
 
-def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+def label(
+    port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...] = ()
+) -> tuple[dict[str, str], dict[str, str]]:
     """Each failing test of the port: its label (see the module docstring) and why."""
     labels, why = {}, {}
     alone = port.get("alone", {})
@@ -524,35 +710,72 @@ def label(port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...
             elif again == "hung" and b in ("passed", "skipped"):
                 lab, text = "port-regression", "hangs on the port (alone too); passes on the unported tree"
             else:
-                alone_words = {"failed": "failed when rerun alone", "error": "errored when rerun alone", "hung": "hung again when rerun alone",
-                               "skipped": "was skipped when rerun alone"}.get(again or "", "was not rerun alone")
-                base_words = ("the unported tree has no outcome for it" if not b
-                              else "the unported tree hung in it too" if nodeid in base.get("hung", [])
-                              else f"the unported tree {b} it without hanging" if b in ("failed", "passed", "skipped")
-                              else f"on the unported tree: {b}")
+                alone_words = {
+                    "failed": "failed when rerun alone",
+                    "error": "errored when rerun alone",
+                    "hung": "hung again when rerun alone",
+                    "skipped": "was skipped when rerun alone",
+                }.get(again or "", "was not rerun alone")
+                base_words = (
+                    "the unported tree has no outcome for it"
+                    if not b
+                    else "the unported tree hung in it too"
+                    if nodeid in base.get("hung", [])
+                    else f"the unported tree {b} it without hanging"
+                    if b in ("failed", "passed", "skipped")
+                    else f"on the unported tree: {b}"
+                )
                 lab, text = "unverified", f"it hung in the suite and {alone_words}; {base_words}"
         elif b in ("passed", "skipped"):
             lab, text = "port-regression", f"{b} on the unported tree"
         elif b in ("failed", "error"):
             same = port.get("kinds", {}).get(nodeid) == base.get("kinds", {}).get(nodeid)
             if not same:
-                lab, text = "unverified", (f"fails differently on the unported tree ({base.get('kinds', {}).get(nodeid) or '?'} "
-                                           f"there, {port.get('kinds', {}).get(nodeid) or '?'} here)")
+                lab, text = (
+                    "unverified",
+                    (
+                        f"fails differently on the unported tree ({base.get('kinds', {}).get(nodeid) or '?'} "
+                        f"there, {port.get('kinds', {}).get(nodeid) or '?'} here)"
+                    ),
+                )
             elif exhausted := _exhausted(nodeid, port):
-                lab, text = "proxy-artifact", (f"fails the same way on the unported tree: this machine ran out of a resource "
-                                               f"({exhausted}), here under the CPU proxy's load (gloo groups' threads on 8 ranks)")
+                lab, text = (
+                    "proxy-artifact",
+                    (
+                        f"fails the same way on the unported tree: this machine ran out of a resource "
+                        f"({exhausted}), here under the CPU proxy's load (gloo groups' threads on 8 ranks)"
+                    ),
+                )
             elif nodeid in local:
-                lab, text = "proxy-artifact", "fails the same way on the unported tree, running with the local spec in place of TE's"
+                lab, text = (
+                    "proxy-artifact",
+                    "fails the same way on the unported tree, running with the local spec in place of TE's",
+                )
             elif needs := _names_blocked(nodeid, port, blocked):
-                lab, text = "needs-nvidia-only", f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here"
+                lab, text = (
+                    "needs-nvidia-only",
+                    f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here",
+                )
             else:
                 lab, text = "upstream-known", "fails the same way on the unported tree"
         elif b_module == "error" and _file(nodeid) != nodeid:
-            lab, text = "unverified", f"its module does not import on the unported tree: {base.get('details', {}).get(_file(nodeid), '')[:200]}"
+            lab, text = (
+                "unverified",
+                f"its module does not import on the unported tree: {base.get('details', {}).get(_file(nodeid), '')[:200]}",
+            )
         else:
             base_file = base.get("files", {}).get(_file(nodeid), {})
-            lab, text = "unverified", ("the unported tree has no outcome for it" + (f" (it did not run there: {base_file['reason']})"
-                                                                                   if base_file.get("status") == "not-run" else ""))
+            lab, text = (
+                "unverified",
+                (
+                    "the unported tree has no outcome for it"
+                    + (
+                        f" (it did not run there: {base_file['reason']})"
+                        if base_file.get("status") == "not-run"
+                        else ""
+                    )
+                ),
+            )
         if nodeid in port.get("hung", []) and (port.get("machine") or {}).get("overloaded"):
             text += f" (on an overloaded machine: {_share_phrase(port['machine'])})"  # the verdict may be the machine's
         labels[nodeid], why[nodeid] = lab, text
@@ -575,38 +798,74 @@ def _on_baseline(nodeid: str, base: dict) -> str:
     if account.get("status") == "not-run":
         return f"not run: {account['reason']}"
     if "::" not in nodeid and account.get("status") == "ran":  # a file (not-run here): what its tests did there
-        return "ran: " + (", ".join(f"{n} {k}" for k, n in account.get("counts", {}).items()) or account.get("reason", "no tests"))
+        return "ran: " + (
+            ", ".join(f"{n} {k}" for k, n in account.get("counts", {}).items()) or account.get("reason", "no tests")
+        )
     return "not run"
 
 
-def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known: dict[str, str], cache_dir: Path,
-                     base: str | None, launcher: Launcher = Launcher(), blocked: tuple[str, ...] = (),
-                     progress: Progress | None = None, reasons: dict[str, str] | None = None,
-                     known_skipped: dict[str, str] | None = None, restarts: int = RESTARTS_PER_FILE) -> StageResult:
+def stage_unit_tests(
+    tree: Path,
+    env: dict,
+    tests: list[str],
+    nproc: int,
+    known: dict[str, str],
+    cache_dir: Path,
+    base: str | None,
+    launcher: Launcher = Launcher(),
+    blocked: tuple[str, ...] = (),
+    progress: Progress | None = None,
+    reasons: dict[str, str] | None = None,
+    known_skipped: dict[str, str] | None = None,
+    restarts: int = RESTARTS_PER_FILE,
+) -> StageResult:
     start = time.monotonic()
     if not launcher.runs_stage(single_node=True):
-        return StageResult("unit-tests", SKIPPED, "upstream's unit tests run on one node, like upstream CI: node 0 runs them")
+        return StageResult(
+            "unit-tests", SKIPPED, "upstream's unit tests run on one node, like upstream CI: node 0 runs them"
+        )
     if not (tree / "tests" / "unit_tests").is_dir():
-        return StageResult("unit-tests", SKIPPED, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)")
+        return StageResult(
+            "unit-tests", SKIPPED, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)"
+        )
     absent = [t for t in tests if not (tree / _file(t)).exists()]
     if absent:
-        return StageResult("unit-tests", FAIL, f"not in the tree: {', '.join(absent)}; fix --unit-test or the series' verify.unit_tests")
+        return StageResult(
+            "unit-tests",
+            FAIL,
+            f"not in the tree: {', '.join(absent)}; fix --unit-test or the series' verify.unit_tests",
+        )
     files = suite.test_files(tree, tests)
     need = suite.missing_dependencies(tree, files, blocked)
     if need:
-        return StageResult("unit-tests", FAIL, f"the selected test files need {', '.join(sorted(need))}, which this Python lacks: "
-                                               f"`{suite.pip_command(need)}`", time.monotonic() - start,
-                           {"tests": tests, "missing_dependencies": need})
+        return StageResult(
+            "unit-tests",
+            FAIL,
+            f"the selected test files need {', '.join(sorted(need))}, which this Python lacks: "
+            f"`{suite.pip_command(need)}`",
+            time.monotonic() - start,
+            {"tests": tests, "missing_dependencies": need},
+        )
     say = (lambda line: progress(f"port {line}")) if progress else None
     port = run_tests(tree, tests, env, nproc, launcher, restarts=restarts, progress=say)
     if port["unsupported"]:
-        return StageResult("unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port['unsupported']}", time.monotonic() - start)
+        return StageResult(
+            "unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port['unsupported']}", time.monotonic() - start
+        )
     if not port["ranks"]:
-        return StageResult("unit-tests", FAIL, f"pytest under torchrun produced no results (none of the {len(port['files'])} selected "
-                                               f"files ran): {port['crash']}", time.monotonic() - start, {"tests": tests, "files": port["files"]})
+        return StageResult(
+            "unit-tests",
+            FAIL,
+            f"pytest under torchrun produced no results (none of the {len(port['files'])} selected "
+            f"files ran): {port['crash']}",
+            time.monotonic() - start,
+            {"tests": tests, "files": port["files"]},
+        )
     port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher, say)
     bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
-    base_result, cached = (baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False))
+    base_result, cached = (
+        baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False)
+    )
     labels, why = label(port, base_result, known, blocked)
     machine = port.get("machine") or {}
     # A file with tests that have no outcome is never counted as run: it is listed, with why, and fails the stage.
@@ -615,39 +874,75 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
         labels[f], why[f] = "not-run", a["reason"]
     counts = _counts(port["outcomes"])
     by_label = _counts(labels, LABELS)
-    details = {"tests": tests, "why": {t: (reasons or {}).get(t, "") for t in tests}, "nproc": nproc, "counts": counts,
-               "outcomes": dict(sorted(port["outcomes"].items())), "labels": labels, "label_reasons": why,
-               "failures": {k: port["details"].get(k, "") for k in labels},
-               # every selected test file: ran (with counts), collection-error, not-collected, or not-run with why (FileRun)
-               "files": port["files"], "restarts_per_file": port["restarts_per_file"],
-               # what the unported tree did with each labelled test: its outcome, or why its module did not import
-               "on_baseline": {k: _on_baseline(k, base_result) for k in labels},
-               "swaps": port["swaps"], "hung": port["hung"], "rerun_alone": port["alone"],
-               # a failure here may be the local spec's, not the port's: upstream wrote the test for TE
-               "local_spec_instead_of_te": port["local_spec"], "restarts": port["restarts"], "peak": port["peak"],
-               # not run, on either tree, because upstream's CI does not run them (see pytest_plugin)
-               "deselected": {k: f"marked {m}: upstream's CI deselects it (tests/unit_tests/run_ci_test.sh, dev environment)"
-                              for k, m in port["deselected"].items()},
-               "baseline": {"commit": base, "cached": cached, "counts": _counts(base_result["outcomes"]),
-                            "guards": base_result.get("guards", []), "overlay": base_result.get("overlay", []),
-                            "peak": base_result.get("peak", {})},
-               "known_failures": known, "known_failures_not_applied": known_skipped or {},
-               "port_seconds": port["seconds"], "baseline_seconds": base_result.get("seconds") if not cached else 0.0,
-               "slow": port["slow"], "machine": port["machine"]}
-    summary = (f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
-               + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
-               + f") in {_files_phrase(port['files'])} on {nproc} ranks; "
-               + ("not run: " + "; ".join(f"{f} ({a['reason']})" for f, a in not_run.items()) + "; " if not_run else "")
-               + f"restart budget {port['restarts_per_file']} per test file ({port['restarts']} used); "
-               + (f"{len(port['deselected'])} deselected as upstream's CI does ({', '.join(sorted(set(port['deselected'].values())))}); "
-                  if port["deselected"] else "")
-               + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
-               f"peak {port['peak']['threads']} threads, {port['peak']['rss_mb']:.0f} MB per rank"
-               + (f"; {len(port['slow'])} slow test(s) given more time, their ranks still computing after the "
-                  f"{port['watchdog_seconds']:g} s timeout" if port["slow"] else "")
-               + (f"; this machine was overloaded: {_share_phrase(machine)}: hang and time-limit verdicts may be the machine's"
-                  if machine.get("overloaded") else ""))
-    lacking = {str(_missing_ordinary(k, port, blocked)).split(".")[0] for k, v in labels.items() if v == "missing-dependency"}
+    details = {
+        "tests": tests,
+        "why": {t: (reasons or {}).get(t, "") for t in tests},
+        "nproc": nproc,
+        "counts": counts,
+        "outcomes": dict(sorted(port["outcomes"].items())),
+        "labels": labels,
+        "label_reasons": why,
+        "failures": {k: port["details"].get(k, "") for k in labels},
+        # every selected test file: ran (with counts), collection-error, not-collected, or not-run with why (FileRun)
+        "files": port["files"],
+        "restarts_per_file": port["restarts_per_file"],
+        # what the unported tree did with each labelled test: its outcome, or why its module did not import
+        "on_baseline": {k: _on_baseline(k, base_result) for k in labels},
+        "swaps": port["swaps"],
+        "hung": port["hung"],
+        "rerun_alone": port["alone"],
+        # a failure here may be the local spec's, not the port's: upstream wrote the test for TE
+        "local_spec_instead_of_te": port["local_spec"],
+        "restarts": port["restarts"],
+        "peak": port["peak"],
+        # not run, on either tree, because upstream's CI does not run them (see pytest_plugin)
+        "deselected": {
+            k: f"marked {m}: upstream's CI deselects it (tests/unit_tests/run_ci_test.sh, dev environment)"
+            for k, m in port["deselected"].items()
+        },
+        "baseline": {
+            "commit": base,
+            "cached": cached,
+            "counts": _counts(base_result["outcomes"]),
+            "guards": base_result.get("guards", []),
+            "overlay": base_result.get("overlay", []),
+            "peak": base_result.get("peak", {}),
+        },
+        "known_failures": known,
+        "known_failures_not_applied": known_skipped or {},
+        "port_seconds": port["seconds"],
+        "baseline_seconds": base_result.get("seconds") if not cached else 0.0,
+        "slow": port["slow"],
+        "machine": port["machine"],
+    }
+    summary = (
+        f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
+        + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
+        + f") in {_files_phrase(port['files'])} on {nproc} ranks; "
+        + ("not run: " + "; ".join(f"{f} ({a['reason']})" for f, a in not_run.items()) + "; " if not_run else "")
+        + f"restart budget {port['restarts_per_file']} per test file ({port['restarts']} used); "
+        + (
+            f"{len(port['deselected'])} deselected as upstream's CI does ({', '.join(sorted(set(port['deselected'].values())))}); "
+            if port["deselected"]
+            else ""
+        )
+        + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
+        f"peak {port['peak']['threads']} threads, {port['peak']['rss_mb']:.0f} MB per rank"
+        + (
+            f"; {len(port['slow'])} slow test(s) given more time, their ranks still computing after the "
+            f"{port['watchdog_seconds']:g} s timeout"
+            if port["slow"]
+            else ""
+        )
+        + (
+            f"; this machine was overloaded: {_share_phrase(machine)}: hang and time-limit verdicts may be the machine's"
+            if machine.get("overloaded")
+            else ""
+        )
+    )
+    lacking = {
+        str(_missing_ordinary(k, port, blocked)).split(".")[0] for k, v in labels.items() if v == "missing-dependency"
+    }
     if lacking:
         cmd = suite.pip_command({m: suite.PIP_NAMES.get(m, m.replace("_", "-")) for m in lacking})
         summary += f"; missing dependencies: `{cmd}`"
@@ -656,12 +951,14 @@ def stage_unit_tests(tree: Path, env: dict, tests: list[str], nproc: int, known:
 
 
 def _share_phrase(machine: dict) -> str:
-    return (f"other processes kept {machine['others_cores']:.1f} of its {machine['cpus']} cores busy on average "
-            f"for {machine['seconds']:.0f} s")
+    return (
+        f"other processes kept {machine['others_cores']:.1f} of its {machine['cpus']} cores busy on average "
+        f"for {machine['seconds']:.0f} s"
+    )
 
 
 def _files_phrase(files: dict[str, dict]) -> str:
-    """"7 files", or "2 of 7 files" when some did not run (a file is counted only if it ran)."""
+    """ "7 files", or "2 of 7 files" when some did not run (a file is counted only if it ran)."""
     accounted = {f: a for f, a in files.items() if a["status"] != "not-collected"}
     done = sum(a["status"] != "not-run" for a in accounted.values())
     return f"{len(accounted)} files" if done == len(accounted) else f"{done} of {len(accounted)} files"

@@ -4,7 +4,7 @@ import pytest
 
 from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
 
-AMP_BEFORE = '''\
+AMP_BEFORE = """\
 import torch
 from .utils import divide
 
@@ -31,9 +31,9 @@ class LinearWithGradAccumulation(torch.autograd.Function):
 
 
 scaler = torch.cuda.amp.GradScaler()
-'''
+"""
 
-AMP_AFTER = '''\
+AMP_AFTER = """\
 import torch
 from .utils import divide
 import functools
@@ -61,7 +61,7 @@ class LinearWithGradAccumulation(torch.autograd.Function):
 
 
 scaler = torch.amp.GradScaler("cuda")
-'''
+"""
 
 VISION_BEFORE = '''\
 """Inpainting model (shaped like megatron/legacy/model/vision/inpainting.py)."""
@@ -98,15 +98,19 @@ def test_amp_idempotent_and_functools_never_duplicated():
 
 @pytest.mark.torch
 def test_rewritten_amp_module_runs(tmp_path):
-    body = AMP_AFTER.replace("from .utils import divide\n", "").replace("is_torch_min_version(\"2.4.0a0\")", "False")
-    proc = run_tree(tmp_path, {"megatron/core/layers.py": body}, """
+    body = AMP_AFTER.replace("from .utils import divide\n", "").replace('is_torch_min_version("2.4.0a0")', "False")
+    proc = run_tree(
+        tmp_path,
+        {"megatron/core/layers.py": body},
+        """
         import torch
         from megatron.core import layers
         x = torch.ones(3, requires_grad=True)
         y = layers.LinearWithGradAccumulation.apply(x)
         y.sum().backward()
         print(x.grad.tolist(), type(layers.scaler).__module__)
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[0:3] == ["[1.0,", "1.0,", "1.0]"]
 
@@ -124,14 +128,19 @@ def test_vision_imports_guarded_with_torch_fallbacks():
 @pytest.mark.torch
 def test_vision_model_without_apex_uses_torch(tmp_path):
     after, _ = rewrite("apex-to-torch", VISION_BEFORE, "megatron/legacy/model/vision/inpainting.py")
-    proc = run_tree(tmp_path, {"megatron/legacy/__init__.py": "", "megatron/legacy/inpainting.py": after}, """
+    proc = run_tree(
+        tmp_path,
+        {"megatron/legacy/__init__.py": "", "megatron/legacy/inpainting.py": after},
+        """
         import torch
         from megatron.legacy import inpainting as m
         h = m.Head(8)
         opt = h.optimizer()
         out = h.ln(torch.ones(2, 8))
         print(m.HAVE_APEX, type(h.norm).__name__, type(h.ln).__mro__[1].__name__, type(opt).__name__, tuple(out.shape))
-    """, hip="6.3.0")
+    """,
+        hip="6.3.0",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False SyncBatchNorm LayerNorm AdamW (2, 8)"
 
@@ -145,18 +154,22 @@ def test_vision_model_with_apex_is_unchanged(tmp_path):
         "apex/normalization.py": "class MixedFusedLayerNorm:\n    def __init__(self, dim, **kw): self.kw = kw\n",
     }
     after, _ = rewrite("apex-to-torch", VISION_BEFORE, "megatron/legacy/model/vision/inpainting.py")
-    proc = run_tree(tmp_path, {**fake_apex, "megatron/legacy/__init__.py": "", "megatron/legacy/inpainting.py": after}, """
+    proc = run_tree(
+        tmp_path,
+        {**fake_apex, "megatron/legacy/__init__.py": "", "megatron/legacy/inpainting.py": after},
+        """
         from megatron.legacy import inpainting as m
         h = m.Head(8)
         print(m.HAVE_APEX, type(h.norm).__module__, type(h.ln).__module__, type(h.optimizer()).__module__)
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True apex.parallel apex.normalization apex.optimizers"
 
 
 @pytest.mark.torch
 def test_apex_amp_fallback_trains_with_torch_amp(tmp_path):
-    src = '''\
+    src = """\
 import torch
 from apex import amp
 
@@ -175,14 +188,19 @@ def train(steps=3):
         opt.step()
         losses.append(loss.item())
     return losses
-'''
+"""
     after, sites = rewrite("apex-to-torch", src, "megatron/legacy/amp_user.py")
     assert sites == 1 and "    amp = apex_fallback('apex.amp')" in after
-    proc = run_tree(tmp_path, {"megatron/legacy/__init__.py": "", "megatron/legacy/amp_user.py": after}, """
+    proc = run_tree(
+        tmp_path,
+        {"megatron/legacy/__init__.py": "", "megatron/legacy/amp_user.py": after},
+        """
         from megatron.legacy import amp_user as m
         losses = m.train()
         print(m.HAVE_APEX, losses[-1] < losses[0], type(m.amp.scaler).__name__)
-    """, hip="6.3.0")
+    """,
+        hip="6.3.0",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False True GradScaler"
 
@@ -191,8 +209,11 @@ def train(steps=3):
 # references need `torch` (added once, after the docstring and `from __future__`), and an import
 # that only served the old spelling goes.
 
+
 def test_alias_import_module_as():
-    assert_codemod("apex-to-torch", '''\
+    assert_codemod(
+        "apex-to-torch",
+        '''\
         """Doc."""
         from __future__ import annotations
 
@@ -205,7 +226,8 @@ def test_alias_import_module_as():
             def forward(ctx, x):
                 with amp.autocast(enabled=False):
                     return x
-        ''', '''\
+        ''',
+        '''\
         """Doc."""
         from __future__ import annotations
         import torch
@@ -217,26 +239,35 @@ def test_alias_import_module_as():
             def forward(ctx, x):
                 with torch.amp.autocast("cuda", enabled=False):
                     return x
-        ''', sites=2)
+        ''',
+        sites=2,
+    )
 
 
 def test_alias_from_torch_cuda_import_amp():
-    assert_codemod("apex-to-torch", '''\
+    assert_codemod(
+        "apex-to-torch",
+        """\
         from torch.cuda import amp
 
         scaler = amp.GradScaler(init_scale=2.0)
         fwd = amp.custom_fwd
-        ''', '''\
+        """,
+        """\
         import torch
         import functools
 
         scaler = torch.amp.GradScaler("cuda", init_scale=2.0)
         fwd = functools.partial(torch.amp.custom_fwd, device_type="cuda")
-        ''', sites=2)
+        """,
+        sites=2,
+    )
 
 
 def test_alias_from_amp_import_names_as():
-    assert_codemod("apex-to-torch", '''\
+    assert_codemod(
+        "apex-to-torch",
+        """\
         import os
         from torch.cuda.amp import custom_bwd as cb, GradScaler
 
@@ -247,7 +278,8 @@ def test_alias_from_amp_import_names_as():
 
 
         s = GradScaler()
-        ''', '''\
+        """,
+        """\
         import os
         import torch
 
@@ -258,28 +290,35 @@ def test_alias_from_amp_import_names_as():
 
 
         s = torch.amp.GradScaler("cuda")
-        ''', sites=2)
+        """,
+        sites=2,
+    )
 
 
 def test_alias_import_kept_when_still_used():
     """`amp` still serves a name the codemod does not rewrite: the import stays."""
-    assert_codemod("apex-to-torch", '''\
+    assert_codemod(
+        "apex-to-torch",
+        """\
         import torch
         from torch.cuda import amp
 
         s = amp.GradScaler()
         other = amp.common
-        ''', '''\
+        """,
+        """\
         import torch
         from torch.cuda import amp
 
         s = torch.amp.GradScaler("cuda")
         other = amp.common
-        ''', sites=1)
+        """,
+        sites=1,
+    )
 
 
 def test_same_names_that_are_not_torch_cuda_amp_are_left():
-    src = '''\
+    src = """\
         import torch
         from mylib import custom_fwd, GradScaler
 
@@ -291,32 +330,40 @@ def test_same_names_that_are_not_torch_cuda_amp_are_left():
         def f():
             with torch.autocast("cuda"):
                 return torch.amp.custom_fwd
-        '''
+        """
     assert_codemod("apex-to-torch", src, src, sites=0)
 
 
 def test_functools_never_duplicated_and_placed_after_the_docstring():
-    assert_codemod("apex-to-torch", '''\
+    assert_codemod(
+        "apex-to-torch",
+        '''\
         """Doc."""
         import functools
         import torch
 
         f = torch.cuda.amp.custom_fwd
-        ''', '''\
+        ''',
+        '''\
         """Doc."""
         import functools
         import torch
 
         f = functools.partial(torch.amp.custom_fwd, device_type="cuda")
-        ''', sites=1)
+        ''',
+        sites=1,
+    )
 
 
 def test_apex_aliases_are_guarded():
-    assert_codemod("apex-to-torch", '''\
+    assert_codemod(
+        "apex-to-torch",
+        """\
         import torch
         from apex import amp as a
         import apex.optimizers as opt
-        ''', '''\
+        """,
+        """\
         import torch
         try:
             from apex import amp as a
@@ -327,20 +374,32 @@ def test_apex_aliases_are_guarded():
             a = apex_fallback('apex.amp')
             opt = apex_fallback('apex.optimizers')
             HAVE_APEX = False
-        ''', relpath="megatron/legacy/model/x.py", sites=2)
+        """,
+        relpath="megatron/legacy/model/x.py",
+        sites=2,
+    )
 
 
 def test_reports_name_each_site_and_line():
-    _, sites, reports = rewrite_with_reports("apex-to-torch", "import torch\nfrom apex import amp as a\n\nf = torch.cuda.amp.custom_fwd\n")
+    _, sites, reports = rewrite_with_reports(
+        "apex-to-torch", "import torch\nfrom apex import amp as a\n\nf = torch.cuda.amp.custom_fwd\n"
+    )
     assert sites == 2
-    assert [(r.codemod, r.kind, r.line) for r in reports] == [("apex-to-torch", "site", 4), ("apex-to-torch", "site", 2)]
-    assert reports[0].message == 'torch.cuda.amp.custom_fwd -> functools.partial(torch.amp.custom_fwd, device_type="cuda")'
+    assert [(r.codemod, r.kind, r.line) for r in reports] == [
+        ("apex-to-torch", "site", 4),
+        ("apex-to-torch", "site", 2),
+    ]
+    assert (
+        reports[0].message == 'torch.cuda.amp.custom_fwd -> functools.partial(torch.amp.custom_fwd, device_type="cuda")'
+    )
     assert reports[1].message == "guarded: from apex import amp as a (except ImportError: HAVE_APEX = False)"
 
 
 @pytest.mark.torch
 def test_aliased_amp_module_runs_and_keeps_cuda_semantics(tmp_path):
-    after, _ = rewrite("apex-to-torch", '''\
+    after, _ = rewrite(
+        "apex-to-torch",
+        """\
         import torch
         from torch.cuda.amp import custom_fwd as cf, custom_bwd as cb
 
@@ -355,14 +414,20 @@ def test_aliased_amp_module_runs_and_keeps_cuda_semantics(tmp_path):
             @cb
             def backward(ctx, g):
                 return g * 2
-        ''', "megatron/core/double.py")
-    proc = run_tree(tmp_path, {"megatron/core/double.py": after}, """
+        """,
+        "megatron/core/double.py",
+    )
+    proc = run_tree(
+        tmp_path,
+        {"megatron/core/double.py": after},
+        """
         import torch, warnings
         warnings.simplefilter("error", FutureWarning)  # torch.cuda.amp.* is deprecated: must not be called
         from megatron.core.double import Double
         x = torch.ones(2, requires_grad=True)
         Double.apply(x).sum().backward()
         print(x.grad.tolist())
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[2.0, 2.0]"

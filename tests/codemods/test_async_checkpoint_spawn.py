@@ -6,7 +6,7 @@ import pytest
 from tests.helpers.codemods import assert_codemod, rewrite, rewrite_with_reports, run_tree
 
 # Shaped like megatron/core/dist_checkpointing/strategies/async_utils.py at core_v0.16.1.
-ASYNC_UTILS = '''\
+ASYNC_UTILS = """\
 from time import time
 
 import torch
@@ -35,30 +35,36 @@ class PersistentAsyncCaller(AsyncCaller):
 
 def elsewhere():
     return mp.get_context('fork')  # not an async-checkpoint caller: left
-'''
+"""
 
 REL = "megatron/core/dist_checkpointing/strategies/async_utils.py"
 
 
 def test_exact_before_after():
-    after = (ASYNC_UTILS.replace("from torch import multiprocessing as mp\n",
-                                 "from torch import multiprocessing as mp\nfrom megatron.core._rocm import async_start_method\n")
-             .replace("        ctx = mp.get_context('fork')\n", "        ctx = mp.get_context(async_start_method('fork'))\n"))
+    after = ASYNC_UTILS.replace(
+        "from torch import multiprocessing as mp\n",
+        "from torch import multiprocessing as mp\nfrom megatron.core._rocm import async_start_method\n",
+    ).replace("        ctx = mp.get_context('fork')\n", "        ctx = mp.get_context(async_start_method('fork'))\n")
     assert_codemod("async-checkpoint-spawn", ASYNC_UTILS, after, REL, sites=1)
 
 
 def test_aliases_of_multiprocessing():
     """multiprocessing or torch.multiprocessing under any name, in a subclass of an imported AsyncCaller."""
-    src = ("import multiprocessing\nimport torch.multiprocessing as tmp\n"
-           "from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCaller as Base\n\n\nclass C(Base):\n"
-           "    def a(self):\n        return multiprocessing.get_context(\"fork\"), tmp.get_context('fork'), tmp.get_context('spawn')\n")
+    src = (
+        "import multiprocessing\nimport torch.multiprocessing as tmp\n"
+        "from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCaller as Base\n\n\nclass C(Base):\n"
+        "    def a(self):\n        return multiprocessing.get_context(\"fork\"), tmp.get_context('fork'), tmp.get_context('spawn')\n"
+    )
     after, sites, reports = rewrite_with_reports("async-checkpoint-spawn", src, "megatron/core/x.py")
     assert sites == 2 and after.count("async_start_method(") == 2 and "tmp.get_context('spawn')" in after
     assert [r.line for r in reports] == [8, 8]
 
 
-FILES = {"megatron/core/dist_checkpointing/__init__.py": "", "megatron/core/dist_checkpointing/strategies/__init__.py": "",
-         "ckpt_writer.py": "def write(path):\n    open(path, 'w').write('written')\n"}
+FILES = {
+    "megatron/core/dist_checkpointing/__init__.py": "",
+    "megatron/core/dist_checkpointing/strategies/__init__.py": "",
+    "ckpt_writer.py": "def write(path):\n    open(path, 'w').write('written')\n",
+}
 PROBE = """
 import types, ckpt_writer
 from megatron.core.dist_checkpointing.strategies.async_utils import TemporalAsyncCaller
@@ -106,4 +112,9 @@ def test_hip_runtime_version_prefers_the_runtime_over_the_build(tmp_path):
     the fast copy; with no runtime library to ask, the build's version decides."""
     proc = run_tree(tmp_path, {}, RUNTIME, hip="6.3.42131-fa1d09cbd")
     assert proc.stdout.splitlines() == ["(6, 3)", "(7, 1)"], proc.stderr
-    assert run_tree(tmp_path / "c", {}, "from megatron.core._rocm import hip_runtime_version\nprint(hip_runtime_version())").stdout.strip() == "(0, 0)"
+    assert (
+        run_tree(
+            tmp_path / "c", {}, "from megatron.core._rocm import hip_runtime_version\nprint(hip_runtime_version())"
+        ).stdout.strip()
+        == "(0, 0)"
+    )

@@ -55,18 +55,24 @@ for backend in ("auto", "flash"):
 
 
 def _tree(after):
-    pkgs = ["megatron/core/models/__init__.py", "megatron/core/models/common/__init__.py",
-            "megatron/core/models/common/language_module/__init__.py", "megatron/core/transformer/__init__.py"]
+    pkgs = [
+        "megatron/core/models/__init__.py",
+        "megatron/core/models/common/__init__.py",
+        "megatron/core/models/common/language_module/__init__.py",
+        "megatron/core/transformer/__init__.py",
+    ]
     return {**{p: "" for p in pkgs}, "megatron/core/transformer/enums.py": ENUMS, REL: after}
 
 
 def test_attention_before_after():
     after, sites = rewrite("attention-backend-env", LANGUAGE_MODULE, REL)
     assert sites == 1
-    assert ('        ) -> None:\n            from megatron.core._rocm import is_hip\n            if is_hip():\n'
-            '                # rocmport: ROCm images bake NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=1; auto keeps them.\n'
-            '                if attn_type == AttnBackend.auto:\n'
-            '                    os.environ.setdefault(env_variable_name, str(expected_value))\n') in after
+    assert (
+        "        ) -> None:\n            from megatron.core._rocm import is_hip\n            if is_hip():\n"
+        "                # rocmport: ROCm images bake NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=1; auto keeps them.\n"
+        "                if attn_type == AttnBackend.auto:\n"
+        "                    os.environ.setdefault(env_variable_name, str(expected_value))\n"
+    ) in after
     assert_idempotent("attention-backend-env", LANGUAGE_MODULE, REL)
 
 
@@ -88,14 +94,21 @@ def test_attention_on_cuda_is_upstream(tmp_path):
 
 
 def test_attention_exact_before_after():
-    assert_codemod("attention-backend-env", LANGUAGE_MODULE, LANGUAGE_MODULE.replace(
-        "        ) -> None:\n",
-        "        ) -> None:\n"
-        "            from megatron.core._rocm import is_hip\n"
-        "            if is_hip():\n"
-        "                # rocmport: ROCm images bake NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=1; auto keeps them.\n"
-        "                if attn_type == AttnBackend.auto:\n"
-        "                    os.environ.setdefault(env_variable_name, str(expected_value))\n"
-        "                else:\n"
-        "                    os.environ[env_variable_name] = str(expected_value)\n"
-        "                return\n"), REL, sites=1)
+    assert_codemod(
+        "attention-backend-env",
+        LANGUAGE_MODULE,
+        LANGUAGE_MODULE.replace(
+            "        ) -> None:\n",
+            "        ) -> None:\n"
+            "            from megatron.core._rocm import is_hip\n"
+            "            if is_hip():\n"
+            "                # rocmport: ROCm images bake NVTE_FLASH_ATTN=0 NVTE_FUSED_ATTN=1; auto keeps them.\n"
+            "                if attn_type == AttnBackend.auto:\n"
+            "                    os.environ.setdefault(env_variable_name, str(expected_value))\n"
+            "                else:\n"
+            "                    os.environ[env_variable_name] = str(expected_value)\n"
+            "                return\n",
+        ),
+        REL,
+        sites=1,
+    )

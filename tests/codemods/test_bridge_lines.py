@@ -66,15 +66,32 @@ def test_bridge_line(tmp_path, tag, capsys):
         mlm = archive(MLM, mlm_commit, tmp_path / "mlm", "megatron")
         port(mlm, "megatron-lm", version_at(Path(MLM), mlm_commit, "megatron-lm"), tmp_path / "cache")
         boot = write_bootstrap(tmp_path / "boot")
-        env = {**os.environ, **firewall_env("cpu-proxy"), "PYTHONPATH": os.pathsep.join(map(str, (boot, bridge / "src", mlm)))}
-        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", "import megatron.bridge, megatron.bridge.peft.lora, megatron.bridge.models.gpt_provider, "
-                               "megatron.bridge.training.pretrain, megatron.bridge.training.gpt_step, megatron.bridge.training.train, "
-                               "megatron.bridge.training.checkpointing, megatron.bridge.training.post_training.distillation"],
-                              env=env, capture_output=True, text=True, timeout=600)
+        env = {
+            **os.environ,
+            **firewall_env("cpu-proxy"),
+            "PYTHONPATH": os.pathsep.join(map(str, (boot, bridge / "src", mlm))),
+        }
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-W",
+                "ignore",
+                "-c",
+                "import megatron.bridge, megatron.bridge.peft.lora, megatron.bridge.models.gpt_provider, "
+                "megatron.bridge.training.pretrain, megatron.bridge.training.gpt_step, megatron.bridge.training.train, "
+                "megatron.bridge.training.checkpointing, megatron.bridge.training.post_training.distillation",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert all(importlib.util.find_spec(m) is None for m in ("transformer_engine", "modelopt"))
         note = "megatron.bridge, peft.lora, models.gpt_provider and the training modules import behind the cpu-proxy firewall"
     elif importable:
         note = "import not checked (install transformers, omegaconf, datasets, tensorboard)"
     with capsys.disabled():
-        print(f"\nBridge {tag}: codemods {sites} in {seconds:.2f}s; unguarded NVIDIA-only/TE imports in src/: 0; {note}")
+        print(
+            f"\nBridge {tag}: codemods {sites} in {seconds:.2f}s; unguarded NVIDIA-only/TE imports in src/: 0; {note}"
+        )

@@ -4,7 +4,7 @@ import pytest
 
 from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
 
-CUDA_GRAPHS = '''\
+CUDA_GRAPHS = """\
 import os
 
 import torch
@@ -14,7 +14,7 @@ def check(config):
     if torch.cuda.get_device_capability()[0] < 10:
         return "pre-blackwell"
     return "blackwell"
-'''
+"""
 
 TRAINING_UTILS = '''\
 import torch
@@ -48,7 +48,10 @@ def test_rdna4_is_not_blackwell_but_cuda_unchanged(tmp_path):
 
 
 def test_exact_before_after():
-    assert_codemod("capability-gates", CUDA_GRAPHS, '''\
+    assert_codemod(
+        "capability-gates",
+        CUDA_GRAPHS,
+        """\
         import os
 
         import torch
@@ -59,18 +62,29 @@ def test_exact_before_after():
             if nvidia_arch_major() < 10:
                 return "pre-blackwell"
             return "blackwell"
-        ''', "megatron/core/transformer/cuda_graphs.py", sites=1)
-    assert_codemod("capability-gates", TRAINING_UTILS, TRAINING_UTILS.replace(
-        '    """Returns GPU arch version (8: Ampere, 9: Hopper, 10: Blackwell, ...)"""\n',
-        '    """Returns GPU arch version (8: Ampere, 9: Hopper, 10: Blackwell, ...)"""\n'
-        "    from megatron.core._rocm import is_hip, HIP_ARCH_EQUIVALENT\n"
-        "    if is_hip():\n"
-        "        return HIP_ARCH_EQUIVALENT  # rocmport: AMD gfx numbers are not NVIDIA architectures\n"),
-        "megatron/training/utils.py", sites=1)
+        """,
+        "megatron/core/transformer/cuda_graphs.py",
+        sites=1,
+    )
+    assert_codemod(
+        "capability-gates",
+        TRAINING_UTILS,
+        TRAINING_UTILS.replace(
+            '    """Returns GPU arch version (8: Ampere, 9: Hopper, 10: Blackwell, ...)"""\n',
+            '    """Returns GPU arch version (8: Ampere, 9: Hopper, 10: Blackwell, ...)"""\n'
+            "    from megatron.core._rocm import is_hip, HIP_ARCH_EQUIVALENT\n"
+            "    if is_hip():\n"
+            "        return HIP_ARCH_EQUIVALENT  # rocmport: AMD gfx numbers are not NVIDIA architectures\n",
+        ),
+        "megatron/training/utils.py",
+        sites=1,
+    )
 
 
 def test_aliases_of_torch_cuda_and_of_the_function():
-    assert_codemod("capability-gates", '''\
+    assert_codemod(
+        "capability-gates",
+        '''\
         """Doc."""
         from __future__ import annotations
 
@@ -84,7 +98,8 @@ def test_aliases_of_torch_cuda_and_of_the_function():
 
         def b():
             return cap()[0] < 10
-        ''', '''\
+        ''',
+        '''\
         """Doc."""
         from __future__ import annotations
 
@@ -99,31 +114,35 @@ def test_aliases_of_torch_cuda_and_of_the_function():
 
         def b():
             return nvidia_arch_major() < 10
-        ''', "megatron/core/transformer/cuda_graphs.py", sites=2)
+        ''',
+        "megatron/core/transformer/cuda_graphs.py",
+        sites=2,
+    )
 
 
 def test_other_capability_reads_are_left():
     """The minor number, or someone else's get_device_capability: not these gates."""
-    src = '''\
+    src = """\
         import torch
         from mylib import get_device_capability
 
 
         def f(dev):
             return torch.cuda.get_device_capability()[1], get_device_capability()[0], torch.cuda.get_device_properties(dev).name
-        '''
+        """
     assert_codemod("capability-gates", src, src, "megatron/core/x.py", sites=0)
 
 
 def test_reports_name_each_gate():
     _, _, reports = rewrite_with_reports("capability-gates", CUDA_GRAPHS, "megatron/core/transformer/cuda_graphs.py")
     assert [(r.kind, r.line, r.message) for r in reports] == [
-        ("site", 7, "torch.cuda.get_device_capability()[0] -> nvidia_arch_major()")]
+        ("site", 7, "torch.cuda.get_device_capability()[0] -> nvidia_arch_major()")
+    ]
 
 
 # ---- issue 17 item 8: the gates still left ---------------------------------------------------------
 
-ARGUMENTS = '''\
+ARGUMENTS = """\
 import torch
 
 
@@ -133,9 +152,9 @@ def validate_args(args, defaults={}):
         dc = torch.cuda.get_device_capability()
         assert dc[0] >= 8, "Unsupported compute capability for GroupedGEMM kernels."
     return args
-'''
+"""
 
-INFERENCE_LAYERS = '''\
+INFERENCE_LAYERS = """\
 import torch
 
 
@@ -143,32 +162,56 @@ class InferenceRowParallelLinear:
     def _matmul_reduce_scatter(self, x):
         is_hopper_or_newer = torch.cuda.get_device_properties(x.device).major >= 9
         return "multimem (NVLS)" if is_hopper_or_newer else "nccl"
-'''
+"""
 
-SYMM_UTILS = '''\
+SYMM_UTILS = """\
 import torch
 
 
 def is_device_nvls_capable(device):
     return device.type == "cuda" and torch.cuda.get_device_properties(device).major >= 9
-'''
+"""
 
 
 def test_item8_before_after():
-    assert_codemod("capability-gates", ARGUMENTS, ARGUMENTS.replace("import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_capability\n").replace(
-        "dc = torch.cuda.get_device_capability()", "dc = nvidia_capability()"), "megatron/training/arguments.py", sites=1)
-    assert_codemod("capability-gates", INFERENCE_LAYERS, INFERENCE_LAYERS.replace(
-        "import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_hopper_or_newer\n").replace(
-        "torch.cuda.get_device_properties(x.device).major >= 9", "nvidia_hopper_or_newer(x.device)"),
-        "megatron/core/tensor_parallel/inference_layers.py", sites=1)
-    assert_codemod("capability-gates", SYMM_UTILS, SYMM_UTILS.replace(
-        "import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_hopper_or_newer\n").replace(
-        "torch.cuda.get_device_properties(device).major >= 9", "nvidia_hopper_or_newer(device)"),
-        "megatron/core/inference/communication/torch_symm_triton/utils.py", sites=1)
+    assert_codemod(
+        "capability-gates",
+        ARGUMENTS,
+        ARGUMENTS.replace(
+            "import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_capability\n"
+        ).replace("dc = torch.cuda.get_device_capability()", "dc = nvidia_capability()"),
+        "megatron/training/arguments.py",
+        sites=1,
+    )
+    assert_codemod(
+        "capability-gates",
+        INFERENCE_LAYERS,
+        INFERENCE_LAYERS.replace(
+            "import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_hopper_or_newer\n"
+        ).replace("torch.cuda.get_device_properties(x.device).major >= 9", "nvidia_hopper_or_newer(x.device)"),
+        "megatron/core/tensor_parallel/inference_layers.py",
+        sites=1,
+    )
+    assert_codemod(
+        "capability-gates",
+        SYMM_UTILS,
+        SYMM_UTILS.replace(
+            "import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_hopper_or_newer\n"
+        ).replace("torch.cuda.get_device_properties(device).major >= 9", "nvidia_hopper_or_newer(device)"),
+        "megatron/core/inference/communication/torch_symm_triton/utils.py",
+        sites=1,
+    )
     # a device argument and the Blackwell test (mamba_ssm.py at v0.19)
     src = "import torch\n\n\ndef f(x):\n    return torch.cuda.get_device_capability(x.device)[0] >= 10\n"
-    assert_codemod("capability-gates", src, src.replace("import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_arch_major\n").replace(
-        "torch.cuda.get_device_capability(x.device)[0]", "nvidia_arch_major(x.device)"), "megatron/core/ssm/ops/mamba_ssm.py", sites=1)
+    assert_codemod(
+        "capability-gates",
+        src,
+        src.replace("import torch\n", "import torch\nfrom megatron.core._rocm import nvidia_arch_major\n").replace(
+            "torch.cuda.get_device_capability(x.device)[0]", "nvidia_arch_major(x.device)"
+        ),
+        "megatron/core/ssm/ops/mamba_ssm.py",
+        sites=1,
+    )
 
 
 NVLS_PROBE = """
@@ -186,12 +229,21 @@ print(InferenceRowParallelLinear()._matmul_reduce_scatter(x), validate_args(type
 def test_nvls_off_on_rocm_and_unchanged_on_cuda(tmp_path):
     """MI300 reports major 9 like Hopper: the NVLS multimem kernels (NVIDIA-only PTX) stay off on HIP."""
     files = {}
-    for rel, src, name in (("megatron/core/tensor_parallel/inference_layers.py", INFERENCE_LAYERS, "inference_layers"),
-                           ("megatron/core/training_arguments.py", ARGUMENTS, "arguments")):
+    for rel, src, name in (
+        ("megatron/core/tensor_parallel/inference_layers.py", INFERENCE_LAYERS, "inference_layers"),
+        ("megatron/core/training_arguments.py", ARGUMENTS, "arguments"),
+    ):
         files[rel], _ = rewrite("capability-gates", src, rel)
     files["megatron/core/tensor_parallel/__init__.py"] = ""
     assert run_tree(tmp_path / "r", files, NVLS_PROBE, hip="6.4.43482").stdout.strip() == "nccl True"
     cuda = run_tree(tmp_path / "c", files, NVLS_PROBE)
-    upstream = run_tree(tmp_path / "u", {**files, "megatron/core/tensor_parallel/inference_layers.py": INFERENCE_LAYERS,
-                                          "megatron/core/training_arguments.py": ARGUMENTS}, NVLS_PROBE)
+    upstream = run_tree(
+        tmp_path / "u",
+        {
+            **files,
+            "megatron/core/tensor_parallel/inference_layers.py": INFERENCE_LAYERS,
+            "megatron/core/training_arguments.py": ARGUMENTS,
+        },
+        NVLS_PROBE,
+    )
     assert cuda.stdout == upstream.stdout and cuda.stdout.strip() == "multimem (NVLS) True", cuda.stderr

@@ -41,10 +41,13 @@ REL = "megatron/training/datasets/data_samplers.py"
 
 
 def test_exact_before_after():
-    after = (SAMPLERS.replace("from megatron.training import get_args\n",
-                              "from megatron.training import get_args\nfrom megatron.core._rocm import hip_worker_context\n")
-             .replace("    return torch.utils.data.DataLoader(\n        dataset,\n        batch_size=2,",
-                      "    return hip_worker_context(torch.utils.data.DataLoader)(\n        dataset,\n        batch_size=2,"))
+    after = SAMPLERS.replace(
+        "from megatron.training import get_args\n",
+        "from megatron.training import get_args\nfrom megatron.core._rocm import hip_worker_context\n",
+    ).replace(
+        "    return torch.utils.data.DataLoader(\n        dataset,\n        batch_size=2,",
+        "    return hip_worker_context(torch.utils.data.DataLoader)(\n        dataset,\n        batch_size=2,",
+    )
     assert_codemod("dataloader-mp-context", SAMPLERS, after, REL, sites=1)
 
 
@@ -56,10 +59,10 @@ def test_aliased_dataloader():
 
 FILES = {
     "megatron/training/__init__.py": "import types\nARGS = types.SimpleNamespace(num_workers=2, exit_signal_handler=False)\n"
-                                     "def get_args():\n    return ARGS\n",
+    "def get_args():\n    return ARGS\n",
     "megatron/training/datasets/__init__.py": "",
     "squares.py": "import torch\nclass Squares(torch.utils.data.Dataset):\n    def __len__(self):\n        return 4\n"
-                  "    def __getitem__(self, i):\n        return torch.tensor(i * i)\n",
+    "    def __getitem__(self, i):\n        return torch.tensor(i * i)\n",
 }
 PROBE = """
 import os, warnings, squares
@@ -84,23 +87,41 @@ def test_workers_are_spawned_on_rocm_and_the_data_is_the_same(tmp_path):
     after, _ = rewrite("dataloader-mp-context", SAMPLERS, REL)
     rocm = run_tree(tmp_path / "r", {**FILES, REL: after}, probe(), hip="6.4.43482")
     assert rocm.stdout.strip() == "spawn [[0, 1], [4, 9]] []", rocm.stderr
-    forkserver = run_tree(tmp_path / "f", {**FILES, REL: after}, probe(), hip="6.4.43482", env={"ROCMPORT_DATALOADER_MP_CONTEXT": "forkserver"})
+    forkserver = run_tree(
+        tmp_path / "f",
+        {**FILES, REL: after},
+        probe(),
+        hip="6.4.43482",
+        env={"ROCMPORT_DATALOADER_MP_CONTEXT": "forkserver"},
+    )
     assert forkserver.stdout.strip() == "forkserver [[0, 1], [4, 9]] []", forkserver.stderr
 
 
 @pytest.mark.torch
 def test_fork_is_the_explicit_opt_out_and_the_fallback_for_unpicklable_hooks(tmp_path):
     after, _ = rewrite("dataloader-mp-context", SAMPLERS, REL)
-    opt_out = run_tree(tmp_path / "o", {**FILES, REL: after}, probe(), hip="6.4.43482", env={"ROCMPORT_DATALOADER_MP_CONTEXT": "fork"})
+    opt_out = run_tree(
+        tmp_path / "o", {**FILES, REL: after}, probe(), hip="6.4.43482", env={"ROCMPORT_DATALOADER_MP_CONTEXT": "fork"}
+    )
     assert opt_out.stdout.strip() == "None [[0, 1], [4, 9]] []", opt_out.stderr
     # a local worker_init_fn whose closure holds a lock cannot go to a spawned worker
-    locked = SAMPLERS.replace("    def worker_init_fn(_):\n        pass\n",
-                              "    import threading\n    lock = threading.Lock()\n\n    def worker_init_fn(_):\n        lock.acquire()\n        lock.release()\n")
+    locked = SAMPLERS.replace(
+        "    def worker_init_fn(_):\n        pass\n",
+        "    import threading\n    lock = threading.Lock()\n\n    def worker_init_fn(_):\n        lock.acquire()\n        lock.release()\n",
+    )
     after, _ = rewrite("dataloader-mp-context", locked, REL)
     local = run_tree(tmp_path / "l", {**FILES, REL: after}, probe(exit_signal_handler=True), hip="6.4.43482")
-    assert local.stdout.strip() == ("None [[0, 1], [4, 9]] [\"ROCm: data-loader workers are forked: worker_init_fn cannot be "
-                                    "pickled for 'spawn' workers\"]"), local.stderr
-    bad = run_tree(tmp_path / "b", {**FILES, REL: after}, probe(), hip="6.4.43482", env={"ROCMPORT_DATALOADER_MP_CONTEXT": "threads"})
+    assert local.stdout.strip() == (
+        'None [[0, 1], [4, 9]] ["ROCm: data-loader workers are forked: worker_init_fn cannot be '
+        "pickled for 'spawn' workers\"]"
+    ), local.stderr
+    bad = run_tree(
+        tmp_path / "b",
+        {**FILES, REL: after},
+        probe(),
+        hip="6.4.43482",
+        env={"ROCMPORT_DATALOADER_MP_CONTEXT": "threads"},
+    )
     assert "ROCMPORT_DATALOADER_MP_CONTEXT='threads': use spawn, forkserver or fork" in bad.stderr
 
 
@@ -123,11 +144,16 @@ V017_INIT = """    def worker_init_fn(worker_id):
 @pytest.mark.torch
 def test_a_local_worker_init_fn_runs_in_spawned_workers(tmp_path):
     """The closure goes to the spawned workers as code + closure values and runs there, as with fork."""
-    src = SAMPLERS.replace(SAMPLERS[SAMPLERS.index("    def worker_init_fn(_):"):SAMPLERS.index("    extra_kwargs = {}")], V017_INIT)
+    src = SAMPLERS.replace(
+        SAMPLERS[SAMPLERS.index("    def worker_init_fn(_):") : SAMPLERS.index("    extra_kwargs = {}")], V017_INIT
+    )
     after, _ = rewrite("dataloader-mp-context", src, REL)
     marks = tmp_path / "marks"
     marks.mkdir()
-    code = probe(marks=str(marks), exit_signal="SIGTERM") + "import os\nprint(sorted(open(os.path.join(ARGS.marks, f)).read().split()[0] for f in os.listdir(ARGS.marks)), len(os.listdir(ARGS.marks)))\n"
+    code = (
+        probe(marks=str(marks), exit_signal="SIGTERM")
+        + "import os\nprint(sorted(open(os.path.join(ARGS.marks, f)).read().split()[0] for f in os.listdir(ARGS.marks)), len(os.listdir(ARGS.marks)))\n"
+    )
     rocm = run_tree(tmp_path / "r", {**FILES, REL: after}, code, hip="6.4.43482")
     assert rocm.stdout.splitlines() == ["spawn [[0, 1], [4, 9]] []", "['SIGTERM', 'SIGTERM'] 2"], rocm.stderr
     for f in marks.iterdir():

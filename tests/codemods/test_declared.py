@@ -27,6 +27,7 @@ def test_every_codemod_takes_its_declaration_and_a_class_cannot_spell_its_own():
 def test_the_recipe_helper_is_the_helper_of_the_codemods_that_use_it():
     names = list(registry)
     assert declared.recipe_helper_text([{"name": n, "options": {}} for n in names]) == helper_text(
-        [n for n in names if registry[n].USES_HELPER])
+        [n for n in names if registry[n].USES_HELPER]
+    )
     with pytest.raises(BadInput, match="unknown codemod 'no-such'"):
         declared.recipe_helper_text(["no-such"])

@@ -38,17 +38,22 @@ def evaluate(args):
 
 
 def test_exact_before_after():
-    after = (TRAINING.replace("import torch\n", "import torch\nfrom megatron.core._rocm import empty_cache_on_interval\n", 1)
-             .replace("    if args.empty_unused_memory_level >= 1:\n        torch.cuda.empty_cache()\n\n    update",
-                      "    if args.empty_unused_memory_level >= 1:\n        empty_cache_on_interval()\n\n    update"))
+    after = TRAINING.replace(
+        "import torch\n", "import torch\nfrom megatron.core._rocm import empty_cache_on_interval\n", 1
+    ).replace(
+        "    if args.empty_unused_memory_level >= 1:\n        torch.cuda.empty_cache()\n\n    update",
+        "    if args.empty_unused_memory_level >= 1:\n        empty_cache_on_interval()\n\n    update",
+    )
     assert_codemod("empty-cache-interval", TRAINING, after, REL, sites=1)
     assert_idempotent("empty-cache-interval", TRAINING, REL)
 
 
 def test_only_train_steps_level_1_gate_however_torch_is_imported():
     # The level-2 call after the optimizer step and evaluate's run rarely: left (as Primus leaves them).
-    src = ("import torch.cuda as tc\n\ndef train_step(args):\n    if args.empty_unused_memory_level >= 1:\n        tc.empty_cache()\n"
-           "        if x:\n            tc.empty_cache()\n    tc.empty_cache()\n")
+    src = (
+        "import torch.cuda as tc\n\ndef train_step(args):\n    if args.empty_unused_memory_level >= 1:\n        tc.empty_cache()\n"
+        "        if x:\n            tc.empty_cache()\n    tc.empty_cache()\n"
+    )
     after, sites = rewrite("empty-cache-interval", src, REL)
     # The gate's own call only: one in a nested if, and one outside the gate, are not per-iteration by that gate.
     assert sites == 1 and after.count("empty_cache_on_interval()") == 1 and after.count("tc.empty_cache()") == 2
@@ -73,7 +78,13 @@ print(json.dumps(emptied))
 
 def emptied(tmp_path, source: str, hip: str | None, level: int = 1, interval: str | None = None) -> list[int]:
     env = {"ROCMPORT_EMPTY_CACHE_INTERVAL": interval} if interval is not None else {}
-    proc = run_tree(tmp_path, {REL: source, "megatron/training/__init__.py": ""}, PROBE.replace("LEVEL", str(level)), hip=hip, env=env)
+    proc = run_tree(
+        tmp_path,
+        {REL: source, "megatron/training/__init__.py": ""},
+        PROBE.replace("LEVEL", str(level)),
+        hip=hip,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return __import__("json").loads(proc.stdout.strip().splitlines()[-1])
 
@@ -84,26 +95,43 @@ def test_interval_on_hip_every_iteration_on_cuda(tmp_path):
     every = list(range(7))
     assert emptied(tmp_path / "h3", after, "7.1.25424", interval="3") == [0, 3, 6]
     assert emptied(tmp_path / "h0", after, "7.1.25424", interval="0") == []
-    assert emptied(tmp_path / "h1", after, "7.1.25424") == every          # unset: upstream's behaviour, and says so
-    unset = run_tree(tmp_path / "h1w", {REL: after, "megatron/training/__init__.py": ""}, PROBE.replace("LEVEL", "1"), hip="7.1.25424")
+    assert emptied(tmp_path / "h1", after, "7.1.25424") == every  # unset: upstream's behaviour, and says so
+    unset = run_tree(
+        tmp_path / "h1w",
+        {REL: after, "megatron/training/__init__.py": ""},
+        PROBE.replace("LEVEL", "1"),
+        hip="7.1.25424",
+    )
     assert unset.stderr.count("ROCMPORT_EMPTY_CACHE_INTERVAL=N") == 1, unset.stderr
     assert emptied(tmp_path / "hx", after, "7.1.25424", interval="²") == every  # not a number: every iteration, warned
     assert emptied(tmp_path / "lvl0", after, "7.1.25424", level=0, interval="3") == []  # upstream's gate kept
     # The CUDA control: every iteration whatever the variable says, as upstream's tree does.
-    assert emptied(tmp_path / "c3", after, None, interval="3") == emptied(tmp_path / "up", TRAINING, None, interval="3") == every
+    assert (
+        emptied(tmp_path / "c3", after, None, interval="3")
+        == emptied(tmp_path / "up", TRAINING, None, interval="3")
+        == every
+    )
     cuda = run_tree(tmp_path / "cw", {REL: after, "megatron/training/__init__.py": ""}, PROBE.replace("LEVEL", "1"))
     assert "ROCMPORT_EMPTY_CACHE_INTERVAL" not in cuda.stderr
 
 
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
-RELEASES = {"v0.15": "core_v0.15.3", "v0.16": "core_v0.16.1", "v0.17": "core_v0.17.1", "v0.18": "core_v0.18.2", "v0.19": "core_v0.19.0"}
+RELEASES = {
+    "v0.15": "core_v0.15.3",
+    "v0.16": "core_v0.16.1",
+    "v0.17": "core_v0.17.1",
+    "v0.18": "core_v0.18.2",
+    "v0.19": "core_v0.19.0",
+}
 
 
 @pytest.mark.mirror
 @pytest.mark.skipif(not MLM, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
 @pytest.mark.parametrize("line", list(RELEASES))
 def test_real_train_step_every_line(line):
-    text = subprocess.run(["git", "--git-dir", MLM, "show", f"{RELEASES[line]}:{REL}"], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["git", "--git-dir", MLM, "show", f"{RELEASES[line]}:{REL}"], capture_output=True, text=True, check=True
+    ).stdout
     after, sites = rewrite("empty-cache-interval", text, REL)
     assert sites == 1
     assert text.count("torch.cuda.empty_cache()") - after.count("torch.cuda.empty_cache()") == 1

@@ -15,7 +15,7 @@ from tests.helpers.codemods import run_tree
 # calls into it under that flag; a tool imports another module of the package (no modelopt) at its top.
 UTILS = "import modelopt\nimport modelopt.torch.quantization as mtq\n\n\ndef print_distributed_quant_summary(model):\n    return mtq.summary(model)\n"
 CKPT = "import modelopt.torch.opt as mto\n\nfrom megatron.post_training.utils import print_distributed_quant_summary\n\n\ndef save_modelopt_state(model):\n    return mto.save(model)\n"
-TRAINING_CKPT = '''\
+TRAINING_CKPT = """\
 try:
     from megatron.post_training.utils import print_distributed_quant_summary
 
@@ -30,9 +30,11 @@ def save_checkpoint(model):
 
         return save_modelopt_state(model)
     return "saved without modelopt state"
-'''
+"""
 TREE = {
-    "megatron/__init__.py": "", "megatron/post_training/__init__.py": "", "megatron/training/__init__.py": "",
+    "megatron/__init__.py": "",
+    "megatron/post_training/__init__.py": "",
+    "megatron/training/__init__.py": "",
     "megatron/post_training/utils.py": UTILS,
     "megatron/post_training/checkpointing.py": CKPT,
     "megatron/post_training/arguments.py": "def add_modelopt_args(parser):\n    return parser\n",
@@ -54,24 +56,43 @@ def test_module_names():
 def test_probed_modules_are_found():
     # post_training/checkpointing.py is imported only inside a function, under the flag: no probe
     # decides by it, so it keeps its guard (harmless: nothing reaches it without modelopt).
-    assert probe_only_files(TREE, CANDIDATES) == {"megatron/post_training/utils.py": ["megatron/training/checkpointing.py"]}
+    assert probe_only_files(TREE, CANDIDATES) == {
+        "megatron/post_training/utils.py": ["megatron/training/checkpointing.py"]
+    }
 
 
 def test_a_probe_decides_by_what_it_imports_at_the_top():
     """model_builder.py imports checkpointing.py at its top: if checkpointing fails, the probe of
     model_builder (model_provider.py, a top-level script) says False, as upstream's does."""
-    tree = {**TREE, "megatron/post_training/model_builder.py": "from megatron.post_training.checkpointing import save_modelopt_state\n",
-            "model_provider.py": "try:\n    from megatron.post_training.model_builder import save_modelopt_state\nexcept ImportError:\n    pass\n"}
-    assert probe_only_files(tree, CANDIDATES) == {"megatron/post_training/utils.py": ["megatron/training/checkpointing.py", "model_provider.py"],
-                                                  "megatron/post_training/checkpointing.py": ["model_provider.py"]}
+    tree = {
+        **TREE,
+        "megatron/post_training/model_builder.py": "from megatron.post_training.checkpointing import save_modelopt_state\n",
+        "model_provider.py": "try:\n    from megatron.post_training.model_builder import save_modelopt_state\nexcept ImportError:\n    pass\n",
+    }
+    assert probe_only_files(tree, CANDIDATES) == {
+        "megatron/post_training/utils.py": ["megatron/training/checkpointing.py", "model_provider.py"],
+        "megatron/post_training/checkpointing.py": ["model_provider.py"],
+    }
 
 
-@pytest.mark.parametrize("importer, code", [
-    ("pretrain_gpt.py", "from megatron.post_training.utils import print_distributed_quant_summary\n"),  # a script's top
-    ("megatron/training/training.py", "if True:\n    import megatron.post_training.checkpointing\n"),  # top, in an if
-    ("megatron/core/quant.py", "from megatron.post_training import utils\n"),  # by name from the package
-    ("megatron/training/quant.py", "from ..post_training.utils import print_distributed_quant_summary\n"),  # relative
-])
+@pytest.mark.parametrize(
+    "importer, code",
+    [
+        (
+            "pretrain_gpt.py",
+            "from megatron.post_training.utils import print_distributed_quant_summary\n",
+        ),  # a script's top
+        (
+            "megatron/training/training.py",
+            "if True:\n    import megatron.post_training.checkpointing\n",
+        ),  # top, in an if
+        ("megatron/core/quant.py", "from megatron.post_training import utils\n"),  # by name from the package
+        (
+            "megatron/training/quant.py",
+            "from ..post_training.utils import print_distributed_quant_summary\n",
+        ),  # relative
+    ],
+)
 def test_a_library_import_at_the_top_keeps_the_guard(importer, code):
     found = probe_only_files({**TREE, importer: code}, CANDIDATES)
     assert "megatron/post_training/utils.py" not in found
@@ -80,12 +101,18 @@ def test_a_library_import_at_the_top_keeps_the_guard(importer, code):
 def test_no_probe_no_exception():
     tree = {**TREE, "megatron/training/checkpointing.py": "def f():\n    from megatron.post_training.utils import x\n"}
     assert probe_only_files(tree, CANDIDATES) == {}
-    typing_only = {**tree, "megatron/training/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import megatron.post_training.utils\n"}
+    typing_only = {
+        **tree,
+        "megatron/training/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import megatron.post_training.utils\n",
+    }
     assert probe_only_files(typing_only, CANDIDATES) == {}
 
 
 def test_a_try_that_does_not_catch_import_errors_is_no_probe():
-    tree = {**TREE, "megatron/training/checkpointing.py": TRAINING_CKPT.replace("except Exception:", "except KeyError:")}
+    tree = {
+        **TREE,
+        "megatron/training/checkpointing.py": TRAINING_CKPT.replace("except Exception:", "except KeyError:"),
+    }
     assert probe_only_files(tree, CANDIDATES) == {}
 
 
@@ -119,9 +146,12 @@ PROBE = """
 from megatron.training import checkpointing as c
 print(c.has_nvidia_modelopt, c.save_checkpoint(object()))
 """
-FAKE_MODELOPT = {"modelopt/__init__.py": "", "modelopt/torch/__init__.py": "",
-                 "modelopt/torch/quantization.py": "def summary(m):\n    return 'summary'\n",
-                 "modelopt/torch/opt.py": "def save(m):\n    return 'saved with modelopt state'\n"}
+FAKE_MODELOPT = {
+    "modelopt/__init__.py": "",
+    "modelopt/torch/__init__.py": "",
+    "modelopt/torch/quantization.py": "def summary(m):\n    return 'summary'\n",
+    "modelopt/torch/opt.py": "def save(m):\n    return 'saved with modelopt state'\n",
+}
 
 
 @pytest.mark.torch
@@ -145,7 +175,9 @@ def test_guarded_everywhere_the_probe_lies(tmp_path):
     from tests.helpers.codemods import rewrite
 
     files = _ported(tmp_path)
-    files["megatron/post_training/utils.py"] = rewrite("guard-nvidia-only-imports", UTILS, "megatron/post_training/utils.py")[0]
+    files["megatron/post_training/utils.py"] = rewrite(
+        "guard-nvidia-only-imports", UTILS, "megatron/post_training/utils.py"
+    )[0]
     proc = run_tree(tmp_path / "run", files, PROBE)
     assert proc.returncode != 0
     assert "needs the NVIDIA-only package 'nvidia-modelopt'" in proc.stderr

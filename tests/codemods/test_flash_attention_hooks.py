@@ -4,7 +4,7 @@ import pytest
 
 from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, run_tree
 
-ATTENTION = '''\
+ATTENTION = """\
 try:
     from flash_attn_3.flash_attn_interface import _flash_attn_forward
 
@@ -16,7 +16,7 @@ try:
     from flash_attn import flash_attn_varlen_func
 except ImportError:
     flash_attn_varlen_func = None
-'''
+"""
 
 UTILS = '''\
 from packaging.version import Version as PkgVersion
@@ -45,8 +45,12 @@ def test_fa3_off_on_rocm(tmp_path):
     assert sites == 1 and "if _rocmport_is_hip():\n    HAVE_FA3 = False  # rocmport:" in after
     assert after.index("HAVE_FA3 = False  # rocmport") < after.index("from flash_attn import")
     assert_idempotent("flash-attention-hooks", ATTENTION, "megatron/core/transformer/attention.py")
-    fa3 = {"flash_attn_3/__init__.py": "", "flash_attn_3/flash_attn_interface.py": "def _flash_attn_forward(): pass\n",
-           "megatron/core/transformer/__init__.py": "", "megatron/core/transformer/attention.py": after}
+    fa3 = {
+        "flash_attn_3/__init__.py": "",
+        "flash_attn_3/flash_attn_interface.py": "def _flash_attn_forward(): pass\n",
+        "megatron/core/transformer/__init__.py": "",
+        "megatron/core/transformer/attention.py": after,
+    }
     code = "from megatron.core.transformer import attention as a\nprint(a.HAVE_FA3)\n"
     assert run_tree(tmp_path / "r", fa3, code, hip="6.4.1").stdout.strip() == "False"
     assert run_tree(tmp_path / "c", fa3, code).stdout.strip() == "True"
@@ -65,18 +69,37 @@ def test_fa_version_without_flash_attn(tmp_path):
 
 
 def test_attention_exact_before_after():
-    assert_codemod("flash-attention-hooks", ATTENTION, ATTENTION.replace("    HAVE_FA3 = False\n", (
-        "    HAVE_FA3 = False\n"
-        "from megatron.core._rocm import is_hip as _rocmport_is_hip\n"
-        "if _rocmport_is_hip():\n"
-        "    HAVE_FA3 = False  # rocmport: FlashAttention-3 is Hopper-only; ROCm uses flash_attn (CK)\n"), 1),
-        "megatron/core/transformer/attention.py", sites=1)
+    assert_codemod(
+        "flash-attention-hooks",
+        ATTENTION,
+        ATTENTION.replace(
+            "    HAVE_FA3 = False\n",
+            (
+                "    HAVE_FA3 = False\n"
+                "from megatron.core._rocm import is_hip as _rocmport_is_hip\n"
+                "if _rocmport_is_hip():\n"
+                "    HAVE_FA3 = False  # rocmport: FlashAttention-3 is Hopper-only; ROCm uses flash_attn (CK)\n"
+            ),
+            1,
+        ),
+        "megatron/core/transformer/attention.py",
+        sites=1,
+    )
 
 
 def test_fa_version_exact_before_after():
-    assert_codemod("flash-attention-hooks", UTILS, UTILS.replace('    """Get Flash attention version from __version__"""\n', (
-        '    """Get Flash attention version from __version__"""\n'
-        "    from megatron.core._rocm import module_available\n"
-        '    if not module_available("flash_attn"):\n'
-        '        return PkgVersion("0.0.0")  # rocmport: no flash_attn, no FA feature of any version\n')),
-        "megatron/core/utils.py", sites=1)
+    assert_codemod(
+        "flash-attention-hooks",
+        UTILS,
+        UTILS.replace(
+            '    """Get Flash attention version from __version__"""\n',
+            (
+                '    """Get Flash attention version from __version__"""\n'
+                "    from megatron.core._rocm import module_available\n"
+                '    if not module_available("flash_attn"):\n'
+                '        return PkgVersion("0.0.0")  # rocmport: no flash_attn, no FA feature of any version\n'
+            ),
+        ),
+        "megatron/core/utils.py",
+        sites=1,
+    )

@@ -11,10 +11,14 @@ REL = "megatron/training/arguments.py"
 
 
 def test_exact_before_after():
-    after = VALIDATE_ARGS.replace('    """Validate arguments."""\n', (
-        '    """Validate arguments."""\n'
-        "    from megatron.core._rocm import check_fp8_for_arch\n"
-        "    check_fp8_for_arch(args)  # rocmport: on ROCm, the FP8 recipe against the GPU's arch\n"))
+    after = VALIDATE_ARGS.replace(
+        '    """Validate arguments."""\n',
+        (
+            '    """Validate arguments."""\n'
+            "    from megatron.core._rocm import check_fp8_for_arch\n"
+            "    check_fp8_for_arch(args)  # rocmport: on ROCm, the FP8 recipe against the GPU's arch\n"
+        ),
+    )
     assert_codemod("fp8-arch-check", VALIDATE_ARGS, after, REL, sites=1)
 
 
@@ -55,8 +59,13 @@ for w in caught:
 
 
 def probe(arch="gfx942:sramecc+:xnack-", fmt="hybrid", recipe="delayed", env=None, te=None) -> str:
-    return (PROBE.replace("__ARCH__", repr(arch)).replace("__FORMAT__", repr(fmt)).replace("__RECIPE__", repr(recipe))
-            .replace("__ENV__", repr(env or {})).replace("__TE__", repr(te)))
+    return (
+        PROBE.replace("__ARCH__", repr(arch))
+        .replace("__FORMAT__", repr(fmt))
+        .replace("__RECIPE__", repr(recipe))
+        .replace("__ENV__", repr(env or {}))
+        .replace("__TE__", repr(te))
+    )
 
 
 def run(tmp_path, text: str, code: str, hip: bool = True) -> list[str]:
@@ -69,23 +78,53 @@ CASES = [
     # (arch, format, recipe, env, TE's answer, the first line printed)
     ("gfx942:sramecc+:xnack-", "hybrid", "delayed", {}, None, "ok None"),
     ("gfx942:sramecc+:xnack-", "e4m3", "tensorwise", {}, None, "ok None"),
-    ("gfx942:sramecc+:xnack-", "hybrid", "mxfp8", {}, None,
-     "ValueError --fp8-format hybrid --fp8-recipe mxfp8: gfx942 cannot run the mxfp8 recipe (MXFP8 needs gfx950; gfx942 has "
-     "the FNUZ FP8 formats); use --fp8-recipe delayed or tensorwise"),
+    (
+        "gfx942:sramecc+:xnack-",
+        "hybrid",
+        "mxfp8",
+        {},
+        None,
+        "ValueError --fp8-format hybrid --fp8-recipe mxfp8: gfx942 cannot run the mxfp8 recipe (MXFP8 needs gfx950; gfx942 has "
+        "the FNUZ FP8 formats); use --fp8-recipe delayed or tensorwise",
+    ),
     ("gfx950", "e4m3", "mxfp8", {}, None, "ok 1"),
-    ("gfx950", "e4m3", "mxfp8", {"NVTE_ROCM_ENABLE_MXFP8": "0"}, None,
-     "ValueError --fp8-format e4m3 --fp8-recipe mxfp8: gfx950 runs MXFP8 only with NVTE_ROCM_ENABLE_MXFP8=1 (it is set to '0'); "
-     "export NVTE_ROCM_ENABLE_MXFP8=1"),
-    ("gfx90a:sramecc+:xnack-", "hybrid", "delayed", {}, None,
-     "ValueError --fp8-format hybrid --fp8-recipe delayed: gfx90a cannot run FP8 (ROCm Transformer Engine runs FP8 on "
-     "gfx942/gfx950 only); train in bf16 (--bf16, without --fp8-format)"),
-    ("gfx1100", "e4m3", "tensorwise", {}, None,
-     "ValueError --fp8-format e4m3 --fp8-recipe tensorwise: gfx1100 cannot run FP8 (ROCm Transformer Engine runs FP8 on "
-     "gfx942/gfx950 only); train in bf16 (--bf16, without --fp8-format)"),
+    (
+        "gfx950",
+        "e4m3",
+        "mxfp8",
+        {"NVTE_ROCM_ENABLE_MXFP8": "0"},
+        None,
+        "ValueError --fp8-format e4m3 --fp8-recipe mxfp8: gfx950 runs MXFP8 only with NVTE_ROCM_ENABLE_MXFP8=1 (it is set to '0'); "
+        "export NVTE_ROCM_ENABLE_MXFP8=1",
+    ),
+    (
+        "gfx90a:sramecc+:xnack-",
+        "hybrid",
+        "delayed",
+        {},
+        None,
+        "ValueError --fp8-format hybrid --fp8-recipe delayed: gfx90a cannot run FP8 (ROCm Transformer Engine runs FP8 on "
+        "gfx942/gfx950 only); train in bf16 (--bf16, without --fp8-format)",
+    ),
+    (
+        "gfx1100",
+        "e4m3",
+        "tensorwise",
+        {},
+        None,
+        "ValueError --fp8-format e4m3 --fp8-recipe tensorwise: gfx1100 cannot run FP8 (ROCm Transformer Engine runs FP8 on "
+        "gfx942/gfx950 only); train in bf16 (--bf16, without --fp8-format)",
+    ),
     # The installed TE's own check has the last word.
-    ("gfx950", "hybrid", "delayed", {}, (False, "Device arch gfx94x or gfx95x required for FP8 execution."),
-     "ValueError --fp8-format hybrid --fp8-recipe delayed: the installed Transformer Engine cannot run it on gfx950: "
-     "Device arch gfx94x or gfx95x required for FP8 execution."),
+    (
+        "gfx950",
+        "hybrid",
+        "delayed",
+        {},
+        (False, "Device arch gfx94x or gfx95x required for FP8 execution."),
+        "ValueError --fp8-format hybrid --fp8-recipe delayed: the installed Transformer Engine cannot run it on gfx950: "
+        "Device arch gfx94x or gfx95x required for FP8 execution.",
+    ),
     ("gfx950", "hybrid", "delayed", {}, (True, ""), "ok None"),
 ]
 
@@ -97,16 +136,20 @@ def test_rocm_by_arch(tmp_path, arch, fmt, recipe, env, te, first):
     lines = run(tmp_path, after, probe(arch, fmt, recipe, env, te))
     assert lines[0] == first
     if first == "ok 1":
-        assert lines[1].startswith("warning ROCm gfx950 --fp8-format e4m3 --fp8-recipe mxfp8: set NVTE_ROCM_ENABLE_MXFP8=1")
+        assert lines[1].startswith(
+            "warning ROCm gfx950 --fp8-format e4m3 --fp8-recipe mxfp8: set NVTE_ROCM_ENABLE_MXFP8=1"
+        )
 
 
 @pytest.mark.torch
 def test_without_fp8_or_without_a_device_nothing_is_judged(tmp_path):
     after, _ = rewrite("fp8-arch-check", VALIDATE_ARGS, REL)
     assert run(tmp_path / "a", after, probe("gfx90a", None, "delayed"))[0] == "ok None"
-    nodevice = probe("gfx90a").replace("torch.cuda.get_device_properties = lambda device=None: props",
-                                       "def nodev(device=None):\n    raise RuntimeError('No HIP GPUs are available')\n"
-                                       "torch.cuda.get_device_properties = nodev")
+    nodevice = probe("gfx90a").replace(
+        "torch.cuda.get_device_properties = lambda device=None: props",
+        "def nodev(device=None):\n    raise RuntimeError('No HIP GPUs are available')\n"
+        "torch.cuda.get_device_properties = nodev",
+    )
     assert run(tmp_path / "b", after, nodevice)[0] == "ok None"
 
 

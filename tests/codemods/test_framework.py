@@ -40,10 +40,15 @@ def test_layers_triggers_failures_and_helper(tmp_path):
 
 def test_layers_stack_in_order(tmp_path):
     # One file touched by two codemods: the second layer's text includes the first's change.
-    tree = make_tree(tmp_path / "t", {"megatron/core/x.py": "import modelopt\nimport torch\nf = torch.cuda.amp.custom_bwd\n"})
+    tree = make_tree(
+        tmp_path / "t", {"megatron/core/x.py": "import modelopt\nimport torch\nf = torch.cuda.amp.custom_bwd\n"}
+    )
     apex, _, guard = compute_layers(tree, list(registry), jobs=1, cache_dir=tmp_path / "c").layers[:3]
     assert "torch.amp.custom_bwd" in apex.files["megatron/core/x.py"] and "try:" not in apex.files["megatron/core/x.py"]
-    assert "torch.amp.custom_bwd" in guard.files["megatron/core/x.py"] and "HAVE_MODELOPT" in guard.files["megatron/core/x.py"]
+    assert (
+        "torch.amp.custom_bwd" in guard.files["megatron/core/x.py"]
+        and "HAVE_MODELOPT" in guard.files["megatron/core/x.py"]
+    )
 
 
 def test_cache_makes_a_rerun_cheap_and_equal(tmp_path):
@@ -69,14 +74,20 @@ def test_cli_check_diff_json_and_in_place(tmp_path, capsys, monkeypatch):
     assert main(["codemod", str(tree), "--check"]) == 1
     assert main(["codemod", str(tree), "--diff"]) == 0
     out = capsys.readouterr().out
-    assert "+f = functools.partial(torch.amp.custom_fwd, device_type=\"cuda\")" in out
+    assert '+f = functools.partial(torch.amp.custom_fwd, device_type="cuda")' in out
     assert (tree / "megatron/core/layers.py").read_text() == files["megatron/core/layers.py"]  # --diff wrote nothing
     assert main(["codemod", str(tree), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["files"]["megatron/core/layers.py"] == {"outcome": "changed", "sites": {"apex-to-torch": 1}}
     assert data["sites"]["guard-nvidia-only-imports"] == 1 and data["written"] is True
-    assert {"codemod": "apex-to-torch", "path": "megatron/core/layers.py", "line": 2, "kind": "site", "detail": {},
-            "message": 'torch.cuda.amp.custom_fwd -> functools.partial(torch.amp.custom_fwd, device_type="cuda")'} in data["reports"]
+    assert {
+        "codemod": "apex-to-torch",
+        "path": "megatron/core/layers.py",
+        "line": 2,
+        "kind": "site",
+        "detail": {},
+        "message": 'torch.cuda.amp.custom_fwd -> functools.partial(torch.amp.custom_fwd, device_type="cuda")',
+    } in data["reports"]
     assert (tree / "megatron/core/_rocm.py").exists()
     assert main(["codemod", str(tree), "--check"]) == 0  # idempotent
 
@@ -94,44 +105,62 @@ def test_cli_reports_parse_failures_and_bad_names(tmp_path, capsys, monkeypatch)
 
 # ---- one way to add imports --------------------------------------------------------------------
 
+
 def test_add_imports_after_docstring_and_future_never_twice():
     import libcst as cst
 
     from rocmport.codemods.edits import add_imports
 
     src = '"""Doc."""\nfrom __future__ import annotations\n\nimport os\n\nfrom megatron.core._rocm import is_hip\n\nx = 1\n'
-    out = add_imports(cst.parse_module(src), [("functools", None, None), ("megatron.core._rocm", "te_gate", None),
-                                               ("os", None, None), ("megatron.core._rocm", "is_hip", None)]).code
+    out = add_imports(
+        cst.parse_module(src),
+        [
+            ("functools", None, None),
+            ("megatron.core._rocm", "te_gate", None),
+            ("os", None, None),
+            ("megatron.core._rocm", "is_hip", None),
+        ],
+    ).code
     # Merged into the existing `from megatron.core._rocm import`, `import os` not repeated, the new
     # module import after the leading import block, the code untouched.
-    assert out == ('"""Doc."""\nfrom __future__ import annotations\n\nimport os\n\n'
-                   'from megatron.core._rocm import is_hip, te_gate\nimport functools\n\nx = 1\n')
-    assert add_imports(cst.parse_module(out), [("functools", None, None), ("megatron.core._rocm", "te_gate", None)]).code == out
+    assert out == (
+        '"""Doc."""\nfrom __future__ import annotations\n\nimport os\n\n'
+        "from megatron.core._rocm import is_hip, te_gate\nimport functools\n\nx = 1\n"
+    )
+    assert (
+        add_imports(cst.parse_module(out), [("functools", None, None), ("megatron.core._rocm", "te_gate", None)]).code
+        == out
+    )
     # No imports at all: after the docstring and __future__, before the code.
     bare = '"""Doc."""\nfrom __future__ import annotations\n\nx = 1\n'
     assert add_imports(cst.parse_module(bare), [("torch", None, None)]).code == (
-        '"""Doc."""\nfrom __future__ import annotations\nimport torch\n\nx = 1\n')
+        '"""Doc."""\nfrom __future__ import annotations\nimport torch\n\nx = 1\n'
+    )
 
 
 # ---- reports ----------------------------------------------------------------------------------
+
 
 def test_reports_are_in_the_layers_and_come_back_from_the_cache(tmp_path):
     files = {
         "megatron/core/extensions/transformer_engine.py": (
             "import transformer_engine as te\nfrom megatron.core.utils import is_te_min_version\n\n\n"
             "class TELinear(te.pytorch.Linear):\n    def __init__(self, c):\n        kw = {}\n"
-            "        if is_te_min_version(\"2.3.0\"):\n            kw[\"delay_wgrad_compute\"] = c\n"
-            "        if is_te_min_version(\"2.0.0\"):\n            self.extra_state = 1\n        super().__init__(**kw)\n"),
-        "megatron/training/arguments.py": "from megatron.core.utils import is_te_min_version\nok = is_te_min_version(\"2.7.0\")\n",
+            '        if is_te_min_version("2.3.0"):\n            kw["delay_wgrad_compute"] = c\n'
+            '        if is_te_min_version("2.0.0"):\n            self.extra_state = 1\n        super().__init__(**kw)\n'
+        ),
+        "megatron/training/arguments.py": 'from megatron.core.utils import is_te_min_version\nok = is_te_min_version("2.7.0")\n',
     }
     tree = make_tree(tmp_path / "t", files)
     first = compute_layers(tree, ["te-version-gates"], jobs=1, cache_dir=tmp_path / "c")
     layer = first.layers[0]
     assert set(layer.files) == {"megatron/core/_rocm.py", "megatron/core/extensions/transformer_engine.py"}
     rows = [(r.path, r.line, r.kind) for r in layer.all_reports()]
-    assert rows == [("megatron/core/extensions/transformer_engine.py", 8, "site"),
-                    ("megatron/core/extensions/transformer_engine.py", 10, "skip"),
-                    ("megatron/training/arguments.py", 2, "skip")]  # unchanged file, still reported
+    assert rows == [
+        ("megatron/core/extensions/transformer_engine.py", 8, "site"),
+        ("megatron/core/extensions/transformer_engine.py", 10, "skip"),
+        ("megatron/training/arguments.py", 2, "skip"),
+    ]  # unchanged file, still reported
     second = compute_layers(tree, ["te-version-gates"], jobs=1, cache_dir=tmp_path / "c")
     assert second.files_parsed == 0 and second.cache_hits == 2
     assert second.layers[0].all_reports() == layer.all_reports()
@@ -143,9 +172,11 @@ def test_one_parse_per_file_for_all_codemods(tmp_path, monkeypatch):
 
     from rocmport.codemods.runner import _specs, transform_text
 
-    text = ("import torch\nimport modelopt\nfrom megatron.core.utils import is_te_min_version\n\n"
-            "f = torch.cuda.amp.custom_fwd\nok = torch.cuda.get_device_capability()[0] >= 9 and is_te_min_version('1.0')\n"
-            "has_nvml = True\n")
+    text = (
+        "import torch\nimport modelopt\nfrom megatron.core.utils import is_te_min_version\n\n"
+        "f = torch.cuda.amp.custom_fwd\nok = torch.cuda.get_device_capability()[0] >= 9 and is_te_min_version('1.0')\n"
+        "has_nvml = True\n"
+    )
     real, parsed = cst.parse_module, []
 
     def counting(source, *a, **k):
@@ -155,5 +186,13 @@ def test_one_parse_per_file_for_all_codemods(tmp_path, monkeypatch):
     monkeypatch.setattr(cst, "parse_module", counting)
     out, failure = transform_text("megatron/core/x.py", text, _specs(list(registry)))
     assert failure is None
-    assert {"apex-to-torch", "guard-nvidia-only-imports", "capability-gates", "te-version-gates", "device-probes"} <= set(out)
-    assert [s for s in parsed if "has_nvml" in s and "import torch" in s] == [text]  # snippets may be parsed; the file once
+    assert {
+        "apex-to-torch",
+        "guard-nvidia-only-imports",
+        "capability-gates",
+        "te-version-gates",
+        "device-probes",
+    } <= set(out)
+    assert [s for s in parsed if "has_nvml" in s and "import torch" in s] == [
+        text
+    ]  # snippets may be parsed; the file once

@@ -4,7 +4,7 @@ import pytest
 
 from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
 
-LOAD_BEFORE = '''\
+LOAD_BEFORE = """\
 import os
 import subprocess
 
@@ -26,18 +26,18 @@ def _get_cuda_bare_metal_version(cuda_dir):
     output = raw_output.split()
     release = output[output.index("release") + 1].split(".")
     return raw_output, release[0], release[1][0]
-'''
+"""
 
-LOAD_AFTER_HEAD = '''\
+LOAD_AFTER_HEAD = """\
 def load(args):
     from megatron.core._rocm import cuda_toolkit_missing
     if cuda_toolkit_missing():
         return  # rocmport: no nvcc (ROCm, or CUDA_HOME unset): nothing to build
 
     # Check if cuda 11 is installed for compute capability 8.0
-'''
+"""
 
-ARGS_BEFORE = '''\
+ARGS_BEFORE = """\
 def validate_args(args, defaults={}):
     if args.rank == 0:
         print("validating")
@@ -47,9 +47,9 @@ def validate_args(args, defaults={}):
 
 def other(args):
     return args
-'''
+"""
 
-ARGS_AFTER = '''\
+ARGS_AFTER = """\
 def validate_args(args, defaults={}):
     if args.rank == 0:
         print("validating")
@@ -60,13 +60,13 @@ def validate_args(args, defaults={}):
 
 def other(args):
     return args
-'''
+"""
 
-KERNEL_IMPORTS = '''\
+KERNEL_IMPORTS = """\
 import torch
 import amp_C
 import fused_weight_gradient_mlp_cuda
-'''
+"""
 
 LOAD_REL = "megatron/legacy/fused_kernels/__init__.py"
 ARGS_REL = "megatron/training/arguments.py"
@@ -100,10 +100,15 @@ def _load_tree(tmp_path):
 
 @pytest.mark.torch
 def test_load_returns_early_on_rocm(tmp_path):
-    proc = run_tree(tmp_path, _load_tree(tmp_path), """
+    proc = run_tree(
+        tmp_path,
+        _load_tree(tmp_path),
+        """
         from megatron.legacy import fused_kernels
         print(fused_kernels.load(None))
-    """, hip="6.3.42131")
+    """,
+        hip="6.3.42131",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "None"
 
@@ -115,12 +120,16 @@ def test_load_on_cuda_still_runs_nvcc(tmp_path):
     (cuda / "bin" / "nvcc").write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
     (cuda / "bin" / "nvcc").chmod(0o755)
     # A CUDA build of torch resolves CUDA_HOME at import; this CPU build leaves it None, so set it.
-    proc = run_tree(tmp_path, _load_tree(tmp_path), f"""
+    proc = run_tree(
+        tmp_path,
+        _load_tree(tmp_path),
+        f"""
         from torch.utils import cpp_extension
         cpp_extension.CUDA_HOME = {str(cuda)!r}
         from megatron.legacy import fused_kernels
         print(fused_kernels.load(None))
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "12"
 
@@ -146,16 +155,26 @@ def test_fusion_flags_off_on_rocm_only(tmp_path):
 
 
 def test_load_exact_before_after():
-    assert_codemod("fused-kernel-fallbacks", LOAD_BEFORE, LOAD_BEFORE.replace(
-        "def load(args):\n\n    # Check if cuda 11 is installed for compute capability 8.0\n", LOAD_AFTER_HEAD), LOAD_REL, sites=1)
+    assert_codemod(
+        "fused-kernel-fallbacks",
+        LOAD_BEFORE,
+        LOAD_BEFORE.replace(
+            "def load(args):\n\n    # Check if cuda 11 is installed for compute capability 8.0\n", LOAD_AFTER_HEAD
+        ),
+        LOAD_REL,
+        sites=1,
+    )
 
 
 def test_kernel_imports_exact_with_aliases():
-    assert_codemod("fused-kernel-fallbacks", '''\
+    assert_codemod(
+        "fused-kernel-fallbacks",
+        """\
         import torch
         import amp_C as kernels
         import fused_weight_gradient_mlp_cuda
-        ''', '''\
+        """,
+        """\
         import torch
         try:
             import amp_C as kernels
@@ -168,7 +187,10 @@ def test_kernel_imports_exact_with_aliases():
             fused_weight_gradient_mlp_cuda = None
             HAVE_AMP_C = False
             HAVE_FUSED_WEIGHT_GRADIENT_MLP_CUDA = False
-        ''', "megatron/core/optimizer/x.py", sites=2)
+        """,
+        "megatron/core/optimizer/x.py",
+        sites=2,
+    )
 
 
 # ---- issue 17 item 9: the in-function import in drain_embedding_wgrad_compute -----------------------
@@ -194,14 +216,26 @@ def drain_embedding_wgrad_compute(config, embedding_activation_buffer, grad_outp
 
 
 def test_in_function_kernel_import_before_after():
-    assert_codemod("fused-kernel-fallbacks", DRAIN, DRAIN.replace("    import fused_weight_gradient_mlp_cuda\n", (
-        "    try:\n"
-        "        import fused_weight_gradient_mlp_cuda\n"
-        "    except ImportError:  # rocmport: no apex kernel (ROCm apex does not build it): torch fallback\n"
-        "        from megatron.core._rocm import WgradGemmFallback as fused_weight_gradient_mlp_cuda\n")), "megatron/core/utils.py", sites=1)
+    assert_codemod(
+        "fused-kernel-fallbacks",
+        DRAIN,
+        DRAIN.replace(
+            "    import fused_weight_gradient_mlp_cuda\n",
+            (
+                "    try:\n"
+                "        import fused_weight_gradient_mlp_cuda\n"
+                "    except ImportError:  # rocmport: no apex kernel (ROCm apex does not build it): torch fallback\n"
+                "        from megatron.core._rocm import WgradGemmFallback as fused_weight_gradient_mlp_cuda\n"
+            ),
+        ),
+        "megatron/core/utils.py",
+        sites=1,
+    )
     # a kernel without a torch fallback is left, and reported with the reason
     src = "def forward(x):\n    import scaled_masked_softmax_cuda\n    return scaled_masked_softmax_cuda.forward(x)\n"
-    after, sites, reports = rewrite_with_reports("fused-kernel-fallbacks", src, "megatron/core/fusions/fused_softmax.py")
+    after, sites, reports = rewrite_with_reports(
+        "fused-kernel-fallbacks", src, "megatron/core/fusions/fused_softmax.py"
+    )
     assert (after, sites) == (src, 0)
     assert [(r.kind, r.line) for r in reports] == [("skip", 2)] and "no torch fallback" in reports[0].message
 
@@ -228,6 +262,10 @@ def test_drain_embedding_wgrad_without_apex_matches_the_formula(tmp_path):
     assert ported.stdout.splitlines() == ["torch.float32 True", "torch.bfloat16 True"], ported.stderr
     upstream = run_tree(tmp_path / "u", {"megatron/core/utils.py": DRAIN}, DRAIN_PROBE, hip="6.4.43482")
     assert "No module named 'fused_weight_gradient_mlp_cuda'" in upstream.stderr
-    kernel = {"fused_weight_gradient_mlp_cuda.py": "def wgrad_gemm_accum_fp32(i, g, m):\n    m.fill_(7)\nwgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32\n"}
+    kernel = {
+        "fused_weight_gradient_mlp_cuda.py": "def wgrad_gemm_accum_fp32(i, g, m):\n    m.fill_(7)\nwgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32\n"
+    }
     with_kernel = run_tree(tmp_path / "k", {**kernel, "megatron/core/utils.py": after}, DRAIN_PROBE)
-    assert with_kernel.stdout.splitlines() == ["torch.float32 False", "torch.bfloat16 False"], with_kernel.stderr  # the kernel ran
+    assert with_kernel.stdout.splitlines() == ["torch.float32 False", "torch.bfloat16 False"], (
+        with_kernel.stderr
+    )  # the kernel ran

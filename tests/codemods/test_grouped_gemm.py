@@ -53,21 +53,37 @@ def test_moe_grouped_gemm_falls_back_to_sequential_on_rocm(tmp_path):
     """
     lines = lambda proc: proc.stdout.split("\n")[:3]  # noqa: E731
     # ROCm, neither TE nor grouped_gemm: every way falls back to SequentialMLP, with the warning
-    assert lines(run_tree(tmp_path / "r", {}, code, hip="6.4.1")) == ["local False True", "transformer_engine False True",
-                                                                       "transformer_engine False True"]
+    assert lines(run_tree(tmp_path / "r", {}, code, hip="6.4.1")) == [
+        "local False True",
+        "transformer_engine False True",
+        "transformer_engine False True",
+    ]
     # a TE with GroupedLinear: TE's grouped GEMM (TEGroupedMLP), unless the legacy GroupedMLP is asked for
-    te = {"transformer_engine/__init__.py": "", "transformer_engine/pytorch/__init__.py": "class GroupedLinear:\n    pass\n"}
-    assert lines(run_tree(tmp_path / "t", te, code, hip="6.4.1")) == ["local False True", "transformer_engine True False",
-                                                                       "transformer_engine False True"]
+    te = {
+        "transformer_engine/__init__.py": "",
+        "transformer_engine/pytorch/__init__.py": "class GroupedLinear:\n    pass\n",
+    }
+    assert lines(run_tree(tmp_path / "t", te, code, hip="6.4.1")) == [
+        "local False True",
+        "transformer_engine True False",
+        "transformer_engine False True",
+    ]
     # an older ROCm TE without GroupedLinear: megatron would take the legacy GroupedMLP, which needs grouped_gemm
     old_te = {"transformer_engine/__init__.py": "", "transformer_engine/pytorch/__init__.py": ""}
     assert lines(run_tree(tmp_path / "o", old_te, code, hip="6.4.1"))[1] == "transformer_engine False True"
     # AMD's grouped_gemm build installed (the component matrix): the grouped GEMM stays on, every way
     gg = {"grouped_gemm/__init__.py": "", "grouped_gemm/ops.py": ""}
-    assert lines(run_tree(tmp_path / "g", gg, code, hip="6.4.1")) == ["local True False", "transformer_engine True False",
-                                                                       "transformer_engine True False"]
+    assert lines(run_tree(tmp_path / "g", gg, code, hip="6.4.1")) == [
+        "local True False",
+        "transformer_engine True False",
+        "transformer_engine True False",
+    ]
     # the CUDA control: unchanged
-    assert lines(run_tree(tmp_path / "c", {}, code)) == ["local True False", "transformer_engine True False", "transformer_engine True False"]
+    assert lines(run_tree(tmp_path / "c", {}, code)) == [
+        "local True False",
+        "transformer_engine True False",
+        "transformer_engine True False",
+    ]
 
 
 def test_docstrings_citing_the_repo_are_left_alone():
@@ -76,21 +92,34 @@ def test_docstrings_citing_the_repo_are_left_alone():
 
 
 def test_exact_before_after():
-    assert_codemod("grouped-gemm", UTIL, "from megatron.core._rocm import grouped_gemm_hint\n\n" + UTIL.replace(
-        '    assert grouped_gemm is not None, (\n', '    assert grouped_gemm is not None, grouped_gemm_hint((\n').replace(
-        '@v1.1.4`."\n    )\n', '@v1.1.4`."\n    ))\n'), REL, sites=1)
+    assert_codemod(
+        "grouped-gemm",
+        UTIL,
+        "from megatron.core._rocm import grouped_gemm_hint\n\n"
+        + UTIL.replace(
+            "    assert grouped_gemm is not None, (\n", "    assert grouped_gemm is not None, grouped_gemm_hint((\n"
+        ).replace('@v1.1.4`."\n    )\n', '@v1.1.4`."\n    ))\n'),
+        REL,
+        sites=1,
+    )
 
 
 def test_hint_import_goes_after_docstring_and_future():
-    assert_codemod("grouped-gemm", '''\
+    assert_codemod(
+        "grouped-gemm",
+        '''\
         """Grouped GEMM."""
         from __future__ import annotations
 
         HINT = "pip install git+https://github.com/fanshiqing/grouped_gemm@v1.1.4"
-        ''', '''\
+        ''',
+        '''\
         """Grouped GEMM."""
         from __future__ import annotations
         from megatron.core._rocm import grouped_gemm_hint
 
         HINT = grouped_gemm_hint("pip install git+https://github.com/fanshiqing/grouped_gemm@v1.1.4")
-        ''', REL, sites=1)
+        ''',
+        REL,
+        sites=1,
+    )

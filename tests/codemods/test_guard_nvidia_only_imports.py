@@ -67,21 +67,28 @@ def test_idempotent_and_guarded_imports_untouched():
 
 
 def test_bridge_files_use_the_bridge_helper():
-    after, _ = rewrite("guard-nvidia-only-imports", "from modelopt.torch.distill import DistillationModel\n",
-                       "src/megatron/bridge/models/gpt_provider.py")
+    after, _ = rewrite(
+        "guard-nvidia-only-imports",
+        "from modelopt.torch.distill import DistillationModel\n",
+        "src/megatron/bridge/models/gpt_provider.py",
+    )
     assert "from megatron.bridge._rocm import MissingPackage" in after
 
 
 @pytest.mark.torch
 def test_absent_package_fails_at_use_not_import(tmp_path):
-    proc = run_tree(tmp_path, {REL: AFTER, "megatron/post_training/__init__.py": ""}, """
+    proc = run_tree(
+        tmp_path,
+        {REL: AFTER, "megatron/post_training/__init__.py": ""},
+        """
         import megatron.post_training.checkpointing as c
         assert c.HAVE_MODELOPT is False and not c.mto
         try:
             c.load_modelopt_state(object(), "/ckpt")
         except ModuleNotFoundError as e:
             print("ERR", e)
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "needs the NVIDIA-only package 'nvidia-modelopt'" in proc.stdout
     assert "megatron/post_training/checkpointing.py" in proc.stdout
@@ -91,15 +98,23 @@ def test_absent_package_fails_at_use_not_import(tmp_path):
 @pytest.mark.torch
 def test_present_package_behaves_as_upstream(tmp_path):
     fake = {
-        "modelopt/__init__.py": "", "modelopt/torch/__init__.py": "", "modelopt/torch/opt/__init__.py": "NAME = 'real mto'\n",
+        "modelopt/__init__.py": "",
+        "modelopt/torch/__init__.py": "",
+        "modelopt/torch/opt/__init__.py": "NAME = 'real mto'\n",
         "modelopt/torch/opt/plugins.py": "def restore_sharded_modelopt_state(models, path):\n    return ('restored', path)\n",
-        "nvidia_resiliency_ext/__init__.py": "", "nvidia_resiliency_ext/fault_tolerance.py": "class RankMonitorClient: pass\n",
-        REL: AFTER, "megatron/post_training/__init__.py": "",
+        "nvidia_resiliency_ext/__init__.py": "",
+        "nvidia_resiliency_ext/fault_tolerance.py": "class RankMonitorClient: pass\n",
+        REL: AFTER,
+        "megatron/post_training/__init__.py": "",
     }
-    proc = run_tree(tmp_path, fake, """
+    proc = run_tree(
+        tmp_path,
+        fake,
+        """
         import megatron.post_training.checkpointing as c
         print(c.HAVE_MODELOPT, c.HAVE_NVIDIA_RESILIENCY_EXT, c.mto.NAME, c.load_modelopt_state(None, "/p"))
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True True real mto ('restored', '/p')"
 
@@ -118,16 +133,24 @@ def test_series_options_add_packages_and_their_triggers(tmp_path):
     layer = compute_layers(tmp_path, [spec], cache_dir=tmp_path / "c").layers[0]
     after = layer.files[rel]
     assert "    te = MissingPackage('transformer-engine', 'transformer_engine.pytorch', " in after
-    files = {"megatron/bridge/__init__.py": "", "megatron/bridge/peft/__init__.py": "",
-             "megatron/bridge/peft/lora_layers.py": after, "megatron/bridge/_rocm.py": layer.files["src/megatron/bridge/_rocm.py"]}
-    proc = run_tree(tmp_path / "run", files, """
+    files = {
+        "megatron/bridge/__init__.py": "",
+        "megatron/bridge/peft/__init__.py": "",
+        "megatron/bridge/peft/lora_layers.py": after,
+        "megatron/bridge/_rocm.py": layer.files["src/megatron/bridge/_rocm.py"],
+    }
+    proc = run_tree(
+        tmp_path / "run",
+        files,
+        """
         from megatron.bridge.peft import lora_layers as m
         print(m.HAVE_TRANSFORMER_ENGINE, m.is_te(object()))
         try:
             m.TELinearAdapter()
         except ModuleNotFoundError as e:
             print("ERR", "transformer-engine" in str(e))
-    """)
+    """,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:2] == ["False False", "ERR True"]
 
@@ -136,17 +159,22 @@ def test_series_options_add_packages_and_their_triggers(tmp_path):
 def test_placeholders_survive_annotations_evaluated_at_import(tmp_path):
     src = "from modelopt.torch.distill import DistillationModel\n\n\ndef f(m: DistillationModel | None = None) -> list[DistillationModel]:\n    return m\n"
     after, _ = rewrite("guard-nvidia-only-imports", src, "megatron/core/x.py")
-    proc = run_tree(tmp_path, {"megatron/core/x.py": after}, "from megatron.core import x\nprint(x.f(), x.HAVE_MODELOPT)\n")
+    proc = run_tree(
+        tmp_path, {"megatron/core/x.py": after}, "from megatron.core import x\nprint(x.f(), x.HAVE_MODELOPT)\n"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "None False"
 
 
 def test_aliases_exact_before_after():
-    assert_codemod("guard-nvidia-only-imports", '''\
+    assert_codemod(
+        "guard-nvidia-only-imports",
+        """\
         import torch
         from nvidia_resiliency_ext import fault_tolerance as ft
         import modelopt.torch.quantization as mtq
-        ''', '''\
+        """,
+        """\
         import torch
         try:
             from nvidia_resiliency_ext import fault_tolerance as ft
@@ -159,4 +187,7 @@ def test_aliases_exact_before_after():
             mtq = MissingPackage('nvidia-modelopt', 'modelopt.torch.quantization', 'megatron/training/ft_integration.py')
             HAVE_MODELOPT = False
             HAVE_NVIDIA_RESILIENCY_EXT = False
-        ''', "megatron/training/ft_integration.py", sites=2)
+        """,
+        "megatron/training/ft_integration.py",
+        sites=2,
+    )

@@ -79,20 +79,23 @@ REL = "megatron/core/inference/unified_memory.py"
 
 
 def test_exact_before_after():
-    after = (ALLOCATOR.replace("from torch.utils.cpp_extension import CUDA_HOME, load_inline\n",
-                               "from torch.utils.cpp_extension import CUDA_HOME, load_inline\nfrom megatron.core._rocm import hip_runtime_ldflags\n")
-             .replace("extra_ldflags=_extra_ldflags,", "extra_ldflags=hip_runtime_ldflags(_extra_ldflags),"))
+    after = ALLOCATOR.replace(
+        "from torch.utils.cpp_extension import CUDA_HOME, load_inline\n",
+        "from torch.utils.cpp_extension import CUDA_HOME, load_inline\nfrom megatron.core._rocm import hip_runtime_ldflags\n",
+    ).replace("extra_ldflags=_extra_ldflags,", "extra_ldflags=hip_runtime_ldflags(_extra_ldflags),")
     assert_codemod("hip-runtime-link", ALLOCATOR, after, REL, sites=1)
 
 
 def test_literal_list_aliased_builder_and_what_is_left():
-    src = ("import torch.utils.cpp_extension as ce\n"
-           "from torch.utils.cpp_extension import load as build\n\n"
-           "flags = ['-lnccl']\n"
-           "a = ce.load_inline(name='a', cpp_sources='', extra_ldflags=['-L/x', '-lcudart'])\n"
-           "b = build(name='b', sources=[], extra_ldflags=flags)\n"
-           "c = build(name='c', sources=[], extra_ldflags=['-lcudart_static'])\n"
-           "d = print(extra_ldflags=['-lcudart'])\n")
+    src = (
+        "import torch.utils.cpp_extension as ce\n"
+        "from torch.utils.cpp_extension import load as build\n\n"
+        "flags = ['-lnccl']\n"
+        "a = ce.load_inline(name='a', cpp_sources='', extra_ldflags=['-L/x', '-lcudart'])\n"
+        "b = build(name='b', sources=[], extra_ldflags=flags)\n"
+        "c = build(name='c', sources=[], extra_ldflags=['-lcudart_static'])\n"
+        "d = print(extra_ldflags=['-lcudart'])\n"
+    )
     after, sites = rewrite("hip-runtime-link", src, REL)
     assert sites == 1
     assert "extra_ldflags=hip_runtime_ldflags(['-L/x', '-lcudart']))" in after
@@ -130,16 +133,27 @@ cpp_extension.load_inline = recording_load_inline
 def run_sim(tree: Path, files: dict[str, str], code: str, hip: bool) -> dict:
     """Run ``code`` after PROBE in a process verify would start: the real bootstrap, with the HIP
     simulation (an MI300X, ROCm 7.1, ROCM_HOME=/opt/rocm) or without it (the CUDA control)."""
-    for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": "", "megatron/core/inference/__init__.py": "",
-                      "megatron/core/_rocm.py": helper_text(["hip-runtime-link"]), **files}.items():
+    for rel, text in {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/inference/__init__.py": "",
+        "megatron/core/_rocm.py": helper_text(["hip-runtime-link"]),
+        **files,
+    }.items():
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text(text)
     boot = firewall.write_bootstrap(tree.parent / f"boot-{tree.name}")
     extra: dict[str, str | None] = {"BUILD_DIR": str(tree.parent / f"build-{tree.name}"), "CUDA_HOME": None}
     if hip:
         extra.update(hip_sim.child_env(hip_sim.DEFAULT_VERSION))
-    proc = subprocess.run([sys.executable, "-c", PROBE + textwrap.dedent(code) + "\nprint(json.dumps(seen))\n"],
-                          env=environment.child_env(tree, boot, extra), cwd=tree, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE + textwrap.dedent(code) + "\nprint(json.dumps(seen))\n"],
+        env=environment.child_env(tree, boot, extra),
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -183,7 +197,13 @@ def test_hip_links_the_hip_runtime_cuda_unchanged(tmp_path):
 # ---- the real files, every line (a Megatron-LM mirror) --------------------------------------------
 
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
-RELEASES = {"v0.15": "core_v0.15.3", "v0.16": "core_v0.16.1", "v0.17": "core_v0.17.1", "v0.18": "core_v0.18.2", "v0.19": "core_v0.19.0"}
+RELEASES = {
+    "v0.15": "core_v0.15.3",
+    "v0.16": "core_v0.16.1",
+    "v0.17": "core_v0.17.1",
+    "v0.18": "core_v0.18.2",
+    "v0.19": "core_v0.19.0",
+}
 REPO = Path(__file__).resolve().parents[2]
 # What the allocator module imports from megatron (its one dependency).
 UTILS = "def is_torch_min_version(version, check_equality=True):\n    return True\n"
@@ -205,7 +225,9 @@ assert um.unified_memory_available() is False
 
 
 def real_file(tag: str, line: str) -> str:
-    text = subprocess.run(["git", "--git-dir", MLM, "show", f"{tag}:{REL}"], capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        ["git", "--git-dir", MLM, "show", f"{tag}:{REL}"], capture_output=True, text=True, check=True
+    ).stdout
     if line != "v0.15":
         return text
     import tempfile
@@ -234,6 +256,9 @@ def test_real_allocator_every_line(tmp_path, line, monkeypatch):
     assert_hip_build(hip)
     cuda = run_sim(tmp_path / "cuda", {REL: after, "megatron/core/utils.py": UTILS}, call, hip=False)
     upstream = run_sim(tmp_path / "up", {REL: ported_text, "megatron/core/utils.py": UTILS}, call, hip=False)
-    assert cuda == upstream and cuda["ldflags"] in (["-lcudart"], [f"-L{os.environ.get('CUDA_HOME', '')}/lib64", "-lcudart"])
+    assert cuda == upstream and cuda["ldflags"] in (
+        ["-lcudart"],
+        [f"-L{os.environ.get('CUDA_HOME', '')}/lib64", "-lcudart"],
+    )
     if line == "v0.15":
         assert hip["at_import"] is False and cuda["at_import"] is True

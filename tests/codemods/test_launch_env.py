@@ -3,13 +3,22 @@
 from rocmport.launch_env import LAUNCH_ENV
 import pytest
 
-from tests.helpers.codemods import (VALIDATE_ARGS, assert_codemod, rewrite, rewrite_with_reports, run_tree,
-                                    validate_args_probe, validate_args_tree)
+from tests.helpers.codemods import (
+    VALIDATE_ARGS,
+    assert_codemod,
+    rewrite,
+    rewrite_with_reports,
+    run_tree,
+    validate_args_probe,
+    validate_args_tree,
+)
 
 REL = "megatron/training/arguments.py"
-PRELUDE = ('    """Validate arguments."""\n'
-           "    from megatron.core._rocm import apply_launch_env\n"
-           "    apply_launch_env(args)  # rocmport: on ROCm, AMD launcher defaults (setdefault)\n")
+PRELUDE = (
+    '    """Validate arguments."""\n'
+    "    from megatron.core._rocm import apply_launch_env\n"
+    "    apply_launch_env(args)  # rocmport: on ROCm, AMD launcher defaults (setdefault)\n"
+)
 
 
 def test_exact_before_after():
@@ -36,10 +45,18 @@ def test_tp2_on_rocm_gets_the_launcher_defaults_and_passes(tmp_path):
 @pytest.mark.torch
 def test_the_users_values_win_and_only_missing_ones_are_reported(tmp_path):
     after, _ = rewrite("launch-env", VALIDATE_ARGS, REL)
-    proc = run_tree(tmp_path, validate_args_tree(after), validate_args_probe({"GPU_MAX_HW_QUEUES": "4", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
-                    hip="6.4.43482")
+    proc = run_tree(
+        tmp_path,
+        validate_args_tree(after),
+        validate_args_probe({"GPU_MAX_HW_QUEUES": "4", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}),
+        hip="6.4.43482",
+    )
     first, second = proc.stdout.splitlines()[:2]
-    assert "GPU_MAX_HW_QUEUES" not in first and "CUDA_DEVICE_MAX_CONNECTIONS" not in first and "HSA_NO_SCRATCH_RECLAIM=1" in first
+    assert (
+        "GPU_MAX_HW_QUEUES" not in first
+        and "CUDA_DEVICE_MAX_CONNECTIONS" not in first
+        and "HSA_NO_SCRATCH_RECLAIM=1" in first
+    )
     assert "GPU_MAX_HW_QUEUES=4" in second and "CUDA_DEVICE_MAX_CONNECTIONS=1" in second, proc.stderr
 
 
@@ -47,9 +64,15 @@ def test_the_users_values_win_and_only_missing_ones_are_reported(tmp_path):
 def test_fsdp_keeps_cuda_device_max_connections_unset(tmp_path):
     """FSDP asserts the variable is not 1: the default is not set there (the rest is)."""
     after, _ = rewrite("launch-env", VALIDATE_ARGS, REL)
-    proc = run_tree(tmp_path, validate_args_tree(after), validate_args_probe(args={"use_torch_fsdp2": True}), hip="6.4.43482")
+    proc = run_tree(
+        tmp_path, validate_args_tree(after), validate_args_probe(args={"use_torch_fsdp2": True}), hip="6.4.43482"
+    )
     second = proc.stdout.splitlines()[1]
-    assert second.startswith("ok ") and "CUDA_DEVICE_MAX_CONNECTIONS" not in second and "HSA_NO_SCRATCH_RECLAIM=1" in second, proc.stderr
+    assert (
+        second.startswith("ok ")
+        and "CUDA_DEVICE_MAX_CONNECTIONS" not in second
+        and "HSA_NO_SCRATCH_RECLAIM=1" in second
+    ), proc.stderr
 
 
 @pytest.mark.torch
@@ -68,7 +91,10 @@ def test_cuda_is_upstream(tmp_path):
     assert ported.stdout == upstream.stdout
     assert ported.stdout.startswith("AssertionError Using tensor model parallelism"), ported.stderr
     # and so does HIP without the port
-    assert run_tree(tmp_path / "h", validate_args_tree(VALIDATE_ARGS), validate_args_probe(), hip="6.4.43482").stdout == upstream.stdout
+    assert (
+        run_tree(tmp_path / "h", validate_args_tree(VALIDATE_ARGS), validate_args_probe(), hip="6.4.43482").stdout
+        == upstream.stdout
+    )
 
 
 @pytest.mark.torch  # the generated helper imports torch (is_hip)

@@ -5,7 +5,7 @@ import pytest
 from tests.helpers.codemods import assert_codemod, rewrite, run_tree
 
 # Shaped like megatron/core/nccl_allocator.py at core_v0.16.1.
-ALLOCATOR = '''\
+ALLOCATOR = """\
 import os
 
 import torch
@@ -23,24 +23,31 @@ def _build_nccl_allocator():
         is_python_module=True,
     )
     return nccl_allocator
-'''
+"""
 
 REL = "megatron/core/nccl_allocator.py"
 
 
 def test_exact_before_after():
-    after = (ALLOCATOR.replace("from torch.utils import cpp_extension\n",
-                               "from torch.utils import cpp_extension\nfrom megatron.core._rocm import nccl_ldflags\n")
-             .replace('extra_ldflags=["-lnccl"],', 'extra_ldflags=nccl_ldflags(["-lnccl"]),'))
+    after = ALLOCATOR.replace(
+        "from torch.utils import cpp_extension\n",
+        "from torch.utils import cpp_extension\nfrom megatron.core._rocm import nccl_ldflags\n",
+    ).replace('extra_ldflags=["-lnccl"],', 'extra_ldflags=nccl_ldflags(["-lnccl"]),')
     assert_codemod("nccl-allocator-rccl", ALLOCATOR, after, REL, sites=1)
 
 
 def test_aliased_builder_and_other_flags_left():
-    src = ("from torch.utils.cpp_extension import load_inline as build\n\n"
-           "a = build(name='a', cpp_sources='', extra_ldflags=['-lcudart', '-lnccl'])\n"
-           "b = build(name='b', cpp_sources='', extra_ldflags=['-lcudart'])\n")
+    src = (
+        "from torch.utils.cpp_extension import load_inline as build\n\n"
+        "a = build(name='a', cpp_sources='', extra_ldflags=['-lcudart', '-lnccl'])\n"
+        "b = build(name='b', cpp_sources='', extra_ldflags=['-lcudart'])\n"
+    )
     after, sites = rewrite("nccl-allocator-rccl", src, REL)
-    assert sites == 1 and "extra_ldflags=nccl_ldflags(['-lcudart', '-lnccl']))" in after and "extra_ldflags=['-lcudart'])" in after
+    assert (
+        sites == 1
+        and "extra_ldflags=nccl_ldflags(['-lcudart', '-lnccl']))" in after
+        and "extra_ldflags=['-lcudart'])" in after
+    )
 
 
 PROBE = """

@@ -21,13 +21,26 @@ from rocmport.verify.firewall import firewall_env, write_bootstrap
 from tests.helpers.real import MLM, REAL_CACHE as CACHE, needs_mlm_mirror
 
 
-
 def sdist_tree(dest: Path) -> Path:
     CACHE.mkdir(parents=True, exist_ok=True)
     sdist = CACHE / "megatron_core-0.16.1.tar.gz"
     if not sdist.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        "megatron-core==0.16.1", "-d", str(CACHE)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "megatron-core==0.16.1",
+                "-d",
+                str(CACHE),
+            ],
+            check=True,
+        )
     with tarfile.open(sdist) as tar:
         tar.extractall(dest, filter="data")
     return dest / "megatron_core-0.16.1"
@@ -53,8 +66,14 @@ def import_check(tree: Path, modules: list[str]) -> subprocess.CompletedProcess:
         "    importlib.import_module(m)\n"
         "print('imported', len(sys.modules))\n"
     )
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=tree, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": f"{boot}{os.pathsep}{tree}", **firewall_env("cpu-proxy")})
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": f"{boot}{os.pathsep}{tree}", **firewall_env("cpu-proxy")},
+    )
 
 
 @pytest.mark.torch
@@ -82,7 +101,13 @@ def test_megatron_core_sdist(tmp_path):
     assert sites["capability-gates"] == 1 + 2 and sites["grouped-gemm"] == 1
     # issue 17 in megatron/core: the async-checkpoint writer, the NCCL allocator (training's sites are not in the sdist)
     assert sites["async-checkpoint-spawn"] == 1 and sites["nccl-allocator-rccl"] == 1
-    assert sites["launch-env"] == sites["deterministic-env"] == sites["tp-comm-overlap"] == sites["dataloader-mp-context"] == 0
+    assert (
+        sites["launch-env"]
+        == sites["deterministic-env"]
+        == sites["tp-comm-overlap"]
+        == sites["dataloader-mp-context"]
+        == 0
+    )
     write_layers(tree, result)
     for path in tree.rglob("*.py"):
         py_compile.compile(str(path), doraise=True, cfile=str(tmp_path / "x.pyc"))
@@ -111,11 +136,23 @@ def test_megatron_core_sdist(tmp_path):
         "torch.cuda.get_device_capability = lambda *a: (12, 0)  # an RDNA4 GPU under HIP, or a CUDA GPU\n"
         "print('arch', nvidia_arch_major())\n"
     )
-    rocm = subprocess.run([sys.executable, "-W", "ignore", "-c", sim, "6.4.43482"], cwd=tree, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(tree)}, timeout=300)
+    rocm = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", sim, "6.4.43482"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        timeout=300,
+    )
     assert rocm.stdout.split("\n")[:3] == ["auto 0 1 1", "te False", "arch 9"], rocm.stderr[-2000:]
-    cuda = subprocess.run([sys.executable, "-W", "ignore", "-c", sim, "None"], cwd=tree, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(tree)}, timeout=300)
+    cuda = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", sim, "None"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        timeout=300,
+    )
     # Without TE, upstream's is_te_min_version raises TypeError (None >= Version); the port answers False.
     assert cuda.stdout.split("\n")[:3] == ["auto AssertionError", "te False", "arch 12"], cuda.stderr[-2000:]
     again = compute_layers(tree, list(registry), cache_dir=tmp_path / "cache")
@@ -138,17 +175,31 @@ GAP_SITES_ALL = {
     ("nccl-allocator-rccl", "", "megatron/core/nccl_allocator.py"): 1,
     ("te-version-gates", "general_gemm", TE_EXT): 1,
     ("te-version-gates", "NVFP4BlockScaling", ARGS): 1,
-    ("te-version-gates", "save_original_input", "megatron/core/transformer/moe/shared_experts.py"): None,  # one per gate (1-2)
+    (
+        "te-version-gates",
+        "save_original_input",
+        "megatron/core/transformer/moe/shared_experts.py",
+    ): None,  # one per gate (1-2)
     ("capability-gates", "nvidia_capability", ARGS): 1,
     ("fused-kernel-fallbacks", "in a function", "megatron/core/utils.py"): 1,
 }
 GAP_SITES = {
     "core_v0.15.3": {("dataloader-mp-context", "", "megatron/legacy/data/data_samplers.py"): 1},
-    "core_v0.16.1": {("dataloader-mp-context", "", SAMPLERS): 1,
-                     ("capability-gates", "nvidia_hopper_or_newer", "megatron/core/tensor_parallel/inference_layers.py"): 2},
-    **{tag: {("dataloader-mp-context", "", SAMPLERS): 1,
-             ("capability-gates", "nvidia_hopper_or_newer", "megatron/core/inference/communication/torch_symm_triton/utils.py"): 1}
-       for tag in ("core_v0.17.1", "core_v0.18.2", "core_v0.19.0")},
+    "core_v0.16.1": {
+        ("dataloader-mp-context", "", SAMPLERS): 1,
+        ("capability-gates", "nvidia_hopper_or_newer", "megatron/core/tensor_parallel/inference_layers.py"): 2,
+    },
+    **{
+        tag: {
+            ("dataloader-mp-context", "", SAMPLERS): 1,
+            (
+                "capability-gates",
+                "nvidia_hopper_or_newer",
+                "megatron/core/inference/communication/torch_symm_triton/utils.py",
+            ): 1,
+        }
+        for tag in ("core_v0.17.1", "core_v0.18.2", "core_v0.19.0")
+    },
 }
 
 
@@ -160,7 +211,9 @@ def gap_sites(result, tag: str) -> dict:
     found = {}
     for key in {**GAP_SITES_ALL, **GAP_SITES[tag]}:
         codemod, message, path = key
-        found[key] = sum(1 for r in reports if r.codemod == codemod and r.path == path and re.search(message, r.message))
+        found[key] = sum(
+            1 for r in reports if r.codemod == codemod and r.path == path and re.search(message, r.message)
+        )
     return found
 
 
@@ -191,15 +244,26 @@ def test_megatron_lm_release_lines(tmp_path, tag, capsys):
     # every run-time gap codemod rewrote its sites where the release has them, and nowhere else
     found = gap_sites(result, tag)
     expected = {**GAP_SITES_ALL, **GAP_SITES[tag]}
-    assert {k: v for k, v in found.items() if expected[k] is not None} == {k: v for k, v in expected.items() if v is not None}
+    assert {k: v for k, v in found.items() if expected[k] is not None} == {
+        k: v for k, v in expected.items() if v is not None
+    }
     assert all(found[k] >= 1 for k, v in expected.items() if v is None), found
-    for name in ("launch-env", "deterministic-env", "tp-comm-overlap", "async-checkpoint-spawn", "dataloader-mp-context", "nccl-allocator-rccl"):
+    for name in (
+        "launch-env",
+        "deterministic-env",
+        "tp-comm-overlap",
+        "async-checkpoint-spawn",
+        "dataloader-mp-context",
+        "nccl-allocator-rccl",
+    ):
         assert sites[name] == 1, (name, sites[name])
     # Every training/post_training/legacy module that failed upstream only for want of an
     # NVIDIA-only package now imports (ordinary deps: six regex pydantic einops triton).
     modules = ["megatron.core", "megatron.training", "pretrain_gpt"] + sorted(
-        ".".join(p.relative_to(tree).with_suffix("").parts) for sub in ("megatron/post_training", "megatron/legacy")
-        for p in (tree / sub).rglob("*.py") if p.name != "__init__.py" and "tests" not in p.parts
+        ".".join(p.relative_to(tree).with_suffix("").parts)
+        for sub in ("megatron/post_training", "megatron/legacy")
+        for p in (tree / sub).rglob("*.py")
+        if p.name != "__init__.py" and "tests" not in p.parts
     )
     upstream = probe_imports(tmp_path / "upstream", tag, modules)
     ported = probe_imports(tree, None, modules)
@@ -211,15 +275,21 @@ def test_megatron_lm_release_lines(tmp_path, tag, capsys):
     # guard left, and the modules of their package that import one of them at the top.
     left_modules = {module_name(p) for p in left}
     assert left_modules <= set(still), (left_modules, still)
-    assert all(m.startswith("megatron.post_training.") and "No module named 'modelopt" in e for m, e in still.items()), still
+    assert all(
+        m.startswith("megatron.post_training.") and "No module named 'modelopt" in e for m, e in still.items()
+    ), still
     assert {"megatron.training", "pretrain_gpt"}.isdisjoint(m for m, e in ported.items() if e and m not in newer_python)
     with capsys.disabled():
-        print(f"\n{tag}: run-time gap sites " + "; ".join(f"{c} {m or '*'} {p}: {n}" for (c, m, p), n in sorted(found.items())))
-        print(f"\n{tag}: {result.files_total} files, {result.files_parsed} parsed, {seconds:.2f}s; sites {sites}; "
-              f"unguarded NVIDIA-only imports {before} -> {len(after)}; modules failing upstream for NVIDIA-only "
-              f"packages {len(nvidia_only)} -> {len(newer_python & set(nvidia_only))} (needing a newer Python: {len(newer_python)}); "
-              f"other import failures {sum(1 for m, e in ported.items() if e and m not in newer_python)}")
-
+        print(
+            f"\n{tag}: run-time gap sites "
+            + "; ".join(f"{c} {m or '*'} {p}: {n}" for (c, m, p), n in sorted(found.items()))
+        )
+        print(
+            f"\n{tag}: {result.files_total} files, {result.files_parsed} parsed, {seconds:.2f}s; sites {sites}; "
+            f"unguarded NVIDIA-only imports {before} -> {len(after)}; modules failing upstream for NVIDIA-only "
+            f"packages {len(nvidia_only)} -> {len(newer_python & set(nvidia_only))} (needing a newer Python: {len(newer_python)}); "
+            f"other import failures {sum(1 for m, e in ported.items() if e and m not in newer_python)}"
+        )
 
 
 def probe_imports(tree: Path, tag: str | None, modules: list[str]) -> dict[str, str | None]:
@@ -237,6 +307,12 @@ def probe_imports(tree: Path, tag: str | None, modules: list[str]) -> dict[str, 
         "    except BaseException as e:\n        out[m] = f'{type(e).__name__}: {e}'\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(tree)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])

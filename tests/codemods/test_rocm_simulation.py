@@ -19,7 +19,13 @@ from rocmport.verify.environment import unmet_python
 from tests.helpers.real import MLM, needs_mlm_mirror, project_with
 
 SIM = Path(__file__).resolve().parents[1] / "helpers" / "rocm_sim.py"
-LINES = [("v0.15", "core_v0.15.3"), ("v0.16", "core_v0.16.1"), ("v0.17", "core_v0.17.1"), ("v0.18", "core_v0.18.2"), ("v0.19", "core_v0.19.0")]
+LINES = [
+    ("v0.15", "core_v0.15.3"),
+    ("v0.16", "core_v0.16.1"),
+    ("v0.17", "core_v0.17.1"),
+    ("v0.18", "core_v0.18.2"),
+    ("v0.19", "core_v0.19.0"),
+]
 ENV_NAMES = [n for n, _, _ in LAUNCH_ENV + DETERMINISTIC_ENV]
 
 pytestmark = [pytest.mark.mirror, needs_mlm_mirror]
@@ -27,8 +33,14 @@ pytestmark = [pytest.mark.mirror, needs_mlm_mirror]
 
 def simulate(python: str, tree: Path, hip: str | None, runtime: str | None = None) -> dict:
     argv = [python, "-W", "ignore", str(SIM), str(hip)] + ([runtime] if runtime else [])
-    proc = subprocess.run(argv, cwd=tree, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(tree), "ROCM_SIM_ENV_NAMES": ",".join(ENV_NAMES)})
+    proc = subprocess.run(
+        argv,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(tree), "ROCM_SIM_ENV_NAMES": ",".join(ENV_NAMES)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -65,13 +77,26 @@ def test_rocm_simulation_on_the_ported_line(tmp_path, monkeypatch, capsys, line,
     assert validated["env"] == dict(sorted((n, v) for n, v, _ in LAUNCH_ENV + DETERMINISTIC_ENV)), validated
     assert validated["tp_comm_overlap"] is False
     assert any(w.startswith("ROCm: --tp-comm-overlap disabled") for w in validated["warnings"])
-    assert any(w.startswith("ROCm --deterministic-mode: set NCCL_ALGO=Ring ROCBLAS_DEFAULT_ATOMICS_MODE=0") for w in validated["warnings"])
-    assert before_hip["validate_args: tp2, --deterministic-mode, --tp-comm-overlap"].startswith("AssertionError: Using tensor model parallelism")
+    assert any(
+        w.startswith("ROCm --deterministic-mode: set NCCL_ALGO=Ring ROCBLAS_DEFAULT_ATOMICS_MODE=0")
+        for w in validated["warnings"]
+    )
+    assert before_hip["validate_args: tp2, --deterministic-mode, --tp-comm-overlap"].startswith(
+        "AssertionError: Using tensor model parallelism"
+    )
     # 3: the async-checkpoint writer is spawned; patch 0001 decides by the runtime's HIP version
-    assert hip["async checkpoint: TemporalAsyncCaller writer process"] == {"exitcode": 0, "process": "SpawnProcess", "wrote": True}
+    assert hip["async checkpoint: TemporalAsyncCaller writer process"] == {
+        "exitcode": 0,
+        "process": "SpawnProcess",
+        "wrote": True,
+    }
     assert hip["patch 0001: preload_tensors non_blocking"] == {"non_blocking": False}
-    assert simulate(python, tree, "6.3.42131", runtime="7.1")["patch 0001: preload_tensors non_blocking"] == {"non_blocking": True}
-    assert before_hip["patch 0001: preload_tensors non_blocking"] == {"non_blocking": True}  # upstream: pinned + fork on HIP 6.4
+    assert simulate(python, tree, "6.3.42131", runtime="7.1")["patch 0001: preload_tensors non_blocking"] == {
+        "non_blocking": True
+    }
+    assert before_hip["patch 0001: preload_tensors non_blocking"] == {
+        "non_blocking": True
+    }  # upstream: pinned + fork on HIP 6.4
     # 4: data-loader workers spawned, same batches
     assert hip["data loader: workers' start method"] == {"batches": [[0, 1], [4, 9]], "context": "spawn"}
     # 5: RCCL for the NCCL allocator
@@ -86,19 +111,26 @@ def test_rocm_simulation_on_the_ported_line(tmp_path, monkeypatch, capsys, line,
     # 11 (issue 29): the unified-memory allocator links the HIP runtime (upstream: -lcudart, which ROCm
     # lacks); v0.15 builds it at first use on HIP (patch 0002), upstream at import.
     uvm = hip["unified memory allocator: link flags"]
-    assert uvm["extra_ldflags"][-1] == "-lamdhip64" and "-lcudart" not in uvm["extra_ldflags"] and uvm["builds"] == 1, uvm
+    assert uvm["extra_ldflags"][-1] == "-lamdhip64" and "-lcudart" not in uvm["extra_ldflags"] and uvm["builds"] == 1, (
+        uvm
+    )
     assert before_hip["unified memory allocator: link flags"]["extra_ldflags"] == ["-lcudart"]
     assert uvm["at_import"] is False
     assert before_hip["unified memory allocator: link flags"]["at_import"] is (line == "v0.15")
     # 12 (issue 29): an FP8 recipe the simulated MI300X (gfx942) cannot run stops in validate_args.
     assert hip["FP8 recipe the device cannot run: --fp8-recipe mxfp8"] == (
         "ValueError: --fp8-format hybrid --fp8-recipe mxfp8: gfx942 cannot run the mxfp8 recipe (MXFP8 needs gfx950; gfx942 has "
-        "the FNUZ FP8 formats); use --fp8-recipe delayed or tensorwise")
-    assert not str(before_hip["FP8 recipe the device cannot run: --fp8-recipe mxfp8"]).startswith("ValueError: --fp8-format")
+        "the FNUZ FP8 formats); use --fp8-recipe delayed or tensorwise"
+    )
+    assert not str(before_hip["FP8 recipe the device cannot run: --fp8-recipe mxfp8"]).startswith(
+        "ValueError: --fp8-format"
+    )
     # CUDA: every rewritten function decides as upstream does; the one difference is the fallback
     # where apex's kernel is really absent (upstream fails at the import).
     assert cuda["drain_embedding_wgrad_compute without apex"] == {"main_grad_matches": True}
     same = [k for k in before_cuda if k != "drain_embedding_wgrad_compute without apex"]
     assert {k: cuda[k] for k in same} == {k: before_cuda[k] for k in same}
     with capsys.disabled():
-        print(f"\n{line}: HIP {json.dumps(hip, sort_keys=True)}\n{line}: upstream under HIP {json.dumps(before_hip, sort_keys=True)}")
+        print(
+            f"\n{line}: HIP {json.dumps(hip, sort_keys=True)}\n{line}: upstream under HIP {json.dumps(before_hip, sort_keys=True)}"
+        )

@@ -73,16 +73,27 @@ def referenced(codemod: str) -> set[str]:
     names: set[str] = set()
     tree = codemod_tree(codemod)
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                and any(isinstance(t, ast.Name) and t.id.endswith("_FALLBACKS") for t in node.targets)):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Dict)
+            and any(isinstance(t, ast.Name) and t.id.endswith("_FALLBACKS") for t in node.targets)
+        ):
             names |= {v.value for v in node.value.values if isinstance(v, ast.Constant) and isinstance(v.value, str)}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        func = (node.func.id if isinstance(node.func, ast.Name)
-                else node.func.attr if isinstance(node.func, ast.Attribute) else "")
-        if func == "add" and not (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Attribute)
-                                  and node.func.value.attr == "uses"):
+        func = (
+            node.func.id
+            if isinstance(node.func, ast.Name)
+            else node.func.attr
+            if isinstance(node.func, ast.Attribute)
+            else ""
+        )
+        if func == "add" and not (
+            isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Attribute)
+            and node.func.value.attr == "uses"
+        ):
             continue
         strings = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         for value in strings if func in ALL_STRINGS else strings[:1] if func in FIRST_STRING else []:
@@ -94,9 +105,14 @@ def spelled(codemod: str, public: set[str]) -> set[str]:
     """Every public helper name a codemod's module spells in a string, docstrings aside (f-strings'
     text included): what `referenced` must find, so that it misses no way of naming one."""
     tree = codemod_tree(codemod)
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
-                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docstrings = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
     words: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
@@ -180,7 +196,7 @@ def test_parts_are_numbered_once_and_the_pieces_are_whole():
         source = helper.piece_source(piece) or ""
         first = re.search(r"^# >>> helper part ", source, re.M)
         assert first, piece
-        body = source[first.start():]
+        body = source[first.start() :]
         outside = helper.PART.sub("", body)
         assert outside.strip() == "", (piece, outside[:200])
 

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.codemods import UTILS_V016, assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
+from tests.helpers.codemods import (
+    UTILS_V016,
+    assert_codemod,
+    assert_idempotent,
+    rewrite,
+    rewrite_with_reports,
+    run_tree,
+)
+
 
 def test_te_gate_before_after():
     after, sites = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
     assert sites == 1
-    assert ('    """Check if minimum version of `transformer-engine` is installed."""\n'
-            "    if get_te_version() is None:\n"
-            "        return False  # rocmport: no Transformer Engine, so no TE feature of any version\n") in after
+    assert (
+        '    """Check if minimum version of `transformer-engine` is installed."""\n'
+        "    if get_te_version() is None:\n"
+        "        return False  # rocmport: no Transformer Engine, so no TE feature of any version\n"
+    ) in after
     assert_idempotent("te-version-gates", UTILS_V016, "megatron/core/utils.py")
     v017 = UTILS_V016.replace("return None", 'return PkgVersion("0.0.0")')
     assert rewrite("te-version-gates", v017, "megatron/core/utils.py") == (v017, 0)
@@ -21,7 +31,9 @@ def test_te_gate_before_after():
 @pytest.mark.torch
 def test_te_gate_without_and_with_te(tmp_path):
     after, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
-    code = "from megatron.core.utils import is_te_min_version\nprint(is_te_min_version('2.7'), is_te_min_version('1.0'))\n"
+    code = (
+        "from megatron.core.utils import is_te_min_version\nprint(is_te_min_version('2.7'), is_te_min_version('1.0'))\n"
+    )
     absent = run_tree(tmp_path / "a", {"megatron/core/utils.py": after}, code)
     assert absent.stdout.strip() == "False False", absent.stderr
     upstream = run_tree(tmp_path / "u", {"megatron/core/utils.py": UTILS_V016}, code)
@@ -32,7 +44,7 @@ def test_te_gate_without_and_with_te(tmp_path):
 
 
 # Shaped like megatron/core/extensions/transformer_engine.py at core_v0.16.1.
-EXTENSIONS = '''\
+EXTENSIONS = """\
 import transformer_engine as te
 
 from megatron.core.utils import get_te_version, is_te_min_version
@@ -75,7 +87,7 @@ def te_checkpoint(forward_func, *args):
     if is_te_min_version("1.5.0"):
         return "new checkpoint API"
     return "old checkpoint API"
-'''
+"""
 
 
 def test_kwarg_gates_become_probes_before_after():
@@ -121,8 +133,12 @@ except RuntimeError as exc:
 
 def _tree(extensions: str, te: dict[str, str]) -> dict[str, str]:
     utils, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
-    return {"megatron/core/utils.py": utils, "megatron/core/extensions/__init__.py": "",
-            "megatron/core/extensions/transformer_engine.py": extensions, **te}
+    return {
+        "megatron/core/utils.py": utils,
+        "megatron/core/extensions/__init__.py": "",
+        "megatron/core/extensions/transformer_engine.py": extensions,
+        **te,
+    }
 
 
 @pytest.mark.torch
@@ -135,7 +151,9 @@ def test_rocm_te_with_its_own_version_number_gets_the_argument_on_hip(tmp_path):
     assert hip.stdout.strip() == "passed", hip.stderr
     cuda = run_tree(tmp_path / "cuda", _tree(after, te), PROBE, hip=None)
     upstream = run_tree(tmp_path / "up", _tree(EXTENSIONS, te), PROBE, hip=None)
-    assert cuda.stdout == upstream.stdout and cuda.stdout.startswith("refused: Only TE with version >=2.3.0"), cuda.stderr
+    assert cuda.stdout == upstream.stdout and cuda.stdout.startswith("refused: Only TE with version >=2.3.0"), (
+        cuda.stderr
+    )
 
 
 @pytest.mark.torch
@@ -190,7 +208,9 @@ def test_class_availability_gate_asks_whether_te_has_the_class(tmp_path):
     after, sites = rewrite("te-version-gates", CLASS_GATE, rel)
     assert sites == 1 and 'if HAVE_TE and te_has(is_te_min_version("1.9.0.dev0"), "pytorch.GroupedLinear"):\n' in after
     assert_idempotent("te-version-gates", CLASS_GATE, rel)
-    code = "from megatron.core.extensions.transformer_engine import TEGroupedLinear\nprint(TEGroupedLinear is not None)\n"
+    code = (
+        "from megatron.core.extensions.transformer_engine import TEGroupedLinear\nprint(TEGroupedLinear is not None)\n"
+    )
     te = _fake_te("1.6.0", "")  # ROCm-style number below the gate, but the class is there
     assert run_tree(tmp_path / "hip", _tree(after, te), code, hip="6.4.43482").stdout.strip() == "True"
     assert run_tree(tmp_path / "cuda", _tree(after, te), code, hip=None).stdout.strip() == "False"
@@ -198,18 +218,29 @@ def test_class_availability_gate_asks_whether_te_has_the_class(tmp_path):
 
 
 def test_extensions_exact_before_after():
-    after = (EXTENSIONS
-             .replace("from megatron.core.utils import get_te_version, is_te_min_version\n",
-                      "from megatron.core.utils import get_te_version, is_te_min_version\nfrom megatron.core._rocm import te_gate\n")
-             .replace('if is_te_min_version("2.3.0"):', 'if te_gate(is_te_min_version("2.3.0"), "pytorch.Linear", "delay_wgrad_compute"):')
-             .replace('assert is_te_min_version("2.8.0"), (', 'assert te_gate(is_te_min_version("2.8.0"), "pytorch.DotProductAttention", "softmax_type"), ('))
+    after = (
+        EXTENSIONS.replace(
+            "from megatron.core.utils import get_te_version, is_te_min_version\n",
+            "from megatron.core.utils import get_te_version, is_te_min_version\nfrom megatron.core._rocm import te_gate\n",
+        )
+        .replace(
+            'if is_te_min_version("2.3.0"):',
+            'if te_gate(is_te_min_version("2.3.0"), "pytorch.Linear", "delay_wgrad_compute"):',
+        )
+        .replace(
+            'assert is_te_min_version("2.8.0"), (',
+            'assert te_gate(is_te_min_version("2.8.0"), "pytorch.DotProductAttention", "softmax_type"), (',
+        )
+    )
     assert_codemod("te-version-gates", EXTENSIONS, after, "megatron/core/extensions/transformer_engine.py", sites=2)
 
 
 def test_aliases_of_the_gate_and_of_te_classes():
     """The gate imported under another name or reached through its module, and TE classes imported
     by name: matched by what they mean. One import line carries both helpers."""
-    assert_codemod("te-version-gates", '''\
+    assert_codemod(
+        "te-version-gates",
+        """\
         from transformer_engine.pytorch import Linear as TeLinear
         from transformer_engine import pytorch as tep
 
@@ -229,7 +260,8 @@ def test_aliases_of_the_gate_and_of_te_classes():
 
             class TEGroupedLinear(tep.GroupedLinear):
                 pass
-        ''', '''\
+        """,
+        """\
         from transformer_engine.pytorch import Linear as TeLinear
         from transformer_engine import pytorch as tep
 
@@ -250,12 +282,15 @@ def test_aliases_of_the_gate_and_of_te_classes():
 
             class TEGroupedLinear(tep.GroupedLinear):
                 pass
-        ''', "megatron/core/extensions/transformer_engine.py", sites=2)
+        """,
+        "megatron/core/extensions/transformer_engine.py",
+        sites=2,
+    )
 
 
 def test_a_function_named_like_the_gate_from_elsewhere_is_not_a_gate():
     """Only is_te_min_version counts; a class that is not TE's is not probed."""
-    src = '''\
+    src = """\
         import transformer_engine as te
         from mylib import is_flash_min_version
         from megatron.core.utils import is_te_min_version
@@ -275,17 +310,24 @@ def test_a_function_named_like_the_gate_from_elsewhere_is_not_a_gate():
                 if is_flash_min_version("2.3.0"):
                     kw["delay_wgrad_compute"] = True
                 super().__init__(**kw)
-        '''
+        """
     assert_codemod("te-version-gates", src, src, "megatron/core/extensions/transformer_engine.py", sites=0)
 
 
 def test_every_gate_is_reported_changed_or_left_with_its_reason():
     """The reports are what docs/te-version-gates.md lists (scripts/te_gate_sites.py)."""
-    _, sites, reports = rewrite_with_reports("te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py")
+    _, sites, reports = rewrite_with_reports(
+        "te-version-gates", EXTENSIONS, "megatron/core/extensions/transformer_engine.py"
+    )
     rows = [(r.kind, r.line, r.detail["version"], r.message) for r in reports]
     assert sites == 2 and rows == [
         ("site", 9, "2.3.0", "probe on HIP: does `transformer_engine.pytorch.Linear` take `delay_wgrad_compute`?"),
-        ("site", 22, "2.8.0", "probe on HIP: does `transformer_engine.pytorch.DotProductAttention` take `softmax_type`?"),
+        (
+            "site",
+            22,
+            "2.8.0",
+            "probe on HIP: does `transformer_engine.pytorch.DotProductAttention` take `softmax_type`?",
+        ),
         ("skip", 34, "2.0.0", "checkpoint extra-state format of a TE version: bookkeeping, must match the checkpoint"),
         ("skip", 40, "1.5.0", "behaviour switch by TE version (not a single keyword argument of a TE class): kept"),
     ]
@@ -344,22 +386,45 @@ EXT = "megatron/core/extensions/transformer_engine.py"
 
 
 def test_general_gemm_workspace_before_after_both_shapes():
-    assert_codemod("te-version-gates", GEMM_V016, "from megatron.core._rocm import te_accepts\n\n" + GEMM_V016.replace(
-        "            workspace=get_workspace(),\n",
-        '            **({"workspace": get_workspace()} if te_accepts(general_gemm, "workspace") else {}),\n'), EXT, sites=1)
-    assert_codemod("te-version-gates", GEMM_V017, "from megatron.core._rocm import te_accepts\n\n" + GEMM_V017.replace(
-        "        if _get_workspace is not None:\n",
-        '        if _get_workspace is not None and te_accepts(general_gemm, "workspace"):\n'), EXT, sites=1)
+    assert_codemod(
+        "te-version-gates",
+        GEMM_V016,
+        "from megatron.core._rocm import te_accepts\n\n"
+        + GEMM_V016.replace(
+            "            workspace=get_workspace(),\n",
+            '            **({"workspace": get_workspace()} if te_accepts(general_gemm, "workspace") else {}),\n',
+        ),
+        EXT,
+        sites=1,
+    )
+    assert_codemod(
+        "te-version-gates",
+        GEMM_V017,
+        "from megatron.core._rocm import te_accepts\n\n"
+        + GEMM_V017.replace(
+            "        if _get_workspace is not None:\n",
+            '        if _get_workspace is not None and te_accepts(general_gemm, "workspace"):\n',
+        ),
+        EXT,
+        sites=1,
+    )
     _, _, reports = rewrite_with_reports("te-version-gates", GEMM_V016, EXT)
     assert [(r.kind, r.line, r.detail["version"], r.message) for r in reports] == [
-        ("site", 10, "call site", "probe on HIP: does `transformer_engine.pytorch.cpp_extensions.general_gemm` take `workspace`? "
-                                  "(passed only where it does)")]
+        (
+            "site",
+            10,
+            "call site",
+            "probe on HIP: does `transformer_engine.pytorch.cpp_extensions.general_gemm` take `workspace`? "
+            "(passed only where it does)",
+        )
+    ]
 
 
 def _gemm_te(takes_workspace: bool) -> dict[str, str]:
     params = "A, B, workspace, out_dtype=None, layout='TN'" if takes_workspace else "A, B, out_dtype=None, layout='TN'"
     return {
-        "transformer_engine/__init__.py": "", "transformer_engine/pytorch/__init__.py": "",
+        "transformer_engine/__init__.py": "",
+        "transformer_engine/pytorch/__init__.py": "",
         "transformer_engine/pytorch/cpp_extensions.py": f"def general_gemm({params}):\n    return sorted(locals())\n",
         "transformer_engine/pytorch/module/__init__.py": "",
         "transformer_engine/pytorch/module/base.py": "def get_workspace():\n    return 'ws'\n",
@@ -388,10 +453,13 @@ def test_general_gemm_without_workspace_on_rocm_te(tmp_path):
         upstream = run_tree(tmp_path / "u", {**files, EXT: shape}, GEMM_PROBE)
         assert cuda.stdout == upstream.stdout and cuda.stdout.startswith("TypeError"), cuda.stderr
         files = {**files, **_gemm_te(True)}  # a TE that takes it: both pass it
-        assert run_tree(tmp_path / "w", files, GEMM_PROBE, hip="6.4.43482").stdout.strip() == "['A', 'B', 'layout', 'out_dtype', 'workspace']"
+        assert (
+            run_tree(tmp_path / "w", files, GEMM_PROBE, hip="6.4.43482").stdout.strip()
+            == "['A', 'B', 'layout', 'out_dtype', 'workspace']"
+        )
 
 
-SHARED_EXPERTS_V015 = '''\
+SHARED_EXPERTS_V015 = """\
 from megatron.core.utils import is_te_min_version
 
 
@@ -403,21 +471,32 @@ class SharedExpertMLP:
             from megatron.core.extensions.transformer_engine import set_save_original_input
 
             set_save_original_input(self.linear_fc1)
-'''
+"""
 
 
 def test_save_original_input_gate_before_after():
-    after = ("from megatron.core.utils import is_te_min_version\nfrom megatron.core._rocm import save_original_input_ok, te_gate\n"
-             + SHARED_EXPERTS_V015.split("\n", 1)[1].replace(
-                 '        if self.config.fp8 and is_te_min_version("2.6.0dev0"):\n',
-                 '        if self.config.fp8 and te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear", "save_original_input") '
-                 'and save_original_input_ok(self.config):\n'))
-    assert_codemod("te-version-gates", SHARED_EXPERTS_V015, after, "megatron/core/transformer/moe/shared_experts.py", sites=1)
+    after = (
+        "from megatron.core.utils import is_te_min_version\nfrom megatron.core._rocm import save_original_input_ok, te_gate\n"
+        + SHARED_EXPERTS_V015.split("\n", 1)[1].replace(
+            '        if self.config.fp8 and is_te_min_version("2.6.0dev0"):\n',
+            '        if self.config.fp8 and te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear", "save_original_input") '
+            "and save_original_input_ok(self.config):\n",
+        )
+    )
+    assert_codemod(
+        "te-version-gates", SHARED_EXPERTS_V015, after, "megatron/core/transformer/moe/shared_experts.py", sites=1
+    )
     # v0.16+ already excludes the delayed recipe: only the probe
-    v016 = SHARED_EXPERTS_V015.replace('if self.config.fp8 and is_te_min_version("2.6.0dev0"):',
-                                       'if (self.config.fp8 and self.config.fp8_recipe != "delayed" and is_te_min_version("2.6.0dev0")):')
+    v016 = SHARED_EXPERTS_V015.replace(
+        'if self.config.fp8 and is_te_min_version("2.6.0dev0"):',
+        'if (self.config.fp8 and self.config.fp8_recipe != "delayed" and is_te_min_version("2.6.0dev0")):',
+    )
     after, sites = rewrite("te-version-gates", v016, "megatron/core/transformer/moe/shared_experts.py")
-    assert sites == 1 and "save_original_input_ok" not in after and 'te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear", "save_original_input")' in after
+    assert (
+        sites == 1
+        and "save_original_input_ok" not in after
+        and 'te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear", "save_original_input")' in after
+    )
 
 
 SAVE_PROBE = """
@@ -438,28 +517,43 @@ def test_save_original_input_on_rocm_te_and_the_delayed_recipe(tmp_path):
     """ROCm TE numbered 2.4 whose Linear takes save_original_input: HIP sets it, except under the
     delayed recipe TE cannot serve; CUDA keeps upstream's version answer (2.4 < 2.6: not set)."""
     after, _ = rewrite("te-version-gates", SHARED_EXPERTS_V015, "megatron/core/transformer/moe/shared_experts.py")
-    te = {"transformer_engine/__init__.py": "__version__ = '2.4.0'\nfrom transformer_engine import pytorch\n",
-          "transformer_engine/pytorch/__init__.py": (
-              "class Linear:\n    def __init__(self, save_original_input=False):\n        self.save_original_input = save_original_input\n")}
+    te = {
+        "transformer_engine/__init__.py": "__version__ = '2.4.0'\nfrom transformer_engine import pytorch\n",
+        "transformer_engine/pytorch/__init__.py": (
+            "class Linear:\n    def __init__(self, save_original_input=False):\n        self.save_original_input = save_original_input\n"
+        ),
+    }
     # TE refuses to save the original input under the delayed-scaling recipe
-    ext = ("RECIPE = ['delayed']\n\n\ndef set_save_original_input(module):\n    if RECIPE[0] == 'delayed':\n"
-           "        raise RuntimeError('save_original_input is not supported with delayed scaling')\n"
-           "    module.save_original_input = True\n")
+    ext = (
+        "RECIPE = ['delayed']\n\n\ndef set_save_original_input(module):\n    if RECIPE[0] == 'delayed':\n"
+        "        raise RuntimeError('save_original_input is not supported with delayed scaling')\n"
+        "    module.save_original_input = True\n"
+    )
     utils, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
-    files = {**te, "megatron/core/utils.py": utils, "megatron/core/extensions/__init__.py": "",
-             "megatron/core/extensions/transformer_engine.py": ext,
-             "megatron/core/transformer/__init__.py": "", "megatron/core/transformer/moe/__init__.py": "",
-             "megatron/core/transformer/moe/shared_experts.py": after}
-    probe = SAVE_PROBE.replace("for recipe in", "from megatron.core.extensions import transformer_engine as ext\nfor recipe in").replace(
-        "    try:\n", "    ext.RECIPE[0] = recipe\n    try:\n")
+    files = {
+        **te,
+        "megatron/core/utils.py": utils,
+        "megatron/core/extensions/__init__.py": "",
+        "megatron/core/extensions/transformer_engine.py": ext,
+        "megatron/core/transformer/__init__.py": "",
+        "megatron/core/transformer/moe/__init__.py": "",
+        "megatron/core/transformer/moe/shared_experts.py": after,
+    }
+    probe = SAVE_PROBE.replace(
+        "for recipe in", "from megatron.core.extensions import transformer_engine as ext\nfor recipe in"
+    ).replace("    try:\n", "    ext.RECIPE[0] = recipe\n    try:\n")
     hip = run_tree(tmp_path / "h", files, probe, hip="6.4.43482")
     assert hip.stdout.splitlines() == ["delayed False", "tensorwise True"], hip.stderr
     cuda = run_tree(tmp_path / "c", files, probe)
-    upstream = run_tree(tmp_path / "u", {**files, "megatron/core/transformer/moe/shared_experts.py": SHARED_EXPERTS_V015}, probe)
-    assert cuda.stdout == upstream.stdout and cuda.stdout.splitlines() == ["delayed False", "tensorwise False"], cuda.stderr
+    upstream = run_tree(
+        tmp_path / "u", {**files, "megatron/core/transformer/moe/shared_experts.py": SHARED_EXPERTS_V015}, probe
+    )
+    assert cuda.stdout == upstream.stdout and cuda.stdout.splitlines() == ["delayed False", "tensorwise False"], (
+        cuda.stderr
+    )
 
 
-FP4_GATE = '''\
+FP4_GATE = """\
 from megatron.core.utils import is_te_min_version
 
 
@@ -468,26 +562,43 @@ def validate_args(args, defaults={}):
     if args.fp4 and not is_te_min_version("2.7.0.dev0"):
         raise ValueError("--fp4-format requires Transformer Engine >= 2.7.0.dev0 for NVFP4BlockScaling support.")
     return args
-'''
+"""
 
 
 @pytest.mark.torch
 def test_fp4_gate_asks_for_nvfp4_on_hip(tmp_path):
     after, sites, reports = rewrite_with_reports("te-version-gates", FP4_GATE, "megatron/training/arguments.py")
-    assert sites == 1 and 'if args.fp4 and not te_has(is_te_min_version("2.7.0.dev0"), "common.recipe.NVFP4BlockScaling"):' in after
+    assert (
+        sites == 1
+        and 'if args.fp4 and not te_has(is_te_min_version("2.7.0.dev0"), "common.recipe.NVFP4BlockScaling"):' in after
+    )
     assert [(r.kind, r.line, r.message) for r in reports] == [
-        ("site", 6, "probe on HIP: does `transformer_engine.common.recipe.NVFP4BlockScaling` exist?")]
+        ("site", 6, "probe on HIP: does `transformer_engine.common.recipe.NVFP4BlockScaling` exist?")
+    ]
     assert_idempotent("te-version-gates", FP4_GATE, "megatron/training/arguments.py")
     utils, _ = rewrite("te-version-gates", UTILS_V016, "megatron/core/utils.py")
-    probe = ("import types\nfrom megatron.training.arguments import validate_args\ntry:\n"
-             "    validate_args(types.SimpleNamespace(fp4=True)); print('fp4 accepted')\nexcept ValueError as e:\n    print('refused')\n")
-    for version, has_nvfp4, hip, cuda in (("2.4.0", True, "fp4 accepted", "refused"), ("2.4.0", False, "refused", "refused"),
-                                          ("2.8.0", True, "fp4 accepted", "fp4 accepted")):
+    probe = (
+        "import types\nfrom megatron.training.arguments import validate_args\ntry:\n"
+        "    validate_args(types.SimpleNamespace(fp4=True)); print('fp4 accepted')\nexcept ValueError as e:\n    print('refused')\n"
+    )
+    for version, has_nvfp4, hip, cuda in (
+        ("2.4.0", True, "fp4 accepted", "refused"),
+        ("2.4.0", False, "refused", "refused"),
+        ("2.8.0", True, "fp4 accepted", "fp4 accepted"),
+    ):
         recipe = "class NVFP4BlockScaling:\n    pass\n" if has_nvfp4 else "class DelayedScaling:\n    pass\n"
-        files = {"transformer_engine/__init__.py": f"__version__ = {version!r}\n", "transformer_engine/common/__init__.py": "",
-                 "transformer_engine/common/recipe.py": recipe, "megatron/core/utils.py": utils,
-                 "megatron/training/__init__.py": "", "megatron/training/arguments.py": after}
+        files = {
+            "transformer_engine/__init__.py": f"__version__ = {version!r}\n",
+            "transformer_engine/common/__init__.py": "",
+            "transformer_engine/common/recipe.py": recipe,
+            "megatron/core/utils.py": utils,
+            "megatron/training/__init__.py": "",
+            "megatron/training/arguments.py": after,
+        }
         tag = f"{version}-{has_nvfp4}"
         assert run_tree(tmp_path / f"h{tag}", files, probe, hip="6.4.43482").stdout.strip() == hip
         assert run_tree(tmp_path / f"c{tag}", files, probe).stdout.strip() == cuda
-        assert run_tree(tmp_path / f"u{tag}", {**files, "megatron/training/arguments.py": FP4_GATE}, probe).stdout.strip() == cuda
+        assert (
+            run_tree(tmp_path / f"u{tag}", {**files, "megatron/training/arguments.py": FP4_GATE}, probe).stdout.strip()
+            == cuda
+        )

@@ -26,7 +26,9 @@ def rewrite_with_reports(name: str, source: str, relpath: str = "megatron/core/x
     return module.code, sites, ctx.reports
 
 
-def assert_codemod(name: str, before: str, after: str, relpath: str = "megatron/core/x.py", sites: int | None = None, options=None):
+def assert_codemod(
+    name: str, before: str, after: str, relpath: str = "megatron/core/x.py", sites: int | None = None, options=None
+):
     """LibCST's assertCodemod: ``before`` becomes exactly ``after``; a second run changes nothing."""
     got, n = rewrite(name, before, relpath, options)
     assert got == textwrap.dedent(after)
@@ -42,18 +44,28 @@ def assert_idempotent(name: str, source: str, relpath: str = "megatron/core/x.py
     assert twice == once and sites == 0
 
 
-def run_tree(tmp: Path, files: dict[str, str], code: str, hip: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_tree(
+    tmp: Path, files: dict[str, str], code: str, hip: str | None = None, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Write ``files`` (plus the generated megatron/core/_rocm.py, with every codemod's piece) under
     tmp and run ``code`` there.
 
     ``hip`` simulates a ROCm build of torch (torch.version.hip set before anything imports)."""
-    for rel, text in {"megatron/__init__.py": "", "megatron/core/__init__.py": "",
-                      "megatron/core/_rocm.py": helper_text(list(registry)), **files}.items():
+    for rel, text in {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/_rocm.py": helper_text(list(registry)),
+        **files,
+    }.items():
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).write_text(textwrap.dedent(text))
     prelude = f"import torch\ntorch.version.hip = {hip!r}\n"
     return subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=tmp, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(tmp), **(env or {})},
     )
 
@@ -152,8 +164,11 @@ def validate_args_tree(arguments: str) -> dict[str, str]:
     from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 
     names = [n for n, _, _ in LAUNCH_ENV + DETERMINISTIC_ENV]
-    return {"megatron/training/__init__.py": "", "megatron/training/arguments.py": arguments,
-            "rocmport_launch.py": f"LAUNCH_ENV_NAMES = {names!r}\n"}
+    return {
+        "megatron/training/__init__.py": "",
+        "megatron/training/arguments.py": arguments,
+        "rocmport_launch.py": f"LAUNCH_ENV_NAMES = {names!r}\n",
+    }
 
 
 def validate_args_probe(env: dict | None = None, args: dict | None = None) -> str:

@@ -26,8 +26,12 @@ def _git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProce
 
 
 def run_apply(root: Path, *args: str, timeout: float = 1800) -> tuple[int, str]:
-    p = subprocess.run([sys.executable, "-m", "rocmport", "-C", str(root), "apply", *args], capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-m", "rocmport", "-C", str(root), "apply", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return p.returncode, p.stderr
 
 
@@ -42,14 +46,14 @@ def _state(tree: Path) -> dict:
 class Round:
     seed: int
     delay: float
-    fresh: bool                       # the round began without a work tree (else: a rebuild over one)
-    killed: bool = False              # the kill landed before the apply finished
-    phase: str = ""                   # what the state file said after the kill
+    fresh: bool  # the round began without a work tree (else: a rebuild over one)
+    killed: bool = False  # the kill landed before the apply finished
+    phase: str = ""  # what the state file said after the kill
     user_work: bool = False
-    refused: bool | None = None       # the next apply refused the user's work (exit 2)
-    recovered: bool = False           # ended at the reference commit, clean, no lock files
-    work_kept: bool | None = None     # the user's edit, untracked file (and commit) are on a backup ref
-    locks_removed: int = 0            # stale git locks the next run removed
+    refused: bool | None = None  # the next apply refused the user's work (exit 2)
+    recovered: bool = False  # ended at the reference commit, clean, no lock files
+    work_kept: bool | None = None  # the user's edit, untracked file (and commit) are on a backup ref
+    locks_removed: int = 0  # stale git locks the next run removed
     notes: list[str] = field(default_factory=list)
 
     def ok(self) -> bool:
@@ -65,8 +69,12 @@ def kill_round(root: Path, tree: Path, reference: str, seed: int, max_delay: flo
         st = _state(tree)
         st["inputs"] = f"changed {seed}"
         (tree / ".git" / "rocmport-state.json").write_text(json.dumps(st))
-    proc = subprocess.Popen([sys.executable, "-m", "rocmport", "-C", str(root), "apply"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmport", "-C", str(root), "apply"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline and _state(tree).get("status") != "in-progress":
         time.sleep(0.005)
@@ -118,6 +126,8 @@ def kill_round(root: Path, tree: Path, reference: str, seed: int, max_delay: flo
 def summary(rounds: list[Round]) -> str:
     killed = [r for r in rounds if r.killed]
     users = [r for r in rounds if r.user_work]
-    return (f"{len(rounds)} rounds, {len(killed)} killed mid-apply, {sum(r.recovered for r in killed)} of them recovered to the "
-            f"reference commit; user work in {len(users)} rounds: {sum(bool(r.refused) for r in users)} refused until --force, "
-            f"{sum(bool(r.work_kept) for r in users)} kept on a backup ref; {sum(r.locks_removed for r in rounds)} stale git locks removed")
+    return (
+        f"{len(rounds)} rounds, {len(killed)} killed mid-apply, {sum(r.recovered for r in killed)} of them recovered to the "
+        f"reference commit; user work in {len(users)} rounds: {sum(bool(r.refused) for r in users)} refused until --force, "
+        f"{sum(bool(r.work_kept) for r in users)} kept on a backup ref; {sum(r.locks_removed for r in rounds)} stale git locks removed"
+    )

@@ -20,8 +20,10 @@ from tests.helpers.real import REPO
 PYTHON312 = os.environ.get("ROCMPORT_TEST_PYTHON312")
 LINE_PYTHON = sys.executable if sys.version_info[:2] >= (3, 12) else PYTHON312
 needs_python312 = pytest.mark.skipif(
-    not LINE_PYTHON, reason="Megatron-LM v0.17+ need Python 3.12: run the tests with it, or set ROCMPORT_TEST_PYTHON312 "
-                            "to a Python 3.12 that has torch")
+    not LINE_PYTHON,
+    reason="Megatron-LM v0.17+ need Python 3.12: run the tests with it, or set ROCMPORT_TEST_PYTHON312 "
+    "to a Python 3.12 that has torch",
+)
 
 
 def _line_pythons(text: str) -> dict[str, str]:
@@ -39,9 +41,17 @@ def python_for(line: str) -> str:
     return LINE_PYTHONS.get(line, LINE_PYTHON)
 
 
-def rocmport(root: Path, *args: str, cache: Path, timeout: float = 5400, python: str | None = None) -> subprocess.CompletedProcess:
+def rocmport(
+    root: Path, *args: str, cache: Path, timeout: float = 5400, python: str | None = None
+) -> subprocess.CompletedProcess:
     """`rocmport -C root ARGS` with the lines' Python (or `python`) and this checkout's rocmport."""
     assert LINE_PYTHON
     env = {**os.environ, "PYTHONPATH": str(REPO), "ROCMPORT_CACHE_DIR": str(cache)}
-    return subprocess.run([python or LINE_PYTHON, "-m", "rocmport", "-C", str(root), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=root)
+    return subprocess.run(
+        [python or LINE_PYTHON, "-m", "rocmport", "-C", str(root), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=root,
+    )

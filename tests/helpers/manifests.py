@@ -1,7 +1,7 @@
 """Dependency manifests shaped like the upstreams' own (pyproject.toml of Megatron-LM and Megatron-Bridge)."""
 
 # Shaped like Megatron-LM's pyproject at core_v0.19.0 (comments, tool tables, a dropped-only extra).
-MLM_PYPROJECT = '''\
+MLM_PYPROJECT = """\
 [build-system]
 requires = ["setuptools<80.0.0", "pybind11", "packaging>=24.2"]
 
@@ -36,10 +36,10 @@ no-build-isolation-package = ["transformer-engine", "mamba-ssm"]
 
 [tool.uv.sources]
 transformer-engine = { git = "https://github.com/NVIDIA/TransformerEngine.git", rev = "5671fd36" }
-'''
+"""
 
 # Shaped like Megatron-Bridge's: megatron-core from the 3rdparty/Megatron-LM gitlink path source.
-BRIDGE_PYPROJECT = '''\
+BRIDGE_PYPROJECT = """\
 [project]
 name = "megatron-bridge"
 dependencies = [
@@ -53,4 +53,4 @@ dependencies = [
 [tool.uv.sources]
 megatron-core = { path = "3rdparty/Megatron-LM/", editable = true }
 nvidia-modelopt = { index = "nvidia" }
-'''
+"""

@@ -11,13 +11,18 @@ import threading
 from pathlib import Path
 
 
-def make_sdist(path: Path, dist: str, version: str, files: dict[str, str], pkg_info_extra: str = "", members=()) -> Path:
+def make_sdist(
+    path: Path, dist: str, version: str, files: dict[str, str], pkg_info_extra: str = "", members=()
+) -> Path:
     """Write ``<dist>-<version>.tar.gz`` with a top directory, PKG-INFO and ``files``."""
     top = f"{dist.replace('-', '_')}-{version}"
     path.mkdir(parents=True, exist_ok=True)
     out = path / f"{top}.tar.gz"
-    all_files = {"PKG-INFO": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n{pkg_info_extra}", **files,
-                 f"{dist.replace('-', '_')}.egg-info/SOURCES.txt": "generated\n"}
+    all_files = {
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n{pkg_info_extra}",
+        **files,
+        f"{dist.replace('-', '_')}.egg-info/SOURCES.txt": "generated\n",
+    }
     with tarfile.open(out, "w:gz") as tar:
         for rel, text in sorted(all_files.items()):
             data = text.encode()
@@ -47,7 +52,9 @@ class Index:
             def do_GET(self):
                 parts = self.path.strip("/").split("/")
                 if parts[0] == "simple" and len(parts) == 2 and parts[1] in index.files:
-                    body = json.dumps({"meta": {"api-version": "1.0"}, "name": parts[1], "files": index.files[parts[1]]}).encode()
+                    body = json.dumps(
+                        {"meta": {"api-version": "1.0"}, "name": parts[1], "files": index.files[parts[1]]}
+                    ).encode()
                     ctype = "application/vnd.pypi.simple.v1+json"
                 elif parts[0] == "files" and (index.root / parts[1]).is_file():
                     index.hits[parts[1]] = index.hits.get(parts[1], 0) + 1
@@ -70,10 +77,14 @@ class Index:
 
     def add(self, name: str, sdist: Path, sha256: str | None = None, upload_time: str = "2025-03-01T00:00:00Z"):
         data = sdist.read_bytes()
-        self.files.setdefault(name, []).append({
-            "filename": sdist.name, "url": f"/files/{sdist.name}",
-            "hashes": {"sha256": sha256 or hashlib.sha256(data).hexdigest()}, "upload-time": upload_time,
-        })
+        self.files.setdefault(name, []).append(
+            {
+                "filename": sdist.name,
+                "url": f"/files/{sdist.name}",
+                "hashes": {"sha256": sha256 or hashlib.sha256(data).hexdigest()},
+                "upload-time": upload_time,
+            }
+        )
 
     def __enter__(self):
         self.thread.start()

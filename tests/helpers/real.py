@@ -15,7 +15,9 @@ BRIDGE = os.environ.get("ROCMPORT_TEST_BRIDGE_MIRROR")
 # Real sdists and their imported commits, kept between runs (the index serves the same bytes).
 REAL_CACHE = Path.home() / ".cache" / "rocmport-test"
 
-needs_mirrors = pytest.mark.skipif(not (MLM and BRIDGE), reason="set ROCMPORT_TEST_MLM_MIRROR and ROCMPORT_TEST_BRIDGE_MIRROR to local mirrors")
+needs_mirrors = pytest.mark.skipif(
+    not (MLM and BRIDGE), reason="set ROCMPORT_TEST_MLM_MIRROR and ROCMPORT_TEST_BRIDGE_MIRROR to local mirrors"
+)
 needs_mlm_mirror = pytest.mark.skipif(not MLM, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
 
 

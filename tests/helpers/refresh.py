@@ -30,9 +30,25 @@ class Ported:
         self.base = commit(self.up, self.files, "0.16.1")
         g(self.up, "tag", "core_v0.16.1")
         self.patches = {
-            "0001-layers-ten.patch": make_patch(self.up, {"megatron/core/layers.py": edit_line(LAYERS, 10, "line 10 rocm")}, "rocm line ten", context=2, bug="https://example.invalid/1"),
-            "0002-layers-thirty.patch": make_patch(self.up, {"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")}, "rocm line thirty", bug="https://example.invalid/2"),
-            "0003-utils.patch": make_patch(self.up, {"megatron/core/utils.py": "def f():\n    return 2\n"}, "f returns 2", bug="https://example.invalid/3"),
+            "0001-layers-ten.patch": make_patch(
+                self.up,
+                {"megatron/core/layers.py": edit_line(LAYERS, 10, "line 10 rocm")},
+                "rocm line ten",
+                context=2,
+                bug="https://example.invalid/1",
+            ),
+            "0002-layers-thirty.patch": make_patch(
+                self.up,
+                {"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")},
+                "rocm line thirty",
+                bug="https://example.invalid/2",
+            ),
+            "0003-utils.patch": make_patch(
+                self.up,
+                {"megatron/core/utils.py": "def f():\n    return 2\n"},
+                "f returns 2",
+                bug="https://example.invalid/3",
+            ),
         }
         self.root = tmp / "project"
         self.series_dir = self.root / "patchsets" / "megatron-lm" / "v0.16"
@@ -41,7 +57,9 @@ class Ported:
             (self.series_dir / name).write_text(text)
         (self.series_dir / "series").write_text(
             "# Megatron-LM v0.16: test recipe.\nupstream: megatron-lm\nline: v0.16\n"
-            'versions: ">=0.16.0rc0,<0.17.0rc0"\npatches:\n' + "".join(f"  - {n}\n" for n in self.patches) + "codemods: []\n"
+            'versions: ">=0.16.0rc0,<0.17.0rc0"\npatches:\n'
+            + "".join(f"  - {n}\n" for n in self.patches)
+            + "codemods: []\n"
         )
         init(self.root)
         (self.root / ".gitignore").write_text("/build/\n/.rocmport/\n")

@@ -26,7 +26,9 @@ HIP = sys.argv[1] if sys.argv[1] != "None" else None
 RUNTIME = sys.argv[2] if len(sys.argv) > 2 else None  # a HIP runtime version to simulate ("7.1"), else none loadable
 torch.version.hip = HIP
 # Under HIP the device is an MI300X: its arch (gfx942) is what the FP8 check judges by.
-_PROPS = types.SimpleNamespace(major=9, minor=4, name="simulated", **({"gcnArchName": "gfx942:sramecc+:xnack-"} if HIP else {}))
+_PROPS = types.SimpleNamespace(
+    major=9, minor=4, name="simulated", **({"gcnArchName": "gfx942:sramecc+:xnack-"} if HIP else {})
+)
 torch.cuda.get_device_properties = lambda device=None: _PROPS
 torch.cuda.get_device_capability = lambda device=None: (9, 4)
 torch.cuda.synchronize = lambda *a, **k: None
@@ -71,9 +73,33 @@ def parsed(*extra):
     from megatron.training.arguments import parse_args
 
     argv = sys.argv
-    sys.argv = ["pretrain_gpt.py", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
-                "--max-position-embeddings", "128", "--micro-batch-size", "2", "--tokenizer-type", "NullTokenizer",
-                "--vocab-size", "128", "--mock-data", "--lr", "1e-4", "--train-iters", "2", "--transformer-impl", "local", *extra]
+    sys.argv = [
+        "pretrain_gpt.py",
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "128",
+        "--max-position-embeddings",
+        "128",
+        "--micro-batch-size",
+        "2",
+        "--tokenizer-type",
+        "NullTokenizer",
+        "--vocab-size",
+        "128",
+        "--mock-data",
+        "--lr",
+        "1e-4",
+        "--train-iters",
+        "2",
+        "--transformer-impl",
+        "local",
+        *extra,
+    ]
     try:
         return parse_args()
     finally:
@@ -84,12 +110,17 @@ def parsed(*extra):
 def _validate():
     from megatron.training.arguments import validate_args
 
-    args = parsed("--tensor-model-parallel-size", "2", "--deterministic-mode", "--tp-comm-overlap", "--sequence-parallel")
+    args = parsed(
+        "--tensor-model-parallel-size", "2", "--deterministic-mode", "--tp-comm-overlap", "--sequence-parallel"
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         validate_args(args)
-    return {"tp_comm_overlap": args.tp_comm_overlap, "env": {k: os.environ.get(k) for k in ENV if k in os.environ},
-            "warnings": sorted(str(w.message)[:120] for w in caught if "ROCm" in str(w.message))}
+    return {
+        "tp_comm_overlap": args.tp_comm_overlap,
+        "env": {k: os.environ.get(k) for k in ENV if k in os.environ},
+        "warnings": sorted(str(w.message)[:120] for w in caught if "ROCm" in str(w.message)),
+    }
 
 
 def _gloo():
@@ -107,11 +138,16 @@ def _async():
     _gloo()
     caller = async_utils.TemporalAsyncCaller()
     target = os.path.join(tempfile.mkdtemp(), "written")
-    req = types.SimpleNamespace(async_fn=open, async_fn_args=[target, "w"], async_fn_kwargs={}, preload_fn=None,
-                                finalize_fns=[], call_idx=0)
+    req = types.SimpleNamespace(
+        async_fn=open, async_fn_args=[target, "w"], async_fn_kwargs={}, preload_fn=None, finalize_fns=[], call_idx=0
+    )
     caller.schedule_async_call(req)
     caller.process.join(120)
-    return {"process": type(caller.process).__name__, "exitcode": caller.process.exitcode, "wrote": os.path.exists(target)}
+    return {
+        "process": type(caller.process).__name__,
+        "exitcode": caller.process.exitcode,
+        "wrote": os.path.exists(target),
+    }
 
 
 @check("patch 0001: preload_tensors non_blocking")
@@ -144,8 +180,11 @@ class _Squares(torch.utils.data.Dataset):
 
 @check("data loader: workers' start method")
 def _loader():
-    sampler_mod = next(m for m in ("megatron.training.datasets.data_samplers", "megatron.legacy.data.data_samplers")
-                       if importlib.util.find_spec(m.rsplit(".", 1)[0]) and importlib.util.find_spec(m))
+    sampler_mod = next(
+        m
+        for m in ("megatron.training.datasets.data_samplers", "megatron.legacy.data.data_samplers")
+        if importlib.util.find_spec(m.rsplit(".", 1)[0]) and importlib.util.find_spec(m)
+    )
     samplers = importlib.import_module(sampler_mod)
     samplers.mpu.get_data_parallel_rank = lambda *a, **k: 0
     samplers.mpu.get_data_parallel_world_size = lambda *a, **k: 1
@@ -253,7 +292,9 @@ def _nvls():
     import ast
 
     tree = ast.parse(open(il.__file__).read())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "InferenceLayerNormColumnParallelLinear")
+    cls = next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "InferenceLayerNormColumnParallelLinear"
+    )
     fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_all_gather")
     fn.decorator_list = []
     namespace = dict(vars(il))

@@ -12,13 +12,18 @@ from rocmport.verify.launcher import free_port
 
 ENV = {
     **os.environ,
-    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
     "GIT_CONFIG_NOSYSTEM": "1",
 }
 
 
 def g(repo, *args, input=None) -> str:
-    return subprocess.run(["git", *args], cwd=repo, env=ENV, check=True, capture_output=True, text=True, input=input).stdout.strip()
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=ENV, check=True, capture_output=True, text=True, input=input
+    ).stdout.strip()
 
 
 def init(path: Path) -> Path:
@@ -51,15 +56,25 @@ def build_mlm(root: Path) -> dict[str, str]:
     c["0.15.3"] = commit(repo, {"megatron/core/package_info.py": package_info("0.15.3")}, "0.15.3")
     g(repo, "tag", "v0.15.3")
     g(repo, "tag", "-a", "-m", "release", "core_v0.15.3")
-    c["0.16.0rc0"] = commit(repo, {"megatron/core/package_info.py": package_info("0.16.0", "rc0")}, "untagged 0.16.0rc0")
-    c["0.16.0"] = commit(repo, {"megatron/core/package_info.py": package_info("0.16.0")}, "0.16.0", "2025-02-01T00:00:00+00:00")
+    c["0.16.0rc0"] = commit(
+        repo, {"megatron/core/package_info.py": package_info("0.16.0", "rc0")}, "untagged 0.16.0rc0"
+    )
+    c["0.16.0"] = commit(
+        repo, {"megatron/core/package_info.py": package_info("0.16.0")}, "0.16.0", "2025-02-01T00:00:00+00:00"
+    )
     g(repo, "tag", "core_v0.16.0")
-    c["0.16.1"] = commit(repo, {"megatron/core/package_info.py": package_info("0.16.1")}, "0.16.1", "2025-03-01T00:00:00+00:00")
+    c["0.16.1"] = commit(
+        repo, {"megatron/core/package_info.py": package_info("0.16.1")}, "0.16.1", "2025-03-01T00:00:00+00:00"
+    )
     g(repo, "tag", "-a", "-m", "release", "core_v0.16.1")
     g(repo, "branch", "core_r0.16.0")
-    c["0.17.0rc0"] = commit(repo, {"megatron/core/package_info.py": package_info("0.17.0", "rc0")}, "0.17.0rc0", "2025-04-01T00:00:00+00:00")
+    c["0.17.0rc0"] = commit(
+        repo, {"megatron/core/package_info.py": package_info("0.17.0", "rc0")}, "0.17.0rc0", "2025-04-01T00:00:00+00:00"
+    )
     g(repo, "tag", "core_v0.17.0rc0")
-    c["0.18.0"] = commit(repo, {"megatron/core/package_info.py": package_info("0.18.0")}, "0.18.0", "2025-05-01T00:00:00+00:00")
+    c["0.18.0"] = commit(
+        repo, {"megatron/core/package_info.py": package_info("0.18.0")}, "0.18.0", "2025-05-01T00:00:00+00:00"
+    )
     g(repo, "tag", "core_v0.18.0")
     g(repo, "update-ref", "refs/pull/1/head", c["0.16.0"])
     return c
@@ -84,8 +99,11 @@ def build_bridge(root: Path, mlm: dict[str, str]) -> dict[str, str]:
     ):
         g(repo, "update-index", "--add", "--cacheinfo", f"160000,{link},3rdparty/Megatron-LM")
         version = tag[1:].split("rc")[0]
-        out[tag] = commit(repo, {"pyproject.toml": bridge_pyproject(spec),
-                                 "src/megatron/bridge/package_info.py": package_info(version)}, tag)
+        out[tag] = commit(
+            repo,
+            {"pyproject.toml": bridge_pyproject(spec), "src/megatron/bridge/package_info.py": package_info(version)},
+            tag,
+        )
         g(repo, "tag", tag)
     return out
 
@@ -100,9 +118,18 @@ class GitDaemon:
 
     def __enter__(self):
         self.proc = subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={self.base}", "--listen=127.0.0.1",
-             f"--port={self.port}", str(self.base)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                "git",
+                "daemon",
+                "--reuseaddr",
+                "--export-all",
+                f"--base-path={self.base}",
+                "--listen=127.0.0.1",
+                f"--port={self.port}",
+                str(self.base),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         for _ in range(100):
             with socket.socket() as s:

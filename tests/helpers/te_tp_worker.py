@@ -85,8 +85,14 @@ def main() -> None:
         with torch.no_grad():
             row.weight.copy_(shard(w2, 1))
             row.bias.copy_(b2)
-        run("Linear(row)", lambda x: row(shard(x, -1)), [(row.weight, w2, 1), (row.bias, b2, None)],
-            lambda x, w, b: x @ w.t() + b, x_in=x_row, x_sharded=True)
+        run(
+            "Linear(row)",
+            lambda x: row(shard(x, -1)),
+            [(row.weight, w2, 1), (row.bias, b2, None)],
+            lambda x, w, b: x @ w.t() + b,
+            x_in=x_row,
+            x_sharded=True,
+        )
 
         g, beta = full(hidden, seed=8) * 0.1 + 1, full(hidden, seed=9) * 0.1
         lnl = te.LayerNormLinear(hidden, ffn, parallel_mode="column", **kw)
@@ -95,8 +101,12 @@ def main() -> None:
             lnl.bias.copy_(shard(b, 0))
             lnl.layer_norm_weight.copy_(g)
             lnl.layer_norm_bias.copy_(beta)
-        run("LayerNormLinear", lnl, [(lnl.weight, w, 0), (lnl.layer_norm_weight, g, None)],
-            lambda x, w, g: F.layer_norm(x, (hidden,), g, beta, 1e-5) @ w.t() + b)
+        run(
+            "LayerNormLinear",
+            lnl,
+            [(lnl.weight, w, 0), (lnl.layer_norm_weight, g, None)],
+            lambda x, w, g: F.layer_norm(x, (hidden,), g, beta, 1e-5) @ w.t() + b,
+        )
 
         mlp = te.LayerNormMLP(hidden, ffn, set_parallel_mode=True, **kw)
         with torch.no_grad():
@@ -115,7 +125,9 @@ def main() -> None:
 
         heads, dim, seq = 4, 8, 5
         q, k, v = (full(seq, 2, heads, dim, seed=s) for s in (10, 11, 12))
-        dpa = te.DotProductAttention(heads, dim, attn_mask_type="causal", tp_size=tp, tp_group=group, attention_dropout=0.0)
+        dpa = te.DotProductAttention(
+            heads, dim, attn_mask_type="causal", tp_size=tp, tp_group=group, attention_dropout=0.0
+        )
         qs, ks, vs = (shard(t, 2).requires_grad_(True) for t in (q, k, v))
         o = dpa(qs, ks, vs)
         do = full(*o.shape, seed=13)
@@ -124,7 +136,9 @@ def main() -> None:
         ref = F.scaled_dot_product_attention(*(t.permute(1, 2, 0, 3) for t in (qr, kr, vr)), is_causal=True)
         ref = ref.permute(2, 0, 1, 3).reshape(seq, 2, -1)
         ref.backward(do)
-        results["DotProductAttention"] = max(diff(o, ref), diff(qs.grad, qr.grad), diff(ks.grad, kr.grad), diff(vs.grad, vr.grad))
+        results["DotProductAttention"] = max(
+            diff(o, ref), diff(qs.grad, qr.grad), diff(ks.grad, kr.grad), diff(vs.grad, vr.grad)
+        )
     except Exception as exc:  # the proxy's named refusal is the result; anything else fails the test
         if type(exc).__name__ != "UnsupportedInProxy":
             raise
