@@ -115,7 +115,10 @@ TRAIN_LOOP = textwrap.dedent("""\
 SHAPED_PRETRAIN = "import sys\nfrom megatron.training.loop import train\n\ntrain(sys.argv[1:])\n"
 # A CUDA call the shim has no CPU answer for: the CPU build lacks its binding, a CUDA build without a
 # GPU finds no driver (cuBLAS needs a context).
-CUDA_ONLY_PRETRAIN = "import torch\nfrom megatron.training.initialize import initialize_megatron\ninitialize_megatron(allow_no_cuda=True)\ntorch.cuda.current_blas_handle()\n"
+CUDA_ONLY_PRETRAIN = (
+    "import torch\nfrom megatron.training.initialize import initialize_megatron\n"
+    "initialize_megatron(allow_no_cuda=True)\ntorch.cuda.current_blas_handle()\n"
+)
 INITIALIZE = textwrap.dedent("""\
     import torch
 

@@ -173,7 +173,8 @@ def test_explain_says_why_and_where_from(capsys, monkeypatch, tmp_path):
         ),
         (
             ["--tune", "replay", "{tmp}"],
-            "rocmport: error: --tune replay {tmp}: nothing recorded there (no tunableop_results*.csv, no te_hipblaslt_algos_*.csv); record first: rocmport env --tune record {tmp}",
+            "rocmport: error: --tune replay {tmp}: nothing recorded there (no tunableop_results*.csv, "
+            "no te_hipblaslt_algos_*.csv); record first: rocmport env --tune record {tmp}",
         ),
     ],
 )

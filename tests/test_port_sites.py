@@ -125,7 +125,8 @@ def test_verify_reports_port_sites_per_codemod(tmp_path, capsys):
     assert gates["unreached"] == {
         "megatron/core/a.py:11 is_hip": port_sites.NOT_RUN_DEFAULT,
         "megatron/core/a.py:6 nvidia_arch_major": port_sites.NOT_RUN_DEFAULT,
-        "megatron/legacy/b.py:5 nvidia_arch_major": "module never imported: legacy model code: pretrain_gpt.py's mcore path and the selected tests never import it",
+        "megatron/legacy/b.py:5 nvidia_arch_major": "module never imported: legacy model code: "
+        "pretrain_gpt.py's mcore path and the selected tests never import it",
     }
     assert gates["explanation"].startswith("none ran: ")
     assert (

@@ -68,7 +68,8 @@ class Series:
     excluded_paths: list[str] = field(default_factory=list)
     # Dependency-manifest rewrite: None = the defaults, False = off, or {drop: {name: reason}, keep: [names]}.
     manifests: dict | bool | None = None
-    # verify's settings for this line (rocmport.patches.verify_settings): unit_tests, known_failures, rocm_known_failures, hip_known_failures, proxy_known_failures, rocm_arch_known_failures.
+    # verify's settings for this line (rocmport.patches.verify_settings): unit_tests, known_failures,
+    # rocm_known_failures, hip_known_failures, proxy_known_failures, rocm_arch_known_failures.
     verify: dict = field(default_factory=dict)
     # What the patches may do beyond text edits (`allow:`): binary, gitlinks, mode-changes, symlinks.
     allow: frozenset[str] = frozenset()

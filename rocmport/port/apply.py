@@ -217,7 +217,8 @@ def _apply_upstream(
 
     if state and state.status == "conflict":
         raise BadInput(
-            f"{tree}: an apply stopped at a conflict in {state.patches[-1]['name']}; resolve and commit, then `rocmport apply --continue`, or `rocmport apply --abort`"
+            f"{tree}: an apply stopped at a conflict in {state.patches[-1]['name']}; "
+            "resolve and commit, then `rocmport apply --continue`, or `rocmport apply --abort`"
         )
     if (
         state

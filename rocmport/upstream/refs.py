@@ -89,7 +89,10 @@ def resolve(mirror: Path, requested: str, pre: bool = False, upstream: str = MEG
             raise BadInput(f"{upstream}: no final release tag for {requested}{hint}; {_closest(requested, rels)}")
         best = cands[-1]
         twins = [t.name for t in cands if t.version == best.version and t.name != best.name]
-        why = f"{requested} -> {best.name} ({best.commit[:12]}): newest {'' if pre else 'final '}release of {major}.{minor} among {', '.join(t.name for t in cands)}"
+        why = (
+            f"{requested} -> {best.name} ({best.commit[:12]}): newest {'' if pre else 'final '}release of {major}.{minor} "
+            f"among {', '.join(t.name for t in cands)}"
+        )
         if twins:
             why += f"; {', '.join(twins)} names the same version, {best.name} chosen as upstream's core_v release tag"
         return Resolution(requested, best.name, best.commit, "release-line", why)

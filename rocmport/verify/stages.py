@@ -53,7 +53,11 @@ for m in json.loads(sys.argv[1]):
         importlib.import_module(m)
         out[m] = None
     except BaseException as e:
-        chain = [f"{fr.filename}:{fr.lineno}" for fr in traceback.extract_tb(e.__traceback__) if "/megatron/" in fr.filename or fr.filename.endswith("pretrain_gpt.py")]
+        chain = [
+            f"{fr.filename}:{fr.lineno}"
+            for fr in traceback.extract_tb(e.__traceback__)
+            if "/megatron/" in fr.filename or fr.filename.endswith("pretrain_gpt.py")
+        ]
         out[m] = {"error": f"{type(e).__name__}: {e}", "chain": chain[-6:], "missing": getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None}
 print("ROCMPORT-IMPORTS " + json.dumps(out))
 print("ROCMPORT-FILES " + json.dumps({m: getattr(sys.modules.get(m), "__file__", None) for m in out if out[m] is None}))

@@ -52,7 +52,12 @@ from rocmport.verify.cpu_meter import MachineShare
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted
 
-PLUGIN_VERSION = "16"  # part of the baseline cache key: a record read another way is not reused (9: hang attribution by run order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection, in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14: subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for; 16: TE answers for verify --te: current_device 0 to TE frames, device selection a no-op)
+# Part of the baseline cache key: a record read another way is not reused. 9: hang attribution by run
+# order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection,
+# in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14:
+# subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for; 16:
+# TE answers for verify --te: current_device 0 to TE frames, device selection a no-op.
+PLUGIN_VERSION = "16"
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
 RESTARTS_PER_FILE = (
     6  # hangs a test file may restart its run for; past that its remaining tests are not run (and say so)

@@ -52,7 +52,11 @@ def test_exact_before_after():
 
 
 def test_aliased_dataloader():
-    src = "from torch.utils.data import DataLoader as DL\n\n\ndef build_pretraining_data_loader(dataset, consumed_samples):\n    return DL(dataset, num_workers=2)\n"
+    src = (
+        "from torch.utils.data import DataLoader as DL\n\n\n"
+        "def build_pretraining_data_loader(dataset, consumed_samples):\n"
+        "    return DL(dataset, num_workers=2)\n"
+    )
     after, sites = rewrite("dataloader-mp-context", src, "megatron/legacy/data/data_samplers.py")
     assert sites == 1 and "    return hip_worker_context(DL)(dataset, num_workers=2)\n" in after
 

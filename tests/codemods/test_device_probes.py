@@ -48,7 +48,8 @@ def test_energy_and_affinity_before_after():
     after, sites = rewrite("device-probes", AFFINITY, "megatron/core/pipeline_parallel/utils.py")
     assert (
         sites == 1
-        and '"""Set CPU affinity for the current GPU to optimize host-device transfers."""\n    from megatron.core._rocm import is_hip\n    if is_hip():\n        return'
+        and '"""Set CPU affinity for the current GPU to optimize host-device transfers."""\n'
+        "    from megatron.core._rocm import is_hip\n    if is_hip():\n        return"
         in after
     )
     assert_idempotent("device-probes", AFFINITY, "megatron/core/pipeline_parallel/utils.py")
@@ -58,7 +59,11 @@ def test_energy_and_affinity_before_after():
 def test_energy_monitor_off_on_rocm_upstream_on_cuda(tmp_path):
     after, _ = rewrite("device-probes", ENERGY, "megatron/core/energy_monitor.py")
     files = {**FAKE_PYNVML, "megatron/core/energy_monitor.py": after}
-    code = "from megatron.core import energy_monitor as e\ntry:\n    e.EnergyMonitor().setup(); print(e.has_nvml, 'ok')\nexcept RuntimeError as x:\n    print(e.has_nvml, x)\n"
+    code = (
+        "from megatron.core import energy_monitor as e\ntry:\n"
+        "    e.EnergyMonitor().setup(); print(e.has_nvml, 'ok')\nexcept RuntimeError as x:\n"
+        "    print(e.has_nvml, x)\n"
+    )
     assert run_tree(tmp_path / "r", files, code, hip="6.4.1").stdout.strip() == "False ok"
     assert run_tree(tmp_path / "c", files, code).stdout.strip() == "True NVML Shared Library Not Found"
 
@@ -71,7 +76,10 @@ def test_affinity_noop_on_rocm(tmp_path):
         "megatron/core/pipeline_parallel/__init__.py": "",
         "megatron/core/pipeline_parallel/utils.py": after,
     }
-    code = "from megatron.core.pipeline_parallel.utils import set_ideal_affinity_for_current_gpu as f\ntry:\n    print(f())\nexcept RuntimeError as x:\n    print(x)\n"
+    code = (
+        "from megatron.core.pipeline_parallel.utils import set_ideal_affinity_for_current_gpu as f\n"
+        "try:\n    print(f())\nexcept RuntimeError as x:\n    print(x)\n"
+    )
     assert run_tree(tmp_path / "r", files, code, hip="6.4.1").stdout.strip() == "None"
     assert run_tree(tmp_path / "c", files, code).stdout.strip() == "NVML Shared Library Not Found"
 

@@ -14,7 +14,11 @@ from tests.helpers.codemods import run_tree
 # decides has_nvidia_modelopt by whether it imports (checkpointing.py l.85, `except Exception`), and
 # calls into it under that flag; a tool imports another module of the package (no modelopt) at its top.
 UTILS = "import modelopt\nimport modelopt.torch.quantization as mtq\n\n\ndef print_distributed_quant_summary(model):\n    return mtq.summary(model)\n"
-CKPT = "import modelopt.torch.opt as mto\n\nfrom megatron.post_training.utils import print_distributed_quant_summary\n\n\ndef save_modelopt_state(model):\n    return mto.save(model)\n"
+CKPT = (
+    "import modelopt.torch.opt as mto\n\n"
+    "from megatron.post_training.utils import print_distributed_quant_summary\n\n\n"
+    "def save_modelopt_state(model):\n    return mto.save(model)\n"
+)
 TRAINING_CKPT = """\
 try:
     from megatron.post_training.utils import print_distributed_quant_summary

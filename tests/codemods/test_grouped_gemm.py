@@ -20,7 +20,10 @@ def assert_grouped_gemm_is_available():
 '''
 
 REL = "megatron/core/transformer/moe/grouped_gemm_util.py"
-PROBE = "from megatron.core.transformer.moe.grouped_gemm_util import assert_grouped_gemm_is_available as a\ntry:\n    a()\nexcept AssertionError as e:\n    print(e)\n"
+PROBE = (
+    "from megatron.core.transformer.moe.grouped_gemm_util import assert_grouped_gemm_is_available as a\n"
+    "try:\n    a()\nexcept AssertionError as e:\n    print(e)\n"
+)
 
 
 def test_before_after():

@@ -124,7 +124,11 @@ def test_series_options_add_packages_and_their_triggers(tmp_path):
     """Bridge series guard transformer_engine too: peft/lora_layers.py imports it unconditionally."""
     from rocmport.codemods import compute_layers
 
-    src = "import torch\nimport transformer_engine.pytorch as te\n\n\nclass TELinearAdapter(te.Linear):\n    pass\n\n\ndef is_te(m):\n    return isinstance(m, te.Linear)\n"
+    src = (
+        "import torch\nimport transformer_engine.pytorch as te\n\n\n"
+        "class TELinearAdapter(te.Linear):\n    pass\n\n\ndef is_te(m):\n"
+        "    return isinstance(m, te.Linear)\n"
+    )
     rel = "src/megatron/bridge/peft/lora_layers.py"
     (tmp_path / rel).parent.mkdir(parents=True)
     (tmp_path / rel).write_text(src)

@@ -333,7 +333,11 @@ def test_every_gate_is_reported_changed_or_left_with_its_reason():
     ]
     assert {r.codemod for r in reports} == {"te-version-gates"}
     # A file with only gates the codemod leaves is still reported (and unchanged).
-    args = 'from megatron.core.utils import is_te_min_version\n\n\ndef validate_args(args):\n    if args.fp4 and not is_te_min_version("2.7.0.dev0"):\n        raise ValueError("fp4 needs TE >= 2.7")\n'
+    args = (
+        "from megatron.core.utils import is_te_min_version\n\n\ndef validate_args(args):\n"
+        '    if args.fp4 and not is_te_min_version("2.7.0.dev0"):\n'
+        '        raise ValueError("fp4 needs TE >= 2.7")\n'
+    )
     after, sites, reports = rewrite_with_reports("te-version-gates", args, "megatron/training/arguments.py")
     assert (after, sites) == (args, 0)
     assert [(r.kind, r.line, r.message.split(":")[0]) for r in reports] == [("skip", 5, "FP4/MXFP8 recipes")]
