@@ -266,6 +266,50 @@ def test_rope_sbhd_and_bshd_forward_and_backward(interleaved):
     tr = t.clone().requires_grad_(True)
     (rdx,) = torch.autograd.grad(_rope_reference(tr, freqs, interleaved), tr, grad)
     torch.testing.assert_close(tex.fused_rope_backward(grad, freqs, fmt.NVTE_SBHD, interleaved, None, 1, 0), rdx, **TOL)
+    # TE 2.10+ pass the positions to the backward too (start_positions None in training)
+    torch.testing.assert_close(
+        tex.fused_rope_backward(grad, freqs, None, fmt.NVTE_SBHD, interleaved, None, 1, 0), rdx, **TOL
+    )
+    # with positions: each sequence of the batch rotated from its own offset
+    pos = torch.tensor([0, 2])
+    long_freqs = _gen(s + 2, 1, 1, 6, seed=5) * 0.3
+    out = tex.fused_rope_forward(t, long_freqs, pos, fmt.NVTE_SBHD, interleaved, None, 1, 0)
+    ref = torch.cat(
+        [_rope_reference(t[:, i : i + 1], long_freqs[p : p + s], interleaved) for i, p in enumerate([0, 2])], 1
+    )
+    torch.testing.assert_close(out, ref, **TOL)
+    tr = t.clone().requires_grad_(True)
+    ref = torch.cat(
+        [_rope_reference(tr[:, i : i + 1], long_freqs[p : p + s], interleaved) for i, p in enumerate([0, 2])], 1
+    )
+    (rdx,) = torch.autograd.grad(ref, tr, grad)
+    torch.testing.assert_close(
+        tex.fused_rope_backward(grad, long_freqs, pos, fmt.NVTE_SBHD, interleaved, None, 1, 0), rdx, **TOL
+    )
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_fused_qkv_rope_splits_groups_rotates_q_and_k_and_passes_v(interleaved):
+    """megatron's fused QKV RoPE (TE's FusedQKVRoPEFunc): 2 groups, 2 query heads per group, head dim 8
+    (rotated over 6), v of the same size; forward and the qkv gradient against torch."""
+    s, b, groups, d, per = 5, 2, 2, 8, 2
+    split = [per * d, d, d]
+    qkv = _gen(s, b, groups, sum(split))
+    qf, kf = _gen(s, 1, 1, 6, seed=3) * 0.3, _gen(s, 1, 1, 6, seed=4) * 0.3
+
+    def reference(x):
+        q, k, v = x.split(split, dim=-1)
+        q = q.reshape(s, b, groups * per, d)
+        return _rope_reference(q, qf, interleaved), _rope_reference(k, kf, interleaved), v
+
+    fmt = tex.NVTE_QKV_Format.NVTE_SBHD
+    outs = tex.fused_qkv_rope_forward(qkv, qf, kf, None, split, fmt, interleaved, 1, 0)
+    for got, want in zip(outs, reference(qkv)):
+        torch.testing.assert_close(got, want, **TOL)
+    grads = [_gen(*o.shape, seed=20 + i) for i, o in enumerate(outs)]
+    x = qkv.clone().requires_grad_(True)
+    (rdx,) = torch.autograd.grad(reference(x), x, grads)
+    torch.testing.assert_close(tex.fused_qkv_rope_backward(*grads, qf, kf, split, fmt, interleaved, 1, 0), rdx, **TOL)
 
 
 def test_rope_thd_restarts_positions_per_sequence():

@@ -278,6 +278,18 @@ def test_label_rules():
     assert label(port, base, {})[1]["a.py::hang3"] == (
         "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging"
     )
+    # A kernel TE's Python reached that the proxy's CPU layer lacks (verify --te): the proxy's gap,
+    # named, never "needs-nvidia-only" (v0.16 with TE 2.12.0 said the firewall removed transformer_engine_torch).
+    port["outcomes"]["a.py::tek"], base["outcomes"]["a.py::tek"] = "failed", "failed"
+    port["details"]["a.py::tek"] = (
+        "rocmport.verify.te_cpu.UnsupportedInProxy: unsupported-in-proxy: "
+        "transformer_engine_torch.fused_qkv_rope_forward has no CPU reference implementation at x.py:1"
+    )
+    labels, why = label(port, base, {}, blocked=("transformer_engine_torch",))
+    assert (
+        labels["a.py::tek"] == "proxy-artifact"
+        and "transformer_engine_torch.fused_qkv_rope_forward" in why["a.py::tek"]
+    )
     # On a machine other jobs kept busy, a hang verdict says so beside it; other failures do not.
     port["machine"] = {"cpus": 2, "seconds": 300.0, "others_cores": 1.6, "run_cores": 0.4, "overloaded": True}
     why = label(port, base, {})[1]

@@ -684,14 +684,62 @@ def fused_rope_forward(input, freqs, start_positions, qkv_format, interleaved, c
     )
 
 
-def fused_rope_backward(output_grads, freqs, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank):
+def fused_rope_backward(output_grads, freqs, *args):
+    """TE up to 2.9: (grads, freqs, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank); from
+    2.10 the positions come too: (grads, freqs, start_positions, qkv_format, ...)."""
     # RoPE is linear in its input: the gradient is the transpose map, taken through autograd.
     _count("fused_rope_backward")
+    start_positions, (qkv_format, interleaved, cu_seqlens, cp_size, cp_rank) = (
+        (args[0], args[1:]) if len(args) == 6 else (None, args)
+    )
     x = torch.zeros_like(output_grads, dtype=torch.float32, requires_grad=True)
     with torch.enable_grad():
-        y = _rope(x, freqs, None, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank, "fused_rope_backward")
+        y = _rope(
+            x, freqs, start_positions, qkv_format, interleaved, cu_seqlens, cp_size, cp_rank, "fused_rope_backward"
+        )
         (dx,) = torch.autograd.grad(y, x, output_grads.float())
     return dx.to(output_grads.dtype)
+
+
+def _qkv_split(qkv_split_arg_list) -> tuple[int, int, int]:
+    q, k, v = (int(n) for n in qkv_split_arg_list)
+    return q, k, v
+
+
+def fused_qkv_rope_forward(
+    qkv, q_freqs, k_freqs, start_positions, qkv_split_arg_list, qkv_format, interleaved, cp_size, cp_rank
+):
+    """TE's FusedQKVRoPEFunc (megatron's fused QKV RoPE): ``qkv`` [s, b, h, q+k+v] (or bshd) split along
+    its last dimension; q's part holds q/k heads of k's size per group. Returns q [s, b, h*q/k, k]
+    and k [s, b, h, k] rotated over their first d2 = freqs' size, v [s, b, h, v] as it is."""
+    _count("fused_qkv_rope_forward")
+    q_size, k_size, _ = _qkv_split(qkv_split_arg_list)
+    lead = qkv.shape[:2]
+    h = qkv.shape[2]
+    q = qkv[..., :q_size].reshape(*lead, h * q_size // k_size, k_size)
+    k = qkv[..., q_size : q_size + k_size]
+    v = qkv[..., q_size + k_size :]
+    name = "fused_qkv_rope_forward"
+    q_out = _rope(q, q_freqs, start_positions, qkv_format, interleaved, None, cp_size, cp_rank, name)
+    k_out = _rope(k, k_freqs, start_positions, qkv_format, interleaved, None, cp_size, cp_rank, name)
+    return q_out.contiguous(), k_out.contiguous(), v.contiguous()
+
+
+def fused_qkv_rope_backward(
+    q_grad, k_grad, v_grad, q_freqs, k_freqs, qkv_split_arg_list, qkv_format, interleaved, cp_size, cp_rank
+):
+    """The gradient of fused_qkv_rope_forward for its qkv input ([s, b, h, q+k+v])."""
+    _count("fused_qkv_rope_backward")
+    q_size, k_size, v_size = _qkv_split(qkv_split_arg_list)
+    h = (q_grad.shape[2] + k_grad.shape[2] + v_grad.shape[2]) * q_grad.shape[3] // (q_size + k_size + v_size)
+    x = torch.zeros(*q_grad.shape[:2], h, q_size + k_size + v_size, dtype=torch.float32, requires_grad=True)
+    with torch.enable_grad():
+        outs = fused_qkv_rope_forward(
+            x, q_freqs, k_freqs, None, qkv_split_arg_list, qkv_format, interleaved, cp_size, cp_rank
+        )
+        (dx,) = torch.autograd.grad(outs, x, (q_grad.float(), k_grad.float(), v_grad.float()))
+    CALLS["fused_qkv_rope_forward"] -= 1  # the map taken through autograd is not a forward call
+    return dx.to(q_grad.dtype)
 
 
 # ---- multi-tensor kernels (TE's FusedAdam / FusedSGD, megatron's grad clipping) ----

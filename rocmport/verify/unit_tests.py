@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -682,6 +683,12 @@ def _names_blocked(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | No
 
 # The machine's limits, as the C library and Python word them: threads (EAGAIN from pthread_create,
 # as gloo reports a group it could not start), file descriptors, memory.
+def _te_kernel_missing(nodeid: str, res: dict) -> str | None:
+    """The transformer_engine_torch function whose missing CPU implementation failed this test, if that is why."""
+    m = re.search(r"unsupported-in-proxy: (transformer_engine_torch\.\w+)", res.get("details", {}).get(nodeid, ""))
+    return m.group(1) if m else None
+
+
 def _exhausted(nodeid: str, res: dict) -> str | None:
     """The resource-exhaustion message this failure carries, if any: the machine's limit, not upstream's bug."""
     return exhausted(res.get("details", {}).get(nodeid, ""))
@@ -706,6 +713,16 @@ def label(
             lab, text = "missing-dependency", f"the ordinary package {missing.split('.')[0]} is not installed"
         elif listed:
             lab, text = "known-failure", known[listed]
+        elif kernel := _te_kernel_missing(nodeid, port):
+            # TE's Python layer reached a compiled kernel the proxy's CPU layer does not implement
+            # (verify --te): the proxy's gap, named; never the port's failure nor a firewalled package's.
+            lab, text = (
+                "proxy-artifact",
+                (
+                    f"unsupported-in-proxy: the CPU proxy's TE layer has no reference implementation "
+                    f"of {kernel}; not verified here"
+                ),
+            )
         elif nodeid in port.get("hung", []):
             again = alone.get(nodeid)
             if again == "passed":
