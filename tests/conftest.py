@@ -31,3 +31,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("torch"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_machine_probe():
+    """verify probes the machine once per process (environment.probe is cached): a test that changes
+    what torch answers (no torch, a simulated GPU) gets its own probe."""
+    from rocmport.verify import environment
+
+    environment.probe.cache_clear()
+    yield
+    environment.probe.cache_clear()

@@ -165,8 +165,10 @@ def refresh_argv(draw, project: Path) -> list[str]:
 
 
 def _int(text: str) -> int | None:
+    """The integer click reads from ``text``: Python's int(), which takes any Unicode digits ('٤' is 4)
+    and underscores between digits."""
     try:
-        return int(text.strip()) if re.fullmatch(r"\s*[+-]?[0-9]+\s*", text) and text.isascii() else None
+        return int(text)
     except ValueError:
         return None
 

@@ -9,6 +9,7 @@ import click
 
 from rocmport import output, procs
 from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings, load_settings
+from rocmport.inputs import ref_problem
 from rocmport.errors import EXIT_OK, BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.refresh.engine import Progress, abort_refresh, continue_refresh, refresh
@@ -104,8 +105,9 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
 def _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json) -> None:
     """Every option combination refresh takes, checked before anything runs (exit 2 naming the option):
     an option the chosen action would ignore is refused rather than silently dropped."""
-    if to is not None and not to.strip():
-        raise BadInput(f"--to {to!r}: give an upstream ref (v0.17, core_v0.17.1, a branch, a SHA)")
+    if to is not None and (why := "is empty" if not to.strip() else ref_problem(to)):
+        # an option-like value (`--to --json`: click takes the next option as the ref) is never handed to git
+        raise BadInput(f"--to {to[:80]!r}: {why}; give an upstream ref (v0.17, core_v0.17.1, a branch, a SHA)")
     if sum(map(bool, (to, cont, abort))) != 1:
         raise BadInput("give exactly one of --to REF, --continue, --abort")
     given = {"--tp": tp is not None, "--pp": pp is not None, "--no-verify": no_verify}
