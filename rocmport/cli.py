@@ -127,7 +127,8 @@ def main(argv=None) -> int:
     except click.ClickException as exc:
         # click quotes the user's text as given: a control character (`--to $'\r'`) would rewrite the
         # terminal's line or forge one; shown escaped, the error stays the one line it is.
-        exc.message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in exc.message)
+        # (click types `message` Final; it is a plain attribute that format_message() reads)
+        setattr(exc, "message", "".join(c if c.isprintable() else repr(c)[1:-1] for c in exc.message))
         exc.show()
         return EXIT_USAGE if exc.exit_code == 2 else exc.exit_code
     except click.Abort as exc:
