@@ -99,9 +99,9 @@ def test_a_launch_that_ran_out_of_a_machine_resource_is_retried_once_then_said_t
         f"import os, sys\nif not os.path.exists({str(marker)!r}):\n    open({str(marker)!r}, 'w').close()\n"
         "    sys.exit('RuntimeError: Resource temporarily unavailable')\n",
     ]
-    assert stages.launch_retrying(once, dict(os.environ), tmp_path).returncode == 0 and marker.exists()
+    assert stages.launch(once, dict(os.environ), tmp_path).returncode == 0 and marker.exists()
     always = [sys.executable, "-c", "import sys; sys.exit('[rank2]: RuntimeError: Resource temporarily unavailable')"]
-    proc = stages.launch_retrying(always, dict(os.environ), tmp_path)
+    proc = stages.launch(always, dict(os.environ), tmp_path)
     assert proc.returncode != 0
     assert stages._failed("tp2/pp2/dp1 run", proc).startswith(
         "tp2/pp2/dp1 run failed twice because this machine ran out of a resource (Resource temporarily unavailable"

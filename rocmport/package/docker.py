@@ -211,10 +211,10 @@ def dockerfile(
     settings.update({name: (value, why) for name, value, why in LAUNCH_ENV})
     # One arch: its launch profile (`rocmport env --arch`) too; an image for several archs keeps the
     # common part, and the launcher adds the device's (`rocmport env --arch auto`).
-    archs = [a for a in re.split(r"[;,]", arch) if a.strip()]
+    archs = components.parse_archs(arch)
     if len(archs) == 1:
         settings.update(
-            {s.name: (s.value, f"{archs[0]}: {s.reason} ({s.source})") for s in ARCH_SETTINGS.get(archs[0].strip(), [])}
+            {s.name: (s.value, f"{archs[0]}: {s.reason} ({s.source})") for s in ARCH_SETTINGS.get(archs[0], [])}
         )
     env = [(name, value, why) for name, (value, why) in settings.items()]
     env_lines = " \\\n    ".join(f"{name}={value}" for name, value, _ in env)

@@ -257,7 +257,13 @@ def training_commands(
 
 
 def launch(cmd: list[str], env: dict, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    """Run one of a stage's launches; once more after a pause when it failed because the machine ran
+    out of a resource (threads, memory, file descriptors): a busy machine, not the tree."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 and exhausted(proc.stderr):
+        time.sleep(EXHAUSTION_RETRY_AFTER)
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc
 
 
 def took_part(name: str, launcher: Launcher, seconds: float) -> StageResult:
@@ -309,15 +315,6 @@ def _threads_running() -> int | None:
     return total or None
 
 
-def launch_retrying(cmd: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    """``launch``, once more after a pause when it failed because the machine ran out of a resource."""
-    proc = launch(cmd, env, cwd)
-    if proc.returncode != 0 and exhausted(proc.stderr):
-        time.sleep(EXHAUSTION_RETRY_AFTER)
-        proc = launch(cmd, env, cwd)
-    return proc
-
-
 def _failed(what: str, proc: subprocess.CompletedProcess) -> str:
     """Why a launch failed: its error, or, when the machine ran out of a resource (after a retry), that."""
     m = exhausted(proc.stderr)
@@ -337,7 +334,7 @@ def _pair(
     """One reference/run pair of stage 2 (``key``: "" for the dense model, "moe-" for the MoE one):
     a StageResult when it did not produce losses to compare, else (None, reference, run)."""
     start = time.monotonic()
-    ref = launch_retrying(cmds[f"{key}reference"], env, tree)
+    ref = launch(cmds[f"{key}reference"], env, tree)
     ref_file, run_file = tmp / f"{key}ref.json", tmp / f"{key}run.json"
     ref_data = json.loads(ref_file.read_text()) if ref_file.exists() else None
     if ref_data and "unsupported" in ref_data:
@@ -354,7 +351,7 @@ def _pair(
             {},
             {},
         )
-    run = launch_retrying(cmds[f"{key}run"], env, tree)
+    run = launch(cmds[f"{key}run"], env, tree)
     data = json.loads(run_file.read_text()) if run_file.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
         return took_part("gpt-training", launcher, time.monotonic() - start), {}, {}

@@ -713,6 +713,12 @@ def fused_qkv_rope_forward(
     its last dimension; q's part holds q/k heads of k's size per group. Returns q [s, b, h*q/k, k]
     and k [s, b, h, k] rotated over their first d2 = freqs' size, v [s, b, h, v] as it is."""
     _count("fused_qkv_rope_forward")
+    return _qkv_rope(
+        qkv, q_freqs, k_freqs, start_positions, qkv_split_arg_list, qkv_format, interleaved, cp_size, cp_rank
+    )
+
+
+def _qkv_rope(qkv, q_freqs, k_freqs, start_positions, qkv_split_arg_list, qkv_format, interleaved, cp_size, cp_rank):
     q_size, k_size, _ = _qkv_split(qkv_split_arg_list)
     lead = qkv.shape[:2]
     h = qkv.shape[2]
@@ -734,11 +740,8 @@ def fused_qkv_rope_backward(
     h = (q_grad.shape[2] + k_grad.shape[2] + v_grad.shape[2]) * q_grad.shape[3] // (q_size + k_size + v_size)
     x = torch.zeros(*q_grad.shape[:2], h, q_size + k_size + v_size, dtype=torch.float32, requires_grad=True)
     with torch.enable_grad():
-        outs = fused_qkv_rope_forward(
-            x, q_freqs, k_freqs, None, qkv_split_arg_list, qkv_format, interleaved, cp_size, cp_rank
-        )
+        outs = _qkv_rope(x, q_freqs, k_freqs, None, qkv_split_arg_list, qkv_format, interleaved, cp_size, cp_rank)
         (dx,) = torch.autograd.grad(outs, x, (q_grad.float(), k_grad.float(), v_grad.float()))
-    CALLS["fused_qkv_rope_forward"] -= 1  # the map taken through autograd is not a forward call
     return dx.to(q_grad.dtype)
 
 
