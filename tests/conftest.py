@@ -35,10 +35,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_machine_probe():
-    """verify probes the machine once per process (environment.probe is cached): a test that changes
+    """verify probes the machine once per process (rocmport.machine.probe is cached): a test that changes
     what torch answers (no torch, a simulated GPU) gets its own probe."""
-    from rocmport.verify import environment
+    from rocmport.machine import probe
 
-    environment.probe.cache_clear()
+    probe.probe.cache_clear()
     yield
-    environment.probe.cache_clear()
+    probe.probe.cache_clear()

@@ -13,7 +13,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rocmport"
 # The pipeline, in order: a package may import from itself and from the ones before it.
 # Top-level modules (errors, output, config, gitutil, upstreams ...) come first; the command layer
 # and its entry points last.
-PIPELINE = ["", "upstream", "patches", "codemods", "port", "verify", "refresh", "package", "commands", "cli"]
+PIPELINE = [
+    "",
+    "components",
+    "upstream",
+    "patches",
+    "codemods",
+    "port",
+    "machine",
+    "verify",
+    "refresh",
+    "package",
+    "commands",
+    "cli",
+]
 ENTRY_POINTS = {"rocmport.cli", "rocmport.__main__"}
 
 

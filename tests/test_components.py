@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rocmport.cli import main
-from rocmport.patches import components
+from rocmport import components
 from rocmport.patches.series import all_series, load_series
 
 REPO = Path(__file__).resolve().parents[1]

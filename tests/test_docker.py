@@ -13,7 +13,7 @@ import yaml
 from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.package.docker import Sdist, check_python, dockerfile, remaining_requirements, tag_python
-from rocmport.patches import components
+from rocmport import components
 from rocmport.patches.series import load_series
 from rocmport.port.manifests import Policy, rewrite_tree
 from tests.helpers.manifests import BRIDGE_PYPROJECT, MLM_PYPROJECT

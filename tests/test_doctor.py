@@ -16,7 +16,7 @@ import yaml
 
 from rocmport.cli import main
 from rocmport.patches.series import load_series
-from rocmport.verify.doctor import component_report, for_verify, offload_archs
+from rocmport.machine.doctor import component_report, for_verify, offload_archs
 from tests.helpers.patches import Project
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.launch_env import LAUNCH_ENV
-from rocmport.verify import launch_profile as lp
+from rocmport.machine import launch_profile as lp
 
 BASE = [n for n, _, _ in LAUNCH_ENV]
 # What each architecture adds to the base, by name and value (and nothing else).

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from rocmport.codemods import registry
-from rocmport.patches.components import COMPONENTS
+from rocmport.components import COMPONENTS
 from rocmport.patches.series import load_series
 
 REPO = Path(__file__).resolve().parents[1]

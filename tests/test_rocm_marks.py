@@ -22,7 +22,8 @@ from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.patches.verify_settings import parse_settings
-from rocmport.verify import environment, hip_sim, run
+from rocmport.machine import probe
+from rocmport.verify import hip_sim, run
 from rocmport.verify.unit_tests import label
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +157,7 @@ def test_arch_lists_are_validated(tmp_path):
 
 
 def test_device_arch_is_the_simulated_or_the_gpus():
-    env = environment.Environment(python="3.11", torch="2.13", hip=None, cuda=None, device_count=0)
+    env = probe.Environment(python="3.11", torch="2.13", hip=None, cuda=None, device_count=0)
     assert run.device_arch("cpu-proxy", env, "gfx90a") == "gfx90a"
     assert run.device_arch("cpu-proxy", env, None) is None  # the CUDA path of the proxy
     assert run.device_arch("gpu", env, None) is None  # a CUDA GPU

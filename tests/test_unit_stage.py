@@ -1066,7 +1066,7 @@ def test_a_rank_still_computing_is_slow_not_hung_and_a_livelock_still_ends(tmp_p
 
 
 def test_machine_share_counts_other_processes_and_not_the_run_s_own_children():
-    from rocmport.verify.cpu_meter import MachineShare
+    from rocmport.machine.cpu_meter import MachineShare
 
     burn = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\n"
     share = MachineShare()

@@ -187,7 +187,7 @@ def test_import_failure_names_chain(tmp_path, capsys):
 def test_verify_s_processes_get_the_launch_profile_of_the_device_s_arch():
     """#29 item 3: verify uses the profile of the device (`rocmport env --arch`), the user's values winning."""
     from rocmport.launch_env import launch_env
-    from rocmport.verify.launch_profile import verify_env
+    from rocmport.machine.launch_profile import verify_env
 
     mi300 = verify_env("gfx942:sramecc+:xnack-", environ={})
     assert launch_env().items() <= mi300.items() and mi300["HSA_KERNARG_POOL_SIZE"] == "12582912"

@@ -7,8 +7,8 @@ import click
 from rocmport import output
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.errors import BadInput
-from rocmport.patches.components import known_archs, parse_archs
-from rocmport.verify.doctor import doctor, matrix_for
+from rocmport.components import known_archs, parse_archs
+from rocmport.machine.doctor import doctor, matrix_for
 
 
 @click.command("doctor")

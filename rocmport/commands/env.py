@@ -11,7 +11,7 @@ import click
 
 from rocmport import output
 from rocmport.errors import EXIT_OK
-from rocmport.verify.launch_profile import ARCH_CHOICES, profile, resolve_arch, resolve_env, tune_settings
+from rocmport.machine.launch_profile import ARCH_CHOICES, profile, resolve_arch, resolve_env, tune_settings
 
 
 @click.command("env")

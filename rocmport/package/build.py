@@ -117,7 +117,7 @@ def build_python(trees: list[Path], requested: str | None, say=print) -> tuple[s
     C++ helpers) are installable by the Python the line needs. ``requested``: `--python`."""
     from packaging.specifiers import SpecifierSet
 
-    from rocmport.verify.environment import find_interpreter, interpreter_version, python_setup_hint, requires_python
+    from rocmport.machine.python import find_interpreter, interpreter_version, python_setup_hint, requires_python
 
     declared: dict[str, str] = {}
     for tree in trees:

@@ -21,14 +21,14 @@ from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.launch_env import LAUNCH_ENV
 from rocmport.package.build import needs_torch_to_build
-from rocmport.patches import components
-from rocmport.patches.components import PLACEHOLDERS, Choice, Matrix
+from rocmport import components
+from rocmport.components import PLACEHOLDERS, Choice, Matrix
 from rocmport.codemods.declared import check_series
 from rocmport.patches.series import select_series
 from rocmport.port.manifests import canonical, is_cuda_only
 from rocmport.upstream.lock import load_lock
 from rocmport.upstreams import MEGATRON_LM, NAMES, UPSTREAMS
-from rocmport.verify.launch_profile import ARCH_SETTINGS
+from rocmport.machine.launch_profile import ARCH_SETTINGS
 
 DEFAULT_BASE_TAG = "rocm7.0_ubuntu24.04_py3.12_pytorch_release_2.7.1"
 DEFAULT_ARCH = "gfx942;gfx950"

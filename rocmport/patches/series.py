@@ -14,9 +14,9 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
 from rocmport.inputs import has_control, is_int, is_str_list, is_str_map, parse_yaml, read_text, type_name
-from rocmport.patches import components
+from rocmport import components
 from rocmport.patches import diff as diffs
-from rocmport.patches.components import Matrix
+from rocmport.components import Matrix
 from rocmport.upstreams import NAMES, UPSTREAMS
 from rocmport.patches.verify_settings import parse_settings as parse_verify_settings
 
@@ -74,7 +74,7 @@ class Series:
     # What the patches may do beyond text edits (`allow:`): binary, gitlinks, mode-changes, symlinks.
     allow: frozenset[str] = frozenset()
     max_patch_bytes: int = DEFAULT_MAX_PATCH_BYTES
-    # The ROCm component matrix (`rocm:`, rocmport/patches/components.py): None when the series has none.
+    # The ROCm component matrix (`rocm:`, rocmport/components/__init__.py): None when the series has none.
     rocm: Matrix | None = None
 
     @property

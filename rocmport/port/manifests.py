@@ -16,7 +16,7 @@ import tomlkit
 from packaging.requirements import InvalidRequirement, Requirement
 
 from rocmport.fsutil import tree_files, tree_is_file, tree_read_text
-from rocmport.patches.components import Component, Matrix
+from rocmport.components import Component, Matrix
 from rocmport.upstreams import MANIFEST_GLOBS, MEGATRON_LM
 
 VERSION = "2"

@@ -20,7 +20,7 @@ from rocmport.refresh.result import UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
 from rocmport.upstreams import MEGATRON_LM
-from rocmport.verify.environment import python_setup_hint, unmet_python
+from rocmport.machine.python import python_setup_hint, unmet_python
 from rocmport.verify.registry import NAMES
 from rocmport.verify.run import prepare, run_verify
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
-from rocmport.verify.environment import declared_unmet, distributions_of, unmet_python
+from rocmport.machine.python import declared_unmet, distributions_of, unmet_python
 from rocmport.verify.stages import (
     FAIL,
     IMPORT_PROBE,

@@ -17,7 +17,7 @@ from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
 
 if TYPE_CHECKING:
-    from rocmport.verify.environment import Environment
+    from rocmport.machine.probe import Environment
     from rocmport.verify.te_layer import TELayer
 
 Mode = Literal["gpu", "cpu-proxy"]

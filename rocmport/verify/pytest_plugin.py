@@ -242,7 +242,7 @@ def _watchdog(nodeid: str) -> None:
     seconds = float(os.environ.get("ROCMPORT_UNIT_TEST_TIMEOUT") or 0)
     if not seconds:
         return
-    from rocmport.verify.cpu_meter import main_thread_seconds
+    from rocmport.machine.cpu_meter import main_thread_seconds
 
     agent = os.getppid()  # torchrun's agent: the ranks are its children
     start = time.monotonic()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rocmport import output
+from rocmport.machine import probe
 from rocmport.verify import environment, stages
 from rocmport.verify.contract import Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.stages import StageResult
@@ -138,7 +139,7 @@ class Functional(Stage):
         if f is None or not (case_dir(opts.tree, f.case) / "model_config.yaml").is_file():
             return []
         config = load_case(opts.tree, f.case)
-        args = build_args(config, iters=f.iters, proxy=not environment.probe().has_gpu, data_path=f.data_path, work=tmp)
+        args = build_args(config, iters=f.iters, proxy=not probe.probe().has_gpu, data_path=f.data_path, work=tmp)
         return [
             {
                 "stage": self.name,

@@ -20,6 +20,7 @@ from rocmport.nvidia_only import blocked
 from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
+from rocmport.machine import probe, python
 from rocmport.verify import environment, firewall, hip_sim, stages, suite, summary, te_layer
 from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
@@ -191,7 +192,7 @@ def inductor_cache_dir() -> str:
 def run_verify(opts: VerifyOptions) -> VerifyReport:
     """Run the selected stages of `registry.STAGES` over ``opts`` (as `prepare` checked them), in order."""
     tree, launcher = opts.tree, opts.launcher
-    machine = environment.probe()
+    machine = probe.probe()
     backend = opts.backend if opts.backend != "auto" else ("nccl" if machine.has_gpu else "gloo")
     per_node = launcher.per_node(opts.world)
     if backend == "nccl" and per_node > machine.device_count:
@@ -223,7 +224,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     # The device's arch: the ROCm GPU's (its gcnArchName), the simulated one under the HIP simulation
     # (--hip-arch), none on the CUDA path. Its launch profile (`rocmport env --arch`) goes to the
     # started processes; stage 3's arch-conditional known failures follow it.
-    from rocmport.verify.launch_profile import verify_env
+    from rocmport.machine.launch_profile import verify_env
 
     arch = device_arch(mode, machine, opts.hip_arch if hip_version else None)
     applied_launch_env = verify_env(arch)
@@ -302,13 +303,13 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     return report
 
 
-def device_arch(mode: str, machine: environment.Environment, simulated: str | None) -> str | None:
+def device_arch(mode: str, machine: probe.Environment, simulated: str | None) -> str | None:
     """The GPU architecture of the run: the simulated one under the HIP simulation, the first ROCm
     GPU's (its gcnArchName, e.g. gfx90a) on a GPU, else None (the CUDA path)."""
     if simulated:
         return simulated
     if mode == "gpu" and machine.hip:
-        from rocmport.verify.doctor import gpu_arch
+        from rocmport.machine.probe import gpu_arch
 
         return gpu_arch()
     return None
@@ -332,7 +333,7 @@ def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> d
 
 def _component_versions(tree: Path) -> dict:
     """doctor's view of the line's ROCm components here: {name: {version, status}} for the report's env."""
-    from rocmport.verify.doctor import for_verify
+    from rocmport.machine.doctor import for_verify
 
     _, series_dir, _ = series_settings(tree)
     return for_verify(series_dir / "series" if series_dir else None)["components"]
@@ -412,7 +413,7 @@ def functional_options(
     resume: bool = True,
     te: bool = False,
 ) -> tuple[FunctionalOptions | None, str]:
-    from rocmport.verify.doctor import for_verify
+    from rocmport.machine.doctor import for_verify
     from rocmport.verify.functional import CASES, cases_near, check_case, default_case, load_case, missing_data
 
     if case is not None:  # confined to the tree's cases directory whether or not stage 4 runs
@@ -515,7 +516,7 @@ def prepare(
     if not path.is_dir():
         raise BadInput(f"{path}: no such tree; run `rocmport apply` first or pass --tree")
     check_megatron_tree(path)
-    environment.check_python(path)  # before anything imports torch: a 3.12 tree on 3.11 says how to get 3.12
+    python.check_python(path)  # before anything imports torch: a 3.12 tree on 3.11 says how to get 3.12
     bridge_tree = settings.worktree_path(MEGATRON_BRIDGE.name)
     skipped = {}
     if with_bridge is None:  # the Bridge tree of the lock: a refresh to a release without a companion unpins it
@@ -540,7 +541,7 @@ def prepare(
         nnodes=nnodes,
         node_rank=node_rank,
         rdzv_endpoint=rdzv_endpoint,
-        gpus=backend != "gloo" and environment.probe().has_gpu,
+        gpus=backend != "gloo" and probe.probe().has_gpu,
     )
     cfg, series_dir, base = series_settings(path)
     unit, why = unit_options(cfg, base, settings.cache_dir, path, with_unit, unit_tests, unit_nproc)

@@ -49,7 +49,7 @@ from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
 from rocmport.upstreams import UPSTREAMS
 from rocmport.verify import suite
-from rocmport.verify.cpu_meter import MachineShare
+from rocmport.machine.cpu_meter import MachineShare
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted
 

@@ -16,7 +16,7 @@ import pytest
 from rocmport.codemods import compute_layers, registry
 from rocmport.codemods.feature_probes import module_name
 from rocmport.nvidia_only import CPU_PROXY, scan_unguarded_imports
-from rocmport.verify.environment import unmet_python
+from rocmport.machine.python import unmet_python
 from rocmport.verify.firewall import firewall_env, write_bootstrap
 from tests.helpers.real import MLM, REAL_CACHE as CACHE, needs_mlm_mirror
 

@@ -15,7 +15,7 @@ import pytest
 
 from rocmport.cli import main
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
-from rocmport.verify.environment import unmet_python
+from rocmport.machine.python import unmet_python
 from tests.helpers.real import MLM, needs_mlm_mirror, project_with
 
 SIM = Path(__file__).resolve().parents[1] / "helpers" / "rocm_sim.py"

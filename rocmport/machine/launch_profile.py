@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rocmport.errors import BadInput
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
-from rocmport.patches.components import ARCHS, base_arch
+from rocmport.components import ARCHS, base_arch
 
 PRIMUS = "AMD-AGI/Primus runner/helpers/envs"
 FORK_SCRIPT = "ROCm/Megatron-LM examples/llama/train_llama3.sh (its 0.15 port, NVIDIA/Megatron-LM refs/pull/3318/head)"
@@ -126,7 +126,7 @@ ARCH_SETTINGS: dict[str, list[Setting]] = {
     "gfx1100": [replace(FA_TRITON, part="gfx1100")],
     "gfx1201": [replace(FA_TRITON, part="gfx1201")],
     "gfx906": [
-        Setting(n, v, why, "rocmport's arch table (rocmport/patches/components.py ARCHS)", "gfx906")
+        Setting(n, v, why, "rocmport's arch table (rocmport/components/__init__.py ARCHS)", "gfx906")
         for n, v, why in ARCHS["gfx906"].env
     ],
 }
@@ -157,7 +157,7 @@ def resolve_arch(arch: str, device_arch=None) -> str:
     """``arch`` as a known architecture; `auto` asks the device (``device_arch``: a callable, the GPU's by default)."""
     if arch == "auto":
         if device_arch is None:
-            from rocmport.verify.doctor import gpu_arch as device_arch
+            from rocmport.machine.probe import gpu_arch as device_arch
         found = base_arch(device_arch())
         if not found:
             raise BadInput(f"--arch auto: no AMD GPU visible here; name it: --arch {'|'.join(ARCH_CHOICES)}")
@@ -377,7 +377,7 @@ def profile(
 
 def verify_env(arch: str | None, environ=None) -> dict[str, str]:
     """What verify's started processes get on ROCm (a real GPU, or the HIP simulation's): the launch
-    profile of ``arch`` (the device's: `doctor.gpu_arch()`, or the simulated MI300X's gfx942), without
+    profile of ``arch`` (the device's: `probe.gpu_arch()`, or the simulated MI300X's gfx942), without
     the fabric part (verify's ranks share one node's loopback, or the launcher's rendezvous), and
     without what the environment already sets (the user's value wins). None: not ROCm, nothing."""
     if arch is None:

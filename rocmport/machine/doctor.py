@@ -16,7 +16,8 @@ from pathlib import Path
 from rocmport.config import load_settings
 from rocmport.errors import BadInput
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
-from rocmport.patches.components import Matrix, base_arch, recommend
+from rocmport.components import Matrix, base_arch, recommend
+from rocmport.machine.probe import gpu_arch
 from rocmport.codemods.catalog import check_series
 from rocmport.patches.series import all_series, load_series, select_series
 from rocmport.upstream.lock import load_lock
@@ -110,17 +111,6 @@ def _built_for(dist: importlib.metadata.Distribution) -> list[str] | None:
     for f in libraries:
         archs |= offload_archs(Path(str(dist.locate_file(f))))
     return sorted(archs) if archs else None
-
-
-def gpu_arch() -> str | None:
-    """The first visible GPU's arch (gfx942 from 'gfx942:sramecc+:xnack-'), None without one."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not getattr(torch.version, "hip", None) or not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        return None
-    return base_arch(getattr(torch.cuda.get_device_properties(0), "gcnArchName", None))
 
 
 def component_report(matrix: Matrix | None, arch: str | None = None) -> ComponentReport:
