@@ -1,13 +1,13 @@
 """Benchmark: `rocmport verify --tp 2 --pp 2` stages 1-5 on a project's ported trees (on a machine
 without a GPU: the CPU proxy with the HIP simulation), each stage's seconds and the total.
 
-    python benchmarks/bench_verify.py -C PROJECT [--iters 10] [--cold] [--no-hip-sim] [--stages 1,2] [--te VERSION|auto]
+    python benchmarks/bench_verify.py -C PROJECT [--iters 10] [--cold] [--no-hip-sim] [--stages 1,2] [--te VERSION|auto [--no-moe]]
 
 The project is one where `rocmport sync` and `rocmport apply` ran (its build/megatron-lm, and
 build/megatron-bridge when the lock pins Bridge). The first run fills the unit-test baseline cache
 (`--cold` empties it first); the figure that matters is a warm one. Target on 2 cores, warm: stages
 1-5 <= 6 min in all. With --te (TE's Python layer on the CPU proxy), compare against the same stages
-without it on the same machine: target TE <= 1.5x the local spec. Run on demand; figures go in the
+(stage 2 with --no-moe: the local spec has no MoE case) without it on the same machine: target TE <= 1.5x the local spec. Run on demand; figures go in the
 issue notes."""
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from rocmport.verify.run import prepare, run_verify
 TARGET_S = 360
 
 
-def once(project: Path, iters: int, hip: str | None, stages: str | None, te: str = "none") -> float:
+def once(project: Path, iters: int, hip: str | None, stages: str | None, te: str = "none", moe: bool = True) -> float:
     settings = load_settings(project)
-    opts = prepare(settings, None, tp=2, pp=2, iters=iters, hip_version=hip, stages_text=stages, te=te)
+    opts = prepare(settings, None, tp=2, pp=2, iters=iters, hip_version=hip, stages_text=stages, te=te, moe=moe)
     start = time.perf_counter()
     report = run_verify(opts)
     total = time.perf_counter() - start
@@ -53,11 +53,18 @@ def main() -> None:
     p.add_argument("--no-hip-sim", action="store_true")
     p.add_argument("--stages", default=None, help="a subset, as for `rocmport verify --stages`")
     p.add_argument("--te", default="none", help="TE's Python layer, as for `rocmport verify --te`")
+    p.add_argument(
+        "--no-moe",
+        action="store_true",
+        help="with --te: stage 2's dense pair alone (like for like with the local spec)",
+    )
     args = p.parse_args()
     project = Path(args.project).resolve()
     if args.cold:
         shutil.rmtree(load_settings(project).cache_dir / "unit-baselines", ignore_errors=True)
-    total = once(project, args.iters, None if args.no_hip_sim else hip_sim.DEFAULT_VERSION, args.stages, args.te)
+    total = once(
+        project, args.iters, None if args.no_hip_sim else hip_sim.DEFAULT_VERSION, args.stages, args.te, not args.no_moe
+    )
     print(
         f"stages {args.stages or '1-5'}: {total:.1f} s ({'within' if total <= TARGET_S else 'over'} the {TARGET_S} s target)"
     )

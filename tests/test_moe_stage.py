@@ -26,6 +26,25 @@ def test_the_moe_pair_is_launched_with_te_where_expert_parallel_fits():
     assert list(stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=False)) == ["reference", "run"]
     assert stages.moe_applies(1, 1, True) == "expert parallel 2 needs tp × dp divisible by 2 (tp 1 × dp 1)"
     assert list(stages.training_commands(Launcher(), 1, 2, 1, 10, Path("/t"), te=True)) == ["reference", "run"]
+    # --no-moe: the dense pair alone, and the report says why the MoE case did not run
+    assert list(stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=True, moe=False)) == [
+        "reference",
+        "run",
+    ]
+    assert stages.moe_applies(2, 1, True, moe=False) == "--no-moe"
+
+
+def test_no_moe_reaches_the_launch_plan(tmp_path):
+    """`verify --no-moe` is carried from the command line to stage 2's launches (the dry-run plan)."""
+    from rocmport.verify.contract import VerifyOptions
+    from rocmport.verify.registry import Training
+
+    class FakeTE:
+        version = "2.12.0"
+
+    with_moe = Training().launches(VerifyOptions(tree=tmp_path, te=FakeTE()), tmp_path)  # type: ignore[arg-type]
+    without = Training().launches(VerifyOptions(tree=tmp_path, te=FakeTE(), moe=False), tmp_path)  # type: ignore[arg-type]
+    assert len(with_moe) == 4 and len(without) == 2
 
 
 def test_moe_losses_first_iteration_tight_then_within_the_routing_bound():

@@ -189,6 +189,13 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
     "replaced by CPU reference implementations; none: Megatron's local spec.",
 )
 @click.option(
+    "--moe/--no-moe",
+    default=True,
+    show_default=True,
+    help="With --te: stage 2 also trains a MoE model (4 experts, top-2, TE's GroupedLinear, expert parallel 2) "
+    "against its tp1/pp1 run; --no-moe leaves it out (the dense pair alone).",
+)
+@click.option(
     "--launcher",
     "launcher_kind",
     type=click.Choice(KINDS),
@@ -254,6 +261,7 @@ def command(
     node_rank,
     rdzv_endpoint,
     te_spec,
+    moe,
     dry_run,
     as_json,
     report_path,
@@ -305,6 +313,7 @@ def command(
         hip_version=None if no_hip_sim else hip_version,
         stages_text=stages_text,
         te=te_spec,
+        moe=moe,
         hip_arch=hip_arch,
     )
     if dry_run:

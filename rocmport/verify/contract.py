@@ -70,6 +70,7 @@ class VerifyOptions:
     stages: tuple[str, ...] = ()  # the selected stages' names (prepare: every stage by default)
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
+    moe: bool = True  # with TE: stage 2's MoE case too (--no-moe leaves it out)
     pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
 
     @property

@@ -42,7 +42,7 @@ class Training(Stage):
 
     def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
         cmds = stages.training_commands(
-            opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp, te=opts.te is not None
+            opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp, te=opts.te is not None, moe=opts.moe
         )
         return [{"stage": f"{self.name} ({name})", "command": cmd, "cwd": str(opts.tree)} for name, cmd in cmds.items()]
 
@@ -62,6 +62,7 @@ class Training(Stage):
                 ctx.backend,
                 o.launcher,
                 te=o.te.describe() if o.te else None,
+                moe_case=o.moe,
             )
         return StageRun(result, training)
 

@@ -503,6 +503,7 @@ def prepare(
     hip_version: str | None = hip_sim.DEFAULT_VERSION,
     stages_text: str | None = None,
     te: str = "none",
+    moe: bool = True,
     hip_arch: str = hip_sim.DEFAULT_ARCH,
 ) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
@@ -579,6 +580,7 @@ def prepare(
         stages=chosen,
         skipped=skipped,
         te=te_layer_,
+        moe=moe,
         pycache=settings.cache_dir / "pycache",
     )
 

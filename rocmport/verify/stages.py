@@ -180,18 +180,20 @@ MOE_EXPERTS, MOE_EP = 4, 2
 MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
 
 
-def moe_applies(tp: int, dp: int, te: bool) -> str | None:
+def moe_applies(tp: int, dp: int, te: bool, moe: bool = True) -> str | None:
     """Why stage 2's MoE case does not run with these sizes, or None when it does. Experts are whole
     on each rank (expert tp 1), so the expert-parallel ranks come from tp × dp."""
     if not te:
         return "the MoE case runs with TE (its grouped GEMM is TE's GroupedLinear): pass --te"
+    if not moe:
+        return "--no-moe"
     if (tp * dp) % MOE_EP:
         return f"expert parallel {MOE_EP} needs tp × dp divisible by {MOE_EP} (tp {tp} × dp {dp})"
     return None
 
 
 def training_commands(
-    launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False
+    launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False, moe: bool = True
 ) -> dict[str, list[str]]:
     """Stage 2's launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run (``te``:
     both with upstream's Transformer Engine layer spec, and, where `moe_applies`, the same pair for a
@@ -219,12 +221,12 @@ def training_commands(
             "gpt-training",
         ),
     }
-    if moe_applies(tp, dp, te) is None:
-        moe = [*worker, "--moe", str(MOE_EXPERTS)]
+    if moe_applies(tp, dp, te, moe) is None:
+        moe_worker = [*worker, "--moe", str(MOE_EXPERTS)]
         cmds["moe-reference"] = launcher.command(
             1,
             [
-                *moe,
+                *moe_worker,
                 "--tp",
                 "1",
                 "--pp",
@@ -239,7 +241,7 @@ def training_commands(
         cmds["moe-run"] = launcher.command(
             tp * pp * dp,
             [
-                *moe,
+                *moe_worker,
                 "--ep",
                 str(MOE_EP),
                 "--tp",
@@ -378,12 +380,14 @@ def stage_training(
     backend: str,
     launcher: Launcher = Launcher(),
     te: str | None = None,
+    moe_case: bool = True,
 ) -> tuple[StageResult, dict]:
-    """``te``: the description of the Transformer Engine layer the run uses (None: the local spec)."""
+    """``te``: the description of the Transformer Engine layer the run uses (None: the local spec);
+    ``moe_case``: with TE, the MoE case too (where `moe_applies`)."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp_dir:
         tmp = Path(tmp_dir)
-        cmds = training_commands(launcher, tp, pp, dp, iters, tmp, te=te is not None)
+        cmds = training_commands(launcher, tp, pp, dp, iters, tmp, te=te is not None, moe=moe_case)
         stopped, ref_data, data = _pair(cmds, "", env, tree, tmp, launcher, "", f"tp{tp}/pp{pp}/dp{dp}")
         if stopped:
             return stopped, {}
@@ -438,9 +442,9 @@ def stage_training(
             f"{moe['losses'][0]:.4f} -> {moe['losses'][-1]:.4f}, first iteration |Δ| {moe['first_abs_diff']:.2g}, "
             f"max |Δ| {moe['max_abs_diff']:.2g} (≤ {moe['tolerance']:.2g})"
         )
-    elif te and moe_applies(tp, dp, True):
-        training["moe"] = {"not_run": moe_applies(tp, dp, True)}
-        moe_phrase = f"; MoE case not run: {moe_applies(tp, dp, True)}"
+    elif te and moe_applies(tp, dp, True, moe_case):
+        training["moe"] = {"not_run": moe_applies(tp, dp, True, moe_case)}
+        moe_phrase = f"; MoE case not run: {moe_applies(tp, dp, True, moe_case)}"
     seconds = time.monotonic() - start
     if problems:
         return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
