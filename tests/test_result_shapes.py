@@ -317,3 +317,29 @@ REFRESH_VERIFY_SHAPE: set[str] = {
     "verify: dict",
     "why: str",
 }
+
+
+def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
+    """Stage 2's, 4's and 5's data as the stages wrote them at 2df8846 (stage 2's from a real v0.16
+    CPU-proxy report; stage 4's and 5's from their code): optional keys only when set."""
+    from rocmport.verify.bridge_stage import BridgeTraining
+    from rocmport.verify.functional import FunctionalRun
+    from rocmport.verify.stages import Training
+
+    training = Training([4.8, 3.6], [4.8, 3.6], 4.8e-07, True, {"Tensor.cuda @ x.py:1": 1}, 3.7e-05)
+    assert set(training.to_dict()) == {
+        "losses",
+        "max_abs_diff",
+        "redirects",
+        "reference_losses",
+        "tied_embeddings_equal",
+        "tolerance",
+    }
+    training.moe = {"not_run": "why"}
+    assert training.to_dict()["moe"] == {"not_run": "why"}
+    assert set(BridgeTraining([1.0], True).to_dict()) == {"losses", "tied_embeddings_equal"}
+    run = FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2)
+    always = {"case", "command", "losses", "iters", "proxy_env", "chosen_args", "log_tail"}
+    assert set(run.to_dict()) == always
+    run.redirects, run.resume_log_tail, run.resume, run.golden, run.upstream_golden_a100 = {}, [], {}, {}, {}
+    assert set(run.to_dict()) == always | {"redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"}

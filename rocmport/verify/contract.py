@@ -107,7 +107,7 @@ class StageRun:
     """A stage's result, and what it adds to the report under its `Stage.report_key`."""
 
     result: StageResult
-    # stage 2: Training, stage 4: its details mapping, stage 5: BridgeTraining; None or {}: nothing to add
+    # stage 2: Training, stage 4: FunctionalRun, stage 5: BridgeTraining; None: nothing to add
     data: Any = None
 
 

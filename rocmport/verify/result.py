@@ -12,6 +12,7 @@ from rocmport.verify.contract import Mode
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.port_sites import Coverage
 from rocmport.verify.bridge_stage import BridgeTraining
+from rocmport.verify.functional import FunctionalRun
 from rocmport.verify.hip_sim import HipSim
 from rocmport.verify.stages import FAIL, StageResult, Training
 from rocmport.verify.te_layer import TELayer
@@ -52,8 +53,7 @@ class VerifyReport:
     launcher: Launcher
     stages: list[StageResult] = field(default_factory=list)
     training: Training | None = None  # None: stage 2 did not run to losses
-    # Stage 4's details (the same mapping as its stage's): the case, its losses, resume, golden
-    functional: dict[str, Any] = field(default_factory=dict)
+    functional: FunctionalRun | None = None  # stage 4's case, losses, resume, golden (also its stage's keys)
     bridge_training: BridgeTraining | None = None
     port_sites: dict[str, Coverage] = field(default_factory=dict)
     bridge_port_sites: dict[str, Coverage] | None = None
@@ -92,7 +92,7 @@ class VerifyReport:
             "te": self.te.to_dict() if self.te else None,
         }
         if self.functional:
-            out["functional"] = self.functional
+            out["functional"] = self.functional.to_dict()
         if self.bridge_training:
             out["bridge_training"] = self.bridge_training.to_dict()
         if self.bridge_port_sites is not None:
