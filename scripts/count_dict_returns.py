@@ -4,13 +4,18 @@ Reproducible from any checkout: `python scripts/count_dict_returns.py [--list] [
   annotated   `def ... -> dict` / `-> dict[...]` / `-> dict | None` (any annotation whose top type is dict)
   bare        of those, the unparameterized `dict` (a structured result with no declared shape)
   literal     functions whose own body has `return {...}` / `return {k: v for ...}` / `return dict(...)`
-and `either`, the functions in at least one of annotated or literal."""
+and `either`, the functions in at least one of annotated or literal; `structured`, those of `either`
+that are not a JSON boundary (`to_dict`, `to_json`, `to_record`: a typed result's serialisation, where a
+dict is the point)."""
 
 from __future__ import annotations
 
 import ast
 import sys
 from pathlib import Path
+
+
+BOUNDARY = {"to_dict", "to_json", "to_record"}
 
 
 def _is_dict(node: ast.expr | None) -> tuple[bool, bool]:
@@ -60,7 +65,7 @@ def _returns_literal(fn) -> bool:
 
 
 def count(root: Path) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {"annotated": [], "bare": [], "literal": [], "either": []}
+    found: dict[str, list[str]] = {"annotated": [], "bare": [], "literal": [], "either": [], "structured": []}
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -69,11 +74,13 @@ def count(root: Path) -> dict[str, list[str]]:
             where = f"{path}:{node.lineno} {node.name}"
             annotated, bare = _is_dict(node.returns)
             literal = _returns_literal(node)
+            boundary = node.name in BOUNDARY
             for key, on in (
                 ("annotated", annotated),
                 ("bare", bare),
                 ("literal", literal),
                 ("either", annotated or literal),
+                ("structured", (annotated or literal) and not boundary),
             ):
                 if on:
                     found[key].append(where)

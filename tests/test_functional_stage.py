@@ -381,26 +381,18 @@ def test_expected_resumed_losses_follow_the_training_logs_intervals():
 
 
 def test_resume_support_reads_the_training_loop(tmp_path):
-    from rocmport.verify.functional import resume_support
+    from rocmport.verify.functional import ResumeSupport, resume_support
 
     (tmp_path / "megatron" / "training").mkdir(parents=True)
-    assert resume_support(tmp_path) == {
-        "ckpt_step": False,
-        "async_save": False,
-        "async_strategy": False,
-        "first_two_logged_together": False,
-    }
+    assert resume_support(tmp_path) == ResumeSupport(False, False, False, False)
     (tmp_path / "megatron" / "training" / "training.py").write_text(
         "ckpt_step = None\nasync_save = use_persistent_ckpt_worker = False\nshould_reset = not is_first_iteration\n"
     )
-    assert resume_support(tmp_path) == {
-        "ckpt_step": True,
-        "async_save": True,
-        "async_strategy": False,
-        "first_two_logged_together": True,
-    }
+    assert resume_support(tmp_path) == ResumeSupport(
+        ckpt_step=True, async_save=True, async_strategy=False, first_two_logged_together=True
+    )
     (tmp_path / "megatron" / "training" / "async_utils.py").write_text('async_strategy = "nvrx"\n')
-    assert resume_support(tmp_path)["async_strategy"] is True
+    assert resume_support(tmp_path).async_strategy is True
 
 
 @pytest.mark.torch

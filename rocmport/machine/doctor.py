@@ -246,15 +246,24 @@ def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
     return series.rocm
 
 
-def for_verify(series_path: Path | None) -> dict:
+@dataclass
+class VerifyFacts:
     """What verify asks doctor: is Transformer Engine usable here (then upstream's TE functional case),
-    and the component versions for its report's env. Without a matrix: whether TE imports."""
+    the GPU's arch, and the line's components here ({name: {version, status}}, the report's env)."""
+
+    te_usable: bool
+    arch: str | None = None
+    components: dict[str, dict[str, str | None]] = field(default_factory=dict)
+
+
+def for_verify(series_path: Path | None) -> VerifyFacts:
+    """doctor's answer for verify; without a matrix: whether TE imports."""
     matrix = load_series(series_path).rocm if series_path is not None and Path(series_path).is_file() else None
     if matrix is None:
-        return {"te_usable": importlib.util.find_spec("transformer_engine") is not None, "components": {}, "arch": None}
+        return VerifyFacts(te_usable=importlib.util.find_spec("transformer_engine") is not None)
     report = component_report(matrix)
-    return {
-        "te_usable": report.usable("transformer_engine"),
-        "arch": report.arch,
-        "components": {r.name: {"version": r.version, "status": r.status} for r in report.rows},
-    }
+    return VerifyFacts(
+        te_usable=report.usable("transformer_engine"),
+        arch=report.arch,
+        components={r.name: {"version": r.version, "status": r.status} for r in report.rows},
+    )

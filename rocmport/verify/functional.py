@@ -209,7 +209,17 @@ def params_norms(log: str) -> dict[int, float]:
     return {int(it): float(v) for it, v in _PARAMS_NORM_RE.findall(log)}
 
 
-def resume_support(tree: Path) -> dict[str, bool]:
+@dataclass
+class ResumeSupport:
+    """What the tree's training loop can do for stage 4's checkpoint resume (resume_support)."""
+
+    ckpt_step: bool
+    async_save: bool
+    async_strategy: bool
+    first_two_logged_together: bool
+
+
+def resume_support(tree: Path) -> ResumeSupport:
     """Whether the tree's training loop can load a chosen checkpoint step (`--ckpt-step`) and save
     asynchronously with a persistent worker (`--async-save --use-persistent-ckpt-worker`), through a
     chosen writer (`--async-strategy`, v0.17+), and
@@ -219,12 +229,12 @@ def resume_support(tree: Path) -> dict[str, bool]:
     text = "".join(
         p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py"))
     )
-    return {
-        "ckpt_step": "ckpt_step" in text,
-        "async_save": "async_save" in text and "use_persistent_ckpt_worker" in text,
-        "async_strategy": "async_strategy" in text,
-        "first_two_logged_together": "should_reset = not is_first_iteration" in text,
-    }
+    return ResumeSupport(
+        ckpt_step="ckpt_step" in text,
+        async_save="async_save" in text and "use_persistent_ckpt_worker" in text,
+        async_strategy="async_strategy" in text,
+        first_two_logged_together="should_reset = not is_first_iteration" in text,
+    )
 
 
 def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_together: bool) -> dict[int, float]:
@@ -493,9 +503,9 @@ def stage_functional(
         work = Path(tmp)
         save = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": half}
         chosen: dict[str, str] = {}
-        if support["async_save"]:
+        if support.async_save:
             save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
-            if support["async_strategy"] and not rocm and not nvrx_usable(env):
+            if support.async_strategy and not rocm and not nvrx_usable(env):
                 # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
                 # (async-save-strategy), the CUDA path keeps upstream's default, which needs the package.
                 save["--async-strategy"] = "mcore"
@@ -547,7 +557,7 @@ def stage_functional(
         problems = []
         if losses[-1] >= losses[0]:
             problems.append(f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
-        if resume and half >= 1 and support["ckpt_step"]:
+        if resume and half >= 1 and support.ckpt_step:
             again = {
                 **save,
                 "--ckpt-step": half,
@@ -573,7 +583,7 @@ def stage_functional(
                     time.monotonic() - start,
                     run.to_dict(),
                 ), run
-            expected = expected_resumed(steps, half, iters, support["first_two_logged_together"])
+            expected = expected_resumed(steps, half, iters, support.first_two_logged_together)
             diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
             norms, rnorms = params_norms(proc.stdout + proc.stderr), params_norms(rlog)
             norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
@@ -583,15 +593,15 @@ def stage_functional(
                 "loaded_iteration": loaded_iteration(rlog),
                 "max_abs_diff": diff,
                 "tolerance": tol,
-                "async_save": support["async_save"],
+                "async_save": support.async_save,
                 "losses": [rsteps[i] for i in wanted],
             }
             if norm_diff is not None:
                 resumed["params_norm_max_abs_diff"] = norm_diff
-            if support["first_two_logged_together"] and half + 2 <= iters:
+            if support.first_two_logged_together and half + 2 <= iters:
                 resumed["averaged_iteration"] = half + 2
             reason += (
-                f"; resumed from the iteration-{half} checkpoint ({'async ' if support['async_save'] else ''}torch_dist): "
+                f"; resumed from the iteration-{half} checkpoint ({'async ' if support.async_save else ''}torch_dist): "
                 f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
             )
             if norm_diff is not None:

@@ -26,7 +26,7 @@ class ReportEnv:
     machine: Environment
     launcher_env: dict[str, str] = field(default_factory=dict)
     firewall_profile: str = ""
-    components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    components: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {

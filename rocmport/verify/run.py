@@ -260,12 +260,12 @@ def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> d
     return port_sites.coverage(sites, calls, modules, codemods, te_version)
 
 
-def _component_versions(tree: Path) -> dict:
+def _component_versions(tree: Path) -> dict[str, dict[str, str | None]]:
     """doctor's view of the line's ROCm components here: {name: {version, status}} for the report's env."""
     from rocmport.machine.doctor import for_verify
 
     _, series_dir, _ = series_settings(tree)
-    return for_verify(series_dir / "series" if series_dir else None)["components"]
+    return for_verify(series_dir / "series" if series_dir else None).components
 
 
 def series_settings(tree: Path) -> tuple[suite.VerifySettings, Path | None, str | None]:
@@ -365,7 +365,7 @@ def functional_options(
         )
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
     # or where TE's Python layer runs on the CPU proxy (--te).
-    te_usable = te or for_verify(series_dir / "series" if series_dir else None)["te_usable"]
+    te_usable = te or for_verify(series_dir / "series" if series_dir else None).te_usable
     chosen = case or default_case(tp, pp, te_usable, tree)
     if data_path is not None:
         # --data-path is upstream CI's data root ($DATA_PATH; the case names its files under it), taken
