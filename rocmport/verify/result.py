@@ -14,8 +14,9 @@ from rocmport.verify.port_sites import Coverage
 from rocmport.verify.bridge_stage import BridgeTraining
 from rocmport.verify.functional import FunctionalRun
 from rocmport.verify.hip_sim import HipSim
-from rocmport.verify.stages import FAIL, StageResult, Training
+from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, Training
 from rocmport.verify.te_layer import TELayer
+from rocmport.verify.unit_tests import BLOCKING
 
 
 @dataclass
@@ -70,8 +71,6 @@ class VerifyReport:
         return [s.name for s in self.stages if s.status == FAIL]
 
     def to_dict(self) -> dict[str, Any]:
-        from rocmport.verify import summary
-
         out: dict[str, Any] = {
             "mode": self.mode,
             "backend": self.backend,
@@ -97,9 +96,63 @@ class VerifyReport:
             out["bridge_training"] = self.bridge_training.to_dict()
         if self.bridge_port_sites is not None:
             out["bridge_port_sites"] = _sites(self.bridge_port_sites)
-        out["verdict"] = summary.verdict(self)  # the summary's first line, for machines and `rocmport status` too
+        out["verdict"] = verdict(self)  # the summary's first line, for machines and `rocmport status` too
         return out
 
 
 def _sites(sites: dict[str, Coverage]) -> dict[str, dict[str, Any]]:
     return {name: cov.to_dict() for name, cov in sites.items()}
+
+
+def _short(reason: str, width: int = 70) -> str:
+    """A stage's reason cut to its first clause ("the tree has no tests/unit_tests (a package-index
+    source ...)" -> "the tree has no tests/unit_tests")."""
+    text = reason.split(";")[0].split(" (")[0].strip()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def unit_blocking(stage: StageResult) -> dict[str, list[str]]:
+    """Stage 3's blocking items by label: test ids (and not-run test files)."""
+    out: dict[str, list[str]] = {lab: [] for lab in BLOCKING}
+    for nodeid, lab in sorted(stage.details.get("labels", {}).items()):
+        if lab in BLOCKING:
+            out[lab].append(nodeid)
+    return {lab: ids for lab, ids in out.items() if ids}
+
+
+def _count(lab: str, n: int) -> str:
+    """ "1 unverified test", "2 test files not run"."""
+    return _plural(n, "test file") + " not run" if lab == "not-run" else f"{n} {lab} test" + ("" if n == 1 else "s")
+
+
+def verdict(r: VerifyReport) -> str:
+    """One line: what this run proved. "v0.19 port (CPU proxy): 3 of 5 stages pass; blocking: unit-tests
+    (1 unverified test); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)"."""
+    stages = r.stages
+    who = f"{r.line} port" if r.line else f"tree {r.tree}"
+    with_te = f", TE {r.te.version}'s Python layer" if r.te else ""
+    mode = f" (CPU proxy{with_te}, not a GPU result)" if r.mode == "cpu-proxy" else ""
+    passed = sum(s.status == PASS for s in stages)
+    parts = [f"{who}{mode}: {passed} of {len(stages)} stages pass"]
+    blocking = []
+    for s in stages:
+        if s.status != FAIL:
+            continue
+        items = unit_blocking(s) if s.name == "unit-tests" else {}
+        if items:
+            blocking.append(f"{s.name} (" + ", ".join(_count(lab, len(ids)) for lab, ids in items.items()) + ")")
+        else:
+            blocking.append(f"{s.name} ({_short(s.reason)})")
+    if blocking:
+        parts.append("blocking: " + ", ".join(blocking))
+    unsupported = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == UNSUPPORTED]
+    if unsupported:
+        parts.append("unsupported on the CPU proxy: " + ", ".join(unsupported))
+    skipped = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == SKIPPED]
+    if skipped:
+        parts.append("not run here: " + ", ".join(skipped))
+    return "; ".join(parts)

@@ -1,16 +1,15 @@
-"""verify's human summary, as text from the typed report (result.VerifyReport): one verdict line first,
-then (the command prints the stage table) what blocks, each with why in words, then the rest
-folded behind a count (the full list is in the report)."""
+"""verify's human summary, as text from the typed report (result.VerifyReport): one verdict line first
+(result.verdict, re-exported: the report's JSON holds it too), then (the command prints the stage
+table) what blocks, each with why in words, then the rest folded behind a count (the full list is in
+the report)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
+from rocmport.verify.result import VerifyReport, unit_blocking, verdict
+from rocmport.verify.stages import FAIL
 from rocmport.verify.unit_tests import BLOCKING
 
-if TYPE_CHECKING:
-    from rocmport.verify.result import VerifyReport
+__all__ = ["WHY_IT_BLOCKS", "blocking_lines", "coverage_lines", "folded_line", "verdict"]
 
 # Why a test with this label fails the stage, in words a newcomer reads.
 WHY_IT_BLOCKS = {
@@ -24,67 +23,13 @@ WHY_IT_BLOCKS = {
 }
 
 
-def _short(reason: str, width: int = 70) -> str:
-    """A stage's reason cut to its first clause ("the tree has no tests/unit_tests (a package-index
-    source ...)" -> "the tree has no tests/unit_tests")."""
-    text = reason.split(";")[0].split(" (")[0].strip()
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def _unit_blocking(stage: StageResult) -> dict[str, list[str]]:
-    """Stage 3's blocking items by label: test ids (and not-run test files)."""
-    out: dict[str, list[str]] = {lab: [] for lab in BLOCKING}
-    for nodeid, lab in sorted(stage.details.get("labels", {}).items()):
-        if lab in BLOCKING:
-            out[lab].append(nodeid)
-    return {lab: ids for lab, ids in out.items() if ids}
-
-
-def _count(lab: str, n: int) -> str:
-    """ "1 unverified test", "2 test files not run"."""
-    return _plural(n, "test file") + " not run" if lab == "not-run" else f"{n} {lab} test" + ("" if n == 1 else "s")
-
-
-def verdict(r: VerifyReport) -> str:
-    """One line: what this run proved. "v0.19 port (CPU proxy): 3 of 5 stages pass; blocking: unit-tests
-    (1 unverified test); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)"."""
-    stages = r.stages
-    who = f"{r.line} port" if r.line else f"tree {r.tree}"
-    with_te = f", TE {r.te.version}'s Python layer" if r.te else ""
-    mode = f" (CPU proxy{with_te}, not a GPU result)" if r.mode == "cpu-proxy" else ""
-    passed = sum(s.status == PASS for s in stages)
-    parts = [f"{who}{mode}: {passed} of {len(stages)} stages pass"]
-    blocking = []
-    for s in stages:
-        if s.status != FAIL:
-            continue
-        items = _unit_blocking(s) if s.name == "unit-tests" else {}
-        if items:
-            blocking.append(f"{s.name} (" + ", ".join(_count(lab, len(ids)) for lab, ids in items.items()) + ")")
-        else:
-            blocking.append(f"{s.name} ({_short(s.reason)})")
-    if blocking:
-        parts.append("blocking: " + ", ".join(blocking))
-    unsupported = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == UNSUPPORTED]
-    if unsupported:
-        parts.append("unsupported on the CPU proxy: " + ", ".join(unsupported))
-    skipped = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == SKIPPED]
-    if skipped:
-        parts.append("not run here: " + ", ".join(skipped))
-    return "; ".join(parts)
-
-
 def blocking_lines(r: VerifyReport) -> list[str]:
     """Each blocking item, with why it blocks in words and what the unported tree did."""
     lines: list[str] = []
     for s in r.stages:
         if s.status != FAIL:
             continue
-        items = _unit_blocking(s) if s.name == "unit-tests" else {}
+        items = unit_blocking(s) if s.name == "unit-tests" else {}
         if not items:
             lines += [f"{s.name}: stage failed", f"    {s.reason}"]
             continue
