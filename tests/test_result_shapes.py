@@ -34,6 +34,9 @@ VARIABLE = {
     "stages.outcomes",
     "stages.on_baseline",
     "stages.files",
+    "cached",  # status: per upstream
+    "lock.upstreams",
+    "worktrees",
 }
 
 
@@ -95,6 +98,82 @@ def test_a_refresh_result_whose_verify_failed_keeps_its_json_shape(tmp_path, mon
     got = _refresh(port, capsys, "--to", "v0.17", "--tp", "1", "--pp", "1")
     assert got == REFRESH_VERIFY_SHAPE, (sorted(got - REFRESH_VERIFY_SHAPE), sorted(REFRESH_VERIFY_SHAPE - got))
 
+
+def test_the_status_of_a_ported_project_keeps_its_json_shape(tmp_path, monkeypatch, capsys):
+    """`rocmport status --json` of a ported work tree: no last verify, one read back, one unreadable."""
+    port = Ported(tmp_path, monkeypatch)
+    last = port.root / "build" / "verify" / "last.json"
+    for written, extra in (
+        (None, {"last_verify: NoneType"}),
+        (
+            {
+                "tree": "t",
+                "line": "v0.16",
+                "commit": "abc",
+                "started": "2026-11-26T01:30:00Z",
+                "verdict": "v",
+                "report": "r.json",
+                "stages": [{"name": "imports", "status": "fail"}],
+            },
+            STATUS_LAST_SHAPE,
+        ),
+        ("{", STATUS_BROKEN_SHAPE),
+    ):
+        if written is not None:
+            last.parent.mkdir(parents=True, exist_ok=True)
+            last.write_text(written if isinstance(written, str) else json.dumps(written))
+        capsys.readouterr()
+        assert main(["-C", str(port.root), "status", "--json"]) == 0
+        got = shape(json.loads(capsys.readouterr().out))
+        assert got == STATUS_SHAPE | extra, (sorted(got - STATUS_SHAPE - extra), sorted(STATUS_SHAPE | extra - got))
+
+
+STATUS_SHAPE: set[str] = {
+    "cache_dir: str",
+    "cached.*: bool",
+    "cached: dict",
+    "lock.schema_version: int",
+    "lock.upstreams.*.commit: str",
+    "lock.upstreams.*.commit_date: str",
+    "lock.upstreams.*.requested_ref: str",
+    "lock.upstreams.*.resolved_ref: str",
+    "lock.upstreams.*.source: str",
+    "lock.upstreams.*.url: str",
+    "lock.upstreams.*.version: str",
+    "lock.upstreams.*: dict",
+    "lock.upstreams: dict",
+    "lock: dict",
+    "lock_path: str",
+    "worktrees.*.apply_status: str",
+    "worktrees.*.base: str",
+    "worktrees.*.branch: str",
+    "worktrees.*.clean: bool",
+    "worktrees.*.head: str",
+    "worktrees.*.path: str",
+    "worktrees.*.series: str",
+    "worktrees.*.series_hash: str",
+    "worktrees.*: dict",
+    "worktrees: dict",
+}
+
+STATUS_LAST_SHAPE: set[str] = {
+    "last_verify.commit: str",
+    "last_verify.failed: list",
+    "last_verify.failed[]: str",
+    "last_verify.line: str",
+    "last_verify.path: str",
+    "last_verify.report: str",
+    "last_verify.started: str",
+    "last_verify.tree: str",
+    "last_verify.verdict: str",
+    "last_verify: dict",
+}
+
+STATUS_BROKEN_SHAPE: set[str] = {
+    "last_verify.error: str",
+    "last_verify.path: str",
+    "last_verify: dict",
+}
 
 VERIFY_SHAPE: set[str] = {
     "backend: str",

@@ -8,6 +8,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rocmport.fsutil import atomic_write_text
@@ -52,29 +53,58 @@ def write_last(project: Path, data: dict[str, Any], written: Path | None) -> Pat
     return path
 
 
-def last_verify(project: Path) -> dict | None:
-    """What `rocmport status` shows of the last verify run here: when, the tree and its commit, the
-    verdict, the report; None when verify has not written one; {"error": ...} when it cannot be read."""
+@dataclass
+class LastVerify:
+    """What `rocmport status` shows of the last verify run here (last.json, read back): when, the tree
+    and its commit, the verdict, the report; or ``error`` when last.json cannot be read."""
+
+    path: str
+    started: str | None = None
+    tree: str = ""
+    line: str | None = None
+    commit: str | None = None
+    verdict: str | None = None
+    failed: list[str] = field(default_factory=list)
+    report: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"error": self.error, "path": self.path}
+        return {
+            "started": self.started,
+            "tree": self.tree,
+            "line": self.line,
+            "commit": self.commit,
+            "verdict": self.verdict,
+            "failed": self.failed,
+            "report": self.report,
+            "path": self.path,
+        }
+
+
+def last_verify(project: Path) -> LastVerify | None:
+    """The last verify run here; None when verify has not written one."""
     path = verify_dir(project) / LAST
     if not path.is_file():
         return None
     try:
         r = json.loads(path.read_text(encoding="utf-8"))
-        return {
-            "started": r.get("started"),
-            "tree": r["tree"],
-            "line": r.get("line"),
-            "commit": r.get("commit"),
-            "verdict": r.get("verdict"),
-            "failed": [s["name"] for s in r["stages"] if s["status"] == "fail"],
-            "report": r.get("report"),
-            "path": str(path),
-        }
+        return LastVerify(
+            path=str(path),
+            started=r.get("started"),
+            tree=r["tree"],
+            line=r.get("line"),
+            commit=r.get("commit"),
+            verdict=r.get("verdict"),
+            failed=[s["name"] for s in r["stages"] if s["status"] == "fail"],
+            report=r.get("report"),
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return {
-            "error": f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it",
-            "path": str(path),
-        }
+        return LastVerify(
+            path=str(path),
+            error=f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it",
+        )
 
 
 def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:
