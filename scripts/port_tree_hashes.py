@@ -11,6 +11,7 @@ The project's series are the checkout's own (<checkout>/patchsets). Heavy (~30 s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,11 +43,13 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(root, ignore_errors=True)
         shutil.copytree(checkout / "patchsets", root / "patchsets")
         remotes = ["--remote", f"megatron-lm={a.mlm}", "--remote", f"megatron-bridge={a.bridge}"]
-        rc = rocmport_main(["-C", str(root), "sync", "--ref", line, *remotes])
-        if rc:
+        with contextlib.redirect_stdout(sys.stderr):  # rocmport's tables: stdout holds only the hashes
+            rc = rocmport_main(["-C", str(root), "sync", "--ref", line, *remotes])
+            if not rc:
+                rc = rocmport_main(["-C", str(root), "apply"])
+        if not (root / "upstream.lock").is_file():
             print(f"{line}: sync exit {rc}")
             continue
-        rc = rocmport_main(["-C", str(root), "apply"])
         for upstream in ("megatron-lm", "megatron-bridge"):
             tree = root / "build" / upstream
             if not (tree / ".git").exists():
@@ -56,7 +59,7 @@ def main(argv: list[str]) -> int:
             base = json.loads((root / "build" / f"{upstream}.report.json").read_text())["base"]
             per_commit = git(tree, "log", "--reverse", "--format=%T %s", f"{base}..HEAD")
             print(f"{line} {upstream}: tree {head} (apply exit {rc})")
-            for row in per_commit.splitlines()[:60]:
+            for row in per_commit.splitlines():
                 print(f"    {row}")
     return 0
 
