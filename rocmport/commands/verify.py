@@ -15,7 +15,7 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary, te_layer
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.registry import STAGES
+from rocmport.verify.registry import STAGES, Functional
 from rocmport.verify.result import VerifyReport
 from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
 
@@ -65,7 +65,7 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         click.echo(redact(folded))
     for stage in r.stages:
         redirects = stage.details.get("redirects")
-        if stage.name == "functional" and redirects:
+        if stage.name == Functional.name and redirects:
             top = sorted(redirects.items(), key=lambda kv: -kv[1])[:5]
             click.echo(
                 f"functional: {len(redirects)} torch.cuda call sites answered on the CPU; most called: "

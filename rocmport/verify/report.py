@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rocmport.fsutil import atomic_write_text
+from rocmport.verify.registry import UnitTests
 from rocmport.verify.stages import StageResult
 from rocmport.verify.unit_tests import BLOCKING
 
@@ -128,7 +129,7 @@ def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:
             ET.SubElement(case, "failure", message=s.reason[:500]).text = s.reason
         elif s.status != "pass":
             ET.SubElement(case, "skipped", message=f"{s.status}: {s.reason}"[:500])
-    stage3 = next((s for s in stages if s.name == "unit-tests"), None)
+    stage3 = next((s for s in stages if s.name == UnitTests.name), None)
     unit = stage3.details if stage3 and (stage3.details.get("outcomes") or stage3.details.get("files")) else None
     if unit:
         labels = unit.get("labels", {})

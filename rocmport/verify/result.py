@@ -11,6 +11,7 @@ from rocmport.machine.probe import Environment
 from rocmport.verify.contract import Mode
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.port_sites import Coverage
+from rocmport.verify.registry import UnitTests
 from rocmport.verify.bridge_stage import BridgeTraining
 from rocmport.verify.functional import FunctionalRun
 from rocmport.verify.hip_sim import HipSim
@@ -142,7 +143,7 @@ def verdict(r: VerifyReport) -> str:
     for s in stages:
         if s.status != FAIL:
             continue
-        items = unit_blocking(s) if s.name == "unit-tests" else {}
+        items = unit_blocking(s) if s.name == UnitTests.name else {}
         if items:
             blocking.append(f"{s.name} (" + ", ".join(_count(lab, len(ids)) for lab, ids in items.items()) + ")")
         else:

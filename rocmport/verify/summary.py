@@ -5,6 +5,7 @@ the report)."""
 
 from __future__ import annotations
 
+from rocmport.verify.registry import UnitTests
 from rocmport.verify.result import VerifyReport, unit_blocking, verdict
 from rocmport.verify.stages import FAIL
 from rocmport.verify.unit_tests import BLOCKING
@@ -29,7 +30,7 @@ def blocking_lines(r: VerifyReport) -> list[str]:
     for s in r.stages:
         if s.status != FAIL:
             continue
-        items = unit_blocking(s) if s.name == "unit-tests" else {}
+        items = unit_blocking(s) if s.name == UnitTests.name else {}
         if not items:
             lines += [f"{s.name}: stage failed", f"    {s.reason}"]
             continue
@@ -54,7 +55,7 @@ def blocking_lines(r: VerifyReport) -> list[str]:
 
 def folded_line(r: VerifyReport, where: str) -> str | None:
     """The labelled tests that do not block, as one count ("+47 more ... in the report: PATH")."""
-    unit = next((s for s in r.stages if s.name == "unit-tests" and s.details.get("labels")), None)
+    unit = next((s for s in r.stages if s.name == UnitTests.name and s.details.get("labels")), None)
     if not unit:
         return None
     rest: dict[str, int] = {}
