@@ -33,7 +33,7 @@ def test_nvidia_only_import_in_bridge_fails_the_stage(tmp_path):
     (mlm / "megatron").mkdir(parents=True)
     tree = _bridge_tree(tmp_path, "import modelopt.torch.opt  # an unguarded NVIDIA-only import\n")
     result, training = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
-    assert result.status == "fail" and training == {}
+    assert result.status == "fail" and training is None
     assert result.reason.startswith("megatron.bridge: ModuleNotFoundError") and "(missing: modelopt" in result.reason
     assert result.details["modules"] == ["megatron.bridge", "megatron.bridge.models.gpt_provider"]
 
@@ -64,7 +64,7 @@ def test_bridge_training_entry_point_is_imported_behind_the_firewall(tmp_path):
     (training / "__init__.py").write_text("")
     (training / "pretrain.py").write_text("import modelopt.torch.opt  # an unguarded NVIDIA-only import\n")
     result, training_data = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
-    assert result.status == "fail" and training_data == {}
+    assert result.status == "fail" and training_data is None
     assert result.details["modules"] == [
         "megatron.bridge",
         "megatron.bridge.models.gpt_provider",

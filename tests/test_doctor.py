@@ -207,12 +207,12 @@ def test_offload_archs_reads_the_bundle_and_not_a_compressed_one(tmp_path):
 
 def test_verify_asks_doctor_which_functional_case(tmp_path, monkeypatch):
     here = for_verify(SERIES)
-    assert not here["te_usable"] and here["components"]["transformer_engine"]["status"] == "missing"
+    assert not here.te_usable and here.components["transformer_engine"]["status"] == "missing"
     site = tmp_path / "site"
     fake_dist(site, "transformer_engine", "2.10.0", "transformer_engine", ["gfx942"])
     monkeypatch.syspath_prepend(str(site))
     with_te = for_verify(SERIES)
-    assert with_te["te_usable"] and with_te["components"]["transformer_engine"] == {"version": "2.10.0", "status": "ok"}
+    assert with_te.te_usable and with_te.components["transformer_engine"] == {"version": "2.10.0", "status": "ok"}
 
 
 def test_verify_takes_the_te_case_when_doctor_finds_te_usable(tmp_path, monkeypatch):

@@ -230,12 +230,12 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
     assert rising.status == "fail" and "golden not recorded: the run failed" in rising.reason and not golden.exists()
     res, data = stage_functional(tree, env_for(tmp_path, tree), record=True, **kwargs)
     assert res.status == "pass", res.reason
-    assert data["losses"] == [10.65, 10.4, 10.15, 9.9]
-    assert json.loads(golden.read_text())["losses"] == data["losses"] and "golden recorded" in res.reason
+    assert data.losses == [10.65, 10.4, 10.15, 9.9]
+    assert json.loads(golden.read_text())["losses"] == data.losses and "golden recorded" in res.reason
     same, _ = stage_functional(tree, env_for(tmp_path, tree), record=False, **kwargs)
     assert same.status == "pass" and "max relative drift vs golden 0" in same.reason
     drifted, data = stage_functional(tree, env_for(tmp_path, tree, FAKE_SHIFT="0.5"), record=False, **kwargs)
-    assert drifted.status == "fail" and data["golden"]["max_rel_drift"] > 0.04
+    assert drifted.status == "fail" and data.golden["max_rel_drift"] > 0.04
     other, _ = stage_functional(
         tree, env_for(tmp_path, tree), record=False, **{**kwargs, "device_kind": "rocm-amd-instinct-mi300x"}
     )
@@ -320,17 +320,17 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
         "arch": "gfx942:sramecc+:xnack-",
     }
     lr = 3e-3 * 2500  # the proxy's learning rate (PROXY_SCALE) moves the fake loss
-    assert data["losses"] == pytest.approx([10.0 - lr * i for i in range(6)])
-    assert data["resume"] == {
+    assert data.losses == pytest.approx([10.0 - lr * i for i in range(6)])
+    assert data.resume == {
         "from_iteration": 3,
         "loaded_iteration": 3,
         "max_abs_diff": 0.0,
         "tolerance": 1e-5,
         "async_save": True,
-        "losses": data["losses"][3:],
+        "losses": data.losses[3:],
     }
     assert "resumed from the iteration-3 checkpoint (async torch_dist): max |Δ| 0 over iterations 4-6" in res.reason
-    redirects = data["redirects"]
+    redirects = data.redirects
     for call in (
         "cuda.is_available @ megatron/training/loop.py:15",
         "cuda.get_device_properties @ megatron/training/loop.py:16",
@@ -344,7 +344,7 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     ):
         assert redirects.get(call, 0) >= 1, (call, redirects)
     assert redirects["cuda.synchronize @ megatron/training/loop.py:32"] == 6  # the uninterrupted run's (the report's)
-    assert data["proxy_env"] and "TORCHDYNAMO_DISABLE=1" in data["proxy_env"]
+    assert data.proxy_env and "TORCHDYNAMO_DISABLE=1" in data.proxy_env
     # The CUDA path (--no-hip-sim) runs the same loop with an A100's answers.
     res, data = stage_functional(
         tree, proxy_env(tmp_path, tree, hip=None, FAKE_SEEN=str(seen)), **{**kwargs, "hip": None}
@@ -357,7 +357,7 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     # A resumed run that does not continue the same curve fails the stage.
     res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_RESUME_SHIFT="0.01"), **kwargs)
     assert res.status == "fail" and "resumed losses differ from the uninterrupted run's by 0.01" in res.reason
-    assert data["resume"]["max_abs_diff"] == pytest.approx(0.01)
+    assert data.resume["max_abs_diff"] == pytest.approx(0.01)
 
 
 def test_missing_case(tmp_path):
@@ -381,26 +381,18 @@ def test_expected_resumed_losses_follow_the_training_logs_intervals():
 
 
 def test_resume_support_reads_the_training_loop(tmp_path):
-    from rocmport.verify.functional import resume_support
+    from rocmport.verify.functional import ResumeSupport, resume_support
 
     (tmp_path / "megatron" / "training").mkdir(parents=True)
-    assert resume_support(tmp_path) == {
-        "ckpt_step": False,
-        "async_save": False,
-        "async_strategy": False,
-        "first_two_logged_together": False,
-    }
+    assert resume_support(tmp_path) == ResumeSupport(False, False, False, False)
     (tmp_path / "megatron" / "training" / "training.py").write_text(
         "ckpt_step = None\nasync_save = use_persistent_ckpt_worker = False\nshould_reset = not is_first_iteration\n"
     )
-    assert resume_support(tmp_path) == {
-        "ckpt_step": True,
-        "async_save": True,
-        "async_strategy": False,
-        "first_two_logged_together": True,
-    }
+    assert resume_support(tmp_path) == ResumeSupport(
+        ckpt_step=True, async_save=True, async_strategy=False, first_two_logged_together=True
+    )
     (tmp_path / "megatron" / "training" / "async_utils.py").write_text('async_strategy = "nvrx"\n')
-    assert resume_support(tmp_path)["async_strategy"] is True
+    assert resume_support(tmp_path).async_strategy is True
 
 
 @pytest.mark.torch
@@ -426,14 +418,14 @@ def test_async_writer_chosen_on_the_cuda_path_left_to_the_port_on_hip(tmp_path):
     env = env_for(tmp_path, tree, ROCMPORT_FIREWALL="transformer_engine,nvidia_resiliency_ext")
     cuda, data = stage_functional(tree, env, record=True, **kwargs)
     assert cuda.status == "pass", cuda.reason
-    assert "--async-save --use-persistent-ckpt-worker --async-strategy mcore" in data["command"]
-    assert "nvidia-resiliency-ext" in data["chosen_args"]["--async-strategy mcore"]
+    assert "--async-save --use-persistent-ckpt-worker --async-strategy mcore" in data.command
+    assert "nvidia-resiliency-ext" in data.chosen_args["--async-strategy mcore"]
     golden = json.loads(golden_path(series_dir, CASE, "cpu-proxy").read_text())
     assert (
         "--async-save" in golden["args"] and "--async-strategy" not in golden["args"] and "mcore" not in golden["args"]
     )
     hip, data = stage_functional(tree, env, record=False, rocm=True, hip=hip_sim.DEFAULT_VERSION, **kwargs)
-    assert hip.status == "pass" and "--async-strategy" not in data["command"] and data["chosen_args"] == {}
+    assert hip.status == "pass" and "--async-strategy" not in data.command and data.chosen_args == {}
     assert "max relative drift vs golden 0" in hip.reason  # the same golden: compared, not "other args"
 
 

@@ -10,7 +10,9 @@ import pytest
 
 from rocmport.cli import main
 from rocmport.config import load_settings
-from rocmport.refresh.result import EXIT_CODES, READY, RefreshResult
+from rocmport.refresh.result import EXIT_CODES, READY, RefreshResult, RefreshVerify
+from rocmport.upstream.lock import load_lock
+from rocmport.verify.stages import StageResult
 from rocmport.refresh.summary import public, write_summary
 from tests.helpers.refresh import LAYERS, Ported, edit_line
 from tests.helpers.sync import commit, g, init, package_info
@@ -339,12 +341,12 @@ def test_one_status_in_json_summary_and_exit_code_for_every_outcome(port, capsys
     assert printed["why"] == "conflict in 0002-layers-thirty.patch"
     assert port.run("refresh", "--abort") == 0
     settings = load_settings(port.root)
-    stage = {"name": "imports", "status": "pass", "seconds": 1.0, "reason": ""}
+    lock = load_lock(settings.lock_path)
     for verify, expected in (
-        ({"mode": "cpu-proxy", "stages": [stage], "failed": []}, "ready"),
-        ({"mode": "cpu-proxy", "stages": [{**stage, "status": "fail"}], "failed": ["imports"]}, "needs-a-human"),
+        (RefreshVerify("cpu-proxy", [StageResult("imports", "pass", "", 1.0)], []), "ready"),
+        (RefreshVerify("cpu-proxy", [StageResult("imports", "fail", "", 1.0)], ["imports"]), "needs-a-human"),
     ):
-        result = RefreshResult(READY, "v0.17", port.lock, port.lock, verify=verify).settle()
+        result = RefreshResult(READY, "v0.17", lock, lock, verify=verify).settle()
         md = (write_summary(result, settings.refresh_dir, settings)).read_text()
         word = re.search(r"^\*\*Status:\*\* `([a-z-]+)`", md, re.M).group(1)  # type: ignore[union-attr]
         _agree(result.exit_code, public(result), port.summary, word, expected)

@@ -23,6 +23,7 @@ from rocmport.commands import bot as bot_command
 from rocmport.commands import refresh as refresh_command
 from rocmport.config import DEFAULT_PP, DEFAULT_TP
 from rocmport.refresh.result import UP_TO_DATE, RefreshResult
+from rocmport.upstream.lock import Lock, Pin
 from rocmport.verify.gpt_worker import HEADS, LAYERS
 
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "300"))
@@ -38,7 +39,18 @@ SIZE_TEXT = st.one_of(
     st.sampled_from(["", " ", "1.5", "0x4", "1e3", "²", "٤", "+2", "--", "nan"]),
     TEXT,
 )
-LOCK = {"upstreams": {"megatron-lm": {"resolved_ref": "core_v0.16.1", "commit": "0" * 40}}}
+LOCK = Lock(
+    {
+        "megatron-lm": Pin(
+            url="https://example.invalid/megatron-lm.git",
+            source="git",
+            requested_ref="v0.16",
+            resolved_ref="core_v0.16.1",
+            commit="0" * 40,
+            commit_date="2026-01-01T00:00:00+00:00",
+        )
+    }
+)
 
 
 class Done(BaseException):

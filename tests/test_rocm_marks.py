@@ -171,11 +171,7 @@ def test_simulated_arch_reaches_the_workers(tmp_path):
     assert seen["device"][:4] == ["AMD Instinct MI250X/MI250", "gfx90a:sramecc+:xnack-", 9, 0]
     seen = json.loads(run_probe(tmp_path, hip_sim.child_env(hip_sim.DEFAULT_VERSION)).stdout)
     assert seen["device"][1] == "gfx942:sramecc+:xnack-"
-    assert hip_sim.summary("7.1", "gfx90a") == {
-        "version": "7.1",
-        "arch": "gfx90a",
-        "device": "AMD Instinct MI250X/MI250",
-    }
+    assert hip_sim.summary("7.1", "gfx90a") == hip_sim.HipSim("7.1", "gfx90a", "AMD Instinct MI250X/MI250")
 
 
 def test_hip_arch_option_refuses_an_unknown_arch(tmp_path, capsys):

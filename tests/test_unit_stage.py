@@ -961,7 +961,7 @@ def test_every_selected_file_is_accounted_for_and_one_hanging_file_cannot_starve
     )
     assert "restart budget 1 per test file" in stage.reason
     assert d["labels"]["tests/unit_tests/test_hangs.py"] == "not-run" and d["restarts_per_file"] == 1
-    junit = report.junit_xml({"mode": "cpu-proxy", "stages": [d]})
+    junit = report.junit_xml("cpu-proxy", [stage])
     assert 'type="not-run"' in junit and 'file="tests/unit_tests/test_hangs.py"' in junit
 
 

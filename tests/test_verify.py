@@ -216,7 +216,12 @@ def test_report_schema_junit_and_plot(tmp_path):
     }
     report.write_json(r, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["stages"][1]["status"] == "fail"
-    suite = ET.fromstring(report.junit_xml(r)).find("testsuite")
+    suite = ET.fromstring(
+        report.junit_xml(
+            "cpu-proxy",
+            [StageResult("imports", "pass", "ok", 1.0), StageResult("gpt-training", "fail", "loss did not fall", 2.0)],
+        )
+    ).find("testsuite")
     assert (
         suite.get("failures") == "1"
         and suite.find("testcase[@name='gpt-training']/failure").get("message") == "loss did not fall"
@@ -409,7 +414,11 @@ def test_proxy_gives_per_view_subgroups_their_own_rendezvous(tmp_path, mode):
 def a_v019_report():
     """A report shaped like v0.19's CPU-proxy run: stage 3 failed by one unverified test and one test
     file that did not run, 5 labelled tests that do not block, stages 4 and 5 not run here."""
-    from rocmport.verify.run import VerifyReport
+    from rocmport.machine.probe import Environment
+    from rocmport.verify.hip_sim import HipSim
+    from rocmport.verify.launcher import Launcher
+    from rocmport.verify.port_sites import Coverage
+    from rocmport.verify.result import ReportEnv, VerifyReport
 
     hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
     labels = {
@@ -442,9 +451,9 @@ def a_v019_report():
         pp=2,
         dp=1,
         tree="/p/build/megatron-lm",
-        hip_sim={"version": "7.1", "arch": "gfx942", "device": "AMD Instinct MI300X"},
-        env={"torch": "2.13", "hip": "7.1", "cuda": None, "python": "3.12", "device_count": 0},
-        launcher={},
+        hip_sim=HipSim("7.1", "gfx942", "AMD Instinct MI300X"),
+        env=ReportEnv(Environment(python="3.12", torch="2.13", hip="7.1", cuda=None, device_count=0)),
+        launcher=Launcher(),
         stages=[
             StageResult("imports", "pass", "3 modules import behind the firewall", 30.0),
             StageResult("gpt-training", "pass", "loss 4.8 -> 4.1 in 10 iterations", 60.0),
@@ -461,15 +470,15 @@ def a_v019_report():
             ),
         ],
         port_sites={
-            "te-version-gates": {
-                "exercised": 0,
-                "total": 28,
-                "rewrites": 28,
-                "unreached": {
+            "te-version-gates": Coverage(
+                exercised=0,
+                total=28,
+                rewrites=28,
+                unreached={
                     "megatron/core/extensions/transformer_engine.py:40 is_te_min_version": "module never imported: TE absent",
                     "megatron/core/utils.py:12 is_te_min_version": "imported, the branch did not run",
                 },
-            }
+            )
         },
         line="v0.19",
         commit="abc123",
@@ -480,7 +489,7 @@ def a_v019_report():
 def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_blocks(capsys):
     from rocmport.commands.verify import _print_summary
 
-    _print_summary(a_v019_report().to_dict(), "build/verify/v0.19-20261126T013000Z.json")
+    _print_summary(a_v019_report(), "build/verify/v0.19-20261126T013000Z.json")
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == (
@@ -524,7 +533,7 @@ def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
     r.stages[1] = StageResult(
         "gpt-training", "unsupported-in-proxy", "proxy shim hook missing: x._get_cuda_rng_state", 1.0
     )
-    assert summary.verdict(r.to_dict()) == (
+    assert summary.verdict(r) == (
         "v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass; unsupported on the CPU proxy: "
         "gpt-training (proxy shim hook missing: x._get_cuda_rng_state); not run here: functional "
         "(the tree has no pretrain_gpt.py), bridge (--tree given)"
@@ -533,12 +542,12 @@ def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
         "imports", "fail", "megatron.core: ModuleNotFoundError: No module named 'modelopt'; import chain: a -> b", 1.0
     )
     r.line, r.mode = None, "gpu"
-    d = r.to_dict()
-    assert summary.verdict(d).startswith(
+    assert r.to_dict()["verdict"] == summary.verdict(r)
+    assert summary.verdict(r).startswith(
         "tree /p/build/megatron-lm: 1 of 5 stages pass; blocking: imports (megatron.core: "
         "ModuleNotFoundError: No module named 'modelopt')"
     )
-    assert summary.blocking_lines(d) == ["imports: stage failed", f"    {r.stages[0].reason}"]
+    assert summary.blocking_lines(r) == ["imports: stage failed", f"    {r.stages[0].reason}"]
 
 
 @pytest.fixture

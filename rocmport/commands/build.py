@@ -66,13 +66,15 @@ def command(obj, upstream, out_dir, build_number, check_deps, python, as_json):
         python=python or settings.python,
     )
     if as_json:
-        output.emit_json({"built": result.built, "python": result.python, "problems": result.problems})
+        output.emit_json(
+            {"built": [b.to_dict() for b in result.built], "python": result.python, "problems": result.problems}
+        )
     else:
         output.table(
             ["distribution", "version", "files"],
             [
-                [UPSTREAMS[r["upstream"]].distribution, r["version"], "\n".join(Path(f).name for f in r["files"])]
-                for r in result.built
+                [UPSTREAMS[b.upstream].distribution, b.version, "\n".join(Path(f).name for f in b.files)]
+                for b in result.built
             ],
         )
     for p in result.problems:

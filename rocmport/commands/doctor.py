@@ -43,14 +43,13 @@ def command(obj, line, arch, as_json):
         raise BadInput(f"--arch {arch}: not a GPU arch rocmport knows (known: {', '.join(known_archs(matrix))})")
     d = doctor(matrix, arch)
     if as_json:
-        output.emit_json(d)
-        return EXIT_PROBLEM if d["problems"] else EXIT_OK
-    output.info(f"torch {d['torch']}: hip {d['hip']}, cuda {d['cuda']}; ROCm at {d['rocm_path']}; RCCL {d['rccl']}")
-    output.table(
-        ["device", "name", "arch"], [[x["index"], x["name"], x["arch"]] for x in d["devices"]] or [["-", "no GPU", "-"]]
-    )
+        output.emit_json(d.to_dict())
+        return EXIT_PROBLEM if d.problems else EXIT_OK
+    output.info(f"torch {d.torch}: hip {d.hip}, cuda {d.cuda}; ROCm at {d.rocm_path}; RCCL {d.rccl}")
+    output.table(["device", "name", "arch"], [[x.index, x.name, x.arch] for x in d.devices] or [["-", "no GPU", "-"]])
+    r = d.report
     where = {"gpu": "the GPU", "--arch": "--arch", "none": "no GPU and no --arch: the arch checks are skipped"}[
-        d["arch_source"]
+        r.arch_source
     ]
     if matrix is None:
         output.info(
@@ -58,26 +57,24 @@ def command(obj, line, arch, as_json):
             "pass --line vX.Y)"
         )
     else:
-        output.info(f"components of {d['series']}, for arch {d['arch'] or '-'} ({where}):")
+        output.info(f"components of {r.series}, for arch {r.arch or '-'} ({where}):")
         output.table(
             ["component", "required", "wanted", "installed", "built for", "status", "detail"],
             [
                 [
-                    c["name"],
-                    "yes" if c["required"] else "no",
-                    c["wanted"],
-                    f"{c['distribution']} {c['version']}" if c["version"] else "not installed",
-                    ", ".join(c["built_for"]) if c["built_for"] else "-",
-                    c["status"],
-                    c["detail"],
+                    c.name,
+                    "yes" if c.required else "no",
+                    c.wanted,
+                    f"{c.distribution} {c.version}" if c.version else "not installed",
+                    ", ".join(c.built_for) if c.built_for else "-",
+                    c.status,
+                    c.detail,
                 ]
-                for c in d["components"]
+                for c in r.rows
             ],
         )
-    output.table(
-        ["topic", "use", "why"], [[r["topic"], r["use"], r["why"]] for r in d["recommendations"]], title="on this arch"
-    )
-    output.table(["variable", "value"], [[k, v if v is not None else "(unset)"] for k, v in d["env"].items()])
-    for p in d["problems"]:
+    output.table(["topic", "use", "why"], [list(rec) for rec in r.recommendations], title="on this arch")
+    output.table(["variable", "value"], [[k, v if v is not None else "(unset)"] for k, v in d.env.items()])
+    for p in d.problems:
         output.warn(p)
-    return EXIT_PROBLEM if d["problems"] else EXIT_OK
+    return EXIT_PROBLEM if d.problems else EXIT_OK

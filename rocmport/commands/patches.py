@@ -28,38 +28,38 @@ def command():
 def list_cmd(obj, as_json):
     """Every series with its version range, codemods and patches, and each line's ROCm component matrix."""
     settings = load_settings(obj["project"])
-    data = [describe(check_series(s)) for name in NAMES for s in all_series(settings.patchsets_dir, name)]
+    every = [check_series(s) for name in NAMES for s in all_series(settings.patchsets_dir, name)]
     if as_json:
-        output.emit_json({"series": data})
+        output.emit_json({"series": [describe(s) for s in every]})
         return EXIT_OK
     rows = [
         [
-            d["upstream"],
-            d["line"],
-            d["versions"],
-            len(d["patches"]),
-            ", ".join(d["codemods"]) or "-",
-            ", ".join(d["excluded_paths"]) or "-",
+            s.upstream,
+            s.line,
+            str(s.versions),
+            len(s.patches),
+            ", ".join(c["name"] for c in s.codemods) or "-",
+            ", ".join(s.excluded_paths) or "-",
         ]
-        for d in data
+        for s in every
     ]
     output.table(["upstream", "line", "versions", "patches", "codemods", "excluded"], rows)
-    for d in data:
-        for p in d["patches"]:
-            output.info(f"  {d['upstream']} {d['line']}: {p['name']} [{p['upstream_status']}] {p['description']}")
+    for s in every:
+        for p in s.patches:
+            output.info(f"  {s.upstream} {s.line}: {p.name} [{p.upstream_status}] {p.description.splitlines()[0]}")
     rocm = [
         [
-            d["line"],
-            name + ("*" if c["required"] else ""),
-            re.sub(r"^https://github.com/|\.git(?=@)", "", c["source"]),
-            c["versions"],
-            ",".join(c["builds"]),
-            ",".join(c["refuses"]) or "-",
-            ",".join(c["variants"]) or "-",
+            s.line,
+            name + ("*" if c.required else ""),
+            re.sub(r"^https://github.com/|\.git(?=@)", "", c.source),
+            str(c.versions) or "any",
+            ",".join(c.builds),
+            ",".join(sorted(c.refuses)) or "-",
+            ",".join(sorted(c.variants)) or "-",
         ]
-        for d in data
-        if d["rocm"]
-        for name, c in d["rocm"]["components"].items()
+        for s in every
+        if s.rocm
+        for name, c in s.rocm.components.items()
     ]
     if rocm:
         output.table(
@@ -67,11 +67,9 @@ def list_cmd(obj, as_json):
             rocm,
             title="ROCm component matrix (rocm: in each series, the source of each choice in its comments; * required)",
         )
-        for d in data:
-            if d["rocm"]:
-                output.info(
-                    f"  {d['upstream']} {d['line']}: base image {d['rocm']['base_image']} (Python {d['rocm']['python']})"
-                )
+        for s in every:
+            if s.rocm:
+                output.info(f"  {s.upstream} {s.line}: base image {s.rocm.base_image} (Python {s.rocm.python})")
     return EXIT_OK
 
 

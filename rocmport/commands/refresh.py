@@ -162,11 +162,10 @@ def _print(result: RefreshResult, path: Path) -> None:
         )
     if result.conflict:
         c = result.conflict
-        where = ", ".join(f"{h['file']}:{h['line']}" for h in c["hunks"]) or c["detail"]
+        where = ", ".join(f"{h.file}:{h.line}" for h in c.hunks) or c.detail
         output.warn(
-            f"{c['patch']} conflicts ({where}); "
-            f"resolve in {c['tree']}, commit, then `rocmport refresh --continue` (or --abort)"
+            f"{c.patch} conflicts ({where}); resolve in {c.tree}, commit, then `rocmport refresh --continue` (or --abort)"
         )
-    if result.verify and result.verify.get("failed"):
-        output.warn(f"verify failed: {', '.join(result.verify['failed'])}")
-    output.info(f"refresh {status_line(public(result))} ({result.seconds} s); summary: {path}")
+    if result.verify and result.verify.failed:
+        output.warn(f"verify failed: {', '.join(result.verify.failed)}")
+    output.info(f"refresh {status_line(result)} ({result.seconds} s); summary: {path}")

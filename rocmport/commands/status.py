@@ -8,7 +8,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK
 from rocmport.port.status import status
-from rocmport.verify.report import last_verify
+from rocmport.verify.report import LastVerify, last_verify
 
 
 @click.command("status")
@@ -17,50 +17,46 @@ from rocmport.verify.report import last_verify
 def command(obj, as_json):
     """Show the lock, whether the cache has the pinned commits, the ported work trees and the last verify."""
     settings = load_settings(obj["project"])
-    data = status(settings)
-    data["last_verify"] = last_verify(settings.root)
+    st = status(settings)
+    last = last_verify(settings.root)
     if as_json:
-        output.emit_json(data)
+        output.emit_json({**st.to_dict(), "last_verify": last.to_dict() if last else None})
         return EXIT_OK
-    if not data["lock"]:
-        output.info(f"no lock at {data['lock_path']}: run `rocmport sync --ref REF`")
-        _print_last_verify(data["last_verify"])
+    if not st.lock:
+        output.info(f"no lock at {st.lock_path}: run `rocmport sync --ref REF`")
+        _print_last_verify(last)
         return EXIT_OK
     rows = []
-    for name, pin in data["lock"]["upstreams"].items():
-        wt = data["worktrees"].get(name)
+    for name, pin in sorted(st.lock.upstreams.items()):
+        wt = st.worktrees.get(name)
         rows.append(
             [
                 name,
-                pin["source"],
-                pin["resolved_ref"],
-                pin.get("version") or "?",
-                pin["commit"][:12],
-                "yes" if data["cached"].get(name) else "NO",
-                f"{wt['path']} ({wt['branch']}, {'clean' if wt['clean'] else 'DIRTY'}, series {str(wt['series_hash'])[:12]})"
+                pin.source,
+                pin.resolved_ref,
+                pin.version or "?",
+                pin.commit[:12],
+                "yes" if st.cached.get(name) else "NO",
+                f"{wt.path} ({wt.branch}, {'clean' if wt.clean else 'DIRTY'}, series {str(wt.series_hash)[:12]})"
                 if wt
                 else "-",
             ]
         )
-    output.table(
-        ["upstream", "source", "ref", "version", "commit", "cached", "work tree"], rows, title=data["lock_path"]
-    )
-    _print_last_verify(data["last_verify"])
+    output.table(["upstream", "source", "ref", "version", "commit", "cached", "work tree"], rows, title=st.lock_path)
+    _print_last_verify(last)
     return EXIT_OK
 
 
-def _print_last_verify(last: dict | None) -> None:
+def _print_last_verify(last: LastVerify | None) -> None:
     """One line (two with the verdict): when the last verify ran, on which tree at which commit, and what it proved."""
     if last is None:
         output.info("last verify: none recorded here (`rocmport verify` writes build/verify/last.json)")
-    elif "error" in last:
-        output.info(f"last verify: {last['error']}")
+    elif last.error is not None:
+        output.info(f"last verify: {last.error}")
     else:
-        tree = f"{last['line']} port" if last.get("line") else last["tree"]
+        tree = f"{last.line} port" if last.line else last.tree
         output.info(
-            f"last verify: {last['started'] or '?'} UTC, {tree} at {str(last['commit'] or '?')[:12]}"
-            + (f"; report {last['report']}" if last.get("report") else "")
+            f"last verify: {last.started or '?'} UTC, {tree} at {str(last.commit or '?')[:12]}"
+            + (f"; report {last.report}" if last.report else "")
         )
-        output.info(
-            f"  {last['verdict'] or ('failed: ' + ', '.join(last['failed']) if last['failed'] else 'no stage failed')}"
-        )
+        output.info(f"  {last.verdict or ('failed: ' + ', '.join(last.failed) if last.failed else 'no stage failed')}")

@@ -13,9 +13,10 @@ from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
-from rocmport.verify import hip_sim, report, summary
+from rocmport.verify import hip_sim, report, summary, te_layer
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.registry import STAGES
+from rocmport.verify.registry import STAGES, Functional
+from rocmport.verify.result import VerifyReport
 from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
 
 # Every size is checked where it enters: at least 1, and no more processes than any machine has (a
@@ -23,36 +24,36 @@ from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_
 SIZE = click.IntRange(1, MAX_WORLD)
 
 
-def _print_summary(r: dict, report_path: str | None = None) -> None:
+def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     """The verdict in one line first, the stage table, what blocks (each with why in words), the
     rest folded behind a count (all of it in the report), port coverage, the loss curve."""
     click.echo(redact(summary.verdict(r)))
-    if r["mode"] == "cpu-proxy":
+    if r.mode == "cpu-proxy":
         output.warn(
             "CPU PROXY MODE: no GPU here; the same stages ran on CPU processes over gloo. This is not a GPU result."
         )
-        sim = r.get("hip_sim")
+        sim = r.hip_sim
         if sim:
             output.warn(
-                f"HIP simulated: every process saw a ROCm {sim['version']} build of torch and an {sim['device']} "
-                f"({sim['arch']}); not a ROCm GPU result. --no-hip-sim runs the CUDA path."
+                f"HIP simulated: every process saw a ROCm {sim.version} build of torch and an {sim.device} "
+                f"({sim.arch}); not a ROCm GPU result. --no-hip-sim runs the CUDA path."
             )
         else:
             output.info("HIP simulation off (--no-hip-sim): the CUDA path of the tree ran.")
-        te = r.get("te")
+        te = r.te
         if te:
             output.warn(
-                f"Transformer Engine {te['version']}, {te['python_layer']} ({te['source']}): {te['note']}; "
+                f"Transformer Engine {te.version}, {te.python_layer} ({te.source}): {te_layer.NOT_SIMULATED}; "
                 "its compiled kernels ran as CPU reference implementations."
             )
-    e = r["env"]
+    e = r.env.machine
     output.info(
-        f"torch {e['torch']} (hip {e['hip']}, cuda {e['cuda']}), Python {e['python']}, {e['device_count']} GPU(s); "
-        f"backend {r['backend']}, world {r['world_size']} = tp {r['tp']} × pp {r['pp']} × dp {r['dp']}"
+        f"torch {e.torch} (hip {e.hip}, cuda {e.cuda}), Python {e.python}, {e.device_count} GPU(s); "
+        f"backend {r.backend}, world {r.world_size} = tp {r.tp} × pp {r.pp} × dp {r.dp}"
     )
     output.table(
         ["stage", "status", "seconds", "reason"],
-        [[s["name"], s["status"], s["seconds"], s["reason"]] for s in r["stages"]],
+        [[s.name, s.status, round(s.seconds, 2), s.reason] for s in r.stages],
     )
     blocking = summary.blocking_lines(r)
     if blocking:
@@ -62,18 +63,18 @@ def _print_summary(r: dict, report_path: str | None = None) -> None:
     folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
     if folded:
         click.echo(redact(folded))
-    for stage in r["stages"]:
-        if stage["name"] == "functional" and stage.get("redirects"):
-            top = sorted(stage["redirects"].items(), key=lambda kv: -kv[1])[:5]
+    for stage in r.stages:
+        redirects = stage.details.get("redirects")
+        if stage.name == Functional.name and redirects:
+            top = sorted(redirects.items(), key=lambda kv: -kv[1])[:5]
             click.echo(
-                f"functional: {len(stage['redirects'])} torch.cuda call sites answered on the CPU; most called: "
+                f"functional: {len(redirects)} torch.cuda call sites answered on the CPU; most called: "
                 + ", ".join(f"{k} ×{v}" for k, v in top)
             )
     for line in summary.coverage_lines(r):
         click.echo(redact(line))
-    t = r["training"]
-    if t.get("losses"):
-        click.echo(report.loss_plot(t["losses"]))
+    if r.training and r.training.losses:
+        click.echo(report.loss_plot(r.training.losses))
 
 
 @click.command("verify")
@@ -324,11 +325,10 @@ def command(
             for step in plan:
                 click.echo(f"# {step['stage']} (in {step['cwd']})\n{shlex.join(step['command'])}")
         return EXIT_OK
-    result = run_verify(opts).to_dict()
-    return _finish(result, obj["project"], report_path, junit, as_json)
+    return _finish(run_verify(opts), obj["project"], report_path, junit, as_json)
 
 
-def _finish(result: dict, project: str, report_path: str | None, junit: str | None, as_json: bool) -> int:
+def _finish(result: VerifyReport, project: str, report_path: str | None, junit: str | None, as_json: bool) -> int:
     """Write the report (always: --report, else build/verify/<line>-<time>.json) and last.json, the
     JUnit XML, and print the summary, each whatever the others do: an hour's run is never lost to a
     path that cannot be written. A write that fails is one line at the end and exit 1."""
@@ -336,13 +336,14 @@ def _finish(result: dict, project: str, report_path: str | None, junit: str | No
     root = Path(project).resolve()  # last.json names the report absolutely: `status` may run from anywhere
     target = Path(report_path).resolve() if report_path else report.default_path(root, result)
     written: Path | None = None
+    data = result.to_dict()  # the JSON boundary: the report file, last.json and --json
     try:
-        report.write_json(result, target)
+        report.write_json(data, target)
         written = target
     except Exception as exc:  # noqa: BLE001 (OSError, or a value JSON cannot hold): the summary still prints
         problems.append(f"the report could not be written to {target}: {_why(exc)}")
     try:
-        report.write_last(root, result, written)
+        report.write_last(root, data, written)
     except Exception as exc:  # noqa: BLE001
         message = f"the last verify could not be recorded in {report.verify_dir(root) / report.LAST}: {_why(exc)}"
         if written:  # the report itself is safe: only `rocmport status` misses this run
@@ -351,12 +352,12 @@ def _finish(result: dict, project: str, report_path: str | None, junit: str | No
             problems.append(message)
     if junit:
         try:
-            atomic_write_text(junit, report.junit_xml(result))
+            atomic_write_text(junit, report.junit_xml(result.mode, result.stages))
         except Exception as exc:  # noqa: BLE001
             problems.append(f"the JUnit XML could not be written to {junit}: {_why(exc)}")
     try:
         if as_json:
-            output.emit_json(result)
+            output.emit_json(data)
         else:
             _print_summary(result, str(written) if written else None)
     finally:
@@ -364,8 +365,7 @@ def _finish(result: dict, project: str, report_path: str | None, junit: str | No
             output.info(f"report: {written}")
         for problem in problems:
             click.secho(f"rocmport: error: {redact(problem)}", err=True, fg="red")
-    failed = any(s["status"] == "fail" for s in result["stages"])
-    return EXIT_PROBLEM if failed or problems else EXIT_OK
+    return EXIT_PROBLEM if result.failed or problems else EXIT_OK
 
 
 def _why(exc: Exception) -> str:

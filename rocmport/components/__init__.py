@@ -85,6 +85,11 @@ class Component:
     refuses: dict[str, ArchSupport] = field(default_factory=dict)
     variants: dict[str, Variant] = field(default_factory=dict)
 
+    @property
+    def source(self) -> str:
+        """Where it comes from, in words: its git repository at the ref, or the base image's own."""
+        return f"{self.git}@{self.ref}" if self.git else "the image"
+
     def support(self, arch: str, variant: str | None = None) -> ArchSupport:
         """builds / refuses (with reason and what instead) / unverified, for one arch."""
         if variant:
@@ -161,19 +166,23 @@ class Matrix:
     package_index: str | None = None  # a package index serving ROCm builds: the manifests require its `package`s
 
     @property
+    def base_image(self) -> str:
+        return f"{self.base_repository}:{self.base_tag}"
+
+    @property
     def python_tag(self) -> str:
         return "cp" + self.python.replace(".", "")
 
     def to_dict(self) -> dict:
         return {
-            "base_image": f"{self.base_repository}:{self.base_tag}",
+            "base_image": self.base_image,
             "python": self.python,
             "package_index": self.package_index,
             "components": {
                 n: {
                     "required": c.required,
                     "versions": str(c.versions) or "any",
-                    "source": f"{c.git}@{c.ref}" if c.git else "the image",
+                    "source": c.source,
                     "builds": c.builds,
                     "refuses": sorted(c.refuses),
                     "variants": sorted(c.variants),

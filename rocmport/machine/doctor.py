@@ -10,7 +10,9 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from rocmport.config import load_settings
@@ -179,7 +181,43 @@ def _none_installed(report: ComponentReport) -> list[str]:
     return [f"none of the components of {report.series} is installed here ({', '.join(r.name for r in report.rows)})"]
 
 
-def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
+@dataclass
+class Device:
+    index: int
+    name: str
+    arch: str  # gcnArchName on ROCm, sm_<major><minor> on CUDA
+
+
+@dataclass
+class Doctor:
+    """`rocmport doctor`: torch and HIP, ROCm and RCCL, the devices, the line's components (the
+    report), the problems (exit 1) and the launch environment variables as set here."""
+
+    torch: str | None
+    hip: str | None
+    cuda: str | None
+    rocm_path: str | None
+    rccl: str | None
+    devices: list[Device]
+    report: ComponentReport
+    problems: list[str]
+    env: dict[str, str | None]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "torch": self.torch,
+            "hip": self.hip,
+            "cuda": self.cuda,
+            "rocm_path": self.rocm_path,
+            "rccl": self.rccl,
+            "devices": [dataclasses.asdict(d) for d in self.devices],
+            **self.report.to_dict(),
+            "problems": self.problems,
+            "env": self.env,
+        }
+
+
+def doctor(matrix: Matrix | None = None, arch: str | None = None) -> Doctor:
     try:
         import torch
     except ImportError:
@@ -190,11 +228,11 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
     for i in range(count):
         props = torch.cuda.get_device_properties(i)
         devices.append(
-            {
-                "index": i,
-                "name": torch.cuda.get_device_name(i),
-                "arch": getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}",
-            }
+            Device(
+                i,
+                torch.cuda.get_device_name(i),
+                getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}",
+            )
         )
     rocm_path = os.environ.get("ROCM_PATH") or ("/opt/rocm" if os.path.isdir("/opt/rocm") else None)
     rccl = sorted(glob.glob(os.path.join(rocm_path, "lib", "librccl.so*")))[:1] if rocm_path else []
@@ -208,17 +246,17 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> dict:
         "CUDA_VISIBLE_DEVICES",
     ]
     report = component_report(matrix, arch)
-    return {
-        "torch": torch.__version__ if torch else None,
-        "hip": hip,
-        "cuda": getattr(torch.version, "cuda", None) if torch else None,
-        "rocm_path": rocm_path,
-        "rccl": rccl[0] if rccl else None,
-        "devices": devices,
-        **report.to_dict(),
-        "problems": [f"{r.name}: {r.detail}" for r in report.problems] + _none_installed(report),
-        "env": {n: os.environ.get(n) for n in names},
-    }
+    return Doctor(
+        torch=torch.__version__ if torch else None,
+        hip=hip,
+        cuda=getattr(torch.version, "cuda", None) if torch else None,
+        rocm_path=rocm_path,
+        rccl=rccl[0] if rccl else None,
+        devices=devices,
+        report=report,
+        problems=[f"{r.name}: {r.detail}" for r in report.problems] + _none_installed(report),
+        env={n: os.environ.get(n) for n in names},
+    )
 
 
 def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
@@ -246,15 +284,24 @@ def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
     return series.rocm
 
 
-def for_verify(series_path: Path | None) -> dict:
+@dataclass
+class VerifyFacts:
     """What verify asks doctor: is Transformer Engine usable here (then upstream's TE functional case),
-    and the component versions for its report's env. Without a matrix: whether TE imports."""
+    the GPU's arch, and the line's components here ({name: {version, status}}, the report's env)."""
+
+    te_usable: bool
+    arch: str | None = None
+    components: dict[str, dict[str, str | None]] = field(default_factory=dict)
+
+
+def for_verify(series_path: Path | None) -> VerifyFacts:
+    """doctor's answer for verify; without a matrix: whether TE imports."""
     matrix = load_series(series_path).rocm if series_path is not None and Path(series_path).is_file() else None
     if matrix is None:
-        return {"te_usable": importlib.util.find_spec("transformer_engine") is not None, "components": {}, "arch": None}
+        return VerifyFacts(te_usable=importlib.util.find_spec("transformer_engine") is not None)
     report = component_report(matrix)
-    return {
-        "te_usable": report.usable("transformer_engine"),
-        "arch": report.arch,
-        "components": {r.name: {"version": r.version, "status": r.status} for r in report.rows},
-    }
+    return VerifyFacts(
+        te_usable=report.usable("transformer_engine"),
+        arch=report.arch,
+        components={r.name: {"version": r.version, "status": r.status} for r in report.rows},
+    )

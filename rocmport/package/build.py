@@ -17,6 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tomlkit
 
@@ -41,9 +42,13 @@ class Built:
     files: list[str] = field(default_factory=list)
     isolation: bool = True
     metadata: dict = field(default_factory=dict)
+    installable: dict[str, str | None] | None = None  # {python, error}: the wheel with the Python built for
+    dry_run: dict[str, Any] | None = None  # {would_install, cuda_only, error}: with --check-deps
 
-    def to_dict(self) -> dict:
-        return self.__dict__.copy()
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("installable", "dry_run")}
+        out.update({k: getattr(self, k) for k in ("installable", "dry_run") if getattr(self, k) is not None})
+        return out
 
 
 def count_builds(project: Path, series_dir: Path) -> int:
@@ -216,7 +221,7 @@ def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=prin
 
 @dataclass
 class ProjectBuild:
-    built: list[dict] = field(default_factory=list)  # Built.to_dict() of each upstream, with its pip dry run
+    built: list[Built] = field(default_factory=list)  # each upstream's, with its pip dry run
     problems: list[str] = field(default_factory=list)  # CUDA-only requirements left, or pulled by an install;
     # a wheel its Python cannot install
     python: str = ""  # the Python version the wheels were built for
@@ -251,12 +256,11 @@ def build_project(
         with output.progress(f"building {UPSTREAMS[name].distribution} from {tree}"):
             built = build_upstream(tree, name, number, out, say=say, python=interpreter)
         result.problems += [f"{name}: {f}: {r} is CUDA-only" for f, r in manifests.cuda_only_requirements(tree)]
-        record = built.to_dict()
         wheel = next(f for f in built.files if f.endswith(".whl"))
         # The wheel itself (its tags, its Requires-Python) must install with the Python it was built for.
         with output.progress(f"pip install --dry-run --no-deps {Path(wheel).name} with Python {version}"):
             _, refused = manifests.pip_dry_run([wheel], extra_args=("--no-deps",), python=interpreter)
-        record["installable"] = {"python": version, "error": refused}
+        built.installable = {"python": version, "error": refused}
         if refused:
             result.problems.append(
                 f"{name}: {Path(wheel).name} cannot be installed by Python {version} ({interpreter}): {refused}"
@@ -266,9 +270,9 @@ def build_project(
             with output.progress(f"pip install --dry-run {Path(wheel).name}"):
                 would, error = manifests.pip_dry_run(list(reversed(wheels)), python=interpreter)
             cuda = manifests.cuda_only_installs(would)
-            record["dry_run"] = {"would_install": would, "cuda_only": cuda, "error": error}
+            built.dry_run = {"would_install": would, "cuda_only": cuda, "error": error}
             result.problems += [f"{name}: installing {Path(wheel).name} would pull {', '.join(cuda)}"] if cuda else []
             if error and not refused:
                 warn(f"{name}: pip could not resolve the wheel's dependencies here: {error}")
-        result.built.append(record)
+        result.built.append(built)
     return result

@@ -3,7 +3,10 @@ ported work tree (branch, base, head, clean, series, apply status)."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packaging.version import InvalidVersion
 
@@ -12,12 +15,49 @@ from rocmport.config import Settings
 from rocmport.gitutil import git, is_git_dir, run_git
 from rocmport.patches.series import SeriesHead, load_series, series_heads
 from rocmport.port.worktree import read_state
-from rocmport.upstream.lock import load_lock_or_none
+from rocmport.upstream.lock import Lock, load_lock_or_none
 from rocmport.upstream.store import Store
 from rocmport.upstreams import NAMES
 
 
-def worktree_info(path: Path) -> dict | None:
+@dataclass
+class WorktreeInfo:
+    """A ported work tree: where, its branch, base and head, whether clean, and its apply state."""
+
+    path: str
+    branch: str | None
+    base: str | None
+    head: str
+    clean: bool
+    series: str | None = None
+    series_hash: str | None = None
+    apply_status: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ProjectStatus:
+    """`rocmport status`: the lock, whether the cache has each pinned commit, the work trees."""
+
+    lock: Lock | None
+    lock_path: str
+    cache_dir: str
+    cached: dict[str, bool] = field(default_factory=dict)
+    worktrees: dict[str, WorktreeInfo] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lock": self.lock.to_dict() if self.lock else None,
+            "lock_path": self.lock_path,
+            "cache_dir": self.cache_dir,
+            "cached": self.cached,
+            "worktrees": {name: w.to_dict() for name, w in self.worktrees.items()},
+        }
+
+
+def worktree_info(path: Path) -> WorktreeInfo | None:
     """Where a ported tree is and what it holds, or None when there is none."""
     if not (path / ".git").exists() or not is_git_dir(path):
         return None
@@ -29,16 +69,16 @@ def worktree_info(path: Path) -> dict | None:
     base = git("rev-parse", f"{base_tags[0]}^{{commit}}", cwd=path) if base_tags else None
     state = read_state(path)
     clean = run_git("status", "--porcelain", "-z", "--untracked-files=no", cwd=path).stdout.strip("\0") == ""
-    return {
-        "path": str(path),
-        "branch": branch,
-        "base": base,
-        "head": git("rev-parse", "HEAD", cwd=path),
-        "clean": clean,
-        "series": state.series if state else None,
-        "series_hash": state.series_hash if state else None,
-        "apply_status": state.status if state else None,
-    }
+    return WorktreeInfo(
+        path=str(path),
+        branch=branch,
+        base=base,
+        head=git("rev-parse", "HEAD", cwd=path),
+        clean=clean,
+        series=state.series if state else None,
+        series_hash=state.series_hash if state else None,
+        apply_status=state.status if state else None,
+    )
 
 
 def _admits(series: SeriesHead, version: str | None) -> bool:
@@ -48,7 +88,7 @@ def _admits(series: SeriesHead, version: str | None) -> bool:
         return False
 
 
-def status(settings: Settings) -> dict:
+def status(settings: Settings) -> ProjectStatus:
     lock = load_lock_or_none(settings.lock_path)
     store = Store(settings.cache_dir)
     cache = {}
@@ -64,10 +104,4 @@ def status(settings: Settings) -> dict:
         info = worktree_info(settings.worktree_path(name))
         if info:
             worktrees[name] = info
-    return {
-        "lock": lock.to_dict() if lock else None,
-        "lock_path": str(settings.lock_path),
-        "cache_dir": str(settings.cache_dir),
-        "cached": cache,
-        "worktrees": worktrees,
-    }
+    return ProjectStatus(lock, str(settings.lock_path), str(settings.cache_dir), cache, worktrees)

@@ -22,7 +22,7 @@ from rocmport.patches.series import all_series
 from rocmport.refresh.engine import Progress, abort_refresh, read_state, refresh
 from rocmport.refresh.report import markdown
 from rocmport.refresh.result import NEEDS_HUMAN, NOT_VERIFIED, RefreshResult, RefreshStatus
-from rocmport.refresh.summary import machine_paths, public, write_summary
+from rocmport.refresh.summary import machine_paths, write_summary
 from rocmport.release_line import ReleaseLine
 from rocmport.state import Invalid, expect, one_of, read_json, value_of, write_json
 from rocmport.upstream import package_index, refs
@@ -224,7 +224,7 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
             return {
                 "status": NEEDS_HUMAN,
                 "reason": result.why,
-                "summary": markdown(public(result), machine_paths(settings)),
+                "summary": markdown(result, machine_paths(settings)),
             }
         _bisectable_commits(root, cand, result)
         summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"

@@ -29,6 +29,8 @@ from rocmport.refresh.result import (
     PROMOTED,
     READY,
     UP_TO_DATE,
+    Conflict,
+    Hunk,
     PatchRow,
     Pinned,
     RefreshResult,
@@ -112,9 +114,7 @@ def refresh(
         settings, to, source=mlm.source, no_bridge=MEGATRON_BRIDGE.name not in old.upstreams, say=say, warn=warn
     )
     if {n: p.commit for n, p in new.upstreams.items()} == {n: p.commit for n, p in old.upstreams.items()}:
-        return RefreshResult(
-            UP_TO_DATE, to, old.to_dict(), new.to_dict(), notes=[f"the lock already pins {to}"]
-        ).settle(up_to_date=True)
+        return RefreshResult(UP_TO_DATE, to, old, new, notes=[f"the lock already pins {to}"]).settle(up_to_date=True)
     progress.finish(", ".join(f"{n} {to} resolved to {p.resolved_ref}" for n, p in new.upstreams.items()))
     progress.step("staging the series")
     settings.refresh_dir.mkdir(parents=True, exist_ok=True)
@@ -230,14 +230,8 @@ def _advance(settings: Settings, state: dict, say, warn, mode: str, progress: Pr
             state.update(status="conflict", conflict_in=name)
             _write_state(settings, state)
             result = _result(state, NEEDS_HUMAN)
-            result.conflict = {
-                "upstream": name,
-                "patch": bad["name"],
-                "files": bad["files"],
-                "hunks": bad["failed_hunks"],
-                "detail": bad["detail"],
-                "tree": report.tree,
-            }
+            hunks = [Hunk(h["file"], h["line"]) for h in bad["failed_hunks"]]
+            result.conflict = Conflict(name, bad["name"], bad["files"], hunks, bad["detail"], report.tree)
             return result.settle()
         state["applied"][name] = report.to_dict()
         state.pop("conflict_in", None)
@@ -264,7 +258,8 @@ def _merged_upstream(settings: Settings, st: StagedSeries, before, pin) -> dict[
 
 
 def _result(state: dict, status: RefreshStatus) -> RefreshResult:
-    return RefreshResult(status, state["to"], state["old_lock"], state["new_lock"])
+    old, new = (_lock_from(state[key], "refresh state") for key in ("old_lock", "new_lock"))
+    return RefreshResult(status, state["to"], old, new)
 
 
 def _finish(settings: Settings, state: dict, say, warn, progress: Progress) -> RefreshResult:

@@ -16,7 +16,7 @@ from rocmport.gitutil import FIXED_IDENTITY, git, run_git
 from rocmport.patches.series import select_series, split_header
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
-from rocmport.refresh.result import UpstreamOutcome
+from rocmport.refresh.result import CodemodChange, LostFile, RefreshResult, RefreshVerify, UpstreamOutcome
 from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
 from rocmport.upstreams import MEGATRON_LM
@@ -36,7 +36,7 @@ def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
     return aside.worktree_path(name)
 
 
-def codemod_changes(settings: Settings, old: Lock, name: str, new_report: dict) -> list[dict]:
+def codemod_changes(settings: Settings, old: Lock, name: str, new_report: dict) -> list[CodemodChange]:
     """Per codemod: sites and files on the old port vs the new, files it newly rewrites, and why each
     file it no longer rewrites dropped out (upstream deleted it, moved it, or changed it)."""
     old_layers: dict[str, dict] = {}
@@ -56,17 +56,15 @@ def codemod_changes(settings: Settings, old: Lock, name: str, new_report: dict) 
     for layer in new_report.get("codemods", []):
         before = old_layers.get(layer["name"], {"sites": 0, "files": []})
         rows.append(
-            {
-                "name": layer["name"],
-                "old_sites": before["sites"],
-                "new_sites": layer["sites"],
-                "old_files": len(before["files"]),
-                "new_files": len(layer["files"]),
-                "newly_rewritten": sorted(set(layer["files"]) - set(before["files"])),
-                "no_longer_rewritten": [
-                    {"file": f, "why": why[f]} for f in sorted(set(before["files"]) - set(layer["files"]))
-                ],
-            }
+            CodemodChange(
+                name=layer["name"],
+                old_sites=before["sites"],
+                new_sites=layer["sites"],
+                old_files=len(before["files"]),
+                new_files=len(layer["files"]),
+                newly_rewritten=sorted(set(layer["files"]) - set(before["files"])),
+                no_longer_rewritten=[LostFile(f, why[f]) for f in sorted(set(before["files"]) - set(layer["files"]))],
+            )
         )
     return rows
 
@@ -145,17 +143,15 @@ def _diff_of(patch_text: str | None, fallback: str) -> str:
     return split_header(patch_text)[1]
 
 
-def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: dict, say=print) -> dict:
+def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: dict, say=print) -> RefreshVerify:
     """Verify the new port; when a stage fails, verify the old port too and label each failure."""
     tree = rsettings.worktree_path(MEGATRON_LM.name)
     need = unmet_python(tree)
     if need:
-        return {
-            "skipped": f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
-            + python_setup_hint(need),
-            "stages": [],
-            "failed": [],
-        }
+        return RefreshVerify(
+            skipped=f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
+            + python_setup_hint(need)
+        )
     not_run = "refresh verifies imports and GPT training (stages 1-2); run `rocmport verify` for the rest"
 
     def options(at: Path):
@@ -175,13 +171,13 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
             checked, skipped={name: not_run for name in NAMES[2:]}
         )  # after imports and GPT training
 
-    new = run_verify(options(tree)).to_dict()
-    failed = [s["name"] for s in new["stages"] if s["status"] == "fail"]
-    out = {"mode": new["mode"], "stages": new["stages"], "failed": failed}
+    new = run_verify(options(tree))
+    failed = new.failed
+    out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed)
     if failed:
         old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
         before = {s.name: s.status for s in run_verify(options(old_tree)).stages}
-        out["labels"] = {
+        out.labels = {
             n: (
                 "also fails on the old pin: upstream or environment"
                 if before.get(n) == "fail"
@@ -201,11 +197,11 @@ _MEANING = {
 }
 
 
-def status_line(result: dict) -> str:
+def status_line(result: RefreshResult) -> str:
     """The status a reviewer reads first: the status word (`ready` only when verify ran and passed)
     and what it means, rendered from the result's ``status`` and ``why`` alone (never re-derived),
     so the PR body says what --json and the exit code say."""
-    return f"`{result['status']}`: " + _MEANING[result["status"]].format(why=result.get("why") or "")
+    return f"`{result.status}`: " + _MEANING[result.status].format(why=result.why or "")
 
 
 def portable(text: str, places: dict[str, str]) -> str:
@@ -219,75 +215,76 @@ def portable(text: str, places: dict[str, str]) -> str:
     return text
 
 
-def markdown(result: dict, places: dict[str, str] | None = None) -> str:
+def markdown(result: RefreshResult, places: dict[str, str] | None = None) -> str:
     """The PR body. ``places``: absolute path prefixes of this machine -> what the body says instead."""
-    lines = [f"# rocmport refresh to `{result['to']}`", ""]
+    lines = [f"# rocmport refresh to `{result.to}`", ""]
     lines += [f"**Status:** {status_line(result)}", ""]
     lines += ["| upstream | from | to |", "|---|---|---|"]
-    for name, pin in result["new_lock"]["upstreams"].items():
-        before = result["old_lock"]["upstreams"].get(name)
-        frm = f"`{before['resolved_ref']}` ({before['commit'][:12]})" if before else "—"
-        lines.append(f"| {name} | {frm} | `{pin['resolved_ref']}` ({pin['commit'][:12]}) |")
-    for name, before in result["old_lock"]["upstreams"].items():
-        if name not in result["new_lock"]["upstreams"]:
+    new_pins, old_pins = (
+        dict(sorted(result.new_lock.upstreams.items())),
+        dict(sorted(result.old_lock.upstreams.items())),
+    )
+    for name, pin in new_pins.items():
+        before = old_pins.get(name)
+        frm = f"`{before.resolved_ref}` ({before.commit[:12]})" if before else "—"
+        lines.append(f"| {name} | {frm} | `{pin.resolved_ref}` ({pin.commit[:12]}) |")
+    for name, before in old_pins.items():
+        if name not in new_pins:
             lines.append(
-                f"| {name} | `{before['resolved_ref']}` ({before['commit'][:12]}) | — (no companion release; no longer pinned) |"
+                f"| {name} | `{before.resolved_ref}` ({before.commit[:12]}) | — (no companion release; no longer pinned) |"
             )
-    if result.get("conflict"):
-        c = result["conflict"]
-        hunks = ", ".join(f"{h['file']}:{h['line']}" for h in c["hunks"]) or "—"
+    if result.conflict:
+        c = result.conflict
+        hunks = ", ".join(f"{h.file}:{h.line}" for h in c.hunks) or "—"
         lines += [
             "",
             "## Conflict",
             "",
-            f"`{c['patch']}` ({c['upstream']}) does not apply: {c['detail']}.",
-            f"Files: {', '.join(c['files'])}; hunks: {hunks}. Work tree: `{c['tree']}`.",
+            f"`{c.patch}` ({c.upstream}) does not apply: {c.detail}.",
+            f"Files: {', '.join(c.files)}; hunks: {hunks}. Work tree: `{c.tree}`.",
             "Resolve there, commit, then `rocmport refresh --continue` (or `--abort`).",
         ]
-    for name, up in result["upstreams"].items():
-        lines += ["", f"## {name}: patches ({'new series' if up['created'] else 'series'} `{up['series']}`)", ""]
-        if up["patches"]:
+    for name, up in result.upstreams.items():
+        lines += ["", f"## {name}: patches ({'new series' if up.created else 'series'} `{up.series}`)", ""]
+        if up.patches:
             lines += ["| patch | outcome | action | detail |", "|---|---|---|---|"]
-            lines += [
-                f"| `{p['name']}` | {p['bucket']} | {p['action']} | {p['evidence'] or p['detail']} |"
-                for p in up["patches"]
-            ]
+            lines += [f"| `{p.name}` | {p.bucket} | {p.action} | {p.evidence or p.detail} |" for p in up.patches]
         else:
             lines.append("No patches in this series.")
-        if up["dropped"]:
-            lines += ["", "Dropped (upstream has them):"] + [f"- `{n}`: {why}" for n, why in up["dropped"].items()]
-        if up["codemods"]:
+        if up.dropped:
+            lines += ["", "Dropped (upstream has them):"] + [f"- `{n}`: {why}" for n, why in up.dropped.items()]
+        if up.codemods:
             lines += ["", "| codemod | sites old → new | files old → new | newly rewritten |", "|---|---|---|---|"]
-            for c in up["codemods"]:
-                new_files = ", ".join(f"`{f}`" for f in c["newly_rewritten"][:5]) + (
-                    " …" if len(c["newly_rewritten"]) > 5 else ""
+            for cm in up.codemods:
+                new_files = ", ".join(f"`{f}`" for f in cm.newly_rewritten[:5]) + (
+                    " …" if len(cm.newly_rewritten) > 5 else ""
                 )
                 lines.append(
-                    f"| {c['name']} | {c['old_sites']} → {c['new_sites']} | {c['old_files']} → {c['new_files']} | {new_files or '—'} |"
+                    f"| {cm.name} | {cm.old_sites} → {cm.new_sites} | {cm.old_files} → {cm.new_files} | {new_files or '—'} |"
                 )
-            gone = [(c["name"], f) for c in up["codemods"] for f in c.get("no_longer_rewritten", [])]
+            gone = [(cm.name, f) for cm in up.codemods for f in cm.no_longer_rewritten]
             if gone:
-                lines += ["", "No longer rewritten:"] + [f"- {name}: `{f['file']}`: {f['why']}" for name, f in gone]
-    v = result.get("verify")
+                lines += ["", "No longer rewritten:"] + [f"- {name}: `{f.file}`: {f.why}" for name, f in gone]
+    v = result.verify
     lines += ["", "## Verify", ""]
     if v is None:
         lines.append("Skipped (`--no-verify`): this port is not verified.")
-    elif v.get("skipped"):
-        lines.append(f"Not run: {v['skipped']}. This port is not verified.")
+    elif v.skipped:
+        lines.append(f"Not run: {v.skipped}. This port is not verified.")
     else:
-        lines += [f"Mode: {v['mode']}.", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
-        for s in v["stages"]:
-            label = (v.get("labels") or {}).get(s["name"], "")
+        lines += [f"Mode: {v.mode}.", "", "| stage | status | seconds | reason |", "|---|---|---|---|"]
+        for s in v.stages:
+            label = (v.labels or {}).get(s.name, "")
             lines.append(
-                f"| {s['name']} | {s['status']} | {s.get('seconds', '')} | {s['reason']}{' — ' + label if label else ''} |"
+                f"| {s.name} | {s.status} | {round(s.seconds, 2)} | {s.reason}{' — ' + label if label else ''} |"
             )
-    if result.get("range_diff"):
+    if result.range_diff:
         lines += [
             "",
             "<details><summary>range-diff of the old vs new series</summary>",
             "",
             "```",
-            result["range_diff"],
+            result.range_diff,
             "```",
             "",
             "</details>",

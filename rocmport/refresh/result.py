@@ -1,6 +1,8 @@
-"""What a refresh produced, typed: the whole result, each upstream's outcome and each patch's row.
-`to_dict()` is the JSON of `refresh --json` and summary.json (with the file texts, which `public`
-in refresh/summary.py leaves out)."""
+"""What a refresh produced, typed: the whole result, each upstream's outcome and each patch's row, the
+conflict that stopped it, the verify it ran, and the locks before and after. The renderers (summary.md,
+the command's lines, the bot) read these; `to_dict()` is the JSON of `refresh --json` and summary.json
+(with the file texts, which `public` in refresh/summary.py leaves out), its shape held by
+tests/test_result_shapes.py."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
+from rocmport.upstream.lock import Lock
+from rocmport.verify.stages import StageResult
 
 # One status vocabulary for a refresh, the same in `refresh --json`, summary.json, summary.md (the PR
 # body), the exit code and the bot's record: ready (verify ran and passed), not-verified (carried
@@ -29,22 +33,63 @@ EXIT_CODES: dict[RefreshStatus, int] = {
 }
 
 
+@dataclass
+class Hunk:
+    file: str
+    line: int
+
+
+@dataclass
+class Conflict:
+    """The patch a refresh stopped at, for a human: where it does not apply and the tree to resolve it in."""
+
+    upstream: str
+    patch: str
+    files: list[str]
+    hunks: list[Hunk]
+    detail: str
+    tree: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RefreshVerify:
+    """The verify a refresh ran on the new port (stages 1-2), and when a stage failed, each failure
+    labelled against the old pin; or why it did not run (``skipped``)."""
+
+    mode: str = ""
+    stages: list[StageResult] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    labels: dict[str, str] | None = None  # failed stage -> what the old pin did
+    skipped: str | None = None  # why verify did not run (then no mode)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.skipped is not None:
+            return {"skipped": self.skipped, "stages": [], "failed": self.failed}
+        out: dict[str, Any] = {"mode": self.mode, "stages": [s.to_dict() for s in self.stages], "failed": self.failed}
+        if self.labels is not None:
+            out["labels"] = self.labels
+        return out
+
+
 def derive_status(
-    *, conflict: dict | None, verify: dict | None, problems: list[str], up_to_date: bool = False
+    *, conflict: Conflict | None, verify: RefreshVerify | None, problems: list[str], up_to_date: bool = False
 ) -> tuple[RefreshStatus, str]:
     """The status of a refresh and why, from what it found (``verify`` None: --no-verify)."""
     if up_to_date:
         return UP_TO_DATE, "the lock already pins it"
     if conflict:
-        return NEEDS_HUMAN, f"conflict in {conflict['patch']}"
-    if verify is not None and verify.get("failed"):
-        return NEEDS_HUMAN, f"verify failed: {', '.join(verify['failed'])}"
+        return NEEDS_HUMAN, f"conflict in {conflict.patch}"
+    if verify is not None and verify.failed:
+        return NEEDS_HUMAN, f"verify failed: {', '.join(verify.failed)}"
     if problems:
         return NEEDS_HUMAN, "; ".join(problems)
     if verify is None:
         return NOT_VERIFIED, "verify was skipped (--no-verify)"
-    if verify.get("skipped"):
-        return NOT_VERIFIED, f"verify did not run: {verify['skipped']}"
+    if verify.skipped:
+        return NOT_VERIFIED, f"verify did not run: {verify.skipped}"
     return READY, "verify ran and passed"
 
 
@@ -67,6 +112,27 @@ class PatchRow:
 
 
 @dataclass
+class LostFile:
+    """A file a codemod rewrote on the old port and no longer does, and why (what upstream did to it)."""
+
+    file: str
+    why: str
+
+
+@dataclass
+class CodemodChange:
+    """One codemod's sites and files on the old port vs the new (refresh/report.codemod_changes)."""
+
+    name: str
+    old_sites: int
+    new_sites: int
+    old_files: int
+    new_files: int
+    newly_rewritten: list[str] = field(default_factory=list)
+    no_longer_rewritten: list[LostFile] = field(default_factory=list)
+
+
+@dataclass
 class Pinned:
     ref: str
     commit: str
@@ -86,7 +152,7 @@ class UpstreamOutcome:
     dropped_texts: dict[str, str] = field(default_factory=dict)  # patch file -> its text before the drop
     series_text: str = ""  # the refreshed series file, dropped patches still listed
     series_text_final: str = ""  # ... and without them
-    codemods: list[dict[str, Any]] = field(default_factory=list)  # refresh/report.codemod_changes
+    codemods: list[CodemodChange] = field(default_factory=list)
     from_: Pinned | None = None  # the old pin (None: the upstream was not pinned before)
     to: Pinned | None = None
 
@@ -100,11 +166,11 @@ class UpstreamOutcome:
 class RefreshResult:
     status: RefreshStatus
     to: str
-    old_lock: dict
-    new_lock: dict
+    old_lock: Lock
+    new_lock: Lock
     upstreams: dict[str, UpstreamOutcome] = field(default_factory=dict)
-    verify: dict | None = None
-    conflict: dict | None = None
+    verify: RefreshVerify | None = None
+    conflict: Conflict | None = None
     range_diff: str = ""
     seconds: float = 0.0
     promoted: list[str] = field(default_factory=list)
@@ -124,6 +190,18 @@ class RefreshResult:
         return EXIT_CODES[self.status]
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["upstreams"] = {name: outcome.to_dict() for name, outcome in self.upstreams.items()}
-        return data
+        return {
+            "status": self.status,
+            "to": self.to,
+            "old_lock": self.old_lock.to_dict(),
+            "new_lock": self.new_lock.to_dict(),
+            "upstreams": {name: outcome.to_dict() for name, outcome in self.upstreams.items()},
+            "verify": self.verify.to_dict() if self.verify else None,
+            "conflict": self.conflict.to_dict() if self.conflict else None,
+            "range_diff": self.range_diff,
+            "seconds": self.seconds,
+            "promoted": list(self.promoted),
+            "notes": list(self.notes),
+            "problems": list(self.problems),
+            "why": self.why,
+        }

@@ -44,5 +44,5 @@ def write_summary(result: RefreshResult, directory: Path, settings: Settings) ->
     written atomically."""
     data = public(result)
     atomic_write_text(directory / "summary.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(directory / "summary.md", markdown(data, machine_paths(settings)))
+    atomic_write_text(directory / "summary.md", markdown(result, machine_paths(settings)))
     return directory / "summary.md"

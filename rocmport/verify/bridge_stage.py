@@ -11,7 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 from rocmport.machine.python import declared_unmet, distributions_of, unmet_python
@@ -126,6 +128,17 @@ def bridge_command(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, ou
     )
 
 
+@dataclass
+class BridgeTraining:
+    """Stage 5's losses (`bridge_training` of the report): a GPT built by Bridge's GPTModelProvider."""
+
+    losses: list[float]
+    tied_embeddings_equal: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"losses": self.losses, "tied_embeddings_equal": self.tied_embeddings_equal}
+
+
 def stage_bridge(
     bridge_tree: Path,
     env: dict,
@@ -135,14 +148,14 @@ def stage_bridge(
     iters: int,
     launcher: Launcher = Launcher(),
     te: str | None = None,
-) -> tuple[StageResult, dict]:
+) -> tuple[StageResult, BridgeTraining | None]:
     """``te``: the description of TE's Python layer when the GPTModelProvider uses Bridge's TE spec."""
     start = time.monotonic()
     need = unmet_python(bridge_tree)
     if need:
         return StageResult(
             "bridge", SKIPPED, f"{bridge_tree} requires Python {need}; this is Python {sys.version.split()[0]}"
-        ), {}
+        ), None
     env = bridge_env(env, bridge_tree)
     mods = _modules(bridge_tree)
     proc = subprocess.run(
@@ -157,7 +170,7 @@ def stage_bridge(
     if line is None:
         return StageResult(
             "bridge", FAIL, f"the import probe crashed: {_last_error(proc)}", time.monotonic() - start
-        ), {}
+        ), None
     failed = {m: r for m, r in json.loads(line.split(" ", 1)[1]).items() if r}
     unmet = declared_unmet(bridge_tree, PROVIDED)
     details = {"modules": mods, **({"declared_unmet": unmet} if unmet else {})}
@@ -170,17 +183,17 @@ def stage_bridge(
             f"{m}: {r['error']}{missing}{_blame_environment(r, unmet)}",
             time.monotonic() - start,
             {**details, "failures": failed},
-        ), {}
+        ), None
     with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
         out = Path(tmp) / "bridge.json"
         run = launch(bridge_command(launcher, tp, pp, dp, iters, out, te=te is not None), env, bridge_tree)
         data = json.loads(out.read_text()) if out.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
-        return took_part("bridge", launcher, time.monotonic() - start), {}
+        return took_part("bridge", launcher, time.monotonic() - start), None
     if data and "unsupported" in data:
         return StageResult(
             "bridge", UNSUPPORTED, unsupported_why(data["unsupported"]), time.monotonic() - start, details
-        ), {}
+        ), None
     if run.returncode != 0 or not data:
         return StageResult(
             "bridge",
@@ -188,9 +201,9 @@ def stage_bridge(
             f"training through GPTModelProvider failed: {_last_error(run)}",
             time.monotonic() - start,
             details,
-        ), {}
+        ), None
     losses = data["losses"]
-    training = {"losses": losses, "tied_embeddings_equal": data["tied_embeddings_equal"]}
+    training = BridgeTraining(losses, data["tied_embeddings_equal"])
     problems = []
     if not losses or losses[-1] >= losses[0]:
         problems.append(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rocmport.config import DEFAULT_PP, DEFAULT_TP
 from rocmport.verify import hip_sim, suite
@@ -108,7 +108,8 @@ class StageRun:
     """A stage's result, and what it adds to the report under its `Stage.report_key`."""
 
     result: StageResult
-    data: dict = field(default_factory=dict)
+    # stage 2: Training, stage 4: FunctionalRun, stage 5: BridgeTraining; None: nothing to add
+    data: Any = None
 
 
 class Stage(ABC):

@@ -14,6 +14,7 @@ import re
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,17 @@ def params_norms(log: str) -> dict[int, float]:
     return {int(it): float(v) for it, v in _PARAMS_NORM_RE.findall(log)}
 
 
-def resume_support(tree: Path) -> dict[str, bool]:
+@dataclass
+class ResumeSupport:
+    """What the tree's training loop can do for stage 4's checkpoint resume (resume_support)."""
+
+    ckpt_step: bool
+    async_save: bool
+    async_strategy: bool
+    first_two_logged_together: bool
+
+
+def resume_support(tree: Path) -> ResumeSupport:
     """Whether the tree's training loop can load a chosen checkpoint step (`--ckpt-step`) and save
     asynchronously with a persistent worker (`--async-save --use-persistent-ckpt-worker`), through a
     chosen writer (`--async-strategy`, v0.17+), and
@@ -218,12 +229,12 @@ def resume_support(tree: Path) -> dict[str, bool]:
     text = "".join(
         p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py"))
     )
-    return {
-        "ckpt_step": "ckpt_step" in text,
-        "async_save": "async_save" in text and "use_persistent_ckpt_worker" in text,
-        "async_strategy": "async_strategy" in text,
-        "first_two_logged_together": "should_reset = not is_first_iteration" in text,
-    }
+    return ResumeSupport(
+        ckpt_step="ckpt_step" in text,
+        async_save="async_save" in text and "use_persistent_ckpt_worker" in text,
+        async_strategy="async_strategy" in text,
+        first_two_logged_together="should_reset = not is_first_iteration" in text,
+    )
 
 
 def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_together: bool) -> dict[int, float]:
@@ -418,6 +429,42 @@ def _failure(
     return StageResult("functional", FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
 
 
+@dataclass
+class FunctionalRun:
+    """Stage 4's details (`functional` of the report, and its stage's own keys): the case and the command
+    that ran it, its losses, the proxy's swaps and the arguments verify chose, the log's tail, and what
+    was checked: the checkpoint resume, the golden, upstream's A100 golden (each a mapping, absent when
+    not checked)."""
+
+    case: str
+    command: str
+    losses: list[float]
+    iters: int
+    proxy_env: dict[str, str] = field(default_factory=dict)
+    chosen_args: dict[str, str] = field(default_factory=dict)
+    log_tail: list[str] = field(default_factory=list)
+    redirects: dict[str, int] | None = None  # CPU proxy only
+    resume_log_tail: list[str] | None = None
+    resume: dict[str, Any] | None = None
+    golden: dict[str, Any] | None = None
+    upstream_golden_a100: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "case": self.case,
+            "command": self.command,
+            "losses": self.losses,
+            "iters": self.iters,
+            "proxy_env": self.proxy_env,
+            "chosen_args": self.chosen_args,
+            "log_tail": self.log_tail,
+        }
+        for key in ("redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
 def stage_functional(
     tree: Path,
     env: dict,
@@ -435,7 +482,7 @@ def stage_functional(
     resume: bool = True,
     hip: str | None = None,
     rocm: bool = False,
-) -> tuple[StageResult, dict]:
+) -> tuple[StageResult, FunctionalRun | None]:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
     the remaining iterations. ``hip``: the simulated ROCm version (proxy), for the report;
@@ -445,10 +492,10 @@ def stage_functional(
     if not (tree / "pretrain_gpt.py").is_file():
         return StageResult(
             "functional", SKIPPED, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
-        ), {}
+        ), None
     if not (cdir / "model_config.yaml").is_file():
         text = f"upstream has no functional case {case} ({CASES / case}); pass --case NAME (e.g. {', '.join(cases_near(tree))})"
-        return StageResult("functional", SKIPPED if defaulted else FAIL, text), {}
+        return StageResult("functional", SKIPPED if defaulted else FAIL, text), None
     config = load_case(tree, case)
     support = resume_support(tree)
     half = iters // 2
@@ -456,9 +503,9 @@ def stage_functional(
         work = Path(tmp)
         save = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": half}
         chosen: dict[str, str] = {}
-        if support["async_save"]:
+        if support.async_save:
             save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
-            if support["async_strategy"] and not rocm and not nvrx_usable(env):
+            if support.async_strategy and not rocm and not nvrx_usable(env):
                 # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
                 # (async-save-strategy), the CUDA path keeps upstream's default, which needs the package.
                 save["--async-strategy"] = "mcore"
@@ -479,20 +526,20 @@ def stage_functional(
         steps = loss_steps(proc.stdout + proc.stderr)
         losses = [steps[i] for i in sorted(steps)]
         if proc.returncode == 0 and not losses and launcher.multi_node:
-            return took_part("functional", launcher, time.monotonic() - start), {}
-        details: dict[str, Any] = {
-            "case": case,
-            "command": " ".join(cmd),
-            "losses": losses,
-            "iters": iters,
-            "proxy_env": swaps,
-            "chosen_args": chosen,
-            "log_tail": [ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:],
-        }
+            return took_part("functional", launcher, time.monotonic() - start), None
+        run = FunctionalRun(
+            case=case,
+            command=" ".join(cmd),
+            losses=losses,
+            iters=iters,
+            proxy_env=swaps,
+            chosen_args=chosen,
+            log_tail=[ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:],
+        )
         if proxy:
             from rocmport.verify.proxy_shim import read_redirects
 
-            details["redirects"] = read_redirects(work / "shim")
+            run.redirects = read_redirects(work / "shim")
         hook = work / "shim" / "unsupported.txt"
         if proxy and hook.is_file():
             return StageResult(
@@ -500,17 +547,17 @@ def stage_functional(
                 UNSUPPORTED,
                 f"proxy shim hook missing: {hook.read_text()}",
                 time.monotonic() - start,
-                details,
-            ), details
+                run.to_dict(),
+            ), run
         if proc.returncode != 0 or len(losses) < iters:
             what = f"pretrain_gpt.py (after {len(losses)} of {iters} iterations)"
-            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, details)
-            return res, details
+            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, run.to_dict())
+            return res, run
         reason = f"{case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations"
         problems = []
         if losses[-1] >= losses[0]:
             problems.append(f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
-        if resume and half >= 1 and support["ckpt_step"]:
+        if resume and half >= 1 and support.ckpt_step:
             again = {
                 **save,
                 "--ckpt-step": half,
@@ -525,32 +572,36 @@ def stage_functional(
             rlog = rproc.stdout + rproc.stderr
             rsteps = loss_steps(rlog)
             wanted = list(range(half + 1, iters + 1))
-            details["resume_log_tail"] = [ln for ln in rproc.stderr.splitlines() if "rank0" in ln or "Error" in ln][
-                -15:
-            ]
+            run.resume_log_tail = [ln for ln in rproc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]
             if rproc.returncode != 0 or any(i not in rsteps for i in wanted):
                 return _failure(
-                    rproc, tree, proxy, hip, f"the run resumed from iteration {half}", time.monotonic() - start, details
-                ), details
-            expected = expected_resumed(steps, half, iters, support["first_two_logged_together"])
+                    rproc,
+                    tree,
+                    proxy,
+                    hip,
+                    f"the run resumed from iteration {half}",
+                    time.monotonic() - start,
+                    run.to_dict(),
+                ), run
+            expected = expected_resumed(steps, half, iters, support.first_two_logged_together)
             diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
             norms, rnorms = params_norms(proc.stdout + proc.stderr), params_norms(rlog)
             norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
             tol = RESUME_TOLERANCE[proxy]
-            details["resume"] = {
+            run.resume = resumed = {
                 "from_iteration": half,
                 "loaded_iteration": loaded_iteration(rlog),
                 "max_abs_diff": diff,
                 "tolerance": tol,
-                "async_save": support["async_save"],
+                "async_save": support.async_save,
                 "losses": [rsteps[i] for i in wanted],
             }
             if norm_diff is not None:
-                details["resume"]["params_norm_max_abs_diff"] = norm_diff
-            if support["first_two_logged_together"] and half + 2 <= iters:
-                details["resume"]["averaged_iteration"] = half + 2
+                resumed["params_norm_max_abs_diff"] = norm_diff
+            if support.first_two_logged_together and half + 2 <= iters:
+                resumed["averaged_iteration"] = half + 2
             reason += (
-                f"; resumed from the iteration-{half} checkpoint ({'async ' if support['async_save'] else ''}torch_dist): "
+                f"; resumed from the iteration-{half} checkpoint ({'async ' if support.async_save else ''}torch_dist): "
                 f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
             )
             if norm_diff is not None:
@@ -559,15 +610,15 @@ def stage_functional(
                     problems.append(
                         f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})"
                     )
-            if details["resume"]["loaded_iteration"] != half:
+            if resumed["loaded_iteration"] != half:
                 problems.append(
-                    f"the resumed run did not load iteration {half} (it says {details['resume']['loaded_iteration']})"
+                    f"the resumed run did not load iteration {half} (it says {resumed['loaded_iteration']})"
                 )
             if diff > tol:
                 problems.append(f"resumed losses differ from the uninterrupted run's by {diff:.3g} > {tol:g}")
         elif resume:
             why = "fewer than 2 iterations" if half < 1 else "the tree's training loop has no --ckpt-step"
-            details["resume"] = {"skipped": why}
+            run.resume = {"skipped": why}
             reason += f"; checkpoint resume not checked ({why})"
         recorded = recorded_args(args, work)
     seconds = time.monotonic() - start
@@ -597,14 +648,15 @@ def stage_functional(
             reason += f"; golden recorded in {golden}"
         elif golden.is_file():
             ref = json.loads(golden.read_text())
-            details["golden"] = {"path": str(golden)}
+            compared: dict[str, Any] = {"path": str(golden)}
+            run.golden = compared
             if ref.get("args") != recorded:
                 why = (
                     _args_difference(recorded, ref["args"])
                     if ref.get("args")
                     else "the golden records no args; re-record it"
                 )
-                details["golden"]["other_args"] = why
+                compared["other_args"] = why
                 reason += f"; golden made with other args, not compared ({why})"
             else:
                 n = min(len(ref["losses"]), len(losses))
@@ -614,7 +666,7 @@ def stage_functional(
                     else float("inf")
                 )
                 tol = TOLERANCE.get(device_kind.split("-te")[0], 0.05)  # cpu-proxy-te<version>: the proxy's bound
-                details["golden"].update({"max_rel_drift": drift, "tolerance": tol, "hip_sim": ref.get("hip_sim")})
+                compared.update({"max_rel_drift": drift, "tolerance": tol, "hip_sim": ref.get("hip_sim")})
                 reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
                 if drift > tol:
                     problems.append(f"losses drift from the golden by {drift:.3g} > {tol:g} ({golden})")
@@ -624,8 +676,8 @@ def stage_functional(
     if data_path:
         reference = upstream_golden(cdir, losses)
         if reference:
-            details["upstream_golden_a100"] = reference
+            run.upstream_golden_a100 = reference
             reason += f"; upstream's A100 golden (reference only): {reference['summary']}"
     if problems:
         reason = "; ".join(problems) + f" [{reason}]"
-    return StageResult("functional", status, reason, seconds, details), details
+    return StageResult("functional", status, reason, seconds, run.to_dict()), run

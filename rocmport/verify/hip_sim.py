@@ -218,11 +218,23 @@ def child_env(version: str, gfx: str = DEFAULT_ARCH) -> dict[str, str | None]:
     }
 
 
-def summary(version: str | None, gfx: str = DEFAULT_ARCH) -> dict | None:
+@dataclass
+class HipSim:
+    """The HIP simulation a CPU-proxy run had (`hip_sim` of the report)."""
+
+    version: str
+    arch: str
+    device: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"version": self.version, "arch": self.arch, "device": self.device}
+
+
+def summary(version: str | None, gfx: str = DEFAULT_ARCH) -> HipSim | None:
     """The report's `hip_sim`: {version, arch, device} (None when the simulation is off)."""
     if not version:
         return None
-    return {"version": version, "arch": gfx, "device": SIM_DEVICES[gfx].name}
+    return HipSim(version, gfx, SIM_DEVICES[gfx].name)
 
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')

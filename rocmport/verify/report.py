@@ -1,4 +1,5 @@
-"""verify's report: a stable JSON schema, JUnit XML, and a human summary with a text loss plot."""
+"""verify's report: a stable JSON schema (VerifyReport.to_dict(), written here: the JSON boundary), JUnit
+XML from the typed report, and a text loss plot for the human summary."""
 
 from __future__ import annotations
 
@@ -6,9 +7,17 @@ import json
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rocmport.fsutil import atomic_write_text
+from rocmport.verify.registry import UnitTests
+from rocmport.verify.stages import StageResult
 from rocmport.verify.unit_tests import BLOCKING
+
+if TYPE_CHECKING:
+    from rocmport.verify.result import VerifyReport
 
 LAST = "last.json"  # the last verify's report, in verify_dir: what `rocmport status` shows
 
@@ -23,7 +32,7 @@ SCHEMA = """\
  port_sites: {<codemod>: {exercised, total, rewrites, unreached: {<site>: <reason>}, explanation}}}"""
 
 
-def write_json(report: dict, path) -> None:
+def write_json(report: dict[str, Any], path) -> None:
     atomic_write_text(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
@@ -32,67 +41,96 @@ def verify_dir(project: Path) -> Path:
     return Path(project) / "build" / "verify"
 
 
-def default_path(project: Path, report: dict) -> Path:
+def default_path(project: Path, report: VerifyReport) -> Path:
     """build/verify/<line, or the tree's directory name>-<UTC time>.json ("v0.19-20261126T013000Z.json")."""
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", report.get("line") or Path(report["tree"]).name) or "tree"
-    return verify_dir(project) / f"{name}-{re.sub(r'[^0-9TZ]', '', report.get('started') or '')}.json"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", report.line or Path(report.tree).name) or "tree"
+    return verify_dir(project) / f"{name}-{re.sub(r'[^0-9TZ]', '', report.started or '')}.json"
 
 
-def write_last(project: Path, report: dict, written: Path | None) -> Path:
-    """last.json: the report, with where it was written (None: it could not be)."""
+def write_last(project: Path, data: dict[str, Any], written: Path | None) -> Path:
+    """last.json: the report's JSON, with where it was written (None: it could not be)."""
     path = verify_dir(project) / LAST
-    write_json({**report, "report": str(written) if written else None}, path)
+    write_json({**data, "report": str(written) if written else None}, path)
     return path
 
 
-def last_verify(project: Path) -> dict | None:
-    """What `rocmport status` shows of the last verify run here: when, the tree and its commit, the
-    verdict, the report; None when verify has not written one; {"error": ...} when it cannot be read."""
+@dataclass
+class LastVerify:
+    """What `rocmport status` shows of the last verify run here (last.json, read back): when, the tree
+    and its commit, the verdict, the report; or ``error`` when last.json cannot be read."""
+
+    path: str
+    started: str | None = None
+    tree: str = ""
+    line: str | None = None
+    commit: str | None = None
+    verdict: str | None = None
+    failed: list[str] = field(default_factory=list)
+    report: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"error": self.error, "path": self.path}
+        return {
+            "started": self.started,
+            "tree": self.tree,
+            "line": self.line,
+            "commit": self.commit,
+            "verdict": self.verdict,
+            "failed": self.failed,
+            "report": self.report,
+            "path": self.path,
+        }
+
+
+def last_verify(project: Path) -> LastVerify | None:
+    """The last verify run here; None when verify has not written one."""
     path = verify_dir(project) / LAST
     if not path.is_file():
         return None
     try:
         r = json.loads(path.read_text(encoding="utf-8"))
-        return {
-            "started": r.get("started"),
-            "tree": r["tree"],
-            "line": r.get("line"),
-            "commit": r.get("commit"),
-            "verdict": r.get("verdict"),
-            "failed": [s["name"] for s in r["stages"] if s["status"] == "fail"],
-            "report": r.get("report"),
-            "path": str(path),
-        }
+        return LastVerify(
+            path=str(path),
+            started=r.get("started"),
+            tree=r["tree"],
+            line=r.get("line"),
+            commit=r.get("commit"),
+            verdict=r.get("verdict"),
+            failed=[s["name"] for s in r["stages"] if s["status"] == "fail"],
+            report=r.get("report"),
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        return {
-            "error": f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it",
-            "path": str(path),
-        }
+        return LastVerify(
+            path=str(path),
+            error=f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it",
+        )
 
 
-def junit_xml(report: dict) -> str:
+def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:
     """A test suite of the stages (one test case each) and, when stage 3 ran, one of upstream's unit
     tests (a test case per test id: a blocking label is a failure, any other label or a skip is
     skipped with the label and its reason)."""
     root = ET.Element("testsuites", name="rocmport.verify")
-    stages = report["stages"]
     suite = ET.SubElement(
         root,
         "testsuite",
         name="rocmport.verify.stages",
         tests=str(len(stages)),
-        failures=str(sum(s["status"] == "fail" for s in stages)),
-        skipped=str(sum(s["status"] in ("skipped", "unsupported-in-proxy") for s in stages)),
+        failures=str(sum(s.status == "fail" for s in stages)),
+        skipped=str(sum(s.status in ("skipped", "unsupported-in-proxy") for s in stages)),
     )
     for s in stages:
         case = ET.SubElement(
-            suite, "testcase", classname=f"rocmport.verify.{report['mode']}", name=s["name"], time=str(s["seconds"])
+            suite, "testcase", classname=f"rocmport.verify.{mode}", name=s.name, time=str(round(s.seconds, 2))
         )
-        if s["status"] == "fail":
-            ET.SubElement(case, "failure", message=s["reason"][:500]).text = s["reason"]
-        elif s["status"] != "pass":
-            ET.SubElement(case, "skipped", message=f"{s['status']}: {s['reason']}"[:500])
-    unit = next((s for s in stages if s["name"] == "unit-tests" and (s.get("outcomes") or s.get("files"))), None)
+        if s.status == "fail":
+            ET.SubElement(case, "failure", message=s.reason[:500]).text = s.reason
+        elif s.status != "pass":
+            ET.SubElement(case, "skipped", message=f"{s.status}: {s.reason}"[:500])
+    stage3 = next((s for s in stages if s.name == UnitTests.name), None)
+    unit = stage3.details if stage3 and (stage3.details.get("outcomes") or stage3.details.get("files")) else None
     if unit:
         labels = unit.get("labels", {})
         # a selected file that did not run (label not-run) is a failing case too: never left out

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,11 +20,12 @@ from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.machine import probe, python
-from rocmport.verify import environment, firewall, hip_sim, stages, suite, summary, te_layer
+from rocmport.verify import environment, firewall, hip_sim, port_sites, stages, suite, te_layer
 from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.registry import NAMES, STAGES
+from rocmport.verify.result import ReportEnv, VerifyReport
 from rocmport.verify.stages import StageResult
 from rocmport.verify.te_layer import TELayer
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
@@ -41,68 +41,6 @@ __all__ = [
     "run_verify",
     "launch_plan",
 ]
-
-
-@dataclass
-class VerifyReport:
-    """verify's report (README: "Report"); ``to_dict()`` is the JSON."""
-
-    mode: Mode
-    backend: str
-    world_size: int
-    tp: int
-    pp: int
-    dp: int
-    tree: str
-    hip_sim: dict | None
-    env: dict
-    launcher: dict
-    stages: list[StageResult] = field(default_factory=list)
-    training: dict = field(default_factory=dict)
-    functional: dict = field(default_factory=dict)
-    bridge_training: dict = field(default_factory=dict)
-    port_sites: dict = field(default_factory=dict)
-    bridge_port_sites: dict | None = None
-    te: TELayer | None = None
-    line: str | None = None  # the release line of the series the tree was ported with ("v0.19"), None for another tree
-    commit: str | None = None  # the tree's HEAD when verify ran
-    started: str = ""  # when verify ran: UTC, ISO 8601 ("2026-11-26T01:30:00Z")
-
-    def stage(self, name: str) -> StageResult | None:
-        return next((s for s in self.stages if s.name == name), None)
-
-    @property
-    def failed(self) -> list[str]:
-        return [s.name for s in self.stages if s.status == stages.FAIL]
-
-    def to_dict(self) -> dict:
-        out = {
-            "mode": self.mode,
-            "backend": self.backend,
-            "world_size": self.world_size,
-            "tp": self.tp,
-            "pp": self.pp,
-            "dp": self.dp,
-            "tree": self.tree,
-            "line": self.line,
-            "commit": self.commit,
-            "started": self.started,
-            "hip_sim": self.hip_sim,
-            "env": self.env,
-            "launcher": self.launcher,
-            "stages": [s.to_dict() for s in self.stages],
-            "training": self.training,
-            "port_sites": self.port_sites,
-            "te": self.te.to_dict() if self.te else None,
-        }
-        if self.functional:
-            out["functional"] = self.functional
-        if self.bridge_training:
-            out["bridge_training"] = self.bridge_training
-        if self.bridge_port_sites is not None:
-            out["bridge_port_sites"] = self.bridge_port_sites
-        out["verdict"] = summary.verdict(out)  # the summary's first line, for machines and `rocmport status` too
-        return out
 
 
 def tree_identity(tree: Path) -> tuple[str | None, str | None]:
@@ -242,13 +180,8 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         commit=commit,
         started=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         hip_sim=hip_sim.summary(hip_version, opts.hip_arch),
-        env={
-            **machine.to_dict(),
-            "launcher_env": applied_launch_env,
-            "firewall_profile": profile,
-            "components": _component_versions(tree),
-        },
-        launcher=launcher.to_dict(),
+        env=ReportEnv(machine, applied_launch_env, profile, _component_versions(tree)),
+        launcher=launcher,
         te=opts.te,
     )
 
@@ -293,7 +226,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             else:
                 ran = stage.run(ctx)
                 report.stages.append(ran.result)
-                if stage.report_key:
+                if stage.report_key and ran.data:
                     setattr(report, stage.report_key, ran.data)
                 imports_failed = imports_failed or (not stage.after_imports and ran.result.status == stages.FAIL)
         te_version = opts.te.version if opts.te else None
@@ -315,28 +248,24 @@ def device_arch(mode: str, machine: probe.Environment, simulated: str | None) ->
     return None
 
 
-def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> dict:
+def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> dict[str, port_sites.Coverage]:
     """port_sites of the report: per codemod of the tree's port, the rewritten helper call sites
     that ran in this verify run ({} for a tree `rocmport apply` did not make)."""
-    from rocmport.verify import port_sites
-
     state = wt.read_state(tree)
     if state is None or not state.base:
         return {}
     sites = port_sites.find_sites(tree, state.base)
     calls, modules = port_sites.read_records(sites_dir, tree)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
-    return {
-        name: cov.to_dict() for name, cov in port_sites.coverage(sites, calls, modules, codemods, te_version).items()
-    }
+    return port_sites.coverage(sites, calls, modules, codemods, te_version)
 
 
-def _component_versions(tree: Path) -> dict:
+def _component_versions(tree: Path) -> dict[str, dict[str, str | None]]:
     """doctor's view of the line's ROCm components here: {name: {version, status}} for the report's env."""
     from rocmport.machine.doctor import for_verify
 
     _, series_dir, _ = series_settings(tree)
-    return for_verify(series_dir / "series" if series_dir else None)["components"]
+    return for_verify(series_dir / "series" if series_dir else None).components
 
 
 def series_settings(tree: Path) -> tuple[suite.VerifySettings, Path | None, str | None]:
@@ -436,7 +365,7 @@ def functional_options(
         )
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
     # or where TE's Python layer runs on the CPU proxy (--te).
-    te_usable = te or for_verify(series_dir / "series" if series_dir else None)["te_usable"]
+    te_usable = te or for_verify(series_dir / "series" if series_dir else None).te_usable
     chosen = case or default_case(tp, pp, te_usable, tree)
     if data_path is not None:
         # --data-path is upstream CI's data root ($DATA_PATH; the case names its files under it), taken

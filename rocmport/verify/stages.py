@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_LM
@@ -43,6 +44,34 @@ class StageResult:
             "seconds": round(self.seconds, 2),
             **self.details,
         }
+
+
+@dataclass
+class Training:
+    """Stage 2's losses (`training` of the report): the tp×pp×dp run against the tp1/pp1 reference from
+    the same weights, the tolerance they met, the torch.cuda calls answered on the CPU, and the MoE case
+    (its losses and check, or {"not_run": why})."""
+
+    losses: list[float]
+    reference_losses: list[float]
+    max_abs_diff: float
+    tied_embeddings_equal: bool
+    redirects: dict[str, int] = field(default_factory=dict)
+    tolerance: float = 0.0
+    moe: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "losses": self.losses,
+            "reference_losses": self.reference_losses,
+            "max_abs_diff": self.max_abs_diff,
+            "tied_embeddings_equal": self.tied_embeddings_equal,
+            "redirects": self.redirects,
+            "tolerance": self.tolerance,
+        }
+        if self.moe is not None:
+            out["moe"] = self.moe
+        return out
 
 
 IMPORT_PROBE = r"""
@@ -381,16 +410,17 @@ def stage_training(
     launcher: Launcher = Launcher(),
     te: str | None = None,
     moe_case: bool = True,
-) -> tuple[StageResult, dict]:
+) -> tuple[StageResult, Training | None]:
     """``te``: the description of the Transformer Engine layer the run uses (None: the local spec);
-    ``moe_case``: with TE, the MoE case too (where `moe_applies`)."""
+    ``moe_case``: with TE, the MoE case too (where `moe_applies`); the losses are None when the runs
+    did not produce them."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp_dir:
         tmp = Path(tmp_dir)
         cmds = training_commands(launcher, tp, pp, dp, iters, tmp, te=te is not None, moe=moe_case)
         stopped, ref_data, data = _pair(cmds, "", env, tree, tmp, launcher, "", f"tp{tp}/pp{pp}/dp{dp}")
         if stopped:
-            return stopped, {}
+            return stopped, None
         moe_stopped, moe_ref, moe_data = (
             _pair(
                 cmds,
@@ -411,15 +441,15 @@ def stage_training(
         if losses and len(losses) == len(ref_losses)
         else float("inf")
     )
-    training = {
-        "losses": losses,
-        "reference_losses": ref_losses,
-        "max_abs_diff": diff,
-        "tied_embeddings_equal": data["tied_embeddings_equal"],
-        "redirects": data.get("redirects", {}),
-    }
     tol = EQUIVALENCE_TOL.get(backend, 1e-3) * max([1.0, *(abs(x) for x in ref_losses)])
-    training["tolerance"] = tol
+    training = Training(
+        losses=losses,
+        reference_losses=ref_losses,
+        max_abs_diff=diff,
+        tied_embeddings_equal=data["tied_embeddings_equal"],
+        redirects=data.get("redirects", {}),
+        tolerance=tol,
+    )
     problems = []
     if not losses or losses[-1] >= losses[0]:
         problems.append(
@@ -435,7 +465,7 @@ def stage_training(
     if moe_data:
         moe, moe_problems = _moe_check(moe_ref["losses"], moe_data["losses"], tol, backend)
         moe["redirects"] = moe_data.get("redirects", {})
-        training["moe"] = moe
+        training.moe = moe
         problems += moe_problems
         moe_phrase = (
             f"; MoE ({MOE_EXPERTS} experts, top-2, grouped GEMM through TE's GroupedLinear, ep{MOE_EP}): loss "
@@ -443,13 +473,13 @@ def stage_training(
             f"max |Δ| {moe['max_abs_diff']:.2g} (≤ {moe['tolerance']:.2g})"
         )
     elif te and moe_applies(tp, dp, True, moe_case):
-        training["moe"] = {"not_run": moe_applies(tp, dp, True, moe_case)}
+        training.moe = {"not_run": moe_applies(tp, dp, True, moe_case)}
         moe_phrase = f"; MoE case not run: {moe_applies(tp, dp, True, moe_case)}"
     seconds = time.monotonic() - start
     if problems:
         return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
     if moe_stopped:  # the dense model passed; the MoE case did not run to the end: never a pass
-        training["moe"] = {"not_run": moe_stopped.reason}
+        training.moe = {"not_run": moe_stopped.reason}
         return StageResult(
             "gpt-training",
             moe_stopped.status,

@@ -1,0 +1,159 @@
+"""verify's report, typed down to the renderers (summary.py, report.py's JUnit, the command's summary):
+they read attributes; ``to_dict()`` is the JSON (README: "Report"), written and printed only at the
+boundary (`--json`, the report file, last.json). Its keys and shape are held by tests/test_result_shapes.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rocmport.machine.probe import Environment
+from rocmport.verify.contract import Mode
+from rocmport.verify.launcher import Launcher
+from rocmport.verify.port_sites import Coverage
+from rocmport.verify.registry import UnitTests
+from rocmport.verify.bridge_stage import BridgeTraining
+from rocmport.verify.functional import FunctionalRun
+from rocmport.verify.hip_sim import HipSim
+from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, Training
+from rocmport.verify.te_layer import TELayer
+from rocmport.verify.unit_tests import BLOCKING
+
+
+@dataclass
+class ReportEnv:
+    """Where it ran (`env` of the report): the machine probe, the launch profile the processes got, the
+    firewall profile, and the line's ROCm components here ({name: {version, status}})."""
+
+    machine: Environment
+    launcher_env: dict[str, str] = field(default_factory=dict)
+    firewall_profile: str = ""
+    components: dict[str, dict[str, str | None]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.machine.to_dict(),
+            "launcher_env": self.launcher_env,
+            "firewall_profile": self.firewall_profile,
+            "components": self.components,
+        }
+
+
+@dataclass
+class VerifyReport:
+    """verify's report (README: "Report"); ``to_dict()`` is the JSON."""
+
+    mode: Mode
+    backend: str
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    tree: str
+    hip_sim: HipSim | None
+    env: ReportEnv
+    launcher: Launcher
+    stages: list[StageResult] = field(default_factory=list)
+    training: Training | None = None  # None: stage 2 did not run to losses
+    functional: FunctionalRun | None = None  # stage 4's case, losses, resume, golden (also its stage's keys)
+    bridge_training: BridgeTraining | None = None
+    port_sites: dict[str, Coverage] = field(default_factory=dict)
+    bridge_port_sites: dict[str, Coverage] | None = None
+    te: TELayer | None = None
+    line: str | None = None  # the release line of the series the tree was ported with ("v0.19"), None for another tree
+    commit: str | None = None  # the tree's HEAD when verify ran
+    started: str = ""  # when verify ran: UTC, ISO 8601 ("2026-11-26T01:30:00Z")
+
+    def stage(self, name: str) -> StageResult | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    @property
+    def failed(self) -> list[str]:
+        return [s.name for s in self.stages if s.status == FAIL]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "tree": self.tree,
+            "line": self.line,
+            "commit": self.commit,
+            "started": self.started,
+            "hip_sim": self.hip_sim.to_dict() if self.hip_sim else None,
+            "env": self.env.to_dict(),
+            "launcher": self.launcher.to_dict(),
+            "stages": [s.to_dict() for s in self.stages],
+            "training": self.training.to_dict() if self.training else {},
+            "port_sites": _sites(self.port_sites),
+            "te": self.te.to_dict() if self.te else None,
+        }
+        if self.functional:
+            out["functional"] = self.functional.to_dict()
+        if self.bridge_training:
+            out["bridge_training"] = self.bridge_training.to_dict()
+        if self.bridge_port_sites is not None:
+            out["bridge_port_sites"] = _sites(self.bridge_port_sites)
+        out["verdict"] = verdict(self)  # the summary's first line, for machines and `rocmport status` too
+        return out
+
+
+def _sites(sites: dict[str, Coverage]) -> dict[str, dict[str, Any]]:
+    return {name: cov.to_dict() for name, cov in sites.items()}
+
+
+def _short(reason: str, width: int = 70) -> str:
+    """A stage's reason cut to its first clause ("the tree has no tests/unit_tests (a package-index
+    source ...)" -> "the tree has no tests/unit_tests")."""
+    text = reason.split(";")[0].split(" (")[0].strip()
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def unit_blocking(stage: StageResult) -> dict[str, list[str]]:
+    """Stage 3's blocking items by label: test ids (and not-run test files)."""
+    out: dict[str, list[str]] = {lab: [] for lab in BLOCKING}
+    for nodeid, lab in sorted(stage.details.get("labels", {}).items()):
+        if lab in BLOCKING:
+            out[lab].append(nodeid)
+    return {lab: ids for lab, ids in out.items() if ids}
+
+
+def _count(lab: str, n: int) -> str:
+    """ "1 unverified test", "2 test files not run"."""
+    return _plural(n, "test file") + " not run" if lab == "not-run" else f"{n} {lab} test" + ("" if n == 1 else "s")
+
+
+def verdict(r: VerifyReport) -> str:
+    """One line: what this run proved. "v0.19 port (CPU proxy): 3 of 5 stages pass; blocking: unit-tests
+    (1 unverified test); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)"."""
+    stages = r.stages
+    who = f"{r.line} port" if r.line else f"tree {r.tree}"
+    with_te = f", TE {r.te.version}'s Python layer" if r.te else ""
+    mode = f" (CPU proxy{with_te}, not a GPU result)" if r.mode == "cpu-proxy" else ""
+    passed = sum(s.status == PASS for s in stages)
+    parts = [f"{who}{mode}: {passed} of {len(stages)} stages pass"]
+    blocking = []
+    for s in stages:
+        if s.status != FAIL:
+            continue
+        items = unit_blocking(s) if s.name == UnitTests.name else {}
+        if items:
+            blocking.append(f"{s.name} (" + ", ".join(_count(lab, len(ids)) for lab, ids in items.items()) + ")")
+        else:
+            blocking.append(f"{s.name} ({_short(s.reason)})")
+    if blocking:
+        parts.append("blocking: " + ", ".join(blocking))
+    unsupported = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == UNSUPPORTED]
+    if unsupported:
+        parts.append("unsupported on the CPU proxy: " + ", ".join(unsupported))
+    skipped = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == SKIPPED]
+    if skipped:
+        parts.append("not run here: " + ", ".join(skipped))
+    return "; ".join(parts)

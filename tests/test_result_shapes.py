@@ -1,0 +1,424 @@
+"""The JSON of a verify report and of a refresh result keeps its keys and shape while the results are
+typed down to the renderers (#32: `to_dict()` only at the JSON boundary). Each expected shape below was
+recorded from a real run of the code before the typed results (2df8846); the runs here are real too:
+a verify of a small tree, and refreshes of a real local upstream that stop on a conflict, that verify
+and fail, and that are carried over unverified."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from rocmport.cli import main
+from tests.helpers.refresh import LAYERS, Ported, edit_line
+
+# Mappings whose keys are data (a module, a test id, a codemod, an upstream), not schema: one "*".
+VARIABLE = {
+    "env.components",
+    "env.launcher_env",
+    "port_sites",
+    "bridge_port_sites",
+    "port_sites.*.unreached",
+    "training.redirects",
+    "upstreams",
+    "old_lock.upstreams",
+    "new_lock.upstreams",
+    "verify.labels",
+    "upstreams.*.dropped",
+    "stages.failures",  # stage 1: per module that failed
+    "verify.stages.failures",
+    "stages.labels",  # stage 3: per test id
+    "stages.label_reasons",
+    "stages.outcomes",
+    "stages.on_baseline",
+    "stages.files",
+    "cached",  # status: per upstream
+    "lock.upstreams",
+    "worktrees",
+}
+
+
+def shape(value, path: str = "") -> set[str]:
+    """Every key path of ``value`` with its leaf type ("stages[].status: str"); lists as ``[]``; the keys
+    of a mapping in VARIABLE (named without ``[]``) as ``*``."""
+    here = {f"{path}: {type(value).__name__}"} if path else set()
+    if isinstance(value, dict):
+        generic = re.sub(r"\[\]", "", path) in VARIABLE
+        out = set(here)
+        for key, item in value.items():
+            out |= shape(item, f"{path}.{'*' if generic else key}" if path else ("*" if generic else key))
+        return out
+    if isinstance(value, list):
+        out = set(here)
+        for item in value:
+            out |= shape(item, f"{path}[]")
+        return out
+    return here
+
+
+@pytest.mark.torch
+def test_the_verify_report_of_a_real_run_keeps_its_json_shape(tmp_path, capsys):
+    from tests.test_verify import minimal_tree
+
+    tree = minimal_tree(tmp_path / "t", "def model_parallel_cuda_manual_seed(seed):\n    pass\n")
+    main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json"])
+    got = shape(json.loads(capsys.readouterr().out))
+    assert got == VERIFY_SHAPE, (sorted(got - VERIFY_SHAPE), sorted(VERIFY_SHAPE - got))
+
+
+def _refresh(port, capsys, *args) -> set[str]:
+    capsys.readouterr()
+    port.run("refresh", *args, "--json")
+    printed = json.loads(capsys.readouterr().out)
+    assert printed.pop("summary")  # the path of summary.md: --json's own, not the result's
+    assert printed == port.summary  # summary.json is the same result
+    return shape(printed)
+
+
+def test_a_refresh_result_that_stops_on_a_conflict_keeps_its_json_shape(tmp_path, monkeypatch, capsys):
+    port = Ported(tmp_path, monkeypatch)
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    got = _refresh(port, capsys, "--to", "v0.17", "--no-verify")
+    assert got == REFRESH_CONFLICT_SHAPE, (sorted(got - REFRESH_CONFLICT_SHAPE), sorted(REFRESH_CONFLICT_SHAPE - got))
+
+
+def test_a_refresh_result_carried_over_keeps_its_json_shape(tmp_path, monkeypatch, capsys):
+    port = Ported(tmp_path, monkeypatch)
+    port.tag({"megatron/core/layers.py": "x\n" + LAYERS}, "core_v0.17.0", "0.17.0")
+    got = _refresh(port, capsys, "--to", "v0.17", "--no-verify")
+    assert got == REFRESH_CARRIED_SHAPE, (sorted(got - REFRESH_CARRIED_SHAPE), sorted(REFRESH_CARRIED_SHAPE - got))
+
+
+@pytest.mark.torch
+def test_a_refresh_result_whose_verify_failed_keeps_its_json_shape(tmp_path, monkeypatch, capsys):
+    port = Ported(tmp_path, monkeypatch)
+    port.tag({"megatron/core/__init__.py": "import rocmport_test_no_such_package  # noqa\n"}, "core_v0.17.0", "0.17.0")
+    got = _refresh(port, capsys, "--to", "v0.17", "--tp", "1", "--pp", "1")
+    assert got == REFRESH_VERIFY_SHAPE, (sorted(got - REFRESH_VERIFY_SHAPE), sorted(REFRESH_VERIFY_SHAPE - got))
+
+
+def test_the_status_of_a_ported_project_keeps_its_json_shape(tmp_path, monkeypatch, capsys):
+    """`rocmport status --json` of a ported work tree: no last verify, one read back, one unreadable."""
+    port = Ported(tmp_path, monkeypatch)
+    last = port.root / "build" / "verify" / "last.json"
+    for written, extra in (
+        (None, {"last_verify: NoneType"}),
+        (
+            {
+                "tree": "t",
+                "line": "v0.16",
+                "commit": "abc",
+                "started": "2026-11-26T01:30:00Z",
+                "verdict": "v",
+                "report": "r.json",
+                "stages": [{"name": "imports", "status": "fail"}],
+            },
+            STATUS_LAST_SHAPE,
+        ),
+        ("{", STATUS_BROKEN_SHAPE),
+    ):
+        if written is not None:
+            last.parent.mkdir(parents=True, exist_ok=True)
+            last.write_text(written if isinstance(written, str) else json.dumps(written))
+        capsys.readouterr()
+        assert main(["-C", str(port.root), "status", "--json"]) == 0
+        got = shape(json.loads(capsys.readouterr().out))
+        assert got == STATUS_SHAPE | extra, (sorted(got - STATUS_SHAPE - extra), sorted(STATUS_SHAPE | extra - got))
+
+
+STATUS_SHAPE: set[str] = {
+    "cache_dir: str",
+    "cached.*: bool",
+    "cached: dict",
+    "lock.schema_version: int",
+    "lock.upstreams.*.commit: str",
+    "lock.upstreams.*.commit_date: str",
+    "lock.upstreams.*.requested_ref: str",
+    "lock.upstreams.*.resolved_ref: str",
+    "lock.upstreams.*.source: str",
+    "lock.upstreams.*.url: str",
+    "lock.upstreams.*.version: str",
+    "lock.upstreams.*: dict",
+    "lock.upstreams: dict",
+    "lock: dict",
+    "lock_path: str",
+    "worktrees.*.apply_status: str",
+    "worktrees.*.base: str",
+    "worktrees.*.branch: str",
+    "worktrees.*.clean: bool",
+    "worktrees.*.head: str",
+    "worktrees.*.path: str",
+    "worktrees.*.series: str",
+    "worktrees.*.series_hash: str",
+    "worktrees.*: dict",
+    "worktrees: dict",
+}
+
+STATUS_LAST_SHAPE: set[str] = {
+    "last_verify.commit: str",
+    "last_verify.failed: list",
+    "last_verify.failed[]: str",
+    "last_verify.line: str",
+    "last_verify.path: str",
+    "last_verify.report: str",
+    "last_verify.started: str",
+    "last_verify.tree: str",
+    "last_verify.verdict: str",
+    "last_verify: dict",
+}
+
+STATUS_BROKEN_SHAPE: set[str] = {
+    "last_verify.error: str",
+    "last_verify.path: str",
+    "last_verify: dict",
+}
+
+VERIFY_SHAPE: set[str] = {
+    "backend: str",
+    "commit: NoneType",
+    "dp: int",
+    "env.components: dict",
+    "env.cuda: NoneType",
+    "env.device_count: int",
+    "env.devices: list",
+    "env.firewall_profile: str",
+    "env.hip: NoneType",
+    "env.launcher_env.*: str",
+    "env.launcher_env: dict",
+    "env.python: str",
+    "env.torch: str",
+    "env: dict",
+    "hip_sim.arch: str",
+    "hip_sim.device: str",
+    "hip_sim.version: str",
+    "hip_sim: dict",
+    "launcher.kind: str",
+    "launcher.nnodes: int",
+    "launcher.node_rank: int",
+    "launcher.rdzv_endpoint: NoneType",
+    "launcher: dict",
+    "line: NoneType",
+    "mode: str",
+    "port_sites: dict",
+    "pp: int",
+    "stages: list",
+    "stages[].failures: dict",
+    "stages[].modules: list",
+    "stages[].modules[]: str",
+    "stages[].name: str",
+    "stages[].reason: str",
+    "stages[].seconds: float",
+    "stages[].status: str",
+    "stages[]: dict",
+    "started: str",
+    "te: NoneType",
+    "tp: int",
+    "training: dict",
+    "tree: str",
+    "verdict: str",
+    "world_size: int",
+}
+
+REFRESH_CONFLICT_SHAPE: set[str] = {
+    "conflict.detail: str",
+    "conflict.files: list",
+    "conflict.files[]: str",
+    "conflict.hunks: list",
+    "conflict.hunks[].file: str",
+    "conflict.hunks[].line: int",
+    "conflict.hunks[]: dict",
+    "conflict.patch: str",
+    "conflict.tree: str",
+    "conflict.upstream: str",
+    "conflict: dict",
+    "new_lock.schema_version: int",
+    "new_lock.upstreams.*.commit: str",
+    "new_lock.upstreams.*.commit_date: str",
+    "new_lock.upstreams.*.requested_ref: str",
+    "new_lock.upstreams.*.resolved_ref: str",
+    "new_lock.upstreams.*.source: str",
+    "new_lock.upstreams.*.url: str",
+    "new_lock.upstreams.*.version: str",
+    "new_lock.upstreams.*: dict",
+    "new_lock.upstreams: dict",
+    "new_lock: dict",
+    "notes: list",
+    "old_lock.schema_version: int",
+    "old_lock.upstreams.*.commit: str",
+    "old_lock.upstreams.*.commit_date: str",
+    "old_lock.upstreams.*.requested_ref: str",
+    "old_lock.upstreams.*.resolved_ref: str",
+    "old_lock.upstreams.*.source: str",
+    "old_lock.upstreams.*.url: str",
+    "old_lock.upstreams.*.version: str",
+    "old_lock.upstreams.*: dict",
+    "old_lock.upstreams: dict",
+    "old_lock: dict",
+    "problems: list",
+    "promoted: list",
+    "range_diff: str",
+    "seconds: float",
+    "status: str",
+    "to: str",
+    "upstreams: dict",
+    "verify: NoneType",
+    "why: str",
+}
+
+REFRESH_CARRIED_SHAPE: set[str] = {
+    "conflict: NoneType",
+    "new_lock.schema_version: int",
+    "new_lock.upstreams.*.commit: str",
+    "new_lock.upstreams.*.commit_date: str",
+    "new_lock.upstreams.*.requested_ref: str",
+    "new_lock.upstreams.*.resolved_ref: str",
+    "new_lock.upstreams.*.source: str",
+    "new_lock.upstreams.*.url: str",
+    "new_lock.upstreams.*.version: str",
+    "new_lock.upstreams.*: dict",
+    "new_lock.upstreams: dict",
+    "new_lock: dict",
+    "notes: list",
+    "old_lock.schema_version: int",
+    "old_lock.upstreams.*.commit: str",
+    "old_lock.upstreams.*.commit_date: str",
+    "old_lock.upstreams.*.requested_ref: str",
+    "old_lock.upstreams.*.resolved_ref: str",
+    "old_lock.upstreams.*.source: str",
+    "old_lock.upstreams.*.url: str",
+    "old_lock.upstreams.*.version: str",
+    "old_lock.upstreams.*: dict",
+    "old_lock.upstreams: dict",
+    "old_lock: dict",
+    "problems: list",
+    "promoted: list",
+    "promoted[]: str",
+    "range_diff: str",
+    "seconds: float",
+    "status: str",
+    "to: str",
+    "upstreams.*.codemods: list",
+    "upstreams.*.created: bool",
+    "upstreams.*.dropped: dict",
+    "upstreams.*.from.commit: str",
+    "upstreams.*.from.ref: str",
+    "upstreams.*.from: dict",
+    "upstreams.*.from_series: str",
+    "upstreams.*.patches: list",
+    "upstreams.*.patches[].action: str",
+    "upstreams.*.patches[].bucket: str",
+    "upstreams.*.patches[].detail: str",
+    "upstreams.*.patches[].evidence: str",
+    "upstreams.*.patches[].name: str",
+    "upstreams.*.patches[]: dict",
+    "upstreams.*.series: str",
+    "upstreams.*.to.commit: str",
+    "upstreams.*.to.ref: str",
+    "upstreams.*.to: dict",
+    "upstreams.*: dict",
+    "upstreams: dict",
+    "verify: NoneType",
+    "why: str",
+}
+
+REFRESH_VERIFY_SHAPE: set[str] = {
+    "conflict: NoneType",
+    "new_lock.schema_version: int",
+    "new_lock.upstreams.*.commit: str",
+    "new_lock.upstreams.*.commit_date: str",
+    "new_lock.upstreams.*.requested_ref: str",
+    "new_lock.upstreams.*.resolved_ref: str",
+    "new_lock.upstreams.*.source: str",
+    "new_lock.upstreams.*.url: str",
+    "new_lock.upstreams.*.version: str",
+    "new_lock.upstreams.*: dict",
+    "new_lock.upstreams: dict",
+    "new_lock: dict",
+    "notes: list",
+    "old_lock.schema_version: int",
+    "old_lock.upstreams.*.commit: str",
+    "old_lock.upstreams.*.commit_date: str",
+    "old_lock.upstreams.*.requested_ref: str",
+    "old_lock.upstreams.*.resolved_ref: str",
+    "old_lock.upstreams.*.source: str",
+    "old_lock.upstreams.*.url: str",
+    "old_lock.upstreams.*.version: str",
+    "old_lock.upstreams.*: dict",
+    "old_lock.upstreams: dict",
+    "old_lock: dict",
+    "problems: list",
+    "promoted: list",
+    "range_diff: str",
+    "seconds: float",
+    "status: str",
+    "to: str",
+    "upstreams.*.codemods: list",
+    "upstreams.*.created: bool",
+    "upstreams.*.dropped: dict",
+    "upstreams.*.from.commit: str",
+    "upstreams.*.from.ref: str",
+    "upstreams.*.from: dict",
+    "upstreams.*.from_series: str",
+    "upstreams.*.patches: list",
+    "upstreams.*.patches[].action: str",
+    "upstreams.*.patches[].bucket: str",
+    "upstreams.*.patches[].detail: str",
+    "upstreams.*.patches[].evidence: str",
+    "upstreams.*.patches[].name: str",
+    "upstreams.*.patches[]: dict",
+    "upstreams.*.series: str",
+    "upstreams.*.to.commit: str",
+    "upstreams.*.to.ref: str",
+    "upstreams.*.to: dict",
+    "upstreams.*: dict",
+    "upstreams: dict",
+    "verify.failed: list",
+    "verify.failed[]: str",
+    "verify.labels.*: str",
+    "verify.labels: dict",
+    "verify.mode: str",
+    "verify.stages: list",
+    "verify.stages[].failures.*.chain: list",
+    "verify.stages[].failures.*.chain[]: str",
+    "verify.stages[].failures.*.error: str",
+    "verify.stages[].failures.*.missing: str",
+    "verify.stages[].failures.*: dict",
+    "verify.stages[].failures: dict",
+    "verify.stages[].modules: list",
+    "verify.stages[].modules[]: str",
+    "verify.stages[].name: str",
+    "verify.stages[].reason: str",
+    "verify.stages[].seconds: float",
+    "verify.stages[].status: str",
+    "verify.stages[]: dict",
+    "verify: dict",
+    "why: str",
+}
+
+
+def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
+    """Stage 2's, 4's and 5's data as the stages wrote them at 2df8846 (stage 2's from a real v0.16
+    CPU-proxy report; stage 4's and 5's from their code): optional keys only when set."""
+    from rocmport.verify.bridge_stage import BridgeTraining
+    from rocmport.verify.functional import FunctionalRun
+    from rocmport.verify.stages import Training
+
+    training = Training([4.8, 3.6], [4.8, 3.6], 4.8e-07, True, {"Tensor.cuda @ x.py:1": 1}, 3.7e-05)
+    assert set(training.to_dict()) == {
+        "losses",
+        "max_abs_diff",
+        "redirects",
+        "reference_losses",
+        "tied_embeddings_equal",
+        "tolerance",
+    }
+    training.moe = {"not_run": "why"}
+    assert training.to_dict()["moe"] == {"not_run": "why"}
+    assert set(BridgeTraining([1.0], True).to_dict()) == {"losses", "tied_embeddings_equal"}
+    run = FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2)
+    always = {"case", "command", "losses", "iters", "proxy_env", "chosen_args", "log_tail"}
+    assert set(run.to_dict()) == always
+    run.redirects, run.resume_log_tail, run.resume, run.golden, run.upstream_golden_a100 = {}, [], {}, {}, {}
+    assert set(run.to_dict()) == always | {"redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"}
