@@ -140,6 +140,34 @@ def test_golden_path_stays_in_the_goldens_directory(tmp_path):
             golden_path(tmp_path, case, "cpu-proxy")
     with pytest.raises(BadInput):
         golden_path(tmp_path, CASE, "../../x")
+    # verify --te's device kind names the TE release: its dots are part of a plain name
+    # (the v0.16 goldens `cpu-proxy-te2.9.0`, `cpu-proxy-te2.12.0` are read and written through it)
+    assert golden_path(tmp_path, CASE, "cpu-proxy-te2.12.0").name == f"{CASE}.cpu-proxy-te2.12.0.json"
+    for kind in ("cpu-proxy/../x", "", ".hidden", "cpu proxy"):
+        with pytest.raises(BadInput):
+            golden_path(tmp_path, CASE, kind)
+
+
+def test_a_golden_that_cannot_be_named_is_refused_before_the_case_runs(tmp_path):
+    """Stage 4 names its golden before it trains: a bad device kind costs no training run."""
+    from rocmport.errors import BadInput
+    from rocmport.verify.functional import stage_functional
+
+    tree = tmp_path / "tree"
+    (tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE).mkdir(parents=True)
+    with pytest.raises(BadInput, match="not plain names"):
+        stage_functional(
+            tree,
+            {},
+            case=CASE,
+            dp=1,
+            iters=4,
+            proxy=True,
+            data_path=None,
+            series_dir=tmp_path / "series",
+            record=True,
+            device_kind="cpu-proxy/../x",
+        )
 
 
 # Item 8: sizes are validated at the edge, in a run and a --dry-run alike.

@@ -294,7 +294,9 @@ def _args_difference(a: list[str], b: list[str]) -> str:
 
 def golden_path(series_dir: Path, case: str, device_kind: str) -> Path:
     """Where the golden of ``case`` for ``device_kind`` lives: always a file directly in the series' goldens/."""
-    if not _NAME.fullmatch(case) or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", device_kind, re.ASCII):
+    # A device kind is lower-case letters, digits, '-', '.' and '+' (`cpu-proxy-te2.12.0`, `rocm-amd-instinct-mi300x`):
+    # never a separator, so the golden stays a file directly in goldens/.
+    if not _NAME.fullmatch(case) or not re.fullmatch(r"[a-z0-9][a-z0-9.+-]{0,99}", device_kind, re.ASCII):
         raise BadInput(
             f"golden for case {case[:80]!r} and device kind {device_kind[:80]!r}: not plain names; "
             f"a golden is a file in {series_dir / 'goldens'}"
@@ -489,6 +491,8 @@ def stage_functional(
     ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the port picks the async writer."""
     start = time.monotonic()
     cdir = check_case(tree, case)
+    if series_dir is not None:  # a golden that cannot be named is bad input now, not after minutes of training
+        golden_path(series_dir, case, device_kind)
     if not (tree / "pretrain_gpt.py").is_file():
         return StageResult(
             "functional", SKIPPED, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
