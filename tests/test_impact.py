@@ -236,3 +236,44 @@ def test_impacted_run_catches_a_bug_in_a_changed_module_and_the_full_run_one_in_
     (entry,) = record.values()
     assert entry["last_run"]["passed"] is False and entry["last_pass"]["base"] == b
 
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_refresh_verify_stage_3_runs_the_tests_the_hop_reaches(tmp_path, monkeypatch):
+    """`refresh --verify-stages 3`: stage 3 on the refreshed port runs the unit tests whose imports
+    reach what upstream changed since the old pin (real torchrun and pytest, the baseline too), and
+    the summary says how many of the suite's tests that is."""
+    from tests.helpers.refresh import Ported
+
+    port = Ported(tmp_path, monkeypatch)
+    port.tag(
+        {
+            "megatron/core/tensor_parallel/__init__.py": "",
+            "megatron/core/tensor_parallel/random.py": (
+                "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\n"
+                "class CudaRNGStatesTracker:\n    pass\n"
+            ),
+            "megatron/core/ops.py": "def add(x, y):\n    return x + y\n",
+            "tests/unit_tests/test_ops.py": "from megatron.core.ops import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+            "tests/unit_tests/test_utils.py": "from megatron.core.utils import f\n\n\ndef test_f():\n    assert f() in (1, 2)\n",
+        },
+        "core_v0.16.2",
+        "0.16.2",
+    )
+    assert port.run("refresh", "--to", "core_v0.16.2", "--no-verify") == 0
+    g(port.root, "commit", "-qam", "port at core_v0.16.2")
+    old = port.lock["upstreams"]["megatron-lm"]["commit"]
+    # the next hop changes ops.py only: test_ops.py reaches it, test_utils.py does not
+    port.tag({"megatron/core/ops.py": "def add(x, y):\n    return y + x\n"}, "core_v0.16.3", "0.16.3")
+    assert port.run("refresh", "--to", "core_v0.16.3", "--verify-stages", "3", "--tp", "1", "--pp", "1") == 0
+    v = port.summary["verify"]
+    stages = {s["name"]: s for s in v["stages"]}
+    assert stages["imports"]["status"] == "skipped" and stages["functional"]["status"] == "skipped"
+    unit = stages["unit-tests"]
+    # test_utils.py imports utils.py, which the hop did not change (the port's patch did, at both pins)
+    assert unit["status"] == "pass" and unit["tests"] == ["tests/unit_tests/test_ops.py"], unit
+    assert unit["impact"]["since"] == old and unit["impact"]["total_files"] == 2
+    assert v["unit_tests_selection"].startswith("1 tests selected (1 of 2 test files")
+    md = (port.root / "build" / "refresh" / "summary.md").read_text()
+    assert "Unit tests: 1 tests selected (1 of 2 test files" in md and port.summary["status"] == "ready"

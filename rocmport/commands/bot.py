@@ -91,7 +91,9 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     )
     if not no_verify:  # verify's sizes from [tool.rocmport], told now rather than in every release's refresh
         check_verify_sizes(settings)
-    verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp, "stages": chosen}
+    verify_opts: dict | None = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
+    if verify_opts is not None and verify_stages is not None:  # absent: stages 1-2, as refresh's
+        verify_opts["stages"] = chosen
     progress = Progress()
     kw = dict(
         track=track,

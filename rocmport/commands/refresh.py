@@ -83,11 +83,11 @@ def command(obj, to, cont, abort, no_verify, verify_stages, tp, pp, summary_path
     if abort:
         abort_refresh(settings, say=output.info)
         return EXIT_OK
-    opts = (
-        None
-        if no_verify
-        else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp, "stages": chosen}
+    opts: dict | None = (
+        None if no_verify else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp}
     )
+    if opts is not None and verify_stages is not None:  # absent: stages 1-2 (refresh/report.run_verify_both)
+        opts["stages"] = chosen
     if opts is not None and to:  # verify's sizes, told now rather than after the whole refresh ran
         check_verify_sizes(settings, tp, pp)
     progress = Progress()

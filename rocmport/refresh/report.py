@@ -181,7 +181,8 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
             impact_extra=extra,
             with_functional=False,
             with_bridge=False,
-            stages_text=",".join(stages),
+            # stages 1-2 left out are "not selected"; the later ones are not requested and say `not_run`
+            stages_text=",".join(n for n in NAMES if n in stages or n not in ("imports", "gpt-training")),
         )
         return dataclasses.replace(checked, skipped={**checked.skipped, **{n: not_run for n in NAMES if n not in stages}})
 
@@ -195,7 +196,7 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
         # Stage 3 labels each failure against the unported tree itself: the old pin reruns stages 1-2 only.
         again = [n for n in chosen if n != "unit-tests"]
         before = {}
-        if again:
+        if any(n in again for n in failed):
             old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
             before = {s.name: s.status for s in run_verify(options(old_tree, again)).stages}
         out["labels"] = {
