@@ -140,6 +140,20 @@ def test_the_summary_line_and_the_time_saved_come_from_the_recorded_full_run(tmp
     assert figures["estimated_seconds_saved"] == pytest.approx(32.3) and "about 32 s saved per tree" in line
 
 
+def test_an_empty_selection_skips_the_stage_rather_than_run_the_whole_tree(tmp_path):
+    from rocmport.verify.run import unit_options
+
+    tree, a, b = tree_with_hop(tmp_path / "up")
+    (tree / "tests/unit_tests/test_basic.py").unlink()  # the smoke set's one file here
+    unit, why = unit_options(suite.VerifySettings(), b, tmp_path / "cache", tree, "impacted", (), 2, since=b)
+    assert unit is None
+    assert why == f"--unit-tests impacted: no test file reaches the 0 files changed in {b[:12]}..{b[:12]}, " + (
+        "and the tree has none of the smoke set's files"
+    )
+    unit, _ = unit_options(suite.VerifySettings(), b, tmp_path / "cache", tree, "impacted", (), 2, since=a)
+    assert unit is not None and unit.tests == ["tests/unit_tests/test_a.py"] and unit.selection == "impacted"
+
+
 def _ported(tmp_path: Path) -> tuple[Path, str, str]:
     tree, a, b = tree_with_hop(tmp_path / "up")
     wt.write_state(tree, wt.ApplyState(status="done", base=b))

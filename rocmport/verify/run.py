@@ -393,6 +393,11 @@ def unit_options(
         assert since is not None
         until = base or run_git("rev-parse", "HEAD", cwd=tree).stdout.strip()
         picked = impact.select(tree, since, until, suite.SMOKE_TESTS, cache_dir, impact_extra)
+        if not picked.selected:  # never an empty list: pytest without paths would collect the whole tree
+            return None, (
+                f"--unit-tests impacted: no test file reaches the {len(picked.changed)} files changed in "
+                f"{since[:12]}..{until[:12]}, and the tree has none of the smoke set's files"
+            )
         chosen, reasons, how = list(picked.selected), dict(picked.selected), "impacted"
         return UnitOptions(
             tests=chosen,
