@@ -238,6 +238,12 @@ def test_impacted_run_catches_a_bug_in_a_changed_module_and_the_full_run_one_in_
     share = (full["port_seconds"] - sum(full["file_seconds"].values())) / 3
     assert hit["impact"]["estimated_seconds_saved"] == pytest.approx(own + share, abs=0.06)
     assert f"full suite last passed at {b[:12]} (" in hit["reason"]
+    # a port bug that breaks b.py's import: test_a.py's module does not import (its tests hidden on the
+    # port, counted from the unported tree), a port-regression since it imported there
+    (tree / "megatron/core/b.py").write_text("from megatron.core.c import nothing_by_that_name\n")
+    code, hit = run("--unit-tests", "impacted", "--since", a)
+    assert code == 1 and hit["labels"] == {"tests/unit_tests/test_a.py": "port-regression"}, hit["labels"]
+    assert hit["reason"].startswith("3 tests selected of 4 (") and hit["baseline"]["cached"]
     g(tree, "checkout", "-q", "--", "megatron")
     # a port bug in c.py, which the hop did not touch: not selected, the impacted run passes; the full run fails
     (tree / "megatron/core/c.py").write_text("def neg(x):\n    return x\n")

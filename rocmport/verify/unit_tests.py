@@ -943,6 +943,7 @@ def stage_unit_tests(
             "commit": base,
             "cached": cached,
             "counts": _counts(base_result["outcomes"]),
+            "tests": sum("::" in k for k in base_result["outcomes"]),  # test ids (a module error hides them on the port)
             "guards": base_result.get("guards", []),
             "overlay": base_result.get("overlay", []),
             "peak": base_result.get("peak", {}),
