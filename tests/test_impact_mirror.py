@@ -76,11 +76,12 @@ def test_impacted_selection_on_a_real_hop_catches_a_changed_module_s_bug_and_lea
     labels: dict[str, int] = {}
     for v in stage["labels"].values():
         labels[v] = labels.get(v, 0) + 1
-    print(
-        f"\nimpacted run, bug in {CHANGED}: exit 1, {len(chosen)} of {total} test files selected, "
-        f"{seconds:.0f} s (port {stage['port_seconds']} s, baseline {stage['baseline_seconds']} s); labels {labels}; "
-        f"port-regression: {sorted(regressions)}; reason: {stage['reason'][:300]}"
-    )
+    with capsys.disabled():  # the figures for the report, never into the next command's JSON
+        print(
+            f"\nimpacted run, bug in {CHANGED}: exit 1, {len(chosen)} of {total} test files selected, "
+            f"{seconds:.0f} s (port {stage['port_seconds']} s, baseline {stage['baseline_seconds']} s); "
+            f"labels {labels}; port-regression: {sorted(regressions)}; reason: {stage['reason'][:300]}"
+        )
     (tree / CHANGED).write_text(text)
 
     # 2. A port bug in a module the hop did not touch: not selected; the full suite (restricted) catches it.
@@ -94,8 +95,9 @@ def test_impacted_selection_on_a_real_hop_catches_a_changed_module_s_bug_and_lea
     seconds = time.monotonic() - start
     stage = json.loads(capsys.readouterr().out)["stages"][2]
     assert stage["labels"] and set(stage["labels"].values()) == {"port-regression"}, stage["labels"]
-    print(
-        f"full suite restricted to {UNTOUCHED_TEST}, bug in {UNTOUCHED}: exit 1, {seconds:.0f} s; "
-        f"{len(stage['labels'])} port-regression: {sorted(stage['labels'])}"
-    )
+    with capsys.disabled():
+        print(
+            f"full suite restricted to {UNTOUCHED_TEST}, bug in {UNTOUCHED}: exit 1, {seconds:.0f} s; "
+            f"{len(stage['labels'])} port-regression: {sorted(stage['labels'])}"
+        )
     (tree / UNTOUCHED).write_text(text)
