@@ -299,6 +299,18 @@ def test_label_rules():
     assert "overloaded" not in why["a.py::x"]
 
 
+def test_a_module_that_no_longer_imports_on_the_port_is_a_port_regression():
+    """Its module imported on the unported tree and its tests ran there: the port broke the import
+    (a rewritten module-level site), not an unverifiable failure. Without any outcome there it stays unverified."""
+    port = {"outcomes": {"t/test_m.py": "error", "t/test_n.py": "error"}, "kinds": {"t/test_m.py": "NameError"}}
+    base = {"outcomes": {"t/test_m.py::test_a": "passed", "t/test_m.py::test_b": "failed"}}
+    labels, why = label(port, base, {})
+    assert labels == {"t/test_m.py": "port-regression", "t/test_n.py": "unverified"}
+    assert (
+        why["t/test_m.py"] == "its module does not import here; on the unported tree it imported and 2 of its tests ran"
+    )
+
+
 def test_missing_test_file_and_no_tests_dir(tmp_path, child_env):
     tree, base = upstream_repo(tmp_path / "up")
     res = stage_unit_tests(

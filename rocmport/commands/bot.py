@@ -12,7 +12,7 @@ from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
 from rocmport.refresh.engine import Progress
 from rocmport.refresh.result import NEEDS_HUMAN
-from rocmport.commands.refresh import check_verify_sizes
+from rocmport.commands.refresh import check_verify_sizes, refresh_stages
 from rocmport.release_line import ReleaseLine
 
 MAX_INTERVAL = 365 * 24 * 3600
@@ -48,9 +48,17 @@ MAX_INTERVAL = 365 * 24 * 3600
     help="Push each refresh branch to this git remote (never over a human's commits).",
 )
 @click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` in each refresh.")
+@click.option(
+    "--verify-stages",
+    "verify_stages",
+    default=None,
+    metavar="LIST",
+    help="verify's stages in each refresh, as `refresh --verify-stages` (default 1,2; 1,2,3 adds the unit tests "
+    "the hop's changes reach and a smoke set; the full suite is `verify --unit-tests all`, nightly).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what was processed as JSON (with --once).")
 @click.pass_obj
-def command(obj, once, watch, interval, track, lines, retry, push_remote, no_verify, as_json):
+def command(obj, once, watch, interval, track, lines, retry, push_remote, no_verify, verify_stages, as_json):
     """Open one refresh branch per new upstream release: rocmport/refresh-<tag>.
 
     \b
@@ -70,6 +78,9 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
         )
     if as_json and watch:
         raise BadInput("--json: only with --once (--watch logs one line per event)")
+    if no_verify and verify_stages is not None:
+        raise BadInput("--verify-stages: not with --no-verify (give one of them)")
+    chosen = refresh_stages(verify_stages)
     if lines is not None and not lines.strip(", "):
         raise BadInput(f"--lines {lines!r}: names no release line; give lines such as v0.16,v0.17")
     settings = load_settings(obj["project"])
@@ -80,7 +91,9 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     )
     if not no_verify:  # verify's sizes from [tool.rocmport], told now rather than in every release's refresh
         check_verify_sizes(settings)
-    verify_opts = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
+    verify_opts: dict | None = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
+    if verify_opts is not None and verify_stages is not None:  # absent: stages 1-2, as refresh's
+        verify_opts["stages"] = chosen
     progress = Progress()
     kw = dict(
         track=track,

@@ -39,6 +39,15 @@ SIZE = click.IntRange(1, MAX_WORLD)
 )
 @click.option("--no-verify", is_flag=True, help="Skip `rocmport verify` on the result.")
 @click.option(
+    "--verify-stages",
+    "verify_stages",
+    default=None,
+    metavar="LIST",
+    help="verify's stages to run on the result, of 1 imports, 2 gpt-training, 3 unit-tests (default 1,2: stage 3 "
+    "costs minutes on the CPU proxy). Stage 3 runs the unit tests whose imports reach what upstream changed "
+    "since the old pin, and a smoke set (`verify --unit-tests impacted --since <old commit>`).",
+)
+@click.option(
     "--tp",
     type=SIZE,
     default=None,
@@ -55,7 +64,7 @@ SIZE = click.IntRange(1, MAX_WORLD)
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
+def command(obj, to, cont, abort, no_verify, verify_stages, tp, pp, summary_path, as_json):
     """Re-pin to a new upstream release and carry the patch series over.
 
     \b
@@ -68,12 +77,17 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
     Exit: 0 ready, not-verified or up-to-date, 1 needs-a-human, 2 bad input, 130/143 interrupted
     (every process it started ended; it says which steps had finished).
     """
-    _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json)
+    _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json, verify_stages)
+    chosen = refresh_stages(verify_stages)
     settings = load_settings(obj["project"])
     if abort:
         abort_refresh(settings, say=output.info)
         return EXIT_OK
-    opts = None if no_verify else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp}
+    opts: dict | None = (
+        None if no_verify else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp}
+    )
+    if opts is not None and verify_stages is not None:  # absent: stages 1-2 (refresh/report.run_verify_both)
+        opts["stages"] = chosen
     if opts is not None and to:  # verify's sizes, told now rather than after the whole refresh ran
         check_verify_sizes(settings, tp, pp)
     progress = Progress()
@@ -102,7 +116,29 @@ def command(obj, to, cont, abort, no_verify, tp, pp, summary_path, as_json):
     return result.exit_code
 
 
-def _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json) -> None:
+REFRESH_STAGES = ("imports", "gpt-training", "unit-tests")  # what a refresh may verify (the rest: `rocmport verify`)
+DEFAULT_STAGES = "1,2"
+
+
+def refresh_stages(text: str | None, option: str = "--verify-stages") -> list[str]:
+    """``--verify-stages`` (numbers or names, as verify's --stages) -> stage names, or BadInput naming
+    the option: only stages 1-3 (stage 4 and 5 need the project's own trees: `rocmport verify`)."""
+    from rocmport.verify.run import parse_stages
+
+    try:
+        names = parse_stages(DEFAULT_STAGES if text is None else text)
+    except BadInput as exc:
+        raise BadInput(str(exc).replace("--stages", option, 1)) from None
+    other = [n for n in names if n not in REFRESH_STAGES]
+    if other:
+        raise BadInput(
+            f"{option} {text}: a refresh verifies stages 1-3 (imports, gpt-training, unit-tests); "
+            f"run `rocmport verify` for {', '.join(other)}"
+        )
+    return list(names)
+
+
+def _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json, verify_stages=None) -> None:
     """Every option combination refresh takes, checked before anything runs (exit 2 naming the option):
     an option the chosen action would ignore is refused rather than silently dropped."""
     if to is not None and (why := "is empty" if not to.strip() else ref_problem(to)):
@@ -110,7 +146,14 @@ def _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json) ->
         raise BadInput(f"--to {to[:80]!r}: {why}; give an upstream ref (v0.17, core_v0.17.1, a branch, a SHA)")
     if sum(map(bool, (to, cont, abort))) != 1:
         raise BadInput("give exactly one of --to REF, --continue, --abort")
-    given = {"--tp": tp is not None, "--pp": pp is not None, "--no-verify": no_verify}
+    if no_verify and verify_stages is not None:
+        raise BadInput("--verify-stages: not with --no-verify (give one of them)")
+    given = {
+        "--tp": tp is not None,
+        "--pp": pp is not None,
+        "--no-verify": no_verify,
+        "--verify-stages": verify_stages is not None,
+    }
     if cont or abort:  # --continue goes on with the options its refresh started with; --abort verifies nothing
         extra = next((name for name, on in given.items() if on), None)
         if extra:

@@ -60,6 +60,9 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         click.echo("blocking:")
         for line in blocking:
             click.echo(redact(f"  {line}"))
+    for stage in r["stages"]:
+        if stage["name"] == "unit-tests" and stage.get("impact"):
+            click.echo(f"unit-tests: {stage['impact']['line']}")
     folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
     if folded:
         click.echo(redact(folded))
@@ -110,9 +113,17 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     is_flag=False,
     flag_value="default",
     default=None,
-    type=click.Choice(["default", "all"]),
-    help="Stage 3, upstream's unit tests: the line's default suite (bare flag) or `all` of tests/unit_tests "
+    type=click.Choice(["default", "all", "impacted"]),
+    help="Stage 3, upstream's unit tests: the line's default suite (bare flag), `all` of tests/unit_tests "
+    "(nightly; each run's per-file seconds and last pass are recorded), or `impacted`: the test files whose "
+    "imports reach a file upstream changed since --since, plus a smoke set "
     "(default: the suite, when the tree has tests/unit_tests).",
+)
+@click.option(
+    "--since",
+    default=None,
+    metavar="COMMIT",
+    help="With --unit-tests impacted: the upstream commit the port was last verified at (a refresh hop's old pin).",
 )
 @click.option("--no-unit-tests", "no_unit", is_flag=True, help="Skip stage 3.")
 @click.option(
@@ -245,6 +256,7 @@ def command(
     iters,
     stages_text,
     with_unit,
+    since,
     no_unit,
     unit_tests,
     unit_nproc,
@@ -316,6 +328,7 @@ def command(
         te=te_spec,
         moe=moe,
         hip_arch=hip_arch,
+        since=since,
     )
     if dry_run:
         plan = launch_plan(opts)

@@ -152,10 +152,16 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
             skipped=f"the new tree requires Python {need} and rocmport runs on Python {platform.python_version()}; "
             + python_setup_hint(need)
         )
-    not_run = "refresh verifies imports and GPT training (stages 1-2); run `rocmport verify` for the rest"
+    # Stages 1-2 unless the refresh (or the bot) asked for more: stage 3 costs minutes on the proxy.
+    chosen = list(opts.get("stages") or NAMES[:2])
+    unit = "unit-tests" in chosen
+    since = old.upstreams[MEGATRON_LM.name].commit if MEGATRON_LM.name in old.upstreams else None
+    not_run = f"refresh verifies {', '.join(chosen)} (--verify-stages); run `rocmport verify` for the rest"
 
-    def options(at: Path):
-        """verify's own checked options for ``at``: stages 1-2 (the others listed as not run by refresh)."""
+    def options(at: Path, stages: list[str], extra: tuple[str, ...] = ()):
+        """verify's own checked options for ``at``: ``stages`` (the others listed as not run by refresh);
+        stage 3 the tests that reach what upstream changed since the old pin, and the smoke set."""
+        impacted = "impacted" if since and (at / "tests" / "unit_tests").is_dir() else None
         checked = prepare(
             rsettings,
             str(at),
@@ -163,29 +169,61 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
             pp=opts.get("pp", DEFAULT_PP),
             iters=opts.get("iters", 10),
             backend=opts.get("backend", "auto"),
-            with_unit=False,
+            # impacted where the tree has upstream's tests (a package-index source has none: verify skips stage 3, saying so)
+            with_unit=(impacted if "unit-tests" in stages else False),
+            since=since if "unit-tests" in stages and impacted else None,
+            impact_extra=extra,
             with_functional=False,
             with_bridge=False,
+            # stages 1-2 left out are "not selected"; the later ones are not requested and say `not_run`
+            stages_text=",".join(n for n in NAMES if n in stages or n not in ("imports", "gpt-training")),
         )
         return dataclasses.replace(
-            checked, skipped={name: not_run for name in NAMES[2:]}
-        )  # after imports and GPT training
+            checked, skipped={**checked.skipped, **{n: not_run for n in NAMES if n not in stages}}
+        )
 
-    new = run_verify(options(tree))
+    new = run_verify(options(tree, chosen, rewritten_changes(settings, old, tree) if unit else ()))
     failed = new.failed
     out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed)
+    unit_stage = new.stage("unit-tests")
+    if unit_stage is not None and unit_stage.details.get("impact"):
+        out.unit_tests_selection = unit_stage.details["impact"]["line"]
     if failed:
-        old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
-        before = {s.name: s.status for s in run_verify(options(old_tree)).stages}
+        # Stage 3 labels each failure against the unported tree itself: the old pin reruns stages 1-2 only.
+        again = [n for n in chosen if n != "unit-tests"]
+        before = {}
+        if any(n in again for n in failed):
+            old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
+            before = {s.name: s.status for s in run_verify(options(old_tree, again)).stages}
         out.labels = {
             n: (
-                "also fails on the old pin: upstream or environment"
+                "each failing test labelled against the unported tree (see the stage's labels)"
+                if n == "unit-tests"
+                else "also fails on the old pin: upstream or environment"
                 if before.get(n) == "fail"
                 else "passes on the old pin: introduced by the new upstream or a drifted patch"
             )
             for n in failed
         }
     return out
+
+
+def rewritten_changes(settings: Settings, old: Lock, tree: Path) -> tuple[str, ...]:
+    """Files whose port rewrite changed in this hop although upstream may not have changed them: the
+    files a codemod rewrites in the new port and not in the old one, or the other way round (from the
+    two apply reports; none when the project's work tree is not the old pin's port)."""
+    name = MEGATRON_LM.name
+    before, after = report_path(settings.worktree_path(name)), report_path(tree)
+    state = wt.read_state(settings.worktree_path(name))
+    if name not in old.upstreams or not (before.is_file() and after.is_file()):
+        return ()
+    if state is None or state.base != old.upstreams[name].commit:
+        return ()
+
+    def rewritten(path: Path) -> set[str]:
+        return {f for c in json.loads(path.read_text(encoding="utf-8")).get("codemods", []) for f in c.get("files", [])}
+
+    return tuple(sorted(f for f in rewritten(before) ^ rewritten(after) if (tree / f).is_file()))
 
 
 # What each status means to a reviewer, after the status word itself (refresh/result.py's vocabulary).
@@ -278,6 +316,8 @@ def markdown(result: RefreshResult, places: dict[str, str] | None = None) -> str
             lines.append(
                 f"| {s.name} | {s.status} | {round(s.seconds, 2)} | {s.reason}{' — ' + label if label else ''} |"
             )
+        if v.unit_tests_selection:
+            lines += ["", f"Unit tests: {v.unit_tests_selection}."]
     if result.range_diff:
         lines += [
             "",

@@ -56,7 +56,7 @@ class Conflict:
 
 @dataclass
 class RefreshVerify:
-    """The verify a refresh ran on the new port (stages 1-2), and when a stage failed, each failure
+    """The verify a refresh ran on the new port (stages 1-2, or --verify-stages), and when a stage failed, each failure
     labelled against the old pin; or why it did not run (``skipped``)."""
 
     mode: str = ""
@@ -64,11 +64,14 @@ class RefreshVerify:
     failed: list[str] = field(default_factory=list)
     labels: dict[str, str] | None = None  # failed stage -> what the old pin did
     skipped: str | None = None  # why verify did not run (then no mode)
+    unit_tests_selection: str | None = None  # stage 3's impacted selection, as its summary line says it
 
     def to_dict(self) -> dict[str, Any]:
         if self.skipped is not None:
             return {"skipped": self.skipped, "stages": [], "failed": self.failed}
         out: dict[str, Any] = {"mode": self.mode, "stages": [s.to_dict() for s in self.stages], "failed": self.failed}
+        if self.unit_tests_selection is not None:
+            out["unit_tests_selection"] = self.unit_tests_selection
         if self.labels is not None:
             out["labels"] = self.labels
         return out

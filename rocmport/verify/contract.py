@@ -33,7 +33,8 @@ class UnitOptions:
     base: str | None  # the unported commit the baseline runs
     settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
     reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
-    selection: str = "series"  # series | fallback | explicit | all
+    selection: str = "series"  # series | fallback | explicit | all | impacted
+    impact: dict | None = None  # impacted: since, until, changed files, test files selected of the total (impact.py)
 
 
 @dataclass(frozen=True)

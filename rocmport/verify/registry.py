@@ -101,25 +101,70 @@ class UnitTests(Stage):
             ctx.mode, bool(ctx.machine.hip), hip_sim=bool(ctx.hip_version), arch=ctx.device_arch
         )
         files = suite.test_files(ctx.tree, unit.tests)
+        chosen = (
+            f"{len(files)} files of {unit.impact['total_files']}, impacted since {unit.impact['since'][:12]}"
+            if unit.impact
+            else f"{len(files)} files"
+        )
         with output.progress(
-            f"stage 3: upstream unit tests on {unit.nproc} ranks ({len(files)} files) and the unported baseline"
+            f"stage 3: upstream unit tests on {unit.nproc} ranks ({chosen}) and the unported baseline"
         ):
-            return StageRun(
-                stage_unit_tests(
-                    ctx.tree,
-                    ctx.env,
-                    unit.tests,
-                    unit.nproc,
-                    known,
-                    unit.cache_dir,
-                    unit.base,
-                    ctx.launcher,
-                    blocked=blocked(ctx.profile),
-                    progress=output.info,
-                    reasons=unit.reasons,
-                    known_skipped=not_applied,
-                )
+            result = stage_unit_tests(
+                ctx.tree,
+                ctx.env,
+                unit.tests,
+                unit.nproc,
+                known,
+                unit.cache_dir,
+                unit.base,
+                ctx.launcher,
+                blocked=blocked(ctx.profile),
+                progress=output.info,
+                reasons=unit.reasons,
+                known_skipped=not_applied,
             )
+        return StageRun(_full_suite_record(ctx, result))
+
+
+def _full_suite_record(ctx: VerifyContext, result: StageResult) -> StageResult:
+    """`--unit-tests all`: record the run (per-file seconds, tests, and the pass) in the cache;
+    `impacted`: its figures against that record, the summary's line first in the stage's reason."""
+    from rocmport.port import worktree as wt
+    from rocmport.verify import impact, suite
+
+    unit = ctx.opts.unit
+    details = result.details or {}
+    if unit is None or unit.selection not in ("all", "impacted") or "outcomes" not in details:
+        return result
+    state = wt.read_state(ctx.tree)
+    line = Path(state.series).parent.name if state and state.series else f"tree {ctx.tree}"
+    # the tests the selection holds: the port's test ids, or the unported tree's where more (a module
+    # that does not import on the port hides its tests there)
+    tests = max(sum("::" in k for k in details["outcomes"]), (details.get("baseline") or {}).get("tests") or 0)
+    if unit.selection == "all":
+        head = impact.head_commit(ctx.tree)
+        try:
+            impact.record_full_run(
+                unit.cache_dir,
+                line,
+                passed=result.status == stages.PASS,
+                commit=head,
+                base=unit.base,
+                tests=tests,
+                file_seconds=details.get("file_seconds", {}),
+                seconds=details.get("port_seconds", 0.0),
+            )
+        except OSError as exc:  # the run's result stands; only the next impacted run's figures miss it
+            output.warn(f"the full suite's run could not be recorded in {unit.cache_dir}: {exc.strerror or exc}")
+        return result
+    assert unit.impact is not None
+    full = impact.read_full_runs(unit.cache_dir).get(line, {})
+    text, figures = impact.impact_summary(
+        unit.impact, suite.test_files(ctx.tree, unit.tests), tests, details.get("port_seconds", 0.0), full
+    )
+    result.reason = f"{text}; {result.reason}"
+    result.details = {**details, "impact": figures}
+    return result
 
 
 class Functional(Stage):

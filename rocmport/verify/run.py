@@ -20,7 +20,7 @@ from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.machine import probe, python
-from rocmport.verify import environment, firewall, hip_sim, port_sites, stages, suite, te_layer
+from rocmport.verify import environment, firewall, hip_sim, impact, port_sites, stages, suite, te_layer
 from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
@@ -286,9 +286,22 @@ def unit_options(
     wanted: str | bool | None,
     tests,
     nproc: int,
+    since: str | None = None,
+    impact_extra: tuple[str, ...] = (),
 ) -> tuple[UnitOptions | None, str]:
     """Stage 3's options, or None and why it does not run. ``wanted``: None (default), False
-    (--no-unit-tests), "default" or "all" (--unit-tests [all]); ``tests``: explicit --unit-test paths."""
+    (--no-unit-tests), "default", "all" or "impacted" (--unit-tests ...); ``tests``: explicit
+    --unit-test paths; ``since``: the upstream commit an impacted selection diffs from (with
+    ``impact_extra``, more changed files: those whose port rewrite changed in a refresh hop)."""
+    if since is not None and wanted != "impacted":
+        raise BadInput(f"--since {since[:80]}: only with --unit-tests impacted (the selection it diffs from)")
+    if wanted == "impacted" and since is None:
+        raise BadInput(
+            "--unit-tests impacted: give --since COMMIT, the upstream commit the port was last verified at "
+            "(the tests that reach what changed since then run)"
+        )
+    if wanted == "impacted" and tests:
+        raise BadInput("--unit-test: not with --unit-tests impacted (it selects the files itself); give one of them")
     if wanted is False:
         return None, "--no-unit-tests"
     if not (tree / "tests" / "unit_tests").is_dir():
@@ -305,6 +318,26 @@ def unit_options(
         chosen, reasons, how = list(tests), {t: "--unit-test" for t in tests}, "explicit"
     elif wanted == "all":
         chosen, reasons, how = [suite.ALL], {suite.ALL: "--unit-tests all: upstream's whole unit-test suite"}, "all"
+    elif wanted == "impacted":
+        assert since is not None
+        until = base or run_git("rev-parse", "HEAD", cwd=tree).stdout.strip()
+        picked = impact.select(tree, since, until, suite.SMOKE_TESTS, cache_dir, impact_extra)
+        if not picked.selected:  # never an empty list: pytest without paths would collect the whole tree
+            return None, (
+                f"--unit-tests impacted: no test file reaches the {len(picked.changed)} files changed in "
+                f"{since[:12]}..{until[:12]}, and the tree has none of the smoke set's files"
+            )
+        chosen, reasons, how = list(picked.selected), dict(picked.selected), "impacted"
+        return UnitOptions(
+            tests=chosen,
+            nproc=nproc,
+            cache_dir=cache_dir,
+            base=base,
+            settings=settings,
+            reasons=reasons,
+            selection=how,
+            impact=picked.to_dict(),
+        ), ""
     elif settings.unit_tests:
         chosen, reasons, how = list(settings.unit_tests), dict(settings.unit_tests), "series"
     else:
@@ -434,6 +467,8 @@ def prepare(
     te: str = "none",
     moe: bool = True,
     hip_arch: str = hip_sim.DEFAULT_ARCH,
+    since: str | None = None,
+    impact_extra: tuple[str, ...] = (),
 ) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
     the one place a run's options are checked (run_verify takes them as checked)."""
@@ -474,7 +509,9 @@ def prepare(
         gpus=backend != "gloo" and probe.probe().has_gpu,
     )
     cfg, series_dir, base = series_settings(path)
-    unit, why = unit_options(cfg, base, settings.cache_dir, path, with_unit, unit_tests, unit_nproc)
+    unit, why = unit_options(
+        cfg, base, settings.cache_dir, path, with_unit, unit_tests, unit_nproc, since, impact_extra
+    )
     if why:
         skipped["unit-tests"] = why
     te_layer_ = te_for(te, series_dir, settings.cache_dir)

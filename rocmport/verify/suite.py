@@ -33,6 +33,15 @@ FALLBACK_TESTS = {
     "tests/unit_tests/pipeline_parallel/test_schedules.py": "megatron's pipeline schedules (p2p, microbatches)",
 }
 ALL = "tests/unit_tests"
+# `--unit-tests impacted` always runs these besides the files a hop's changes reach: fast files that
+# every session's setup goes through (the conftest.py files load megatron.training and the
+# checkpointing helpers: an import-time break anywhere they reach fails these too), on every line
+# from v0.15 to main (a file a tree lacks is left out).
+SMOKE_TESTS = {
+    "tests/unit_tests/test_basic.py": "megatron imports behind the firewall, the conftest.py files load (seconds)",
+    "tests/unit_tests/tensor_parallel/test_mappings.py": "tensor-parallel collectives over the proxy's nccl -> gloo swap",
+    "tests/unit_tests/transformer/test_mlp.py": "a small MLP through the port's tensor-parallel layers, forward and sharded state",
+}
 
 # Import name -> what to pip install, where they differ.
 PIP_NAMES = {

@@ -402,6 +402,7 @@ def run_tests(
     attempts = 0
     stopped = False
     files: dict[str, FileRun] = {}
+    file_seconds: dict[str, float] = {}  # per test file: its tests' seconds (the slowest rank's each)
     files_total = len(suite.test_files(tree, tests))
     reported: set[str] = set()
 
@@ -469,6 +470,13 @@ def run_tests(
             peak["rss_mb_all_ranks"] = max(
                 peak["rss_mb_all_ranks"], round(sum((r.get("peak") or {}).get("rss_mb", 0.0) for r in ranks), 1)
             )
+            took: dict[str, float] = {}
+            for r in ranks:
+                for nodeid, (_, began, ended) in (r.get("spans") or {}).items():
+                    if ended is not None:
+                        took[nodeid] = max(took.get(nodeid, 0.0), ended - began)
+            for nodeid, sec in took.items():
+                file_seconds[_file(nodeid)] = file_seconds.get(_file(nodeid), 0.0) + sec
             hang = _first_hang(ranks, stopped, env["ROCMPORT_UNIT_TEST_TIMEOUT"])
             if hang:
                 hung.append(hang.nodeid)
@@ -547,6 +555,7 @@ def run_tests(
         "deselected": dict(sorted(deselected.items())),
         "peak": peak,
         "seconds": round(time.monotonic() - start, 1),
+        "file_seconds": {f: round(sec, 2) for f, sec in sorted(file_seconds.items())},
         "crash": "" if ran else crash,
         "files": {f: a.to_dict() for f, a in files.items()},
         "restarts_per_file": restarts,
@@ -780,6 +789,16 @@ def label(
                 )
             else:
                 lab, text = "upstream-known", "fails the same way on the unported tree"
+        elif (
+            _file(nodeid) == nodeid
+            and b_module is None
+            and (ran_there := [k for k in base["outcomes"] if _file(k) == nodeid and k != nodeid])
+        ):
+            # its module does not import on the port; on the unported tree it imported and its tests ran
+            lab, text = (
+                "port-regression",
+                f"its module does not import here; on the unported tree it imported and {len(ran_there)} of its tests ran",
+            )
         elif b_module == "error" and _file(nodeid) != nodeid:
             lab, text = (
                 "unverified",
@@ -926,6 +945,9 @@ def stage_unit_tests(
             "commit": base,
             "cached": cached,
             "counts": _counts(base_result["outcomes"]),
+            "tests": sum(
+                "::" in k for k in base_result["outcomes"]
+            ),  # test ids (a module error hides them on the port)
             "guards": base_result.get("guards", []),
             "overlay": base_result.get("overlay", []),
             "peak": base_result.get("peak", {}),
@@ -933,6 +955,7 @@ def stage_unit_tests(
         "known_failures": known,
         "known_failures_not_applied": known_skipped or {},
         "port_seconds": port["seconds"],
+        "file_seconds": port["file_seconds"],  # per test file, its tests' seconds on the port (impact.py's estimates)
         "baseline_seconds": base_result.get("seconds") if not cached else 0.0,
         "slow": port["slow"],
         "machine": port["machine"],
