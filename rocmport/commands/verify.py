@@ -15,7 +15,7 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary, te_layer
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.registry import STAGES, Functional
+from rocmport.verify.registry import STAGES, Functional, UnitTests
 from rocmport.verify.result import VerifyReport
 from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
 
@@ -60,9 +60,9 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         click.echo("blocking:")
         for line in blocking:
             click.echo(redact(f"  {line}"))
-    for stage in r["stages"]:
-        if stage["name"] == "unit-tests" and stage.get("impact"):
-            click.echo(f"unit-tests: {stage['impact']['line']}")
+    unit = r.stage(UnitTests.name)
+    if unit is not None and unit.details.get("impact"):
+        click.echo(f"unit-tests: {unit.details['impact']['line']}")
     folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
     if folded:
         click.echo(redact(folded))
