@@ -105,3 +105,29 @@ class MachineShare:
         return Share(
             cpus, round(wall, 1), round(others_cores, 2), round(run / wall, 2), others_cores > OVERLOADED_SHARE * cpus
         )
+
+
+def task_limit() -> int | None:
+    """How many processes and threads this machine can hold at once: the smaller of the kernel's
+    pid_max and threads-max (None where /proc does not say). Every thread takes a process id, so a
+    run whose ranks hold thousands of threads each can meet pid_max (32768 on many machines) long
+    before memory runs out; the next thread or fork then fails with EAGAIN."""
+    limits = []
+    for name in ("pid_max", "threads-max"):
+        try:
+            limits.append(int(Path("/proc/sys/kernel", name).read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return min(limits) if limits else None
+
+
+def task_limit_phrase(threads_per_rank: int, ranks: int, limit: int | None) -> str | None:
+    """What to say when a run ended early and its ranks' threads came near the machine's task limit
+    (within a fifth of it), else None."""
+    if not limit or threads_per_rank * ranks < 0.8 * limit:
+        return None
+    return (
+        f"the {ranks} ranks peaked at {threads_per_rank} threads each ({threads_per_rank * ranks} of this machine's "
+        f"limit of {limit} processes and threads, kernel.pid_max / kernel.threads-max): a run that ended early may "
+        f"have run out of them; raise the limit (`sysctl -w kernel.pid_max=4194304`) or run fewer ranks (--unit-nproc)"
+    )

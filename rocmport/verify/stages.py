@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -315,7 +316,21 @@ def unsupported_why(what: str) -> str:
     return what if what.startswith("unsupported-in-proxy") else f"proxy shim hook missing: {what}"
 
 
+# An exception's own line in a traceback ("RuntimeError: ...", "torch.OutOfMemoryError: ..."), after
+# torchrun's "[rank3]: " prefix: what failed, where a line that merely mentions an error may be the
+# source line that raised it ("raise RuntimeError(").
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\[(?:rank|default)\d*\]:\s*)?((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit)(?::\s.*|$))"
+)
+
+
 def _last_error(proc: subprocess.CompletedProcess) -> str:
+    """The first exception a failed launch raised (its type and message), else the first line that
+    mentions an error, else its last line."""
+    for ln in proc.stderr.splitlines():
+        m = _EXCEPTION_LINE.match(ln.strip())
+        if m and m.group(1).rstrip(":").strip():
+            return m.group(1)[:400]
     lines = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln.lower()]
     return (lines[0] if lines else (proc.stderr.strip().splitlines() or ["no output"])[-1])[:400]
 

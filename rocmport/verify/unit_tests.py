@@ -49,7 +49,7 @@ from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
 from rocmport.upstreams import UPSTREAMS
 from rocmport.verify import suite
-from rocmport.machine.cpu_meter import MachineShare
+from rocmport.machine.cpu_meter import MachineShare, task_limit, task_limit_phrase
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted
 
@@ -985,6 +985,9 @@ def stage_unit_tests(
             else ""
         )
     )
+    ran_out = task_limit_phrase(port["peak"]["threads"], nproc, task_limit()) if not_run else None
+    if ran_out:
+        summary += f"; {ran_out}"
     lacking = {
         str(_missing_ordinary(k, port, blocked)).split(".")[0] for k, v in labels.items() if v == "missing-dependency"
     }
