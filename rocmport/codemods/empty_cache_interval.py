@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider
 
-from rocmport.codemods.base import Codemod, Context, means
+from rocmport.codemods.base import NAMES, Codemod, Context, means
 from rocmport.codemods.edits import visit_with_helper_import
 
 LEVEL_1 = m.If(
@@ -28,7 +27,7 @@ LEVEL_1 = m.If(
 
 
 class _Interval(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
 
     def __init__(self):
         self.sites = 0
