@@ -11,6 +11,7 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider
+from libcst.metadata.position_provider import NEWLINE_RE
 
 from rocmport.codemods.base import Context
 
@@ -107,14 +108,22 @@ def top_level_def_line(module: cst.Module, func: cst.FunctionDef) -> int | None:
     """The line PositionProvider gives ``func`` (its `def`, after any decorators) when it is a
     statement of ``module`` itself, from the code of what precedes it alone: several codemods
     prepend to validate_args() in the 3,400 lines of arguments.py, and positions over the whole
-    module cost each of them ~0.4 s of CPU. None for a nested function (or an odd newline)."""
-    if module.default_newline != "\n":
-        return None
-    at = next((i for i, stmt in enumerate(module.body) if stmt is func), None)
+    module cost each of them ~0.4 s of CPU. None for a nested function."""
+    return top_level_line(module, func)
+
+
+def top_level_line(module: cst.Module, stmt: cst.BaseStatement) -> int | None:
+    """The start line PositionProvider gives ``stmt``, a statement of ``module`` itself (after its
+    leading blank and comment lines; a def or class after its decorators), from the code of what
+    precedes it alone, its line breaks counted as PositionProvider counts them. None when it is not
+    in module.body."""
+    at = next((i for i, node in enumerate(module.body) if node is stmt), None)
     if at is None:
         return None
-    before = [*module.header, *module.body[:at], *func.leading_lines, *func.decorators, *func.lines_after_decorators]
-    return 1 + sum(module.code_for_node(node).count("\n") for node in before)
+    before: list[cst.CSTNode] = [*module.header, *module.body[:at], *stmt.leading_lines]
+    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        before += [*stmt.decorators, *stmt.lines_after_decorators]
+    return 1 + len(NEWLINE_RE.findall("".join(module.code_for_node(node) for node in before)))
 
 
 class _Binds(cst.CSTVisitor):
