@@ -112,7 +112,7 @@ def top_level_def_line(module: cst.Module, func: cst.FunctionDef) -> int | None:
     return top_level_line(module, func)
 
 
-def top_level_line(module: cst.Module, stmt: cst.BaseStatement) -> int | None:
+def top_level_line(module: cst.Module, stmt: cst.CSTNode) -> int | None:
     """The start line PositionProvider gives ``stmt``, a statement of ``module`` itself (after its
     leading blank and comment lines; a def or class after its decorators), from the code of what
     precedes it alone, its line breaks counted as PositionProvider counts them. None when it is not
@@ -120,9 +120,10 @@ def top_level_line(module: cst.Module, stmt: cst.BaseStatement) -> int | None:
     at = next((i for i, node in enumerate(module.body) if node is stmt), None)
     if at is None:
         return None
-    before: list[cst.CSTNode] = [*module.header, *module.body[:at], *stmt.leading_lines]
-    if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-        before += [*stmt.decorators, *stmt.lines_after_decorators]
+    found = module.body[at]
+    before: list[cst.CSTNode] = [*module.header, *module.body[:at], *found.leading_lines]
+    if isinstance(found, (cst.FunctionDef, cst.ClassDef)):
+        before += [*found.decorators, *found.lines_after_decorators]
     return 1 + len(NEWLINE_RE.findall("".join(module.code_for_node(node) for node in before)))
 
 
