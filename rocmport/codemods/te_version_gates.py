@@ -449,15 +449,26 @@ class TeVersionGates(Codemod):
     )
     TRIGGERS = (GATE,)
 
+    @staticmethod
+    def _gated_if_names(module: cst.Module, calls: _GateCalls, ctx: Context) -> bool:
+        names = (*ATTRIBUTE_GATES, *FEATURE_GATES)
+        if ctx.absent(module, *names):
+            return False
+        if not ctx.prefilter:
+            return True
+        ifs = {id(stmt): stmt for _, _, stmt in calls.calls if isinstance(stmt, cst.If)}
+        return any(name in module.code_for_node(stmt) for stmt in ifs.values() for name in names)
+
     def transform(self, module: cst.Module, ctx: Context):
         wrapper = ctx.wrap(module)
         drift = not ctx.absent(module, *(name.rsplit(".", 1)[1] for name in CALL_DRIFT))
         gates, calls = _Gates(drift), _GateCalls()
         wrapper.visit(calls)
         # _Gates rewrites a gate in (or around) a class deriving from a TE class, a call of a
-        # CALL_DRIFT function, or a gate around a call of an ATTRIBUTE_GATES helper or a raise naming
-        # a FEATURE_GATES object: a module with none of them it leaves as it is.
-        if drift or calls.te_classes or not ctx.absent(module, *ATTRIBUTE_GATES, *FEATURE_GATES):
+        # CALL_DRIFT function, or an `if <gate>` whose body calls an ATTRIBUTE_GATES helper or raises
+        # naming a FEATURE_GATES object (the gate in its test: the If is that call's statement, and
+        # its code spells the helper or the object): a module with none of them it leaves as it is.
+        if drift or calls.te_classes or self._gated_if_names(module, calls, ctx):
             rewritten = wrapper.visit(gates)
             module = rewritten if gates.sites else module  # an equal copy otherwise: keep its metadata
         probes = gates.sites

@@ -72,6 +72,13 @@ CASES = [
         "            return 1\n",
         "device-probes",
     ),
+    (  # te-version-gates: an attribute gate in an elif, the helper named in the body only
+        "megatron/core/i.py",
+        "from megatron.core.utils import is_te_min_version\n\n\ndef f(config, module):\n"
+        "    if config.fp8_recipe:\n        pass\n"
+        '    elif config.fp8 and is_te_min_version("2.6.0"):\n        module.set_save_original_input(True)\n',
+        "te-version-gates",
+    ),
     (  # fused-kernel-fallbacks: a kernel imported in a function with odd spacing, and validate_args
         "megatron/training/arguments.py",
         "import  amp_C\n\n\ndef f():\n    import  fused_weight_gradient_mlp_cuda\n    return 1\n\n\n"
