@@ -79,6 +79,13 @@ CASES = [
         '    elif config.fp8 and is_te_min_version("2.6.0"):\n        module.set_save_original_input(True)\n',
         "te-version-gates",
     ),
+    (  # empty-cache-interval: calls under the gate in a nested def, an else and a with, torch aliased
+        "megatron/training/training.py",
+        "import torch.cuda as tc\n\n\ndef train_step(args):\n    if args.empty_unused_memory_level >= 1:\n"
+        "        tc.empty_cache()\n    else:\n        def later():\n            tc.empty_cache()\n\n"
+        "        with later():\n            tc.empty_cache()\n    tc.empty_cache()\n",
+        "empty-cache-interval",
+    ),
     (  # fused-kernel-fallbacks: a kernel imported in a function with odd spacing, and validate_args
         "megatron/training/arguments.py",
         "import  amp_C\n\n\ndef f():\n    import  fused_weight_gradient_mlp_cuda\n    return 1\n\n\n"
