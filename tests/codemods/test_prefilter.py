@@ -171,7 +171,7 @@ def test_prefiltered_equals_full_on_every_file_of_megatron_core_0_16_1(tmp_path)
     tree = sdist_tree(tmp_path)
     files = {str(p.relative_to(tree)): p.read_text() for p in tree.rglob("*.py")}
     specs = _specs(load_series(REPO / "patchsets" / "megatron-lm" / "v0.16" / "series").codemods)
-    assert_tree_identical(files, specs, at_least=40)
+    assert_tree_identical(files, specs, at_least=30)
 
 
 @pytest.mark.slow
@@ -205,7 +205,8 @@ def test_the_runner_gives_the_same_layers_and_failures_in_the_pool(tmp_path, mon
     files = {
         "megatron/core/a_small.py": "import torch\nf = torch.cuda.amp.custom_fwd\n",
         "megatron/core/b_broken.py": "import apex\ndef f(:\n",
-        "megatron/core/c_large.py": "import torch\n" + "".join(f"f{i} = torch.cuda.amp.custom_bwd\n" for i in range(300)),
+        "megatron/core/c_large.py": "import torch\n"
+        + "".join(f"f{i} = torch.cuda.amp.custom_bwd\n" for i in range(300)),
         "megatron/core/d_broken.py": "import apex\nclass (:\n",
     }
     for rel, text in files.items():
