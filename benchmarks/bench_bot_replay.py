@@ -136,6 +136,18 @@ def outcome_of(summary: dict) -> str:
     return f"{status} ({why})" if why and status != "ready" else status
 
 
+def verify_failure(root: Path, log: Path, since: float) -> str:
+    """What failed: the stages the verify report names, or the error line verify stopped with."""
+    last = root / "build" / "verify" / "last.json"
+    if last.is_file() and last.stat().st_mtime >= since - 1:
+        from rocmport.verify.report import last_verify
+
+        found = last_verify(root) or {}
+        return f"{', '.join(found.get('failed') or []) or 'no stage failed'}; {found.get('verdict') or found.get('error')}"
+    errors = [line for line in log.read_text(encoding="utf-8").splitlines() if line.startswith("rocmport: error:")]
+    return errors[-1] if errors else "see the log"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument(
@@ -235,11 +247,11 @@ def main() -> None:
             calls = runs.take()
             verify = ""
             if args.verify_stages and summary.get("status") in ("ready", "not-verified"):
-                v0 = time.perf_counter()
+                v0, started = time.perf_counter(), time.time()
                 vcode = rocmport("verify", "--stages", args.verify_stages)
                 verify = f"; verify {args.verify_stages}: {'passed' if vcode == 0 else f'FAILED (exit {vcode})'} in {time.perf_counter() - v0:.1f} s"
                 if vcode != 0:
-                    outcome = f"failed verify (stages {args.verify_stages})"
+                    outcome = f"failed verify (stages {args.verify_stages}: {verify_failure(root, log, started)})"
             rows.append(
                 {
                     "hop": i,

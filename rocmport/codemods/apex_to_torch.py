@@ -9,9 +9,8 @@ torch._foreach_*, apex.amp -> a torch.amp-style shim) from the generated megatro
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import QualifiedNameProvider
 
-from rocmport.codemods.base import Codemod, Context, means
+from rocmport.codemods.base import NAMES, Codemod, Context, means
 from rocmport.codemods.edits import add_imports, remove_unused_imports
 from rocmport.codemods.guard import guard_imports, helper_import
 
@@ -27,7 +26,7 @@ def _torch_amp(name: str) -> cst.Attribute:
 class _AmpRewrite(cst.CSTTransformer):
     """Every reference that means `torch.cuda.amp.<X>`, however the module imported it."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
 
     def __init__(self):
         self.sites = 0
@@ -142,9 +141,12 @@ class ApexToTorch(Codemod):
     def transform(self, module: cst.Module, ctx: Context):
         sites = 0
         amp = _AmpRewrite()
-        before = module
-        module = ctx.wrap(module).visit(amp)
-        ctx.sites_at(before, amp.found)
+        # A reference that means torch.cuda.amp.<X> spells X: in the access or in its import.
+        if not ctx.absent(module, *(name.rsplit(".", 1)[1] for name in (*_KW_AMP, *_POS_AMP))):
+            before = module
+            rewritten = ctx.wrap(module).visit(amp)
+            ctx.sites_at(before, amp.found)
+            module = rewritten if amp.sites else before  # an equal copy otherwise: keep its metadata
         if amp.sites:
             sites += amp.sites
             # The rewritten references need `torch` (and functools for a bare reference); imports

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider
 
-from rocmport.codemods.base import Codemod, Context, means, qualified_names
+from rocmport.codemods.base import NAMES, Codemod, Context, means, qualified_names
 from rocmport.codemods.edits import visit_with_helper_import
 
 GET_CONTEXT = ("torch.multiprocessing.get_context", "multiprocessing.get_context")
@@ -19,7 +18,7 @@ FORK = m.Call(args=[m.Arg(m.SimpleString(m.MatchIfTrue(lambda s: s.strip("'\"") 
 
 
 class _ForkInAsyncCaller(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
 
     def __init__(self):
         self.callers = 0  # depth inside classes deriving from AsyncCaller

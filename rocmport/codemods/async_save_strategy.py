@@ -22,7 +22,8 @@ class AsyncSaveStrategy(Codemod):
     TRIGGERS = ("\ndef validate_args(args",)
 
     def transform(self, module: cst.Module, ctx: Context):
-        if not m.findall(module, _ASYNC_STRATEGY):  # lines before v0.17 have no --async-strategy
+        # lines before v0.17 have no --async-strategy
+        if ctx.absent(module, "async_strategy") or not m.findall(module, _ASYNC_STRATEGY):
             return module, 0
         return prepend_to_validate_args(
             module,

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider
 
-from rocmport.codemods.base import Codemod, Context, means
+from rocmport.codemods.base import NAMES, Codemod, Context, means
 from rocmport.codemods.edits import add_imports, helper_imports, prepend_to_function
 from rocmport.codemods.guard import helper_import
 
@@ -30,7 +29,7 @@ _AT_MOST_ONE_ARG = m.Call(
 class _CapabilityGates(cst.CSTTransformer):
     """The three shapes, however torch.cuda or the functions were imported."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
     MAJOR_INDEX = m.Subscript(value=_AT_MOST_ONE_ARG, slice=[m.SubscriptElement(m.Index(m.Integer("0")))])
     MAJOR_ATTR = m.Attribute(value=_AT_MOST_ONE_ARG, attr=m.Name("major"))
     HOPPER = m.OneOf(
@@ -92,9 +91,12 @@ class CapabilityGates(Codemod):
 
     def transform(self, module: cst.Module, ctx: Context):
         gates = _CapabilityGates()
-        before = module
-        module = ctx.wrap(module).visit(gates)
-        ctx.sites_at(before, gates.found)
+        # A call that means one of the two spells its name (in the call or in its import).
+        if not ctx.absent(module, CAPABILITY.rsplit(".", 1)[1], PROPERTIES.rsplit(".", 1)[1]):
+            before = module
+            rewritten = ctx.wrap(module).visit(gates)
+            ctx.sites_at(before, gates.found)
+            module = rewritten if gates.sites else before  # an equal copy otherwise: keep its metadata
         if gates.uses:
             module = add_imports(module, helper_imports(ctx, *sorted(gates.uses)))
         module, arch = prepend_to_function(

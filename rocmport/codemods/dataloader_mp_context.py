@@ -10,9 +10,8 @@ a warning). On CUDA the wrapper is the class itself."""
 from __future__ import annotations
 
 import libcst as cst
-from libcst.metadata import QualifiedNameProvider
 
-from rocmport.codemods.base import Codemod, Context, means
+from rocmport.codemods.base import NAMES, Codemod, Context, means
 from rocmport.codemods.edits import visit_with_helper_import
 
 DATALOADER = "torch.utils.data.DataLoader"
@@ -20,7 +19,7 @@ LOADER_FUNCTIONS = {"build_pretraining_data_loader"}
 
 
 class _WrapLoader(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
 
     def __init__(self):
         self.inside = 0

@@ -11,6 +11,7 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 from libcst.metadata import PositionProvider
+from libcst.metadata.position_provider import NEWLINE_RE
 
 from rocmport.codemods.base import Context
 
@@ -26,8 +27,39 @@ def _is_docstring(stmt) -> bool:
     )
 
 
-class _Prepend(cst.CSTTransformer):
-    def __init__(self, path: tuple[str, ...], code: str, marker: str):
+# The nodes a `def` can be found under: statements that hold blocks, and their blocks. Everything
+# else (a simple statement, an expression, parameters, decorators, whitespace) holds no FunctionDef.
+SKELETON = (
+    cst.Module,
+    cst.BaseCompoundStatement,
+    cst.IndentedBlock,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
+
+
+class StatementTransformer(cst.CSTTransformer):
+    """A transformer that visits only the statement skeleton (SKELETON) when ``prune``: what it
+    does not visit it returns as it is (no node rebuilt), and its own leave_ method for a simple
+    statement still runs, with the node unchanged. For rewrites of functions and statements: on a
+    3,000-line module it visits a few thousand nodes instead of a few hundred thousand."""
+
+    def __init__(self, prune: bool = True):
+        super().__init__()
+        self.prune = prune
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.prune and not isinstance(node, SKELETON):
+            return False
+        return super().on_visit(node)
+
+
+class _Prepend(StatementTransformer):
+    def __init__(self, path: tuple[str, ...], code: str, marker: str, prune: bool = True):
+        super().__init__(prune)
         self.path, self.code, self.marker = path, code, marker
         self.stack: list[str] = []
         self.sites = 0
@@ -57,8 +89,12 @@ def prepend_to_function(
     """Insert ``code`` at the start of the function whose def-nesting is ``path`` (classes ignored),
     after its docstring, unless the function already contains ``marker``. Each insertion is
     reported to ``ctx`` as a site with ``note``."""
-    edit = _Prepend(path, code, marker)
+    if ctx is not None and ctx.absent(module, path[-1]):
+        return module, 0  # no function of that name in the text: nothing to find
+    edit = _Prepend(path, code, marker, prune=ctx is None or ctx.prefilter)
     new = module.visit(edit)
+    if not edit.changed:
+        return module, 0
     if edit.changed and ctx is not None:
         for func in edit.changed:
             line = top_level_def_line(module, func)
@@ -72,14 +108,23 @@ def top_level_def_line(module: cst.Module, func: cst.FunctionDef) -> int | None:
     """The line PositionProvider gives ``func`` (its `def`, after any decorators) when it is a
     statement of ``module`` itself, from the code of what precedes it alone: several codemods
     prepend to validate_args() in the 3,400 lines of arguments.py, and positions over the whole
-    module cost each of them ~0.4 s of CPU. None for a nested function (or an odd newline)."""
-    if module.default_newline != "\n":
-        return None
-    at = next((i for i, stmt in enumerate(module.body) if stmt is func), None)
+    module cost each of them ~0.4 s of CPU. None for a nested function."""
+    return top_level_line(module, func)
+
+
+def top_level_line(module: cst.Module, stmt: cst.CSTNode) -> int | None:
+    """The start line PositionProvider gives ``stmt``, a statement of ``module`` itself (after its
+    leading blank and comment lines; a def or class after its decorators), from the code of what
+    precedes it alone, its line breaks counted as PositionProvider counts them. None when it is not
+    in module.body."""
+    at = next((i for i, node in enumerate(module.body) if node is stmt), None)
     if at is None:
         return None
-    before = [*module.header, *module.body[:at], *func.leading_lines, *func.decorators, *func.lines_after_decorators]
-    return 1 + sum(module.code_for_node(node).count("\n") for node in before)
+    found = module.body[at]
+    before: list[cst.CSTNode] = [*module.header, *module.body[:at], *found.leading_lines]
+    if isinstance(found, (cst.FunctionDef, cst.ClassDef)):
+        before += [*found.decorators, *found.lines_after_decorators]
+    return 1 + len(NEWLINE_RE.findall("".join(module.code_for_node(node) for node in before)))
 
 
 class _Binds(cst.CSTVisitor):
@@ -108,7 +153,7 @@ def insert_after_binding(
 ) -> tuple[cst.Module, int]:
     """Insert ``code`` after the last module-level statement that assigns ``name`` (also inside a
     top-level try/if), unless the module already contains ``marker``; reported to ``ctx``."""
-    if marker in module.code:
+    if marker in (ctx.code(module) if ctx is not None else module.code):
         return module, 0
     body = list(module.body)
     last = None

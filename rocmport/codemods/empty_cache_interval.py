@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider
 
-from rocmport.codemods.base import Codemod, Context, means
-from rocmport.codemods.edits import visit_with_helper_import
+from rocmport.codemods.base import NAMES, Codemod, Context, means
+from rocmport.codemods.edits import SKELETON, visit_with_helper_import
 
 LEVEL_1 = m.If(
     test=m.Comparison(
@@ -28,13 +27,22 @@ LEVEL_1 = m.If(
 
 
 class _Interval(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
 
-    def __init__(self):
+    def __init__(self, prune: bool = True):
+        super().__init__()
+        self.prune = prune
         self.sites = 0
         self.found: list[tuple[cst.CSTNode, str]] = []
         self._function: list[str] = []
         self._gates: list[bool] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # Statements are walked to find the gates; what is under a gate whole (a site is a call
+        # there, in its body or its else, however deep); anything else holds no site.
+        if self.prune and not isinstance(node, SKELETON) and not (self._gates and self._gates[-1]):
+            return False
+        return super().on_visit(node)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self._function.append(node.name.value)
@@ -78,7 +86,7 @@ class EmptyCacheInterval(Codemod):
     TRIGGERS = ("empty_unused_memory_level >= 1",)
 
     def transform(self, module: cst.Module, ctx: Context):
-        interval = _Interval()
+        interval = _Interval(ctx.prefilter)
         new, sites = visit_with_helper_import(module, interval, ctx, "empty_cache_on_interval")
         ctx.sites_at(module, interval.found)
-        return new, sites
+        return (new, sites) if sites else (module, 0)

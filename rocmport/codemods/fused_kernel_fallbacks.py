@@ -20,7 +20,7 @@ import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import Codemod, Context
-from rocmport.codemods.edits import prepend_to_function
+from rocmport.codemods.edits import StatementTransformer, prepend_to_function
 from rocmport.codemods.guard import guard_imports, helper_import
 
 KERNEL_MODULES = {
@@ -35,10 +35,11 @@ KERNEL_MODULES = {
 }
 
 
-class _ValidateArgsReturn(cst.CSTTransformer):
+class _ValidateArgsReturn(StatementTransformer):
     """`return args` in validate_args() goes through disable_missing_fusions(args)."""
 
     def __init__(self, ctx: Context):
+        super().__init__(ctx.prefilter)
         self.ctx = ctx
         self.sites = 0
         self.found: list[tuple[cst.CSTNode, str]] = []
@@ -52,8 +53,9 @@ class _ValidateArgsReturn(cst.CSTTransformer):
         if self.depth or not isinstance(updated.body, cst.IndentedBlock):
             return updated
         name, path = original.name.value, self.ctx.relpath
-        code = cst.Module([]).code_for_node(updated)
-        if name == "validate_args" and path.endswith("training/arguments.py") and "disable_missing_fusions" not in code:
+        if name != "validate_args" or not path.endswith("training/arguments.py"):
+            return updated
+        if "disable_missing_fusions" not in cst.Module([]).code_for_node(updated):
             new_body: list[cst.BaseStatement] = []
             for old, stmt in zip(original.body.body, updated.body.body):
                 if isinstance(stmt, cst.SimpleStatementLine) and m.matches(
@@ -75,10 +77,11 @@ class _ValidateArgsReturn(cst.CSTTransformer):
 FUNCTION_FALLBACKS = {"fused_weight_gradient_mlp_cuda": "WgradGemmFallback", "amp_C": "AmpCFallback"}
 
 
-class _FunctionImports(cst.CSTTransformer):
+class _FunctionImports(StatementTransformer):
     """`import <kernel>` inside a function, outside any try: guarded with the torch fallback."""
 
     def __init__(self, ctx: Context):
+        super().__init__(ctx.prefilter)
         self.ctx = ctx
         self.functions = 0
         self.tries = 0
@@ -128,6 +131,12 @@ class _FunctionImports(cst.CSTTransformer):
         return cst.parse_statement(code).with_changes(leading_lines=updated.leading_lines)
 
 
+def _unless_unchanged(module: cst.Module, new: cst.Module, sites: int) -> cst.Module:
+    """The module a transformer made, or the one it was given when it rewrote nothing (an equal
+    copy: keeping the original keeps its metadata and its text for what comes next)."""
+    return new if sites else module
+
+
 class FusedKernelFallbacks(Codemod):
     NAME = "fused-kernel-fallbacks"
     DESCRIPTION = "No nvcc build on ROCm; guarded CUDA-extension imports (torch fallbacks); fusion flags off on ROCm without kernels"
@@ -149,22 +158,24 @@ class FusedKernelFallbacks(Codemod):
                 "load() returns early without nvcc (ROCm, or CUDA_HOME unset)",
             )
         rewrite = _ValidateArgsReturn(ctx)
-        before = module
-        module = module.visit(rewrite)
-        ctx.sites_at(before, rewrite.found)
+        if not ctx.absent(module, "validate_args"):
+            before = module
+            module = _unless_unchanged(module, module.visit(rewrite), rewrite.sites)
+            ctx.sites_at(before, rewrite.found)
         inner = _FunctionImports(ctx)
-        before = module
-        module = module.visit(inner)
-        ctx.sites_at(before, inner.found)
-        if inner.skipped:
-            lines = ctx.wrap(before).resolve(PositionProvider)
-            for node, reason in inner.skipped:
-                ctx.skip(reason, lines[node].start.line)
+        if not ctx.absent(module, *KERNEL_MODULES):  # an import of a kernel spells its name
+            before = module
+            module = _unless_unchanged(module, module.visit(inner), inner.sites)
+            ctx.sites_at(before, inner.found)
+            if inner.skipped:
+                lines = ctx.wrap(before).resolve(PositionProvider)
+                for node, reason in inner.skipped:
+                    ctx.skip(reason, lines[node].start.line)
 
         def fallback(name, source, node):
             return "AmpCFallback" if source.split(".")[0] == "amp_C" else "None"
 
-        needs_ampc = "amp_C" in module.code
+        needs_ampc = "amp_C" in ctx.code(module)
         module, guarded = guard_imports(
             module,
             ctx,

@@ -9,6 +9,7 @@ import libcst as cst
 from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import Context, bound_names, dotted, import_names
+from rocmport.codemods.edits import top_level_line
 
 
 def _top(modname: str) -> str:
@@ -41,7 +42,12 @@ def guard_imports(
     body = list(module.body)
     if not any(matching_import(stmt, packages) is not None for stmt in body):
         return module, 0
-    lines = ctx.wrap(module).resolve(PositionProvider)
+    def line(stmt: cst.BaseStatement) -> int:
+        # The imports are statements of the module, mostly near its top: their lines from the code
+        # before them, not from positions over the whole module (a codegen of all of it).
+        found = top_level_line(module, stmt) if ctx.prefilter else None
+        return found if found is not None else ctx.wrap(module).resolve(PositionProvider)[stmt].start.line
+
     out: list[cst.BaseStatement] = []
     sites = 0
     i = 0
@@ -74,7 +80,7 @@ def guard_imports(
         for stmt, _ in run:
             ctx.site(
                 f"guarded: {module.code_for_node(stmt).strip()} (except ImportError: {', '.join(flags)} = False)",
-                lines[stmt].start.line,
+                line(stmt),
             )
     return (module.with_changes(body=out), sites) if sites else (module, 0)
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import QualifiedNameProvider
 
-from rocmport.codemods.base import Codemod, Context, means
+from rocmport.codemods.base import NAMES, Codemod, Context, means
 from rocmport.codemods.edits import visit_with_helper_import
 
 BUILDERS = ("torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load")
@@ -23,7 +22,7 @@ LNCCL = m.List(
 
 
 class _NcclLink(cst.CSTTransformer):
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
 
     def __init__(self):
         self.sites = 0

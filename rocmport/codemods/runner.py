@@ -87,28 +87,35 @@ def python_files(tree: Path) -> list[str]:
     return out
 
 
-def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str, dict], FileFailure | None]:
+def transform_text(
+    relpath: str, text: str, specs: list[dict], prefilter: bool = True
+) -> tuple[dict[str, dict], FileFailure | None]:
     """Parse ``text`` once and run the codemods in order over the parsed module.
 
     {codemod name: {"code": text after it or None if unchanged, "sites": n, "reports": [...]}} for
-    the codemods that changed the file or reported something about it."""
+    the codemods that changed the file or reported something about it. ``prefilter`` False runs
+    every codemod in full (Context.prefilter): the differential tests compare the two."""
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
         return {}, FileFailure(relpath, exc.raw_line, str(exc).splitlines()[0])
     out: dict[str, dict] = {}
     prev = text
-    shared: dict = {}  # metadata over an unchanged module is reused by the next codemod
+    # Metadata over an unchanged module is reused by the next codemod, and so is its text.
+    shared: dict = {"code": (module, text)}
     for spec in specs:
         mod = registry[spec["name"]]
         if not mod.triggered(prev, spec["options"]):
             continue
-        ctx = Context(relpath, spec["options"], codemod=spec["name"], shared=shared, facts=spec.get("facts"))
+        ctx = Context(
+            relpath, spec["options"], codemod=spec["name"], shared=shared, facts=spec.get("facts"), prefilter=prefilter
+        )
         try:
             new, sites = mod.transform(module, ctx)
         except Exception as exc:  # a codemod bug must not take the whole run down
             return out, FileFailure(relpath, None, f"{spec['name']}: {type(exc).__name__}: {exc}")
-        code = new.code
+        # A codemod that returns the module it was given changed nothing: no codegen to find out.
+        code = prev if new is module else ctx.code(new)
         changed = code != prev
         if changed or ctx.reports:
             out[spec["name"]] = {
@@ -118,6 +125,7 @@ def transform_text(relpath: str, text: str, specs: list[dict]) -> tuple[dict[str
             }
         if changed:
             module, prev = new, code
+        shared["code"] = (module, prev)
     return out, None
 
 
@@ -173,15 +181,19 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
     work = [(rel, text, s) for rel, text, s, _ in todo]
     said = f"{result.cache_hits} from the cache, " if result.cache_hits else ""
     output.advance(f"codemods: 0/{len(work)} files ({said}{len(files)} in the tree)")
-    if jobs > 1 and len(work) > 8:
+    if jobs > 1 and len(work) > 1:
+        # A refresh hop re-runs a handful of files, one of them often 3,000 lines that takes most of
+        # the time: the largest go first, one at a time, so that the workers finish together.
+        order = sorted(range(len(work)), key=lambda i: -len(work[i][1]))
         # workers that end with apply/refresh: killed by kill -9 of it, and at once on a Ctrl-C
-        done = pool_map(
+        ran = pool_map(
             _work,
-            work,
-            jobs,
-            chunksize=max(1, min(16, len(work) // (jobs * 4))),
+            [work[i] for i in order],
+            min(jobs, len(work)),
             each=lambda n: output.advance(f"codemods: {n}/{len(work)} files ({said}{len(files)} in the tree)"),
         )
+        by_index = dict(zip(order, ran))
+        done = [by_index[i] for i in range(len(work))]
     else:
         done = []
         for w in work:

@@ -31,9 +31,9 @@ import re
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import PositionProvider, QualifiedNameProvider
+from libcst.metadata import PositionProvider
 
-from rocmport.codemods.base import Codemod, Context, means, qualified_names
+from rocmport.codemods.base import NAMES, Codemod, Context, means, qualified_names
 from rocmport.codemods.edits import add_imports, helper_imports, prepend_to_function
 
 GATE = "is_te_min_version"
@@ -89,6 +89,15 @@ FEATURE_GATES = {"NVFP4BlockScaling": "common.recipe.NVFP4BlockScaling"}
 CALL_SITE = "call site"  # the `version` a drift site reports (no version gate there)
 
 
+def te_class(visitor: cst.MetadataDependent, cls: cst.ClassDef) -> str | None:
+    """`pytorch.Linear` for a class deriving from transformer_engine.pytorch.Linear, however imported."""
+    for base in cls.bases:
+        for q in sorted(qualified_names(visitor, base.value)):
+            if q.startswith(TE + "."):
+                return q[len(TE) + 1 :]
+    return None
+
+
 def left_reason(path: str, statement: str) -> str:
     return next(why for pat, why in LEFT_RULES if re.search(pat, path + "\n" + statement[:600]))
 
@@ -136,11 +145,14 @@ class _Gates(cst.CSTTransformer):
       (`class TELinear(te.pytorch.Linear)`, or `from transformer_engine.pytorch import Linear`);
     - `if [HAVE_TE and] <gate>:` around `class X(<a TE class>)`: the gate means "TE has it"."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+    METADATA_DEPENDENCIES = NAMES
 
-    def __init__(self):
+    def __init__(self, drift: bool = True):
         self.owners: list[str | None] = []
-        self.spread: list[set[str]] = []
+        # per function: the names it passes as **name, found when a block of a TE class needs them
+        # (the function itself until then: most functions are in no TE class)
+        self.spread: list[cst.FunctionDef | set[str]] = []
+        self.look_for_drift = drift  # False: the text names no CALL_DRIFT function (no call can mean one)
         self.drift: list[dict[str, tuple[str, str]]] = []  # per function: spread name -> (fn code, TE qualified name)
         self.sites = 0
         self.uses: set[str] = set()  # helper names the rewritten gates call
@@ -157,21 +169,25 @@ class _Gates(cst.CSTTransformer):
         )
 
     def te_class(self, cls: cst.ClassDef) -> str | None:
-        """`pytorch.Linear` for a class deriving from transformer_engine.pytorch.Linear, however imported."""
-        for base in cls.bases:
-            for q in sorted(qualified_names(self, base.value)):
-                if q.startswith(TE + "."):
-                    return q[len(TE) + 1 :]
-        return None
+        return te_class(self, cls)
+
+    def spread_names(self) -> set[str]:
+        top = self.spread[-1]
+        if not isinstance(top, set):
+            found = _Spread()
+            top.visit(found)
+            top = self.spread[-1] = found.names
+        return top
 
     def drifted(self, call: cst.Call) -> str | None:
         return next((q for q in qualified_names(self, call.func) if q in CALL_DRIFT), None)
 
     def visit_FunctionDef(self, node: cst.FunctionDef):
-        found = _Spread()
-        node.visit(found)
-        self.spread.append(found.names)
-        spreads = {}
+        self.spread.append(node)
+        spreads: dict[str, tuple[str, str]] = {}
+        if not self.look_for_drift:
+            self.drift.append(spreads)
+            return
         for found_call in m.findall(
             node, m.Call(args=[m.ZeroOrMore(), m.Arg(value=m.Name(), star="**"), m.ZeroOrMore()])
         ):
@@ -327,9 +343,9 @@ class _Gates(cst.CSTTransformer):
     def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
         updated = self._drifted_kwargs(original, updated)
         owner = next((o for o in reversed(self.owners) if o), None) if self.owners else None
-        if owner is None or not self.spread or not self.spread[-1]:
+        if owner is None or not self.spread or not self.spread_names():
             return updated
-        spread = self.spread[-1]
+        spread = self.spread_names()
         body = list(updated.body)
         for i, stmt in enumerate(body):
             old = original.body[i]
@@ -397,11 +413,15 @@ def _and_accepts(test: cst.BaseExpression, fn: str, name: str) -> cst.BooleanOpe
 class _GateCalls(cst.CSTVisitor):
     """Every call of the gate, with the statement it decides (for the per-site reports)."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, PositionProvider)
+    METADATA_DEPENDENCIES = (*NAMES, PositionProvider)
 
     def __init__(self):
         self.calls: list[tuple[int, str, cst.CSTNode]] = []  # (line, version, statement)
         self.statements: list[cst.CSTNode] = []  # the statements enclosing the node visited
+        self.te_classes = False  # a class deriving from a TE class (the gates _Gates rewrites are in one)
+
+    def visit_ClassDef(self, node: cst.ClassDef):
+        self.te_classes = self.te_classes or te_class(self, node) is not None
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
@@ -429,11 +449,28 @@ class TeVersionGates(Codemod):
     )
     TRIGGERS = (GATE,)
 
+    @staticmethod
+    def _gated_if_names(module: cst.Module, calls: _GateCalls, ctx: Context) -> bool:
+        names = (*ATTRIBUTE_GATES, *FEATURE_GATES)
+        if ctx.absent(module, *names):
+            return False
+        if not ctx.prefilter:
+            return True
+        ifs = {id(stmt): stmt for _, _, stmt in calls.calls if isinstance(stmt, cst.If)}
+        return any(name in module.code_for_node(stmt) for stmt in ifs.values() for name in names)
+
     def transform(self, module: cst.Module, ctx: Context):
         wrapper = ctx.wrap(module)
-        gates, calls = _Gates(), _GateCalls()
+        drift = not ctx.absent(module, *(name.rsplit(".", 1)[1] for name in CALL_DRIFT))
+        gates, calls = _Gates(drift), _GateCalls()
         wrapper.visit(calls)
-        module = wrapper.visit(gates)
+        # _Gates rewrites a gate in (or around) a class deriving from a TE class, a call of a
+        # CALL_DRIFT function, or an `if <gate>` whose body calls an ATTRIBUTE_GATES helper or raises
+        # naming a FEATURE_GATES object (the gate in its test: the If is that call's statement, and
+        # its code spells the helper or the object): a module with none of them it leaves as it is.
+        if drift or calls.te_classes or self._gated_if_names(module, calls, ctx):
+            rewritten = wrapper.visit(gates)
+            module = rewritten if gates.sites else module  # an equal copy otherwise: keep its metadata
         probes = gates.sites
         for line, version, stmt in calls.calls:
             owner, kwarg = gates.changed.get(id(stmt), (None, None))
