@@ -143,7 +143,9 @@ def verify_failure(root: Path, log: Path, since: float) -> str:
         from rocmport.verify.report import last_verify
 
         found = last_verify(root) or {}
-        return f"{', '.join(found.get('failed') or []) or 'no stage failed'}; {found.get('verdict') or found.get('error')}"
+        return (
+            f"{', '.join(found.get('failed') or []) or 'no stage failed'}; {found.get('verdict') or found.get('error')}"
+        )
     errors = [line for line in log.read_text(encoding="utf-8").splitlines() if line.startswith("rocmport: error:")]
     return errors[-1] if errors else "see the log"
 

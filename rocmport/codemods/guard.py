@@ -42,6 +42,7 @@ def guard_imports(
     body = list(module.body)
     if not any(matching_import(stmt, packages) is not None for stmt in body):
         return module, 0
+
     def line(stmt: cst.BaseStatement) -> int:
         # The imports are statements of the module, mostly near its top: their lines from the code
         # before them, not from positions over the whole module (a codegen of all of it).

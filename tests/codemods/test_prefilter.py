@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import libcst as cst
 import pytest
@@ -215,10 +214,14 @@ def test_the_runner_gives_the_same_layers_and_failures_in_the_pool(tmp_path, mon
     serial = compute_layers(tmp_path / "t", ["apex-to-torch"], jobs=1, cache_dir=tmp_path / "a")
     pooled = compute_layers(tmp_path / "t", ["apex-to-torch"], jobs=2, cache_dir=tmp_path / "b")
     assert pooled.layers[0].files == serial.layers[0].files and len(serial.layers[0].files) == 3
-    assert [f.path for f in pooled.failures] == [f.path for f in serial.failures] == [
-        "megatron/core/b_broken.py",
-        "megatron/core/d_broken.py",
-    ]
+    assert (
+        [f.path for f in pooled.failures]
+        == [f.path for f in serial.failures]
+        == [
+            "megatron/core/b_broken.py",
+            "megatron/core/d_broken.py",
+        ]
+    )
     assert pooled.layers[0].all_reports() == serial.layers[0].all_reports()
     assert sent == [
         [
