@@ -13,6 +13,7 @@ import pytest
 
 from rocmport.cli import main
 from tests.helpers.refresh import LAYERS, Ported, edit_line
+from tests.helpers.sync import commit, g
 
 # Mappings whose keys are data (a module, a test id, a codemod, an upstream), not schema: one "*".
 VARIABLE = {
@@ -37,6 +38,7 @@ VARIABLE = {
     "cached",  # status: per upstream
     "lock.upstreams",
     "worktrees",
+    "tags",  # the bot's record: per release
 }
 
 
@@ -422,3 +424,64 @@ def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
     assert set(run.to_dict()) == always
     run.redirects, run.resume_log_tail, run.resume, run.golden, run.upstream_golden_a100 = {}, [], {}, {}, {}
     assert set(run.to_dict()) == always | {"redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"}
+
+
+def _bot(port, capsys, *args) -> tuple[list[dict], dict]:
+    """`bot --once --no-verify --json`: what it printed, and the record it left on disk."""
+    capsys.readouterr()
+    port.run("bot", "--once", "--no-verify", *args, "--json")
+    printed = json.loads(capsys.readouterr().out)
+    assert set(printed) == {"processed"}
+    return printed["processed"], json.loads((port.root / ".rocmport" / "bot-state.json").read_text())
+
+
+def test_the_bots_json_and_its_record_keep_their_shape(tmp_path, monkeypatch, capsys):
+    """`bot --json` and .rocmport/bot-state.json for each kind of release the bot handles: built
+    (not-verified), built earlier and pushed now, built and pushed in one run, refused for a human's
+    commits on its branch, and stopped on a conflict (with summary.md's text)."""
+    port = Ported(tmp_path, monkeypatch)
+    remote = tmp_path / "remote.git"
+    g(tmp_path, "init", "-q", "--bare", str(remote))
+    port.tag({"docs/index.md": "a\n"}, "core_v0.17.0", "0.17.0")
+    (built,), record = _bot(port, capsys)
+    assert built["status"] == "not-verified" and shape(built) == BOT_BUILT_SHAPE, sorted(shape(built))
+    assert shape(record) == BOT_RECORD_SHAPE | BOT_RECORD_BUILT_SHAPE, sorted(shape(record))
+    (pushed,), record = _bot(port, capsys, "--push", str(remote))
+    assert pushed["push"] == "pushed" and shape(pushed) == BOT_PUSHED_SHAPE, sorted(shape(pushed))
+    assert shape(record) == BOT_RECORD_SHAPE | BOT_RECORD_PUSHED_SHAPE, sorted(shape(record))
+    # A branch with a human's commits on it is not rebuilt: needs a human, with no summary.
+    port.tag({"docs/index.md": "b\n"}, "core_v0.17.1", "0.17.1")
+    g(port.root, "checkout", "-q", "-b", "rocmport/refresh-core_v0.17.1")
+    commit(port.root, {"NOTE.md": "mine\n"}, "a human's note")
+    g(port.root, "checkout", "-q", "main")
+    (human,), record = _bot(port, capsys)
+    assert human["status"] == "needs-a-human" and shape(human) == BOT_HUMAN_SHAPE, sorted(shape(human))
+    assert shape(record) == BOT_RECORD_SHAPE | BOT_RECORD_PUSHED_SHAPE | BOT_RECORD_HUMAN_SHAPE, sorted(shape(record))
+    port.tag({"docs/index.md": "c\n"}, "core_v0.17.2", "0.17.2")
+    (fresh,), record = _bot(port, capsys, "--push", str(remote))
+    assert fresh["tag"] == "core_v0.17.2" and shape(fresh) == BOT_BUILT_SHAPE | BOT_PUSH_KEYS, sorted(shape(fresh))
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.3", "0.17.3")
+    (conflict,), record = _bot(port, capsys)
+    assert conflict["reason"] == "conflict in 0002-layers-thirty.patch"
+    assert shape(conflict) == BOT_HUMAN_SHAPE | {"summary: str"}, sorted(shape(conflict))
+    assert shape(record) == BOT_RECORD_SHAPE | BOT_RECORD_PUSHED_SHAPE | BOT_RECORD_HUMAN_SHAPE, sorted(shape(record))
+    assert set(record["tags"]) == {f"core_v0.17.{n}" for n in range(4)}
+
+
+# Recorded from the bot at fa1b8ce (results as dicts), before they were typed.
+BOT_PUSH_KEYS: set[str] = {"push: str", "pushed_to: str"}
+BOT_BUILT_SHAPE: set[str] = {
+    "tag: str",
+    "status: str",
+    "commit: str",
+    "inputs: str",
+    "branch: str",
+    "summary_file: str",
+    "reason: str",
+}
+BOT_PUSHED_SHAPE: set[str] = (BOT_BUILT_SHAPE - {"inputs: str"}) | BOT_PUSH_KEYS
+BOT_HUMAN_SHAPE: set[str] = {"tag: str", "status: str", "commit: str", "inputs: str", "reason: str"}
+BOT_RECORD_SHAPE: set[str] = {"tags: dict", "tags.*: dict"}
+BOT_RECORD_BUILT_SHAPE: set[str] = {f"tags.*.{k}" for k in sorted(BOT_BUILT_SHAPE - {"tag: str"})}
+BOT_RECORD_PUSHED_SHAPE: set[str] = BOT_RECORD_BUILT_SHAPE | {f"tags.*.{k}" for k in BOT_PUSH_KEYS}
+BOT_RECORD_HUMAN_SHAPE: set[str] = {f"tags.*.{k}" for k in BOT_HUMAN_SHAPE - {"tag: str"}}
