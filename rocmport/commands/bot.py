@@ -113,8 +113,8 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
         if once:
             results = run_once(settings, **kw)
             if as_json:
-                output.emit_json({"processed": results})
-            return EXIT_PROBLEM if any(r["status"] == NEEDS_HUMAN for r in results) else EXIT_OK
+                output.emit_json({"processed": [r.to_dict() for r in results]})
+            return EXIT_PROBLEM if any(r.status == NEEDS_HUMAN for r in results) else EXIT_OK
         cycle = 0
         while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
             cycle += 1

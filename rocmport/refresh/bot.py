@@ -120,6 +120,31 @@ class BotRecord:
         return {"tags": {name: r.to_dict() for name, r in self.tags.items()}}
 
 
+@dataclass
+class BotResult:
+    """What one bot run did with one release, for the command's exit code and `bot --json`: the release's
+    record as the run left it, and when its refresh in this run needs a human, that refresh's summary
+    (summary.md's text, for whoever opens the issue). ``refreshed`` False: built by an earlier run and
+    only pushed in this one."""
+
+    tag: str
+    record: TagRecord
+    refreshed: bool = True
+    summary: str | None = None
+
+    @property
+    def status(self) -> TagStatus:
+        return self.record.status
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"tag": self.tag, **self.record.to_dict()}
+        if not self.refreshed:  # a push of an earlier build prints its record without the inputs
+            del out["inputs"]
+        if self.summary is not None:
+            out["summary"] = self.summary
+        return out
+
+
 def record_path(settings: Settings) -> Path:
     return state_dir(settings) / "bot-state.json"
 
@@ -203,13 +228,17 @@ def _human_commits(root: Path, base: str, tip: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.split()[1] != BOT_EMAIL]
 
 
-def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | None, say, warn) -> dict:
-    """Refresh to ``cand`` on its own branch from ``base``; the caller's branch is restored after."""
+def process(
+    settings: Settings, cand: Candidate, base: str, inputs: str, verify_opts: dict | None, say, warn
+) -> BotResult:
+    """Refresh to ``cand`` on its own branch from ``base``; the caller's branch is restored after.
+    ``inputs``: what the refresh depended on (inputs_of), for the record."""
     root = settings.root
     start = git("symbolic-ref", "-q", "--short", "HEAD", cwd=root)
     existing = rev_parse(f"refs/heads/{cand.branch}", root)
     if existing and _human_commits(root, base, existing):
-        return {"status": NEEDS_HUMAN, "reason": f"branch {cand.branch} has commits by a human; not rebuilding it"}
+        why = f"branch {cand.branch} has commits by a human; not rebuilding it"
+        return BotResult(cand.name, TagRecord(NEEDS_HUMAN, cand.commit, inputs, reason=why))
     git("checkout", "-q", "-B", cand.branch, base, cwd=root)
     try:
         if read_state(settings):
@@ -221,23 +250,25 @@ def process(settings: Settings, cand: Candidate, base: str, verify_opts: dict | 
                 abort_refresh(settings, say=say)
             git("checkout", "-q", "--force", start, cwd=root)
             git("branch", "-q", "-D", cand.branch, cwd=root)
-            return {
-                "status": NEEDS_HUMAN,
-                "reason": result.why,
-                "summary": markdown(result, machine_paths(settings)),
-            }
+            return BotResult(
+                cand.name,
+                TagRecord(NEEDS_HUMAN, cand.commit, inputs, reason=result.why),
+                summary=markdown(result, machine_paths(settings)),
+            )
         _bisectable_commits(root, cand, result)
         summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"
         summary_file.parent.mkdir(exist_ok=True)
         summary_file.write_text(summary.read_text(encoding="utf-8"), encoding="utf-8")
         _commit(root, [SUMMARIES], f"summary of the refresh to {cand.name}")
-        return {
-            "status": result.status,
-            "branch": cand.branch,
-            "commit": rev_parse("HEAD", root),
-            "summary_file": str(summary_file.relative_to(root)),
-            **({"reason": result.why} if result.status == NOT_VERIFIED else {}),
-        }
+        built = TagRecord(
+            result.status,
+            git("rev-parse", "HEAD", cwd=root),
+            inputs,
+            branch=cand.branch,
+            summary_file=str(summary_file.relative_to(root)),
+            reason=result.why if result.status == NOT_VERIFIED else None,
+        )
+        return BotResult(cand.name, built)
     finally:
         if git("symbolic-ref", "-q", "--short", "HEAD", cwd=root) != start:
             git("checkout", "-q", start, cwd=root)
@@ -290,7 +321,7 @@ def push(root: Path, remote: str, branch: str, warn) -> str:
     return "pushed"
 
 
-def _push_recorded(settings: Settings, record: BotRecord, tag: str, remote: str, warn) -> dict[str, str]:
+def _push_recorded(settings: Settings, record: BotRecord, tag: str, remote: str, warn) -> TagRecord:
     """Push a built release's branch and record how it went: ``pushed_to`` only once the remote has
     it. A push git refuses is recorded as failed, then its error goes on (exit 1)."""
     entry = record.tags[tag]
@@ -303,7 +334,7 @@ def _push_recorded(settings: Settings, record: BotRecord, tag: str, remote: str,
         raise
     entry.pushed_to = remote if entry.push in ("pushed", "replaced") else None
     write_record(settings, record)
-    return {k: v for k, v in entry.to_dict().items() if k != "inputs"}
+    return entry
 
 
 def run_once(
@@ -317,7 +348,7 @@ def run_once(
     say=print,
     warn=print,
     progress: Progress | None = None,
-) -> list[dict]:
+) -> list[BotResult]:
     """Process every new release once. ``progress``: what has finished, for the line an interrupt prints."""
     progress = progress or Progress()
     with exclusive(settings):
@@ -328,7 +359,7 @@ def run_once(
         base = rev_parse("HEAD", root)
         if base is None:
             raise BadInput(f"{root}: has no commit yet; commit the project (its patchsets/ and upstream.lock) first")
-        results = []
+        results: list[BotResult] = []
         for cand in candidates(settings, track, lines, say):
             inputs = inputs_of(root, base, cand)
             prev = record.tags.get(cand.name)
@@ -344,9 +375,8 @@ def run_once(
                             f"bot: {prev.branch} is no longer at the commit the bot built ({str(prev.commit)[:12]}); not pushing it"
                         )
                     else:
-                        results.append(
-                            {"tag": cand.name, **_push_recorded(settings, record, cand.name, push_remote, warn)}
-                        )
+                        pushed = _push_recorded(settings, record, cand.name, push_remote, warn)
+                        results.append(BotResult(cand.name, pushed, refreshed=False))
                 continue
             if prev and prev.status == NEEDS_HUMAN and prev.inputs == inputs and not retry:
                 say(
@@ -355,23 +385,17 @@ def run_once(
                 continue
             say(f"bot: refreshing to {cand.name} on {cand.branch}")
             progress.step(f"the refresh to {cand.name} on {cand.branch}")
-            outcome = {
-                "tag": cand.name,
-                "commit": cand.commit,
-                "inputs": inputs,
-                **process(settings, cand, base, verify_opts, say, warn),
-            }
+            outcome = process(settings, cand, base, inputs, verify_opts, say, warn)
             # What was built is recorded before any push: a push that fails or is refused leaves a
             # built, unpushed release that the next run with --push pushes (never "done" unpushed).
-            record.tags[cand.name] = TagRecord(**{k: v for k, v in outcome.items() if k not in ("tag", "summary")})
+            record.tags[cand.name] = outcome.record
             write_record(settings, record)
-            if outcome["status"] != NEEDS_HUMAN:
-                base = outcome["commit"]
+            if outcome.status != NEEDS_HUMAN:
+                base = outcome.record.commit
                 if push_remote:
-                    outcome.update(_push_recorded(settings, record, cand.name, push_remote, warn))
+                    outcome.record = _push_recorded(settings, record, cand.name, push_remote, warn)
             results.append(outcome)
-            progress.finish(f"{cand.name} {outcome['status']}")
-            say(
-                f"bot: {cand.name}: {outcome['status']}{' (' + outcome['reason'] + ')' if outcome.get('reason') else ''}"
-            )
+            progress.finish(f"{cand.name} {outcome.status}")
+            reason = outcome.record.reason
+            say(f"bot: {cand.name}: {outcome.status}{' (' + reason + ')' if reason else ''}")
         return results
