@@ -485,3 +485,31 @@ BOT_RECORD_SHAPE: set[str] = {"tags: dict", "tags.*: dict"}
 BOT_RECORD_BUILT_SHAPE: set[str] = {f"tags.*.{k}" for k in sorted(BOT_BUILT_SHAPE - {"tag: str"})}
 BOT_RECORD_PUSHED_SHAPE: set[str] = BOT_RECORD_BUILT_SHAPE | {f"tags.*.{k}" for k in BOT_PUSH_KEYS}
 BOT_RECORD_HUMAN_SHAPE: set[str] = {f"tags.*.{k}" for k in BOT_HUMAN_SHAPE - {"tag: str"}}
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_the_bots_json_of_a_ready_release_keeps_its_shape(tmp_path, monkeypatch, capsys):
+    """A release whose verify ran and passed (stage 3 on the one test file the hop reaches): built,
+    with no reason."""
+    port = Ported(tmp_path, monkeypatch)
+    (port.root / "pyproject.toml").write_text("[tool.rocmport]\ntp = 1\npp = 1\n")
+    ops = "megatron/core/ops.py"
+    port.tag(
+        {
+            ops: "def add(x, y):\n    return x + y\n",
+            "tests/unit_tests/test_ops.py": "from megatron.core.ops import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+        },
+        "core_v0.16.2",
+        "0.16.2",
+    )
+    assert port.run("refresh", "--to", "core_v0.16.2", "--no-verify") == 0
+    g(port.root, "add", "-A")
+    g(port.root, "commit", "-qm", "port at core_v0.16.2")
+    port.tag({ops: "def add(x, y):\n    return y + x\n"}, "core_v0.16.3", "0.16.3")
+    capsys.readouterr()
+    assert port.run("bot", "--once", "--verify-stages", "3", "--json") == 0
+    (ready,) = json.loads(capsys.readouterr().out)["processed"]
+    assert ready["status"] == "ready" and shape(ready) == BOT_BUILT_SHAPE - {"reason: str"}, sorted(shape(ready))
+    record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())
+    assert shape(record) == BOT_RECORD_SHAPE | BOT_RECORD_BUILT_SHAPE - {"tags.*.reason: str"}, sorted(shape(record))
