@@ -32,7 +32,7 @@ DECLARED: dict[str, Declared] = {
     "fused-kernel-fallbacks": Declared("3"),
     "guard-nvidia-only-imports": Declared("3", options={"packages": {MODULE: DISTRIBUTION}}),
     "attention-backend-env": Declared("1"),
-    "te-version-gates": Declared("4"),
+    "te-version-gates": Declared("5"),
     "device-probes": Declared("2"),
     "flash-attention-hooks": Declared("2"),
     "capability-gates": Declared("3"),

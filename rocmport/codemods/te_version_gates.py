@@ -81,7 +81,13 @@ LEFT_RULES = [
 # TE API drift at call sites (issue 17 item 6), probed on HIP:
 # - keyword arguments some TE releases (ROCm TE among them) do not take: the argument is passed
 #   only where `te_accepts(fn, name)` (CUDA: always, as upstream);
-CALL_DRIFT = {"transformer_engine.pytorch.cpp_extensions.general_gemm": ("workspace",)}
+CALL_DRIFT = {
+    "transformer_engine.pytorch.cpp_extensions.general_gemm": ("workspace",),
+    # v0.17 passes it under is_te_min_version("2.5.0"), but TE takes it from 2.10 on: NVIDIA's TE 2.9.0,
+    # inside v0.17's declared range, raises "get_cpu_offload_context() got an unexpected keyword
+    # argument 'retain_pinned_cpu_buffers'" at model build (verify --te 2.9.0 found it; v0.18 gates it on 2.10)
+    "transformer_engine.pytorch.cpu_offload.get_cpu_offload_context": ("retain_pinned_cpu_buffers",),
+}
 # - a gate whose body calls one of these needs that TE class attribute (signature probe on HIP);
 ATTRIBUTE_GATES = {"set_save_original_input": ("pytorch.Linear", "save_original_input")}
 # - a gate whose body raises naming one of these needs that TE object (existence probe on HIP).

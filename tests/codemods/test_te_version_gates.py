@@ -424,6 +424,49 @@ def test_general_gemm_workspace_before_after_both_shapes():
     ]
 
 
+OFFLOAD_V017 = '''\
+try:
+    from transformer_engine.pytorch.cpu_offload import (
+        get_cpu_offload_context as _get_cpu_offload_context,
+    )
+
+    def get_cpu_offload_context(enabled, num_layers, model_layers, activation_offloading, weight_offloading, double_buffering, retain_pinned_cpu_buffers):
+        """Get CPU offload context and sync function."""
+        if is_te_min_version("2.5.0"):
+            context, sync_func = _get_cpu_offload_context(
+                enabled,
+                num_layers,
+                model_layers,
+                activation_offloading,
+                weight_offloading,
+                double_buffering,
+                retain_pinned_cpu_buffers=retain_pinned_cpu_buffers,
+            )
+        else:
+            context, sync_func = _get_cpu_offload_context(enabled, num_layers, activation_offloading, weight_offloading)
+        return context, sync_func
+
+except ImportError:
+    get_cpu_offload_context = None
+'''
+
+
+def test_cpu_offload_retain_pinned_buffers_only_where_te_takes_it():
+    """v0.17 passes `retain_pinned_cpu_buffers` from TE 2.5 on; TE takes it from 2.10 (TE 2.9.0, in
+    v0.17's range, raised TypeError at model build): through the alias, the keyword becomes a probe."""
+    assert_codemod(
+        "te-version-gates",
+        OFFLOAD_V017,
+        "from megatron.core._rocm import te_accepts\n\n"
+        + OFFLOAD_V017.replace(
+            "                retain_pinned_cpu_buffers=retain_pinned_cpu_buffers,\n",
+            '                **({"retain_pinned_cpu_buffers": retain_pinned_cpu_buffers} if te_accepts(_get_cpu_offload_context, "retain_pinned_cpu_buffers") else {}),\n',
+        ),
+        EXT,
+        sites=1,
+    )
+
+
 def _gemm_te(takes_workspace: bool) -> dict[str, str]:
     params = "A, B, workspace, out_dtype=None, layout='TN'" if takes_workspace else "A, B, out_dtype=None, layout='TN'"
     return {
