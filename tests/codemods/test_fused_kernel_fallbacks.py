@@ -345,14 +345,15 @@ def test_layers_wgrad_on_hip_without_apex_matches_the_formula(tmp_path):
     an fp32 main_grad (fp32 or bf16 activations) and a bf16 one (the fp16 variant). On CUDA without
     the kernel the flag is False as upstream has it."""
     after, _ = rewrite("fused-kernel-fallbacks", LAYERS, LAYERS_REL)
-    hip = run_tree(tmp_path / "h", {LAYERS_REL: after, "megatron/core/tensor_parallel/__init__.py": ""}, LAYERS_PROBE, hip="6.4.43482")
+    files = {LAYERS_REL: after, "megatron/core/tensor_parallel/__init__.py": ""}
+    hip = run_tree(tmp_path / "h", files, LAYERS_PROBE, hip="6.4.43482")
     assert hip.stdout.splitlines() == [
         "available True",
         "torch.float32 torch.float32 True",
         "torch.bfloat16 torch.float32 True",
         "torch.bfloat16 torch.bfloat16 True",
     ], hip.stderr
-    cuda = run_tree(tmp_path / "c", {LAYERS_REL: after, "megatron/core/tensor_parallel/__init__.py": ""}, LAYERS_PROBE)
+    cuda = run_tree(tmp_path / "c", files, LAYERS_PROBE)
     assert cuda.stdout.splitlines()[0] == "available False"
     assert "name 'fused_weight_gradient_mlp_cuda' is not defined" in cuda.stderr  # upstream's behaviour
 
