@@ -29,7 +29,7 @@ class Declared:
 # In the order a full run applies them (catalog.registry's order).
 DECLARED: dict[str, Declared] = {
     "apex-to-torch": Declared("2"),
-    "fused-kernel-fallbacks": Declared("3"),
+    "fused-kernel-fallbacks": Declared("4"),
     "guard-nvidia-only-imports": Declared("3", options={"packages": {MODULE: DISTRIBUTION}}),
     "attention-backend-env": Declared("1"),
     "te-version-gates": Declared("5"),

@@ -11,7 +11,13 @@ that end up False on ROCm when their kernel is absent.
 - An import of a kernel inside a function (core/utils.py `drain_embedding_wgrad_compute` imports
   fused_weight_gradient_mlp_cuda unguarded for --defer-embedding-wgrad-compute) is guarded where a
   torch fallback exists (WgradGemmFallback, AmpCFallback); other in-function kernel imports are
-  reported as skipped (their fusion flag is turned off on ROCm when the kernel is absent)."""
+  reported as skipped (their fusion flag is turned off on ROCm when the kernel is absent).
+- A module-level guarded import of fused_weight_gradient_mlp_cuda whose `except ImportError:` sets an
+  availability flag False (tensor_parallel/layers.py: `_grad_accum_fusion_available`) gets a HIP
+  branch after upstream's body: the torch fallback (WgradGemmFallback) bound to the kernel's name and
+  the flag set back to True, so gradient_accumulation_fusion=True works on ROCm without apex. This is
+  what holds where megatron/training's validate_args never runs (Megatron-Bridge's GPTModelProvider
+  turns the fusion on whenever Transformer Engine imports). On CUDA the except body runs as written."""
 
 from __future__ import annotations
 
@@ -137,6 +143,54 @@ def _unless_unchanged(module: cst.Module, new: cst.Module, sites: int) -> cst.Mo
     return new if sites else module
 
 
+WGRAD_KERNEL = "fused_weight_gradient_mlp_cuda"
+
+# `flag = False`, the whole of an except body that marks the kernel missing.
+_FLAG_FALSE = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name())], value=m.Name("False"))])
+_GUARDED_WGRAD_IMPORT = m.Try(
+    body=m.IndentedBlock(
+        body=[m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name(WGRAD_KERNEL), asname=None)])])]
+    ),
+    handlers=[m.ExceptHandler(type=m.Name("ImportError"), name=None, body=m.IndentedBlock(body=[_FLAG_FALSE]))],
+    orelse=None,
+    finalbody=None,
+)
+
+
+class _WgradFlagOnHip(cst.CSTTransformer):
+    """Module level `try: import fused_weight_gradient_mlp_cuda / except ImportError: flag = False`:
+    on HIP the except body goes on to bind WgradGemmFallback to the kernel's name and set the flag
+    back to True (upstream's lines stay as they are; a rewritten try no longer matches the shape)."""
+
+    def __init__(self, ctx: Context):
+        self.ctx = ctx
+        self.sites = 0
+        self.found: list[tuple[cst.CSTNode, str]] = []
+
+    def visit_FunctionDef(self, node):
+        return False  # module level only; in-function imports are _FunctionImports'
+
+    def visit_ClassDef(self, node):
+        return False
+
+    def leave_Try(self, original: cst.Try, updated: cst.Try):
+        if not m.matches(original, _GUARDED_WGRAD_IMPORT):
+            return updated
+        handler = updated.handlers[0]
+        flag_line = cst.ensure_type(handler.body.body[0], cst.SimpleStatementLine)
+        flag = cst.ensure_type(cst.ensure_type(flag_line.body[0], cst.Assign).targets[0].target, cst.Name).value
+        branch = cst.parse_statement(
+            f"if is_hip():  # rocmport: no apex kernel on ROCm: gradient-accumulation fusion on torch\n"
+            f"    from {self.ctx.helper_module} import WgradGemmFallback as {WGRAD_KERNEL}\n"
+            f"    {flag} = True\n"
+        )
+        imp = cst.parse_statement(helper_import(self.ctx, "is_hip") + "\n")
+        self.sites += 1
+        self.found.append((original, f"guarded import {WGRAD_KERNEL}: on HIP WgradGemmFallback, {flag} stays True"))
+        body = handler.body.with_changes(body=[*handler.body.body, imp, branch])
+        return updated.with_changes(handlers=[handler.with_changes(body=body)])
+
+
 class FusedKernelFallbacks(Codemod):
     NAME = "fused-kernel-fallbacks"
     DESCRIPTION = "No nvcc build on ROCm; guarded CUDA-extension imports (torch fallbacks); fusion flags off on ROCm without kernels"
@@ -162,6 +216,11 @@ class FusedKernelFallbacks(Codemod):
             before = module
             module = _unless_unchanged(module, module.visit(rewrite), rewrite.sites)
             ctx.sites_at(before, rewrite.found)
+        wgrad = _WgradFlagOnHip(ctx)
+        if not ctx.absent(module, WGRAD_KERNEL):
+            before = module
+            module = _unless_unchanged(module, module.visit(wgrad), wgrad.sites)
+            ctx.sites_at(before, wgrad.found)
         inner = _FunctionImports(ctx)
         if not ctx.absent(module, *KERNEL_MODULES):  # an import of a kernel spells its name
             before = module
@@ -184,4 +243,4 @@ class FusedKernelFallbacks(Codemod):
             lambda top: f"HAVE_{top.upper()}",
             prelude=helper_import(ctx, "AmpCFallback") if needs_ampc else None,
         )
-        return module, load_sites + rewrite.sites + inner.sites + guarded
+        return module, load_sites + rewrite.sites + wgrad.sites + inner.sites + guarded

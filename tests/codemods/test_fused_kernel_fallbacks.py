@@ -1,8 +1,11 @@
 """fused-kernel-fallbacks: before/after on upstream-shaped code, and both ways at run time."""
 
+import subprocess
+
 import pytest
 
 from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
+from tests.helpers.real import MLM, needs_mlm_mirror
 
 LOAD_BEFORE = """\
 import os
@@ -269,3 +272,137 @@ def test_drain_embedding_wgrad_without_apex_matches_the_formula(tmp_path):
     assert with_kernel.stdout.splitlines() == ["torch.float32 False", "torch.bfloat16 False"], (
         with_kernel.stderr
     )  # the kernel ran
+
+
+# tensor_parallel/layers.py's module-level guard, as v0.15 .. v0.19 and main spell it (issue 28:
+# Megatron-Bridge's GPTModelProvider sets gradient_accumulation_fusion=True whenever Transformer
+# Engine imports, and never calls validate_args; ColumnParallelLinear then raises without apex).
+LAYERS = """\
+import torch
+
+_grad_accum_fusion_available = True
+try:
+    import fused_weight_gradient_mlp_cuda
+except ImportError:
+    _grad_accum_fusion_available = False
+
+try:
+    import transformer_engine  # pylint: disable=unused-import
+
+    HAVE_TE = True
+except ImportError:
+    HAVE_TE = False
+
+
+def wgrad(total_input, grad_output, main_grad):
+    if main_grad.dtype == torch.float32:
+        fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(total_input, grad_output, main_grad)
+    else:
+        fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp16(total_input, grad_output, main_grad)
+"""
+
+LAYERS_AFTER = LAYERS.replace(
+    "    _grad_accum_fusion_available = False\n",
+    "    _grad_accum_fusion_available = False\n"
+    "    from megatron.core._rocm import is_hip\n"
+    "    if is_hip():  # rocmport: no apex kernel on ROCm: gradient-accumulation fusion on torch\n"
+    "        from megatron.core._rocm import WgradGemmFallback as fused_weight_gradient_mlp_cuda\n"
+    "        _grad_accum_fusion_available = True\n",
+)
+LAYERS_REL = "megatron/core/tensor_parallel/layers.py"
+
+
+def test_layers_wgrad_guard_gets_a_hip_branch():
+    """Only the except body grows (upstream's line kept, CUDA unchanged); once; a second run is a no-op."""
+    assert_codemod("fused-kernel-fallbacks", LAYERS, LAYERS_AFTER, LAYERS_REL, sites=1)
+    _, _, reports = rewrite_with_reports("fused-kernel-fallbacks", LAYERS, LAYERS_REL)
+    assert [(r.kind, r.line) for r in reports] == [("site", 4)]
+    assert "WgradGemmFallback, _grad_accum_fusion_available stays True" in reports[0].message
+    # A handler that does anything but set a flag is not this site.
+    other = LAYERS.replace("    _grad_accum_fusion_available = False\n", "    raise\n")
+    assert rewrite("fused-kernel-fallbacks", other, LAYERS_REL) == (other, 0)
+
+
+LAYERS_PROBE = """
+import torch
+from megatron.core.tensor_parallel import layers
+print("available", layers._grad_accum_fusion_available)
+torch.manual_seed(0)
+for act, grad in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)):
+    total_input, grad_output = torch.randn(6, 4).to(act), torch.randn(6, 3).to(act)
+    main_grad = torch.randn(3, 4).to(grad)
+    expected = main_grad.float() + grad_output.float().t() @ total_input.float()
+    before = main_grad.data_ptr()
+    layers.wgrad(total_input, grad_output, main_grad)
+    ok = main_grad.data_ptr() == before and torch.allclose(main_grad.float(), expected, rtol=2e-2, atol=5e-2)
+    print(act, grad, ok)
+"""
+
+
+@pytest.mark.torch
+def test_layers_wgrad_on_hip_without_apex_matches_the_formula(tmp_path):
+    """On HIP without apex: the flag stays True and main_grad += grad_output^T @ input, in place, for
+    an fp32 main_grad (fp32 or bf16 activations) and a bf16 one (the fp16 variant). On CUDA without
+    the kernel the flag is False as upstream has it."""
+    after, _ = rewrite("fused-kernel-fallbacks", LAYERS, LAYERS_REL)
+    files = {LAYERS_REL: after, "megatron/core/tensor_parallel/__init__.py": ""}
+    hip = run_tree(tmp_path / "h", files, LAYERS_PROBE, hip="6.4.43482")
+    assert hip.stdout.splitlines() == [
+        "available True",
+        "torch.float32 torch.float32 True",
+        "torch.bfloat16 torch.float32 True",
+        "torch.bfloat16 torch.bfloat16 True",
+    ], hip.stderr
+    cuda = run_tree(tmp_path / "c", files, LAYERS_PROBE)
+    assert cuda.stdout.splitlines()[0] == "available False"
+    assert "name 'fused_weight_gradient_mlp_cuda' is not defined" in cuda.stderr  # upstream's behaviour
+
+
+LINEAR_PROBE = """
+import torch
+from megatron.core.tensor_parallel import layers
+print("available", layers._grad_accum_fusion_available)
+torch.manual_seed(0)
+for act, grad in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)):
+    x = torch.randn(5, 2, 4).to(act)  # [sequence, batch, hidden]: backward flattens to 2-D
+    w0, dy = torch.randn(3, 4).to(act), torch.randn(5, 2, 3).to(act)
+    results = []
+    for fusion in (False, True):
+        inp, w = x.clone().requires_grad_(), w0.clone().requires_grad_()
+        w.main_grad = torch.full((3, 4), 0.5, dtype=grad)
+        out = layers.linear_with_grad_accumulation_and_async_allreduce(inp, w, None, fusion, False, False)
+        out.backward(dy)
+        results.append(w.grad.float() + 0.5 if not fusion else w.main_grad.float())
+        assert fusion or w.grad is not None
+    print(act, grad, torch.allclose(results[0], results[1], rtol=2e-2, atol=5e-2))
+"""
+
+
+@needs_mlm_mirror
+@pytest.mark.mirror
+@pytest.mark.torch
+def test_real_linear_backward_with_fusion_on_hip_matches_without(tmp_path):
+    """core_v0.19.0's megatron/core from the mirror, layers.py rewritten, HIP simulated, no apex:
+    LinearWithGradAccumulationAndAsyncCommunication's backward with gradient_accumulation_fusion=True
+    puts into main_grad what the unfused backward puts into weight.grad (tp1, CPU)."""
+    root = tmp_path / "t"
+    root.mkdir()
+    archive = subprocess.run(
+        ["git", f"--git-dir={MLM}", "archive", "core_v0.19.0", "megatron/core"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "x"], input=archive, cwd=root, check=True)
+    upstream = (root / LAYERS_REL).read_text()
+    after, sites = rewrite("fused-kernel-fallbacks", upstream, LAYERS_REL)
+    assert sites == 1
+    files = {"megatron/core/__init__.py": (root / "megatron/core/__init__.py").read_text(), LAYERS_REL: after}
+    ported = run_tree(root, files, LINEAR_PROBE, hip="6.4.43482")
+    assert ported.stdout.splitlines() == [
+        "available True",
+        "torch.float32 torch.float32 True",
+        "torch.bfloat16 torch.float32 True",
+        "torch.bfloat16 torch.bfloat16 True",
+    ], ported.stderr[-3000:]
+    files[LAYERS_REL] = upstream
+    upstream_run = run_tree(root, files, LINEAR_PROBE, hip="6.4.43482")
+    assert upstream_run.stdout.splitlines()[0] == "available False"
+    assert "name 'fused_weight_gradient_mlp_cuda' is not defined" in upstream_run.stderr

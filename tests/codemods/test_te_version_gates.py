@@ -460,7 +460,8 @@ def test_cpu_offload_retain_pinned_buffers_only_where_te_takes_it():
         "from megatron.core._rocm import te_accepts\n\n"
         + OFFLOAD_V017.replace(
             "                retain_pinned_cpu_buffers=retain_pinned_cpu_buffers,\n",
-            '                **({"retain_pinned_cpu_buffers": retain_pinned_cpu_buffers} if te_accepts(_get_cpu_offload_context, "retain_pinned_cpu_buffers") else {}),\n',
+            '                **({"retain_pinned_cpu_buffers": retain_pinned_cpu_buffers} '
+            'if te_accepts(_get_cpu_offload_context, "retain_pinned_cpu_buffers") else {}),\n',
         ),
         EXT,
         sites=1,
