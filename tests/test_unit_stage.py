@@ -299,6 +299,32 @@ def test_label_rules():
     assert "overloaded" not in why["a.py::x"]
 
 
+def test_a_failure_is_compared_with_the_unported_trees_rerun_when_it_hung_there():
+    """v0.19 x TE 2.17.1: the unported tree hung on one case in the suite and failed it alone with the
+    RuntimeError its 15 sibling cases raise on both trees; the port failed it with that RuntimeError.
+    The comparison reads the rerun's failure, not the suite's hang (it was "unverified": hang there,
+    RuntimeError here). A rerun that failed another way still does not match."""
+    node = "t.py::test_cp[True-2]"
+    port = {"outcomes": {node: "failed"}, "kinds": {node: "RuntimeError"}}
+    base = {
+        "outcomes": {node: "failed"},
+        "kinds": {node: "hang"},
+        "hung": [node],
+        "alone": {node: "failed"},
+        "alone_kinds": {node: "RuntimeError"},
+    }
+    labels, why = label(port, base, {})
+    assert labels == {node: "upstream-known"}
+    assert why[node] == "fails the same way on the unported tree (there when rerun alone: it hung in the suite)"
+    base["alone_kinds"][node] = "AssertionError"
+    labels, why = label(port, base, {})
+    assert labels == {node: "unverified"}
+    assert why[node].startswith("fails differently on the unported tree (AssertionError there, RuntimeError here)")
+    del base["alone_kinds"]  # a record from before reruns kept their failure: as it was
+    labels, why = label(port, base, {})
+    assert labels == {node: "unverified"} and "(hang there, RuntimeError here)" in why[node]
+
+
 def test_a_module_that_no_longer_imports_on_the_port_is_a_port_regression():
     """Its module imported on the unported tree and its tests ran there: the port broke the import
     (a rewritten module-level site), not an unverifiable failure. Without any outcome there it stays unverified."""

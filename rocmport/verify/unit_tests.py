@@ -58,7 +58,7 @@ from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 # in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14:
 # subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for; 16:
 # TE answers for verify --te: current_device 0 to TE frames, device selection a no-op.
-PLUGIN_VERSION = "16"
+PLUGIN_VERSION = "17"
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
 RESTARTS_PER_FILE = (
     6  # hangs a test file may restart its run for; past that its remaining tests are not run (and say so)
@@ -567,14 +567,24 @@ def run_tests(
 
 
 def rerun_alone(
-    tree: Path, nodeids: list[str], env: dict, nproc: int, launcher: Launcher, progress: Progress | None = None
+    tree: Path,
+    nodeids: list[str],
+    env: dict,
+    nproc: int,
+    launcher: Launcher,
+    progress: Progress | None = None,
+    kinds: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Each test id run again on its own (a fresh torchrun): its outcome then. ``progress`` gets a line per test."""
+    """Each test id run again on its own (a fresh torchrun): its outcome then. ``progress`` gets a line
+    per test; ``kinds``, when given, gets the failure kind of each rerun that failed (what the
+    comparison with the other tree needs when a test hung in one suite and failed alone)."""
     out = {}
     start = time.monotonic()
     for i, nodeid in enumerate(nodeids, 1):
         res = run_tests(tree, [nodeid], env, nproc, launcher, timeout=600, restarts=0)
         out[nodeid] = "hung" if nodeid in res["hung"] else res["outcomes"].get(nodeid, "not run")
+        if kinds is not None and out[nodeid] in ("failed", "error") and nodeid in res.get("kinds", {}):
+            kinds[nodeid] = res["kinds"][nodeid]
         if progress:
             progress(
                 f"rerun alone [{i}/{len(nodeids)}] {nodeid}: {out[nodeid]}, {elapsed(time.monotonic() - start)} elapsed"
@@ -643,7 +653,10 @@ def baseline(
             benv = {**_swap_tree(env, tree, checkout), "ROCMPORT_BASELINE_GUARDS": "1"}
             benv.pop("ROCMPORT_PORT_SITES", None)
             result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
-            result["alone"] = rerun_alone(checkout, sorted(set(result["hung"])), benv, nproc, launcher, progress)
+            result["alone_kinds"] = {}
+            result["alone"] = rerun_alone(
+                checkout, sorted(set(result["hung"])), benv, nproc, launcher, progress, result["alone_kinds"]
+            )
         finally:
             run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
     result["overlay"] = overlay
@@ -760,12 +773,17 @@ def label(
         elif b in ("passed", "skipped"):
             lab, text = "port-regression", f"{b} on the unported tree"
         elif b in ("failed", "error"):
-            same = port.get("kinds", {}).get(nodeid) == base.get("kinds", {}).get(nodeid)
+            base_kind, hung_there = base.get("kinds", {}).get(nodeid), False
+            if nodeid in base.get("hung", []) and nodeid in base.get("alone_kinds", {}):
+                # it hung in the unported tree's suite and failed when rerun alone: that failure is its outcome there
+                base_kind = base["alone_kinds"][nodeid]
+                hung_there = True
+            same = port.get("kinds", {}).get(nodeid) == base_kind
             if not same:
                 lab, text = (
                     "unverified",
                     (
-                        f"fails differently on the unported tree ({base.get('kinds', {}).get(nodeid) or '?'} "
+                        f"fails differently on the unported tree ({base_kind or '?'} "
                         f"there, {port.get('kinds', {}).get(nodeid) or '?'} here)"
                     ),
                 )
@@ -788,7 +806,11 @@ def label(
                     f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here",
                 )
             else:
-                lab, text = "upstream-known", "fails the same way on the unported tree"
+                lab, text = (
+                    "upstream-known",
+                    "fails the same way on the unported tree"
+                    + (" (there when rerun alone: it hung in the suite)" if hung_there else ""),
+                )
         elif (
             _file(nodeid) == nodeid
             and b_module is None
