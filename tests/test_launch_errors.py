@@ -41,3 +41,26 @@ def test_a_run_near_the_machine_s_task_limit_says_so():
     assert task_limit_phrase(100, 8, None) is None  # /proc does not say
     limit = task_limit()
     assert limit is None or limit > 0
+
+
+def test_the_threads_running_count_sees_a_process_s_threads_and_the_shell_s_fork_failure_is_exhaustion():
+    import threading
+
+    from rocmport.machine.cpu_meter import threads_running
+    from rocmport.verify.stages import exhausted
+
+    before = threads_running()
+    stop = threading.Event()
+    extra = [threading.Thread(target=stop.wait) for _ in range(20)]
+    for t in extra:
+        t.start()
+    try:
+        during = threads_running()
+    finally:
+        stop.set()
+        for t in extra:
+            t.join()
+    assert before and during and during >= 20  # this process's 20 extra threads are counted
+    # bash, when fork() meets the task limit: "bash: fork: retry: Resource temporarily unavailable" or this
+    assert exhausted("bash: fork: Cannot fork") == "Cannot fork"
+    assert exhausted("RuntimeError: a bug") is None

@@ -121,6 +121,18 @@ def task_limit() -> int | None:
     return min(limits) if limits else None
 
 
+def threads_running() -> int | None:
+    """Threads on this machine now, every process's counted (None where /proc does not say): what
+    meets :func:`task_limit`."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            total += int(status.read_text().split("Threads:")[1].split()[0])
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not Linux's format
+            continue
+    return total or None
+
+
 def task_limit_phrase(threads_per_rank: int, ranks: int, limit: int | None) -> str | None:
     """What to say when a run ended early and its ranks' threads came near the machine's task limit
     (within a fifth of it), else None."""

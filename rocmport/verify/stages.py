@@ -14,6 +14,7 @@ from typing import Any
 from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_LM
+from rocmport.machine.cpu_meter import task_limit, threads_running
 from rocmport.verify.launcher import Launcher
 
 PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
@@ -342,6 +343,7 @@ EXHAUSTION = (
     "can't start new thread",
     "Too many open files",
     "Cannot allocate memory",
+    "Cannot fork",  # bash's word for EAGAIN from fork(): the task limit, as a shell in a launch meets it
 )
 EXHAUSTION_RETRY_AFTER = 20.0  # seconds before the one retry of a launch that ran out of a machine resource
 
@@ -351,24 +353,15 @@ def exhausted(text: str) -> str | None:
     return next((m for m in EXHAUSTION if m in text), None)
 
 
-def _threads_running() -> int | None:
-    total = 0
-    for status in Path("/proc").glob("[0-9]*/status"):
-        try:
-            total += int(status.read_text().split("Threads:")[1].split()[0])
-        except (OSError, IndexError, ValueError):  # gone meanwhile, or not Linux's format
-            continue
-    return total or None
-
-
 def _failed(what: str, proc: subprocess.CompletedProcess) -> str:
     """Why a launch failed: its error, or, when the machine ran out of a resource (after a retry), that."""
     m = exhausted(proc.stderr)
     if m:
-        threads = _threads_running()
+        threads, limit = threads_running(), task_limit()
         return (
             f"{what} failed twice because this machine ran out of a resource ({m}"
             + (f"; {threads} threads running on it" if threads else "")
+            + (f" of its limit of {limit}, kernel.pid_max / kernel.threads-max" if threads and limit else "")
             + "): the machine, not the port; rerun when it is less busy"
         )
     return f"{what} failed: {_last_error(proc)}"
@@ -487,9 +480,9 @@ def stage_training(
             f"{moe['losses'][0]:.4f} -> {moe['losses'][-1]:.4f}, first iteration |Δ| {moe['first_abs_diff']:.2g}, "
             f"max |Δ| {moe['max_abs_diff']:.2g} (≤ {moe['tolerance']:.2g})"
         )
-    elif te and moe_applies(tp, dp, True, moe_case):
-        training.moe = {"not_run": moe_applies(tp, dp, True, moe_case)}
-        moe_phrase = f"; MoE case not run: {moe_applies(tp, dp, True, moe_case)}"
+    elif te and (moe_why_not := moe_applies(tp, dp, True, moe_case)):
+        training.moe = {"not_run": moe_why_not}
+        moe_phrase = f"; MoE case not run: {moe_why_not}"
     seconds = time.monotonic() - start
     if problems:
         return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
