@@ -165,6 +165,16 @@ def test_arch_recommendations_for_radeon_and_mi50(tmp_path, capsys):
     assert "--line v0.99" in err and "v0.16" in err and "not a gfx arch" in err
 
 
+def test_an_nvidia_gpu_is_named_as_not_amd_rather_than_as_no_gpu():
+    """On an H100 (torch 2.11+cu130) doctor said "none found: run it on the GPU machine", on the GPU machine."""
+    matrix = load_series(SERIES).rocm
+    recs = component_report(matrix, None, "NVIDIA H100 80GB HBM3").recommendations
+    assert recs[0][:2] == ("gpu", "NVIDIA H100 80GB HBM3: not an AMD GPU") and "--arch" in recs[0][2]
+    assert component_report(matrix, None).recommendations[0][1] == "none found"  # no GPU at all: as before
+    # an arch given wins: its recommendations, whatever GPU this machine has
+    assert component_report(matrix, "gfx942", "NVIDIA H100 80GB HBM3").recommendations[0][1].startswith("gfx942")
+
+
 def test_the_locked_line_is_the_default(tmp_path, monkeypatch, capsys):
     proj = Project(tmp_path, monkeypatch)  # locks megatron-lm 0.16.1; its series has no rocm: section yet
     assert main(["-C", str(proj.root), "doctor", "--json", "--arch", "gfx1100"]) == 0

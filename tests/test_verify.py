@@ -542,10 +542,16 @@ def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
         "imports", "fail", "megatron.core: ModuleNotFoundError: No module named 'modelopt'; import chain: a -> b", 1.0
     )
     r.line, r.mode = None, "gpu"
+    r.env.machine.hip, r.env.machine.cuda = "7.1.25424", None  # a ROCm GPU: the result is what it says
     assert r.to_dict()["verdict"] == summary.verdict(r)
     assert summary.verdict(r).startswith(
         "tree /p/build/megatron-lm: 1 of 5 stages pass; blocking: imports (megatron.core: "
         "ModuleNotFoundError: No module named 'modelopt')"
+    )
+    # an NVIDIA GPU (an H100 with torch 2.11+cu130 ran stages 1-2 so): the CUDA path, said in the verdict
+    r.env.machine.hip, r.env.machine.cuda = None, "13.0"
+    assert summary.verdict(r).startswith(
+        "tree /p/build/megatron-lm (NVIDIA GPU, CUDA 13.0: the port's CUDA path, not a ROCm result): 1 of 5 stages pass"
     )
     assert summary.blocking_lines(r) == ["imports: stage failed", f"    {r.stages[0].reason}"]
 

@@ -28,6 +28,11 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     """The verdict in one line first, the stage table, what blocks (each with why in words), the
     rest folded behind a count (all of it in the report), port coverage, the loss curve."""
     click.echo(redact(summary.verdict(r)))
+    if r.mode == "gpu" and not r.env.machine.hip:
+        output.warn(
+            f"NVIDIA GPU: the stages ran the port's CUDA path on {r.env.machine.devices[0] if r.env.machine.devices else 'a CUDA GPU'}"
+            "; its ROCm (HIP) branches did not run. This is not a ROCm result."
+        )
     if r.mode == "cpu-proxy":
         output.warn(
             "CPU PROXY MODE: no GPU here; the same stages ran on CPU processes over gloo. This is not a GPU result."

@@ -652,9 +652,20 @@ def base_arch(name: str | None) -> str | None:
     return name.split(":", 1)[0].strip() if name else None
 
 
-def recommend(matrix: Matrix | None, arch: str | None, installed_ok: dict[str, bool]) -> list[tuple[str, str, str]]:
-    """(topic, recommendation, why) for training on this arch with what is installed."""
+def recommend(
+    matrix: Matrix | None, arch: str | None, installed_ok: dict[str, bool], other_gpu: str | None = None
+) -> list[tuple[str, str, str]]:
+    """(topic, recommendation, why) for training on this arch with what is installed. ``other_gpu``:
+    the name of a GPU this machine has that is not an AMD one (a CUDA build's), which has no arch here."""
     out: list[tuple[str, str, str]] = []
+    if not arch and other_gpu:
+        return [
+            (
+                "gpu",
+                f"{other_gpu}: not an AMD GPU",
+                "doctor recommends per AMD GPU arch: pass --arch (e.g. --arch gfx942) to read one's recommendations",
+            )
+        ]
     if not arch:
         return [("gpu", "none found", "doctor recommends per GPU arch: run it on the GPU machine, or pass --arch")]
     facts = ARCHS.get(arch)

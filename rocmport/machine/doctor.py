@@ -115,7 +115,7 @@ def _built_for(dist: importlib.metadata.Distribution) -> list[str] | None:
     return sorted(archs) if archs else None
 
 
-def component_report(matrix: Matrix | None, arch: str | None = None) -> ComponentReport:
+def component_report(matrix: Matrix | None, arch: str | None = None, other_gpu: str | None = None) -> ComponentReport:
     """Each component of the matrix against what is installed: one row each, and what to use on the arch.
     ``arch`` None: the GPU's (none without one); a given arch stands in for it (planning, tests)."""
     source = "--arch" if arch else "gpu"
@@ -169,7 +169,7 @@ def component_report(matrix: Matrix | None, arch: str | None = None) -> Componen
         if support is not None and support.status == "refuses" and row.status == OK:
             row.detail += f"; note: the matrix says it does not build for {arch} ({support.reason})"
         report.rows.append(row)
-    report.recommendations = recommend(matrix, arch, {r.name: r.status == OK for r in report.rows})
+    report.recommendations = recommend(matrix, arch, {r.name: r.status == OK for r in report.rows}, other_gpu)
     return report
 
 
@@ -231,7 +231,8 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> Doctor:
             Device(
                 i,
                 torch.cuda.get_device_name(i),
-                getattr(props, "gcnArchName", None) or f"sm_{props.major}{props.minor}",
+                # a CUDA build's properties carry gcnArchName too, holding the device's name (torch 2.11 on an H100)
+                (getattr(props, "gcnArchName", None) if hip else None) or f"sm_{props.major}{props.minor}",
             )
         )
     rocm_path = os.environ.get("ROCM_PATH") or ("/opt/rocm" if os.path.isdir("/opt/rocm") else None)
@@ -245,7 +246,7 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> Doctor:
         "HIP_VISIBLE_DEVICES",
         "CUDA_VISIBLE_DEVICES",
     ]
-    report = component_report(matrix, arch)
+    report = component_report(matrix, arch, devices[0].name if devices and not hip else None)
     return Doctor(
         torch=torch.__version__ if torch else None,
         hip=hip,

@@ -136,7 +136,15 @@ def verdict(r: VerifyReport) -> str:
     stages = r.stages
     who = f"{r.line} port" if r.line else f"tree {r.tree}"
     with_te = f", TE {r.te.version}'s Python layer" if r.te else ""
-    mode = f" (CPU proxy{with_te}, not a GPU result)" if r.mode == "cpu-proxy" else ""
+    machine = r.env.machine
+    mode = (
+        f" (CPU proxy{with_te}, not a GPU result)"
+        if r.mode == "cpu-proxy"
+        # an NVIDIA machine runs the port's CUDA path: its HIP branches did not run
+        else f" (NVIDIA GPU, CUDA {machine.cuda}: the port's CUDA path, not a ROCm result)"
+        if not machine.hip
+        else ""
+    )
     passed = sum(s.status == PASS for s in stages)
     parts = [f"{who}{mode}: {passed} of {len(stages)} stages pass"]
     blocking = []
