@@ -35,6 +35,8 @@ VARIABLE = {
     "stages.outcomes",
     "stages.on_baseline",
     "stages.files",
+    "stages.why",  # stage 3: per test file selected
+    "stages.file_seconds",
     "cached",  # status: per upstream
     "lock.upstreams",
     "worktrees",
@@ -68,6 +70,27 @@ def test_the_verify_report_of_a_real_run_keeps_its_json_shape(tmp_path, capsys):
     main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json"])
     got = shape(json.loads(capsys.readouterr().out))
     assert got == VERIFY_SHAPE, (sorted(got - VERIFY_SHAPE), sorted(VERIFY_SHAPE - got))
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_stage_3_s_entry_of_a_real_run_keeps_its_json_shape(tmp_path, capsys):
+    """Stage 3's own keys (its typed UnitTestsRun's to_dict()), from a real run that labels a port
+    regression and an upstream-known failure against the unported tree."""
+    from rocmport.port import worktree as wt
+    from tests.test_unit_stage import upstream_repo
+
+    tree, base = upstream_repo(tmp_path / "up")
+    g(tree, "checkout", "-q", base, "--", "megatron")
+    wt.write_state(tree, wt.ApplyState(status="done", base=base))
+    ops = tree / "megatron" / "core" / "mathops.py"
+    ops.write_text(ops.read_text().replace("a + b\n\n\ndef mul", "a + b + 1\n\n\ndef mul"))  # a port bug
+    argv = ["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2"]
+    assert main([*argv, "--unit-test", "tests/unit_tests/test_ops.py", "--json"]) == 1
+    stage = json.loads(capsys.readouterr().out)["stages"][2]
+    assert stage["labels"]["tests/unit_tests/test_ops.py::test_add"] == "port-regression"
+    got = shape(stage, "stages[]")
+    assert got == UNIT_STAGE_SHAPE, (sorted(got - UNIT_STAGE_SHAPE), sorted(UNIT_STAGE_SHAPE - got))
 
 
 def _refresh(port, capsys, *args) -> set[str]:
@@ -437,3 +460,86 @@ def test_the_bots_json_of_a_ready_release_keeps_its_shape(tmp_path, monkeypatch,
     assert ready["status"] == "ready" and shape(ready) == BOT_BUILT_SHAPE - {"reason: str"}, sorted(shape(ready))
     record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())
     assert shape(record) == BOT_RECORD_SHAPE | BOT_RECORD_BUILT_SHAPE - {"tags.*.reason: str"}, sorted(shape(record))
+
+
+# Stage 3's entry in a verify report (recorded from the run above with 926c5ea's code, before its details
+# were typed).
+UNIT_STAGE_SHAPE: set[str] = {
+    "stages[].baseline.cached: bool",
+    "stages[].baseline.commit: str",
+    "stages[].baseline.counts.error: int",
+    "stages[].baseline.counts.failed: int",
+    "stages[].baseline.counts.passed: int",
+    "stages[].baseline.counts.skipped: int",
+    "stages[].baseline.counts: dict",
+    "stages[].baseline.guards: list",
+    "stages[].baseline.overlay: list",
+    "stages[].baseline.peak.released_groups: int",
+    "stages[].baseline.peak.rss_mb: float",
+    "stages[].baseline.peak.rss_mb_all_ranks: float",
+    "stages[].baseline.peak.threads: int",
+    "stages[].baseline.peak: dict",
+    "stages[].baseline.tests: int",
+    "stages[].baseline: dict",
+    "stages[].baseline_seconds: float",
+    "stages[].counts.error: int",
+    "stages[].counts.failed: int",
+    "stages[].counts.passed: int",
+    "stages[].counts.skipped: int",
+    "stages[].counts: dict",
+    "stages[].deselected: dict",
+    "stages[].failures.*: str",
+    "stages[].failures: dict",
+    "stages[].file_seconds.*: float",
+    "stages[].file_seconds: dict",
+    "stages[].files.*.counts.failed: int",
+    "stages[].files.*.counts.passed: int",
+    "stages[].files.*.counts.skipped: int",
+    "stages[].files.*.counts: dict",
+    "stages[].files.*.hangs: int",
+    "stages[].files.*.not_run: list",
+    "stages[].files.*.reason: str",
+    "stages[].files.*.status: str",
+    "stages[].files.*: dict",
+    "stages[].files: dict",
+    "stages[].hung: list",
+    "stages[].known_failures: dict",
+    "stages[].known_failures_not_applied: dict",
+    "stages[].label_reasons.*: str",
+    "stages[].label_reasons: dict",
+    "stages[].labels.*: str",
+    "stages[].labels: dict",
+    "stages[].local_spec_instead_of_te: list",
+    "stages[].machine.cpus: int",
+    "stages[].machine.others_cores: float",
+    "stages[].machine.overloaded: bool",
+    "stages[].machine.run_cores: float",
+    "stages[].machine.seconds: float",
+    "stages[].machine: dict",
+    "stages[].name: str",
+    "stages[].nproc: int",
+    "stages[].on_baseline.*: str",
+    "stages[].on_baseline: dict",
+    "stages[].outcomes.*: str",
+    "stages[].outcomes: dict",
+    "stages[].peak.released_groups: int",
+    "stages[].peak.rss_mb: float",
+    "stages[].peak.rss_mb_all_ranks: float",
+    "stages[].peak.threads: int",
+    "stages[].peak: dict",
+    "stages[].port_seconds: float",
+    "stages[].reason: str",
+    "stages[].rerun_alone: dict",
+    "stages[].restarts: int",
+    "stages[].restarts_per_file: int",
+    "stages[].seconds: float",
+    "stages[].slow: dict",
+    "stages[].status: str",
+    "stages[].swaps: list",
+    "stages[].swaps[]: str",
+    "stages[].tests: list",
+    "stages[].tests[]: str",
+    "stages[].why.*: str",
+    "stages[].why: dict",
+    "stages[]: dict",
+}

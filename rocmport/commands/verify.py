@@ -15,7 +15,7 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary, te_layer
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.registry import STAGES, Functional, UnitTests
+from rocmport.verify.registry import STAGES
 from rocmport.verify.result import VerifyReport
 from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
 
@@ -60,20 +60,19 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         click.echo("blocking:")
         for line in blocking:
             click.echo(redact(f"  {line}"))
-    unit = r.stage(UnitTests.name)
-    if unit is not None and unit.details.get("impact"):
-        click.echo(f"unit-tests: {unit.details['impact']['line']}")
+    unit = r.unit_run()
+    if unit is not None and unit.impact:
+        click.echo(f"unit-tests: {unit.impact.line}")
     folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
     if folded:
         click.echo(redact(folded))
-    for stage in r.stages:
-        redirects = stage.details.get("redirects")
-        if stage.name == Functional.name and redirects:
-            top = sorted(redirects.items(), key=lambda kv: -kv[1])[:5]
-            click.echo(
-                f"functional: {len(redirects)} torch.cuda call sites answered on the CPU; most called: "
-                + ", ".join(f"{k} ×{v}" for k, v in top)
-            )
+    redirects = r.functional.redirects if r.functional else None  # stage 4's FunctionalRun, its details too
+    if redirects:
+        top = sorted(redirects.items(), key=lambda kv: -kv[1])[:5]
+        click.echo(
+            f"functional: {len(redirects)} torch.cuda call sites answered on the CPU; most called: "
+            + ", ".join(f"{k} ×{v}" for k, v in top)
+        )
     for line in summary.coverage_lines(r):
         click.echo(redact(line))
     if r.training and r.training.losses:

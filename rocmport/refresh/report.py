@@ -185,9 +185,9 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     new = run_verify(options(tree, chosen, rewritten_changes(settings, old, tree) if unit else ()))
     failed = new.failed
     out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed)
-    unit_stage = new.stage("unit-tests")
-    if unit_stage is not None and unit_stage.details.get("impact"):
-        out.unit_tests_selection = unit_stage.details["impact"]["line"]
+    ran = new.unit_run()
+    if ran is not None and ran.impact:
+        out.unit_tests_selection = ran.impact.line
     if failed:
         # Stage 3 labels each failure against the unported tree itself: the old pin reruns stages 1-2 only.
         again = [n for n in chosen if n != "unit-tests"]

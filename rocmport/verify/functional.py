@@ -400,7 +400,7 @@ def _failure(
     hip: str | None,
     what: str,
     seconds: float,
-    details: dict,
+    details: FunctionalRun,
 ) -> StageResult:
     """Why a run of pretrain_gpt.py did not log every iteration: a CPU blocker or a break the HIP
     simulation made (unsupported-in-proxy, naming the site), else a failure."""
@@ -551,11 +551,11 @@ def stage_functional(
                 UNSUPPORTED,
                 f"proxy shim hook missing: {hook.read_text()}",
                 time.monotonic() - start,
-                run.to_dict(),
+                run,
             ), run
         if proc.returncode != 0 or len(losses) < iters:
             what = f"pretrain_gpt.py (after {len(losses)} of {iters} iterations)"
-            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, run.to_dict())
+            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, run)
             return res, run
         reason = f"{case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations"
         problems = []
@@ -585,7 +585,7 @@ def stage_functional(
                     hip,
                     f"the run resumed from iteration {half}",
                     time.monotonic() - start,
-                    run.to_dict(),
+                    run,
                 ), run
             expected = expected_resumed(steps, half, iters, support.first_two_logged_together)
             diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
@@ -684,4 +684,4 @@ def stage_functional(
             reason += f"; upstream's A100 golden (reference only): {reference['summary']}"
     if problems:
         reason = "; ".join(problems) + f" [{reason}]"
-    return StageResult("functional", status, reason, seconds, run.to_dict()), run
+    return StageResult("functional", status, reason, seconds, run), run

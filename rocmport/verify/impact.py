@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
@@ -319,9 +320,35 @@ def record_full_run(
     return entry
 
 
+@dataclass
+class ImpactFigures:
+    """An impacted run's figures (`impact` of stage 3's entry): the selection (Selection.to_dict()), the
+    tests selected of the total, the port's seconds and the time saved by the files left out, the full
+    suite's last pass, and ``line``: the summary's line saying all that."""
+
+    selection: dict[str, Any]
+    selected_tests: int
+    total_tests: int | None
+    seconds: float
+    estimated_seconds_saved: float | None
+    full_suite_last_passed: dict[str, Any] | None
+    line: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.selection,
+            "selected_tests": self.selected_tests,
+            "total_tests": self.total_tests,
+            "seconds": self.seconds,
+            "estimated_seconds_saved": self.estimated_seconds_saved,
+            "full_suite_last_passed": self.full_suite_last_passed,
+            "line": self.line,
+        }
+
+
 def impact_summary(
     selection: dict, selected_files: list[str], selected_tests: int, port_seconds: float, full: dict
-) -> tuple[str, dict]:
+) -> ImpactFigures:
     """The summary's line ("N tests selected of M; full suite last passed at <commit>") and the
     report's figures: files and tests selected of the total, and the time saved, estimated from the
     last full run's per-file seconds (the files left out, at what they took then). ``selection``:
@@ -352,16 +379,15 @@ def impact_summary(
             else "; time saved not known: no full run recorded"
         )
     )
-    figures = {
-        **selection,
-        "selected_tests": selected_tests,
-        "total_tests": total_tests,
-        "seconds": port_seconds,
-        "estimated_seconds_saved": saved,
-        "full_suite_last_passed": last or None,
-        "line": line,
-    }
-    return line, figures
+    return ImpactFigures(
+        selection=selection,
+        selected_tests=selected_tests,
+        total_tests=total_tests,
+        seconds=port_seconds,
+        estimated_seconds_saved=saved,
+        full_suite_last_passed=last or None,
+        line=line,
+    )
 
 
 def head_commit(tree: Path) -> str | None:

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_LM
@@ -30,22 +30,50 @@ def modules_import(n: int, kind: str = "") -> str:
     return f"{n} {kind}module imports" if n == 1 else f"{n} {kind}modules import"
 
 
+class StageDetails(Protocol):
+    """A stage's own facts, typed (stage 1's and 5's ImportProbe, stage 3's unit_tests.UnitTestsRun or
+    UnitTestsStopped, stage 4's functional.FunctionalRun): the renderers read their attributes;
+    ``to_dict()`` gives the keys the stage adds to its entry in the report's JSON."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
 @dataclass
 class StageResult:
     name: str
     status: str
     reason: str = ""
     seconds: float = 0.0
-    details: dict = field(default_factory=dict)
+    details: StageDetails | None = None  # None: the stage adds no keys of its own
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "status": self.status,
             "reason": self.reason,
             "seconds": round(self.seconds, 2),
-            **self.details,
+            **(self.details.to_dict() if self.details is not None else {}),
         }
+
+
+@dataclass
+class ImportProbe:
+    """What an import probe found (stage 1 over Megatron-LM, stage 5 over Megatron-Bridge): the modules
+    it imported, and those that failed ({module: {error, chain, missing}}); stage 1 adds the tree's own
+    modules imported from elsewhere, stage 5 the tree's declared requirements this Python does not meet.
+    None: not part of this result (absent from the JSON)."""
+
+    modules: list[str]
+    failures: dict[str, dict[str, Any]] | None = None
+    not_from_tree: dict[str, str] | None = None
+    declared_unmet: dict[str, dict[str, str]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"modules": self.modules}
+        for key in ("failures", "not_from_tree", "declared_unmet"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
 @dataclass
@@ -145,7 +173,7 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
         )
     results = json.loads(line.split(" ", 1)[1])
     failed = {m: r for m, r in results.items() if r}
-    details = {"modules": mods, "failures": failed}
+    details = ImportProbe(mods, failures=failed)
     if not failed:
         elsewhere = _not_from(tree, proc.stdout)
         if (
@@ -158,7 +186,7 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
                 f"{m} imported {where}, not from the tree {tree}: stage 1 checked nothing of the tree "
                 f"(a package of that name earlier on the path, or no {m.replace('.', '/')}/__init__.py)",
                 time.monotonic() - start,
-                {**details, "not_from_tree": elsewhere},
+                ImportProbe(mods, failures=failed, not_from_tree=elsewhere),
             )
         shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
         # What was not tested says so: "1 module imports" alone hid that megatron.training was absent, not tried.
