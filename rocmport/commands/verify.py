@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from rocmport import output
-from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
+from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
@@ -91,11 +91,11 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
 )
 @click.option("--dp", type=SIZE, default=None, help="Data-parallel size (default 1).")
 @click.option("--nproc", type=SIZE, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
-@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default=DEFAULT_BACKEND, show_default=True)
 @click.option(
     "--iters",
     type=click.IntRange(2, MAX_ITERS),
-    default=10,
+    default=DEFAULT_ITERS,
     show_default=True,
     help="Training iterations in stages 2, 4 and 5.",
 )

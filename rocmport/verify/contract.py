@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from rocmport.config import DEFAULT_PP, DEFAULT_TP
+from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP
 from rocmport.verify import hip_sim, suite
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
@@ -60,8 +60,8 @@ class VerifyOptions:
     tp: int = DEFAULT_TP
     pp: int = DEFAULT_PP
     dp: int = 1
-    backend: str = "auto"
-    iters: int = 10
+    backend: str = DEFAULT_BACKEND
+    iters: int = DEFAULT_ITERS
     unit: UnitOptions | None = None
     functional: FunctionalOptions | None = None
     bridge_tree: Path | None = None
