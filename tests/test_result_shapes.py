@@ -352,7 +352,7 @@ def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
     CPU-proxy report; stage 4's and 5's from their code): optional keys only when set."""
     from rocmport.verify.bridge_stage import BridgeTraining
     from rocmport.verify.functional import FunctionalRun
-    from rocmport.verify.stages import Training
+    from rocmport.verify.stages import MoeNotRun, MoeRun, Training
 
     training = Training([4.8, 3.6], [4.8, 3.6], 4.8e-07, True, {"Tensor.cuda @ x.py:1": 1}, 3.7e-05)
     assert set(training.to_dict()) == {
@@ -363,8 +363,21 @@ def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
         "tied_embeddings_equal",
         "tolerance",
     }
-    training.moe = {"not_run": "why"}
+    training.moe = MoeNotRun("why")
     assert training.to_dict()["moe"] == {"not_run": "why"}
+    # the keys the MoE case's dict had before it was typed (926c5ea's _moe_check, and its redirects)
+    training.moe = MoeRun([4.8, 3.6], [4.8, 3.6], 1e-7, 7e-3, 5e-2, 5e-5)
+    assert set(training.to_dict()["moe"]) == {
+        "losses",
+        "reference_losses",
+        "first_abs_diff",
+        "max_abs_diff",
+        "tolerance",
+        "first_tolerance",
+        "experts",
+        "ep",
+        "redirects",
+    }
     assert set(BridgeTraining([1.0], True).to_dict()) == {"losses", "tied_embeddings_equal"}
     run = FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2)
     always = {"case", "command", "losses", "iters", "proxy_env", "chosen_args", "log_tail"}
