@@ -18,6 +18,7 @@ from rocmport.verify.stages import StageResult
 
 if TYPE_CHECKING:
     from rocmport.machine.probe import Environment
+    from rocmport.verify.impact import Selection
     from rocmport.verify.te_layer import TELayer
 
 Mode = Literal["gpu", "cpu-proxy"]
@@ -34,7 +35,7 @@ class UnitOptions:
     settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
     reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
     selection: str = "series"  # series | fallback | explicit | all | impacted
-    impact: dict | None = None  # impacted: since, until, changed files, test files selected of the total (impact.py)
+    impact: Selection | None = None  # impacted: since, until, changed files, test files selected of the total
 
 
 @dataclass(frozen=True)

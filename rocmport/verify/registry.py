@@ -102,7 +102,7 @@ class UnitTests(Stage):
         )
         files = suite.test_files(ctx.tree, unit.tests)
         chosen = (
-            f"{len(files)} files of {unit.impact['total_files']}, impacted since {unit.impact['since'][:12]}"
+            f"{len(files)} files of {unit.impact.total_files}, impacted since {unit.impact.since[:12]}"
             if unit.impact
             else f"{len(files)} files"
         )

@@ -336,7 +336,7 @@ def unit_options(
             settings=settings,
             reasons=reasons,
             selection=how,
-            impact=picked.to_dict(),
+            impact=picked,
         ), ""
     elif settings.unit_tests:
         chosen, reasons, how = list(settings.unit_tests), dict(settings.unit_tests), "series"
