@@ -351,7 +351,13 @@ def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
     """Stage 2's, 4's and 5's data as the stages wrote them at 2df8846 (stage 2's from a real v0.16
     CPU-proxy report; stage 4's and 5's from their code): optional keys only when set."""
     from rocmport.verify.bridge_stage import BridgeTraining
-    from rocmport.verify.functional import FunctionalRun
+    from rocmport.verify.functional import (
+        FunctionalRun,
+        GoldenComparison,
+        ResumeCheck,
+        ResumeSkipped,
+        UpstreamGolden,
+    )
     from rocmport.verify.stages import MoeNotRun, MoeRun, Training
 
     training = Training([4.8, 3.6], [4.8, 3.6], 4.8e-07, True, {"Tensor.cuda @ x.py:1": 1}, 3.7e-05)
@@ -382,8 +388,31 @@ def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
     run = FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2)
     always = {"case", "command", "losses", "iters", "proxy_env", "chosen_args", "log_tail"}
     assert set(run.to_dict()) == always
-    run.redirects, run.resume_log_tail, run.resume, run.golden, run.upstream_golden_a100 = {}, [], {}, {}, {}
-    assert set(run.to_dict()) == always | {"redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"}
+    run.redirects, run.resume_log_tail = {}, []
+    run.resume = ResumeCheck(3, 3, 0.0, 1e-5, True, [9.9], params_norm_max_abs_diff=0.0, averaged_iteration=5)
+    run.golden = GoldenComparison("g.json", max_rel_drift=0.0, tolerance=0.05, hip_sim="7.1")
+    run.upstream_golden_a100 = UpstreamGolden("a100.json", [(1, 10.9, 10.8)], "step 1: 10.9000 vs 10.8000")
+    data = run.to_dict()
+    assert set(data) == always | {"redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"}
+    # the keys each had as a dict before it was typed (926c5ea's stage_functional and upstream_golden)
+    assert set(data["resume"]) == {
+        "from_iteration",
+        "loaded_iteration",
+        "max_abs_diff",
+        "tolerance",
+        "async_save",
+        "losses",
+        "params_norm_max_abs_diff",
+        "averaged_iteration",
+    }
+    assert set(data["golden"]) == {"path", "max_rel_drift", "tolerance", "hip_sim"}
+    assert data["upstream_golden_a100"] == {
+        "path": "a100.json",
+        "steps": [{"step": 1, "a100": 10.9, "here": 10.8}],
+        "summary": "step 1: 10.9000 vs 10.8000",
+    }
+    assert GoldenComparison("g.json", other_args="why").to_dict() == {"path": "g.json", "other_args": "why"}
+    assert ResumeSkipped("why").to_dict() == {"skipped": "why"}
 
 
 def _bot(port, capsys, *args) -> tuple[list[dict], dict]:
