@@ -35,6 +35,8 @@ _KNOWN_TOOL_KEYS = {"remotes", "cache-dir", "worktree-dir", "tp", "pp", "release
 # The one default of each verify size that `verify`, `refresh` and `bot` use without a flag or a setting.
 DEFAULT_TP = 2
 DEFAULT_PP = 2
+DEFAULT_ITERS = 10  # verify's training iterations (stages 2, 4 and 5)
+DEFAULT_BACKEND = "auto"  # verify's process-group backend: nccl with GPUs, gloo without
 
 
 def default_cache_dir() -> Path:

@@ -35,7 +35,7 @@ def test_nvidia_only_import_in_bridge_fails_the_stage(tmp_path):
     result, training = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
     assert result.status == "fail" and training is None
     assert result.reason.startswith("megatron.bridge: ModuleNotFoundError") and "(missing: modelopt" in result.reason
-    assert result.details["modules"] == ["megatron.bridge", "megatron.bridge.models.gpt_provider"]
+    assert result.details.modules == ["megatron.bridge", "megatron.bridge.models.gpt_provider"]
 
 
 def test_bridge_needing_a_newer_python_is_skipped(tmp_path):
@@ -65,12 +65,12 @@ def test_bridge_training_entry_point_is_imported_behind_the_firewall(tmp_path):
     (training / "pretrain.py").write_text("import modelopt.torch.opt  # an unguarded NVIDIA-only import\n")
     result, training_data = stage_bridge(tree, _env(tmp_path, mlm), 1, 1, 1, 2)
     assert result.status == "fail" and training_data is None
-    assert result.details["modules"] == [
+    assert result.details.modules == [
         "megatron.bridge",
         "megatron.bridge.models.gpt_provider",
         "megatron.bridge.training.pretrain",
     ]
-    assert list(result.details["failures"]) == ["megatron.bridge.training.pretrain"]
+    assert list(result.details.failures) == ["megatron.bridge.training.pretrain"]
     assert (
         result.reason.startswith("megatron.bridge.training.pretrain: ModuleNotFoundError")
         and "(missing: modelopt" in result.reason
@@ -105,7 +105,7 @@ def test_import_failure_from_a_dependency_outside_bridge_s_declared_range_says_e
     )
     assert result.reason.endswith(f"`{sys.executable} -m pip install 'pyyaml<1.0'`")
     # click is within its range; torch and megatron-core are verify's own business; the absent one is the probe's.
-    assert result.details["declared_unmet"] == {"pyyaml": {"installed": installed, "declared": "pyyaml<1.0"}}
+    assert result.details.declared_unmet == {"pyyaml": {"installed": installed, "declared": "pyyaml<1.0"}}
 
     other = _bridge_tree(
         tmp_path / "other", "import modelopt.torch.opt  # an unguarded NVIDIA-only import\n", pyproject

@@ -235,7 +235,7 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
     same, _ = stage_functional(tree, env_for(tmp_path, tree), record=False, **kwargs)
     assert same.status == "pass" and "max relative drift vs golden 0" in same.reason
     drifted, data = stage_functional(tree, env_for(tmp_path, tree, FAKE_SHIFT="0.5"), record=False, **kwargs)
-    assert drifted.status == "fail" and data.golden["max_rel_drift"] > 0.04
+    assert drifted.status == "fail" and data.golden.max_rel_drift > 0.04
     other, _ = stage_functional(
         tree, env_for(tmp_path, tree), record=False, **{**kwargs, "device_kind": "rocm-amd-instinct-mi300x"}
     )
@@ -260,7 +260,7 @@ def test_upstream_a100_golden_side_by_side(tmp_path):
             }
         )
     )
-    ref = upstream_golden(cdir, [10.9, 10.8, 10.7, 10.6, 10.5, 10.4])
+    ref = upstream_golden(cdir, [10.9, 10.8, 10.7, 10.6, 10.5, 10.4]).to_dict()
     assert [s["step"] for s in ref["steps"]] == [1, 5] and ref["steps"][1] == {
         "step": 5,
         "a100": 10.92928,
@@ -321,7 +321,7 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     }
     lr = 3e-3 * 2500  # the proxy's learning rate (PROXY_SCALE) moves the fake loss
     assert data.losses == pytest.approx([10.0 - lr * i for i in range(6)])
-    assert data.resume == {
+    assert data.resume.to_dict() == {
         "from_iteration": 3,
         "loaded_iteration": 3,
         "max_abs_diff": 0.0,
@@ -357,7 +357,7 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     # A resumed run that does not continue the same curve fails the stage.
     res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_RESUME_SHIFT="0.01"), **kwargs)
     assert res.status == "fail" and "resumed losses differ from the uninterrupted run's by 0.01" in res.reason
-    assert data.resume["max_abs_diff"] == pytest.approx(0.01)
+    assert data.resume.max_abs_diff == pytest.approx(0.01)
 
 
 def test_missing_case(tmp_path):

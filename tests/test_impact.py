@@ -126,10 +126,11 @@ def test_the_summary_line_and_the_time_saved_come_from_the_recorded_full_run(tmp
     tree, a, b = tree_with_hop(tmp_path / "up")
     picked = impact.select(tree, a, b, SMOKE, None)
     cache = tmp_path / "cache"
-    line, figures = impact.impact_summary(picked.to_dict(), list(picked.selected), 3, 4.0, {})
+    figures = impact.impact_summary(picked, list(picked.selected), 3, 4.0, {})
+    line = figures.line
     assert line.startswith("3 tests selected (2 of 3 test files: those whose imports reach the 1 files changed")
     assert "full suite: no pass recorded here (run `rocmport verify --unit-tests all`)" in line
-    assert figures["estimated_seconds_saved"] is None and "time saved not known" in line
+    assert figures.estimated_seconds_saved is None and "time saved not known" in line
     seconds = {
         "tests/unit_tests/test_a.py": 2.0,
         "tests/unit_tests/sub/test_c.py": 30.0,
@@ -143,11 +144,12 @@ def test_the_summary_line_and_the_time_saved_come_from_the_recorded_full_run(tmp
     )
     full = impact.read_full_runs(cache)["v0.16"]
     assert full["last_pass"]["base"] == b and full["last_run"]["passed"] is False  # a failed run is not a pass
-    line, figures = impact.impact_summary(picked.to_dict(), list(picked.selected), 3, 4.0, full)
+    figures = impact.impact_summary(picked, list(picked.selected), 3, 4.0, full)
+    line = figures.line
     assert line.startswith("3 tests selected of 4 (")
     assert f"full suite last passed at {b[:12]} (" in line
     # test_c.py's 30 s, and a third of the 7 s the run spent outside tests
-    assert figures["estimated_seconds_saved"] == pytest.approx(32.3) and "about 32 s saved per tree" in line
+    assert figures.estimated_seconds_saved == pytest.approx(32.3) and "about 32 s saved per tree" in line
 
 
 def test_an_empty_selection_skips_the_stage_rather_than_run_the_whole_tree(tmp_path):

@@ -53,7 +53,7 @@ def test_moe_losses_first_iteration_tight_then_within_the_routing_bound():
     moe, problems = stages._moe_check(
         ref, [x + d for x, d in zip(ref, [1e-7, 0, 1e-5, 2e-5, 2e-4, 7e-3])], dense_tol, "gloo"
     )
-    assert not problems and moe["first_abs_diff"] == pytest.approx(1e-7) and moe["max_abs_diff"] == pytest.approx(7e-3)
+    assert not problems and moe.first_abs_diff == pytest.approx(1e-7) and moe.max_abs_diff == pytest.approx(7e-3)
     # a misplaced expert shows on the first iteration, before routing could differ
     _, problems = stages._moe_check(ref, [ref[0] + 0.01, *ref[1:]], dense_tol, "gloo")
     assert problems and "MoE first iteration differs from tp1/pp1 by 0.01" in problems[0]
@@ -61,6 +61,41 @@ def test_moe_losses_first_iteration_tight_then_within_the_routing_bound():
     assert problems == ["MoE losses differ from tp1/pp1 by 0.2 > 0.049"]
     _, problems = stages._moe_check(ref, [4.0, 4.1], dense_tol, "gloo")
     assert problems == ["MoE loss did not decrease (4.0000 -> 4.1000)"]
+
+
+def test_stage_2_reports_the_moe_case_typed_and_its_json_keeps_its_keys(tmp_path, monkeypatch):
+    """Stage 2 with TE: the MoE pair's check in the reason and `training.moe` (MoeRun, or MoeNotRun with
+    why), whose JSON keeps the keys it had as a dict. The launches are replaced by their records."""
+    dense = [4.8, 4.5, 4.3, 4.1]
+    moe = [4.9, 4.6, 4.4, 4.2]
+
+    def pair(cmds, key, *args):
+        losses = moe if key else dense
+        return None, {"losses": losses}, {"losses": losses, "tied_embeddings_equal": True, "redirects": {"x": 1}}
+
+    monkeypatch.setattr(stages, "_pair", pair)
+    result, training = stages.stage_training(tmp_path, {}, 2, 1, 1, 4, "gloo", te="TE 2.x's Python layer")
+    assert result.status == "pass", result.reason
+    assert (
+        "; MoE (4 experts, top-2, grouped GEMM through TE's GroupedLinear, ep2): loss 4.9000 -> 4.2000" in result.reason
+    )
+    assert isinstance(training.moe, stages.MoeRun) and training.moe.redirects == {"x": 1}
+    assert training.to_dict()["moe"] == {
+        "losses": moe,
+        "reference_losses": moe,
+        "first_abs_diff": 0.0,
+        "max_abs_diff": 0.0,
+        "tolerance": pytest.approx(1e-2 * 4.9),
+        "first_tolerance": pytest.approx(1e-5 * 4.8),
+        "experts": 4,
+        "ep": 2,
+        "redirects": {"x": 1},
+    }
+    result, training = stages.stage_training(
+        tmp_path, {}, 2, 1, 1, 4, "gloo", te="TE 2.x's Python layer", moe_case=False
+    )
+    assert training.moe == stages.MoeNotRun("--no-moe") and training.to_dict()["moe"] == {"not_run": "--no-moe"}
+    assert "; MoE case not run: --no-moe" in result.reason
 
 
 ALL_TO_ALL = textwrap.dedent("""\

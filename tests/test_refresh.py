@@ -134,6 +134,34 @@ def test_conflict_stops_for_a_human_then_continue(port):
     assert json.loads((port.root / "build" / "megatron-lm.report.json").read_text())["totals"] == {"clean": 3}
 
 
+@pytest.mark.torch
+def test_continue_verifies_as_the_stopped_refresh_was_asked(port):
+    """The verify options (RefreshVerifyOptions, typed and frozen) are kept in the refresh's state file:
+    `--continue` runs the stages and sizes the refresh was started with."""
+    from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS
+    from rocmport.refresh.report import RefreshVerifyOptions
+
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
+    assert port.run("refresh", "--to", "v0.17", "--verify-stages", "1", "--tp", "1", "--pp", "1") == 1
+    state = json.loads((port.root / "build" / "refresh" / "state.json").read_text())
+    asked = RefreshVerifyOptions.from_dict(state["verify_opts"])
+    assert asked == RefreshVerifyOptions(tp=1, pp=1, stages=("imports",))
+    assert (asked.iters, asked.backend) == (DEFAULT_ITERS, DEFAULT_BACKEND)  # verify's own defaults
+    rtree = port.root / "build" / "refresh" / "megatron-lm"
+    (rtree / "megatron/core/layers.py").write_text(edit_line(LAYERS, 30, "line 30 upstream rocm"))
+    g(rtree, "commit", "-qam", "resolve 0002 by hand")
+    assert port.run("refresh", "--continue") == 0
+    stages = {s["name"]: s for s in port.summary["verify"]["stages"]}
+    assert stages["imports"]["status"] == "pass", stages["imports"]
+    assert (stages["gpt-training"]["status"], stages["gpt-training"]["reason"]) == (
+        "skipped",
+        "not selected (--stages)",
+    )
+    assert stages["unit-tests"]["reason"].startswith("refresh verifies imports (--verify-stages)")
+    # A state written before the options were typed (tp and pp only) reads with verify's defaults.
+    assert RefreshVerifyOptions.from_dict({"tp": 1, "pp": 1}) == RefreshVerifyOptions(tp=1, pp=1)
+
+
 def test_conflict_abort_leaves_everything_as_it_was(port):
     port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 upstream")}, "core_v0.17.0", "0.17.0")
     lock_before = (port.root / "upstream.lock").read_text()

@@ -22,6 +22,7 @@ from rocmport.cli import main
 from rocmport.commands import bot as bot_command
 from rocmport.commands import refresh as refresh_command
 from rocmport.config import DEFAULT_PP, DEFAULT_TP
+from rocmport.refresh.report import RefreshVerifyOptions
 from rocmport.refresh.result import UP_TO_DATE, RefreshResult
 from rocmport.upstream.lock import Lock, Pin
 from rocmport.verify.gpt_worker import HEADS, LAYERS
@@ -208,7 +209,7 @@ def _check_refresh(project: Path, engine: list[tuple], argv: list[str]) -> None:
         if "--no-verify" in given:
             assert verify_opts is None
         else:
-            tp, pp = verify_opts["tp"], verify_opts["pp"]
+            tp, pp = verify_opts.tp, verify_opts.pp
             assert (
                 type(tp) is int and type(pp) is int and tp >= 1 and pp >= 1 and HEADS % tp == 0 and LAYERS % pp == 0
             ), (argv, verify_opts)
@@ -263,7 +264,7 @@ def test_refresh_settings_sizes_are_checked_before_anything_runs(tmp_path, engin
     assert rc == 2 and engine == []
     assert f"{tmp_path / 'pyproject.toml'}: [tool.rocmport] pp = 3: the verify model has {LAYERS} layers" in err
     rc, _, err = run(["-C", str(tmp_path), "refresh", "--to", "v0.17", "--pp", "2"])  # the option wins
-    assert rc == 0 and engine == [("refresh", "v0.17", {"tp": DEFAULT_TP, "pp": 2})]
+    assert rc == 0 and engine == [("refresh", "v0.17", RefreshVerifyOptions(tp=DEFAULT_TP, pp=2))]
 
 
 # --- bot -------------------------------------------------------------------------------------------

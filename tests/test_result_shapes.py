@@ -35,6 +35,8 @@ VARIABLE = {
     "stages.outcomes",
     "stages.on_baseline",
     "stages.files",
+    "stages.why",  # stage 3: per test file selected
+    "stages.file_seconds",
     "cached",  # status: per upstream
     "lock.upstreams",
     "worktrees",
@@ -68,6 +70,27 @@ def test_the_verify_report_of_a_real_run_keeps_its_json_shape(tmp_path, capsys):
     main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--json"])
     got = shape(json.loads(capsys.readouterr().out))
     assert got == VERIFY_SHAPE, (sorted(got - VERIFY_SHAPE), sorted(VERIFY_SHAPE - got))
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_stage_3_s_entry_of_a_real_run_keeps_its_json_shape(tmp_path, capsys):
+    """Stage 3's own keys (its typed UnitTestsRun's to_dict()), from a real run that labels a port
+    regression and an upstream-known failure against the unported tree."""
+    from rocmport.port import worktree as wt
+    from tests.test_unit_stage import upstream_repo
+
+    tree, base = upstream_repo(tmp_path / "up")
+    g(tree, "checkout", "-q", base, "--", "megatron")
+    wt.write_state(tree, wt.ApplyState(status="done", base=base))
+    ops = tree / "megatron" / "core" / "mathops.py"
+    ops.write_text(ops.read_text().replace("a + b\n\n\ndef mul", "a + b + 1\n\n\ndef mul"))  # a port bug
+    argv = ["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "unit-tests", "--unit-nproc", "2"]
+    assert main([*argv, "--unit-test", "tests/unit_tests/test_ops.py", "--json"]) == 1
+    stage = json.loads(capsys.readouterr().out)["stages"][2]
+    assert stage["labels"]["tests/unit_tests/test_ops.py::test_add"] == "port-regression"
+    got = shape(stage, "stages[]")
+    assert got == UNIT_STAGE_SHAPE, (sorted(got - UNIT_STAGE_SHAPE), sorted(UNIT_STAGE_SHAPE - got))
 
 
 def _refresh(port, capsys, *args) -> set[str]:
@@ -328,8 +351,14 @@ def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
     """Stage 2's, 4's and 5's data as the stages wrote them at 2df8846 (stage 2's from a real v0.16
     CPU-proxy report; stage 4's and 5's from their code): optional keys only when set."""
     from rocmport.verify.bridge_stage import BridgeTraining
-    from rocmport.verify.functional import FunctionalRun
-    from rocmport.verify.stages import Training
+    from rocmport.verify.functional import (
+        FunctionalRun,
+        GoldenComparison,
+        ResumeCheck,
+        ResumeSkipped,
+        UpstreamGolden,
+    )
+    from rocmport.verify.stages import MoeNotRun, MoeRun, Training
 
     training = Training([4.8, 3.6], [4.8, 3.6], 4.8e-07, True, {"Tensor.cuda @ x.py:1": 1}, 3.7e-05)
     assert set(training.to_dict()) == {
@@ -340,14 +369,50 @@ def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
         "tied_embeddings_equal",
         "tolerance",
     }
-    training.moe = {"not_run": "why"}
+    training.moe = MoeNotRun("why")
     assert training.to_dict()["moe"] == {"not_run": "why"}
+    # the keys the MoE case's dict had before it was typed (926c5ea's _moe_check, and its redirects)
+    training.moe = MoeRun([4.8, 3.6], [4.8, 3.6], 1e-7, 7e-3, 5e-2, 5e-5)
+    assert set(training.to_dict()["moe"]) == {
+        "losses",
+        "reference_losses",
+        "first_abs_diff",
+        "max_abs_diff",
+        "tolerance",
+        "first_tolerance",
+        "experts",
+        "ep",
+        "redirects",
+    }
     assert set(BridgeTraining([1.0], True).to_dict()) == {"losses", "tied_embeddings_equal"}
     run = FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2)
     always = {"case", "command", "losses", "iters", "proxy_env", "chosen_args", "log_tail"}
     assert set(run.to_dict()) == always
-    run.redirects, run.resume_log_tail, run.resume, run.golden, run.upstream_golden_a100 = {}, [], {}, {}, {}
-    assert set(run.to_dict()) == always | {"redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"}
+    run.redirects, run.resume_log_tail = {}, []
+    run.resume = ResumeCheck(3, 3, 0.0, 1e-5, True, [9.9], params_norm_max_abs_diff=0.0, averaged_iteration=5)
+    run.golden = GoldenComparison("g.json", max_rel_drift=0.0, tolerance=0.05, hip_sim="7.1")
+    run.upstream_golden_a100 = UpstreamGolden("a100.json", [(1, 10.9, 10.8)], "step 1: 10.9000 vs 10.8000")
+    data = run.to_dict()
+    assert set(data) == always | {"redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"}
+    # the keys each had as a dict before it was typed (926c5ea's stage_functional and upstream_golden)
+    assert set(data["resume"]) == {
+        "from_iteration",
+        "loaded_iteration",
+        "max_abs_diff",
+        "tolerance",
+        "async_save",
+        "losses",
+        "params_norm_max_abs_diff",
+        "averaged_iteration",
+    }
+    assert set(data["golden"]) == {"path", "max_rel_drift", "tolerance", "hip_sim"}
+    assert data["upstream_golden_a100"] == {
+        "path": "a100.json",
+        "steps": [{"step": 1, "a100": 10.9, "here": 10.8}],
+        "summary": "step 1: 10.9000 vs 10.8000",
+    }
+    assert GoldenComparison("g.json", other_args="why").to_dict() == {"path": "g.json", "other_args": "why"}
+    assert ResumeSkipped("why").to_dict() == {"skipped": "why"}
 
 
 def _bot(port, capsys, *args) -> tuple[list[dict], dict]:
@@ -437,3 +502,86 @@ def test_the_bots_json_of_a_ready_release_keeps_its_shape(tmp_path, monkeypatch,
     assert ready["status"] == "ready" and shape(ready) == BOT_BUILT_SHAPE - {"reason: str"}, sorted(shape(ready))
     record = json.loads((port.root / ".rocmport" / "bot-state.json").read_text())
     assert shape(record) == BOT_RECORD_SHAPE | BOT_RECORD_BUILT_SHAPE - {"tags.*.reason: str"}, sorted(shape(record))
+
+
+# Stage 3's entry in a verify report (recorded from the run above with 926c5ea's code, before its details
+# were typed).
+UNIT_STAGE_SHAPE: set[str] = {
+    "stages[].baseline.cached: bool",
+    "stages[].baseline.commit: str",
+    "stages[].baseline.counts.error: int",
+    "stages[].baseline.counts.failed: int",
+    "stages[].baseline.counts.passed: int",
+    "stages[].baseline.counts.skipped: int",
+    "stages[].baseline.counts: dict",
+    "stages[].baseline.guards: list",
+    "stages[].baseline.overlay: list",
+    "stages[].baseline.peak.released_groups: int",
+    "stages[].baseline.peak.rss_mb: float",
+    "stages[].baseline.peak.rss_mb_all_ranks: float",
+    "stages[].baseline.peak.threads: int",
+    "stages[].baseline.peak: dict",
+    "stages[].baseline.tests: int",
+    "stages[].baseline: dict",
+    "stages[].baseline_seconds: float",
+    "stages[].counts.error: int",
+    "stages[].counts.failed: int",
+    "stages[].counts.passed: int",
+    "stages[].counts.skipped: int",
+    "stages[].counts: dict",
+    "stages[].deselected: dict",
+    "stages[].failures.*: str",
+    "stages[].failures: dict",
+    "stages[].file_seconds.*: float",
+    "stages[].file_seconds: dict",
+    "stages[].files.*.counts.failed: int",
+    "stages[].files.*.counts.passed: int",
+    "stages[].files.*.counts.skipped: int",
+    "stages[].files.*.counts: dict",
+    "stages[].files.*.hangs: int",
+    "stages[].files.*.not_run: list",
+    "stages[].files.*.reason: str",
+    "stages[].files.*.status: str",
+    "stages[].files.*: dict",
+    "stages[].files: dict",
+    "stages[].hung: list",
+    "stages[].known_failures: dict",
+    "stages[].known_failures_not_applied: dict",
+    "stages[].label_reasons.*: str",
+    "stages[].label_reasons: dict",
+    "stages[].labels.*: str",
+    "stages[].labels: dict",
+    "stages[].local_spec_instead_of_te: list",
+    "stages[].machine.cpus: int",
+    "stages[].machine.others_cores: float",
+    "stages[].machine.overloaded: bool",
+    "stages[].machine.run_cores: float",
+    "stages[].machine.seconds: float",
+    "stages[].machine: dict",
+    "stages[].name: str",
+    "stages[].nproc: int",
+    "stages[].on_baseline.*: str",
+    "stages[].on_baseline: dict",
+    "stages[].outcomes.*: str",
+    "stages[].outcomes: dict",
+    "stages[].peak.released_groups: int",
+    "stages[].peak.rss_mb: float",
+    "stages[].peak.rss_mb_all_ranks: float",
+    "stages[].peak.threads: int",
+    "stages[].peak: dict",
+    "stages[].port_seconds: float",
+    "stages[].reason: str",
+    "stages[].rerun_alone: dict",
+    "stages[].restarts: int",
+    "stages[].restarts_per_file: int",
+    "stages[].seconds: float",
+    "stages[].slow: dict",
+    "stages[].status: str",
+    "stages[].swaps: list",
+    "stages[].swaps[]: str",
+    "stages[].tests: list",
+    "stages[].tests[]: str",
+    "stages[].why.*: str",
+    "stages[].why: dict",
+    "stages[]: dict",
+}

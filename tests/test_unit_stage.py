@@ -510,7 +510,7 @@ def test_missing_ordinary_dependency_fails_the_stage_before_it_runs(tmp_path, ch
     res = stage_unit_tests(
         tree, child_env(tree), ["tests/unit_tests/test_plugins.py"], 2, {}, tmp_path / "cache", base, blocked=BLOCKED
     )
-    assert res.status == "fail" and res.details["missing_dependencies"] == {
+    assert res.status == "fail" and res.details.missing_dependencies == {
         "rocmport_absent_pkg": "rocmport-absent-pkg",
         "rocmport_absent_conftest_dep": "rocmport-absent-conftest-dep",
         **({} if importlib.util.find_spec("pytest_mock") else {"pytest_mock": "pytest-mock"}),
@@ -575,10 +575,10 @@ def test_hang_rerun_alone_is_flaky_and_leaked_groups_are_released(tmp_path, chil
     )
     d = res.details
     hang = "tests/unit_tests/test_flaky.py::test_hangs_only_the_first_time"
-    assert d["labels"] == {hang: "flaky"} and d["rerun_alone"] == {hang: "passed"}, d
+    assert d.labels == {hang: "flaky"} and d.rerun_alone == {hang: "passed"}, d
     assert res.status == "pass" and "1 flaky" in res.reason
     # gloo gives every group three threads; ten tests' 30 groups would leave ~90 behind without the release.
-    assert d["peak"]["released_groups"] >= 2 * 30 and d["peak"]["threads"] < 40, d["peak"]
+    assert d.peak["released_groups"] >= 2 * 30 and d.peak["threads"] < 40, d.peak
 
 
 @pytest.mark.torch
@@ -1054,7 +1054,7 @@ def test_a_conftest_that_stops_pytest_fails_the_stage_naming_every_file_not_run(
     assert res.status == "fail" and "(none of the 1 selected files ran)" in res.reason and "conftest" in res.reason, (
         res.reason
     )
-    account = res.details["files"]["tests/unit_tests/test_a.py"]
+    account = res.details.files["tests/unit_tests/test_a.py"]
     assert account["status"] == "not-run" and "pytest under torchrun recorded nothing" in account["reason"], account
 
 

@@ -419,6 +419,7 @@ def a_v019_report():
     from rocmport.verify.launcher import Launcher
     from rocmport.verify.port_sites import Coverage
     from rocmport.verify.result import ReportEnv, VerifyReport
+    from rocmport.verify.unit_tests import UnitTestsRun
 
     hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
     labels = {
@@ -432,16 +433,16 @@ def a_v019_report():
         "fail",
         "40 passed, 3 skipped, 6 failed (...) in 6 of 7 files on 8 ranks",
         2100.0,
-        {
-            "labels": labels,
-            "label_reasons": {
+        UnitTestsRun(
+            labels=labels,
+            label_reasons={
                 hang: "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging",
                 "tests/unit_tests/test_utils.py": "none of its 12 tests ran: its restart budget ran out: 7 hangs in this file, 6 restarts per file",
                 **{k: "fails the same way on the unported tree" for k in labels if "test_x" in k or "test_te" in k},
             },
-            "failures": {hang: "hung: no result after 45 s on rank 3"},
-            "on_baseline": {hang: "failed", "tests/unit_tests/test_utils.py": "ran: 12 passed"},
-        },
+            failures={hang: "hung: no result after 45 s on rank 3"},
+            on_baseline={hang: "failed", "tests/unit_tests/test_utils.py": "ran: 12 passed"},
+        ),
     )
     return VerifyReport(
         mode="cpu-proxy",

@@ -11,6 +11,7 @@ from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.refresh.bot import run_once
 from rocmport.refresh.engine import Progress
+from rocmport.refresh.report import RefreshVerifyOptions
 from rocmport.refresh.result import NEEDS_HUMAN
 from rocmport.commands.refresh import check_verify_sizes, refresh_stages
 from rocmport.release_line import ReleaseLine
@@ -91,9 +92,13 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     )
     if not no_verify:  # verify's sizes from [tool.rocmport], told now rather than in every release's refresh
         check_verify_sizes(settings)
-    verify_opts: dict | None = None if no_verify else {"tp": settings.tp, "pp": settings.pp}
-    if verify_opts is not None and verify_stages is not None:  # absent: stages 1-2, as refresh's
-        verify_opts["stages"] = chosen
+    verify_opts = (
+        None
+        if no_verify
+        else RefreshVerifyOptions(  # stages None: stages 1-2, as refresh's
+            tp=settings.tp, pp=settings.pp, stages=tuple(chosen) if verify_stages is not None else None
+        )
+    )
     progress = Progress()
     kw = dict(
         track=track,

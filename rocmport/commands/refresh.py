@@ -14,7 +14,7 @@ from rocmport.errors import EXIT_OK, BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.refresh.engine import Progress, abort_refresh, continue_refresh, refresh
 from rocmport.refresh.result import RefreshResult
-from rocmport.refresh.report import status_line
+from rocmport.refresh.report import RefreshVerifyOptions, status_line
 from rocmport.refresh.summary import public, write_summary
 from rocmport.verify.run import MAX_WORLD, check_sizes
 
@@ -83,11 +83,15 @@ def command(obj, to, cont, abort, no_verify, verify_stages, tp, pp, summary_path
     if abort:
         abort_refresh(settings, say=output.info)
         return EXIT_OK
-    opts: dict | None = (
-        None if no_verify else {"tp": settings.tp if tp is None else tp, "pp": settings.pp if pp is None else pp}
+    opts = (
+        None
+        if no_verify
+        else RefreshVerifyOptions(
+            tp=settings.tp if tp is None else tp,
+            pp=settings.pp if pp is None else pp,
+            stages=tuple(chosen) if verify_stages is not None else None,  # None: stages 1-2
+        )
     )
-    if opts is not None and verify_stages is not None:  # absent: stages 1-2 (refresh/report.run_verify_both)
-        opts["stages"] = chosen
     if opts is not None and to:  # verify's sizes, told now rather than after the whole refresh ran
         check_verify_sizes(settings, tp, pp)
     progress = Progress()

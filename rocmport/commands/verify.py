@@ -9,13 +9,13 @@ from pathlib import Path
 import click
 
 from rocmport import output
-from rocmport.config import DEFAULT_PP, DEFAULT_TP, load_settings
+from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary, te_layer
 from rocmport.verify.launcher import KINDS
-from rocmport.verify.registry import STAGES, Functional, UnitTests
+from rocmport.verify.registry import STAGES
 from rocmport.verify.result import VerifyReport
 from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
 
@@ -65,20 +65,19 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         click.echo("blocking:")
         for line in blocking:
             click.echo(redact(f"  {line}"))
-    unit = r.stage(UnitTests.name)
-    if unit is not None and unit.details.get("impact"):
-        click.echo(f"unit-tests: {unit.details['impact']['line']}")
+    unit = r.unit_run()
+    if unit is not None and unit.impact:
+        click.echo(f"unit-tests: {unit.impact.line}")
     folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
     if folded:
         click.echo(redact(folded))
-    for stage in r.stages:
-        redirects = stage.details.get("redirects")
-        if stage.name == Functional.name and redirects:
-            top = sorted(redirects.items(), key=lambda kv: -kv[1])[:5]
-            click.echo(
-                f"functional: {len(redirects)} torch.cuda call sites answered on the CPU; most called: "
-                + ", ".join(f"{k} ×{v}" for k, v in top)
-            )
+    redirects = r.functional.redirects if r.functional else None  # stage 4's FunctionalRun, its details too
+    if redirects:
+        top = sorted(redirects.items(), key=lambda kv: -kv[1])[:5]
+        click.echo(
+            f"functional: {len(redirects)} torch.cuda call sites answered on the CPU; most called: "
+            + ", ".join(f"{k} ×{v}" for k, v in top)
+        )
     for line in summary.coverage_lines(r):
         click.echo(redact(line))
     if r.training and r.training.losses:
@@ -97,11 +96,11 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
 )
 @click.option("--dp", type=SIZE, default=None, help="Data-parallel size (default 1).")
 @click.option("--nproc", type=SIZE, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
-@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default=DEFAULT_BACKEND, show_default=True)
 @click.option(
     "--iters",
     type=click.IntRange(2, MAX_ITERS),
-    default=10,
+    default=DEFAULT_ITERS,
     show_default=True,
     help="Training iterations in stages 2, 4 and 5.",
 )

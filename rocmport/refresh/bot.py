@@ -20,7 +20,7 @@ from rocmport.fsutil import file_lock
 from rocmport.gitutil import git, rev_parse, run_git
 from rocmport.patches.series import all_series
 from rocmport.refresh.engine import Progress, abort_refresh, read_state, refresh
-from rocmport.refresh.report import markdown
+from rocmport.refresh.report import RefreshVerifyOptions, markdown
 from rocmport.refresh.result import NEEDS_HUMAN, NOT_VERIFIED, RefreshResult, RefreshStatus
 from rocmport.refresh.summary import machine_paths, write_summary
 from rocmport.release_line import ReleaseLine
@@ -229,7 +229,13 @@ def _human_commits(root: Path, base: str, tip: str) -> list[str]:
 
 
 def process(
-    settings: Settings, cand: Candidate, base: str, inputs: str, verify_opts: dict | None, say, warn
+    settings: Settings,
+    cand: Candidate,
+    base: str,
+    inputs: str,
+    verify_opts: RefreshVerifyOptions | None,
+    say,
+    warn,
 ) -> BotResult:
     """Refresh to ``cand`` on its own branch from ``base``; the caller's branch is restored after.
     ``inputs``: what the refresh depended on (inputs_of), for the record."""
@@ -344,7 +350,7 @@ def run_once(
     lines=None,
     retry=False,
     push_remote=None,
-    verify_opts=None,
+    verify_opts: RefreshVerifyOptions | None = None,
     say=print,
     warn=print,
     progress: Progress | None = None,

@@ -23,7 +23,7 @@ from rocmport.patches.regenerate import patch_id, regenerate, reverse_applies, u
 from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
-from rocmport.refresh.report import codemod_changes, range_diff, run_verify_both
+from rocmport.refresh.report import RefreshVerifyOptions, codemod_changes, range_diff, run_verify_both
 from rocmport.refresh.result import (
     NEEDS_HUMAN,
     PROMOTED,
@@ -94,7 +94,13 @@ def _write_state(settings: Settings, state: dict[str, Any]) -> None:
 
 
 def refresh(
-    settings: Settings, to: str, *, verify_opts: dict | None, say=print, warn=print, progress: Progress | None = None
+    settings: Settings,
+    to: str,
+    *,
+    verify_opts: RefreshVerifyOptions | None,
+    say=print,
+    warn=print,
+    progress: Progress | None = None,
 ) -> RefreshResult:
     """Start a refresh to ``to``. ``verify_opts`` None means --no-verify."""
     progress = progress or Progress()
@@ -141,7 +147,7 @@ def refresh(
         "staged": staged,
         "merged_upstream": merged,
         "applied": {},
-        "verify_opts": verify_opts,
+        "verify_opts": verify_opts.to_dict() if verify_opts is not None else None,
         "started": started,
     }
     _write_state(settings, state)
@@ -296,7 +302,8 @@ def _finish(settings: Settings, state: dict, say, warn, progress: Progress) -> R
     progress.finish("range-diff")
     if state.get("verify_opts") is not None:
         progress.step("verify")
-        result.verify = run_verify_both(settings, rsettings, old, state["verify_opts"], say)
+        opts = RefreshVerifyOptions.from_dict(state["verify_opts"])
+        result.verify = run_verify_both(settings, rsettings, old, opts, say)
         progress.finish("verify")
     result.settle()
     if result.status in PROMOTED:  # verified, or carried over unverified as asked (the status says which)

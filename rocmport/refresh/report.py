@@ -9,8 +9,9 @@ import platform
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
+from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP, Settings
 from rocmport.errors import BadInput
 from rocmport.gitutil import FIXED_IDENTITY, git, run_git
 from rocmport.patches.series import select_series, split_header
@@ -23,6 +24,43 @@ from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.python import python_setup_hint, unmet_python
 from rocmport.verify.registry import NAMES
 from rocmport.verify.run import prepare, run_verify
+
+
+@dataclasses.dataclass(frozen=True)
+class RefreshVerifyOptions:
+    """What `refresh` and `bot` ask of verify on the new port, as their commands checked it: the sizes
+    ([tool.rocmport] tp/pp unless --tp/--pp), the iterations and backend (verify's own defaults, as
+    `rocmport verify` without the flag), and the stages (None: stages 1-2; stage 3 costs minutes).
+    Kept in the refresh's state file (``to_dict``), so that `refresh --continue` verifies as asked."""
+
+    tp: int = DEFAULT_TP
+    pp: int = DEFAULT_PP
+    iters: int = DEFAULT_ITERS
+    backend: str = DEFAULT_BACKEND
+    stages: tuple[str, ...] | None = None
+
+    @property
+    def chosen(self) -> list[str]:
+        """The stages to run: those asked for, else stages 1-2."""
+        return list(self.stages or NAMES[:2])
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tp": self.tp, "pp": self.pp, "iters": self.iters, "backend": self.backend}
+        if self.stages is not None:
+            out["stages"] = list(self.stages)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RefreshVerifyOptions:
+        """From the state file; a key it lacks (a refresh started by an older rocmport) takes the default."""
+        stages = data.get("stages")
+        return cls(
+            tp=data.get("tp", DEFAULT_TP),
+            pp=data.get("pp", DEFAULT_PP),
+            iters=data.get("iters", DEFAULT_ITERS),
+            backend=data.get("backend", DEFAULT_BACKEND),
+            stages=tuple(stages) if stages is not None else None,
+        )
 
 
 def _old_port(settings: Settings, old: Lock, name: str, say=print) -> Path:
@@ -143,7 +181,9 @@ def _diff_of(patch_text: str | None, fallback: str) -> str:
     return split_header(patch_text)[1]
 
 
-def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: dict, say=print) -> RefreshVerify:
+def run_verify_both(
+    settings: Settings, rsettings: Settings, old: Lock, opts: RefreshVerifyOptions, say=print
+) -> RefreshVerify:
     """Verify the new port; when a stage fails, verify the old port too and label each failure."""
     tree = rsettings.worktree_path(MEGATRON_LM.name)
     need = unmet_python(tree)
@@ -153,7 +193,7 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
             + python_setup_hint(need)
         )
     # Stages 1-2 unless the refresh (or the bot) asked for more: stage 3 costs minutes on the proxy.
-    chosen = list(opts.get("stages") or NAMES[:2])
+    chosen = opts.chosen
     unit = "unit-tests" in chosen
     since = old.upstreams[MEGATRON_LM.name].commit if MEGATRON_LM.name in old.upstreams else None
     not_run = f"refresh verifies {', '.join(chosen)} (--verify-stages); run `rocmport verify` for the rest"
@@ -165,10 +205,10 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
         checked = prepare(
             rsettings,
             str(at),
-            tp=opts.get("tp", DEFAULT_TP),
-            pp=opts.get("pp", DEFAULT_PP),
-            iters=opts.get("iters", 10),
-            backend=opts.get("backend", "auto"),
+            tp=opts.tp,
+            pp=opts.pp,
+            iters=opts.iters,
+            backend=opts.backend,
             # impacted where the tree has upstream's tests (a package-index source has none: verify skips stage 3, saying so)
             with_unit=(impacted if "unit-tests" in stages else False),
             since=since if "unit-tests" in stages and impacted else None,
@@ -185,9 +225,9 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
     new = run_verify(options(tree, chosen, rewritten_changes(settings, old, tree) if unit else ()))
     failed = new.failed
     out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed)
-    unit_stage = new.stage("unit-tests")
-    if unit_stage is not None and unit_stage.details.get("impact"):
-        out.unit_tests_selection = unit_stage.details["impact"]["line"]
+    ran = new.unit_run()
+    if ran is not None and ran.impact:
+        out.unit_tests_selection = ran.impact.line
     if failed:
         # Stage 3 labels each failure against the unported tree itself: the old pin reruns stages 1-2 only.
         again = [n for n in chosen if n != "unit-tests"]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from rocmport.verify.stages import (
     FAIL,
     IMPORT_PROBE,
     PASS,
+    ImportProbe,
     SKIPPED,
     UNSUPPORTED,
     StageResult,
@@ -173,7 +174,7 @@ def stage_bridge(
         ), None
     failed = {m: r for m, r in json.loads(line.split(" ", 1)[1]).items() if r}
     unmet = declared_unmet(bridge_tree, PROVIDED)
-    details = {"modules": mods, **({"declared_unmet": unmet} if unmet else {})}
+    details = ImportProbe(mods, declared_unmet=unmet or None)
     if failed:
         m, r = next(iter(failed.items()))
         missing = f" (missing: {r['missing']})" if r.get("missing") else ""
@@ -182,7 +183,7 @@ def stage_bridge(
             FAIL,
             f"{m}: {r['error']}{missing}{_blame_environment(r, unmet)}",
             time.monotonic() - start,
-            {**details, "failures": failed},
+            replace(details, failures=failed),
         ), None
     with tempfile.TemporaryDirectory(prefix="rocmport-bridge-") as tmp:
         out = Path(tmp) / "bridge.json"

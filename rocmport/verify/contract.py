@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from rocmport.config import DEFAULT_PP, DEFAULT_TP
+from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP
 from rocmport.verify import hip_sim, suite
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
 
 if TYPE_CHECKING:
     from rocmport.machine.probe import Environment
+    from rocmport.verify.impact import Selection
     from rocmport.verify.te_layer import TELayer
 
 Mode = Literal["gpu", "cpu-proxy"]
@@ -34,7 +35,7 @@ class UnitOptions:
     settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
     reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
     selection: str = "series"  # series | fallback | explicit | all | impacted
-    impact: dict | None = None  # impacted: since, until, changed files, test files selected of the total (impact.py)
+    impact: Selection | None = None  # impacted: since, until, changed files, test files selected of the total
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ class VerifyOptions:
     tp: int = DEFAULT_TP
     pp: int = DEFAULT_PP
     dp: int = 1
-    backend: str = "auto"
-    iters: int = 10
+    backend: str = DEFAULT_BACKEND
+    iters: int = DEFAULT_ITERS
     unit: UnitOptions | None = None
     functional: FunctionalOptions | None = None
     bridge_tree: Path | None = None

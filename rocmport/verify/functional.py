@@ -304,7 +304,24 @@ def golden_path(series_dir: Path, case: str, device_kind: str) -> Path:
     return series_dir / "goldens" / f"{case}.{device_kind}.json"
 
 
-def upstream_golden(cdir: Path, losses: list[float]) -> dict | None:
+@dataclass
+class UpstreamGolden:
+    """Upstream's DGX A100 golden beside this run (`upstream_golden_a100`): the file, the common steps
+    (step, A100's loss, this run's) and a one-line summary of the first and last."""
+
+    path: str
+    steps: list[tuple[int, float, float]]
+    summary: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "steps": [{"step": k, "a100": a, "here": b} for k, a, b in self.steps],
+            "summary": self.summary,
+        }
+
+
+def upstream_golden(cdir: Path, losses: list[float]) -> UpstreamGolden | None:
     """Upstream's DGX A100 `lm loss` values for the case, side by side with this run's at the same
     steps (shown for reference with real data: a different machine, never a pass/fail gate)."""
     path = cdir / "golden_values_dev_dgx_a100.json"
@@ -314,7 +331,7 @@ def upstream_golden(cdir: Path, losses: list[float]) -> dict | None:
     steps = [k for k in sorted(values) if k <= len(losses)]
     pairs = [(k, values[k], losses[k - 1]) for k in steps]
     summary = ", ".join(f"step {k}: {a:.4f} vs {b:.4f}" for k, a, b in pairs[:1] + pairs[-1:]) or "no common steps"
-    return {"path": str(path), "steps": [{"step": k, "a100": a, "here": b} for k, a, b in pairs], "summary": summary}
+    return UpstreamGolden(str(path), pairs, summary)
 
 
 def _blocker(stderr: str, tree: Path) -> str | None:
@@ -400,7 +417,7 @@ def _failure(
     hip: str | None,
     what: str,
     seconds: float,
-    details: dict,
+    details: FunctionalRun,
 ) -> StageResult:
     """Why a run of pretrain_gpt.py did not log every iteration: a CPU blocker or a break the HIP
     simulation made (unsupported-in-proxy, naming the site), else a failure."""
@@ -432,11 +449,74 @@ def _failure(
 
 
 @dataclass
+class ResumeCheck:
+    """The checkpoint round trip (`resume` of stage 4): the iteration saved and the one the resumed
+    run loaded, the largest loss difference and its bound, whether the save was async, the resumed
+    losses; where the log has them, the params norm's largest difference, and the iteration whose
+    logged loss averages two (None: absent from the JSON)."""
+
+    from_iteration: int
+    loaded_iteration: int | None
+    max_abs_diff: float
+    tolerance: float
+    async_save: bool
+    losses: list[float]
+    params_norm_max_abs_diff: float | None = None
+    averaged_iteration: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "from_iteration": self.from_iteration,
+            "loaded_iteration": self.loaded_iteration,
+            "max_abs_diff": self.max_abs_diff,
+            "tolerance": self.tolerance,
+            "async_save": self.async_save,
+            "losses": self.losses,
+        }
+        if self.params_norm_max_abs_diff is not None:
+            out["params_norm_max_abs_diff"] = self.params_norm_max_abs_diff
+        if self.averaged_iteration is not None:
+            out["averaged_iteration"] = self.averaged_iteration
+        return out
+
+
+@dataclass
+class ResumeSkipped:
+    """Why the checkpoint round trip was not checked (`resume` of stage 4)."""
+
+    skipped: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped}
+
+
+@dataclass
+class GoldenComparison:
+    """This device kind's golden against this run (`golden` of stage 4): its path, and either why it
+    was not compared (``other_args``: made with other arguments) or the largest relative drift, its
+    bound and the golden's simulated ROCm."""
+
+    path: str
+    other_args: str | None = None
+    max_rel_drift: float | None = None
+    tolerance: float | None = None
+    hip_sim: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"path": self.path}
+        if self.other_args is not None:
+            out["other_args"] = self.other_args
+        else:
+            out.update({"max_rel_drift": self.max_rel_drift, "tolerance": self.tolerance, "hip_sim": self.hip_sim})
+        return out
+
+
+@dataclass
 class FunctionalRun:
     """Stage 4's details (`functional` of the report, and its stage's own keys): the case and the command
     that ran it, its losses, the proxy's swaps and the arguments verify chose, the log's tail, and what
-    was checked: the checkpoint resume, the golden, upstream's A100 golden (each a mapping, absent when
-    not checked)."""
+    was checked: the checkpoint resume, the golden, upstream's A100 golden (each typed; None, and absent
+    from the JSON, when not checked)."""
 
     case: str
     command: str
@@ -447,9 +527,9 @@ class FunctionalRun:
     log_tail: list[str] = field(default_factory=list)
     redirects: dict[str, int] | None = None  # CPU proxy only
     resume_log_tail: list[str] | None = None
-    resume: dict[str, Any] | None = None
-    golden: dict[str, Any] | None = None
-    upstream_golden_a100: dict[str, Any] | None = None
+    resume: ResumeCheck | ResumeSkipped | None = None
+    golden: GoldenComparison | None = None
+    upstream_golden_a100: UpstreamGolden | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -461,9 +541,17 @@ class FunctionalRun:
             "chosen_args": self.chosen_args,
             "log_tail": self.log_tail,
         }
-        for key in ("redirects", "resume_log_tail", "resume", "golden", "upstream_golden_a100"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        if self.redirects is not None:
+            out["redirects"] = self.redirects
+        if self.resume_log_tail is not None:
+            out["resume_log_tail"] = self.resume_log_tail
+        for key, part in (
+            ("resume", self.resume),
+            ("golden", self.golden),
+            ("upstream_golden_a100", self.upstream_golden_a100),
+        ):
+            if part is not None:
+                out[key] = part.to_dict()
         return out
 
 
@@ -551,11 +639,11 @@ def stage_functional(
                 UNSUPPORTED,
                 f"proxy shim hook missing: {hook.read_text()}",
                 time.monotonic() - start,
-                run.to_dict(),
+                run,
             ), run
         if proc.returncode != 0 or len(losses) < iters:
             what = f"pretrain_gpt.py (after {len(losses)} of {iters} iterations)"
-            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, run.to_dict())
+            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, run)
             return res, run
         reason = f"{case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations"
         problems = []
@@ -585,25 +673,23 @@ def stage_functional(
                     hip,
                     f"the run resumed from iteration {half}",
                     time.monotonic() - start,
-                    run.to_dict(),
+                    run,
                 ), run
             expected = expected_resumed(steps, half, iters, support.first_two_logged_together)
             diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
             norms, rnorms = params_norms(proc.stdout + proc.stderr), params_norms(rlog)
             norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
             tol = RESUME_TOLERANCE[proxy]
-            run.resume = resumed = {
-                "from_iteration": half,
-                "loaded_iteration": loaded_iteration(rlog),
-                "max_abs_diff": diff,
-                "tolerance": tol,
-                "async_save": support.async_save,
-                "losses": [rsteps[i] for i in wanted],
-            }
-            if norm_diff is not None:
-                resumed["params_norm_max_abs_diff"] = norm_diff
-            if support.first_two_logged_together and half + 2 <= iters:
-                resumed["averaged_iteration"] = half + 2
+            run.resume = resumed = ResumeCheck(
+                from_iteration=half,
+                loaded_iteration=loaded_iteration(rlog),
+                max_abs_diff=diff,
+                tolerance=tol,
+                async_save=support.async_save,
+                losses=[rsteps[i] for i in wanted],
+                params_norm_max_abs_diff=norm_diff,
+                averaged_iteration=half + 2 if support.first_two_logged_together and half + 2 <= iters else None,
+            )
             reason += (
                 f"; resumed from the iteration-{half} checkpoint ({'async ' if support.async_save else ''}torch_dist): "
                 f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
@@ -614,15 +700,13 @@ def stage_functional(
                     problems.append(
                         f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})"
                     )
-            if resumed["loaded_iteration"] != half:
-                problems.append(
-                    f"the resumed run did not load iteration {half} (it says {resumed['loaded_iteration']})"
-                )
+            if resumed.loaded_iteration != half:
+                problems.append(f"the resumed run did not load iteration {half} (it says {resumed.loaded_iteration})")
             if diff > tol:
                 problems.append(f"resumed losses differ from the uninterrupted run's by {diff:.3g} > {tol:g}")
         elif resume:
             why = "fewer than 2 iterations" if half < 1 else "the tree's training loop has no --ckpt-step"
-            run.resume = {"skipped": why}
+            run.resume = ResumeSkipped(why)
             reason += f"; checkpoint resume not checked ({why})"
         recorded = recorded_args(args, work)
     seconds = time.monotonic() - start
@@ -652,15 +736,14 @@ def stage_functional(
             reason += f"; golden recorded in {golden}"
         elif golden.is_file():
             ref = json.loads(golden.read_text())
-            compared: dict[str, Any] = {"path": str(golden)}
-            run.golden = compared
+            compared = run.golden = GoldenComparison(str(golden))
             if ref.get("args") != recorded:
                 why = (
                     _args_difference(recorded, ref["args"])
                     if ref.get("args")
                     else "the golden records no args; re-record it"
                 )
-                compared["other_args"] = why
+                compared.other_args = why
                 reason += f"; golden made with other args, not compared ({why})"
             else:
                 n = min(len(ref["losses"]), len(losses))
@@ -670,7 +753,7 @@ def stage_functional(
                     else float("inf")
                 )
                 tol = TOLERANCE.get(device_kind.split("-te")[0], 0.05)  # cpu-proxy-te<version>: the proxy's bound
-                compared.update({"max_rel_drift": drift, "tolerance": tol, "hip_sim": ref.get("hip_sim")})
+                compared.max_rel_drift, compared.tolerance, compared.hip_sim = drift, tol, ref.get("hip_sim")
                 reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
                 if drift > tol:
                     problems.append(f"losses drift from the golden by {drift:.3g} > {tol:g} ({golden})")
@@ -681,7 +764,7 @@ def stage_functional(
         reference = upstream_golden(cdir, losses)
         if reference:
             run.upstream_golden_a100 = reference
-            reason += f"; upstream's A100 golden (reference only): {reference['summary']}"
+            reason += f"; upstream's A100 golden (reference only): {reference.summary}"
     if problems:
         reason = "; ".join(problems) + f" [{reason}]"
-    return StageResult("functional", status, reason, seconds, run.to_dict()), run
+    return StageResult("functional", status, reason, seconds, run), run

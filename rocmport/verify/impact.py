@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
@@ -319,13 +320,39 @@ def record_full_run(
     return entry
 
 
+@dataclass
+class ImpactFigures:
+    """An impacted run's figures (`impact` of stage 3's entry): the selection, the
+    tests selected of the total, the port's seconds and the time saved by the files left out, the full
+    suite's last pass, and ``line``: the summary's line saying all that."""
+
+    selection: Selection
+    selected_tests: int
+    total_tests: int | None
+    seconds: float
+    estimated_seconds_saved: float | None
+    full_suite_last_passed: dict[str, Any] | None
+    line: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.selection.to_dict(),
+            "selected_tests": self.selected_tests,
+            "total_tests": self.total_tests,
+            "seconds": self.seconds,
+            "estimated_seconds_saved": self.estimated_seconds_saved,
+            "full_suite_last_passed": self.full_suite_last_passed,
+            "line": self.line,
+        }
+
+
 def impact_summary(
-    selection: dict, selected_files: list[str], selected_tests: int, port_seconds: float, full: dict
-) -> tuple[str, dict]:
+    selection: Selection, selected_files: list[str], selected_tests: int, port_seconds: float, full: dict
+) -> ImpactFigures:
     """The summary's line ("N tests selected of M; full suite last passed at <commit>") and the
     report's figures: files and tests selected of the total, and the time saved, estimated from the
-    last full run's per-file seconds (the files left out, at what they took then). ``selection``:
-    Selection.to_dict(); ``full``: the line's record (record_full_run)."""
+    last full run's per-file seconds (the files left out, at what they took then). ``full``: the
+    line's record (record_full_run)."""
     run = full.get("last_run") or {}
     last = full.get("last_pass") or {}
     per_file = run.get("file_seconds") or {}
@@ -336,10 +363,10 @@ def impact_summary(
     overhead = max(0.0, float(run.get("seconds") or 0.0) - sum(per_file.values())) / max(1, len(per_file))
     saved = round(sum(sec + overhead for f, sec in per_file.items() if f not in chosen), 1) if per_file else None
     of = f"{selected_tests} tests selected of {total_tests}" if total_tests else f"{selected_tests} tests selected"
-    since, until = selection["since"][:12], selection["until"][:12]
+    since, until = selection.since[:12], selection.until[:12]
     line = (
-        f"{of} ({selection['selected_files']} of {selection['total_files']} test files: those whose imports reach "
-        f"the {len(selection['changed'])} files changed in {since}..{until}, and the smoke set); "
+        f"{of} ({len(selection.selected)} of {selection.total_files} test files: those whose imports reach "
+        f"the {len(selection.changed)} files changed in {since}..{until}, and the smoke set); "
         + (
             f"full suite last passed at {str(last.get('base') or last.get('commit'))[:12]} ({str(last.get('date'))[:10]})"
             if last
@@ -352,16 +379,15 @@ def impact_summary(
             else "; time saved not known: no full run recorded"
         )
     )
-    figures = {
-        **selection,
-        "selected_tests": selected_tests,
-        "total_tests": total_tests,
-        "seconds": port_seconds,
-        "estimated_seconds_saved": saved,
-        "full_suite_last_passed": last or None,
-        "line": line,
-    }
-    return line, figures
+    return ImpactFigures(
+        selection=selection,
+        selected_tests=selected_tests,
+        total_tests=total_tests,
+        seconds=port_seconds,
+        estimated_seconds_saved=saved,
+        full_suite_last_passed=last or None,
+        line=line,
+    )
 
 
 def head_commit(tree: Path) -> str | None:

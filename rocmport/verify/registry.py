@@ -102,7 +102,7 @@ class UnitTests(Stage):
         )
         files = suite.test_files(ctx.tree, unit.tests)
         chosen = (
-            f"{len(files)} files of {unit.impact['total_files']}, impacted since {unit.impact['since'][:12]}"
+            f"{len(files)} files of {unit.impact.total_files}, impacted since {unit.impact.since[:12]}"
             if unit.impact
             else f"{len(files)} files"
         )
@@ -132,15 +132,17 @@ def _full_suite_record(ctx: VerifyContext, result: StageResult) -> StageResult:
     from rocmport.port import worktree as wt
     from rocmport.verify import impact, suite
 
+    from rocmport.verify.unit_tests import UnitTestsRun
+
     unit = ctx.opts.unit
-    details = result.details or {}
-    if unit is None or unit.selection not in ("all", "impacted") or "outcomes" not in details:
+    details = result.details
+    if unit is None or unit.selection not in ("all", "impacted") or not isinstance(details, UnitTestsRun):
         return result
     state = wt.read_state(ctx.tree)
     line = Path(state.series).parent.name if state and state.series else f"tree {ctx.tree}"
     # the tests the selection holds: the port's test ids, or the unported tree's where more (a module
     # that does not import on the port hides its tests there)
-    tests = max(sum("::" in k for k in details["outcomes"]), (details.get("baseline") or {}).get("tests") or 0)
+    tests = max(sum("::" in k for k in details.outcomes), details.baseline.tests or 0)
     if unit.selection == "all":
         head = impact.head_commit(ctx.tree)
         try:
@@ -151,19 +153,18 @@ def _full_suite_record(ctx: VerifyContext, result: StageResult) -> StageResult:
                 commit=head,
                 base=unit.base,
                 tests=tests,
-                file_seconds=details.get("file_seconds", {}),
-                seconds=details.get("port_seconds", 0.0),
+                file_seconds=details.file_seconds,
+                seconds=details.port_seconds,
             )
         except OSError as exc:  # the run's result stands; only the next impacted run's figures miss it
             output.warn(f"the full suite's run could not be recorded in {unit.cache_dir}: {exc.strerror or exc}")
         return result
     assert unit.impact is not None
     full = impact.read_full_runs(unit.cache_dir).get(line, {})
-    text, figures = impact.impact_summary(
-        unit.impact, suite.test_files(ctx.tree, unit.tests), tests, details.get("port_seconds", 0.0), full
+    details.impact = impact.impact_summary(
+        unit.impact, suite.test_files(ctx.tree, unit.tests), tests, details.port_seconds, full
     )
-    result.reason = f"{text}; {result.reason}"
-    result.details = {**details, "impact": figures}
+    result.reason = f"{details.impact.line}; {result.reason}"
     return result
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.registry import UnitTests
 from rocmport.verify.stages import StageResult
-from rocmport.verify.unit_tests import BLOCKING
+from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun, UnitTestsStopped
 
 if TYPE_CHECKING:
     from rocmport.verify.result import VerifyReport
@@ -130,11 +130,13 @@ def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:
         elif s.status != "pass":
             ET.SubElement(case, "skipped", message=f"{s.status}: {s.reason}"[:500])
     stage3 = next((s for s in stages if s.name == UnitTests.name), None)
-    unit = stage3.details if stage3 and (stage3.details.get("outcomes") or stage3.details.get("files")) else None
-    if unit:
-        labels = unit.get("labels", {})
+    unit = stage3.details if stage3 is not None else None
+    if isinstance(unit, UnitTestsStopped) and unit.files:  # pytest produced no results: an empty suite
+        unit = UnitTestsRun(tests=unit.tests, files=unit.files)
+    if isinstance(unit, UnitTestsRun) and (unit.outcomes or unit.files):
+        labels = unit.labels
         # a selected file that did not run (label not-run) is a failing case too: never left out
-        outcomes = {**unit.get("outcomes", {}), **{k: "not-run" for k, v in labels.items() if v == "not-run"}}
+        outcomes = {**unit.outcomes, **{k: "not-run" for k, v in labels.items() if v == "not-run"}}
         failing = [k for k in outcomes if labels.get(k) in BLOCKING]
         tests = ET.SubElement(
             root,
@@ -149,12 +151,12 @@ def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:
             case = ET.SubElement(
                 tests, "testcase", classname=path.removesuffix(".py").replace("/", "."), name=name or path, file=path
             )
-            lab, why = labels.get(nodeid), unit.get("label_reasons", {}).get(nodeid, "")
-            failure = unit.get("failures", {}).get(nodeid, "")
+            lab, why = labels.get(nodeid), unit.label_reasons.get(nodeid, "")
+            failure = unit.failures.get(nodeid, "")
             if lab in BLOCKING:
                 ET.SubElement(
                     case, "failure", message=f"{lab}: {why}"[:500], type=lab
-                ).text = f"{failure}\nunported tree: {unit['on_baseline'].get(nodeid, '')}"
+                ).text = f"{failure}\nunported tree: {unit.on_baseline.get(nodeid, '')}"
             elif lab:
                 ET.SubElement(case, "skipped", message=f"{lab}: {why}"[:500]).text = failure
             elif outcome == "skipped":

@@ -17,7 +17,7 @@ from rocmport.verify.functional import FunctionalRun
 from rocmport.verify.hip_sim import HipSim
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, Training
 from rocmport.verify.te_layer import TELayer
-from rocmport.verify.unit_tests import BLOCKING
+from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun
 
 
 @dataclass
@@ -66,6 +66,11 @@ class VerifyReport:
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
+
+    def unit_run(self) -> UnitTestsRun | None:
+        """Stage 3's details when its tests ran on both trees and were labelled; else None."""
+        s = self.stage(UnitTests.name)
+        return s.details if s is not None and isinstance(s.details, UnitTestsRun) else None
 
     @property
     def failed(self) -> list[str]:
@@ -117,9 +122,10 @@ def _plural(n: int, word: str) -> str:
 
 
 def unit_blocking(stage: StageResult) -> dict[str, list[str]]:
-    """Stage 3's blocking items by label: test ids (and not-run test files)."""
+    """Stage 3's blocking items by label: test ids (and not-run test files); none before it labelled."""
+    labels = stage.details.labels if isinstance(stage.details, UnitTestsRun) else {}
     out: dict[str, list[str]] = {lab: [] for lab in BLOCKING}
-    for nodeid, lab in sorted(stage.details.get("labels", {}).items()):
+    for nodeid, lab in sorted(labels.items()):
         if lab in BLOCKING:
             out[lab].append(nodeid)
     return {lab: ids for lab, ids in out.items() if ids}

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rocmport import output, procs
-from rocmport.config import DEFAULT_PP, DEFAULT_TP, Settings
+from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP, Settings
 from rocmport.errors import BadInput
 from rocmport.gitutil import run_git
 from rocmport.inputs import has_control
@@ -336,7 +336,7 @@ def unit_options(
             settings=settings,
             reasons=reasons,
             selection=how,
-            impact=picked.to_dict(),
+            impact=picked,
         ), ""
     elif settings.unit_tests:
         chosen, reasons, how = list(settings.unit_tests), dict(settings.unit_tests), "series"
@@ -447,8 +447,8 @@ def prepare(
     pp: int = DEFAULT_PP,
     dp: int | None = None,
     nproc: int | None = None,
-    iters: int = 10,
-    backend: str = "auto",
+    iters: int = DEFAULT_ITERS,
+    backend: str = DEFAULT_BACKEND,
     with_unit: str | bool | None = None,
     unit_tests=(),
     unit_nproc: int = 8,

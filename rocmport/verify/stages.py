@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_LM
@@ -24,10 +24,25 @@ PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-pr
 # absolute); GPU kernels differ more.
 EQUIVALENCE_TOL = {"gloo": 1e-5, "nccl": 1e-3}
 
+# The MoE case of stage 2 with TE: this many experts, top-2, over expert-parallel ranks of this size
+# (TE's GroupedLinear for the grouped GEMM). Its router's top-k can flip for a token near a tie
+# between layouts, so after the first iteration (same weights, same tokens: as close as the dense
+# model) its losses are held to MOE_TOL, relative.
+MOE_EXPERTS, MOE_EP = 4, 2
+MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
+
 
 def modules_import(n: int, kind: str = "") -> str:
     """ "1 module imports" / "24 modules import" (``kind`` e.g. "Bridge ")."""
     return f"{n} {kind}module imports" if n == 1 else f"{n} {kind}modules import"
+
+
+class StageDetails(Protocol):
+    """A stage's own facts, typed (stage 1's and 5's ImportProbe, stage 3's unit_tests.UnitTestsRun or
+    UnitTestsStopped, stage 4's functional.FunctionalRun): the renderers read their attributes;
+    ``to_dict()`` gives the keys the stage adds to its entry in the report's JSON."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -36,23 +51,83 @@ class StageResult:
     status: str
     reason: str = ""
     seconds: float = 0.0
-    details: dict = field(default_factory=dict)
+    details: StageDetails | None = None  # None: the stage adds no keys of its own
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "status": self.status,
             "reason": self.reason,
             "seconds": round(self.seconds, 2),
-            **self.details,
+            **(self.details.to_dict() if self.details is not None else {}),
         }
+
+
+@dataclass
+class ImportProbe:
+    """What an import probe found (stage 1 over Megatron-LM, stage 5 over Megatron-Bridge): the modules
+    it imported, and those that failed ({module: {error, chain, missing}}); stage 1 adds the tree's own
+    modules imported from elsewhere, stage 5 the tree's declared requirements this Python does not meet.
+    None: not part of this result (absent from the JSON)."""
+
+    modules: list[str]
+    failures: dict[str, dict[str, Any]] | None = None
+    not_from_tree: dict[str, str] | None = None
+    declared_unmet: dict[str, dict[str, str]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"modules": self.modules}
+        for key in ("failures", "not_from_tree", "declared_unmet"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+@dataclass
+class MoeRun:
+    """Stage 2's MoE case as it ran (`training.moe` of the report): its losses against the tp1/pp1
+    reference's, the first iteration's and the largest difference with their bounds, the experts and
+    the expert-parallel size, and the torch.cuda calls answered on the CPU."""
+
+    losses: list[float]
+    reference_losses: list[float]
+    first_abs_diff: float
+    max_abs_diff: float
+    tolerance: float
+    first_tolerance: float
+    experts: int = MOE_EXPERTS
+    ep: int = MOE_EP
+    redirects: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "losses": self.losses,
+            "reference_losses": self.reference_losses,
+            "first_abs_diff": self.first_abs_diff,
+            "max_abs_diff": self.max_abs_diff,
+            "tolerance": self.tolerance,
+            "first_tolerance": self.first_tolerance,
+            "experts": self.experts,
+            "ep": self.ep,
+            "redirects": self.redirects,
+        }
+
+
+@dataclass
+class MoeNotRun:
+    """Why stage 2's MoE case did not run, or did not run to the end (`training.moe` of the report)."""
+
+    not_run: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"not_run": self.not_run}
 
 
 @dataclass
 class Training:
     """Stage 2's losses (`training` of the report): the tp×pp×dp run against the tp1/pp1 reference from
     the same weights, the tolerance they met, the torch.cuda calls answered on the CPU, and the MoE case
-    (its losses and check, or {"not_run": why})."""
+    (MoeRun, or MoeNotRun saying why; None without TE)."""
 
     losses: list[float]
     reference_losses: list[float]
@@ -60,7 +135,7 @@ class Training:
     tied_embeddings_equal: bool
     redirects: dict[str, int] = field(default_factory=dict)
     tolerance: float = 0.0
-    moe: dict[str, Any] | None = None
+    moe: MoeRun | MoeNotRun | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -72,7 +147,7 @@ class Training:
             "tolerance": self.tolerance,
         }
         if self.moe is not None:
-            out["moe"] = self.moe
+            out["moe"] = self.moe.to_dict()
         return out
 
 
@@ -145,7 +220,7 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
         )
     results = json.loads(line.split(" ", 1)[1])
     failed = {m: r for m, r in results.items() if r}
-    details = {"modules": mods, "failures": failed}
+    details = ImportProbe(mods, failures=failed)
     if not failed:
         elsewhere = _not_from(tree, proc.stdout)
         if (
@@ -158,7 +233,7 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
                 f"{m} imported {where}, not from the tree {tree}: stage 1 checked nothing of the tree "
                 f"(a package of that name earlier on the path, or no {m.replace('.', '/')}/__init__.py)",
                 time.monotonic() - start,
-                {**details, "not_from_tree": elsewhere},
+                ImportProbe(mods, failures=failed, not_from_tree=elsewhere),
             )
         shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
         # What was not tested says so: "1 module imports" alone hid that megatron.training was absent, not tried.
@@ -201,14 +276,6 @@ def _not_from(tree: Path, stdout: str) -> dict[str, str]:
         elif not Path(f).resolve().is_relative_to(root):
             out[m] = f"from {f}"
     return out
-
-
-# The MoE case of stage 2 with TE: this many experts, top-2, over expert-parallel ranks of this size
-# (TE's GroupedLinear for the grouped GEMM). Its router's top-k can flip for a token near a tie
-# between layouts, so after the first iteration (same weights, same tokens: as close as the dense
-# model) its losses are held to MOE_TOL, relative.
-MOE_EXPERTS, MOE_EP = 4, 2
-MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
 
 
 def moe_applies(tp: int, dp: int, te: bool, moe: bool = True) -> str | None:
@@ -472,22 +539,22 @@ def stage_training(
     moe_phrase = ""
     if moe_data:
         moe, moe_problems = _moe_check(moe_ref["losses"], moe_data["losses"], tol, backend)
-        moe["redirects"] = moe_data.get("redirects", {})
+        moe.redirects = moe_data.get("redirects", {})
         training.moe = moe
         problems += moe_problems
         moe_phrase = (
             f"; MoE ({MOE_EXPERTS} experts, top-2, grouped GEMM through TE's GroupedLinear, ep{MOE_EP}): loss "
-            f"{moe['losses'][0]:.4f} -> {moe['losses'][-1]:.4f}, first iteration |Δ| {moe['first_abs_diff']:.2g}, "
-            f"max |Δ| {moe['max_abs_diff']:.2g} (≤ {moe['tolerance']:.2g})"
+            f"{moe.losses[0]:.4f} -> {moe.losses[-1]:.4f}, first iteration |Δ| {moe.first_abs_diff:.2g}, "
+            f"max |Δ| {moe.max_abs_diff:.2g} (≤ {moe.tolerance:.2g})"
         )
     elif te and (moe_why_not := moe_applies(tp, dp, True, moe_case)):
-        training.moe = {"not_run": moe_why_not}
+        training.moe = MoeNotRun(moe_why_not)
         moe_phrase = f"; MoE case not run: {moe_why_not}"
     seconds = time.monotonic() - start
     if problems:
         return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
     if moe_stopped:  # the dense model passed; the MoE case did not run to the end: never a pass
-        training.moe = {"not_run": moe_stopped.reason}
+        training.moe = MoeNotRun(moe_stopped.reason)
         return StageResult(
             "gpt-training",
             moe_stopped.status,
@@ -500,7 +567,9 @@ def stage_training(
     return StageResult("gpt-training", PASS, reason, seconds), training
 
 
-def _moe_check(ref_losses: list[float], losses: list[float], dense_tol: float, backend: str) -> tuple[dict, list[str]]:
+def _moe_check(
+    ref_losses: list[float], losses: list[float], dense_tol: float, backend: str
+) -> tuple[MoeRun, list[str]]:
     """The MoE pair: the loss falls; the first iteration (same weights, same tokens, before any
     routing decision depends on a parallel layout's rounding) within the dense bound; every
     iteration within MOE_TOL of the reference, relative."""
@@ -508,16 +577,14 @@ def _moe_check(ref_losses: list[float], losses: list[float], dense_tol: float, b
     diffs = [abs(a - b) for a, b in zip(losses, ref_losses)] if same else []
     tol = MOE_TOL.get(backend, 2e-2) * max([1.0, *(abs(x) for x in ref_losses)])
     first, worst = (diffs[0], max(diffs)) if diffs else (float("inf"), float("inf"))
-    moe = {
-        "losses": losses,
-        "reference_losses": ref_losses,
-        "first_abs_diff": first,
-        "max_abs_diff": worst,
-        "tolerance": tol,
-        "first_tolerance": dense_tol,
-        "experts": MOE_EXPERTS,
-        "ep": MOE_EP,
-    }
+    moe = MoeRun(
+        losses=losses,
+        reference_losses=ref_losses,
+        first_abs_diff=first,
+        max_abs_diff=worst,
+        tolerance=tol,
+        first_tolerance=dense_tol,
+    )
     problems = []
     if not losses or losses[-1] >= losses[0]:
         problems.append(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rocmport.verify.registry import UnitTests
 from rocmport.verify.result import VerifyReport, unit_blocking, verdict
 from rocmport.verify.stages import FAIL
-from rocmport.verify.unit_tests import BLOCKING
+from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun
 
 __all__ = ["WHY_IT_BLOCKS", "blocking_lines", "coverage_lines", "folded_line", "verdict"]
 
@@ -35,7 +35,8 @@ def blocking_lines(r: VerifyReport) -> list[str]:
             lines += [f"{s.name}: stage failed", f"    {s.reason}"]
             continue
         d = s.details  # stage 3's labels, their reasons, failures and the unported tree's outcomes
-        local = set(d.get("local_spec_instead_of_te", []))
+        assert isinstance(d, UnitTestsRun)  # unit_blocking found items: it labelled
+        local = set(d.local_spec_instead_of_te)
         for lab, ids in items.items():
             for nodeid in ids:
                 lines.append(
@@ -43,23 +44,21 @@ def blocking_lines(r: VerifyReport) -> list[str]:
                     + ("  (ran with the local spec in place of TE's)" if nodeid in local else "")
                 )
                 lines.append(f"    why it blocks: {WHY_IT_BLOCKS.get(lab, lab)}")
-                lines.append(f"    what happened: {d.get('label_reasons', {}).get(nodeid) or '-'}")
-                failure = d.get("failures", {}).get(nodeid)
+                lines.append(f"    what happened: {d.label_reasons.get(nodeid) or '-'}")
+                failure = d.failures.get(nodeid)
                 if failure:
                     lines.append(f"    its failure: {failure}")
-                lines.append(
-                    f"    the unported tree: {' '.join(str(d.get('on_baseline', {}).get(nodeid) or 'not run').split())}"
-                )
+                lines.append(f"    the unported tree: {' '.join(str(d.on_baseline.get(nodeid) or 'not run').split())}")
     return lines
 
 
 def folded_line(r: VerifyReport, where: str) -> str | None:
     """The labelled tests that do not block, as one count ("+47 more ... in the report: PATH")."""
-    unit = next((s for s in r.stages if s.name == UnitTests.name and s.details.get("labels")), None)
-    if not unit:
+    unit = r.unit_run()
+    if unit is None or not unit.labels:
         return None
     rest: dict[str, int] = {}
-    for lab in unit.details["labels"].values():
+    for lab in unit.labels.values():
         if lab not in BLOCKING:
             rest[lab] = rest.get(lab, 0) + 1
     if not rest:

@@ -43,6 +43,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rocmport.fsutil import atomic_write_text
 from rocmport.output import elapsed
@@ -52,6 +53,9 @@ from rocmport.verify import suite
 from rocmport.machine.cpu_meter import MachineShare, task_limit, task_limit_phrase
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted
+
+if TYPE_CHECKING:
+    from rocmport.verify.impact import ImpactFigures
 
 # Part of the baseline cache key: a record read another way is not reused. 9: hang attribution by run
 # order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection,
@@ -867,6 +871,124 @@ def _on_baseline(nodeid: str, base: dict) -> str:
     return "not run"
 
 
+@dataclass
+class UnitBaseline:
+    """The unported tree's run at the same commit (`baseline` of stage 3's entry): where and whether
+    cached, its counts and test ids (a module error on the port hides tests the unported tree has),
+    the guards and overlay it ran with, and its peak."""
+
+    commit: str | None = None
+    cached: bool = False
+    counts: dict[str, int] = field(default_factory=dict)
+    tests: int = 0
+    guards: list[str] = field(default_factory=list)
+    overlay: list[str] = field(default_factory=list)
+    peak: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "commit": self.commit,
+            "cached": self.cached,
+            "counts": self.counts,
+            "tests": self.tests,
+            "guards": self.guards,
+            "overlay": self.overlay,
+            "peak": self.peak,
+        }
+
+
+@dataclass
+class UnitTestsRun:
+    """Stage 3's details when the tests ran on both trees (its entry's own keys in the report): per test
+    id its outcome, label, why and failure, and what the unported tree did; every selected file's
+    FileRun (as its dict); the restarts, hangs and reruns; the peak, the machine's share and seconds.
+    ``impact``: an impacted selection's figures (added after the run, see registry)."""
+
+    tests: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
+    nproc: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    label_reasons: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    # every selected test file: ran (with counts), collection-error, not-collected, or not-run with why (FileRun)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    restarts_per_file: int = RESTARTS_PER_FILE
+    # what the unported tree did with each labelled test: its outcome, or why its module did not import
+    on_baseline: dict[str, str] = field(default_factory=dict)
+    swaps: list[str] = field(default_factory=list)
+    hung: list[str] = field(default_factory=list)
+    rerun_alone: dict[str, str] = field(default_factory=dict)
+    # a failure here may be the local spec's, not the port's: upstream wrote the test for TE
+    local_spec_instead_of_te: list[str] = field(default_factory=list)
+    restarts: int = 0
+    peak: dict[str, Any] = field(default_factory=dict)
+    # not run, on either tree, because upstream's CI does not run them (see pytest_plugin)
+    deselected: dict[str, str] = field(default_factory=dict)
+    baseline: UnitBaseline = field(default_factory=UnitBaseline)
+    known_failures: dict[str, str] = field(default_factory=dict)
+    known_failures_not_applied: dict[str, str] = field(default_factory=dict)
+    port_seconds: float = 0.0
+    file_seconds: dict[str, float] = field(default_factory=dict)  # per test file, on the port (impact.py's estimates)
+    baseline_seconds: float | None = 0.0
+    slow: dict[str, float] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    impact: ImpactFigures | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "tests": self.tests,
+            "why": self.why,
+            "nproc": self.nproc,
+            "counts": self.counts,
+            "outcomes": self.outcomes,
+            "labels": self.labels,
+            "label_reasons": self.label_reasons,
+            "failures": self.failures,
+            "files": self.files,
+            "restarts_per_file": self.restarts_per_file,
+            "on_baseline": self.on_baseline,
+            "swaps": self.swaps,
+            "hung": self.hung,
+            "rerun_alone": self.rerun_alone,
+            "local_spec_instead_of_te": self.local_spec_instead_of_te,
+            "restarts": self.restarts,
+            "peak": self.peak,
+            "deselected": self.deselected,
+            "baseline": self.baseline.to_dict(),
+            "known_failures": self.known_failures,
+            "known_failures_not_applied": self.known_failures_not_applied,
+            "port_seconds": self.port_seconds,
+            "file_seconds": self.file_seconds,
+            "baseline_seconds": self.baseline_seconds,
+            "slow": self.slow,
+            "machine": self.machine,
+        }
+        if self.impact is not None:
+            out["impact"] = self.impact.to_dict()
+        return out
+
+
+@dataclass
+class UnitTestsStopped:
+    """Stage 3's details when it stopped before labelling: the selected tests, and what stopped it,
+    the dependencies they need that this Python lacks ({module: pip name}), or the files of a run that
+    produced no results (FileRun dicts). None: not this stop (absent from the JSON)."""
+
+    tests: list[str]
+    missing_dependencies: dict[str, str] | None = None
+    files: dict[str, dict[str, Any]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tests": self.tests}
+        if self.missing_dependencies is not None:
+            out["missing_dependencies"] = self.missing_dependencies
+        if self.files is not None:
+            out["files"] = self.files
+        return out
+
+
 def stage_unit_tests(
     tree: Path,
     env: dict,
@@ -907,7 +1029,7 @@ def stage_unit_tests(
             f"the selected test files need {', '.join(sorted(need))}, which this Python lacks: "
             f"`{suite.pip_command(need)}`",
             time.monotonic() - start,
-            {"tests": tests, "missing_dependencies": need},
+            UnitTestsStopped(tests, missing_dependencies=need),
         )
     say = (lambda line: progress(f"port {line}")) if progress else None
     port = run_tests(tree, tests, env, nproc, launcher, restarts=restarts, progress=say)
@@ -922,7 +1044,7 @@ def stage_unit_tests(
             f"pytest under torchrun produced no results (none of the {len(port['files'])} selected "
             f"files ran): {port['crash']}",
             time.monotonic() - start,
-            {"tests": tests, "files": port["files"]},
+            UnitTestsStopped(tests, files=port["files"]),
         )
     port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher, say)
     bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
@@ -937,51 +1059,45 @@ def stage_unit_tests(
         labels[f], why[f] = "not-run", a["reason"]
     counts = _counts(port["outcomes"])
     by_label = _counts(labels, LABELS)
-    details = {
-        "tests": tests,
-        "why": {t: (reasons or {}).get(t, "") for t in tests},
-        "nproc": nproc,
-        "counts": counts,
-        "outcomes": dict(sorted(port["outcomes"].items())),
-        "labels": labels,
-        "label_reasons": why,
-        "failures": {k: port["details"].get(k, "") for k in labels},
-        # every selected test file: ran (with counts), collection-error, not-collected, or not-run with why (FileRun)
-        "files": port["files"],
-        "restarts_per_file": port["restarts_per_file"],
-        # what the unported tree did with each labelled test: its outcome, or why its module did not import
-        "on_baseline": {k: _on_baseline(k, base_result) for k in labels},
-        "swaps": port["swaps"],
-        "hung": port["hung"],
-        "rerun_alone": port["alone"],
-        # a failure here may be the local spec's, not the port's: upstream wrote the test for TE
-        "local_spec_instead_of_te": port["local_spec"],
-        "restarts": port["restarts"],
-        "peak": port["peak"],
-        # not run, on either tree, because upstream's CI does not run them (see pytest_plugin)
-        "deselected": {
+    details = UnitTestsRun(
+        tests=tests,
+        why={t: (reasons or {}).get(t, "") for t in tests},
+        nproc=nproc,
+        counts=counts,
+        outcomes=dict(sorted(port["outcomes"].items())),
+        labels=labels,
+        label_reasons=why,
+        failures={k: port["details"].get(k, "") for k in labels},
+        files=port["files"],
+        restarts_per_file=port["restarts_per_file"],
+        on_baseline={k: _on_baseline(k, base_result) for k in labels},
+        swaps=port["swaps"],
+        hung=port["hung"],
+        rerun_alone=port["alone"],
+        local_spec_instead_of_te=port["local_spec"],
+        restarts=port["restarts"],
+        peak=port["peak"],
+        deselected={
             k: f"marked {m}: upstream's CI deselects it (tests/unit_tests/run_ci_test.sh, dev environment)"
             for k, m in port["deselected"].items()
         },
-        "baseline": {
-            "commit": base,
-            "cached": cached,
-            "counts": _counts(base_result["outcomes"]),
-            "tests": sum(
-                "::" in k for k in base_result["outcomes"]
-            ),  # test ids (a module error hides them on the port)
-            "guards": base_result.get("guards", []),
-            "overlay": base_result.get("overlay", []),
-            "peak": base_result.get("peak", {}),
-        },
-        "known_failures": known,
-        "known_failures_not_applied": known_skipped or {},
-        "port_seconds": port["seconds"],
-        "file_seconds": port["file_seconds"],  # per test file, its tests' seconds on the port (impact.py's estimates)
-        "baseline_seconds": base_result.get("seconds") if not cached else 0.0,
-        "slow": port["slow"],
-        "machine": port["machine"],
-    }
+        baseline=UnitBaseline(
+            commit=base,
+            cached=cached,
+            counts=_counts(base_result["outcomes"]),
+            tests=sum("::" in k for k in base_result["outcomes"]),  # test ids (a module error hides them on the port)
+            guards=base_result.get("guards", []),
+            overlay=base_result.get("overlay", []),
+            peak=base_result.get("peak", {}),
+        ),
+        known_failures=known,
+        known_failures_not_applied=known_skipped or {},
+        port_seconds=port["seconds"],
+        file_seconds=port["file_seconds"],
+        baseline_seconds=base_result.get("seconds") if not cached else 0.0,
+        slow=port["slow"],
+        machine=port["machine"],
+    )
     summary = (
         f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
         + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
