@@ -32,9 +32,9 @@ def once(project: Path, iters: int, hip: str | None, stages: str | None, te: str
     total = time.perf_counter() - start
     for s in report.stages:
         print(f"  {s.name:13s} {s.status:21s} {s.seconds:7.1f} s  {s.reason[:150]}")
-    unit = report.stage("unit-tests")
-    if unit is not None and unit.details.get("peak"):
-        peak = unit.details["peak"]
+    unit = report.unit_run()
+    if unit is not None and unit.peak:
+        peak = unit.peak
         print(
             f"  unit-tests peak: {peak['threads']} threads and {peak['rss_mb']:.0f} MB in one rank, "
             f"{peak['rss_mb_all_ranks']:.0f} MB over all ranks"
