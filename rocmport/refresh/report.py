@@ -184,7 +184,7 @@ def run_verify_both(settings: Settings, rsettings: Settings, old: Lock, opts: di
 
     new = run_verify(options(tree, chosen, rewritten_changes(settings, old, tree) if unit else ()))
     failed = new.failed
-    out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed)
+    out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed, requested=chosen)
     unit_stage = new.stage("unit-tests")
     if unit_stage is not None and unit_stage.details.get("impact"):
         out.unit_tests_selection = unit_stage.details["impact"]["line"]
