@@ -449,7 +449,16 @@ class _GateCalls(cst.CSTVisitor):
         self.calls.append((self.get_metadata(PositionProvider, node).start.line, version, stmt))
 
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.Lambda,
+    ast.ClassDef,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
 
 
 def _root_name(node: ast.expr) -> str | None:
@@ -460,16 +469,17 @@ def _root_name(node: ast.expr) -> str | None:
 
 
 def _plain_gate_lines(text: str) -> list[tuple[int, str | None]] | None:
-    """The lines of the gate's calls (and their first argument when a string), in source order, when the module's text settles what scope
-    analysis would: every call spelled `is_te_min_version(...)` means the gate (the name is bound at
-    module level only, never renamed on import), no call spelled otherwise does (no `x.is_te_min_version`,
-    no alias, no star import), and no class derives from a name a `transformer_engine` import binds
-    (no TE class). None when any of that is in doubt: the full analysis runs. Scope analysis and
-    positions over a 5,000-line test module that only reports its two gates cost seconds; Python's
-    own parser answers in milliseconds."""
+    """The lines of the gate's calls (and their first argument when a string), in source order,
+    when the module's text settles what scope analysis would: every call spelled
+    `is_te_min_version(...)` means the gate (the name is bound at module level only, never renamed
+    on import), no call spelled otherwise does (no `x.is_te_min_version`, no alias, no star import),
+    and no class derives from a name a `transformer_engine` import binds (no TE class). None when
+    any of that is in doubt: the full analysis runs. Scope analysis and positions over a 5,000-line
+    test module that only reports its two gates cost seconds; Python's own parser answers in
+    milliseconds."""
     try:
         tree = ast.parse(text)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # what libcst parses and ast does not (newer syntax)
         return None
     bound = False
     te_names: set[str] = set()
