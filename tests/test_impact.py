@@ -315,3 +315,83 @@ def test_refresh_verify_stage_3_runs_the_tests_the_hop_reaches(tmp_path, monkeyp
     assert v["unit_tests_selection"].startswith("1 tests selected (1 of 2 test files")
     md = (port.root / "build" / "refresh" / "summary.md").read_text()
     assert "Unit tests: 1 tests selected (1 of 2 test files" in md and port.summary["status"] == "ready"
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_bot_stage_3_from_a_pin_without_upstream_tests(tmp_path, monkeypatch, capsys):
+    """The old pin has no tests/unit_tests; the release adds one test file (no __init__.py, no pytest
+    configuration: pytest's rootdir would be tests/unit_tests and its ids `test_ops.py::...`).
+    The test that ran and passed is reported as run, never as "pytest never collected it"."""
+    from tests.helpers.refresh import Ported
+
+    port = Ported(tmp_path, monkeypatch)
+    (port.root / "pyproject.toml").write_text("[tool.rocmport]\ntp = 1\npp = 1\n")
+    g(port.root, "add", "-A")
+    g(port.root, "commit", "-qm", "tp 1")
+    port.tag(
+        {
+            "megatron/core/tensor_parallel/__init__.py": "",
+            "megatron/core/tensor_parallel/random.py": (
+                "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\n"
+                "class CudaRNGStatesTracker:\n    pass\n"
+            ),
+            "megatron/core/ops.py": "def add(x, y):\n    return x + y\n",
+            "tests/unit_tests/test_ops.py": "from megatron.core.ops import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+        },
+        "core_v0.16.2",
+        "0.16.2",
+    )
+    capsys.readouterr()
+    code = port.run("bot", "--once", "--verify-stages", "3", "--json")
+    out = capsys.readouterr()
+    (done,) = json.loads(out.out)["processed"]
+    unit = {s["name"]: s for s in port.summary["verify"]["stages"]}["unit-tests"]
+    assert "never collected" not in out.err + json.dumps(unit), out.err
+    assert code == 0 and done["status"] == "ready", (done, unit)
+    assert unit["status"] == "pass" and unit["counts"]["passed"] == 1, unit
+
+
+@pytest.mark.torch
+def test_bot_stage_3_on_a_tree_without_upstream_tests_is_a_skip(tmp_path, monkeypatch, capsys):
+    """Neither pin has tests/unit_tests: stage 3, asked for, is skipped with the reason; the release
+    is not verified (no test ran), never ready, never needs-a-human."""
+    from tests.helpers.refresh import Ported
+
+    port = Ported(tmp_path, monkeypatch)
+    port.tag({"megatron/core/ops.py": "def add(x, y):\n    return x + y\n"}, "core_v0.16.2", "0.16.2")
+    capsys.readouterr()
+    code = port.run("bot", "--once", "--verify-stages", "3", "--json")
+    out = capsys.readouterr()
+    (done,) = json.loads(out.out)["processed"]
+    unit = {s["name"]: s for s in port.summary["verify"]["stages"]}["unit-tests"]
+    assert unit["status"] == "skipped" and "no tests/unit_tests" in unit["reason"], unit
+    assert "passed" not in json.dumps(unit), unit  # never claims a test ran
+    assert code == 0 and done["status"] == "not-verified", (code, done)
+    why = "stage unit-tests did not run (skipped: the tree has no tests/unit_tests"
+    assert port.summary["status"] == "not-verified" and port.summary["why"].startswith(why), port.summary["why"]
+    md = (port.root / "build" / "refresh" / "summary.md").read_text()
+    assert why in md and "ready" not in out.err, out.err
+
+
+def test_pytest_is_pinned_to_the_trees_own_configuration(tmp_path):
+    """A tree inside a project whose pyproject.toml configures pytest: pytest's rootdir and
+    configuration are the tree's (its own file, else an empty one), never the project's."""
+    from rocmport.verify.unit_tests import config_args, tree_config
+
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-x'\n")
+    tree = tmp_path / "build" / "refresh" / "megatron-lm"
+    _write(tree, {"tests/unit_tests/test_ops.py": "def test_x():\n    pass\n"})
+    tests = ["tests/unit_tests/test_ops.py"]
+    assert tree_config(tree, tests) is None
+    empty = tmp_path / "empty.ini"
+    assert config_args(tree, tests, empty) == ["--rootdir", str(tree), "-c", str(empty), "--confcutdir", str(tree)]
+    assert empty.read_text() == ""
+    # a pyproject.toml without a pytest table is not pytest's configuration; one with it is
+    (tree / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert tree_config(tree, tests) is None
+    (tree / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntestpaths = ['tests']\n")
+    assert config_args(tree, tests, empty) == ["--rootdir", str(tree), "-c", str(tree / "pyproject.toml")]
+    (tree / "tests/unit_tests/pytest.ini").write_text("[pytest]\n")  # nearer the tests: pytest's first pick
+    assert tree_config(tree, tests) == tree / "tests/unit_tests/pytest.ini"
+    assert tree_config(tree, ["tests/unit_tests"]) == tree / "tests/unit_tests/pytest.ini"

@@ -372,6 +372,29 @@ def test_one_status_in_json_summary_and_exit_code_for_every_outcome(port, capsys
     lock = load_lock(settings.lock_path)
     for verify, expected in (
         (RefreshVerify("cpu-proxy", [StageResult("imports", "pass", "", 1.0)], []), "ready"),
+        # a stage the refresh did not ask for is skipped, saying so: still ready
+        (
+            RefreshVerify(
+                "cpu-proxy",
+                [
+                    StageResult("imports", "pass", "", 1.0),
+                    StageResult("unit-tests", "skipped", "refresh verifies imports"),
+                ],
+                [],
+                requested=["imports"],
+            ),
+            "ready",
+        ),
+        # a stage it asked for that did not run (no tests/unit_tests in the tree) verified nothing
+        (
+            RefreshVerify(
+                "cpu-proxy",
+                [StageResult("imports", "pass", "", 1.0), StageResult("unit-tests", "skipped", "no tests/unit_tests")],
+                [],
+                requested=["imports", "unit-tests"],
+            ),
+            "not-verified",
+        ),
         (RefreshVerify("cpu-proxy", [StageResult("imports", "fail", "", 1.0)], ["imports"]), "needs-a-human"),
     ):
         result = RefreshResult(READY, "v0.17", lock, lock, verify=verify).settle()

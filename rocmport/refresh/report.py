@@ -224,7 +224,7 @@ def run_verify_both(
 
     new = run_verify(options(tree, chosen, rewritten_changes(settings, old, tree) if unit else ()))
     failed = new.failed
-    out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed)
+    out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed, requested=chosen)
     ran = new.unit_run()
     if ran is not None and ran.impact:
         out.unit_tests_selection = ran.impact.line

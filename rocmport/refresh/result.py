@@ -12,11 +12,12 @@ from typing import Any, Literal
 
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.upstream.lock import Lock
-from rocmport.verify.stages import StageResult
+from rocmport.verify.stages import PASS, StageResult
 
 # One status vocabulary for a refresh, the same in `refresh --json`, summary.json, summary.md (the PR
 # body), the exit code and the bot's record: ready (verify ran and passed), not-verified (carried
-# over, but verify did not run: --no-verify, or not the Python the tree needs), needs-a-human (a
+# over, but verify did not run: --no-verify, not the Python the tree needs, or a stage asked for was
+# skipped, as stage 3 is on a tree without upstream's tests/unit_tests), needs-a-human (a
 # conflict, a failed verify, a series that did not re-apply), up-to-date (nothing to do).
 # `derive_status` is the one place it is decided; every renderer reads `status` and `why`.
 RefreshStatus = Literal["ready", "not-verified", "needs-a-human", "up-to-date"]
@@ -65,6 +66,7 @@ class RefreshVerify:
     labels: dict[str, str] | None = None  # failed stage -> what the old pin did
     skipped: str | None = None  # why verify did not run (then no mode)
     unit_tests_selection: str | None = None  # stage 3's impacted selection, as its summary line says it
+    requested: list[str] = field(default_factory=list)  # the stages the refresh asked for (--verify-stages)
 
     def to_dict(self) -> dict[str, Any]:
         if self.skipped is not None:
@@ -93,6 +95,11 @@ def derive_status(
         return NOT_VERIFIED, "verify was skipped (--no-verify)"
     if verify.skipped:
         return NOT_VERIFIED, f"verify did not run: {verify.skipped}"
+    # A stage that was asked for and did not pass nor fail (skipped: a tree without upstream's
+    # tests/unit_tests; unsupported in the proxy) verified nothing: never "ready" for it.
+    unrun = [s for s in verify.stages if s.name in verify.requested and s.status != PASS]
+    if unrun:
+        return NOT_VERIFIED, "; ".join(f"stage {s.name} did not run ({s.status}: {s.reason})" for s in unrun)
     return READY, "verify ran and passed"
 
 

@@ -110,6 +110,51 @@ def _file(nodeid: str) -> str:
     return nodeid.split("::")[0]
 
 
+# The files pytest reads its configuration from, and the section that makes each one count (None: any).
+_PYTEST_CONFIGS = (
+    ("pytest.ini", None),
+    (".pytest.ini", None),
+    ("pyproject.toml", ("[tool.pytest.ini_options]", "[tool.pytest]")),
+    ("tox.ini", ("[pytest]",)),
+    ("setup.cfg", ("[tool:pytest]",)),
+)
+
+
+def tree_config(tree: Path, tests: list[str]) -> Path | None:
+    """The pytest configuration file pytest would find for ``tests`` inside ``tree`` (from the test
+    files' common directory up to the tree's root), or None when the tree has none."""
+    dirs = [(tree / _file(t)).parent if not (tree / _file(t)).is_dir() else tree / _file(t) for t in tests]
+    common = Path(os.path.commonpath([str(d) for d in dirs])) if dirs else tree
+    here = common if common == tree or tree in common.parents else tree
+    while True:
+        for name, sections in _PYTEST_CONFIGS:
+            path = here / name
+            if path.is_file():
+                if sections is None:
+                    return path
+                text = path.read_text(encoding="utf-8", errors="replace")
+                if any(s in text for s in sections):
+                    return path
+        if here == tree:
+            return None
+        here = here.parent
+
+
+def config_args(tree: Path, tests: list[str], empty_ini: Path) -> list[str]:
+    """pytest's root and configuration pinned to the tree. Left to itself, pytest looks for a
+    configuration file upwards from the tests and past the tree's root: a tree without one of its own
+    (upstream's has pyproject.toml) inside a project that has one (build/refresh/megatron-lm under the
+    rocmport project's pyproject.toml) got that project's directory as rootdir, and its options. Its
+    test ids were then `build/refresh/megatron-lm/tests/...`, which match no selected file: a test
+    that ran and passed was reported "pytest never collected it". ``empty_ini``: an empty file to
+    give as the configuration where the tree has none (what pytest uses in a tree with no config)."""
+    found = tree_config(tree, tests)
+    if found is not None:
+        return ["--rootdir", str(tree), "-c", str(found)]
+    empty_ini.write_text("")
+    return ["--rootdir", str(tree), "-c", str(empty_ini), "--confcutdir", str(tree)]
+
+
 def _attempt(
     tree: Path,
     tests: list[str],
@@ -126,8 +171,9 @@ def _attempt(
     called (each second, maybe again) with each test file rank 0 has moved past, and rank 0's
     outcomes so far; the file rank 0 is in when the run ends is not (it may go on after a restart)."""
     cmd = pytest_command(tests, nproc, launcher)
-    cmd = cmd[: -len(tests)] + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
     with tempfile.TemporaryDirectory(prefix="rocmport-unit-") as out:
+        pinned = config_args(tree, tests, Path(out) / "pytest.ini")
+        cmd = cmd[: -len(tests)] + pinned + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
         log = Path(out) / "torchrun.log"
         rank0 = Path(out) / "rank0.json"
         current = None

@@ -101,6 +101,48 @@ CASES = [
         "attention-backend-env",
     ),
 ]
+# te-version-gates' scope-free path (_plain_gate_lines): gates it answers from the text alone, and the
+# spellings that must leave it to the full analysis. (path, text, whether the text alone settles it)
+GATE_CASES = [
+    (  # the common test module: imported at module level, called in functions and a decorator, multi-line
+        "tests/unit_tests/j.py",
+        "import pytest\nimport transformer_engine as te\nfrom megatron.core.utils import is_te_min_version\n\n\n"
+        '@pytest.mark.skipif(not is_te_min_version("2.1"), reason="x")\ndef test_a():\n'
+        '    assert is_te_min_version("1.0")\n\n\nclass TestB:\n    def test_b(self):\n'
+        '        if (\n            True\n            and is_te_min_version(\n                "2.5.0"\n            )\n'
+        "        ):\n            x = te.pytorch.Linear(1, 1)\n",
+        True,
+    ),
+    (  # imported inside a function (a lazy import): where else it means the gate is the scope's question
+        "megatron/core/k.py",
+        'def f():\n    from megatron.core.utils import is_te_min_version\n\n    return is_te_min_version("2.0")\n\n\n'
+        'def g():\n    return is_te_min_version("2.1")\n',
+        False,
+    ),
+    (  # a parameter of the same name shadows the import
+        "megatron/core/l.py",
+        "from megatron.core.utils import is_te_min_version\n\n\n"
+        'def f(is_te_min_version):\n    return is_te_min_version("2.0")\n\n\nx = is_te_min_version("1.0")\n',
+        False,
+    ),
+    (  # a parenthesised call, and one through the module
+        "megatron/core/m.py",
+        "import megatron.core.utils as u\nfrom megatron.core.utils import is_te_min_version\n\n"
+        'a = (is_te_min_version("2.0"))\nb = u.is_te_min_version("2.1")\n',
+        False,
+    ),
+    (  # a class deriving from a name a TE import binds
+        "megatron/core/n.py",
+        "from transformer_engine.pytorch import Linear\nfrom megatron.core.utils import is_te_min_version\n\n\n"
+        'class L(Linear):\n    def __init__(self):\n        if is_te_min_version("2.3.0"):\n            pass\n',
+        False,
+    ),
+    (  # never bound: a call the scope cannot resolve means nothing
+        "tests/unit_tests/o.py",
+        'import transformer_engine\n\n\ndef test_x():\n    assert is_te_min_version("1.0")\n',
+        False,
+    ),
+]
 
 
 def both(path: str, text: str, specs=ALL) -> tuple[str, str]:
@@ -116,6 +158,22 @@ def test_prefiltered_output_is_the_full_runs(path, text, acts):
     assert acts in out, f"{acts} did nothing here: the case compares two no-ops"
     on, off = both(path, text)
     assert on == off
+
+
+@pytest.mark.parametrize("path,text,plain", GATE_CASES, ids=[c[0] for c in GATE_CASES])
+def test_te_version_gates_scope_free_path_gives_the_full_runs_output(path, text, plain):
+    """A module whose text settles what its gate calls mean is answered without scope analysis or
+    positions: the same bytes and reports (lines, versions, reasons) as the full run; in doubt, the
+    full analysis runs."""
+    from rocmport.codemods.te_version_gates import _plain_gate_lines
+
+    specs = [{"name": "te-version-gates", "options": {}, "version": registry["te-version-gates"].VERSION}]
+    out, failure = transform_text(path, text, specs)
+    on, off = both(path, text, specs)
+    assert failure is None and on == off
+    assert (_plain_gate_lines(text) is not None) is plain
+    if plain:
+        assert [r["line"] for r in out["te-version-gates"]["reports"]] == [6, 8, 15]
 
 
 def test_qualified_names_are_the_providers_on_every_node():
