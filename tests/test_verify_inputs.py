@@ -5,6 +5,7 @@ verifies. Each test here failed before its fix."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -240,6 +241,27 @@ def test_unit_test_paths_inside_are_planned(capsys, tree, path):
     rc, out, err = verify(capsys, tree, "--unit-test", path, "--stages", "3", "--dry-run")
     assert rc == 0, err
     assert out.count(path) == 2  # the run and the baseline
+
+
+@pytest.mark.torch
+def test_the_planned_pytest_command_is_pinned_to_each_tree_as_the_run_is(capsys, tree):
+    """`--dry-run` printed pytest without the --rootdir/-c that each run adds (a tree without a
+    pytest configuration of its own gets an empty one): the plan is the command that runs."""
+    rc, out, err = verify(
+        capsys, tree, "--unit-test", "tests/unit_tests/test_a.py", "--stages", "3", "--dry-run", "--json"
+    )
+    assert rc == 0, err
+    steps = [s for s in json.loads(out) if s["stage"].startswith("unit-tests")]
+    run, base = (" ".join(s["command"]) for s in steps)
+    assert f"--rootdir {tree} -c $TMP/pytest.ini --confcutdir {tree} " in run
+    assert "--rootdir $TMP/baseline -c $TMP/pytest.ini --confcutdir $TMP/baseline " in base
+    (tree / "pyproject.toml").write_text("[tool.pytest.ini_options]\ntestpaths = ['tests']\n")
+    rc, out, err = verify(
+        capsys, tree, "--unit-test", "tests/unit_tests/test_a.py", "--stages", "3", "--dry-run", "--json"
+    )
+    run, base = (" ".join(s["command"]) for s in json.loads(out) if s["stage"].startswith("unit-tests"))
+    assert f"--rootdir {tree} -c {tree}/pyproject.toml tests/unit_tests/test_a.py" in run
+    assert "--rootdir $TMP/baseline -c $TMP/baseline/pyproject.toml tests/unit_tests/test_a.py" in base
 
 
 # Item 10: a malformed --hip-version is exit 2, never the CUDA path.

@@ -75,18 +75,29 @@ class UnitTests(Stage):
         return opts.unit is not None
 
     def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
-        from rocmport.verify.unit_tests import pytest_command
+        from rocmport.verify.unit_tests import config_args, pytest_command
 
         unit = opts.unit
         if unit is None or not opts.launcher.runs_stage(single_node=True):
             return []
         cmd = pytest_command(unit.tests, unit.nproc, opts.launcher)
+        n = len(unit.tests)
+
+        # as each run pins pytest to its tree (unit_tests._attempt): the tree's own config, else an empty
+        # one; the unported tree's checkout has the port tree's config at the same place
+        baseline = tmp / "baseline"
+        args = config_args(opts.tree, list(unit.tests), tmp / "pytest.ini")
+
+        def pinned(tree: Path) -> list[str]:
+            here = [a.replace(str(opts.tree), str(tree), 1) if a.startswith(str(opts.tree)) else a for a in args]
+            return cmd[:-n] + here + cmd[-n:] if n else cmd
+
         return [
-            {"stage": self.name, "command": cmd, "cwd": str(opts.tree)},
+            {"stage": self.name, "command": pinned(opts.tree), "cwd": str(opts.tree)},
             {
                 "stage": f"{self.name} (baseline, unless cached)",
-                "command": cmd,
-                "cwd": f"{tmp}/baseline at {str(unit.base)[:12]}",
+                "command": pinned(baseline),
+                "cwd": f"{baseline} at {str(unit.base)[:12]}",
             },
         ]
 

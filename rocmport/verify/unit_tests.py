@@ -147,11 +147,11 @@ def config_args(tree: Path, tests: list[str], empty_ini: Path) -> list[str]:
     rocmport project's pyproject.toml) got that project's directory as rootdir, and its options. Its
     test ids were then `build/refresh/megatron-lm/tests/...`, which match no selected file: a test
     that ran and passed was reported "pytest never collected it". ``empty_ini``: an empty file to
-    give as the configuration where the tree has none (what pytest uses in a tree with no config)."""
+    give as the configuration where the tree has none (what pytest uses in a tree with no config);
+    the caller writes it (`verify --dry-run` only names it)."""
     found = tree_config(tree, tests)
     if found is not None:
         return ["--rootdir", str(tree), "-c", str(found)]
-    empty_ini.write_text("")
     return ["--rootdir", str(tree), "-c", str(empty_ini), "--confcutdir", str(tree)]
 
 
@@ -172,7 +172,9 @@ def _attempt(
     outcomes so far; the file rank 0 is in when the run ends is not (it may go on after a restart)."""
     cmd = pytest_command(tests, nproc, launcher)
     with tempfile.TemporaryDirectory(prefix="rocmport-unit-") as out:
-        pinned = config_args(tree, tests, Path(out) / "pytest.ini")
+        empty_ini = Path(out) / "pytest.ini"
+        empty_ini.write_text("")
+        pinned = config_args(tree, tests, empty_ini)
         cmd = cmd[: -len(tests)] + pinned + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
         log = Path(out) / "torchrun.log"
         rank0 = Path(out) / "rank0.json"
