@@ -176,6 +176,63 @@ def test_te_version_gates_scope_free_path_gives_the_full_runs_output(path, text,
         assert [r["line"] for r in out["te-version-gates"]["reports"]] == [6, 8, 15]
 
 
+# The scope-free path walks only the statements that hold a gate call (a top-level statement, or the
+# statements of a top-level class's body): (path, text, the statements it walks, (report kind, line)s)
+HOLDER_CASES = [
+    (  # a test class: gates in a method's decorator and in a class attribute, a `;` line on both levels
+        "tests/unit_tests/p.py",
+        'import pytest\nfrom megatron.core.utils import is_te_min_version\n\nA = 1; B = is_te_min_version("1.0")\n\n\n'
+        "class TestP:\n    x = 1; y = 2\n\n    def test_a(self):\n        pass\n\n"
+        '    @pytest.mark.skipif(not is_te_min_version("2.2.0"), reason="x")\n    def test_b(self):\n        pass\n\n'
+        '    z = 3; w = is_te_min_version("2.3")\n\n    def test_c(self):\n        pass\n',
+        ["A = 1; B = is_te_min_version", "def test_b", "z = 3; w = is_te_min_version"],
+        [("skip", 4), ("skip", 13), ("skip", 17)],
+    ),
+    (  # a gate in the class's own decorator: the whole class is walked
+        "tests/unit_tests/q.py",
+        "import pytest\nfrom megatron.core.utils import is_te_min_version\n\n\n"
+        '@pytest.mark.skipif(not is_te_min_version("2.0"), reason="x")\nclass TestQ:\n    def test_a(self):\n'
+        '        assert is_te_min_version("2.1")\n',
+        ["class TestQ"],
+        [("skip", 5), ("skip", 8)],
+    ),
+    (  # a feature gate the full analysis rewrites (arguments.py's NVFP4 check): the text settled the calls
+        "megatron/training/arguments.py",
+        "from megatron.core.utils import is_te_min_version\n\n\ndef validate_args(args):\n"
+        '    if args.fp4 and not is_te_min_version("2.7.0"):\n'
+        '        raise ValueError("--fp4 needs NVFP4BlockScaling (TE 2.7.0)")\n'
+        '    if args.fp8 and not is_te_min_version("1.0"):\n        raise ValueError("--fp8 needs TE")\n',
+        ["def validate_args"],
+        [("site", 5), ("skip", 7)],
+    ),
+]
+
+
+@pytest.mark.parametrize("path,text,walked,reports", HOLDER_CASES, ids=[c[0] for c in HOLDER_CASES])
+def test_te_version_gates_scope_free_path_walks_only_the_statements_holding_a_gate(path, text, walked, reports):
+    from rocmport.codemods.te_version_gates import _holding, _plain_gate_lines
+
+    specs = [{"name": "te-version-gates", "options": {}, "version": registry["te-version-gates"].VERSION}]
+    found = _plain_gate_lines(text)
+    assert found is not None
+    module = cst.parse_module(text)
+    statements = _holding(module, found[1])
+    assert statements is not None
+    labels = [
+        f"def {s.name.value}"
+        if isinstance(s, cst.FunctionDef)
+        else f"class {s.name.value}"
+        if isinstance(s, cst.ClassDef)
+        else module.code_for_node(s).strip().split("(")[0]
+        for s in statements
+    ]
+    assert labels == walked
+    out, failure = transform_text(path, text, specs)
+    on, off = both(path, text, specs)
+    assert failure is None and on == off
+    assert [(r["kind"], r["line"]) for r in out["te-version-gates"]["reports"]] == reports
+
+
 def test_qualified_names_are_the_providers_on_every_node():
     """`qualified_names` asks the scope what libcst's QualifiedNameProvider answers, for every node of
     real modules (rocmport's own source and the cases above)."""
