@@ -12,12 +12,15 @@ amp.custom_fwd` and `from torch.cuda.amp import custom_fwd` are both `torch.cuda
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 import libcst as cst
+from libcst._nodes.internal import CodegenState
 from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
+from libcst.metadata.position_provider import NEWLINE_RE
 
 from rocmport.upstreams import upstream_of_path
 
@@ -94,13 +97,23 @@ class Context:
         """The generated runtime helper rewritten sites import (megatron-core ships only megatron.core)."""
         return upstream_of_path(self.relpath).helper_module
 
+    def start_lines(self, module: cst.Module, nodes: Iterable[cst.CSTNode]) -> dict[cst.CSTNode, int]:
+        """The start line PositionProvider gives each of ``nodes`` (of ``module``). With the
+        prefilter on, from a codegen that only notes where each node starts (start_lines): a fifth
+        of the provider's CPU (0.09 against 0.41 s over arguments.py), the lines the same."""
+        nodes = list(nodes)
+        if self.prefilter:
+            return start_lines(module, nodes)
+        lines = self.wrap(module).resolve(PositionProvider)
+        return {node: lines[node].start.line for node in nodes}
+
     def sites_at(self, module: cst.Module, found: list[tuple[cst.CSTNode, str]]) -> None:
         """Report rewritten sites given as (node of ``module``, message); positions are computed
         only when there is something to report."""
         if found:
-            lines = self.wrap(module).resolve(PositionProvider)
+            lines = self.start_lines(module, [node for node, _ in found])
             for node, message in found:
-                self.site(message, lines[node].start.line)
+                self.site(message, lines[node])
 
     def _add(self, kind: ReportKind, message: str, line: int | None, detail: dict) -> None:
         self.reports.append(Report(self.codemod, self.relpath, line, kind, message, detail))
@@ -159,6 +172,53 @@ class Codemod:
 
     def transform(self, module: cst.Module, ctx: Context) -> tuple[cst.Module, int]:
         raise NotImplementedError
+
+
+@dataclass
+class _Starts(CodegenState):
+    """Codegen that notes, for every node, how many tokens precede the point PositionProvider
+    starts it at: its syntactic start where the node records one (from ``start_node`` when given),
+    else where its code begins; the provider's own rules, without its line and column per token."""
+
+    starts: dict[cst.CSTNode, int] = field(default_factory=dict)
+    stack: list[int] = field(default_factory=list)
+
+    def before_codegen(self, node: cst.CSTNode) -> None:
+        self.stack.append(len(self.tokens))
+
+    def after_codegen(self, node: cst.CSTNode) -> None:
+        start = self.stack.pop()
+        if node not in self.starts:  # a syntactic start, recorded inside, stands
+            self.starts[node] = start
+
+    def pop_trailing_newline(self) -> None:
+        pass  # the tokens stay as counted
+
+    @contextmanager
+    def record_syntactic_position(
+        self, node: cst.CSTNode, *, start_node: cst.CSTNode | None = None, end_node: cst.CSTNode | None = None
+    ) -> Iterator[None]:
+        start = len(self.tokens)
+        try:
+            yield
+        finally:
+            self.starts[node] = self.starts[start_node] if start_node is not None else start
+
+
+def start_lines(module: cst.Module, nodes: list[cst.CSTNode]) -> dict[cst.CSTNode, int]:
+    """PositionProvider's start line of each of ``nodes`` (of ``module``), from one codegen of
+    ``module`` and the line breaks before each node counted as the provider counts them (per token)."""
+    state = _Starts(default_indent=module.default_indent, default_newline=module.default_newline)
+    module._codegen(state)
+    at_token = {node: state.starts[node] for node in nodes}  # KeyError, as the provider's, for a stranger
+    lines: dict[int, int] = {}
+    line, done = 1, 0
+    for k in sorted(set(at_token.values())):
+        for token in state.tokens[done:k]:
+            if "\n" in token or "\r" in token:
+                line += len(NEWLINE_RE.findall(token))
+        lines[k], done = line, k
+    return {node: lines[k] for node, k in at_token.items()}
 
 
 def wrap(module: cst.Module) -> MetadataWrapper:

@@ -99,7 +99,7 @@ def prepend_to_function(
         for func in edit.changed:
             line = top_level_def_line(module, func)
             if line is None:  # only when there is a site to report, and no cheaper way
-                line = ctx.wrap(module).resolve(PositionProvider)[func].start.line
+                line = ctx.start_lines(module, [func])[func]
             ctx.site(note or f"{'.'.join(path)}(): prepended", line)
     return new, edit.sites
 

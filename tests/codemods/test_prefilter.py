@@ -262,6 +262,29 @@ def test_qualified_names_are_the_providers_on_every_node():
     assert ScopeProvider in NAMES
 
 
+def test_start_lines_are_the_providers_on_every_node():
+    """`start_lines` (the prefilter's positions: sites, skips) gives every node of real modules the
+    start line libcst's PositionProvider gives it: rocmport's own source, the cases above, and line
+    breaks spelled \\r\\n and \\r, in strings, comments and continuations."""
+    from libcst.metadata import PositionProvider
+
+    from rocmport.codemods.base import start_lines
+
+    texts = [p.read_text() for p in sorted((REPO / "rocmport" / "codemods").glob("*.py"))]
+    texts += [text for _, text, _ in CASES] + [text for _, text, _ in GATE_CASES]
+    texts += [text for _, text, _, _ in HOLDER_CASES]
+    odd = '@dec\n\n# c\n@dec2(\n  1)\nasync def f(a,\n  b):\n    x = """\n\n"""; y = \\\n  2\n\n\nclass C: pass\n'
+    texts += [odd, odd.replace("\n", "\r\n"), odd.replace("\n", "\r"), "x = 1\n\n\n# end\n\n"]
+    nodes = 0
+    for text in texts:
+        module = cst.parse_module(text)
+        theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        ours = start_lines(module, list(theirs))
+        assert {n: r.start.line for n, r in theirs.items()} == ours
+        nodes += len(ours)
+    assert nodes > 50_000, nodes
+
+
 def _compare(args: tuple[str, str, list]) -> tuple[str, bool, bool]:
     path, text, specs = args
     if not any(registry[s["name"]].triggered(text, s["options"]) for s in specs):
