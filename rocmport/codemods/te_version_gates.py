@@ -546,8 +546,8 @@ def _plain_gate_lines(text: str) -> "tuple[list[tuple[int, str | None]], _Holder
         if len(at) == 1:
             holders.whole.add(at[0])
         else:
-            members, _ = holders.members.setdefault(at[0], (set(), len(cast(ast.ClassDef, tree.body[at[0]]).body)))
-            members.add(at[1])
+            wanted, _ = holders.members.setdefault(at[0], (set(), len(cast(ast.ClassDef, tree.body[at[0]]).body)))
+            wanted.add(at[1])
     return [(c.lineno, _first_string(c)) for c, _ in ordered], holders
 
 
