@@ -12,6 +12,7 @@ amp.custom_fwd` and `from torch.cuda.amp import custom_fwd` are both `torch.cuda
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -250,6 +251,68 @@ def means(visitor: cst.MetadataDependent, node: cst.CSTNode, *names: str) -> str
         elif name in found:
             return name
     return None
+
+
+def _leads_into(prefix: str, names: tuple[str, ...]) -> bool:
+    return any(n == prefix or n.startswith(prefix + ".") for n in names)
+
+
+def spelled_plainly(text: str, names: tuple[str, ...]) -> bool:
+    """True when ``text`` settles which nodes mean ``names`` (dotted names of one package, as
+    `torch.cuda.empty_cache`): the package's name is bound only by module-level `import <package>`
+    (at least once; `import <package>.<module>` too), by nothing else anywhere (no alias,
+    assignment, parameter, import in a function or class), no
+    other import binds a name that leads into ``names`` (`from torch import cuda`, `import
+    torch.cuda as c`), and there is no star import. A node then means one of ``names`` exactly when
+    it spells it (``dotted``), as scope analysis answers; a whole-module scope analysis costs
+    ~0.7 s of CPU over arguments.py, Python's parser and a walk of its tree a fraction of it."""
+    package = names[0].split(".")[0]
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # what libcst parses and ast does not
+        return False
+    bound = False
+    todo: list[tuple[ast.AST, bool]] = [(stmt, True) for stmt in tree.body]  # (node, in the module's own scope)
+    while todo:
+        node, top = todo.pop()
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname is None and a.name.split(".")[0] == package:
+                    # `import torch.distributed` binds torch too (what it spells, it means); one in
+                    # a function binds it in that function's scope: left to the scope analysis.
+                    if not top:
+                        return False
+                    bound = bound or a.name == package
+                elif (a.asname or a.name.split(".")[0]) == package or (a.asname and _leads_into(a.name, names)):
+                    return False
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                source = f"{node.module or ''}.{a.name}".lstrip(".")
+                if a.name == "*" or (a.asname or a.name) == package or _leads_into(source, names):
+                    return False
+        elif isinstance(node, ast.Name) and node.id == package and not isinstance(node.ctx, ast.Load):
+            return False
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == package:
+            return False
+        elif isinstance(node, (ast.arg, ast.ExceptHandler, ast.Global, ast.Nonlocal, ast.MatchAs, ast.MatchStar)):
+            spelled = getattr(node, "names", None) or [getattr(node, "arg", None) or getattr(node, "name", None)]
+            if package in spelled:
+                return False
+        elif isinstance(node, ast.MatchMapping) and node.rest == package:
+            return False
+        inner = top and not isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.comprehension)
+        )
+        todo += [(child, inner) for child in ast.iter_child_nodes(node)]
+    return bound
+
+
+def means_as_spelled(visitor: cst.MetadataDependent, plain: bool, node: cst.CSTNode, *names: str) -> str | None:
+    """``means``, or where the text settled what names mean (``spelled_plainly``), the name ``node`` spells."""
+    if not plain:
+        return means(visitor, node, *names)
+    spelled = dotted(node) if isinstance(node, cst.BaseExpression) else None
+    return spelled if spelled in names else None
 
 
 def dotted(node: cst.BaseExpression | None) -> str | None:

@@ -100,6 +100,46 @@ CASES = [
         "            finally:\n                pass\n",
         "attention-backend-env",
     ),
+    # capability-gates and empty-cache-interval where the text settles what `torch.…` means
+    # (spelled_plainly: SPELLED below) and where it does not
+    (  # plain: module-level `import torch` and `import torch.distributed`
+        "megatron/core/cp0.py",
+        "import torch\nimport torch.distributed\n\n\ndef f(args):\n"
+        "    if torch.cuda.get_device_capability()[0] >= 9:\n        pass\n"
+        "    dc = torch.cuda.get_device_capability()\n    x = torch.cuda.get_device_properties(0).major < 8\n"
+        "    return dc[0] >= 8\n",
+        "capability-gates",
+    ),
+    (  # a parameter named torch: f's call means nothing, g's the capability
+        "megatron/core/cp1.py",
+        "import torch\n\n\ndef f(torch):\n    return torch.cuda.get_device_capability()[0] >= 9\n\n\n"
+        "def g():\n    return torch.cuda.get_device_capability()[0] >= 9\n",
+        "capability-gates",
+    ),
+    (  # `import torch.distributed` in a function binds torch there: left to the scope analysis
+        "megatron/core/cp2.py",
+        "import torch\n\n\ndef f():\n    import torch.distributed\n\n"
+        "    return torch.cuda.get_device_properties(0).major >= 9\n\n\n"
+        "def g():\n    return torch.cuda.get_device_properties(0).major >= 9\n",
+        "capability-gates",
+    ),
+    (  # through `from torch import cuda`
+        "megatron/core/cp3.py",
+        "import torch\nfrom torch import cuda\n\n\ndef f():\n    return cuda.get_device_capability()[0] >= 9\n",
+        "capability-gates",
+    ),
+    (  # plain: train_step's level-1 gate
+        "megatron/training/training1.py",
+        "import torch\nimport torch.distributed\n\n\ndef train_step(args):\n"
+        "    if args.empty_unused_memory_level >= 1:\n        torch.cuda.empty_cache()\n",
+        "empty-cache-interval",
+    ),
+    (  # an alias of torch.cuda
+        "megatron/training/training2.py",
+        "import torch\nimport torch.cuda as tc\n\n\ndef train_step(args):\n"
+        "    if args.empty_unused_memory_level >= 1:\n        tc.empty_cache()\n        torch.cuda.empty_cache()\n",
+        "empty-cache-interval",
+    ),
 ]
 # te-version-gates' scope-free path (_plain_gate_lines): gates it answers from the text alone, and the
 # spellings that must leave it to the full analysis. (path, text, whether the text alone settles it)
@@ -231,6 +271,26 @@ def test_te_version_gates_scope_free_path_walks_only_the_statements_holding_a_ga
     on, off = both(path, text, specs)
     assert failure is None and on == off
     assert [(r["kind"], r["line"]) for r in out["te-version-gates"]["reports"]] == reports
+
+
+# Whether spelled_plainly settles the cases above (the fast path runs, or the scope analysis does)
+SPELLED = {
+    "megatron/core/cp0.py": True,
+    "megatron/core/cp1.py": False,
+    "megatron/core/cp2.py": False,
+    "megatron/core/cp3.py": False,
+    "megatron/training/training1.py": True,
+    "megatron/training/training2.py": False,
+}
+
+
+@pytest.mark.parametrize("path", sorted(SPELLED))
+def test_spelled_plainly_decides_the_torch_cases(path):
+    from rocmport.codemods.base import spelled_plainly
+
+    text = next(t for p, t, _ in CASES if p == path)
+    names = ("torch.cuda.get_device_capability", "torch.cuda.get_device_properties", "torch.cuda.empty_cache")
+    assert spelled_plainly(text, names) is SPELLED[path]
 
 
 def test_qualified_names_are_the_providers_on_every_node():
