@@ -35,7 +35,6 @@ from typing import cast
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import NAMES, Codemod, Context, means, qualified_names
 from rocmport.codemods.edits import add_imports, helper_imports, prepend_to_function
@@ -423,10 +422,11 @@ def _and_accepts(test: cst.BaseExpression, fn: str, name: str) -> cst.BooleanOpe
 class _GateCalls(cst.CSTVisitor):
     """Every call of the gate, with the statement it decides (for the per-site reports)."""
 
-    METADATA_DEPENDENCIES = (*NAMES, PositionProvider)
+    METADATA_DEPENDENCIES = NAMES
 
     def __init__(self):
-        self.calls: list[tuple[int, str, cst.CSTNode]] = []  # (line, version, statement)
+        self.calls: list[tuple[int, str, cst.CSTNode]] = []  # (line, version, statement): see lines()
+        self.found: list[tuple[cst.Call, str, cst.CSTNode]] = []  # (call, version, statement)
         self.statements: list[cst.CSTNode] = []  # the statements enclosing the node visited
         self.te_classes = False  # a class deriving from a TE class (the gates _Gates rewrites are in one)
 
@@ -449,7 +449,12 @@ class _GateCalls(cst.CSTVisitor):
         stmt = self.statements[-1]  # the innermost statement: the gate decides it
         first = node.args[0].value
         version = str(first.evaluated_value) if isinstance(first, cst.SimpleString) else "?"
-        self.calls.append((self.get_metadata(PositionProvider, node).start.line, version, stmt))
+        self.found.append((node, version, stmt))
+
+    def lines(self, module: cst.Module, ctx: Context) -> None:
+        """``calls`` from what the visit of ``module`` found: its calls' lines (Context.start_lines)."""
+        lines = ctx.start_lines(module, [call for call, _, _ in self.found])
+        self.calls = [(lines[call], version, stmt) for call, version, stmt in self.found]
 
 
 _SCOPES = (
@@ -685,6 +690,7 @@ class TeVersionGates(Codemod):
         calls = plain or _GateCalls()
         if plain is None:
             wrapper.visit(calls)
+            calls.lines(wrapper.module, ctx)
         # _Gates rewrites a gate in (or around) a class deriving from a TE class, a call of a
         # CALL_DRIFT function, or an `if <gate>` whose body calls an ATTRIBUTE_GATES helper or raises
         # naming a FEATURE_GATES object (the gate in its test: the If is that call's statement, and
@@ -708,9 +714,9 @@ class TeVersionGates(Codemod):
             else:
                 ctx.site(f"probe on HIP: does `transformer_engine.{owner}` exist?", line, version=version)
         if gates.calls:
-            lines = wrapper.resolve(PositionProvider)
+            lines = ctx.start_lines(wrapper.module, [node for node, _ in gates.calls])
             for node, message in gates.calls:
-                ctx.site(message, lines[node].start.line, version=CALL_SITE)
+                ctx.site(message, lines[node], version=CALL_SITE)
         if gates.uses:
             module = add_imports(module, helper_imports(ctx, *sorted(gates.uses)))
         return self._absent_getter(module, probes, ctx)
