@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rocmport.codemods.base import NAMES, Codemod, Context, means
+from rocmport.codemods.base import NAMES, Codemod, Context, means_as_spelled, spelled_plainly
 from rocmport.codemods.edits import add_imports, helper_imports, prepend_to_function
 from rocmport.codemods.guard import helper_import
 
@@ -36,7 +36,8 @@ class _CapabilityGates(cst.CSTTransformer):
         m.ComparisonTarget(m.GreaterThanEqual(), m.Integer("9")), m.ComparisonTarget(m.GreaterThan(), m.Integer("8"))
     )
 
-    def __init__(self):
+    def __init__(self, plain: bool = False):
+        self.plain = plain  # spelled_plainly: no scope analysis, a name means what it spells
         self.sites = 0
         self.found: list[tuple[cst.CSTNode, str]] = []
         self.uses: set[str] = set()
@@ -45,9 +46,9 @@ class _CapabilityGates(cst.CSTTransformer):
     def _major_call(self, node: cst.CSTNode) -> cst.Call | None:
         """The capability/properties call whose major number ``node`` reads, else None."""
         if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Call) and m.matches(node, self.MAJOR_INDEX):
-            return node.value if means(self, node.value.func, CAPABILITY) else None
+            return node.value if means_as_spelled(self, self.plain, node.value.func, CAPABILITY) else None
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Call) and m.matches(node, self.MAJOR_ATTR):
-            return node.value if means(self, node.value.func, PROPERTIES) else None
+            return node.value if means_as_spelled(self, self.plain, node.value.func, PROPERTIES) else None
         return None
 
     def _helper(self, original: cst.CSTNode, name: str, call: cst.Call, what: str) -> cst.Call:
@@ -79,7 +80,11 @@ class _CapabilityGates(cst.CSTTransformer):
 
     def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
         value = original.value
-        if isinstance(value, cst.Call) and m.matches(value, _AT_MOST_ONE_ARG) and means(self, value.func, CAPABILITY):
+        if (
+            isinstance(value, cst.Call)
+            and m.matches(value, _AT_MOST_ONE_ARG)
+            and means_as_spelled(self, self.plain, value.func, CAPABILITY)
+        ):
             return updated.with_changes(value=self._helper(original, "nvidia_capability", value, f"{CAPABILITY}()"))
         return updated
 
@@ -90,11 +95,11 @@ class CapabilityGates(Codemod):
     TRIGGERS = ("get_device_capability", "get_device_properties", "def get_device_arch_version(")
 
     def transform(self, module: cst.Module, ctx: Context):
-        gates = _CapabilityGates()
+        gates = _CapabilityGates(ctx.prefilter and spelled_plainly(ctx.code(module), (CAPABILITY, PROPERTIES)))
         # A call that means one of the two spells its name (in the call or in its import).
         if not ctx.absent(module, CAPABILITY.rsplit(".", 1)[1], PROPERTIES.rsplit(".", 1)[1]):
             before = module
-            rewritten = ctx.wrap(module).visit(gates)
+            rewritten = module.visit(gates) if gates.plain else ctx.wrap(module).visit(gates)
             ctx.sites_at(before, gates.found)
             module = rewritten if gates.sites else before  # an equal copy otherwise: keep its metadata
         if gates.uses:

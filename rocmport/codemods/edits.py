@@ -99,7 +99,7 @@ def prepend_to_function(
         for func in edit.changed:
             line = top_level_def_line(module, func)
             if line is None:  # only when there is a site to report, and no cheaper way
-                line = ctx.wrap(module).resolve(PositionProvider)[func].start.line
+                line = ctx.start_lines(module, [func])[func]
             ctx.site(note or f"{'.'.join(path)}(): prepended", line)
     return new, edit.sites
 
@@ -284,10 +284,12 @@ def helper_imports(ctx: Context, *names: str) -> list[ImportSpec]:
     return [(ctx.helper_module, n, None) for n in names]
 
 
-def visit_with_helper_import(module: cst.Module, transformer, ctx: Context, *names: str) -> tuple[cst.Module, int]:
-    """Run a site-counting transformer (with the metadata it declares); when it rewrote anything,
-    import the helper ``names`` it needs."""
-    module = ctx.wrap(module).visit(transformer)
+def visit_with_helper_import(
+    module: cst.Module, transformer, ctx: Context, *names: str, metadata: bool = True
+) -> tuple[cst.Module, int]:
+    """Run a site-counting transformer (with the metadata it declares, unless ``metadata`` is False:
+    it asks none); when it rewrote anything, import the helper ``names`` it needs."""
+    module = ctx.wrap(module).visit(transformer) if metadata else module.visit(transformer)
     if transformer.sites:
         module = add_imports(module, helper_imports(ctx, *names))
     return module, transformer.sites

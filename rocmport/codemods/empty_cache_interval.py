@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from rocmport.codemods.base import NAMES, Codemod, Context, means
+from rocmport.codemods.base import NAMES, Codemod, Context, means_as_spelled, spelled_plainly
 from rocmport.codemods.edits import SKELETON, visit_with_helper_import
 
 LEVEL_1 = m.If(
@@ -26,12 +26,16 @@ LEVEL_1 = m.If(
 )
 
 
+EMPTY_CACHE = "torch.cuda.empty_cache"
+
+
 class _Interval(cst.CSTTransformer):
     METADATA_DEPENDENCIES = NAMES
 
-    def __init__(self, prune: bool = True):
+    def __init__(self, prune: bool = True, plain: bool = False):
         super().__init__()
         self.prune = prune
+        self.plain = plain  # spelled_plainly: no scope analysis, a name means what it spells
         self.sites = 0
         self.found: list[tuple[cst.CSTNode, str]] = []
         self._function: list[str] = []
@@ -63,7 +67,7 @@ class _Interval(cst.CSTTransformer):
         if (
             not (self._gates and self._gates[-1])
             or original.args
-            or not means(self, original.func, "torch.cuda.empty_cache")
+            or not means_as_spelled(self, self.plain, original.func, EMPTY_CACHE)
         ):
             return updated
         self.sites += 1
@@ -86,7 +90,9 @@ class EmptyCacheInterval(Codemod):
     TRIGGERS = ("empty_unused_memory_level >= 1",)
 
     def transform(self, module: cst.Module, ctx: Context):
-        interval = _Interval(ctx.prefilter)
-        new, sites = visit_with_helper_import(module, interval, ctx, "empty_cache_on_interval")
+        interval = _Interval(ctx.prefilter, ctx.prefilter and spelled_plainly(ctx.code(module), (EMPTY_CACHE,)))
+        new, sites = visit_with_helper_import(
+            module, interval, ctx, "empty_cache_on_interval", metadata=not interval.plain
+        )
         ctx.sites_at(module, interval.found)
         return (new, sites) if sites else (module, 0)

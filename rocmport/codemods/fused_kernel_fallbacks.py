@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import Codemod, Context
 from rocmport.codemods.edits import StatementTransformer, prepend_to_function
@@ -227,9 +226,9 @@ class FusedKernelFallbacks(Codemod):
             module = _unless_unchanged(module, module.visit(inner), inner.sites)
             ctx.sites_at(before, inner.found)
             if inner.skipped:
-                lines = ctx.wrap(before).resolve(PositionProvider)
+                lines = ctx.start_lines(before, [node for node, _ in inner.skipped])
                 for node, reason in inner.skipped:
-                    ctx.skip(reason, lines[node].start.line)
+                    ctx.skip(reason, lines[node])
 
         def fallback(name, source, node):
             return "AmpCFallback" if source.split(".")[0] == "amp_C" else "None"

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import NAMES, Codemod, Context, means, qualified_names
 from rocmport.codemods.edits import add_imports, helper_imports, prepend_to_function
@@ -420,10 +422,11 @@ def _and_accepts(test: cst.BaseExpression, fn: str, name: str) -> cst.BooleanOpe
 class _GateCalls(cst.CSTVisitor):
     """Every call of the gate, with the statement it decides (for the per-site reports)."""
 
-    METADATA_DEPENDENCIES = (*NAMES, PositionProvider)
+    METADATA_DEPENDENCIES = NAMES
 
     def __init__(self):
-        self.calls: list[tuple[int, str, cst.CSTNode]] = []  # (line, version, statement)
+        self.calls: list[tuple[int, str, cst.CSTNode]] = []  # (line, version, statement): see lines()
+        self.found: list[tuple[cst.Call, str, cst.CSTNode]] = []  # (call, version, statement)
         self.statements: list[cst.CSTNode] = []  # the statements enclosing the node visited
         self.te_classes = False  # a class deriving from a TE class (the gates _Gates rewrites are in one)
 
@@ -446,7 +449,12 @@ class _GateCalls(cst.CSTVisitor):
         stmt = self.statements[-1]  # the innermost statement: the gate decides it
         first = node.args[0].value
         version = str(first.evaluated_value) if isinstance(first, cst.SimpleString) else "?"
-        self.calls.append((self.get_metadata(PositionProvider, node).start.line, version, stmt))
+        self.found.append((node, version, stmt))
+
+    def lines(self, module: cst.Module, ctx: Context) -> None:
+        """``calls`` from what the visit of ``module`` found: its calls' lines (Context.start_lines)."""
+        lines = ctx.start_lines(module, [call for call, _, _ in self.found])
+        self.calls = [(lines[call], version, stmt) for call, version, stmt in self.found]
 
 
 _SCOPES = (
@@ -468,7 +476,7 @@ def _root_name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _plain_gate_lines(text: str) -> list[tuple[int, str | None]] | None:
+def _plain_gate_lines(text: str) -> "tuple[list[tuple[int, str | None]], _Holders] | None":
     """The lines of the gate's calls (and their first argument when a string), in source order,
     when the module's text settles what scope analysis would: every call spelled
     `is_te_min_version(...)` means the gate (the name is bound at module level only, never renamed
@@ -476,7 +484,7 @@ def _plain_gate_lines(text: str) -> list[tuple[int, str | None]] | None:
     and no class derives from a name a `transformer_engine` import binds (no TE class). None when
     any of that is in doubt: the full analysis runs. Scope analysis and positions over a 5,000-line
     test module that only reports its two gates cost seconds; Python's own parser answers in
-    milliseconds."""
+    milliseconds. With the lines: the statements that hold the calls (_Holders)."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # what libcst parses and ast does not (newer syntax)
@@ -484,10 +492,12 @@ def _plain_gate_lines(text: str) -> list[tuple[int, str | None]] | None:
     bound = False
     te_names: set[str] = set()
     bases: list[ast.expr] = []
-    calls: list[ast.Call] = []
-    todo: list[tuple[ast.AST, bool]] = [(tree, True)]  # (node, whether it is in the module's own scope)
+    calls: list[tuple[ast.Call, tuple[int, ...]]] = []  # (call, where it is: see _Holders)
+    # (node, whether it is in the module's own scope, the top-level statement it is in [, and the
+    # statement of that class's body])
+    todo: list[tuple[ast.AST, bool, tuple[int, ...]]] = [(stmt, True, (i,)) for i, stmt in enumerate(tree.body)]
     while todo:
-        node, top = todo.pop()
+        node, top, at = todo.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
                 return None
@@ -522,13 +532,28 @@ def _plain_gate_lines(text: str) -> list[tuple[int, str | None]] | None:
             bases += node.bases
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == GATE:
             if node.args or node.keywords:  # libcst's Call.args holds both
-                calls.append(node)
+                calls.append((node, at))
         inner = top and not isinstance(node, _SCOPES)
-        todo += [(child, inner) for child in ast.iter_child_nodes(node)]
+        if isinstance(node, ast.ClassDef) and len(at) == 1 and node is tree.body[at[0]]:
+            # A top-level class's own statements are told apart (a test class is most of its module).
+            members = {id(stmt): j for j, stmt in enumerate(node.body)}
+            todo += [
+                (child, inner, at + (members[id(child)],) if id(child) in members else at)
+                for child in ast.iter_child_nodes(node)
+            ]
+        else:
+            todo += [(child, inner, at) for child in ast.iter_child_nodes(node)]
     if not bound or any(_root_name(b) in te_names or _root_name(b) is None for b in bases if te_names):
         return None
-    ordered = sorted(calls, key=lambda c: (c.lineno, c.col_offset))
-    return [(c.lineno, _first_string(c)) for c in ordered]
+    ordered = sorted(calls, key=lambda c: (c[0].lineno, c[0].col_offset))
+    holders = _Holders(len(tree.body))
+    for _, at in calls:
+        if len(at) == 1:
+            holders.whole.add(at[0])
+        else:
+            wanted, _ = holders.members.setdefault(at[0], (set(), len(cast(ast.ClassDef, tree.body[at[0]]).body)))
+            wanted.add(at[1])
+    return [(c.lineno, _first_string(c)) for c, _ in ordered], holders
 
 
 def _first_string(call: ast.Call) -> str | None:
@@ -561,13 +586,65 @@ class _PlainGateCalls(cst.CSTVisitor):
             self.found.append((version, self.statements[-1], node))
 
 
+@dataclass
+class _Holders:
+    """Where a module's gate calls are, as Python's ast numbers statements: the top-level statements
+    that hold one (``whole``), and for a top-level class whose own statements hold them (not its
+    decorators or bases), those statements' indexes in its body and how many it has (``members``)."""
+
+    count: int  # the module's top-level statements
+    whole: set[int] = field(default_factory=set)
+    members: dict[int, tuple[set[int], int]] = field(default_factory=dict)
+
+
+def _picked(
+    body: Sequence[cst.BaseStatement], wanted: set[int], count: int
+) -> list[tuple[int, cst.BaseStatement]] | None:
+    """(ast's index, statement) for the statements of ``body`` that hold ast's statements ``wanted``
+    (a line of `a; b` is one libcst statement, two of ast's), or None when the two parsers do not
+    count ``count`` statements alike."""
+    at, out = 0, []
+    for stmt in body:
+        n = len(stmt.body) if isinstance(stmt, cst.SimpleStatementLine) else 1
+        if any(i in wanted for i in range(at, at + n)):
+            out.append((at, stmt))
+        at += n
+    return out if at == count else None
+
+
+def _holding(module: cst.Module, holders: _Holders) -> list[cst.BaseStatement] | None:
+    """The statements of ``module`` to walk for its gate calls, in source order, or None (in doubt)."""
+    picked = _picked(module.body, holders.whole | set(holders.members), holders.count)
+    if picked is None:
+        return None
+    out: list[cst.BaseStatement] = []
+    for at, stmt in picked:
+        if at in holders.whole or at not in holders.members:
+            out.append(stmt)
+            continue
+        if not isinstance(stmt, cst.ClassDef) or not isinstance(stmt.body, cst.IndentedBlock):
+            return None
+        members = _picked(stmt.body.body, *holders.members[at])
+        if members is None:
+            return None
+        out += [member for _, member in members]
+    return out
+
+
 def _plain_calls(module: cst.Module, text: str) -> "_GateCalls | None":
     """_GateCalls' answer without scope analysis nor positions (_plain_gate_lines), or None."""
-    lines = _plain_gate_lines(text)
-    if lines is None:
+    found = _plain_gate_lines(text)
+    if found is None:
+        return None
+    lines, holders = found
+    # Only the statements that hold a gate call are walked: in a 5,000-line test module with two
+    # gates, a few functions or methods of it (the walk of all of it cost ~0.5 s).
+    statements = _holding(module, holders)
+    if statements is None:
         return None
     plain = _PlainGateCalls()
-    module.visit(plain)
+    for stmt in statements:
+        stmt.visit(plain)
     # Lines pair with the calls in source order; a parenthesised call or name (whose start
     # PositionProvider may count otherwise), or any mismatch, leaves it to the full analysis.
     if len(lines) != len(plain.found) or any(
@@ -608,8 +685,12 @@ class TeVersionGates(Codemod):
                 ctx.skip(left_reason(ctx.relpath, module.code_for_node(stmt)), line, version=version)
             return self._absent_getter(module, 0, ctx)
         wrapper = ctx.wrap(module)
-        calls = _GateCalls()
-        wrapper.visit(calls)
+        # Where the text settled the calls but a gated `if` may be rewritten, its calls and lines
+        # stand (no visit for them, no positions): only _Gates needs the scope.
+        calls = plain or _GateCalls()
+        if plain is None:
+            wrapper.visit(calls)
+            calls.lines(wrapper.module, ctx)
         # _Gates rewrites a gate in (or around) a class deriving from a TE class, a call of a
         # CALL_DRIFT function, or an `if <gate>` whose body calls an ATTRIBUTE_GATES helper or raises
         # naming a FEATURE_GATES object (the gate in its test: the If is that call's statement, and
@@ -633,9 +714,9 @@ class TeVersionGates(Codemod):
             else:
                 ctx.site(f"probe on HIP: does `transformer_engine.{owner}` exist?", line, version=version)
         if gates.calls:
-            lines = wrapper.resolve(PositionProvider)
+            lines = ctx.start_lines(wrapper.module, [node for node, _ in gates.calls])
             for node, message in gates.calls:
-                ctx.site(message, lines[node].start.line, version=CALL_SITE)
+                ctx.site(message, lines[node], version=CALL_SITE)
         if gates.uses:
             module = add_imports(module, helper_imports(ctx, *sorted(gates.uses)))
         return self._absent_getter(module, probes, ctx)

@@ -100,6 +100,46 @@ CASES = [
         "            finally:\n                pass\n",
         "attention-backend-env",
     ),
+    # capability-gates and empty-cache-interval where the text settles what `torch.…` means
+    # (spelled_plainly: SPELLED below) and where it does not
+    (  # plain: module-level `import torch` and `import torch.distributed`
+        "megatron/core/cp0.py",
+        "import torch\nimport torch.distributed\n\n\ndef f(args):\n"
+        "    if torch.cuda.get_device_capability()[0] >= 9:\n        pass\n"
+        "    dc = torch.cuda.get_device_capability()\n    x = torch.cuda.get_device_properties(0).major < 8\n"
+        "    return dc[0] >= 8\n",
+        "capability-gates",
+    ),
+    (  # a parameter named torch: f's call means nothing, g's the capability
+        "megatron/core/cp1.py",
+        "import torch\n\n\ndef f(torch):\n    return torch.cuda.get_device_capability()[0] >= 9\n\n\n"
+        "def g():\n    return torch.cuda.get_device_capability()[0] >= 9\n",
+        "capability-gates",
+    ),
+    (  # `import torch.distributed` in a function binds torch there: left to the scope analysis
+        "megatron/core/cp2.py",
+        "import torch\n\n\ndef f():\n    import torch.distributed\n\n"
+        "    return torch.cuda.get_device_properties(0).major >= 9\n\n\n"
+        "def g():\n    return torch.cuda.get_device_properties(0).major >= 9\n",
+        "capability-gates",
+    ),
+    (  # through `from torch import cuda`
+        "megatron/core/cp3.py",
+        "import torch\nfrom torch import cuda\n\n\ndef f():\n    return cuda.get_device_capability()[0] >= 9\n",
+        "capability-gates",
+    ),
+    (  # plain: train_step's level-1 gate
+        "megatron/training/training1.py",
+        "import torch\nimport torch.distributed\n\n\ndef train_step(args):\n"
+        "    if args.empty_unused_memory_level >= 1:\n        torch.cuda.empty_cache()\n",
+        "empty-cache-interval",
+    ),
+    (  # an alias of torch.cuda
+        "megatron/training/training2.py",
+        "import torch\nimport torch.cuda as tc\n\n\ndef train_step(args):\n"
+        "    if args.empty_unused_memory_level >= 1:\n        tc.empty_cache()\n        torch.cuda.empty_cache()\n",
+        "empty-cache-interval",
+    ),
 ]
 # te-version-gates' scope-free path (_plain_gate_lines): gates it answers from the text alone, and the
 # spellings that must leave it to the full analysis. (path, text, whether the text alone settles it)
@@ -176,6 +216,83 @@ def test_te_version_gates_scope_free_path_gives_the_full_runs_output(path, text,
         assert [r["line"] for r in out["te-version-gates"]["reports"]] == [6, 8, 15]
 
 
+# The scope-free path walks only the statements that hold a gate call (a top-level statement, or the
+# statements of a top-level class's body): (path, text, the statements it walks, (report kind, line)s)
+HOLDER_CASES = [
+    (  # a test class: gates in a method's decorator and in a class attribute, a `;` line on both levels
+        "tests/unit_tests/p.py",
+        'import pytest\nfrom megatron.core.utils import is_te_min_version\n\nA = 1; B = is_te_min_version("1.0")\n\n\n'
+        "class TestP:\n    x = 1; y = 2\n\n    def test_a(self):\n        pass\n\n"
+        '    @pytest.mark.skipif(not is_te_min_version("2.2.0"), reason="x")\n    def test_b(self):\n        pass\n\n'
+        '    z = 3; w = is_te_min_version("2.3")\n\n    def test_c(self):\n        pass\n',
+        ["A = 1; B = is_te_min_version", "def test_b", "z = 3; w = is_te_min_version"],
+        [("skip", 4), ("skip", 13), ("skip", 17)],
+    ),
+    (  # a gate in the class's own decorator: the whole class is walked
+        "tests/unit_tests/q.py",
+        "import pytest\nfrom megatron.core.utils import is_te_min_version\n\n\n"
+        '@pytest.mark.skipif(not is_te_min_version("2.0"), reason="x")\nclass TestQ:\n    def test_a(self):\n'
+        '        assert is_te_min_version("2.1")\n',
+        ["class TestQ"],
+        [("skip", 5), ("skip", 8)],
+    ),
+    (  # a feature gate the full analysis rewrites (arguments.py's NVFP4 check): the text settled the calls
+        "megatron/training/arguments.py",
+        "from megatron.core.utils import is_te_min_version\n\n\ndef validate_args(args):\n"
+        '    if args.fp4 and not is_te_min_version("2.7.0"):\n'
+        '        raise ValueError("--fp4 needs NVFP4BlockScaling (TE 2.7.0)")\n'
+        '    if args.fp8 and not is_te_min_version("1.0"):\n        raise ValueError("--fp8 needs TE")\n',
+        ["def validate_args"],
+        [("site", 5), ("skip", 7)],
+    ),
+]
+
+
+@pytest.mark.parametrize("path,text,walked,reports", HOLDER_CASES, ids=[c[0] for c in HOLDER_CASES])
+def test_te_version_gates_scope_free_path_walks_only_the_statements_holding_a_gate(path, text, walked, reports):
+    from rocmport.codemods.te_version_gates import _holding, _plain_gate_lines
+
+    specs = [{"name": "te-version-gates", "options": {}, "version": registry["te-version-gates"].VERSION}]
+    found = _plain_gate_lines(text)
+    assert found is not None
+    module = cst.parse_module(text)
+    statements = _holding(module, found[1])
+    assert statements is not None
+    labels = [
+        f"def {s.name.value}"
+        if isinstance(s, cst.FunctionDef)
+        else f"class {s.name.value}"
+        if isinstance(s, cst.ClassDef)
+        else module.code_for_node(s).strip().split("(")[0]
+        for s in statements
+    ]
+    assert labels == walked
+    out, failure = transform_text(path, text, specs)
+    on, off = both(path, text, specs)
+    assert failure is None and on == off
+    assert [(r["kind"], r["line"]) for r in out["te-version-gates"]["reports"]] == reports
+
+
+# Whether spelled_plainly settles the cases above (the fast path runs, or the scope analysis does)
+SPELLED = {
+    "megatron/core/cp0.py": True,
+    "megatron/core/cp1.py": False,
+    "megatron/core/cp2.py": False,
+    "megatron/core/cp3.py": False,
+    "megatron/training/training1.py": True,
+    "megatron/training/training2.py": False,
+}
+
+
+@pytest.mark.parametrize("path", sorted(SPELLED))
+def test_spelled_plainly_decides_the_torch_cases(path):
+    from rocmport.codemods.base import spelled_plainly
+
+    text = next(t for p, t, _ in CASES if p == path)
+    names = ("torch.cuda.get_device_capability", "torch.cuda.get_device_properties", "torch.cuda.empty_cache")
+    assert spelled_plainly(text, names) is SPELLED[path]
+
+
 def test_qualified_names_are_the_providers_on_every_node():
     """`qualified_names` asks the scope what libcst's QualifiedNameProvider answers, for every node of
     real modules (rocmport's own source and the cases above)."""
@@ -203,6 +320,29 @@ def test_qualified_names_are_the_providers_on_every_node():
     assert seen.differ == []
     assert seen.nodes > 50_000 and seen.named > 5_000, (seen.nodes, seen.named)
     assert ScopeProvider in NAMES
+
+
+def test_start_lines_are_the_providers_on_every_node():
+    """`start_lines` (the prefilter's positions: sites, skips) gives every node of real modules the
+    start line libcst's PositionProvider gives it: rocmport's own source, the cases above, and line
+    breaks spelled \\r\\n and \\r, in strings, comments and continuations."""
+    from libcst.metadata import PositionProvider
+
+    from rocmport.codemods.base import start_lines
+
+    texts = [p.read_text() for p in sorted((REPO / "rocmport" / "codemods").glob("*.py"))]
+    texts += [text for _, text, _ in CASES] + [text for _, text, _ in GATE_CASES]
+    texts += [text for _, text, _, _ in HOLDER_CASES]
+    odd = '@dec\n\n# c\n@dec2(\n  1)\nasync def f(a,\n  b):\n    x = """\n\n"""; y = \\\n  2\n\n\nclass C: pass\n'
+    texts += [odd, odd.replace("\n", "\r\n"), odd.replace("\n", "\r"), "x = 1\n\n\n# end\n\n"]
+    nodes = 0
+    for text in texts:
+        module = cst.parse_module(text)
+        theirs = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        ours = start_lines(module, list(theirs))
+        assert {n: r.start.line for n, r in theirs.items()} == ours
+        nodes += len(ours)
+    assert nodes > 50_000, nodes
 
 
 def _compare(args: tuple[str, str, list]) -> tuple[str, bool, bool]:
