@@ -419,7 +419,23 @@ def _and_accepts(test: cst.BaseExpression, fn: str, name: str) -> cst.BooleanOpe
     )
 
 
-class _GateCalls(cst.CSTVisitor):
+class _StatementStack(cst.CSTVisitor):
+    """Keeps ``statements``: the statements enclosing the node visited, innermost last."""
+
+    statements: list[cst.CSTNode]
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
+            self.statements.append(node)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if isinstance(original_node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
+            self.statements.pop()
+
+
+class _GateCalls(_StatementStack):
     """Every call of the gate, with the statement it decides (for the per-site reports)."""
 
     METADATA_DEPENDENCIES = NAMES
@@ -432,16 +448,6 @@ class _GateCalls(cst.CSTVisitor):
 
     def visit_ClassDef(self, node: cst.ClassDef):
         self.te_classes = self.te_classes or te_class(self, node) is not None
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
-            self.statements.append(node)
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        if isinstance(original_node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
-            self.statements.pop()
 
     def visit_Call(self, node: cst.Call):
         if not (node.args and means(self, node.func, "." + GATE, GATE)):
@@ -561,23 +567,13 @@ def _first_string(call: ast.Call) -> str | None:
     return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
 
 
-class _PlainGateCalls(cst.CSTVisitor):
+class _PlainGateCalls(_StatementStack):
     """_GateCalls where _plain_gate_lines settled what the names mean: the calls spelled
     `is_te_min_version(...)`, with their statements, no metadata."""
 
     def __init__(self):
         self.found: list[tuple[str, cst.CSTNode, cst.Call]] = []  # (version, statement, call)
         self.statements: list[cst.CSTNode] = []
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
-            self.statements.append(node)
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        super().on_leave(original_node)
-        if isinstance(original_node, (cst.BaseCompoundStatement, cst.SimpleStatementLine)):
-            self.statements.pop()
 
     def visit_Call(self, node: cst.Call):
         if node.args and isinstance(node.func, cst.Name) and node.func.value == GATE:
