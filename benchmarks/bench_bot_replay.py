@@ -8,7 +8,8 @@ from the previous hop's promoted port, in one process as `rocmport bot` runs its
 --mirror defaults to $ROCMPORT_TEST_MLM_MIRROR. The project (a temporary one unless --project) is
 synced to the branch point (--no-bridge) and applied once before the first hop (timed apart). Verify
 is off in the refresh (--no-verify); --verify-stages runs `rocmport verify --stages ...` on each hop
-that came out ready or not-verified, timed apart. Per hop it prints: the outcome (ready /
+that came out ready or not-verified, timed apart (a hop whose verify passed counts as ready, as the bot's
+hop with verify on does; one whose verify failed as needs-a-human). Per hop it prints: the outcome (ready /
 not-verified / needs-a-human, and why: the conflicting patch, the failed stages), wall seconds, CPU
 seconds (this process and its children: git, the codemod workers), the files upstream changed
 (.py of them), and the codemod runs: files the runner parsed (re-ran) vs took from its cache, over
@@ -248,18 +249,26 @@ def main() -> None:
             outcome = outcome_of(summary)
             calls = runs.take()
             verify = ""
-            if args.verify_stages and summary.get("status") in ("ready", "not-verified"):
+            status = summary.get("status")
+            verify_s = None
+            if args.verify_stages and status in ("ready", "not-verified"):
                 v0, started = time.perf_counter(), time.time()
                 vcode = rocmport("verify", "--stages", args.verify_stages)
-                verify = f"; verify {args.verify_stages}: {'passed' if vcode == 0 else f'FAILED (exit {vcode})'} in {time.perf_counter() - v0:.1f} s"
-                if vcode != 0:
+                verify_s = time.perf_counter() - v0
+                verify = f"; verify {args.verify_stages}: {'passed' if vcode == 0 else f'FAILED (exit {vcode})'} in {verify_s:.1f} s"
+                # the bot's hop with verify on: ready when its stages passed, needs-a-human when one failed
+                if vcode == 0:
+                    status, outcome = "ready", f"ready (verify {args.verify_stages} passed)"
+                else:
+                    status = "needs-a-human"
                     outcome = f"failed verify (stages {args.verify_stages}: {verify_failure(root, log, started)})"
             rows.append(
                 {
                     "hop": i,
                     "commit": sha,
-                    "status": summary.get("status"),
+                    "status": status,
                     "outcome": outcome,
+                    "verify_s": verify_s,
                     "wall": wall,
                     "cpu": used,
                     "changed": len(changed),
@@ -288,6 +297,11 @@ def main() -> None:
                 f"{len(rows)} hops: {ready} ready, {unverified} not-verified, {human} needs-a-human; "
                 f"median {statistics.median(r['wall'] for r in rows):.1f} s wall, {statistics.median(r['cpu'] for r in rows):.1f} s CPU "
                 f"(target for a 30-commit hop without verify: <= 10 s wall, <= 15 s CPU)"
+                + (
+                    f"; verify {args.verify_stages} median {statistics.median(v):.1f} s ({min(v):.1f}-{max(v):.1f})"
+                    if (v := [r["verify_s"] for r in rows if r["verify_s"] is not None])
+                    else ""
+                )
             )
 
 
