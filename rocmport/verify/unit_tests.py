@@ -359,10 +359,6 @@ class FileRun:
         )
 
 
-def _files_to_dict(files: dict[str, FileRun]) -> dict[str, dict[str, Any]]:
-    return {f: a.to_dict() for f, a in files.items()}
-
-
 @dataclass
 class SuiteRun:
     """What `run_tests` found on one tree: the port's run, or the unported tree's (`baseline`, cached
@@ -402,7 +398,7 @@ class SuiteRun:
     def to_dict(self) -> dict[str, Any]:
         """The cache's record (the baseline's file, json.dumps(indent=1, sort_keys=True))."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["files"] = _files_to_dict(self.files)
+        out["files"] = {f: a.to_dict() for f, a in self.files.items()}
         return out
 
     @classmethod
@@ -1064,7 +1060,7 @@ class UnitTestsRun:
             "labels": self.labels,
             "label_reasons": self.label_reasons,
             "failures": self.failures,
-            "files": _files_to_dict(self.files),
+            "files": {f: a.to_dict() for f, a in self.files.items()},
             "restarts_per_file": self.restarts_per_file,
             "on_baseline": self.on_baseline,
             "swaps": self.swaps,
@@ -1103,7 +1099,7 @@ class UnitTestsStopped:
         if self.missing_dependencies is not None:
             out["missing_dependencies"] = self.missing_dependencies
         if self.files is not None:
-            out["files"] = _files_to_dict(self.files)
+            out["files"] = {f: a.to_dict() for f, a in self.files.items()}
         return out
 
 
