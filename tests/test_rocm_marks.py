@@ -24,7 +24,7 @@ from rocmport.patches.series import load_series
 from rocmport.patches.verify_settings import parse_settings
 from rocmport.machine import probe
 from rocmport.verify import hip_sim, run
-from rocmport.verify.unit_tests import label
+from rocmport.verify.unit_tests import SuiteRun, label
 
 ROOT = Path(__file__).resolve().parents[1]
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
@@ -136,9 +136,9 @@ def test_marks_applied_by_platform_and_arch(line):
     # As stage 3 labels them: known-failure on the simulated MI250, port-regression on another arch and the CUDA path.
     port = {"outcomes": {f"{FP8_BLOCK}": "failed"}}
     base = {"outcomes": {f"{FP8_BLOCK}": "passed"}}
-    assert label(port, base, sim_mi250)[0] == {FP8_BLOCK: "known-failure"}
-    assert label(port, base, sim_mi300)[0] == {FP8_BLOCK: "port-regression"}
-    assert label(port, base, cuda)[0] == {FP8_BLOCK: "port-regression"}
+    assert label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), sim_mi250)[0] == {FP8_BLOCK: "known-failure"}
+    assert label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), sim_mi300)[0] == {FP8_BLOCK: "port-regression"}
+    assert label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), cuda)[0] == {FP8_BLOCK: "port-regression"}
 
 
 def test_arch_lists_are_validated(tmp_path):

@@ -4,6 +4,7 @@ merged over ranks, each failure labelled against the unported tree at the same c
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -17,8 +18,8 @@ import pytest
 from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.nvidia_only import blocked
-from rocmport.verify import environment, firewall, suite
-from rocmport.verify.unit_tests import _first_hang, label, run_tests, stage_unit_tests
+from rocmport.verify import environment, firewall, suite, unit_tests
+from rocmport.verify.unit_tests import FileRun, SuiteRun, _first_hang, label, run_tests, stage_unit_tests
 from tests.helpers.sync import g
 
 TESTS = textwrap.dedent("""\
@@ -100,8 +101,8 @@ FILES = ["tests/unit_tests/test_ops.py", "tests/unit_tests/test_needs_te.py"]
 def test_port_run_merges_ranks(tmp_path, child_env):
     tree, _ = upstream_repo(tmp_path / "up")
     res = run_tests(tree, FILES, child_env(tree), nproc=2)
-    assert res["ranks"] == 2
-    ops = {k.split("::")[1]: v for k, v in res["outcomes"].items() if "::" in k}
+    assert res.ranks == 2
+    ops = {k.split("::")[1]: v for k, v in res.outcomes.items() if "::" in k}
     assert ops == {
         "test_add": "failed",
         "test_upstream_broken": "failed",
@@ -109,10 +110,10 @@ def test_port_run_merges_ranks(tmp_path, child_env):
         "test_skipped": "skipped",
         "test_fails_on_rank_one_only": "failed",
     }
-    assert res["outcomes"]["tests/unit_tests/test_needs_te.py"] == "error"
-    assert "No module named 'transformer_engine'" in res["details"]["tests/unit_tests/test_needs_te.py"]
-    assert res["missing"] == {"tests/unit_tests/test_needs_te.py": "transformer_engine"}
-    assert res["kinds"]["tests/unit_tests/test_ops.py::test_add"] == "AssertionError"
+    assert res.outcomes["tests/unit_tests/test_needs_te.py"] == "error"
+    assert "No module named 'transformer_engine'" in res.details["tests/unit_tests/test_needs_te.py"]
+    assert res.missing == {"tests/unit_tests/test_needs_te.py": "transformer_engine"}
+    assert res.kinds["tests/unit_tests/test_ops.py::test_add"] == "AssertionError"
 
 
 @pytest.mark.torch
@@ -150,6 +151,63 @@ def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     ).to_dict()
     assert again["baseline"]["cached"] and again["labels"] == d["labels"]
     assert len(list((tmp_path / "cache" / "unit-baselines").glob("*.json"))) == 1
+
+
+# A baseline cache file as `baseline()` wrote it before run_tests returned a SuiteRun (PLUGIN_VERSION 17,
+# the run a dict, its files FileRun dicts): the unported toy tree of upstream_repo, FILES on 2 ranks.
+OLD_CACHE = Path(__file__).parent / "data" / "unit-baseline-plugin17.json"
+
+
+def test_a_baseline_cached_in_the_earlier_layout_loads_and_writes_back_byte_for_byte():
+    """The cache outlives the code that wrote it (PLUGIN_VERSION unchanged): a record in the layout the
+    dict-returning run_tests wrote loads as a SuiteRun (its files FileRun objects) and writes back the same bytes."""
+    text = OLD_CACHE.read_text()
+    run = SuiteRun.from_dict(json.loads(text))
+    assert run.files["tests/unit_tests/test_ops.py"] == FileRun("ran", {"failed": 1, "passed": 3, "skipped": 1})
+    assert run.files["tests/unit_tests/test_needs_te.py"].status == "collection-error"
+    assert run.outcomes["tests/unit_tests/test_ops.py::test_upstream_broken"] == "failed" and run.ranks == 2
+    assert json.dumps(run.to_dict(), indent=1, sort_keys=True) == text
+    # the fields this record left empty, filled: a file not run, a hang rerun alone, no machine share
+    record = json.loads(text)
+    record["files"]["tests/unit_tests/test_ops.py"] = {
+        "status": "not-run",
+        "counts": {"passed": 1},
+        "hangs": 7,
+        "reason": "4 of its 5 tests did not run: its restart budget ran out",
+        "not_run": ["tests/unit_tests/test_ops.py::test_add", "tests/unit_tests/test_ops.py::test_listed"],
+    }
+    record.update(hung=["t.py::h"], alone={"t.py::h": "failed"}, alone_kinds={"t.py::h": "RuntimeError"}, machine=None)
+    again = SuiteRun.from_dict(record)
+    assert again.files["tests/unit_tests/test_ops.py"].not_run == (
+        "tests/unit_tests/test_ops.py::test_add",
+        "tests/unit_tests/test_ops.py::test_listed",
+    )
+    assert json.dumps(again.to_dict(), indent=1, sort_keys=True) == json.dumps(record, indent=1, sort_keys=True)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_the_stage_labels_against_a_baseline_cached_in_the_earlier_layout(tmp_path, child_env):
+    """That record, where `baseline()` looks for the toy tree's baseline: stage 3 reuses it (no run of the
+    unported tree) and labels the port against it as against a fresh run."""
+    tree, base = upstream_repo(tmp_path / "up")
+    env = child_env(tree)
+    cache = unit_tests.baseline_cache(tree, base, FILES, env, 2, tmp_path / "cache")
+    cache.parent.mkdir(parents=True)
+    cache.write_text(OLD_CACHE.read_text())
+    res = stage_unit_tests(tree, env, FILES, 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    d = res.details
+    assert isinstance(d, unit_tests.UnitTestsRun) and d.baseline.cached and d.baseline_seconds == 0.0
+    assert {k.split("::")[-1]: v for k, v in d.labels.items()} == {
+        "test_add": "port-regression",
+        "test_upstream_broken": "upstream-known",
+        "test_listed": "port-regression",
+        "tests/unit_tests/test_needs_te.py": "needs-nvidia-only",
+        "test_fails_on_rank_one_only": "port-regression",
+    }
+    assert d.baseline.counts == {"passed": 3, "skipped": 1, "failed": 1, "error": 1} and d.baseline.tests == 5
+    assert d.on_baseline["tests/unit_tests/test_ops.py::test_add"] == "passed"
+    assert cache.read_text() == OLD_CACHE.read_text()  # read, not rewritten
 
 
 def test_label_rules():
@@ -228,8 +286,8 @@ def test_label_rules():
         "alone": {"a.py::hang2": "hung"},
     }
     labels, why = label(
-        port,
-        base,
+        SuiteRun.from_dict(port),
+        SuiteRun.from_dict(base),
         {"d/": "whole directory skipped on ROCm"},
         blocked=("transformer_engine", "nvidia_resiliency_ext", "cuda", "apex"),
     )
@@ -268,14 +326,14 @@ def test_label_rules():
     assert why["a.py::nvrx"].endswith("it needs nvidia_resiliency_ext, which the firewall removes here")
     # v0.19's one unverified test read "hung; alone: failed; unported tree: failed": the same, in words.
     port["alone"]["a.py::hang3"] = "failed"
-    labels, why = label(port, base, {})
+    labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {})
     assert labels["a.py::hang3"] == "unverified"
     assert (
         why["a.py::hang3"]
         == "it hung in the suite and failed when rerun alone; the unported tree passed it without hanging"
     )
     base["outcomes"]["a.py::hang3"] = "failed"
-    assert label(port, base, {})[1]["a.py::hang3"] == (
+    assert label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {})[1]["a.py::hang3"] == (
         "it hung in the suite and failed when rerun alone; the unported tree failed it without hanging"
     )
     # A kernel TE's Python reached that the proxy's CPU layer lacks (verify --te): the proxy's gap,
@@ -285,14 +343,14 @@ def test_label_rules():
         "rocmport.verify.te_cpu.UnsupportedInProxy: unsupported-in-proxy: "
         "transformer_engine_torch.fused_qkv_rope_forward has no CPU reference implementation at x.py:1"
     )
-    labels, why = label(port, base, {}, blocked=("transformer_engine_torch",))
+    labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {}, blocked=("transformer_engine_torch",))
     assert (
         labels["a.py::tek"] == "proxy-artifact"
         and "transformer_engine_torch.fused_qkv_rope_forward" in why["a.py::tek"]
     )
     # On a machine other jobs kept busy, a hang verdict says so beside it; other failures do not.
     port["machine"] = {"cpus": 2, "seconds": 300.0, "others_cores": 1.6, "run_cores": 0.4, "overloaded": True}
-    why = label(port, base, {})[1]
+    why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {})[1]
     assert why["a.py::hang3"].endswith(
         "(on an overloaded machine: other processes kept 1.6 of its 2 cores busy on average for 300 s)"
     )
@@ -313,15 +371,15 @@ def test_a_failure_is_compared_with_the_unported_trees_rerun_when_it_hung_there(
         "alone": {node: "failed"},
         "alone_kinds": {node: "RuntimeError"},
     }
-    labels, why = label(port, base, {})
+    labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {})
     assert labels == {node: "upstream-known"}
     assert why[node] == "fails the same way on the unported tree (there when rerun alone: it hung in the suite)"
     base["alone_kinds"][node] = "AssertionError"
-    labels, why = label(port, base, {})
+    labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {})
     assert labels == {node: "unverified"}
     assert why[node].startswith("fails differently on the unported tree (AssertionError there, RuntimeError here)")
     del base["alone_kinds"]  # a record from before reruns kept their failure: as it was
-    labels, why = label(port, base, {})
+    labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {})
     assert labels == {node: "unverified"} and "(hang there, RuntimeError here)" in why[node]
 
 
@@ -330,7 +388,7 @@ def test_a_module_that_no_longer_imports_on_the_port_is_a_port_regression():
     (a rewritten module-level site), not an unverifiable failure. Without any outcome there it stays unverified."""
     port = {"outcomes": {"t/test_m.py": "error", "t/test_n.py": "error"}, "kinds": {"t/test_m.py": "NameError"}}
     base = {"outcomes": {"t/test_m.py::test_a": "passed", "t/test_m.py::test_b": "failed"}}
-    labels, why = label(port, base, {})
+    labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {})
     assert labels == {"t/test_m.py": "port-regression", "t/test_n.py": "unverified"}
     assert (
         why["t/test_m.py"] == "its module does not import here; on the unported tree it imported and 2 of its tests ran"
@@ -383,10 +441,10 @@ def test_series_verify_settings_and_known_failures_by_mode(tmp_path):
     # Applied: a ROCm-listed failure is a known-failure on ROCm (GPU or simulated) and a port-regression on the CUDA path.
     port = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "failed"}}
     base = {"outcomes": {"tests/unit_tests/test_utils.py::test_straggler_detector": "passed"}}
-    assert label(port, base, cfg.known_for("gpu", hip=True)[0])[0] == {
+    assert label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), cfg.known_for("gpu", hip=True)[0])[0] == {
         "tests/unit_tests/test_utils.py::test_straggler_detector": "known-failure"
     }
-    assert label(port, base, cfg.known_for("cpu-proxy", hip=False)[0])[0] == {
+    assert label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), cfg.known_for("cpu-proxy", hip=False)[0])[0] == {
         "tests/unit_tests/test_utils.py::test_straggler_detector": "port-regression"
     }
     series.write_text(series.read_text().replace("known_failures:", "known_fails:", 1))
@@ -437,7 +495,7 @@ def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, 
     (tree / "tests" / "unit_tests" / "test_hangs.py").write_text(HANGS)
     env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "6"}
     res = run_tests(tree, ["tests/unit_tests/test_hangs.py"], env, nproc=2, timeout=300)  # a bound, not a target
-    ids = {k.split("::")[1]: v for k, v in res["outcomes"].items()}
+    ids = {k.split("::")[1]: v for k, v in res.outcomes.items()}
     # The barrier hangs -> failed, the run restarts without it, the next test passes; the sleeper
     # hangs too -> failed.
     assert ids == {
@@ -446,14 +504,12 @@ def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, 
         "test_after_the_hang": "passed",
         "test_sleeps_forever": "failed",
     }, res
-    assert (
-        res["restarts"] >= 1 and not res["timed_out"]
-    )  # no restart after the last test's hang: nothing is left to run
-    assert res["files"]["tests/unit_tests/test_hangs.py"]["status"] == "ran"
-    assert [h.split("::")[1] for h in res["hung"]] == ["test_collective_only_rank_one_enters", "test_sleeps_forever"]
+    assert res.restarts >= 1 and not res.timed_out  # no restart after the last test's hang: nothing is left to run
+    assert res.files["tests/unit_tests/test_hangs.py"].status == "ran"
+    assert [h.split("::")[1] for h in res.hung] == ["test_collective_only_rank_one_enters", "test_sleeps_forever"]
     assert (
         "hung: no result after 6 s on rank 1"
-        in res["details"]["tests/unit_tests/test_hangs.py::test_collective_only_rank_one_enters"]
+        in res.details["tests/unit_tests/test_hangs.py::test_collective_only_rank_one_enters"]
     )
     # A run stopped from outside keeps what ran and fails the test that was running.
     env["ROCMPORT_UNIT_TEST_TIMEOUT"] = "0"
@@ -464,10 +520,9 @@ def test_hung_test_fails_run_restarts_and_a_stopped_run_keeps_results(tmp_path, 
         nproc=2,
         timeout=40,
     )
-    assert res["timed_out"] and res["outcomes"]["tests/unit_tests/test_hangs.py::test_first"] == "passed"
+    assert res.timed_out and res.outcomes["tests/unit_tests/test_hangs.py::test_first"] == "passed"
     assert (
-        "still running when the stage stopped it"
-        in res["details"]["tests/unit_tests/test_hangs.py::test_sleeps_forever"]
+        "still running when the stage stopped it" in res.details["tests/unit_tests/test_hangs.py::test_sleeps_forever"]
     )
 
 
@@ -492,12 +547,12 @@ def test_a_rank_that_finishes_first_with_a_failure_does_not_cut_its_peers_short(
         """)
     )
     res = run_tests(tree, ["tests/unit_tests/test_slow.py"], child_env(tree), nproc=2)
-    assert res["ranks"] == 2 and res["peak"]["threads"] > 0 and res["peak"]["rss_mb"] > 0
-    assert res["outcomes"] == {
+    assert res.ranks == 2 and res.peak["threads"] > 0 and res.peak["rss_mb"] > 0
+    assert res.outcomes == {
         "tests/unit_tests/test_slow.py::test_fails_everywhere": "failed",
         "tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one": "failed",
     }
-    assert "rank one's own failure" in res["details"]["tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one"]
+    assert "rank one's own failure" in res.details["tests/unit_tests/test_slow.py::test_slow_failure_on_rank_one"]
 
 
 def test_missing_ordinary_dependency_fails_the_stage_before_it_runs(tmp_path, child_env):
@@ -706,7 +761,7 @@ def test_a_run_leaves_no_process_behind(tmp_path, child_env, monkeypatch):
 
     monkeypatch.setattr(tempfile, "TemporaryDirectory", KeepChildPids)
     res = run_tests(tree, ["tests/unit_tests/test_child.py"], child_env(tree), nproc=2)
-    assert res["outcomes"] == {"tests/unit_tests/test_child.py::test_starts_a_child_that_outlives_it": "passed"}
+    assert res.outcomes == {"tests/unit_tests/test_child.py::test_starts_a_child_that_outlives_it": "passed"}
     assert len(pids) == 2
     import time
 
@@ -781,12 +836,12 @@ def test_proxy_shim_gives_a_device_per_rank_and_reaches_a_spawned_worker(tmp_pat
     (tree / "megatron" / "core" / "ckpt_worker.py").write_text(CKPT_WORKER)
     (tree / "tests" / "unit_tests" / "test_spawn.py").write_text(PROXY_RANK_TESTS)
     res = run_tests(tree, ["tests/unit_tests/test_spawn.py"], {**child_env(tree), "ROCMPORT_PROXY": "1"}, nproc=2)
-    assert res["outcomes"] == {
+    assert res.outcomes == {
         "tests/unit_tests/test_spawn.py::test_one_device_per_rank_of_the_node": "passed",
         "tests/unit_tests/test_spawn.py::test_nvtx_ranges": "passed",
         "tests/unit_tests/test_spawn.py::test_side_stream_and_events": "passed",
         "tests/unit_tests/test_spawn.py::test_spawned_worker_sets_its_device": "passed",
-    }, res["details"]
+    }, res.details
 
 
 # v0.17+'s layer specs: TE's spec is built from its submodules function, which tests also call
@@ -1017,12 +1072,10 @@ def test_files_a_stopped_run_never_reached_are_not_run_with_the_time_limit(tmp_p
     )
     files = ["tests/unit_tests/test_a.py", "tests/unit_tests/test_sleeps_on_import.py"]
     res = run_tests(tree, files, child_env(tree), nproc=2, timeout=20)
-    assert res["timed_out"] and res["outcomes"] == {}
+    assert res.timed_out and res.outcomes == {}
     for f in files:
-        assert res["files"][f]["status"] == "not-run"
-        assert "the run was stopped at its time limit (20 s for up to 16 test files)" in res["files"][f]["reason"], res[
-            "files"
-        ]
+        assert res.files[f].status == "not-run"
+        assert "the run was stopped at its time limit (20 s for up to 16 test files)" in res.files[f].reason, res.files
 
 
 @pytest.mark.torch
@@ -1035,10 +1088,10 @@ def test_a_file_under_a_conftest_that_does_not_import_is_not_run_with_that_error
     (tree / "tests" / "unit_tests" / "sub" / "conftest.py").write_text("raise RuntimeError('conftest broken')\n")
     (tree / "tests" / "unit_tests" / "sub" / "test_s.py").write_text("def test_s():\n    pass\n")
     res = run_tests(tree, ["tests/unit_tests"], child_env(tree), nproc=2)
-    assert res["files"]["tests/unit_tests/test_a.py"]["status"] == "ran"
-    sub = res["files"]["tests/unit_tests/sub/test_s.py"]
-    assert sub["status"] == "not-run" and "a collection error in tests/unit_tests/sub" in sub["reason"], res["files"]
-    assert "conftest broken" in sub["reason"]
+    assert res.files["tests/unit_tests/test_a.py"].status == "ran"
+    sub = res.files["tests/unit_tests/sub/test_s.py"]
+    assert sub.status == "not-run" and "a collection error in tests/unit_tests/sub" in sub.reason, res.files
+    assert "conftest broken" in sub.reason
 
 
 @pytest.mark.torch
@@ -1055,7 +1108,7 @@ def test_a_conftest_that_stops_pytest_fails_the_stage_naming_every_file_not_run(
         res.reason
     )
     account = res.details.files["tests/unit_tests/test_a.py"]
-    assert account["status"] == "not-run" and "pytest under torchrun recorded nothing" in account["reason"], account
+    assert account.status == "not-run" and "pytest under torchrun recorded nothing" in account.reason, account
 
 
 SLOW = textwrap.dedent("""\
@@ -1092,15 +1145,15 @@ def test_a_rank_still_computing_is_slow_not_hung_and_a_livelock_still_ends(tmp_p
     (tree / "tests" / "unit_tests" / "test_slow.py").write_text(SLOW)
     env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "3"}
     res = run_tests(tree, ["tests/unit_tests/test_slow.py"], env, nproc=2, timeout=300)  # a bound, not a target
-    ids = {k.split("::")[1]: v for k, v in res["outcomes"].items()}
+    ids = {k.split("::")[1]: v for k, v in res.outcomes.items()}
     assert ids == {"test_one_rank_computes_past_the_timeout": "passed", "test_computes_forever": "failed"}, res
-    assert "tests/unit_tests/test_slow.py::test_one_rank_computes_past_the_timeout" in res["slow"]
-    detail = res["details"]["tests/unit_tests/test_slow.py::test_computes_forever"]
+    assert "tests/unit_tests/test_slow.py::test_one_rank_computes_past_the_timeout" in res.slow
+    detail = res.details["tests/unit_tests/test_slow.py::test_computes_forever"]
     waited = int(re.match(r"hung: no result after (\d+) s", detail).group(1))
     assert waited >= 3 * pytest_plugin.SLOW_CAP - 3 and "still computing after 10 timeouts: a livelock" in detail, (
         detail
     )
-    assert res["machine"]["cpus"] >= 1 and res["machine"]["run_cores"] > 0
+    assert res.machine is not None and res.machine["cpus"] >= 1 and res.machine["run_cores"] > 0
 
 
 def test_machine_share_counts_other_processes_and_not_the_run_s_own_children():

@@ -487,6 +487,33 @@ def a_v019_report():
     )
 
 
+def test_each_stage_s_report_data_fills_the_field_its_report_key_names():
+    """run_verify puts a stage's StageRun.data in the report through VerifyReport.fill(report_key, data):
+    each registered key takes its own type and refuses another's (a stage whose key and data disagree
+    stops there rather than writing a field of another shape into the JSON)."""
+    from rocmport.verify import registry
+    from rocmport.verify.bridge_stage import BridgeTraining
+    from rocmport.verify.functional import FunctionalRun
+    from rocmport.verify.stages import Training
+
+    data = {
+        "training": Training([4.8, 3.6], [4.8, 3.6], 0.0, True),
+        "functional": FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2),
+        "bridge_training": BridgeTraining([1.0], True),
+    }
+    keys = [s.report_key for s in registry.STAGES if s.report_key]
+    assert sorted(keys) == sorted(data)
+    for key in keys:
+        report = a_v019_report()
+        report.fill(key, data[key])
+        assert getattr(report, key) is data[key] and report.to_dict()[key] == data[key].to_dict()
+        for other, wrong in data.items():
+            if other != key:
+                with pytest.raises(TypeError, match=f"VerifyReport.{key} does not take a {type(wrong).__name__}"):
+                    report.fill(key, wrong)
+        assert getattr(report, key) is data[key]
+
+
 def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_blocks(capsys):
     from rocmport.commands.verify import _print_summary
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP
 from rocmport.verify import hip_sim, suite
@@ -18,6 +18,9 @@ from rocmport.verify.stages import StageResult
 
 if TYPE_CHECKING:
     from rocmport.machine.probe import Environment
+    from rocmport.verify.bridge_stage import BridgeTraining
+    from rocmport.verify.functional import FunctionalRun
+    from rocmport.verify.stages import Training
     from rocmport.verify.impact import Selection
     from rocmport.verify.te_layer import TELayer
 
@@ -110,8 +113,9 @@ class StageRun:
     """A stage's result, and what it adds to the report under its `Stage.report_key`."""
 
     result: StageResult
-    # stage 2: Training, stage 4: FunctionalRun, stage 5: BridgeTraining; None: nothing to add
-    data: Any = None
+    # stage 2: Training, stage 4: FunctionalRun, stage 5: BridgeTraining (VerifyReport.fill puts each in
+    # its field); None: nothing to add
+    data: Training | FunctionalRun | BridgeTraining | None = None
 
 
 class Stage(ABC):

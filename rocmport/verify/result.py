@@ -67,6 +67,18 @@ class VerifyReport:
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
 
+    def fill(self, key: str, data: Training | FunctionalRun | BridgeTraining) -> None:
+        """Put a stage's report data (its StageRun.data) in the field its `Stage.report_key` names: typed
+        assignments the type checker sees, and a stage whose key and data disagree stops here."""
+        if key == "training" and isinstance(data, Training):
+            self.training = data
+        elif key == "functional" and isinstance(data, FunctionalRun):
+            self.functional = data
+        elif key == "bridge_training" and isinstance(data, BridgeTraining):
+            self.bridge_training = data
+        else:
+            raise TypeError(f"VerifyReport.{key} does not take a {type(data).__name__} (report_key and StageRun.data)")
+
     def unit_run(self) -> UnitTestsRun | None:
         """Stage 3's details when its tests ran on both trees and were labelled; else None."""
         s = self.stage(UnitTests.name)

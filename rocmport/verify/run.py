@@ -226,8 +226,8 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             else:
                 ran = stage.run(ctx)
                 report.stages.append(ran.result)
-                if stage.report_key and ran.data:
-                    setattr(report, stage.report_key, ran.data)
+                if stage.report_key and ran.data is not None:
+                    report.fill(stage.report_key, ran.data)
                 imports_failed = imports_failed or (not stage.after_imports and ran.result.status == stages.FAIL)
         te_version = opts.te.version if opts.te else None
         report.port_sites = _port_sites(tree, sites_dir, te_version)

@@ -41,7 +41,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -338,7 +338,7 @@ class FileRun:
     reason: str = ""
     not_run: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "counts": self.counts,
@@ -346,6 +346,67 @@ class FileRun:
             "reason": self.reason,
             "not_run": list(self.not_run),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FileRun:
+        """The account as to_dict() wrote it (a cached baseline's ``files``)."""
+        return cls(
+            status=data["status"],
+            counts=dict(data.get("counts", {})),
+            hangs=data.get("hangs", 0),
+            reason=data.get("reason", ""),
+            not_run=tuple(data.get("not_run", ())),
+        )
+
+
+@dataclass
+class SuiteRun:
+    """What `run_tests` found on one tree: the port's run, or the unported tree's (`baseline`, cached
+    as its to_dict() under the cache's unit-baselines/). Per test id its outcome merged over ranks,
+    failure text (``details``), exception type (``kinds``) and missing module; what was deselected;
+    every selected file's FileRun; the hangs, restarts, peak, seconds (per test file too), slow tests
+    and the machine's share. Set after the run: ``alone``, the hung tests rerun alone; on the unported
+    tree also ``alone_kinds`` (those reruns' failure kinds) and ``overlay`` (the port's files it ran with)."""
+
+    outcomes: dict[str, str] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+    ranks: int = 0  # the most ranks any attempt recorded (0: pytest under torchrun recorded nothing)
+    timed_out: bool = False
+    hung: list[str] = field(default_factory=list)
+    restarts: int = 0
+    swaps: list[str] = field(default_factory=list)
+    unsupported: str = ""  # the proxy shim hook that stopped the run, if one did
+    guards: list[str] = field(default_factory=list)
+    local_spec: list[str] = field(default_factory=list)
+    deselected: dict[str, str] = field(default_factory=dict)  # test -> the mark upstream's CI deselects
+    peak: dict[str, Any] = field(default_factory=dict)  # threads, rss_mb, rss_mb_all_ranks, released_groups
+    seconds: float = 0.0
+    file_seconds: dict[str, float] = field(default_factory=dict)
+    crash: str = ""  # why nothing was recorded (torchrun's or pytest's line), when nothing was
+    files: dict[str, FileRun] = field(default_factory=dict)
+    restarts_per_file: int = RESTARTS_PER_FILE
+    # tests with no result after the timeout whose ranks were still computing: slow, not hung (pytest_plugin._watchdog)
+    slow: dict[str, float] = field(default_factory=dict)
+    watchdog_seconds: float = 0.0
+    machine: dict[str, Any] | None = None  # MachineShare.to_dict(), None where it cannot be read
+    alone: dict[str, str] = field(default_factory=dict)
+    alone_kinds: dict[str, str] = field(default_factory=dict)
+    overlay: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The cache's record (the baseline's file, json.dumps(indent=1, sort_keys=True))."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["files"] = {f: a.to_dict() for f, a in self.files.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SuiteRun:
+        """A record as to_dict() wrote it; a key it lacks keeps its default, one it does not know is left out."""
+        known = {f.name for f in fields(cls)} - {"files"}
+        files = {f: FileRun.from_dict(a) for f, a in data.get("files", {}).items()}
+        return cls(**{k: v for k, v in data.items() if k in known}, files=files)
 
 
 def _account(
@@ -426,7 +487,7 @@ def run_tests(
     timeout: float = 1500,
     restarts: int = RESTARTS_PER_FILE,
     progress: Progress | None = None,
-) -> dict:
+) -> SuiteRun:
     """Outcomes per test id, merged over ranks (a failure on any rank is a failure). A test that
     hangs (the plugin's watchdog) is a failure and the run starts again without the tests that have
     an outcome; a run stopped at ``timeout`` keeps what the ranks recorded. At most FILES_PER_RUN
@@ -591,31 +652,30 @@ def run_tests(
                 progress(f"not run: {f}: {files[f].reason}")
             elif files[f].status != "not-collected":
                 file_done(f, merged, "all ranks")  # the files rank 0 was still in when its last run ended
-    return {
-        "outcomes": merged,
-        "details": details,
-        "kinds": kinds,
-        "missing": missing,
-        "ranks": ran,
-        "timed_out": stopped,
-        "hung": hung,
-        "restarts": attempts - len(_chunks(tests)),
-        "swaps": swaps,
-        "unsupported": unsupported,
-        "guards": guards,
-        "local_spec": sorted(local_spec),
-        "deselected": dict(sorted(deselected.items())),
-        "peak": peak,
-        "seconds": round(time.monotonic() - start, 1),
-        "file_seconds": {f: round(sec, 2) for f, sec in sorted(file_seconds.items())},
-        "crash": "" if ran else crash,
-        "files": {f: a.to_dict() for f, a in files.items()},
-        "restarts_per_file": restarts,
-        # tests with no result after the timeout whose ranks were still computing: slow, not hung (pytest_plugin._watchdog)
-        "slow": dict(sorted(slow.items())),
-        "watchdog_seconds": float(env["ROCMPORT_UNIT_TEST_TIMEOUT"]),
-        "machine": (m.to_dict() if (m := share.read()) else None),
-    }
+    return SuiteRun(
+        outcomes=merged,
+        details=details,
+        kinds=kinds,
+        missing=missing,
+        ranks=ran,
+        timed_out=stopped,
+        hung=hung,
+        restarts=attempts - len(_chunks(tests)),
+        swaps=swaps,
+        unsupported=unsupported,
+        guards=guards,
+        local_spec=sorted(local_spec),
+        deselected=dict(sorted(deselected.items())),
+        peak=peak,
+        seconds=round(time.monotonic() - start, 1),
+        file_seconds={f: round(sec, 2) for f, sec in sorted(file_seconds.items())},
+        crash="" if ran else crash,
+        files=files,
+        restarts_per_file=restarts,
+        slow=dict(sorted(slow.items())),
+        watchdog_seconds=float(env["ROCMPORT_UNIT_TEST_TIMEOUT"]),
+        machine=(m.to_dict() if (m := share.read()) else None),
+    )
 
 
 def rerun_alone(
@@ -634,9 +694,9 @@ def rerun_alone(
     start = time.monotonic()
     for i, nodeid in enumerate(nodeids, 1):
         res = run_tests(tree, [nodeid], env, nproc, launcher, timeout=600, restarts=0)
-        out[nodeid] = "hung" if nodeid in res["hung"] else res["outcomes"].get(nodeid, "not run")
-        if kinds is not None and out[nodeid] in ("failed", "error") and nodeid in res.get("kinds", {}):
-            kinds[nodeid] = res["kinds"][nodeid]
+        out[nodeid] = "hung" if nodeid in res.hung else res.outcomes.get(nodeid, "not run")
+        if kinds is not None and out[nodeid] in ("failed", "error") and nodeid in res.kinds:
+            kinds[nodeid] = res.kinds[nodeid]
         if progress:
             progress(
                 f"rerun alone [{i}/{len(nodeids)}] {nodeid}: {out[nodeid]}, {elapsed(time.monotonic() - start)} elapsed"
@@ -659,18 +719,9 @@ def overlay_files(tree: Path, base: str) -> list[str]:
     return sorted({f for f in changed if (tree / f).is_file()} | set(helpers))
 
 
-def baseline(
-    tree: Path,
-    base: str,
-    tests: list[str],
-    env: dict,
-    nproc: int,
-    cache_dir: Path,
-    launcher: Launcher = Launcher(),
-    progress: Progress | None = None,
-) -> tuple[dict, bool]:
-    """The same tests on the unported tree at ``base`` under the port's conditions (see the module
-    docstring), from the cache when it has them. Its hung tests are rerun alone too."""
+def baseline_cache(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cache_dir: Path) -> Path:
+    """Where `baseline` keeps the unported tree's run of ``tests`` at ``base`` (a SuiteRun's to_dict()):
+    keyed by what makes a run differ (the plugin, torch, Python, the mode, the overlay's bytes, TE)."""
     import torch
 
     overlay = overlay_files(tree, base)
@@ -692,9 +743,25 @@ def baseline(
             + ([env["ROCMPORT_TE"]] if env.get("ROCMPORT_TE") else [])
         ).encode()
     ).hexdigest()[:20]
-    cached = cache_dir / "unit-baselines" / f"{base[:12]}-{key}.json"
+    return cache_dir / "unit-baselines" / f"{base[:12]}-{key}.json"
+
+
+def baseline(
+    tree: Path,
+    base: str,
+    tests: list[str],
+    env: dict,
+    nproc: int,
+    cache_dir: Path,
+    launcher: Launcher = Launcher(),
+    progress: Progress | None = None,
+) -> tuple[SuiteRun, bool]:
+    """The same tests on the unported tree at ``base`` under the port's conditions (see the module
+    docstring), from the cache when it has them. Its hung tests are rerun alone too."""
+    overlay = overlay_files(tree, base)
+    cached = baseline_cache(tree, base, tests, env, nproc, cache_dir)
     if cached.is_file():
-        return json.loads(cached.read_text()), True
+        return SuiteRun.from_dict(json.loads(cached.read_text())), True
     with tempfile.TemporaryDirectory(prefix="rocmport-base-") as tmp:
         checkout = Path(tmp) / "tree"
         git("worktree", "add", "-q", "--detach", str(checkout), base, cwd=tree)
@@ -705,26 +772,25 @@ def baseline(
             benv = {**_swap_tree(env, tree, checkout), "ROCMPORT_BASELINE_GUARDS": "1"}
             benv.pop("ROCMPORT_PORT_SITES", None)
             result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
-            result["alone_kinds"] = {}
-            result["alone"] = rerun_alone(
-                checkout, sorted(set(result["hung"])), benv, nproc, launcher, progress, result["alone_kinds"]
+            result.alone = rerun_alone(
+                checkout, sorted(set(result.hung)), benv, nproc, launcher, progress, result.alone_kinds
             )
         finally:
             run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
-    result["overlay"] = overlay
-    if not (result["hung"] and (result.get("machine") or {}).get("overloaded")):
+    result.overlay = overlay
+    if not (result.hung and (result.machine or {}).get("overloaded")):
         # hangs on a machine other jobs kept busy are not upstream's to remember: the next run measures again
-        atomic_write_text(cached, json.dumps(result, indent=1, sort_keys=True))
+        atomic_write_text(cached, json.dumps(result.to_dict(), indent=1, sort_keys=True))
     return result, False
 
 
-def _missing_ordinary(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | None:
+def _missing_ordinary(nodeid: str, res: SuiteRun, blocked: tuple[str, ...]) -> str | None:
     """The ordinary package whose absence made this test (or its module) fail, if that is why."""
     import re
 
-    mod = res.get("missing", {}).get(_file(nodeid)) or res.get("missing", {}).get(nodeid)
+    mod = res.missing.get(_file(nodeid)) or res.missing.get(nodeid)
     if not mod:
-        m = re.search(r"No module named '([^']+)'", res.get("details", {}).get(nodeid, ""))
+        m = re.search(r"No module named '([^']+)'", res.details.get(nodeid, ""))
         mod = m.group(1) if m else None
     return mod if mod and mod.split(".")[0] not in blocked else None
 
@@ -733,17 +799,17 @@ def _missing_ordinary(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str |
 _ALIASES = {"transformer_engine": r"\bTE\b|Transformer ?Engine", "flash_attn": r"flash[- ]attn|FlashAttention"}
 
 
-def _names_blocked(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | None:
+def _names_blocked(nodeid: str, res: SuiteRun, blocked: tuple[str, ...]) -> str | None:
     """The firewalled package this failure names, if any: the module it found missing, or its
     message. Names that are also ordinary words (`cuda`, `nvidia`, `apex`: torch.cuda, "Apex is not
     installed") count only as a missing module; distinctive ones (`transformer_engine`) also as
     written, as their distribution spells them (`nvidia-resiliency-ext`) and by megatron's aliases."""
     import re
 
-    for mod in (res.get("missing", {}).get(_file(nodeid)), res.get("missing", {}).get(nodeid)):
+    for mod in (res.missing.get(_file(nodeid)), res.missing.get(nodeid)):
         if mod and mod.split(".")[0] in blocked:
             return mod.split(".")[0]
-    text = res.get("details", {}).get(nodeid, "")
+    text = res.details.get(nodeid, "")
     for mod in blocked:
         patterns = [rf"No module named '{re.escape(mod)}\b"]
         if "_" in mod:
@@ -757,32 +823,32 @@ def _names_blocked(nodeid: str, res: dict, blocked: tuple[str, ...]) -> str | No
 
 # The machine's limits, as the C library and Python word them: threads (EAGAIN from pthread_create,
 # as gloo reports a group it could not start), file descriptors, memory.
-def _te_kernel_missing(nodeid: str, res: dict) -> str | None:
+def _te_kernel_missing(nodeid: str, res: SuiteRun) -> str | None:
     """The transformer_engine_torch function whose missing CPU implementation failed this test, if that is why."""
-    m = re.search(r"unsupported-in-proxy: (transformer_engine_torch\.\w+)", res.get("details", {}).get(nodeid, ""))
+    m = re.search(r"unsupported-in-proxy: (transformer_engine_torch\.\w+)", res.details.get(nodeid, ""))
     return m.group(1) if m else None
 
 
-def _exhausted(nodeid: str, res: dict) -> str | None:
+def _exhausted(nodeid: str, res: SuiteRun) -> str | None:
     """The resource-exhaustion message this failure carries, if any: the machine's limit, not upstream's bug."""
-    return exhausted(res.get("details", {}).get(nodeid, ""))
+    return exhausted(res.details.get(nodeid, ""))
 
 
 def label(
-    port: dict, base: dict, known: dict[str, str], blocked: tuple[str, ...] = ()
+    port: SuiteRun, base: SuiteRun, known: dict[str, str], blocked: tuple[str, ...] = ()
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Each failing test of the port: its label (see the module docstring) and why."""
     labels, why = {}, {}
-    alone = port.get("alone", {})
-    base_alone = base.get("alone", {})
-    local = set(port.get("local_spec", []))
-    for nodeid, outcome in port["outcomes"].items():
+    alone = port.alone
+    base_alone = base.alone
+    local = set(port.local_spec)
+    for nodeid, outcome in port.outcomes.items():
         if outcome not in ("failed", "error"):
             continue
         listed = next((k for k in known if suite.matches(nodeid, k)), None)
         missing = _missing_ordinary(nodeid, port, blocked)
-        b = base["outcomes"].get(nodeid)
-        b_module = base["outcomes"].get(_file(nodeid))
+        b = base.outcomes.get(nodeid)
+        b_module = base.outcomes.get(_file(nodeid))
         if missing:
             lab, text = "missing-dependency", f"the ordinary package {missing.split('.')[0]} is not installed"
         elif listed:
@@ -797,11 +863,11 @@ def label(
                     f"of {kernel}; not verified here"
                 ),
             )
-        elif nodeid in port.get("hung", []):
+        elif nodeid in port.hung:
             again = alone.get(nodeid)
             if again == "passed":
                 lab, text = "flaky", "hung in the suite, passed when rerun alone"
-            elif again == "hung" and (nodeid in base.get("hung", []) and base_alone.get(nodeid) in ("hung", None)):
+            elif again == "hung" and (nodeid in base.hung and base_alone.get(nodeid) in ("hung", None)):
                 lab, text = "flaky", "hangs on the port and on the unported tree"
             elif again == "hung" and b in ("passed", "skipped"):
                 lab, text = "port-regression", "hangs on the port (alone too); passes on the unported tree"
@@ -816,7 +882,7 @@ def label(
                     "the unported tree has no outcome for it"
                     if not b
                     else "the unported tree hung in it too"
-                    if nodeid in base.get("hung", [])
+                    if nodeid in base.hung
                     else f"the unported tree {b} it without hanging"
                     if b in ("failed", "passed", "skipped")
                     else f"on the unported tree: {b}"
@@ -825,18 +891,18 @@ def label(
         elif b in ("passed", "skipped"):
             lab, text = "port-regression", f"{b} on the unported tree"
         elif b in ("failed", "error"):
-            base_kind, hung_there = base.get("kinds", {}).get(nodeid), False
-            if nodeid in base.get("hung", []) and nodeid in base.get("alone_kinds", {}):
+            base_kind, hung_there = base.kinds.get(nodeid), False
+            if nodeid in base.hung and nodeid in base.alone_kinds:
                 # it hung in the unported tree's suite and failed when rerun alone: that failure is its outcome there
-                base_kind = base["alone_kinds"][nodeid]
+                base_kind = base.alone_kinds[nodeid]
                 hung_there = True
-            same = port.get("kinds", {}).get(nodeid) == base_kind
+            same = port.kinds.get(nodeid) == base_kind
             if not same:
                 lab, text = (
                     "unverified",
                     (
                         f"fails differently on the unported tree ({base_kind or '?'} "
-                        f"there, {port.get('kinds', {}).get(nodeid) or '?'} here)"
+                        f"there, {port.kinds.get(nodeid) or '?'} here)"
                     ),
                 )
             elif exhausted := _exhausted(nodeid, port):
@@ -866,7 +932,7 @@ def label(
         elif (
             _file(nodeid) == nodeid
             and b_module is None
-            and (ran_there := [k for k in base["outcomes"] if _file(k) == nodeid and k != nodeid])
+            and (ran_there := [k for k in base.outcomes if _file(k) == nodeid and k != nodeid])
         ):
             # its module does not import on the port; on the unported tree it imported and its tests ran
             lab, text = (
@@ -876,23 +942,23 @@ def label(
         elif b_module == "error" and _file(nodeid) != nodeid:
             lab, text = (
                 "unverified",
-                f"its module does not import on the unported tree: {base.get('details', {}).get(_file(nodeid), '')[:200]}",
+                f"its module does not import on the unported tree: {base.details.get(_file(nodeid), '')[:200]}",
             )
         else:
-            base_file = base.get("files", {}).get(_file(nodeid), {})
+            base_file = base.files.get(_file(nodeid))
             lab, text = (
                 "unverified",
                 (
                     "the unported tree has no outcome for it"
                     + (
-                        f" (it did not run there: {base_file['reason']})"
-                        if base_file.get("status") == "not-run"
+                        f" (it did not run there: {base_file.reason})"
+                        if base_file is not None and base_file.status == "not-run"
                         else ""
                     )
                 ),
             )
-        if nodeid in port.get("hung", []) and (port.get("machine") or {}).get("overloaded"):
-            text += f" (on an overloaded machine: {_share_phrase(port['machine'])})"  # the verdict may be the machine's
+        if nodeid in port.hung and port.machine and port.machine.get("overloaded"):
+            text += f" (on an overloaded machine: {_share_phrase(port.machine)})"  # the verdict may be the machine's
         labels[nodeid], why[nodeid] = lab, text
     return labels, why
 
@@ -903,19 +969,19 @@ def _counts(values: dict[str, str], keys=("passed", "skipped", "failed", "error"
     return {k: tally[k] for k in keys}
 
 
-def _on_baseline(nodeid: str, base: dict) -> str:
-    out = base["outcomes"].get(nodeid)
+def _on_baseline(nodeid: str, base: SuiteRun) -> str:
+    out = base.outcomes.get(nodeid)
     if out:
         return out
-    if base["outcomes"].get(_file(nodeid)) == "error":
-        return f"module error: {base.get('details', {}).get(_file(nodeid), '')}"
-    account = base.get("files", {}).get(_file(nodeid), {})
-    if account.get("status") == "not-run":
-        return f"not run: {account['reason']}"
-    if "::" not in nodeid and account.get("status") == "ran":  # a file (not-run here): what its tests did there
-        return "ran: " + (
-            ", ".join(f"{n} {k}" for k, n in account.get("counts", {}).items()) or account.get("reason", "no tests")
-        )
+    if base.outcomes.get(_file(nodeid)) == "error":
+        return f"module error: {base.details.get(_file(nodeid), '')}"
+    account = base.files.get(_file(nodeid))
+    if account is not None and account.status == "not-run":
+        return f"not run: {account.reason}"
+    if (
+        "::" not in nodeid and account is not None and account.status == "ran"
+    ):  # a file (not-run here): what its tests did there
+        return "ran: " + (", ".join(f"{n} {k}" for k, n in account.counts.items()) or account.reason)
     return "not run"
 
 
@@ -949,7 +1015,7 @@ class UnitBaseline:
 class UnitTestsRun:
     """Stage 3's details when the tests ran on both trees (its entry's own keys in the report): per test
     id its outcome, label, why and failure, and what the unported tree did; every selected file's
-    FileRun (as its dict); the restarts, hangs and reruns; the peak, the machine's share and seconds.
+    FileRun; the restarts, hangs and reruns; the peak, the machine's share and seconds.
     ``impact``: an impacted selection's figures (added after the run, see registry)."""
 
     tests: list[str] = field(default_factory=list)
@@ -960,8 +1026,8 @@ class UnitTestsRun:
     labels: dict[str, str] = field(default_factory=dict)
     label_reasons: dict[str, str] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
-    # every selected test file: ran (with counts), collection-error, not-collected, or not-run with why (FileRun)
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # every selected test file: ran (with counts), collection-error, not-collected, or not-run with why
+    files: dict[str, FileRun] = field(default_factory=dict)
     restarts_per_file: int = RESTARTS_PER_FILE
     # what the unported tree did with each labelled test: its outcome, or why its module did not import
     on_baseline: dict[str, str] = field(default_factory=dict)
@@ -981,7 +1047,7 @@ class UnitTestsRun:
     file_seconds: dict[str, float] = field(default_factory=dict)  # per test file, on the port (impact.py's estimates)
     baseline_seconds: float | None = 0.0
     slow: dict[str, float] = field(default_factory=dict)
-    machine: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] | None = field(default_factory=dict)  # the port's run's MachineShare (None: unread)
     impact: ImpactFigures | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -994,7 +1060,7 @@ class UnitTestsRun:
             "labels": self.labels,
             "label_reasons": self.label_reasons,
             "failures": self.failures,
-            "files": self.files,
+            "files": {f: a.to_dict() for f, a in self.files.items()},
             "restarts_per_file": self.restarts_per_file,
             "on_baseline": self.on_baseline,
             "swaps": self.swaps,
@@ -1022,18 +1088,18 @@ class UnitTestsRun:
 class UnitTestsStopped:
     """Stage 3's details when it stopped before labelling: the selected tests, and what stopped it,
     the dependencies they need that this Python lacks ({module: pip name}), or the files of a run that
-    produced no results (FileRun dicts). None: not this stop (absent from the JSON)."""
+    produced no results (their FileRuns). None: not this stop (absent from the JSON)."""
 
     tests: list[str]
     missing_dependencies: dict[str, str] | None = None
-    files: dict[str, dict[str, Any]] | None = None
+    files: dict[str, FileRun] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"tests": self.tests}
         if self.missing_dependencies is not None:
             out["missing_dependencies"] = self.missing_dependencies
         if self.files is not None:
-            out["files"] = self.files
+            out["files"] = {f: a.to_dict() for f, a in self.files.items()}
         return out
 
 
@@ -1081,88 +1147,89 @@ def stage_unit_tests(
         )
     say = (lambda line: progress(f"port {line}")) if progress else None
     port = run_tests(tree, tests, env, nproc, launcher, restarts=restarts, progress=say)
-    if port["unsupported"]:
+    if port.unsupported:
         return StageResult(
-            "unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port['unsupported']}", time.monotonic() - start
+            "unit-tests", UNSUPPORTED, f"proxy shim hook missing: {port.unsupported}", time.monotonic() - start
         )
-    if not port["ranks"]:
+    if not port.ranks:
         return StageResult(
             "unit-tests",
             FAIL,
-            f"pytest under torchrun produced no results (none of the {len(port['files'])} selected "
-            f"files ran): {port['crash']}",
+            f"pytest under torchrun produced no results (none of the {len(port.files)} selected "
+            f"files ran): {port.crash}",
             time.monotonic() - start,
-            UnitTestsStopped(tests, files=port["files"]),
+            UnitTestsStopped(tests, files=port.files),
         )
-    port["alone"] = rerun_alone(tree, sorted(set(port["hung"])), env, nproc, launcher, say)
+    port.alone = rerun_alone(tree, sorted(set(port.hung)), env, nproc, launcher, say)
     bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
     base_result, cached = (
-        baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else ({"outcomes": {}}, False)
+        baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else (SuiteRun(), False)
     )
     labels, why = label(port, base_result, known, blocked)
-    machine = port.get("machine") or {}
+    machine = port.machine or {}
     # A file with tests that have no outcome is never counted as run: it is listed, with why, and fails the stage.
-    not_run = {f: a for f, a in port["files"].items() if a["status"] == "not-run"}
+    not_run = {f: a for f, a in port.files.items() if a.status == "not-run"}
     for f, a in not_run.items():
-        labels[f], why[f] = "not-run", a["reason"]
-    counts = _counts(port["outcomes"])
+        labels[f], why[f] = "not-run", a.reason
+    counts = _counts(port.outcomes)
     by_label = _counts(labels, LABELS)
     details = UnitTestsRun(
         tests=tests,
         why={t: (reasons or {}).get(t, "") for t in tests},
         nproc=nproc,
         counts=counts,
-        outcomes=dict(sorted(port["outcomes"].items())),
+        outcomes=dict(sorted(port.outcomes.items())),
         labels=labels,
         label_reasons=why,
-        failures={k: port["details"].get(k, "") for k in labels},
-        files=port["files"],
-        restarts_per_file=port["restarts_per_file"],
+        failures={k: port.details.get(k, "") for k in labels},
+        files=port.files,
+        restarts_per_file=port.restarts_per_file,
         on_baseline={k: _on_baseline(k, base_result) for k in labels},
-        swaps=port["swaps"],
-        hung=port["hung"],
-        rerun_alone=port["alone"],
-        local_spec_instead_of_te=port["local_spec"],
-        restarts=port["restarts"],
-        peak=port["peak"],
+        swaps=port.swaps,
+        hung=port.hung,
+        rerun_alone=port.alone,
+        local_spec_instead_of_te=port.local_spec,
+        restarts=port.restarts,
+        peak=port.peak,
         deselected={
             k: f"marked {m}: upstream's CI deselects it (tests/unit_tests/run_ci_test.sh, dev environment)"
-            for k, m in port["deselected"].items()
+            for k, m in port.deselected.items()
         },
         baseline=UnitBaseline(
             commit=base,
             cached=cached,
-            counts=_counts(base_result["outcomes"]),
-            tests=sum("::" in k for k in base_result["outcomes"]),  # test ids (a module error hides them on the port)
-            guards=base_result.get("guards", []),
-            overlay=base_result.get("overlay", []),
-            peak=base_result.get("peak", {}),
+            counts=_counts(base_result.outcomes),
+            tests=sum("::" in k for k in base_result.outcomes),  # test ids (a module error hides them on the port)
+            guards=base_result.guards,
+            overlay=base_result.overlay,
+            peak=base_result.peak,
         ),
         known_failures=known,
         known_failures_not_applied=known_skipped or {},
-        port_seconds=port["seconds"],
-        file_seconds=port["file_seconds"],
-        baseline_seconds=base_result.get("seconds") if not cached else 0.0,
-        slow=port["slow"],
-        machine=port["machine"],
+        port_seconds=port.seconds,
+        file_seconds=port.file_seconds,
+        # no baseline (no base commit): None; cached: it took no time now
+        baseline_seconds=0.0 if cached else base_result.seconds if base else None,
+        slow=port.slow,
+        machine=port.machine,
     )
     summary = (
         f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
         + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
-        + f") in {_files_phrase(port['files'])} on {nproc} ranks; "
-        + ("not run: " + "; ".join(f"{f} ({a['reason']})" for f, a in not_run.items()) + "; " if not_run else "")
-        + f"restart budget {port['restarts_per_file']} per test file ({port['restarts']} used); "
+        + f") in {_files_phrase(port.files)} on {nproc} ranks; "
+        + ("not run: " + "; ".join(f"{f} ({a.reason})" for f, a in not_run.items()) + "; " if not_run else "")
+        + f"restart budget {port.restarts_per_file} per test file ({port.restarts} used); "
         + (
-            f"{len(port['deselected'])} deselected as upstream's CI does ({', '.join(sorted(set(port['deselected'].values())))}); "
-            if port["deselected"]
+            f"{len(port.deselected)} deselected as upstream's CI does ({', '.join(sorted(set(port.deselected.values())))}); "
+            if port.deselected
             else ""
         )
         + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
-        f"peak {port['peak']['threads']} threads, {port['peak']['rss_mb']:.0f} MB per rank"
+        f"peak {port.peak['threads']} threads, {port.peak['rss_mb']:.0f} MB per rank"
         + (
-            f"; {len(port['slow'])} slow test(s) given more time, their ranks still computing after the "
-            f"{port['watchdog_seconds']:g} s timeout"
-            if port["slow"]
+            f"; {len(port.slow)} slow test(s) given more time, their ranks still computing after the "
+            f"{port.watchdog_seconds:g} s timeout"
+            if port.slow
             else ""
         )
         + (
@@ -1171,7 +1238,7 @@ def stage_unit_tests(
             else ""
         )
     )
-    ran_out = task_limit_phrase(port["peak"]["threads"], nproc, task_limit()) if not_run else None
+    ran_out = task_limit_phrase(port.peak["threads"], nproc, task_limit()) if not_run else None
     if ran_out:
         summary += f"; {ran_out}"
     lacking = {
@@ -1191,8 +1258,8 @@ def _share_phrase(machine: dict) -> str:
     )
 
 
-def _files_phrase(files: dict[str, dict]) -> str:
+def _files_phrase(files: dict[str, FileRun]) -> str:
     """ "7 files", or "2 of 7 files" when some did not run (a file is counted only if it ran)."""
-    accounted = {f: a for f, a in files.items() if a["status"] != "not-collected"}
-    done = sum(a["status"] != "not-run" for a in accounted.values())
+    accounted = {f: a for f, a in files.items() if a.status != "not-collected"}
+    done = sum(a.status != "not-run" for a in accounted.values())
     return f"{len(accounted)} files" if done == len(accounted) else f"{done} of {len(accounted)} files"
