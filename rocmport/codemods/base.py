@@ -257,6 +257,14 @@ def _leads_into(prefix: str, names: tuple[str, ...]) -> bool:
     return any(n == prefix or n.startswith(prefix + ".") for n in names)
 
 
+def binds_by_target(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` binds ``name`` other than by an import, an assignment's Name or a def: as a
+    parameter, `except ... as`, `global`/`nonlocal`, or a match pattern's capture."""
+    if isinstance(node, (ast.arg, ast.ExceptHandler, ast.Global, ast.Nonlocal, ast.MatchAs, ast.MatchStar)):
+        return name in (getattr(node, "names", None) or [getattr(node, "arg", None) or getattr(node, "name", None)])
+    return isinstance(node, ast.MatchMapping) and node.rest == name
+
+
 def spelled_plainly(text: str, names: tuple[str, ...]) -> bool:
     """True when ``text`` settles which nodes mean ``names`` (dotted names of one package, as
     `torch.cuda.empty_cache`): the package's name is bound only by module-level `import <package>`
@@ -294,11 +302,7 @@ def spelled_plainly(text: str, names: tuple[str, ...]) -> bool:
             return False
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == package:
             return False
-        elif isinstance(node, (ast.arg, ast.ExceptHandler, ast.Global, ast.Nonlocal, ast.MatchAs, ast.MatchStar)):
-            spelled = getattr(node, "names", None) or [getattr(node, "arg", None) or getattr(node, "name", None)]
-            if package in spelled:
-                return False
-        elif isinstance(node, ast.MatchMapping) and node.rest == package:
+        elif binds_by_target(node, package):
             return False
         inner = top and not isinstance(
             node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.comprehension)

@@ -36,7 +36,7 @@ from typing import cast
 import libcst as cst
 import libcst.matchers as m
 
-from rocmport.codemods.base import NAMES, Codemod, Context, means, qualified_names
+from rocmport.codemods.base import NAMES, Codemod, Context, binds_by_target, means, qualified_names
 from rocmport.codemods.edits import add_imports, helper_imports, prepend_to_function
 
 GATE = "is_te_min_version"
@@ -528,11 +528,7 @@ def _plain_gate_lines(text: str) -> "tuple[list[tuple[int, str | None]], _Holder
             if not top:
                 return None
             bound = True
-        elif isinstance(node, (ast.arg, ast.ExceptHandler, ast.Global, ast.Nonlocal, ast.MatchAs, ast.MatchStar)):
-            names = getattr(node, "names", None) or [getattr(node, "arg", None) or getattr(node, "name", None)]
-            if GATE in names:
-                return None
-        elif isinstance(node, ast.MatchMapping) and node.rest == GATE:
+        elif binds_by_target(node, GATE):
             return None
         if isinstance(node, ast.ClassDef):
             bases += node.bases
