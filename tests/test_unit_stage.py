@@ -192,7 +192,9 @@ def test_the_stage_labels_against_a_baseline_cached_in_the_earlier_layout(tmp_pa
     unported tree) and labels the port against it as against a fresh run."""
     tree, base = upstream_repo(tmp_path / "up")
     env = child_env(tree)
-    cache = unit_tests.baseline_cache(tree, base, FILES, env, 2, tmp_path / "cache")
+    cache = unit_tests.baseline_cache(
+        tree, base, FILES, env, 2, tmp_path / "cache", unit_tests.overlay_files(tree, base)
+    )
     cache.parent.mkdir(parents=True)
     cache.write_text(OLD_CACHE.read_text())
     res = stage_unit_tests(tree, env, FILES, 2, {}, tmp_path / "cache", base, blocked=BLOCKED)

@@ -719,12 +719,14 @@ def overlay_files(tree: Path, base: str) -> list[str]:
     return sorted({f for f in changed if (tree / f).is_file()} | set(helpers))
 
 
-def baseline_cache(tree: Path, base: str, tests: list[str], env: dict, nproc: int, cache_dir: Path) -> Path:
+def baseline_cache(
+    tree: Path, base: str, tests: list[str], env: dict, nproc: int, cache_dir: Path, overlay: list[str]
+) -> Path:
     """Where `baseline` keeps the unported tree's run of ``tests`` at ``base`` (a SuiteRun's to_dict()):
-    keyed by what makes a run differ (the plugin, torch, Python, the mode, the overlay's bytes, TE)."""
+    keyed by what makes a run differ (the plugin, torch, Python, the mode, the bytes of ``overlay``:
+    overlay_files(tree, base), TE)."""
     import torch
 
-    overlay = overlay_files(tree, base)
     digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
     key = hashlib.sha256(
         json.dumps(
@@ -759,7 +761,7 @@ def baseline(
     """The same tests on the unported tree at ``base`` under the port's conditions (see the module
     docstring), from the cache when it has them. Its hung tests are rerun alone too."""
     overlay = overlay_files(tree, base)
-    cached = baseline_cache(tree, base, tests, env, nproc, cache_dir)
+    cached = baseline_cache(tree, base, tests, env, nproc, cache_dir, overlay)
     if cached.is_file():
         return SuiteRun.from_dict(json.loads(cached.read_text())), True
     with tempfile.TemporaryDirectory(prefix="rocmport-base-") as tmp:
