@@ -14,7 +14,7 @@ not-verified / needs-a-human, and why: the conflicting patch, the failed stages)
 seconds (this process and its children: git, the codemod workers), the files upstream changed
 (.py of them), and the codemod runs: files the runner parsed (re-ran) vs took from its cache, over
 the Python files of the tree. --profile N writes hop N's cProfile (sorted by cumulative time) to
-<project>/hop-N.prof.txt. Figures go in the issue notes and the README's replay table; run it
+<project>/hop-N.prof.txt. Figures go in the issue notes and docs/measurements/bot-replay.md; run it
 niced, never beside other heavy work (the wall times mean nothing then)."""
 
 from __future__ import annotations

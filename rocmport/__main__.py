@@ -1,3 +1,5 @@
+"""`python -m rocmport`: the same command line as `rocmport`."""
+
 import sys
 
 from rocmport.cli import main

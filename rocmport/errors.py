@@ -1,4 +1,4 @@
-"""Exceptions that carry the exit code a CI script can rely on (the README's exit-code table).
+"""Exceptions that carry the exit code a CI script can rely on (docs/exit-codes.md).
 
 0 ok, 1 the operation found a problem (conflicts, failed verification, drift, a git or file-system
 failure), 2 usage / bad input (unknown ref, malformed lock, dangerous URL ...), 3 another run holds

@@ -117,14 +117,14 @@ def test_import_failure_from_a_dependency_outside_bridge_s_declared_range_says_e
 
 
 def test_the_readme_s_python_3_12_block_installs_the_pins_stage_5_suggests():
-    """One source (BRIDGE_PINS): the README's 3.12 block runs as written for Bridge v0.5+, and its pin
+    """One source (BRIDGE_PINS): the 3.12 block of docs/install.md (once the README's) runs as written for Bridge v0.5+, and its pin
     is what stage 5 suggests (v0.19: the README said >=5.8.1,<5.9, stage 5 <=5.12.1,>=5.8)."""
     import re
 
     from rocmport.verify.bridge_stage import BRIDGE_PINS
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Python 3.12 for v0.17 and later", 1)[1].split("\n### ", 1)[0]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "install.md").read_text(encoding="utf-8")
+    section = readme.split("## Python 3.12 for v0.17 and later", 1)[1].split("\n## ", 1)[0]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0]
     pins = [line for line in block.splitlines() if "transformers" in line]
     assert len(pins) == 1 and tuple(re.findall(r"'([^']+)'", pins[0].split("#")[0])) == BRIDGE_PINS

@@ -1,5 +1,6 @@
-"""README's "How to add …" checklists, kept honest where a test can: every catalogued codemod has a
-row in the README's codemod table and an item in docs/coverage/items.yaml, every Megatron-LM line is
+"""The manual's "How to add …" checklists (docs/adding.md, once the README's), kept honest where a
+test can: every catalogued codemod has a row in the codemod table (docs/commands/codemod.md) and an
+item in docs/coverage/items.yaml, every Megatron-LM line is
 counted by scripts/port_coverage.py, every ROCm component is used by some line, and every file the
 checklists name exists."""
 
@@ -16,22 +17,22 @@ from rocmport.components import COMPONENTS
 from rocmport.patches.series import load_series
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text(encoding="utf-8")
+HOWTO_PAGE = (REPO / "docs" / "adding.md").read_text(encoding="utf-8")
+CODEMOD_PAGE = (REPO / "docs" / "commands" / "codemod.md").read_text(encoding="utf-8")
 
 
 def howto() -> str:
-    start = README.index("## How to add …")
-    return README[start : README.index("\n## ", start + 1)]
+    return HOWTO_PAGE[HOWTO_PAGE.index("# How to add …") :]
 
 
 def codemod_table_rows() -> list[str]:
-    """The codemods named in the first column of the README's codemod table."""
-    start = README.index("| codemod | what it does")
-    table = README[start : README.index("\n\n", start)]
+    """The codemods named in the first column of the codemod table (`rocmport codemod`'s page)."""
+    start = CODEMOD_PAGE.index("| codemod | what it does")
+    table = CODEMOD_PAGE[start : CODEMOD_PAGE.index("\n\n", start)]
     return re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
 
 
-def test_every_catalogued_codemod_has_one_row_in_the_readme_table():
+def test_every_catalogued_codemod_has_one_row_in_the_codemod_table():
     rows = codemod_table_rows()
     assert sorted(rows) == sorted(registry) and len(rows) == len(set(rows))
 

@@ -281,7 +281,9 @@ def test_a_held_step_finishes_before_the_interrupt_stops_the_run(tmp_path):
 
 
 def test_readme_says_what_an_interrupted_refresh_does():
-    readme = (REPO / "README.md").read_text()
+    readme = "".join(
+        (REPO / "docs" / p).read_text() for p in ("exit-codes.md", "commands/bot.md", "commands/refresh.md")
+    )
     assert "`verify`, `refresh` and `bot` first end every process they started" in readme
     assert "the checkout is back on the branch it was on, and the release is not recorded" in readme
     assert "Interrupted by Ctrl-C or SIGTERM (exit 130 / 143), refresh ends every process it started" in readme

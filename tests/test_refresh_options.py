@@ -355,7 +355,8 @@ def test_fuzz_bot_options(project, poller, argv):
 
 
 def test_readme_says_how_refresh_and_bot_options_are_checked():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    docs = Path(__file__).resolve().parents[1] / "docs" / "commands"  # the README's reference, moved
+    readme = (docs / "refresh.md").read_text() + (docs / "bot.md").read_text()
     assert "Options are checked before anything runs (exit 2, one line naming the option): `--tp`/`--pp` as" in readme
     assert "SECONDS is above 0 and at most a year (`nan`, `inf`: exit 2)" in readme
 

@@ -39,7 +39,9 @@ def command(obj, line, arch, as_json):
     if arch is not None:
         arch = parse_archs(arch)[0]
     matrix = matrix_for(obj["project"], line)
-    if arch is not None and arch not in known_archs(matrix):  # README: an unknown arch is bad input
+    if arch is not None and arch not in known_archs(
+        matrix
+    ):  # docs/commands/env-doctor.md: an unknown arch is bad input
         raise BadInput(f"--arch {arch}: not a GPU arch rocmport knows (known: {', '.join(known_archs(matrix))})")
     d = doctor(matrix, arch)
     if as_json:

@@ -175,7 +175,7 @@ def component_report(matrix: Matrix | None, arch: str | None = None, other_gpu: 
 
 def _none_installed(report: ComponentReport) -> list[str]:
     """A machine with none of the line's components (this project's CI) cannot run the port as the
-    line ships it, whatever the arch excuses: a problem (exit 1), as the README says."""
+    line ships it, whatever the arch excuses: a problem (exit 1), as docs/commands/env-doctor.md says."""
     if not report.rows or any(r.version or r.status == VERSION_UNKNOWN for r in report.rows):
         return []
     return [f"none of the components of {report.series} is installed here ({', '.join(r.name for r in report.rows)})"]
@@ -281,7 +281,7 @@ def matrix_for(project: str | Path, line: str | None) -> Matrix | None:
     else:
         return None
     if series.rocm is None:
-        raise BadInput(f'{series.path}: no rocm: section to check against (README "ROCm component matrix")')
+        raise BadInput(f"{series.path}: no rocm: section to check against (docs/component-matrix.md)")
     return series.rocm
 
 

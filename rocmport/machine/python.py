@@ -133,7 +133,7 @@ def python_setup_hint(spec: str) -> str:
     return (
         f"make a Python {want} environment and run rocmport from it: `python{want} -m venv {venv} && . {venv}/bin/activate && "
         f"pip install torch && {install}` (on ROCm: a rocm/pytorch image with Python {want}, installing rocmport "
-        f"without touching the image's torch; see the README's \"Python 3.12 for v0.17 and later\")"
+        f'without touching the image\'s torch; see docs/install.md, "Python 3.12 for v0.17 and later")'
     )
 
 

@@ -351,7 +351,7 @@ def project_dockerfile(
     if matrix is None and spec not in (None, "none"):
         raise BadInput(
             f"--components {spec}: {series.path} has no rocm: section to build them from; add one "
-            f'(README "ROCm component matrix") or pass --components none'
+            f"(docs/component-matrix.md) or pass --components none"
         )
     choices: list[Choice] = []
     if matrix is None:

@@ -49,7 +49,7 @@ def stage_series(
 ) -> StagedSeries:
     found = all_series(patchsets_dir, upstream)
     if not found:
-        raise BadInput(f"{patchsets_dir / upstream}: no series to refresh from; create one (see README 'Patch sets')")
+        raise BadInput(f"{patchsets_dir / upstream}: no series to refresh from; create one (see docs/patch-sets.md)")
     admitting = [s for s in found if s.admits(version)]
     staged_dir = staging_root / upstream
     shutil.rmtree(staged_dir, ignore_errors=True)
