@@ -66,7 +66,7 @@ def render_comparison(comparison: Comparison) -> str:
             for which, c in (("before", d.before), ("after", d.after))
             if c is not None
         ]
-        svgs[d.key] = Markup(plots.loss_svg(curves, d.title, salt=f"c-{d.key}"))
+        svgs[d.key] = Markup(plots.loss_svg(curves, d.title, salt=f"c-{d.key}", delta_label="after − before"))
     return (
         _environment()
         .get_template("compare.html.j2")
