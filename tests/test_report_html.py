@@ -21,7 +21,7 @@ from tests.helpers.html_dom import Element, parse
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "reports"
-PASS, FAIL, OLD = (DATA / n for n in ("v0.16-pass.json", "v0.16-fail.json", "old-a0fa024.json"))
+PASS, FAIL, CUT, OLD = (DATA / n for n in ("v0.16-pass.json", "v0.16-fail.json", "v0.16-cut.json", "old-a0fa024.json"))
 
 
 def away(path: Path, tmp_path: Path) -> Path:
@@ -108,6 +108,15 @@ def test_a_failing_run_shows_its_failed_stages_and_the_port_regression_beside_th
     # stage 2's curves diverge from the reference: both drawn
     svg = doc.find("article", data_run="training").find("svg")
     assert {"tp1/pp1 reference", "port tp2×pp2"} <= {t.text().strip() for t in svg.find_all("text")}
+
+
+def test_a_cut_run_renders_what_it_has_and_says_what_is_missing(tmp_path):
+    data = json.loads(CUT.read_text())
+    doc = page_of(away(CUT, tmp_path))
+    assert [r.attrs["data-stage"] for r in stage_rows(doc)] == [s["name"] for s in data["stages"]]
+    missing = [li.text() for li in doc.find(id="missing").find_all("li")]
+    assert any(m.startswith("stage 2's loss curves: the report has no losses although the stage ran") for m in missing)
+    assert doc.find(id="losses").find_all("svg") == []
 
 
 def test_a_report_from_an_older_rocmport_renders_with_a_derived_verdict_and_names_what_it_lacks(tmp_path):
