@@ -22,6 +22,7 @@ PIPELINE = [
     "port",
     "machine",
     "verify",
+    "report",  # the HTML page of a verify report: reads its JSON (and the ported tree); refresh writes one
     "refresh",
     "package",
     "commands",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from rocmport import output
@@ -59,4 +61,9 @@ def _print_last_verify(last: LastVerify | None) -> None:
             f"last verify: {last.started or '?'} UTC, {tree} at {str(last.commit or '?')[:12]}"
             + (f"; report {last.report}" if last.report else "")
         )
+        page = Path(last.report).with_suffix(".html") if last.report else None  # verify writes it beside the report
+        if page is not None and page.is_file():
+            output.info(f"  page: {page}")
+        elif last.report:
+            output.info(f"  page: none beside the report (`rocmport report {last.report}` writes it)")
         output.info(f"  {last.verdict or ('failed: ' + ', '.join(last.failed) if last.failed else 'no stage failed')}")

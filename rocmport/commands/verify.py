@@ -244,6 +244,14 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     help="Write the JSON report here (default: build/verify/<line>-<UTC time>.json; build/verify/last.json either way).",
 )
 @click.option(
+    "--html",
+    "html_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the report's HTML page here (default: beside the JSON report, ending in .html).",
+)
+@click.option("--no-html", is_flag=True, help="Write no HTML page.")
+@click.option(
     "--junit",
     type=click.Path(dir_okay=False),
     help="Write JUnit XML here (a test case per stage and per upstream unit test).",
@@ -282,6 +290,8 @@ def command(
     dry_run,
     as_json,
     report_path,
+    html_path,
+    no_html,
     junit,
 ):
     """Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.
@@ -301,7 +311,7 @@ def command(
     Without a GPU every stage runs on the CPU proxy with the HIP simulation (torch built for ROCm,
     an MI300X; --hip-arch another GPU): --no-hip-sim for the CUDA path. Stages that do not apply are listed as skipped.
     The report is always written (--report, else build/verify/<line>-<UTC time>.json) with
-    build/verify/last.json, which `rocmport status` shows.
+    build/verify/last.json, which `rocmport status` shows, and its HTML page beside it (--html, --no-html).
     Exit: 0 no stage failed, 1 a stage failed or a report could not be written, 2 bad input.
     """
     settings = load_settings(obj["project"])
@@ -334,6 +344,8 @@ def command(
         hip_arch=hip_arch,
         since=since,
     )
+    if html_path and no_html:
+        raise click.UsageError("--html and --no-html: give one")
     if dry_run:
         plan = launch_plan(opts)
         if as_json:
@@ -342,13 +354,22 @@ def command(
             for step in plan:
                 click.echo(f"# {step['stage']} (in {step['cwd']})\n{shlex.join(step['command'])}")
         return EXIT_OK
-    return _finish(run_verify(opts), obj["project"], report_path, junit, as_json)
+    html = None if no_html else (html_path or "")
+    return _finish(run_verify(opts), obj["project"], report_path, junit, as_json, html)
 
 
-def _finish(result: VerifyReport, project: str, report_path: str | None, junit: str | None, as_json: bool) -> int:
+def _finish(
+    result: VerifyReport,
+    project: str,
+    report_path: str | None,
+    junit: str | None,
+    as_json: bool,
+    html: str | None = None,
+) -> int:
     """Write the report (always: --report, else build/verify/<line>-<time>.json) and last.json, the
-    JUnit XML, and print the summary, each whatever the others do: an hour's run is never lost to a
-    path that cannot be written. A write that fails is one line at the end and exit 1."""
+    JUnit XML, the HTML page (``html``: its path, "" beside the report, None none), and print the
+    summary, each whatever the others do: an hour's run is never lost to a path that cannot be
+    written. A write that fails is one line at the end and exit 1."""
     problems: list[str] = []
     root = Path(project).resolve()  # last.json names the report absolutely: `status` may run from anywhere
     target = Path(report_path).resolve() if report_path else report.default_path(root, result)
@@ -372,6 +393,7 @@ def _finish(result: VerifyReport, project: str, report_path: str | None, junit: 
             atomic_write_text(junit, report.junit_xml(result.mode, result.stages))
         except Exception as exc:  # noqa: BLE001
             problems.append(f"the JUnit XML could not be written to {junit}: {_why(exc)}")
+    page = _write_page(written, html, problems)
     try:
         if as_json:
             output.emit_json(data)
@@ -380,9 +402,42 @@ def _finish(result: VerifyReport, project: str, report_path: str | None, junit: 
     finally:
         if written:
             output.info(f"report: {written}")
+        if page:
+            output.info(f"page: {page}")
         for problem in problems:
             click.secho(f"rocmport: error: {redact(problem)}", err=True, fg="red")
     return EXIT_PROBLEM if result.failed or problems else EXIT_OK
+
+
+def _write_page(written: Path | None, html: str | None, problems: list[str]) -> Path | None:
+    """The report's HTML page, rendered from the JSON just written (the page reads the JSON only):
+    at ``html``, or beside the report when ``html`` is "". Without the renderer's packages the default
+    page is left out with a note; a page asked for by --html that cannot be written is a problem."""
+    if html is None:
+        return None
+    if written is None:
+        if html:
+            problems.append(f"the HTML page was not written to {html}: the JSON report it renders was not written")
+        return None
+    from rocmport.commands.report import MISSING_EXTRA, page_path_beside
+
+    target = Path(html).resolve() if html else page_path_beside(written)
+    try:
+        import jinja2  # noqa: F401
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if html:
+            problems.append(f"the HTML page was not written to {target}: {MISSING_EXTRA}")
+        else:
+            output.info(f"no HTML page: {MISSING_EXTRA}; --no-html leaves it out quietly")
+        return None
+    from rocmport.report.render import write_page
+
+    try:
+        return write_page(written, target)
+    except Exception as exc:  # noqa: BLE001 (the run's JSON report is written: only its page is lost)
+        problems.append(f"the HTML page could not be written to {target}: {_why(exc)}")
+        return None
 
 
 def _why(exc: Exception) -> str:

@@ -22,7 +22,7 @@ from rocmport.patches.series import all_series
 from rocmport.refresh.engine import Progress, abort_refresh, read_state, refresh
 from rocmport.refresh.report import RefreshVerifyOptions, markdown
 from rocmport.refresh.result import NEEDS_HUMAN, NOT_VERIFIED, RefreshResult, RefreshStatus
-from rocmport.refresh.summary import machine_paths, write_summary
+from rocmport.refresh.summary import machine_paths, page_of, write_summary
 from rocmport.release_line import ReleaseLine
 from rocmport.state import Invalid, expect, one_of, read_json, value_of, write_json
 from rocmport.upstream import package_index, refs
@@ -259,7 +259,7 @@ def process(
             return BotResult(
                 cand.name,
                 TagRecord(NEEDS_HUMAN, cand.commit, inputs, reason=result.why),
-                summary=markdown(result, machine_paths(settings)),
+                summary=markdown(result, machine_paths(settings), page_of(result, settings)),
             )
         _bisectable_commits(root, cand, result)
         summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"

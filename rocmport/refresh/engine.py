@@ -23,7 +23,7 @@ from rocmport.patches.regenerate import patch_id, regenerate, reverse_applies, u
 from rocmport.patches.series_edit import drop_from_series_text
 from rocmport.port import worktree as wt
 from rocmport.port.apply import apply_upstream, report_path
-from rocmport.refresh.report import RefreshVerifyOptions, codemod_changes, range_diff, run_verify_both
+from rocmport.refresh.report import RefreshVerifyOptions, codemod_changes, range_diff, run_verify_both, verify_page
 from rocmport.refresh.result import (
     NEEDS_HUMAN,
     PROMOTED,
@@ -303,7 +303,7 @@ def _finish(settings: Settings, state: dict, say, warn, progress: Progress) -> R
     if state.get("verify_opts") is not None:
         progress.step("verify")
         opts = RefreshVerifyOptions.from_dict(state["verify_opts"])
-        result.verify = run_verify_both(settings, rsettings, old, opts, say)
+        result.verify = run_verify_both(settings, rsettings, old, opts, say, page=verify_page(settings, result.to))
         progress.finish("verify")
     result.settle()
     if result.status in PROMOTED:  # verified, or carried over unverified as asked (the status says which)

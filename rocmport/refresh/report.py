@@ -181,10 +181,40 @@ def _diff_of(patch_text: str | None, fallback: str) -> str:
     return split_header(patch_text)[1]
 
 
+def verify_page(settings: Settings, to: str) -> Path:
+    """Where a refresh to ``to`` writes its verify report's HTML page (its JSON beside it): in the
+    project's build/verify/, outside the refresh's own directory (which an abort removes), one per
+    release, so the bot's pages of several releases all reach the workflow's artifact."""
+    from rocmport.verify.report import verify_dir
+
+    return verify_dir(settings.root) / f"refresh-{re.sub(r'[^A-Za-z0-9._-]+', '-', to)}.html"
+
+
+def _write_verify_page(page: Path, data: dict[str, Any], say) -> None:
+    """The new port's verify report (JSON) and its page beside it; a page that cannot be made is
+    a line of output, never a failed refresh (the PR body then links none)."""
+    from rocmport.verify.report import write_json
+
+    page.unlink(missing_ok=True)
+    try:
+        write_json(data, page.with_suffix(".json"))
+        from rocmport.report.render import write_page
+
+        write_page(page.with_suffix(".json"), page)
+    except Exception as exc:  # noqa: BLE001 (no jinja2/matplotlib, a full disk: the refresh's verdict stands)
+        say(f"refresh: no HTML page of the verify report ({type(exc).__name__}: {exc})")
+
+
 def run_verify_both(
-    settings: Settings, rsettings: Settings, old: Lock, opts: RefreshVerifyOptions, say=print
+    settings: Settings,
+    rsettings: Settings,
+    old: Lock,
+    opts: RefreshVerifyOptions,
+    say=print,
+    page: Path | None = None,
 ) -> RefreshVerify:
-    """Verify the new port; when a stage fails, verify the old port too and label each failure."""
+    """Verify the new port; when a stage fails, verify the old port too and label each failure.
+    ``page``: write the new port's verify report and its HTML page there (verify_page)."""
     tree = rsettings.worktree_path(MEGATRON_LM.name)
     need = unmet_python(tree)
     if need:
@@ -223,6 +253,8 @@ def run_verify_both(
         )
 
     new = run_verify(options(tree, chosen, rewritten_changes(settings, old, tree) if unit else ()))
+    if page is not None:
+        _write_verify_page(page, new.to_dict(), say)
     failed = new.failed
     out = RefreshVerify(mode=new.mode, stages=new.stages, failed=failed, requested=chosen)
     ran = new.unit_run()
@@ -293,8 +325,21 @@ def portable(text: str, places: dict[str, str]) -> str:
     return text
 
 
-def markdown(result: RefreshResult, places: dict[str, str] | None = None) -> str:
-    """The PR body. ``places``: absolute path prefixes of this machine -> what the body says instead."""
+def page_link(page: Path, environ: dict[str, str]) -> str:
+    """How the PR body names the verify report's page: in a GitHub Actions run, a link to the run,
+    whose artifact ($ROCMPORT_REPORT_ARTIFACT, the workflow's name for it) holds the page; elsewhere its path."""
+    server, repo, run = (environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
+    if server and repo and run:
+        artifact = environ.get("ROCMPORT_REPORT_ARTIFACT", "rocmport-report-pages")
+        return (
+            f"[the verify report page]({server}/{repo}/actions/runs/{run}) (artifact `{artifact}`, file `{page.name}`)"
+        )
+    return f"`{page}` (open it in a browser: it needs no network)"
+
+
+def markdown(result: RefreshResult, places: dict[str, str] | None = None, page: str | None = None) -> str:
+    """The PR body. ``places``: absolute path prefixes of this machine -> what the body says instead;
+    ``page``: how to name the verify report's HTML page (page_link), None when there is none."""
     lines = [f"# rocmport refresh to `{result.to}`", ""]
     lines += [f"**Status:** {status_line(result)}", ""]
     lines += ["| upstream | from | to |", "|---|---|---|"]
@@ -358,6 +403,8 @@ def markdown(result: RefreshResult, places: dict[str, str] | None = None) -> str
             )
         if v.unit_tests_selection:
             lines += ["", f"Unit tests: {v.unit_tests_selection}."]
+        if page:
+            lines += ["", f"Loss curves, port-site coverage and the labelled tests: {page}."]
     if result.range_diff:
         lines += [
             "",

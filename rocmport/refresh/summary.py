@@ -4,12 +4,13 @@ body) beside it, written atomically; what `refresh --json` prints and the bot co
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
 from rocmport.config import Settings
 from rocmport.fsutil import atomic_write_text
-from rocmport.refresh.report import markdown
+from rocmport.refresh.report import markdown, page_link, verify_page
 from rocmport.refresh.result import RefreshResult
 
 
@@ -39,10 +40,18 @@ def machine_paths(settings: Settings) -> dict[str, str]:
     return places
 
 
+def page_of(result: RefreshResult, settings: Settings) -> str | None:
+    """The PR body's reference to this refresh's verify page, when its verify ran and wrote one."""
+    page = verify_page(settings, result.to)
+    if result.verify is None or result.verify.skipped is not None or not page.is_file():
+        return None
+    return page_link(page, dict(os.environ))
+
+
 def write_summary(result: RefreshResult, directory: Path, settings: Settings) -> Path:
     """summary.md (the PR body, with no absolute path of this machine) and summary.json beside it,
     written atomically."""
     data = public(result)
     atomic_write_text(directory / "summary.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(directory / "summary.md", markdown(result, machine_paths(settings)))
+    atomic_write_text(directory / "summary.md", markdown(result, machine_paths(settings), page_of(result, settings)))
     return directory / "summary.md"

@@ -1,0 +1,2 @@
+"""verify's report as one self-contained HTML page (`rocmport report`, verify's --html): reader.py reads
+the JSON, source.py the ported tree where it still is, plots.py draws, render.py fills the templates."""
