@@ -32,8 +32,9 @@ def rocmport(*args: str, cwd: Path, env: dict | None = None, timeout: float = 12
 
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    """The single line a refused command prints on stderr (no traceback, nothing else)."""
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    """The single error line a refused command prints on stderr (no traceback; progress lines,
+    "... step", aside)."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("... ")]
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     return lines[0]
@@ -154,3 +155,334 @@ def test_status_strips_terminal_escapes_from_last_json(tmp_path):
     said = proc.stdout + proc.stderr
     assert "\x1b" not in said and "\x07" not in said and "\x9b" not in said and "\u202e" not in said
     assert "stages" in said and "pass" in said
+
+
+# ---- rows 15 and 17: contradictory or ignored options refused at the command line ---------------
+
+
+@pytest.fixture()
+def tree(tmp_path) -> Path:
+    from tests.test_verify_inputs import fake_tree
+
+    return fake_tree(tmp_path / "tree")
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (("--te", "none", "--moe"), ("--moe", "--te")),
+        (("--moe",), ("--moe", "--te")),
+        (("--unit-tests", "all", "--unit-test", "tests/unit_tests/test_x.py"), ("--unit-tests all", "--unit-test")),
+        (("--no-unit-tests", "--unit-tests", "all"), ("--no-unit-tests", "--unit-tests")),
+        (("--no-unit-tests", "--unit-test", "tests/unit_tests/test_x.py"), ("--no-unit-tests", "--unit-test")),
+    ],
+)
+def test_verify_refuses_contradictory_options_naming_both(tmp_path, tree, args, names):
+    proc = rocmport("-C", str(tmp_path), "verify", "--tree", str(tree), *args, "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = one_error_line(proc)
+    assert all(n in line for n in names), line
+
+
+def test_verify_names_the_file_and_key_of_a_bad_tool_rocmport_tp(tmp_path, tree):
+    (tmp_path / "pyproject.toml").write_text("[tool.rocmport]\ntp = 8\n")
+    proc = rocmport("-C", str(tmp_path), "verify", "--tree", str(tree), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert f"{tmp_path / 'pyproject.toml'}: [tool.rocmport] tp = 8" in line and "--tp" not in line, line
+    # the option, when given, is what is named (and wins over the file)
+    proc = rocmport("-C", str(tmp_path), "verify", "--tree", str(tree), "--tp", "3", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2 and one_error_line(proc).startswith("rocmport: error: --tp 3")
+    assert (
+        rocmport("-C", str(tmp_path), "verify", "--tree", str(tree), "--tp", "1", "--dry-run", cwd=tmp_path).returncode
+        == 0
+    )
+
+
+@pytest.fixture()
+def git_project(tmp_path) -> Path:
+    from tests.helpers.sync import commit, init
+
+    root = init(tmp_path / "project")
+    commit(root, {"README.md": "x\n"}, "project")
+    return root
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (("--once", "--interval", "5"), ("--interval", "--once")),
+        (("--once", "--interval", "3600"), ("--interval", "--once")),
+        (("--once", "--track", "main", "--lines", "v0.16"), ("--track main", "--lines")),
+        (("--watch", "--interval", "1e-300"), ("--interval",)),
+        (("--watch", "--interval", "9.99"), ("--interval",)),
+    ],
+)
+def test_bot_refuses_ignored_options_and_a_tiny_interval(tmp_path, git_project, args, names):
+    proc = rocmport("-C", str(git_project), "bot", *args, "--no-verify", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc)
+    assert all(n in line for n in names), line
+
+
+def test_bot_backs_off_after_failed_cycles_and_resets_after_a_good_one(tmp_path, git_project, monkeypatch):
+    from rocmport.cli import main
+    from rocmport.commands import bot as bot_command
+    from rocmport.errors import RocmportError
+
+    class Stop(BaseException):
+        pass
+
+    outcomes = iter([RocmportError("network down")] * 3 + [[]] + [RocmportError("again")])
+    slept: list[float] = []
+
+    def run_once(settings, **kw):
+        result = next(outcomes)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def sleep(seconds):
+        slept.append(seconds)
+        if len(slept) == 5:
+            raise Stop
+
+    monkeypatch.setattr(bot_command, "run_once", run_once)
+    monkeypatch.setattr(bot_command.time, "sleep", sleep)
+    with pytest.raises(Stop):
+        main(["-C", str(git_project), "bot", "--watch", "--interval", "60", "--no-verify"])
+    assert slept == [120, 240, 480, 60, 120]
+    assert bot_command.backoff(60, 40) == 3600 and bot_command.backoff(7200, 3) == 7200
+
+
+def test_emit_docker_refuses_an_empty_output_and_an_unknown_extra(tmp_path, te_versions_project):
+    proc = rocmport("emit", "docker", "-o", "", cwd=tmp_path)
+    assert proc.returncode == 2 and "-o ''" in one_error_line(proc)
+    assert not list(tmp_path.glob("*")) or all(p.name != "" for p in tmp_path.iterdir())
+    proj, set_versions = te_versions_project
+    root = set_versions(">=2.9.0a0,<2.13")
+    (proj.root / "build" / "megatron-lm" / "pyproject.toml").write_text(
+        '[project]\nname = "megatron-core"\nversion = "0.16.1"\ndependencies = ["numpy"]\n'
+        '[project.optional-dependencies]\nmlm = ["flask"]\ndev = ["pytest"]\n'
+    )
+    out = tmp_path / "Dockerfile"
+    for extra, said in (
+        (
+            "megatron-core:nosuchextra",
+            "--extra megatron-core:nosuchextra: megatron-core has no extra 'nosuchextra'; its extras: dev, mlm",
+        ),
+        ("nosuchdist:mlm", "--extra nosuchdist:mlm: no ported package is named nosuchdist"),
+    ):
+        proc = rocmport(
+            "-C", str(root), "emit", "docker", "--components", "none", "--extra", extra, "-o", str(out), cwd=tmp_path
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert said in one_error_line(proc)
+        assert not out.exists()
+
+
+# ---- rows 7, 9, 14: env's inputs -------------------------------------------------------------------
+
+
+def test_env_tune_replay_names_a_non_utf8_or_outside_linked_table(tmp_path):
+    d = tmp_path / "tune"
+    d.mkdir()
+    (d / "te_hipblaslt_algos_1.csv").write_bytes(b"M,N,K\n\xff\xfe1,2,3\n")
+    proc = rocmport("env", "--no-fabric", "--tune", "replay", str(d), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{d / 'te_hipblaslt_algos_1.csv'}: not UTF-8 at byte 6 (line 2, byte 0xff)" in one_error_line(proc)
+    (d / "te_hipblaslt_algos_1.csv").unlink()
+    secret = tmp_path / "outside.csv"
+    secret.write_text("M,N,K\nsecret\n")
+    (d / "te_hipblaslt_algos_1.csv").symlink_to(secret)
+    proc = rocmport("env", "--no-fabric", "--tune", "replay", str(d), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "is a link that leads out of" in one_error_line(proc) and "secret" not in proc.stderr.split("(to")[0]
+
+
+@pytest.mark.parametrize(
+    "args, env",
+    [
+        (("--master-addr", "a" * 64 + ".example"), {}),
+        ((), {"MASTER_ADDR": "a" * 64 + ".example"}),
+        (("--master-addr", "a..b"), {}),
+        (("--master-addr", "x" * 300), {}),
+    ],
+)
+def test_env_refuses_a_master_addr_that_is_not_a_host_in_one_line(tmp_path, args, env):
+    proc = rocmport("env", *args, cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc)
+    assert ("--master-addr" if args else "MASTER_ADDR") in line and "not a host name" in line
+
+
+def test_env_master_addr_accepts_hosts_and_addresses(tmp_path):
+    for host in ("10.1.2.3", "fe80::1", "node-01.cluster.local", "a" * 63, "localhost."):
+        proc = rocmport("env", "--master-addr", host, cwd=tmp_path)
+        assert proc.returncode == 0, (host, proc.stderr)
+
+
+@pytest.mark.parametrize("args", [("--arch", ""), ("--tune", "record", ""), ("--tune", "replay", "")])
+def test_env_refuses_empty_values(tmp_path, args):
+    proc = rocmport("env", "--no-fabric", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    one_error_line(proc)
+    assert list(tmp_path.iterdir()) == []  # nothing recorded into the cwd
+
+
+def test_env_tune_record_refuses_a_directory_it_cannot_write(tmp_path):
+    import shutil
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    cmd = [sys.executable, "-m", "rocmport", "env", "--no-fabric", "--tune", "record", str(ro)]
+    if os.geteuid() == 0:  # root writes through the permission bits: drop that power, as a user has none
+        if not shutil.which("setpriv"):
+            pytest.skip("root without setpriv: a 0555 directory is writable here")
+        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    ro.chmod(0o755)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--tune record {ro}: cannot write in the directory" in one_error_line(proc)
+    assert list(ro.iterdir()) == []
+
+
+# ---- rows 10, 11, 12: TE inputs (a local index on loopback; nothing leaves the machine) ----------
+
+
+def _te_wheel(path: Path, version: str, python_layer: bool = True) -> Path:
+    import zipfile
+
+    whl = path / f"transformer_engine-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        if python_layer:
+            zf.writestr("transformer_engine/__init__.py", f"__version__ = '{version}'\n")
+        zf.writestr(
+            f"transformer_engine-{version}.dist-info/METADATA", f"Name: transformer_engine\nVersion: {version}\n"
+        )
+    return whl
+
+
+def _verify_te(tmp_path: Path, tree: Path, index_url: str, *args: str, timeout: float = 120):
+    return rocmport(
+        "-C",
+        str(tmp_path),
+        "verify",
+        "--tree",
+        str(tree),
+        *args,
+        cwd=tmp_path,
+        timeout=timeout,
+        env={"ROCMPORT_INDEX_URL": index_url, "ROCMPORT_CACHE_DIR": str(tmp_path / "cache")},
+    )
+
+
+@pytest.mark.parametrize("version", ["0.0.0", "1.9.0"])
+def test_a_te_wheel_without_a_python_layer_is_refused_before_any_stage(tmp_path, tree, version):
+    from tests.helpers.pypi import Index
+
+    files = tmp_path / "files"
+    files.mkdir()
+    with Index(files) as index:
+        index.add("transformer-engine", _te_wheel(files, version, python_layer=False))
+        proc = _verify_te(tmp_path, tree, index.url, "--te", version, "--stages", "1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "holds no transformer_engine package (no Python layer" in one_error_line(proc)
+    assert not (tmp_path / "build" / "verify").exists()  # no stage ran, no report claims TE
+
+
+def test_a_te_wheel_that_is_not_a_zip_is_refused_even_with_a_matching_hash(tmp_path, tree):
+    from tests.helpers.pypi import Index
+
+    files = tmp_path / "files"
+    files.mkdir()
+    bad = files / "transformer_engine-2.12.0-py3-none-any.whl"
+    bad.write_bytes(b"this is not a zip file\n")
+    with Index(files) as index:
+        index.add("transformer-engine", bad)  # its real sha256
+        proc = _verify_te(tmp_path, tree, index.url, "--te", "2.12.0", "--dry-run")
+    assert proc.returncode == 2, proc.stderr
+    assert "transformer_engine-2.12.0-py3-none-any.whl from the package index is not a wheel" in one_error_line(proc)
+    assert not list((tmp_path / "cache").rglob("*.whl"))  # not kept: a later index may serve a good one
+
+
+def test_a_cached_te_release_is_used_offline(tmp_path, tree):
+    from tests.helpers.pypi import Index
+
+    files = tmp_path / "files"
+    files.mkdir()
+    with Index(files) as index:
+        index.add("transformer-engine", _te_wheel(files, "2.12.0"))
+        assert _verify_te(tmp_path, tree, index.url, "--te", "2.12.0", "--dry-run").returncode == 0
+    unreachable = "http://127.0.0.1:9/simple"  # the discard port: nothing listens
+    proc = _verify_te(tmp_path, tree, unreachable, "--te", "2.12.0", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    proc = _verify_te(tmp_path, tree, unreachable, "--te", "auto", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "using Transformer Engine 2.12.0, the newest in the cache" in proc.stderr
+    proc = _verify_te(tmp_path, tree, unreachable, "--te", "2.9.0", "--dry-run")
+    assert proc.returncode == 2
+    line = one_error_line(proc)
+    assert "--source git" not in line and "give a --te release already in the cache (2.12.0)" in line, line
+
+
+def test_a_stalled_index_times_out_with_a_hint_that_fits_verify(tmp_path, tree):
+    import socket
+    import threading
+    import time
+
+    stalled = socket.socket()
+    stalled.bind(("127.0.0.1", 0))
+    stalled.listen(8)
+    held: list = []
+    threading.Thread(target=lambda: held.append(stalled.accept()), daemon=True).start()
+    url = f"http://127.0.0.1:{stalled.getsockname()[1]}/simple"
+    started = time.monotonic()
+    try:
+        proc = rocmport(
+            "-C",
+            str(tmp_path),
+            "verify",
+            "--tree",
+            str(tree),
+            "--te",
+            "auto",
+            "--dry-run",
+            cwd=tmp_path,
+            env={
+                "ROCMPORT_INDEX_URL": url,
+                "ROCMPORT_CACHE_DIR": str(tmp_path / "cache"),
+                "ROCMPORT_INDEX_TIMEOUT": "2",
+            },
+        )
+    finally:
+        stalled.close()
+    assert proc.returncode == 2, proc.stderr
+    line = one_error_line(proc)
+    assert "no answer in 2 s" in line and "--te none" in line and "--source git" not in line, line
+    assert time.monotonic() - started < 60
+
+
+def test_a_te_release_outside_the_lines_range_is_refused_unless_asked_exactly(tmp_path):
+    from rocmport.errors import BadInput
+    from rocmport.verify import te_layer
+
+    wheels = [
+        te_layer.WheelFile(te_layer.Version(v), f"transformer_engine-{v}-py3-none-any.whl", f"/f/{v}", "0" * 64)
+        for v in ("2.5.0", "2.12.0")
+    ]
+    with pytest.raises(
+        BadInput, match=r"--te 2\.5\.0: outside this line's Transformer Engine range >=2\.9\.0a0,<2\.13"
+    ):
+        te_layer.choose("2.5.0", ">=2.9.0a0,<2.13", wheels)
+    assert str(te_layer.choose("==2.5.0", ">=2.9.0a0,<2.13", wheels).version) == "2.5.0"
+    # the layer a run gets says so, and the verdict carries it
+    (tmp_path / "cache" / "te" / "2.5.0" / "transformer_engine").mkdir(parents=True)
+    (tmp_path / "cache" / "te" / "2.5.0" / "transformer_engine" / "__init__.py").write_text("")
+    layer = te_layer.resolve("==2.5.0", ">=2.9.0a0,<2.13", tmp_path / "cache")
+    assert layer is not None and layer.outside_range == ">=2.9.0a0,<2.13"
+    assert layer.to_dict()["outside_range"] == ">=2.9.0a0,<2.13"
+    with pytest.raises(BadInput, match="outside this line's"):
+        te_layer.resolve("2.5.0", ">=2.9.0a0,<2.13", tmp_path / "cache")
+    assert te_layer.resolve("2.5.0", None, tmp_path / "cache").outside_range is None
