@@ -486,3 +486,61 @@ def test_a_te_release_outside_the_lines_range_is_refused_unless_asked_exactly(tm
     with pytest.raises(BadInput, match="outside this line's"):
         te_layer.resolve("2.5.0", ">=2.9.0a0,<2.13", tmp_path / "cache")
     assert te_layer.resolve("2.5.0", None, tmp_path / "cache").outside_range is None
+
+
+# ---- row 6: parsing limits of the codemod runner --------------------------------------------------
+
+APEX = "from apex.normalization import FusedLayerNorm\n"  # a file the codemods parse (apex-to-torch's trigger)
+HOSTILE_SOURCES = {
+    "nested3000.py": APEX + "x = " + "(" * 3000 + "1" + ")" * 3000 + "\n",
+    "unclosed1000.py": APEX + "x = " + "(" * 1000 + "\n",
+    "unclosed50.py": APEX + "x = " + "(" * 50 + "\n",
+    "sum20000.py": APEX + "x = " + "+".join(["1"] * 20000) + "\n",
+}
+
+
+def _codemod_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    tree = tmp_path / "tree"
+    (tree / "megatron" / "core").mkdir(parents=True)
+    # a file the codemods do rewrite, so that the run's other files are seen to go on
+    (tree / "megatron" / "core" / "ok.py").write_text(APEX)
+    for name, text in files.items():
+        (tree / "megatron" / "core" / name).write_text(text)
+    return tree
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_SOURCES))
+def test_codemod_check_names_a_file_the_parser_cannot_handle_and_goes_on(tmp_path, name):
+    import time
+
+    tree = _codemod_tree(tmp_path, {name: HOSTILE_SOURCES[name], "also_ok.py": "import torch\n"})
+    started = time.monotonic()
+    proc = rocmport(
+        "codemod",
+        "--check",
+        "--jobs",
+        "2",
+        str(tree),
+        cwd=tmp_path,
+        timeout=90,
+        env={"ROCMPORT_CACHE_DIR": str(tmp_path / "c")},
+    )
+    assert time.monotonic() - started < 90
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    failed = [ln for ln in proc.stderr.splitlines() if name in ln]
+    assert len(failed) == 1, proc.stderr
+    # over the limits: refused before libcst; a small syntax error: libcst's own message
+    assert ("not parsed" in failed[0]) == (name != "unclosed50.py"), failed[0]
+    assert "1 failed" in proc.stderr and "apex-to-torch: 1 sites" in proc.stderr  # ok.py still rewritten
+    assert (tree / "megatron" / "core" / "ok.py").read_text().startswith("from apex")  # --check writes nothing
+
+
+def test_codemod_runner_survives_every_hostile_file_in_one_pool(tmp_path):
+    from rocmport.codemods.catalog import registry
+    from rocmport.codemods.runner import compute_layers
+
+    tree = _codemod_tree(tmp_path, HOSTILE_SOURCES)
+    result = compute_layers(tree, sorted(registry), jobs=2, cache_dir=tmp_path / "c")
+    assert sorted(f.path for f in result.failures) == sorted(f"megatron/core/{n}" for n in HOSTILE_SOURCES)
+    assert "megatron/core/ok.py" in result.changed_files()
