@@ -544,3 +544,30 @@ def test_codemod_runner_survives_every_hostile_file_in_one_pool(tmp_path):
     result = compute_layers(tree, sorted(registry), jobs=2, cache_dir=tmp_path / "c")
     assert sorted(f.path for f in result.failures) == sorted(f"megatron/core/{n}" for n in HOSTILE_SOURCES)
     assert "megatron/core/ok.py" in result.changed_files()
+
+
+# ---- row 18: status flags a work tree the lock does not describe ------------------------------------
+
+
+def test_status_flags_a_work_tree_on_another_release_than_the_lock(tmp_path, monkeypatch, capsys):
+    from rocmport.cli import main
+    from tests.helpers.patches import LAYERS
+    from tests.helpers.refresh import Ported, edit_line
+
+    port = Ported(tmp_path, monkeypatch)
+    capsys.readouterr()
+    assert main(["-C", str(port.root), "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mismatches"] == {}
+    port.tag({"megatron/core/layers.py": edit_line(LAYERS, 30, "line 30 rocm")}, "core_v0.17.0", "0.17.0")
+    # the bot builds the new release's tree and returns the project to its branch, whose lock pins 0.16.1
+    assert main(["-C", str(port.root), "bot", "--once", "--no-verify", "--lines", "v0.17"]) in (0, 1)
+    capsys.readouterr()
+    lock = (port.root / "upstream.lock").read_text()
+    assert "core_v0.16.1" in lock
+    proc = rocmport("-C", str(port.root), "status", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    warned = [ln for ln in proc.stderr.splitlines() if "does not match the lock" in ln]
+    assert warned and "pins core_v0.16.1" in warned[0], proc.stdout + proc.stderr
+    assert "NOT THE LOCK'S COMMIT" in proc.stdout
+    proc = rocmport("-C", str(port.root), "status", "--json", cwd=tmp_path)
+    assert "megatron-lm" in json.loads(proc.stdout)["mismatches"]
