@@ -571,3 +571,15 @@ def test_status_flags_a_work_tree_on_another_release_than_the_lock(tmp_path, mon
     assert "NOT THE LOCK'S COMMIT" in proc.stdout
     proc = rocmport("-C", str(port.root), "status", "--json", cwd=tmp_path)
     assert "megatron-lm" in json.loads(proc.stdout)["mismatches"]
+
+
+def test_status_does_not_follow_a_last_json_link_out_of_the_project(tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({**LAST_OK, "verdict": "SECRET all stages pass"}))
+    root = tmp_path / "p"
+    (root / "build" / "verify").mkdir(parents=True)
+    (root / "build" / "verify" / "last.json").symlink_to(outside)
+    proc = rocmport("-C", str(root), "status", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert "not a verify report" in said and "leads out of" in said and "SECRET" not in said

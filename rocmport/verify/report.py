@@ -94,7 +94,7 @@ def last_verify(project: Path) -> LastVerify | None:
     if not path.is_file():
         return None
     try:
-        r = read_json(path, "verify report", fix="the next verify run replaces it")
+        r = read_json(path, "verify report", fix="the next verify run replaces it", root=project)
         return LastVerify(
             path=str(path),
             started=_field(r, "started"),

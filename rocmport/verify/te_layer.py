@@ -186,16 +186,23 @@ def resolve(spec: str, line_range: str | None, cache_root: Path, progress=None) 
     spec = spec.strip()
     if spec == "none":
         return None
+
+    def listed() -> list[WheelFile]:  # said while it waits: a slow index is not silence
+        if progress is None:
+            return list_wheels(cache_root=cache_root)
+        with progress("Transformer Engine: the releases on the package index"):
+            return list_wheels(cache_root=cache_root)
+
     layer: TELayer | None
     if spec != "auto":
         want = parse_version(spec, line_range)
         if want in cached_versions(cache_root):
             layer = _cached(cache_root, want)
         else:
-            layer = _fetched(choose(spec, line_range, list_wheels(cache_root=cache_root)), cache_root, progress)
+            layer = _fetched(choose(spec, line_range, listed()), cache_root, progress)
     else:
         try:
-            wheels = list_wheels(cache_root=cache_root)
+            wheels = listed()
         except IndexUnreachable as exc:
             inside = [v for v in cached_versions(cache_root) if not outside(v, line_range)]
             if not inside:
