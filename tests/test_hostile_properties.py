@@ -366,6 +366,59 @@ def test_fuzz_the_last_verify_reader(tmp_path_factory, doc):
     assert not any(ord(c) < 0x20 and c not in "\n\t" for c in shown)
 
 
+# ---- the settings readers: [tool.rocmport] and .rocmport/local.yaml ------------------------------
+
+
+def _toml_value(value) -> str:
+    """``value`` written as TOML (JSON's strings, numbers, booleans and arrays are TOML too)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, float) and value != value:
+        return "nan"
+    return json.dumps(value)
+
+
+SETTING_KEYS = ["remotes", "cache-dir", "worktree-dir", "tp", "pp", "release-lines", "python", "unknown-key"]
+TOML_VALUE = st.recursive(
+    st.one_of(st.booleans(), st.integers(-(10**6), 10**6), st.floats(allow_nan=False, allow_infinity=False), VALUE),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["megatron-lm", "x", ""]), inner, max_size=2)
+    ),
+    max_leaves=5,
+)
+
+
+@FUZZ
+@given(
+    table=st.dictionaries(st.sampled_from(SETTING_KEYS), TOML_VALUE, max_size=4),
+    local=st.one_of(st.none(), JSONISH),
+)
+@example(table={"tp": 8}, local=None)
+@example(table={}, local=[1])
+def test_fuzz_the_settings_readers(tmp_path_factory, table, local):
+    from rocmport.config import load_settings
+    from rocmport.errors import BadInput
+
+    COUNTED["settings"] = COUNTED.get("settings", 0) + 1
+    root = tmp_path_factory.mktemp("settings")
+    (root / "pyproject.toml").write_text(
+        "[tool.rocmport]\n" + "".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in table.items())
+    )
+    if local is not None:
+        (root / ".rocmport").mkdir()
+        (root / ".rocmport" / "local.yaml").write_text(yaml.safe_dump(local))
+    try:
+        settings = load_settings(root)
+    except BadInput as exc:
+        assert "\n" not in str(exc)
+        assert str(root) in str(exc) or "pyproject.toml" in str(exc) or "local.yaml" in str(exc), str(exc)
+        return
+    assert isinstance(settings.tp, int) and isinstance(settings.pp, int)
+    assert settings.root == root.resolve()
+
+
 def test_fuzz_example_counts_are_reported():
     """Runs last in this file: the property tests' example counts (-s shows them)."""
     print(f"\nissue 41 property tests, examples run: {COUNTED}")
