@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 from rocmport import components
 from rocmport.cli import main
-from rocmport.errors import terminal_safe
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "60"))
@@ -352,6 +351,7 @@ def test_fuzz_the_component_matrix_reader(path, value):
 @FUZZ
 @given(doc=st.one_of(JSONISH, st.fixed_dictionaries({"tree": VALUE, "stages": JSONISH, "verdict": JSONISH})))
 def test_fuzz_the_last_verify_reader(tmp_path_factory, doc):
+    from rocmport.errors import terminal_safe
     from rocmport.verify.report import last_verify
 
     COUNTED["last.json"] = COUNTED.get("last.json", 0) + 1
