@@ -485,14 +485,14 @@ def item21(tmp: Path) -> list[Row]:
     ]
 
 
-PROBES: dict[int, Callable[[Path], list[Row]]] = {i: globals()[f"item{i}"] for i in range(1, 22)}
+PROBES: dict[int | str, Callable[[Path], list[Row]]] = {i: globals()[f"item{i}"] for i in range(1, 22)}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", help="comma-separated item numbers")
     args = p.parse_args()
-    chosen = [int(i) for i in args.only.split(",")] if args.only else list(PROBES)
+    chosen = [int(i) if i.isdigit() else i for i in args.only.split(",")] if args.only else list(PROBES)
     rows: list[Row] = []
     started = time.monotonic()
     home = os.environ.copy()
@@ -521,6 +521,395 @@ def main() -> None:
         f"\n{len(rows)} probes of {len(chosen)} items in {time.monotonic() - started:.0f} s; "
         "skipped: item 21 (mirror, long stage 3) and item 6's verify stage 2 (torch workers; tests/test_verify_kill.py)."
     )
+
+
+# --- issue 41, rows 4-7, 9-12, 14-18, 20 (checked readers, parsing limits, options, TE inputs, status) --
+
+
+def _series_with_te_versions(tmp: Path, versions) -> Path:
+    """A synced and applied project whose series' rocm: matrix gives transformer_engine ``versions``."""
+    import yaml
+
+    from tests.helpers.patches import Project
+
+    proj = Project(tmp, Env())
+    data = yaml.safe_load((proj.series_dir / "series").read_text())
+    data["rocm"] = yaml.safe_load((REPO / "patchsets/megatron-lm/v0.16/series").read_text())["rocm"]
+    assert cli(["-C", str(proj.root), "apply"]) == 0
+    data["rocm"]["components"]["transformer_engine"]["versions"] = versions
+    (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
+    return proj.root
+
+
+def row41_4(tmp: Path) -> list[Row]:
+    rows = []
+    for versions in (5, 2.9):
+        root = _series_with_te_versions(tmp / f"v{versions}", versions)
+        for args in (
+            ("status",),
+            ("patches", "list"),
+            ("emit", "docker", "-o", str(tmp / "D")),
+            ("verify", "--te", "auto", "--dry-run"),
+        ):
+            item, cmd, rc, msg = run_row("41.4", tmp, "-C", str(root), *args, cwd=tmp)
+            rows.append((item, f"versions: {versions}; {cmd}", rc, msg))
+    return rows
+
+
+def _last_json(tmp: Path, name: str, text: str) -> Path:
+    root = tmp / name
+    (root / "build" / "verify").mkdir(parents=True)
+    (root / "build" / "verify" / "last.json").write_text(text)
+    return root
+
+
+LAST_OK = {
+    "started": "2026-01-01T00:00:00",
+    "tree": "/x/megatron-lm",
+    "line": "v0.16",
+    "commit": "0" * 40,
+    "verdict": "all stages pass",
+    "stages": [{"name": "imports", "status": "pass"}],
+    "report": "/x/r.json",
+}
+
+
+def row41_5(tmp: Path) -> list[Row]:
+    rows = []
+    for n, (what, text) in enumerate(
+        [
+            ("[]", "[]"),
+            ("null", "null"),
+            ('"x"', '"x"'),
+            ("100,000 nested [", "[" * 100_000),
+            ("stages: 5", json.dumps({**LAST_OK, "stages": 5})),
+            ("verdict: [1]", json.dumps({**LAST_OK, "verdict": [1]})),
+        ]
+    ):
+        root = _last_json(tmp, f"p{n}", text)
+        item, cmd, rc, msg = run_row("41.5", tmp, "-C", str(root), "status", cwd=tmp, pick=_last_verify_line)
+        rows.append((item, f"last.json {what}; {cmd}", rc, msg))
+    return rows
+
+
+def _last_verify_line(proc: subprocess.CompletedProcess) -> str:
+    said = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if "last verify" in ln or "not a" in ln]
+    return said[0] if said else message(proc)
+
+
+APEX = "from apex.normalization import FusedLayerNorm\n"  # what makes the codemods parse a file
+
+
+def row41_6(tmp: Path) -> list[Row]:
+    rows = []
+    for name, text in (
+        ("3,000 nested (", APEX + "x = " + "(" * 3000 + "1" + ")" * 3000 + "\n"),
+        ("1,000 nested ( unclosed", APEX + "x = " + "(" * 1000 + "\n"),
+        ("20,000-term 1+1+...", APEX + "x = " + "+".join(["1"] * 20000) + "\n"),
+    ):
+        tree = tmp / name.split()[0].replace(",", "")
+        (tree / "megatron" / "core").mkdir(parents=True)
+        (tree / "megatron" / "core" / "ok.py").write_text(APEX)
+        (tree / "megatron" / "core" / "hostile.py").write_text(text)
+        started = time.monotonic()
+        try:
+            item, cmd, rc, msg = run_row(
+                "41.6",
+                tmp,
+                "codemod",
+                "--check",
+                "--jobs",
+                "2",
+                str(tree),
+                cwd=tmp,
+                timeout=150,
+                pick=lambda p: next(
+                    (ln.strip() for ln in p.stderr.splitlines() if "hostile.py" in ln or "files would" in ln),
+                    message(p),
+                ),
+            )
+        except subprocess.TimeoutExpired:
+            item, cmd, rc, msg = (
+                "41.6",
+                shown(("codemod", "--check", str(tree)), tmp),
+                "timeout",
+                "still running at 150 s",
+            )
+        rows.append((item, f"{cmd} ({name})", rc, f"{msg} [{time.monotonic() - started:.0f} s]"))
+    return rows
+
+
+def row41_7(tmp: Path) -> list[Row]:
+    d = tmp / "tune"
+    d.mkdir()
+    (d / "te_hipblaslt_algos_1.csv").write_bytes(b"M,N,K\n\xff\xfe1,2,3\n")
+    return [run_row("41.7", tmp, "env", "--no-fabric", "--tune", "replay", str(d), cwd=tmp)]
+
+
+def row41_9(tmp: Path) -> list[Row]:
+    label = "a" * 64 + ".example"
+    return [
+        run_row("41.9", tmp, "env", "--master-addr", label, cwd=tmp),
+        run_row("41.9", tmp, "env", cwd=tmp, env={"MASTER_ADDR": label}, note="MASTER_ADDR a 64-character label"),
+    ]
+
+
+def _te_wheel(path: Path, version: str, python_layer: bool = True) -> Path:
+    import zipfile
+
+    whl = path / f"transformer_engine-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        if python_layer:
+            zf.writestr("transformer_engine/__init__.py", f"__version__ = '{version}'\n")
+        zf.writestr(
+            f"transformer_engine-{version}.dist-info/METADATA", f"Name: transformer_engine\nVersion: {version}\n"
+        )
+    return whl
+
+
+def _te_run(
+    tmp: Path, index_url: str, *args: str, timeout: float = 200, cache: str = "cache"
+) -> subprocess.CompletedProcess:
+    tree = fake_tree(tmp / "t")
+    return rocmport(
+        "-C",
+        str(tmp),
+        "verify",
+        "--tree",
+        str(tree),
+        *args,
+        cwd=tmp,
+        timeout=timeout,
+        env={"ROCMPORT_INDEX_URL": index_url, "ROCMPORT_CACHE_DIR": str(tmp / cache)},
+    )
+
+
+def _te_row(row: str, tmp: Path, proc: subprocess.CompletedProcess, args: tuple[str, ...], note: str) -> Row:
+    said = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if "Transformer Engine" in ln or "TE " in ln]
+    msg = message(proc) if proc.returncode else (said[0] if said else message(proc))
+    return (row, f"rocmport verify {shlex.join(args)} ({note})", str(proc.returncode), msg.replace(str(tmp), "<tmp>"))
+
+
+def row41_10(tmp: Path) -> list[Row]:
+    from tests.helpers.pypi import Index
+
+    files = tmp / "files"
+    files.mkdir()
+    rows = []
+    with Index(files) as index:
+        for v in ("0.0.0", "1.9.0"):
+            index.add("transformer-engine", _te_wheel(files, v, python_layer=False))
+        for v in ("0.0.0", "1.9.0"):
+            args = ("--te", v, "--stages", "1", "--dry-run")
+            rows.append(
+                _te_row(
+                    "41.10", tmp, _te_run(tmp, index.url, *args), args, "a wheel with no transformer_engine package"
+                )
+            )
+        index.add("transformer-engine", _te_wheel(files, "2.5.0"))
+        args = ("--te", "2.5.0", "--stages", "1", "--dry-run")
+        rows.append(
+            _te_row("41.10", tmp, _te_run(tmp, index.url, *args), args, "below a line's >=2.9 range; no series here")
+        )
+    return rows
+
+
+def row41_11(tmp: Path) -> list[Row]:
+    import socket
+    import threading
+
+    from tests.helpers.pypi import Index
+
+    files = tmp / "files"
+    files.mkdir()
+    rows = []
+    args = ("--te", "2.12.0", "--dry-run")
+    with Index(files) as index:
+        index.add("transformer-engine", _te_wheel(files, "2.12.0"))
+        assert _te_run(tmp, index.url, *args).returncode == 0  # fetched into the cache
+    rows.append(
+        _te_row("41.11", tmp, _te_run(tmp, "http://127.0.0.1:9/simple", *args), args, "wheel cached, index unreachable")
+    )
+    stalled = socket.socket()
+    stalled.bind(("127.0.0.1", 0))
+    stalled.listen(8)
+    held: list = []
+    threading.Thread(target=lambda: [held.append(stalled.accept()) for _ in range(8)], daemon=True).start()
+    url = f"http://127.0.0.1:{stalled.getsockname()[1]}/simple"
+    args = ("--te", "auto", "--dry-run")
+    started = time.monotonic()
+    try:
+        proc = _te_run(tmp, url, *args, timeout=150, cache="empty-cache")
+        row = _te_row("41.11", tmp, proc, args, "an index that accepts and never answers; nothing cached")
+        rows.append((*row[:3], f"{row[3]} [{time.monotonic() - started:.0f} s]"))
+    except subprocess.TimeoutExpired:
+        rows.append(
+            (
+                "41.11",
+                f"rocmport verify {shlex.join(args)} (an index that never answers)",
+                "timeout",
+                "silent, still waiting at 150 s",
+            )
+        )
+    finally:
+        stalled.close()
+    return rows
+
+
+def row41_12(tmp: Path) -> list[Row]:
+    from tests.helpers.pypi import Index
+
+    files = tmp / "files"
+    files.mkdir()
+    (files / "transformer_engine-2.12.0-py3-none-any.whl").write_bytes(b"this is not a zip file\n")
+    with Index(files) as index:
+        index.add("transformer-engine", files / "transformer_engine-2.12.0-py3-none-any.whl")
+        args = ("--te", "2.12.0", "--dry-run")
+        return [_te_row("41.12", tmp, _te_run(tmp, index.url, *args), args, "a non-zip wheel, its sha256 matching")]
+
+
+def row41_14(tmp: Path) -> list[Row]:
+    ro = tmp / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    rows = [
+        run_row("41.14", tmp, "env", "--arch", "", "--no-fabric", cwd=tmp),
+        run_row("41.14", tmp, "env", "--tune", "record", "", "--no-fabric", cwd=tmp),
+        run_row("41.14", tmp, "env", "--tune", "record", str(ro), "--no-fabric", cwd=tmp, note="a 0555 directory"),
+    ]
+    ro.chmod(0o755)
+    return rows
+
+
+def row41_15(tmp: Path) -> list[Row]:
+    tree = fake_tree(tmp / "t")
+    project = init(tmp / "project")
+    commit(project, {"README.md": "x\n"}, "project")
+    rows = [
+        run_row("41.15", tmp, "verify", "--tree", str(tree), *args, "--dry-run", cwd=tmp)
+        for args in (
+            ("--te", "none", "--moe"),
+            ("--unit-tests", "all", "--unit-test", "tests/unit_tests/test_x.py"),
+            ("--no-unit-tests", "--unit-tests", "all"),
+        )
+    ]
+    for args in (
+        ("bot", "--once", "--interval", "5", "--no-verify"),
+        ("bot", "--once", "--track", "main", "--lines", "v0.16", "--no-verify"),
+    ):
+        rows.append(run_row("41.15", tmp, "-C", str(project), *args, cwd=tmp, timeout=120))
+    rows.append(run_row("41.15", tmp, "emit", "docker", "-o", "", cwd=tmp, pick=lambda p: message(p)[:120]))
+    root = _series_with_te_versions(tmp / "e", ">=2.9.0a0,<2.13")
+    (root / "build" / "megatron-lm" / "pyproject.toml").write_text(  # as the real tree's: extras to choose from
+        '[project]\nname = "megatron-core"\nversion = "0.16.1"\ndependencies = ["numpy"]\n'
+        '[project.optional-dependencies]\nmlm = ["flask"]\ndev = ["pytest"]\n'
+    )
+    rows.append(
+        run_row(
+            "41.15",
+            tmp,
+            "-C",
+            str(root),
+            "emit",
+            "docker",
+            "--components",
+            "none",
+            "--extra",
+            "megatron-core:nosuchextra",
+            "-o",
+            str(tmp / "D"),
+            cwd=tmp,
+        )
+    )
+    return rows
+
+
+def row41_16(tmp: Path) -> list[Row]:
+    project = init(tmp / "project")
+    commit(project, {"README.md": "x\n"}, "project")
+    args = ("-C", str(project), "bot", "--watch", "--interval", "1e-300", "--no-verify")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmport", *args],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=8)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    cycles = sum(1 for ln in err.splitlines() if "failed" in ln and "cycle" in ln)
+    return [
+        (
+            "41.16",
+            shown(args, tmp) + " (8 s)",
+            str(proc.returncode),
+            f"{message((out, err))} [failed cycles in 8 s: {cycles}]".replace(str(tmp), "<tmp>"),
+        )
+    ]
+
+
+def row41_17(tmp: Path) -> list[Row]:
+    tree = fake_tree(tmp / "t")
+    (tmp / "pyproject.toml").write_text("[tool.rocmport]\ntp = 8\n")
+    return [
+        run_row(
+            "41.17",
+            tmp,
+            "-C",
+            str(tmp),
+            "verify",
+            "--tree",
+            str(tree),
+            "--dry-run",
+            cwd=tmp,
+            note="[tool.rocmport] tp = 8",
+        )
+    ]
+
+
+def row41_18(tmp: Path) -> list[Row]:
+    port = Ported(tmp, Env())
+    port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
+    b = rocmport("-C", str(port.root), "bot", "--once", "--no-verify", "--lines", "v0.17", cwd=tmp)
+    s = rocmport("-C", str(port.root), "status", cwd=tmp)
+    flagged = [
+        ln.strip()
+        for ln in (s.stdout + s.stderr).splitlines()
+        if "lock" in ln.lower() and ("pins" in ln or "mismatch" in ln or "not" in ln)
+    ]
+    tree = [ln.strip() for ln in s.stdout.splitlines() if "megatron-lm" in ln]
+    return [
+        (
+            "41.18",
+            "rocmport bot --once --no-verify --lines v0.17; rocmport status",
+            f"{b.returncode}, {s.returncode}",
+            (flagged[0] if flagged else f"not flagged: {tree[0] if tree else message(s)}").replace(str(tmp), "<tmp>")[
+                :200
+            ],
+        )
+    ]
+
+
+def row41_20(tmp: Path) -> list[Row]:
+    root = _last_json(tmp, "p", json.dumps({**LAST_OK, "verdict": "\x1b]0;pwned\x07all \x1b[2Jstages pass"}))
+    proc = rocmport("-C", str(root), "status", cwd=tmp)
+    raw = "\x1b" in proc.stdout + proc.stderr
+    return [
+        (
+            "41.20",
+            "rocmport status (last.json's verdict holds an OSC title and a clear-screen escape)",
+            str(proc.returncode),
+            f"{_last_verify_line(proc)!r}"[:150] + f" [ESC reached the terminal: {'yes' if raw else 'no'}]",
+        )
+    ]
+
+
+PROBES.update({f"41.{n}": globals()[f"row41_{n}"] for n in (4, 5, 6, 7, 9, 10, 11, 12, 14, 15, 16, 17, 18, 20)})
 
 
 if __name__ == "__main__":

@@ -35,6 +35,20 @@ def one_line(text: str) -> str:
     return "".join(repr(c)[1:-1] if is_control(c) else c for c in text)
 
 
+# What must never reach a terminal from a file's content: C0 controls but newline and tab, DEL, the
+# C1 controls (0x9b is a one-byte CSI on some terminals) and the bidirectional overrides and isolates
+# (text that reads differently from what it is).
+_UNSAFE = {*(chr(c) for c in range(0x20) if chr(c) not in "\n\t"), "\x7f", *(chr(c) for c in range(0x80, 0xA0))}
+_UNSAFE |= {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+_STRIP = str.maketrans(dict.fromkeys(_UNSAFE))
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` without what a terminal would act on instead of showing (an OSC title, a screen
+    clear, a bidi override): file contents printed to a terminal go through this."""
+    return text.translate(_STRIP)
+
+
 class BadInput(RocmportError):
     """Bad user input: a file, ref, URL or option that cannot be used (exit 2). Always one line:
     whatever part of the input the message quotes, its control characters are escaped."""

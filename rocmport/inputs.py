@@ -1,8 +1,10 @@
-"""One way to read the files a user edits (upstream.lock, series, .patch files).
+"""One way to read the files a user edits (upstream.lock, series, .patch files) and the files a run
+reads back (build/verify/last.json, tuning tables).
 
 Every byte is decoded as strict UTF-8 (a bad byte is named with its file and offset), YAML is
-parsed by a safe loader that refuses duplicate keys, and values are type-checked by the callers
-with the helpers here, so bad input is one line and exit 2, before anything is touched."""
+parsed by a safe loader that refuses duplicate keys, JSON with size and depth limits, a link that
+leads out of the directory it was found in is refused (``root``), and values are type-checked by
+the callers with the helpers here, so bad input is one line and exit 2, before anything is touched."""
 
 from __future__ import annotations
 
@@ -25,11 +27,28 @@ def decode(data: bytes, where: str | os.PathLike, fix: str = "save it as UTF-8")
         ) from None
 
 
+def confined(path: str | os.PathLike, root: str | os.PathLike, what: str) -> Path:
+    """``path`` when it (a link followed) stays under ``root``; BadInput naming it when it leads out."""
+    path, root = Path(path), Path(root)
+    real, real_root = path.resolve(), root.resolve()
+    if not real.is_relative_to(real_root):
+        raise BadInput(f"{path}: the {what} is a link that leads out of {root} (to {real}); replace it with a file")
+    return path
+
+
 def read_text(
-    path: str | os.PathLike, what: str, *, max_bytes: int | None = None, fix: str = "save it as UTF-8"
+    path: str | os.PathLike,
+    what: str,
+    *,
+    max_bytes: int | None = None,
+    fix: str = "save it as UTF-8",
+    root: str | os.PathLike | None = None,
 ) -> str:
-    """A user file as text: missing, unreadable, too large or not UTF-8 is BadInput naming it."""
+    """A user file as text: missing, unreadable, too large, a link out of ``root`` or not UTF-8 is
+    BadInput naming it."""
     path = Path(path)
+    if root is not None:
+        confined(path, root, what)
     try:
         if max_bytes is not None:
             size = path.stat().st_size
@@ -142,3 +161,46 @@ def ref_problem(ref: str) -> str | None:
     if any(part.startswith(".") or part.endswith(".lock") for part in ref.split("/")):
         return "has a path component starting with '.' or ending in '.lock'"
     return None
+
+
+# No file rocmport reads back is nested deeper than this (a report: stages, details, outcomes ...).
+MAX_JSON_DEPTH = 64
+MAX_JSON_BYTES = 256 * 1024 * 1024
+
+
+def json_depth(data) -> int:
+    """How deeply ``data`` nests (a scalar: 0), counted without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in value if isinstance(v, (dict, list)))
+    return deepest
+
+
+def read_json(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    fix: str,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    root: str | os.PathLike | None = None,
+):
+    """The JSON value in ``path``: not UTF-8, not JSON, too large or nested deeper than ``max_depth``
+    (100,000 ``[`` is a RecursionError in the parser) is one BadInput line naming the file."""
+    import json
+
+    text = read_text(path, what, max_bytes=max_bytes, fix=fix, root=root)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}); {fix}") from None
+    except RecursionError:
+        raise BadInput(f"{path}: nested too deeply to be a {what}; {fix}") from None
+    if json_depth(data) > max_depth:
+        raise BadInput(f"{path}: nested more than {max_depth} levels, too deeply to be a {what}; {fix}")
+    return data

@@ -9,7 +9,13 @@ from contextlib import contextmanager
 
 import click
 
-from rocmport.redact import redact
+from rocmport.errors import terminal_safe
+from rocmport.redact import redact as _redact
+
+
+def redact(text: str) -> str:
+    """What is printed: credentials in URLs hidden, and nothing a terminal would act on (escapes from a file)."""
+    return terminal_safe(_redact(text))
 
 
 # Everything printed goes through redact(): a credential in a URL is never shown, wherever it came from.

@@ -40,6 +40,7 @@ VARIABLE = {
     "cached",  # status: per upstream
     "lock.upstreams",
     "worktrees",
+    "mismatches",  # status: per upstream whose work tree the lock does not describe
     "tags",  # the bot's record: per release
 }
 
@@ -169,6 +170,7 @@ STATUS_SHAPE: set[str] = {
     "lock.upstreams: dict",
     "lock: dict",
     "lock_path: str",
+    "mismatches: dict",
     "worktrees.*.apply_status: str",
     "worktrees.*.base: str",
     "worktrees.*.branch: str",

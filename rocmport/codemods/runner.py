@@ -87,6 +87,67 @@ def python_files(tree: Path) -> list[str]:
     return out
 
 
+# What libcst's parser and its recursive visitors survive (Python's default recursion limit, ~3
+# frames per level): 3,000 nested parentheses crash its native parser (a segfault, the worker pool
+# with it), a 2,000-term `1+1+...` is 2,000 levels deep (a RecursionError, and minutes to parse). No
+# upstream file comes near these (Megatron-LM's deepest: under 20 brackets, a few dozen chained
+# operators); CPython itself refuses more than 200 nested brackets.
+MAX_BRACKET_DEPTH = 100
+MAX_CHAIN = 300  # binary/boolean/comparison operators and attribute dots in one expression at one level
+MAX_FILE_BYTES = 4 * 1024 * 1024
+FILE_SECONDS = 300  # one file's parse and codemods, at most (a worker process: never the whole run)
+
+_CHAIN_OPS = {
+    *"+ - * / // % ** @ << >> & | ^ < > <= >= == != .".split(),
+}
+_CHAIN_WORDS = {"and", "or", "in", "is", "not", "if", "else"}
+
+
+def parse_limits(text: str) -> tuple[int | None, str] | None:
+    """Why ``text`` is not handed to libcst ((line, reason)), or None: a check by Python's tokenizer
+    (flat, linear, no recursion) for what would crash or exhaust the parser: too large, brackets
+    nested too deeply, an operator chain too long."""
+    import io
+    import tokenize
+
+    if len(text) > MAX_FILE_BYTES:
+        return None, f"too large to parse ({len(text)} characters, over {MAX_FILE_BYTES})"
+    depth = 0
+    chains: list[int] = [0]
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.OP and tok.string in "([{":
+                depth += 1
+                chains.append(0)
+                if depth > MAX_BRACKET_DEPTH:
+                    return tok.start[0], f"brackets nested over {MAX_BRACKET_DEPTH} deep: not parsed"
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                depth = max(depth - 1, 0)
+                if len(chains) > 1:
+                    chains.pop()
+            elif (tok.type == tokenize.OP and tok.string in _CHAIN_OPS) or (
+                tok.type == tokenize.NAME and tok.string in _CHAIN_WORDS
+            ):
+                chains[-1] += 1
+                if chains[-1] > MAX_CHAIN:
+                    return tok.start[0], f"an expression chains over {MAX_CHAIN} operators: not parsed"
+            elif tok.type in (tokenize.NEWLINE, tokenize.OP) and (tok.type == tokenize.NEWLINE or tok.string in ",;:="):
+                chains[-1] = 0  # a new statement, element or argument starts a new chain
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        # not Python (a bracket never closed, a bad indent), but within the limits: libcst, safe on
+        # it now, says where and what, as it does for any syntax error
+        return None
+    return None
+
+
+class _FileTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _FileTimeout
+
+
 def transform_text(
     relpath: str, text: str, specs: list[dict], prefilter: bool = True
 ) -> tuple[dict[str, dict], FileFailure | None]:
@@ -94,7 +155,34 @@ def transform_text(
 
     {codemod name: {"code": text after it or None if unchanged, "sites": n, "reports": [...]}} for
     the codemods that changed the file or reported something about it. ``prefilter`` False runs
-    every codemod in full (Context.prefilter): the differential tests compare the two."""
+    every codemod in full (Context.prefilter): the differential tests compare the two. A file the
+    parser cannot handle (parse_limits), one that exhausts it (RecursionError) or takes over
+    FILE_SECONDS is a FileFailure naming it: the other files, and the pool, go on."""
+    import signal
+    import threading
+
+    refused = parse_limits(text)
+    if refused is not None:
+        return {}, FileFailure(relpath, refused[0], refused[1])
+    timed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    if timed:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, FILE_SECONDS)
+    try:
+        return _transform(relpath, text, specs, prefilter)
+    except _FileTimeout:
+        return {}, FileFailure(relpath, None, f"not parsed and rewritten within {FILE_SECONDS} s")
+    except (RecursionError, MemoryError) as exc:
+        return {}, FileFailure(relpath, None, f"too deeply nested for the parser ({type(exc).__name__})")
+    finally:
+        if timed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def _transform(
+    relpath: str, text: str, specs: list[dict], prefilter: bool
+) -> tuple[dict[str, dict], FileFailure | None]:
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:

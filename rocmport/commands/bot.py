@@ -17,6 +17,31 @@ from rocmport.commands.refresh import check_verify_sizes, refresh_stages
 from rocmport.release_line import ReleaseLine
 
 MAX_INTERVAL = 365 * 24 * 3600
+# Each cycle fetches upstream: a poller asked for 1e-300 s ran 25,495 cycles in two minutes. No
+# upstream releases that often; 10 s is the floor.
+MIN_INTERVAL = 10.0
+# A failed cycle (network down, the lock busy) is retried after the interval doubled per failure in a
+# row, up to this (or the interval, when that is longer): a broken network is not hammered.
+MAX_BACKOFF = 3600.0
+
+
+def backoff(interval: float, failures: int) -> float:
+    """Seconds to wait after ``failures`` failed cycles in a row (0: the interval itself)."""
+    return min(interval * 2 ** min(failures, 32), max(interval, MAX_BACKOFF))
+
+
+def _refuse_ignored(track: str, lines: str | None) -> None:
+    """Options the chosen mode would ignore, refused (exit 2, naming both) rather than dropped."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = lambda name: ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE  # noqa: E731
+    if ctx.params.get("once") and given("interval"):
+        raise BadInput("--interval: only with --watch (--once runs one cycle); drop --interval or use --watch")
+    if track == "main" and lines is not None:
+        raise BadInput(
+            "--track main and --lines: --track main follows upstream's main branch, not release lines; give one of them"
+        )
 
 
 @click.command("bot")
@@ -27,7 +52,8 @@ MAX_INTERVAL = 365 * 24 * 3600
     type=float,
     default=3600,
     show_default=True,
-    help=f"Seconds between polls with --watch (more than 0, at most {MAX_INTERVAL}).",
+    help=f"Seconds between polls with --watch (at least {MIN_INTERVAL:g}, at most {MAX_INTERVAL}; a failed poll is "
+    "retried after twice the wait, doubling per failure in a row, up to an hour).",
 )
 @click.option(
     "--track",
@@ -73,9 +99,10 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     """
     if once == watch:
         raise BadInput("give exactly one of --once or --watch")
-    if not 0 < interval <= MAX_INTERVAL:  # nan and inf too: time.sleep refuses them after the first cycle
+    _refuse_ignored(track, lines)
+    if not MIN_INTERVAL <= interval <= MAX_INTERVAL:  # nan and inf too: time.sleep refuses them after the first cycle
         raise BadInput(
-            f"--interval {interval}: must be a number of seconds above 0 and at most {MAX_INTERVAL} (a year)"
+            f"--interval {interval}: must be a number of seconds from {MIN_INTERVAL:g} to {MAX_INTERVAL} (a year)"
         )
     if as_json and watch:
         raise BadInput("--json: only with --once (--watch logs one line per event)")
@@ -120,7 +147,7 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
             if as_json:
                 output.emit_json({"processed": [r.to_dict() for r in results]})
             return EXIT_PROBLEM if any(r.status == NEEDS_HUMAN for r in results) else EXIT_OK
-        cycle = 0
+        cycle = failures = 0
         while True:  # plain log lines, one per event: this runs under cron/CI, not on a terminal
             cycle += 1
             output.info(f"bot: cycle {cycle} at {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
@@ -128,10 +155,15 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
             try:
                 results = run_once(settings, **kw)
                 output.info(f"bot: cycle {cycle} processed {len(results)} release(s)")
+                failures = 0
             except RocmportError as exc:  # a bad cycle (network, a busy lock) must not end the poller
-                output.warn(f"bot: cycle {cycle} failed: {exc}")
+                failures += 1
+                output.warn(
+                    f"bot: cycle {cycle} failed: {exc}; next try in {backoff(interval, failures):g} s"
+                    + (f" ({failures} failures in a row)" if failures > 1 else "")
+                )
             progress.finish(f"cycle {cycle}")
             progress.done[:] = progress.done[
                 -3:
             ]  # a poller's line names its last cycles, not every one since it started
-            time.sleep(interval)
+            time.sleep(backoff(interval, failures))

@@ -75,6 +75,8 @@ def docker(obj, out, base_tag, arch, spec, max_jobs, extras, dist):
     own Python; the image's ROCm torch is recorded first and the build fails if anything replaced it;
     smoke imports last. Exit: 0 written, 2 bad input (option, matrix, no applied tree).
     """
+    if out is not None and not out.strip():  # `-o ''`: a typo, never "stdout" (that is leaving -o out)
+        raise BadInput("-o '': give a file path, or leave -o out to print the Dockerfile")
     settings = load_settings(obj["project"])
     wanted: dict[str, list[str]] = {}
     for item in extras:

@@ -10,8 +10,15 @@ from pathlib import Path
 import click
 
 from rocmport import output
-from rocmport.errors import EXIT_OK
-from rocmport.machine.launch_profile import ARCH_CHOICES, profile, resolve_arch, resolve_env, tune_settings
+from rocmport.errors import EXIT_OK, BadInput
+from rocmport.machine.launch_profile import (
+    ARCH_CHOICES,
+    check_host,
+    profile,
+    resolve_arch,
+    resolve_env,
+    tune_settings,
+)
 
 
 @click.command("env")
@@ -25,7 +32,7 @@ from rocmport.machine.launch_profile import ARCH_CHOICES, profile, resolve_arch,
 @click.option(
     "--tune",
     nargs=2,
-    type=(click.Choice(["record", "replay"]), click.Path(file_okay=False, path_type=Path)),
+    type=(click.Choice(["record", "replay"]), click.Path(file_okay=False)),
     default=None,
     metavar="record|replay DIR",
     help="GEMM tuning: record (tune each new GEMM shape, write the results into DIR) or replay (read them, tune nothing).",
@@ -56,12 +63,18 @@ def command(arch, deterministic, tune, master_addr, no_fabric, explain, as_json,
 
     A variable already set in this environment is kept (yours wins) and said so.
     """
-    arch = resolve_arch(arch) if arch else None
-    tuned, tune_notes = tune_settings(*tune) if tune else ([], [])
+    arch = resolve_arch(arch) if arch is not None else None  # `--arch ''` is a typo, not "no arch"
+    if tune and not tune[1].strip():  # Path('') is '.': an empty DIR would record into wherever this runs
+        raise BadInput(f"--tune {tune[0]} '': give a directory")
+    tuned, tune_notes = tune_settings(tune[0], Path(tune[1])) if tune else ([], [])
+    if master_addr is not None:
+        check_host(master_addr, "--master-addr")
+    elif os.environ.get("MASTER_ADDR"):
+        master_addr = check_host(os.environ["MASTER_ADDR"], "MASTER_ADDR")
     settings, notes = profile(
         arch,
         deterministic,
-        master_addr=master_addr or os.environ.get("MASTER_ADDR"),
+        master_addr=master_addr,
         sys_root=sys_root,
         proc_root=proc_root,
         fabric=not no_fabric,

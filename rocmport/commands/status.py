@@ -39,12 +39,16 @@ def command(obj, as_json):
                 pin.version or "?",
                 pin.commit[:12],
                 "yes" if st.cached.get(name) else "NO",
-                f"{wt.path} ({wt.branch}, {'clean' if wt.clean else 'DIRTY'}, series {str(wt.series_hash)[:12]})"
+                f"{wt.path} ({wt.branch}, {'clean' if wt.clean else 'DIRTY'}, series {str(wt.series_hash)[:12]}"
+                + ("; NOT THE LOCK'S COMMIT" if name in st.mismatches else "")
+                + ")"
                 if wt
                 else "-",
             ]
         )
     output.table(["upstream", "source", "ref", "version", "commit", "cached", "work tree"], rows, title=st.lock_path)
+    for name, why in sorted(st.mismatches.items()):
+        output.warn(f"{name}: the work tree does not match the lock: {why}")
     _print_last_verify(last)
     return EXIT_OK
 

@@ -10,14 +10,14 @@ import click
 
 from rocmport import output
 from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP, load_settings
-from rocmport.errors import EXIT_OK, EXIT_PROBLEM
+from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary, te_layer
 from rocmport.verify.launcher import KINDS
 from rocmport.verify.registry import STAGES
 from rocmport.verify.result import VerifyReport
-from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
+from rocmport.verify.run import MAX_ITERS, MAX_WORLD, check_sizes, launch_plan, prepare, run_verify
 
 # Every size is checked where it enters: at least 1, and no more processes than any machine has (a
 # typo such as --tp 99999999999999999999 is exit 2 at once, --dry-run included); world = product in prepare.
@@ -315,6 +315,7 @@ def command(
     Exit: 0 no stage failed, 1 a stage failed or a report could not be written, 2 bad input.
     """
     settings = load_settings(obj["project"])
+    refuse_contradictions(settings, tp, pp)
     opts = prepare(
         settings,
         tree,
@@ -356,6 +357,51 @@ def command(
         return EXIT_OK
     html = None if no_html else (html_path or "")
     return _finish(run_verify(opts), obj["project"], report_path, junit, as_json, html)
+
+
+def refuse_contradictions(settings, tp: int | None, pp: int | None) -> None:
+    """Option combinations verify would otherwise ignore or resolve silently, refused (exit 2, naming
+    both) before anything is read; and tp/pp from [tool.rocmport] told by file and key, not as an
+    option the user never gave. Self-contained (reads the command's own parameters and where each came
+    from) so it can move with verify's options."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = {
+        name: ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
+        for name in ctx.params
+    }
+    p = ctx.params
+    if given["moe"] and p["te_spec"].strip() == "none":
+        flag = "--moe" if p["moe"] else "--no-moe"
+        raise BadInput(
+            f"{flag}: only with --te VERSION|auto (the MoE model trains on TE's GroupedLinear); "
+            f"--te {p['te_spec'] or repr(p['te_spec'])} runs Megatron's local spec: drop {flag} or give --te"
+        )
+    if given["no_unit"]:
+        other = next(
+            (
+                o
+                for o, k in (("--unit-tests", "with_unit"), ("--unit-test", "unit_tests"), ("--since", "since"))
+                if given[k]
+            ),
+            None,
+        )
+        if other:
+            raise BadInput(f"--no-unit-tests and {other}: one skips stage 3, the other runs it; give one of them")
+    if given["with_unit"] and given["unit_tests"] and p["with_unit"] != "impacted":  # impacted: prepare says why
+        raise BadInput(
+            f"--unit-tests {p['with_unit']} and --unit-test: --unit-test runs only the files it names, "
+            f"so --unit-tests {p['with_unit']} would be ignored; give one of them"
+        )
+    try:
+        check_sizes(settings.tp if tp is None else tp, settings.pp if pp is None else pp, iters=DEFAULT_ITERS)
+    except BadInput as exc:
+        text = str(exc)
+        for name, option in (("tp", tp), ("pp", pp)):
+            if option is None:
+                text = text.replace(f"--{name} ", f"{settings.root / 'pyproject.toml'}: [tool.rocmport] {name} = ")
+        raise BadInput(text) from None
 
 
 def _finish(

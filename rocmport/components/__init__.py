@@ -319,13 +319,18 @@ def _component(name: str, value, errors) -> Component | None:
             errors.append((f"{key}.{k}", "is missing"))
     if not isinstance(value.get("required", False), bool):
         errors.append((f"{key}.required", "must be true or false"))
-    try:
-        versions = SpecifierSet(value.get("versions", "") or "")
-        if not isinstance(value.get("versions", ""), str):
-            raise InvalidSpecifier
-    except InvalidSpecifier:
-        errors.append((f"{key}.versions", f"is not a PEP 440 specifier set: {value.get('versions')!r}"))
-        versions = SpecifierSet()
+    raw_versions = value.get("versions", "")
+    versions = SpecifierSet()
+    if raw_versions is not None and not isinstance(raw_versions, str):
+        # YAML reads `versions: 5` or `2.9` as a number: SpecifierSet(5) is a TypeError, not bad input
+        errors.append(
+            (f"{key}.versions", f'must be a quoted PEP 440 specifier set such as ">=2.9", not {raw_versions!r}')
+        )
+    else:
+        try:
+            versions = SpecifierSet(raw_versions or "")
+        except InvalidSpecifier:
+            errors.append((f"{key}.versions", f"is not a PEP 440 specifier set: {raw_versions!r}"))
     dists = _str_list(
         value.get("distributions", []), f"{key}.distributions", errors, _DIST_RE.match, "distribution names"
     )

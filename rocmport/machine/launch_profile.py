@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rocmport.errors import BadInput
+from rocmport.inputs import read_text
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 from rocmport.components import ARCHS, base_arch
 
@@ -170,6 +173,28 @@ def resolve_arch(arch: str, device_arch=None) -> str:
     if name not in ARCH_SETTINGS:
         raise BadInput(f"--arch {arch!r}: no launch profile for it; choose one of {', '.join(ARCH_CHOICES)} or auto")
     return name
+
+
+_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+
+
+def check_host(value: str, where: str) -> str:
+    """``value`` when it is an IP address or a DNS host name (labels of at most 63 letters, digits,
+    '-' or '_', 253 characters in all), else BadInput naming ``where`` (--master-addr, MASTER_ADDR):
+    the resolver's own refusal of a 64-character label is a UnicodeError, not an answer."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    if not name or len(name) > 253:
+        raise BadInput(f"{where} {value[:80]!r}: not a host name (empty, or over 253 characters); give a host or an IP")
+    bad = next((label for label in name.split(".") if not _LABEL.match(label)), None)
+    if bad is not None:
+        why = "over 63 characters" if len(bad) > 63 else "empty, or not letters, digits, '-' and '_'"
+        raise BadInput(f"{where} {value[:80]!r}: not a host name (a label {why}); give a host or an IP")
+    return value
 
 
 # ---- the fabric ------------------------------------------------------------------------------------
@@ -414,7 +439,11 @@ def tune_files(directory: Path) -> dict[str, list[Path]]:
 def merge_te_algos(files: list[Path], into: Path) -> int:
     """One TE algorithm file from the ranks' (TE_HIPBLASLT_ALGO_LOAD reads a single file): a header line
     the files share is kept once, every other line once, in order. Returns the lines written."""
-    texts = [f.read_text().splitlines() for f in files]
+    # Through the checked reader: a file that is not UTF-8 or a link out of the directory is one line, exit 2
+    texts = [
+        read_text(f, "TE algorithm file", root=into.parent, fix="delete it and record again").splitlines()
+        for f in files
+    ]
     firsts = {t[0] for t in texts if t}
     header = (
         next(iter(firsts))
@@ -465,9 +494,14 @@ def tune_settings(mode: str, directory: Path) -> tuple[list[Setting], list[str]]
     if mode == "record":
         try:
             d.mkdir(parents=True, exist_ok=True)
+            # torch and TE write there when each process exits, hours later: a directory they cannot
+            # write is told now (a file made and removed: the permission bits alone lie to root)
+            probe_fd, probe = tempfile.mkstemp(prefix=".rocmport-tune-", dir=d)
+            os.close(probe_fd)
+            os.unlink(probe)
         except OSError as e:
             raise BadInput(
-                f"--tune record {directory}: cannot create the directory ({e.strerror}); name a writable one"
+                f"--tune record {directory}: cannot write in the directory ({e.strerror}); name a writable one"
             ) from None
         rows = common + [
             Setting(

@@ -107,13 +107,17 @@ def remaining_requirements(
     (not those the image builds itself: ``skip``)."""
     found: dict[str, Requirement] = {}
     skipped = {canonical(s) for s in skip}
+    wanted = {canonical(dist): names for dist, names in extras.items()}
+    projects = {}
     for tree in trees:
         pyproject = tree / "pyproject.toml"
-        if not pyproject.is_file():
-            continue
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+        if pyproject.is_file():
+            project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+            projects[canonical(project.get("name", ""))] = (tree, project)
+    _check_extras(wanted, {name: project for name, (_, project) in projects.items()})
+    for tree, project in projects.values():
         reqs = list(project.get("dependencies", []))
-        for extra in extras.get(canonical(project.get("name", "")), []):
+        for extra in wanted.get(canonical(project.get("name", "")), []):
             reqs += (project.get("optional-dependencies") or {}).get(extra, [])
         for text in reqs:
             req = Requirement(text)
@@ -129,6 +133,26 @@ def remaining_requirements(
             else:
                 found[name] = req
     return [str(found[k]) for k in sorted(found)]
+
+
+def _check_extras(wanted: dict[str, list[str]], projects: dict[str, dict]) -> None:
+    """Every --extra DIST:EXTRA names a ported package and one of its extras: one that does not
+    would be dropped silently (and, given at all, --extra replaces the default megatron-core:mlm).
+    Trees without a pyproject.toml (nothing to install from it) have nothing to check."""
+    if not projects:
+        return
+    for dist, names in wanted.items():
+        if dist not in projects:
+            raise BadInput(
+                f"--extra {dist}:{names[0]}: no ported package is named {dist}; "
+                f"the ported packages: {', '.join(sorted(projects)) or 'none'}"
+            )
+        have = projects[dist].get("optional-dependencies") or {}
+        for extra in names:
+            if extra not in have:
+                raise BadInput(
+                    f"--extra {dist}:{extra}: {dist} has no extra {extra!r}; its extras: {', '.join(sorted(have)) or 'none'}"
+                )
 
 
 def _sh(text: str, name: str) -> str:

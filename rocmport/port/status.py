@@ -46,6 +46,9 @@ class ProjectStatus:
     cache_dir: str
     cached: dict[str, bool] = field(default_factory=dict)
     worktrees: dict[str, WorktreeInfo] = field(default_factory=dict)
+    # upstream -> why its work tree is not what the lock pins (a bot run or a checkout of another
+    # branch moved one of them): verify would test a tree the lock does not describe
+    mismatches: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,7 @@ class ProjectStatus:
             "cache_dir": self.cache_dir,
             "cached": self.cached,
             "worktrees": {name: w.to_dict() for name, w in self.worktrees.items()},
+            "mismatches": self.mismatches,
         }
 
 
@@ -66,8 +70,11 @@ def worktree_info(path: Path) -> WorktreeInfo | None:
         git("tag", "--list", "rocmport/base/*", "--points-at", "HEAD", cwd=path).split()
         or git("tag", "--list", "rocmport/base/*", "--merged", "HEAD", cwd=path).split()
     )
-    base = git("rev-parse", f"{base_tags[0]}^{{commit}}", cwd=path) if base_tags else None
     state = read_state(path)
+    # the commit apply built this tree on (its state says; else the base tag it carries)
+    base = (state.base if state and state.base else None) or (
+        git("rev-parse", f"{base_tags[0]}^{{commit}}", cwd=path) if base_tags else None
+    )
     clean = run_git("status", "--porcelain", "-z", "--untracked-files=no", cwd=path).stdout.strip("\0") == ""
     return WorktreeInfo(
         path=str(path),
@@ -104,4 +111,14 @@ def status(settings: Settings) -> ProjectStatus:
         info = worktree_info(settings.worktree_path(name))
         if info:
             worktrees[name] = info
-    return ProjectStatus(lock, str(settings.lock_path), str(settings.cache_dir), cache, worktrees)
+    mismatches = {}
+    for name, pin in lock.upstreams.items() if lock else ():
+        wt = worktrees.get(name)
+        if wt is not None and wt.base is not None and wt.base != pin.commit:
+            mismatches[name] = (
+                f"{wt.path} is built on {wt.base[:12]}"
+                + (f" (branch {wt.branch})" if wt.branch else "")
+                + f" but {settings.lock_path.name} pins {pin.resolved_ref} ({pin.commit[:12]}): "
+                "`rocmport apply` rebuilds it from the lock (verify would test a tree the lock does not describe)"
+            )
+    return ProjectStatus(lock, str(settings.lock_path), str(settings.cache_dir), cache, worktrees, mismatches)

@@ -52,35 +52,49 @@ def index_url(explicit: str | None = None) -> str:
     return (explicit or os.environ.get("ROCMPORT_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
 
 
-def _get(url: str, accept: str | None = None, timeout: float = 120) -> bytes:
+SYNC_HINT = "use --source git with a mirror, or set ROCMPORT_INDEX_URL"
+
+
+def _get(url: str, accept: str | None = None, timeout: float = 120, hint: str = SYNC_HINT) -> bytes:
+    """``url``'s body; unreachable, or silent for ``timeout`` seconds, is IndexUnreachable ending in
+    ``hint`` (what the command that asked can do instead)."""
     req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.read()
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise IndexUnreachable(
-            f"cannot read {url}: {reason}; use --source git with a mirror, or set ROCMPORT_INDEX_URL"
-        ) from None
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            reason = f"no answer in {timeout:g} s"
+        raise IndexUnreachable(f"cannot read {url}: {reason}; {hint}") from None
 
 
-def _page(dist: str, index: str | None) -> tuple[str, list[dict]]:
+def _page(dist: str, index: str | None, timeout: float = 120, hint: str = SYNC_HINT) -> tuple[str, list[dict]]:
     """The URL of ``dist``'s PEP 691 page on the index and its files, yanked ones left out."""
     page_url = f"{index_url(index)}/{canonicalize_name(dist)}/"
     try:
-        page = json.loads(_get(page_url, _ACCEPT))
-    except json.JSONDecodeError:
-        raise IndexUnreachable(f"{page_url}: not a PEP 691 JSON simple page") from None
-    return page_url, [f for f in page.get("files", []) if not f.get("yanked") and f.get("filename")]
+        page = json.loads(_get(page_url, _ACCEPT, timeout=timeout, hint=hint))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise IndexUnreachable(f"{page_url}: not a PEP 691 JSON simple page; {hint}") from None
+    files = page.get("files") if isinstance(page, dict) else None
+    if not isinstance(files, list):
+        raise IndexUnreachable(f"{page_url}: not a PEP 691 JSON simple page (no list of files); {hint}")
+    return page_url, [
+        f for f in files if isinstance(f, dict) and not f.get("yanked") and isinstance(f.get("filename"), str)
+    ]
 
 
-def index_files(dist: str, index: str | None = None) -> list[tuple[str, str, str]]:
+def index_files(
+    dist: str, index: str | None = None, timeout: float = 120, hint: str = SYNC_HINT
+) -> list[tuple[str, str, str]]:
     """(filename, url, sha256) of every file of ``dist`` on the index that has a sha256."""
-    page_url, files = _page(dist, index)
+    page_url, files = _page(dist, index, timeout, hint)
     return [
         (f["filename"], urllib.parse.urljoin(page_url, f["url"]), f["hashes"]["sha256"])
         for f in files
-        if (f.get("hashes") or {}).get("sha256")
+        if isinstance(f.get("url"), str)
+        and isinstance(f.get("hashes"), dict)
+        and isinstance(f["hashes"].get("sha256"), str)
     ]
 
 

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.inputs import read_json
 from rocmport.verify.registry import UnitTests
 from rocmport.verify.stages import StageResult
 from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun, UnitTestsStopped
@@ -85,27 +87,54 @@ class LastVerify:
 
 
 def last_verify(project: Path) -> LastVerify | None:
-    """The last verify run here; None when verify has not written one."""
+    """The last verify run here; None when verify has not written one. Whatever last.json holds (a
+    hand edit, a truncated write, a hostile file), the answer is a LastVerify: its fields as verify
+    wrote them, or ``error`` "<path>: not a verify report (why)"; never an exception."""
     path = verify_dir(project) / LAST
     if not path.is_file():
         return None
     try:
-        r = json.loads(path.read_text(encoding="utf-8"))
+        r = read_json(path, "verify report", fix="the next verify run replaces it", root=project)
         return LastVerify(
             path=str(path),
-            started=r.get("started"),
-            tree=r["tree"],
-            line=r.get("line"),
-            commit=r.get("commit"),
-            verdict=r.get("verdict"),
-            failed=[s["name"] for s in r["stages"] if s["status"] == "fail"],
-            report=r.get("report"),
+            started=_field(r, "started"),
+            tree=_field(r, "tree", required=True) or "",
+            line=_field(r, "line"),
+            commit=_field(r, "commit"),
+            verdict=_field(r, "verdict"),
+            failed=[s["name"] for s in _stages(r) if s["status"] == "fail"],
+            report=_field(r, "report"),
         )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (BadInput, _NotAReport) as exc:
+        why = str(exc).removeprefix(f"{path}: ").removesuffix("; the next verify run replaces it")
         return LastVerify(
             path=str(path),
-            error=f"{path}: not a verify report ({type(exc).__name__}: {exc}); the next verify run replaces it",
+            error=f"{path}: not a verify report ({why}); the next verify run replaces it",
         )
+
+
+class _NotAReport(ValueError):
+    """last.json's JSON is not what verify writes: the message names the key."""
+
+
+def _field(r: Any, key: str, required: bool = False) -> str | None:
+    if not isinstance(r, dict):
+        raise _NotAReport(f"a JSON {type(r).__name__ if r is not None else 'null'}, not an object")
+    if key not in r and required:
+        raise _NotAReport(f"no {key!r}")
+    value = r.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _NotAReport(f"{key!r} is not a string")
+    return value
+
+
+def _stages(r: dict) -> list[dict[str, str]]:
+    stages = r.get("stages")
+    if not isinstance(stages, list) or not all(
+        isinstance(s, dict) and isinstance(s.get("name"), str) and isinstance(s.get("status"), str) for s in stages
+    ):
+        raise _NotAReport("'stages' is not a list of {name, status}")
+    return stages
 
 
 def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:

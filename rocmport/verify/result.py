@@ -153,7 +153,12 @@ def verdict(r: VerifyReport) -> str:
     (1 unverified test); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)"."""
     stages = r.stages
     who = f"{r.line} port" if r.line else f"tree {r.tree}"
-    with_te = f", TE {r.te.version}'s Python layer" if r.te else ""
+    with_te = (
+        f", TE {r.te.version}'s Python layer"
+        + (f" (outside the line's range {r.te.outside_range})" if r.te.outside_range else "")
+        if r.te
+        else ""
+    )
     machine = r.env.machine
     mode = (
         f" (CPU proxy{with_te}, not a GPU result)"

@@ -562,8 +562,4 @@ def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | Non
         matrix = load_series(series_dir / "series").rocm
         te = matrix.components.get("transformer_engine") if matrix else None
         line_range = str(te.versions) if te else None
-    wheel = te_layer.choose(spec, line_range, te_layer.list_wheels())
-    if wheel is None:
-        return None
-    with output.progress(f"Transformer Engine {wheel.version}: its Python layer from the package index"):
-        return te_layer.fetch(cache_dir, wheel)
+    return te_layer.resolve(spec, line_range, cache_dir, output.progress)

@@ -15,6 +15,7 @@ makes ``transformer_engine.common.load_framework_extension("torch")`` install
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.abc
 import os
 import shutil
@@ -52,25 +53,69 @@ class TELayer:
     path: Path  # the unpacked wheel: transformer_engine/ and its .dist-info
     python_layer: str
     source: str
+    outside_range: str | None = None  # the line's range, when asked for a release outside it (--te ==X)
 
     def describe(self) -> str:
-        return f"TE {self.version}, {self.python_layer}: {NOT_SIMULATED}"
+        return f"TE {self.version}, {self.python_layer}: {NOT_SIMULATED}" + (
+            f"; outside the line's range {self.outside_range}" if self.outside_range else ""
+        )
 
     def to_dict(self) -> dict[str, str]:
-        return {
+        out = {
             "version": self.version,
             "python_layer": self.python_layer,
             "source": self.source,
             "note": NOT_SIMULATED,
         }
+        if self.outside_range:
+            out["outside_range"] = self.outside_range
+        return out
 
 
-def list_wheels(index: str | None = None) -> list[WheelFile]:
+# How long verify waits for the index's page of TE releases (ROCMPORT_INDEX_TIMEOUT seconds): a stalled
+# index was 127 s of silence, and verify has a way on without it (a cached release, --te none).
+INDEX_TIMEOUT = 30.0
+WHEEL_MEMBER = "transformer_engine/__init__.py"  # TE's Python layer: a wheel without it has none
+
+
+def index_timeout() -> float:
+    try:
+        value = float(os.environ.get("ROCMPORT_INDEX_TIMEOUT", INDEX_TIMEOUT))
+    except ValueError:
+        raise BadInput(f"ROCMPORT_INDEX_TIMEOUT={os.environ['ROCMPORT_INDEX_TIMEOUT']!r}: give seconds") from None
+    if not 0 < value <= 3600:
+        raise BadInput(f"ROCMPORT_INDEX_TIMEOUT={value:g}: give seconds above 0, at most 3600")
+    return value
+
+
+def cached_versions(cache_root: Path) -> list[Version]:
+    """The TE releases whose Python layer is unpacked in the cache (verified when fetched), oldest first."""
+    out = []
+    for d in (cache_root / "te").iterdir() if (cache_root / "te").is_dir() else ():
+        try:
+            version = Version(d.name)
+        except InvalidVersion:
+            continue
+        if (d / WHEEL_MEMBER).is_file():
+            out.append(version)
+    return sorted(out)
+
+
+def _offline_hint(cache_root: Path | None) -> str:
+    have = ", ".join(map(str, cached_versions(cache_root))) if cache_root else ""
+    return (
+        "verify --te: set ROCMPORT_INDEX_URL to an index that answers, "
+        + (f"give a --te release already in the cache ({have}), " if have else "")
+        + "or run without TE (--te none)"
+    )
+
+
+def list_wheels(index: str | None = None, cache_root: Path | None = None) -> list[WheelFile]:
     """TE's pure-Python wheels on the index, oldest first (final releases only)."""
     from rocmport.upstream.package_index import index_files, is_final
 
     out = []
-    for name, url, sha in index_files(DISTRIBUTION, index):
+    for name, url, sha in index_files(DISTRIBUTION, index, timeout=index_timeout(), hint=_offline_hint(cache_root)):
         if not (name.startswith("transformer_engine-") and name.endswith("-py3-none-any.whl")):
             continue
         try:
@@ -101,14 +146,89 @@ def choose(spec: str, line_range: str | None, wheels: list[WheelFile]) -> WheelF
                 f"{line_range or '(any)'}; it has: {have}"
             )
         return inside[-1]
-    try:
-        want = Version(spec)
-    except InvalidVersion:
-        raise BadInput(f"--te {spec!r}: give a Transformer Engine version, auto or none") from None
+    want = parse_version(spec, line_range)
     for wheel in wheels:
         if wheel.version == want:
             return wheel
     raise BadInput(f"--te {spec}: the package index has no Transformer Engine {spec} Python wheel; it has: {have}")
+
+
+def parse_version(spec: str, line_range: str | None) -> Version:
+    """``--te X`` or ``--te ==X`` as a version. X outside the line's range is refused naming the range;
+    ``==X`` asks for it anyway (the verdict then says "outside the line's range")."""
+    exact = spec.startswith("==")
+    try:
+        want = Version(spec.removeprefix("=="))
+    except InvalidVersion:
+        raise BadInput(f"--te {spec!r}: give a Transformer Engine version, auto or none") from None
+    if not exact and outside(want, line_range):
+        raise BadInput(
+            f"--te {spec}: outside this line's Transformer Engine range {line_range} (the series' "
+            f"rocm.components.transformer_engine.versions); give a release in it or auto, or --te =={want} to run it anyway"
+        )
+    return want
+
+
+def outside(version: Version, line_range: str | None) -> bool:
+    try:
+        return bool(line_range) and not SpecifierSet(line_range or "").contains(version, prereleases=True)
+    except InvalidSpecifier:
+        raise BadInput(f"the series' transformer_engine versions {line_range!r} is not a version range") from None
+
+
+def resolve(spec: str, line_range: str | None, cache_root: Path, progress=None) -> TELayer | None:
+    """``--te VERSION|==VERSION|auto|none``: the TE Python layer for a run. An exact release already
+    unpacked in the cache is used as it is (no index needed: offline works); ``auto`` asks the index
+    and, when it does not answer, takes the newest cached release in the line's range, said so."""
+    from rocmport import output
+    from rocmport.upstream.package_index import IndexUnreachable
+
+    spec = spec.strip()
+    if spec == "none":
+        return None
+
+    def listed() -> list[WheelFile]:  # said while it waits: a slow index is not silence
+        if progress is None:
+            return list_wheels(cache_root=cache_root)
+        with progress("Transformer Engine: the releases on the package index"):
+            return list_wheels(cache_root=cache_root)
+
+    layer: TELayer | None
+    if spec != "auto":
+        want = parse_version(spec, line_range)
+        if want in cached_versions(cache_root):
+            layer = _cached(cache_root, want)
+        else:
+            layer = _fetched(choose(spec, line_range, listed()), cache_root, progress)
+    else:
+        try:
+            wheels = listed()
+        except IndexUnreachable as exc:
+            inside = [v for v in cached_versions(cache_root) if not outside(v, line_range)]
+            if not inside:
+                raise
+            output.warn(f"--te auto: {exc}; using Transformer Engine {inside[-1]}, the newest in the cache")
+            layer = _cached(cache_root, inside[-1])
+        else:
+            layer = _fetched(choose(spec, line_range, wheels), cache_root, progress)
+    if layer is not None and outside(Version(layer.version), line_range):
+        layer = dataclasses.replace(layer, outside_range=line_range)
+    return layer
+
+
+def _cached(cache_root: Path, version: Version) -> TELayer:
+    return TELayer(
+        str(version), cache_root / "te" / str(version), PYTHON_LAYER, f"Transformer Engine {version}'s wheel, cached"
+    )
+
+
+def _fetched(wheel: WheelFile | None, cache_root: Path, progress) -> TELayer | None:
+    if wheel is None:
+        return None
+    if progress is None:
+        return fetch(cache_root, wheel)
+    with progress(f"Transformer Engine {wheel.version}: its Python layer from the package index"):
+        return fetch(cache_root, wheel)
 
 
 def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
@@ -125,6 +245,7 @@ def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
         if unpacked.is_file():
             return layer
         whl = store.sdist(wheel.filename, wheel.sha256, lambda: _get(wheel.url, timeout=600))
+        _check_wheel(whl, wheel)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{wheel.version}-", dir=dest.parent))
         try:
@@ -140,6 +261,30 @@ def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return layer
+
+
+def _check_wheel(whl: Path, wheel: WheelFile) -> None:
+    """A wheel is a zip holding TE's Python layer (transformer_engine/__init__.py), else bad input
+    before any stage: its hash matching the index's proves only that the index served it. A wheel
+    that is not one leaves the cache (a later index may serve a good one under that name)."""
+    try:
+        with zipfile.ZipFile(whl) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, OSError) as exc:
+        whl.unlink(missing_ok=True)
+        raise BadInput(
+            f"{wheel.filename} from the package index is not a wheel (not a zip archive: {exc}); "
+            "choose another release with --te, or --te none"
+        ) from None
+    for member in sorted(names):  # the unpack checks each member again; a hostile archive is named first
+        parts = Path(member).parts
+        if Path(member).is_absolute() or ".." in parts:
+            raise BadInput(f"{whl}: member {member!r} escapes the unpack directory")
+    if WHEEL_MEMBER not in names:
+        raise BadInput(
+            f"--te {wheel.version}: {wheel.filename} holds no transformer_engine package (no Python layer to "
+            "run; TE before 2.x shipped it elsewhere); choose a release in the line's range, or --te auto"
+        )
 
 
 # What TE's Python layer imports at import time besides torch (the dependencies of TE's torch
