@@ -358,7 +358,7 @@ def test_readme_says_how_refresh_and_bot_options_are_checked():
     docs = Path(__file__).resolve().parents[1] / "docs" / "commands"  # the README's reference, moved
     readme = (docs / "refresh.md").read_text() + (docs / "bot.md").read_text()
     assert "Options are checked before anything runs (exit 2, one line naming the option): `--tp`/`--pp` as" in readme
-    assert "SECONDS is above 0 and at most a year (`nan`, `inf`: exit 2)" in readme
+    assert "SECONDS is 10 to a year (`nan`, `inf`, `1e-300`: exit 2)" in readme
 
 
 def test_fuzz_example_counts_are_reported():
