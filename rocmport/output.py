@@ -112,6 +112,7 @@ def progress(description: str):
         info(f"... {description}: done in {elapsed(time.monotonic() - start)}")
 
 
+LOG_WIDTH = 100  # a table's width when stdout is not a terminal
 KEY_WIDTH = 56  # the first (key) column stays whole up to this width, however narrow the terminal
 
 
@@ -136,4 +137,5 @@ def table(headers: list[str], rows: list[list], title: str | None = None) -> Non
     """Print a table to stdout (rich when available, plain columns otherwise)."""
     from rich.console import Console
 
-    Console(width=None if sys.stdout.isatty() else 160).print(build_table(headers, rows, title))
+    # Not on a terminal (a log, a pipe, CI): LOG_WIDTH columns, which a log viewer or a review shows whole.
+    Console(width=None if sys.stdout.isatty() else LOG_WIDTH).print(build_table(headers, rows, title))

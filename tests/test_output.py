@@ -144,3 +144,13 @@ def test_the_codemod_runner_reports_files_done_of_total(tmp_path):
         timeout=300,
     )
     assert "codemods: 0/12" not in proc.stderr and "running codemods: done in" in proc.stderr
+
+
+def test_a_table_in_a_log_fits_100_columns(capsys):
+    """Not on a terminal (a log, a pipe), a table is 100 columns wide at most (it was 160): long cells
+    wrap, the key column stays whole."""
+    why = "CK flash-attention targets gfx90a, gfx942, gfx950; install or rebuild it for this arch (see the table) " * 2
+    output.table(["topic", "use", "why"], [["flash-attention", "not usable here yet: install the CK build", why]])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= output.LOG_WIDTH == 100
+    assert "│ flash-attention │" in out

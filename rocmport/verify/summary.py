@@ -70,14 +70,26 @@ def folded_line(r: VerifyReport, where: str) -> str | None:
 
 def coverage_lines(r: VerifyReport) -> list[str]:
     """Port coverage in plain words: per codemod, how many of the call sites it rewrote ran in these
-    stages, and one example of a site that did not, with why."""
+    stages, and one example of a site that did not, with why. The site count is the codemod's own
+    (apply's table, ``rewrites``); where some of its rewrites call no runtime helper, the line says
+    how many do, which are what a run can see. Codemods with nothing to count share one line."""
     lines: list[str] = []
     for sites, title in ((r.port_sites, "Megatron-LM"), (r.bridge_port_sites, "Megatron-Bridge")):
         if not sites:
             continue
         lines.append(f"port coverage ({title}): of the call sites each codemod rewrote, how many ran in these stages")
+        nothing: dict[str, list[str]] = {}  # explanation -> the codemods with no site to count
         for name, c in sites.items():
-            line = f"  {name}: {c.exercised} of {c.total} rewritten sites ran"
+            if c.total == 0:
+                nothing.setdefault(c.explanation or "nothing to count", []).append(name)
+                continue
+            if c.rewrites is None or c.rewrites == c.total:
+                line = f"  {name}: {c.exercised} of {c.total} rewritten sites ran"
+            else:
+                line = (
+                    f"  {name}: {c.rewrites} sites rewritten; {c.exercised} of the {c.total} that call a runtime "
+                    "helper ran"
+                )
             if c.explanation:
                 line += f" ({c.explanation})"
             elif c.unreached:
@@ -86,4 +98,8 @@ def coverage_lines(r: VerifyReport) -> list[str]:
                     f" (+{len(c.unreached) - 1} more in the report)" if len(c.unreached) > 1 else ""
                 )
             lines.append(line)
+        if nothing:
+            lines.append(
+                "  nothing to count: " + "; ".join(f"{', '.join(names)} ({why})" for why, names in nothing.items())
+            )
     return lines
