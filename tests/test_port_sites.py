@@ -178,8 +178,7 @@ def test_one_site_count_per_codemod_in_apply_verify_and_status(tmp_path, monkeyp
     main(["-C", str(proj.root), "verify", "--tree", str(proj.tree), "--stages", "1"])
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  te-version-gates:"))
     assert line.startswith(
-        f"  te-version-gates: {applied} sites rewritten; {cov['exercised']} of the {cov['total']} that call a runtime "
-        "helper ran"
+        f"  te-version-gates: {applied} sites rewritten; {cov['exercised']} of their {cov['total']} runtime-helper calls ran"
     ), line
     assert main(["-C", str(proj.root), "status"]) == 0  # status shows the last verify's verdict, no other count
     assert not re.search(r"te-version-gates\D+\d+ (rewritten )?sites", capsys.readouterr().err)
@@ -214,7 +213,7 @@ def test_coverage_lines_say_each_reason_once_and_fold_the_codemods_with_nothing_
     r.port_sites = cov
     lines = summary.coverage_lines(r)
     assert lines[1] == (
-        "  te-version-gates: 5 sites rewritten; 0 of the 3 that call a runtime helper ran (none ran: a TE call-site "
+        "  te-version-gates: 5 sites rewritten; 0 of their 3 runtime-helper calls ran (none ran: a TE call-site "
         "probe on a TE code path; a TE version gate on a TE code path; module never imported: Transformer Engine's "
         f"wrappers: {te})"
     )

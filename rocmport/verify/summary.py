@@ -71,8 +71,8 @@ def folded_line(r: VerifyReport, where: str) -> str | None:
 def coverage_lines(r: VerifyReport) -> list[str]:
     """Port coverage in plain words: per codemod, how many of the call sites it rewrote ran in these
     stages, and one example of a site that did not, with why. The site count is the codemod's own
-    (apply's table, ``rewrites``); where some of its rewrites call no runtime helper, the line says
-    how many do, which are what a run can see. Codemods with nothing to count share one line."""
+    (apply's table, ``rewrites``); where its rewritten sites and the runtime-helper calls they wrote
+    (what a run can see) differ in number, the line gives both. Codemods with nothing to count share one line."""
     lines: list[str] = []
     for sites, title in ((r.port_sites, "Megatron-LM"), (r.bridge_port_sites, "Megatron-Bridge")):
         if not sites:
@@ -86,10 +86,10 @@ def coverage_lines(r: VerifyReport) -> list[str]:
             if c.rewrites is None or c.rewrites == c.total:
                 line = f"  {name}: {c.exercised} of {c.total} rewritten sites ran"
             else:
-                line = (
-                    f"  {name}: {c.rewrites} sites rewritten; {c.exercised} of the {c.total} that call a runtime "
-                    "helper ran"
-                )
+                # a run sees helper calls: fewer than the sites where some rewrites act by themselves,
+                # more where one rewrite wrote several calls (a guarded import of several names)
+                calls = "runtime-helper call" if c.total == 1 else "runtime-helper calls"
+                line = f"  {name}: {c.rewrites} sites rewritten; {c.exercised} of their {c.total} {calls} ran"
             if c.explanation:
                 line += f" ({c.explanation})"
             elif c.unreached:
