@@ -152,7 +152,7 @@ def build_table(headers: list[str], rows: list[list], title: str | None = None):
         if i == 0:
             t.add_column(h, no_wrap=True, min_width=min(KEY_WIDTH, max([len(h), *(len(r[0]) for r in cells if r)])))
         else:
-            t.add_column(h)
+            t.add_column(h, overflow="fold")  # a long word breaks onto the next line, never cut to "…"
     for row in cells:
         t.add_row(*row)
     return t
