@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -32,6 +33,8 @@ _LIVE: list = []
 
 def info(msg: str) -> None:
     """A line for the human reader, on stderr so --json stdout stays clean."""
+    if _STEPS:  # a line said during a step (stage 3's per-file lines): the step is not silent
+        _STEPS[-1].logged = time.monotonic()
     if _LIVE:
         _LIVE[-1].print(redact(msg), markup=False, highlight=False, soft_wrap=True)
     else:
@@ -61,14 +64,30 @@ class _Step:
     def __init__(self, description: str, start: float, bar=None, task=None):
         self.description, self.start, self.bar, self.task = description, start, bar, task
         self.logged = start
+        self.lock = threading.Lock()  # the heartbeat's thread and `advance` both log
+        self.detail = "still running"  # the last `advance`, which the heartbeat repeats
 
     def advance(self, detail: str, final: bool = False) -> None:
         now = time.monotonic()
         if self.bar is not None:
             self.bar.update(self.task, description=redact(f"{self.description}: {detail}"))
-        elif final or now - self.logged >= LOG_EVERY:
-            self.logged = now
-            info(f"... {self.description}: {detail}, {elapsed(now - self.start)} elapsed")
+            return
+        with self.lock:
+            self.detail = detail
+            if final or now - self.logged >= LOG_EVERY:
+                self.logged = now
+                info(f"... {self.description}: {detail}, {elapsed(now - self.start)} elapsed")
+
+    def heartbeat(self, stop: threading.Event) -> None:
+        """In a log, a step that says nothing for LOG_EVERY seconds (a verify stage's processes
+        training, importing) gets a line saying it is still running (or how far it last said it
+        was): no silent minute."""
+        while not stop.wait(min(1.0, LOG_EVERY / 4)):
+            with self.lock:
+                now = time.monotonic()
+                if now - self.logged >= LOG_EVERY and _STEPS and _STEPS[-1] is self:
+                    self.logged = now
+                    info(f"... {self.description}: {self.detail}, {elapsed(now - self.start)} elapsed")
 
 
 _STEPS: list[_Step] = []
@@ -110,14 +129,21 @@ def progress(description: str):
                 _LIVE.remove(console)
     else:
         info(f"... {description}")
-        _STEPS.append(_Step(description, start))
+        step = _Step(description, start)
+        _STEPS.append(step)
+        stop = threading.Event()
+        beat = threading.Thread(target=step.heartbeat, args=(stop,), name="rocmport-progress", daemon=True)
+        beat.start()
         try:
             yield
         finally:
+            stop.set()
+            beat.join()
             _STEPS.pop()
         info(f"... {description}: done in {elapsed(time.monotonic() - start)}")
 
 
+LOG_WIDTH = 100  # a table's width when stdout is not a terminal
 KEY_WIDTH = 56  # the first (key) column stays whole up to this width, however narrow the terminal
 
 
@@ -132,7 +158,7 @@ def build_table(headers: list[str], rows: list[list], title: str | None = None):
         if i == 0:
             t.add_column(h, no_wrap=True, min_width=min(KEY_WIDTH, max([len(h), *(len(r[0]) for r in cells if r)])))
         else:
-            t.add_column(h)
+            t.add_column(h, overflow="fold")  # a long word breaks onto the next line, never cut to "…"
     for row in cells:
         t.add_row(*row)
     return t
@@ -142,4 +168,5 @@ def table(headers: list[str], rows: list[list], title: str | None = None) -> Non
     """Print a table to stdout (rich when available, plain columns otherwise)."""
     from rich.console import Console
 
-    Console(width=None if sys.stdout.isatty() else 160).print(build_table(headers, rows, title))
+    # Not on a terminal (a log, a pipe, CI): LOG_WIDTH columns, which a log viewer or a review shows whole.
+    Console(width=None if sys.stdout.isatty() else LOG_WIDTH).print(build_table(headers, rows, title))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.real import REAL_CACHE
+from tests.helpers.outside_writes import OutsideWrites
+from tests.helpers.real import REAL_CACHE, REPO
 
 
 @pytest.fixture()
@@ -20,6 +21,27 @@ def real_index(monkeypatch) -> Path:
 
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def pytest_configure(config):
+    """The run fails when the checkout (its git status, build/) or the user's ~/.cache/rocmport*
+    changed during it. The one exemption: REAL_CACHE, the download cache of real sdists and wheels
+    the network tests share between runs on purpose (fetched bytes are checked against the index)."""
+    config.pluginmanager.register(OutsideWrites(REPO, frozenset({REAL_CACHE.resolve()})), "rocmport-outside-writes")
+
+
+@pytest.fixture(autouse=True)
+def _writes_stay_in_tmp(tmp_path_factory, monkeypatch):
+    """Every directory rocmport writes to by default, pointed at a temporary one: its cache
+    (ROCMPORT_CACHE_DIR: mirrors, sdists, unit-baselines/, verify's bytecode), XDG_CACHE_HOME (the
+    default cache's parent, torch's and others'), and the current directory, which is the default
+    project (`-C .`): `rocmport verify` with no -C writes build/verify/<name>-<time>.json and
+    last.json there. A test that needs one of them elsewhere sets it itself."""
+    outside = tmp_path_factory.mktemp("outside")
+    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(outside / "rocmport-cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(outside / "xdg-cache"))
+    (outside / "project").mkdir()
+    monkeypatch.chdir(outside / "project")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from rocmport.cli import main
-from rocmport import components
+from rocmport import components, output
 from rocmport.patches.series import all_series, load_series
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,8 +117,9 @@ def _project_copy(tmp_path: Path) -> Path:
     return root
 
 
-def test_patches_list_shows_the_matrix_and_a_bad_one_exits_2(tmp_path, capsys):
+def test_patches_list_shows_the_matrix_and_a_bad_one_exits_2(tmp_path, capsys, monkeypatch):
     root = _project_copy(tmp_path)
+    monkeypatch.setattr(output, "LOG_WIDTH", 200)  # the cells' words whole, to find them (a log gets 100, folded)
     assert main(["-C", str(root), "patches", "list", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     by_line = {d["line"]: d for d in data["series"] if d["upstream"] == "megatron-lm"}

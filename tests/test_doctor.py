@@ -5,6 +5,7 @@ names) in a site directory of a subprocess: in range, out of range, built for an
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -91,7 +92,10 @@ def test_this_machine_has_none_of_the_components_and_says_so(tmp_path):
     assert rc == 1
     assert none in " ".join(err.split())
     assert "no GPU and no --arch" in err and "transformer_engine: not installed" in err
-    assert "transformer_engine" in text and "not installed" in text and "missing" in text
+    # the table, 100 columns in a log: "not installed" folds onto two lines of its cell
+    assert (
+        "│ transformer_engine │ yes      │" in text and "missing" in text and "│ not " in text and "installed" in text
+    )
 
 
 def test_in_range_and_built_for_the_arch(tmp_path):
@@ -269,3 +273,118 @@ def test_verify_reports_the_component_versions_in_its_env(tmp_path, monkeypatch,
     env = json.loads(capsys.readouterr().out)["env"]
     assert env["components"]["flash_attn"] == {"version": "2.8.0.post2", "status": "ok"}
     assert env["components"]["transformer_engine"] == {"version": None, "status": "missing"}
+
+
+# One verdict per component across doctor's rows, no raw None in its text: on a machine without ROCm,
+# with a ROCm directory laid out like /opt/rocm (ROCM_PATH, which doctor reads), and with a CUDA GPU.
+
+
+def _agrees(data: dict) -> None:
+    """The "on this arch" rows say what the component table says: TE's layers and FP8 only where the
+    TE row is ok, the CK flash-attention build named for use only where flash_attn's row is ok, and no
+    row whose use reads as usable while its why says it is not usable here."""
+    ok = {c["name"]: c["status"] == "ok" for c in data["components"]}
+    use = {r["topic"]: r["use"] for r in data["recommendations"]}
+    assert (use.get("layers") == "--transformer-impl transformer_engine") == ok.get("transformer_engine", False), use
+    if use.get("fp8", "").startswith("available"):
+        assert ok["transformer_engine"], use["fp8"]
+    if use.get("flash-attention") == "the CK build (default backend)":
+        assert ok["flash_attn"]
+    for r in data["recommendations"]:
+        alternative = r["use"].startswith(("not ", "none", "--transformer-impl local", "--attention-backend unfused"))
+        assert alternative or "not usable here" not in r["why"], r
+
+
+def _no_none(text: str) -> None:
+    assert not re.search(r"\bNone\b", text), text
+
+
+def test_doctor_without_rocm_gives_one_verdict_per_component_and_no_none(tmp_path):
+    root = _project(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "ROCM_PATH"}
+    runs = [
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rocmport",
+                "-C",
+                str(root),
+                "doctor",
+                "--line",
+                "v0.16",
+                "--arch",
+                "gfx942",
+                *json_,
+            ],
+            capture_output=True,
+            text=True,
+            env={**env, "COLUMNS": "300"},
+            timeout=120,
+        )
+        for json_ in ([], ["--json"])
+    ]
+    text, data = runs[0].stderr + runs[0].stdout, json.loads(runs[1].stdout)
+    _agrees(data)
+    _no_none(text)
+    use = {r["topic"]: r["use"] for r in data["recommendations"]}
+    assert use["fp8"] == "not usable here yet: train in bf16/fp16"  # gfx942 could, with a TE that is not here
+    assert use["flash-attention"] == "not usable here yet: install the CK build"
+    if not os.path.isdir("/opt/rocm"):
+        assert text.splitlines()[0].endswith("; ROCm: not found (ROCM_PATH unset, no /opt/rocm); RCCL: not found")
+        assert data["rocm_path"] is None and data["rocm_version"] is None  # the JSON keeps its nulls
+
+
+def test_doctor_with_a_rocm_directory_and_the_components_installed(tmp_path):
+    root, site, rocm = _project(tmp_path), tmp_path / "site", tmp_path / "rocm-6.2.0"
+    (rocm / ".info").mkdir(parents=True)
+    (rocm / ".info" / "version").write_text("6.2.0-66\n")
+    (rocm / "lib").mkdir()
+    (rocm / "lib" / "librccl.so.1.0.60200").write_bytes(b"\x7fELF")
+    fake_dist(site, "transformer_engine", "2.10.0", "transformer_engine", ["gfx942"])
+    fake_dist(site, "flash_attn", "2.8.0.post2", "flash_attn", ["gfx942"])
+    env = {**os.environ, "ROCM_PATH": str(rocm), "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    args = [sys.executable, "-m", "rocmport", "-C", str(root), "doctor", "--line", "v0.16", "--arch", "gfx942"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    text = proc.stderr + proc.stdout  # the header (and warnings) on stderr, the tables on stdout
+    data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, env=env, timeout=120).stdout)
+    _agrees(data)
+    _no_none(text)
+    assert f"; ROCm 6.2.0-66 at {rocm}; RCCL {rocm}/lib/librccl.so.1.0.60200" in text.splitlines()[0]
+    use = {r["topic"]: r["use"] for r in data["recommendations"]}
+    assert use["fp8"] == "available (ROCm TE)" and use["flash-attention"] == "the CK build (default backend)"
+    assert data["rocm_version"] == "6.2.0-66"
+    # rocm-core's header where .info/version is absent
+    (rocm / ".info" / "version").unlink()
+    (rocm / "include" / "rocm-core").mkdir(parents=True)
+    (rocm / "include" / "rocm-core" / "rocm_version.h").write_text(
+        "#define ROCM_VERSION_MAJOR 6\n#define ROCM_VERSION_MINOR 3\n#define ROCM_VERSION_PATCH 1\n"
+    )
+    data = json.loads(subprocess.run([*args, "--json"], capture_output=True, text=True, env=env, timeout=120).stdout)
+    assert data["rocm_version"] == "6.3.1"
+
+
+def test_doctor_on_a_cuda_gpu_names_it_and_no_none(tmp_path, monkeypatch, capsys):
+    """torch with CUDA and one H100 (its properties as torch 2.11+cu130 gives them): the header says
+    CUDA, not a ROCm build; the rows agree; nothing prints None."""
+    import torch
+
+    props = type("Props", (), {"major": 9, "minor": 0, "gcnArchName": "NVIDIA H100 80GB HBM3"})()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv("ROCM_PATH", raising=False)
+    monkeypatch.setenv("COLUMNS", "300")
+    root = _project(tmp_path)
+    assert main(["-C", str(root), "doctor", "--line", "v0.16"]) == 1  # none of the components installed
+    out, err = capsys.readouterr()
+    _no_none(out + err)
+    assert err.splitlines()[0].startswith(f"torch {torch.__version__} (CUDA 13.0: not a ROCm build); ")
+    assert "sm_90" in out and "NVIDIA H100 80GB HBM3: not an AMD GPU" in out
+    main(["-C", str(root), "doctor", "--line", "v0.16", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    _agrees(data)
+    assert data["devices"] == [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "arch": "sm_90"}]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.launch_env import LAUNCH_ENV
 from rocmport.machine import launch_profile as lp
+from tests.helpers.real import REPO
 
 BASE = [n for n, _, _ in LAUNCH_ENV]
 # What each architecture adds to the base, by name and value (and nothing else).
@@ -232,3 +235,61 @@ def test_replay_with_torch_results_only(capsys, tmp_path):
     (tmp_path / "tunableop_results0.csv").write_text("Validator,PT_VERSION,2.7.1\n")
     code, out, _ = run_env(capsys, "--no-fabric", "--tune", "replay", str(tmp_path), "--explain")
     assert code == 0 and "TE_HIPBLASLT_ALGO_LOAD" not in out and "only torch's results are replayed" in out
+
+
+# ---- docs/env.md: every variable env can print, with its source --------------------------------------
+
+
+def _every_setting(tmp_path: Path) -> tuple[list[tuple[lp.Setting, str]], list[str]]:
+    """Each setting `env` can print (the base, --deterministic, every --arch, the fabric of a machine
+    with a RoCE device and a route to the master, --tune record and replay), its value and source with
+    this run's directories named as docs/env.md names them (/sys, /proc, DIR); and every note."""
+    found: list[tuple[lp.Setting, str]] = []
+    notes: list[str] = []
+    sys_root, proc_root, tune = tmp_path / "sys", tmp_path / "proc", tmp_path / "tune"
+    rdma(sys_root, "rdma0", gids=ROCE_GIDS)
+    (proc_root / "net").mkdir(parents=True)
+    (proc_root / "net" / "route").write_text(
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+        "eth0\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"
+    )
+    runs = [lp.profile(None, True, sys_root=tmp_path / "none", proc_root=tmp_path / "none")]
+    runs += [lp.profile(arch, sys_root=tmp_path / "none", proc_root=tmp_path / "none") for arch in lp.ARCH_CHOICES]
+    runs.append(lp.fabric_settings("node0", sys_root, proc_root, resolve=lambda host: "10.0.3.4"))
+    runs.append(lp.tune_settings("record", tune))
+    (tune / "tunableop_results0.csv").write_text("Validator,PT_VERSION,2.7.1\n")
+    (tune / "te_hipblaslt_algos_101.csv").write_text("m,n,k,algo\n8,8,8,3\n")
+    runs.append(lp.tune_settings("replay", tune))
+    for settings, said in runs:
+        notes += said
+        for s in settings:
+            named = [(str(sys_root), "/sys"), (str(proc_root), "/proc"), (str(tune), "DIR")]
+            source, value = s.source, s.value
+            for path, name in named:
+                source, value = source.replace(path, name), value.replace(path, name)
+            found.append((replace(s, source=source), value))
+    return found, notes
+
+
+def _doc_rows() -> dict[str, tuple[str, str]]:
+    """docs/env.md's table: variable -> (its Value cell, its Source cell)."""
+    rows = {}
+    for line in (REPO / "docs" / "env.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 5 and cells[0].startswith("`") and cells[0] != "`Variable`":
+            rows[cells[0].strip("`")] = (cells[1], cells[4])
+    return rows
+
+
+def test_docs_env_lists_every_variable_env_can_print_with_its_source(tmp_path):
+    found, notes = _every_setting(tmp_path)
+    doc = _doc_rows()
+    assert sorted(doc) == sorted({s.name for s, _ in found})  # none missing, none the code cannot print
+    for s, value in found:
+        doc_value, doc_source = doc[s.name]
+        assert doc_source == s.source, s.name
+        if s.part != "fabric":  # the fabric's values are this machine's: the doc says what they are
+            assert f"`{value}`" in doc_value, (s.name, value, doc_value)
+    # No label a user cannot look up (a planning document's "coverage item E1") in anything env prints.
+    for text in [s.reason for s, _ in found] + [s.source for s, _ in found] + notes + list(lp.ARCH_NOTES.values()):
+        assert not re.search(r"coverage item|\bitem [A-Z][0-9]+\b", text), text

@@ -144,3 +144,35 @@ def test_the_codemod_runner_reports_files_done_of_total(tmp_path):
         timeout=300,
     )
     assert "codemods: 0/12" not in proc.stderr and "running codemods: done in" in proc.stderr
+
+
+def test_a_table_in_a_log_fits_100_columns(capsys):
+    """Not on a terminal (a log, a pipe), a table is 100 columns wide at most (it was 160): long cells
+    wrap, the key column stays whole."""
+    why = "CK flash-attention targets gfx90a, gfx942, gfx950; install or rebuild it for this arch (see the table) " * 2
+    output.table(["topic", "use", "why"], [["flash-attention", "not usable here yet: install the CK build", why]])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= output.LOG_WIDTH == 100
+    assert "│ flash-attention │" in out
+
+
+def test_a_step_that_says_nothing_still_gets_a_line_every_few_seconds_in_a_log():
+    """verify's stage 1 ran 49 s and stage 5 3m12s with no line between its start and its end (the
+    main job on 2 loaded cores): a step silent for LOG_EVERY seconds says it is still running."""
+    script = (
+        "from rocmport import output\nimport time\noutput.LOG_EVERY = 0.4\n"
+        "with output.progress('stage 5: Megatron-Bridge imports and GPTModelProvider training tp2×pp2'):\n"
+        "    time.sleep(1.5)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
+    lines = proc.stderr.splitlines()
+    beats = [ln for ln in lines[1:-1] if ln.endswith(" elapsed")]
+    assert beats == lines[1:-1] and 2 <= len(beats) <= 4, lines
+    assert all(re.fullmatch(r"\.\.\. stage 5: .* tp2×pp2: still running, \d+ s elapsed", b) for b in beats), beats
+    assert lines[-1].startswith("... stage 5: Megatron-Bridge imports and GPTModelProvider training tp2×pp2: done in ")

@@ -142,3 +142,83 @@ def test_verify_reports_port_sites_per_codemod(tmp_path, capsys):
         "device-probes: 1 of 1 rewritten sites ran" in out
         and "capability-gates: 0 of 3 rewritten sites ran (none ran:" in out
     )
+
+
+@pytest.mark.torch
+def test_one_site_count_per_codemod_in_apply_verify_and_status(tmp_path, monkeypatch, capsys):
+    """te-version-gates showed "7 files, 30 sites" in apply's table and "0 of 28 rewritten sites" in
+    verify's coverage: 30 is the codemod's own count, 28 the rewritten sites that call a runtime
+    helper (the other two, `is_te_min_version` answering False without TE, act by themselves). A real
+    apply of a v0.16-shaped tree, then verify: the one count (apply's) is the count verify and the
+    report give, and the helper-calling part is named as such."""
+    import re
+
+    from tests.codemods.test_te_version_gates import EXTENSIONS
+    from tests.helpers.codemods import UTILS_V016
+    from tests.helpers.patches import Project
+
+    proj = Project(tmp_path, monkeypatch)
+    proj.up_files = {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/utils.py": UTILS_V016,
+        "megatron/core/extensions/__init__.py": "",
+        "megatron/core/extensions/transformer_engine.py": EXTENSIONS,
+    }
+    proj.pin(proj.upstream_commit(proj.up_files, "upstream 0.16.1 with TE gates"))
+    proj.refresh_mirror()
+    proj.write_series({}, codemods=["te-version-gates"])
+    capsys.readouterr()
+    assert main(["-C", str(proj.root), "apply"]) == 0
+    table = capsys.readouterr().out
+    applied = int(re.search(r"te-version-gates.*?(\d+) sites", table, re.S).group(1))
+    assert main(["-C", str(proj.root), "verify", "--tree", str(proj.tree), "--stages", "1", "--json"]) in (0, 1)
+    cov = json.loads(capsys.readouterr().out)["port_sites"]["te-version-gates"]
+    assert cov["rewrites"] == applied and 0 < cov["total"] < applied  # some rewrites call no helper
+    main(["-C", str(proj.root), "verify", "--tree", str(proj.tree), "--stages", "1"])
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  te-version-gates:"))
+    assert line.startswith(
+        f"  te-version-gates: {applied} sites rewritten; {cov['exercised']} of their {cov['total']} runtime-helper calls ran"
+    ), line
+    assert main(["-C", str(proj.root), "status"]) == 0  # status shows the last verify's verdict, no other count
+    assert not re.search(r"te-version-gates\D+\d+ (rewritten )?sites", capsys.readouterr().err)
+
+
+def test_coverage_lines_say_each_reason_once_and_fold_the_codemods_with_nothing_to_count():
+    """The te-version-gates line said Transformer Engine's absence three times in one line, and each
+    codemod without a helper-calling site took a "0 of 0" line of its own."""
+    from rocmport.verify import summary
+    from tests.test_verify import a_v019_report
+
+    te = port_sites.te_why(None)
+    unreached = {
+        "megatron/core/extensions/transformer_engine.py:40 te_gate": port_sites._not_imported(
+            "megatron/core/extensions/transformer_engine.py"
+        ),
+        "megatron/core/models/gpt/x.py:3 te_gate": port_sites.NOT_RUN["te_gate"].format(te=te),
+        "megatron/core/models/gpt/x.py:9 te_accepts": port_sites.NOT_RUN["te_accepts"].format(te=te),
+    }
+    sites = []
+    for key in unreached:
+        where, helper = key.split()
+        path, line = where.split(":")
+        sites.append(port_sites.Site("te-version-gates", path, int(line), int(line), helper))
+    cov = port_sites.coverage(
+        sites,
+        set(),
+        {"megatron/core/models/gpt/x.py"},
+        {"te-version-gates": 5, "apex-to-torch": 2, "grouped-gemm": 0, "device-probes": 0},
+    )
+    r = a_v019_report()
+    r.port_sites = cov
+    lines = summary.coverage_lines(r)
+    assert lines[1] == (
+        "  te-version-gates: 5 sites rewritten; 0 of their 3 runtime-helper calls ran (none ran: a TE call-site "
+        "probe on a TE code path; a TE version gate on a TE code path; module never imported: Transformer Engine's "
+        f"wrappers: {te})"
+    )
+    assert lines[1].count("not installed") == 1
+    assert lines[2:] == [
+        "  nothing to count: apex-to-torch (no rewritten site calls a runtime helper (its rewrites act by themselves)); "
+        "grouped-gemm, device-probes (nothing to rewrite at this release)"
+    ]

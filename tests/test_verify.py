@@ -163,6 +163,15 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     )
     assert functional["status"] == "skipped" and "no pretrain_gpt.py" in functional["reason"]
     assert bridge["status"] == "skipped" and "--tree given" in bridge["reason"]
+    # "skipped" as before in the JSON; what the tree cannot have (a package-index source) is not
+    # applicable, apart from a stage the run left out, and the verdict says how to get all five.
+    assert [s["applicable"] for s in data["stages"]] == [True, True, False, False, True]
+    assert data["verdict"] == (
+        f"tree {tree} (CPU proxy, not a GPU result): 1 of 3 applicable stages pass; unsupported on the CPU proxy: gpt-training (proxy shim "
+        "hook missing: megatron.core.tensor_parallel.random._get_cu…); not run here: bridge (--tree given); "
+        "not applicable to the package-index source (megatron/core only): unit-tests, functional "
+        "(a git source runs all five: rocmport sync --ref REF --source git)"
+    )
     assert data["hip_sim"]["version"] == hip_sim.DEFAULT_VERSION and data["hip_sim"]["arch"] == "gfx942"
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
     assert suite.get("tests") == "5" and suite.get("skipped") == "4" and suite.get("failures") == "0"

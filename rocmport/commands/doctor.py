@@ -47,7 +47,7 @@ def command(obj, line, arch, as_json):
     if as_json:
         output.emit_json(d.to_dict())
         return EXIT_PROBLEM if d.problems else EXIT_OK
-    output.info(f"torch {d.torch}: hip {d.hip}, cuda {d.cuda}; ROCm at {d.rocm_path}; RCCL {d.rccl}")
+    output.info(d.header())
     output.table(["device", "name", "arch"], [[x.index, x.name, x.arch] for x in d.devices] or [["-", "no GPU", "-"]])
     r = d.report
     where = {"gpu": "the GPU", "--arch": "--arch", "none": "no GPU and no --arch: the arch checks are skipped"}[

@@ -53,7 +53,8 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
             )
     e = r.env.machine
     output.info(
-        f"torch {e.torch} (hip {e.hip}, cuda {e.cuda}), Python {e.python}, {e.device_count} GPU(s); "
+        f"torch {e.torch} ({f'HIP {e.hip}' if e.hip else f'CUDA {e.cuda}' if e.cuda else 'a CPU build'}), "
+        f"Python {e.python}, {e.device_count} GPU(s); "
         f"backend {r.backend}, world {r.world_size} = tp {r.tp} × pp {r.pp} × dp {r.dp}"
     )
     output.table(

@@ -710,18 +710,15 @@ def recommend(
     if fa is not None:
         s = fa.support(arch)
         if s.status == "builds":
-            have = (
-                "installed and usable here"
-                if installed_ok.get("flash_attn")
-                else "not usable here yet: install or rebuild it for this arch (see the table)"
-            )
-            out.append(
-                (
-                    "flash-attention",
-                    "the CK build (default backend)",
-                    f"CK flash-attention targets {', '.join(fa.builds)}; {have}",
+            # one verdict per row: what to use says whether it is usable here, as the why does
+            if installed_ok.get("flash_attn"):
+                use, have = "the CK build (default backend)", "installed and usable here"
+            else:
+                use, have = (
+                    "not usable here yet: install the CK build",
+                    "install or rebuild it for this arch (see the table)",
                 )
-            )
+            out.append(("flash-attention", use, f"CK flash-attention targets {', '.join(fa.builds)}; {have}"))
         else:
             alt = next((v for v in fa.variants.values() if arch in v.builds + v.unverified), None)
             if alt is not None:
@@ -738,13 +735,17 @@ def recommend(
                     ("flash-attention", "none", s.reason or f"no flash-attention backend is known to build for {arch}")
                 )
     if facts is not None:
-        out.append(
-            (
-                "fp8",
-                "available (ROCm TE)" if facts.fp8 else "not available: train in bf16/fp16",
-                "ROCm TE runs FP8 on gfx94x/gfx95x only (ROCm/TransformerEngine#359)",
+        fp8_why = "ROCm TE runs FP8 on gfx94x/gfx95x only (ROCm/TransformerEngine#359)"
+        if not facts.fp8:
+            fp8 = ("not available: train in bf16/fp16", fp8_why)
+        elif installed_ok.get("transformer_engine"):
+            fp8 = ("available (ROCm TE)", fp8_why)
+        else:  # the arch could, but FP8 goes through TE, which the layers row says is not usable here
+            fp8 = (
+                "not usable here yet: train in bf16/fp16",
+                fp8_why + "; it needs ROCm TE, not usable here (see the table)",
             )
-        )
+        out.append(("fp8", *fp8))
         for name, value, why in facts.env:
             out.append(("environment", f"{name}={value}", why))
     return out

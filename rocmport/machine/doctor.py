@@ -202,6 +202,29 @@ class Doctor:
     report: ComponentReport
     problems: list[str]
     env: dict[str, str | None]
+    rocm_version: str | None = None  # from the ROCm directory's .info/version (or rocm_version.h)
+
+    def header(self) -> str:
+        """The first line, in words for what is absent (the JSON keeps its nulls): "torch 2.13.0+cpu
+        (a CPU build: no HIP, no CUDA); ROCm: not found (ROCM_PATH unset, no /opt/rocm); RCCL: not found"."""
+        if self.torch is None:
+            torch = "torch: not installed"
+        elif self.hip:
+            torch = f"torch {self.torch} (HIP {self.hip})"
+        elif self.cuda:
+            torch = f"torch {self.torch} (CUDA {self.cuda}: not a ROCm build)"
+        else:
+            torch = f"torch {self.torch} (a CPU build: no HIP, no CUDA)"
+        if self.rocm_path is None:
+            rocm = "ROCm: not found (ROCM_PATH unset, no /opt/rocm)"
+        else:
+            rocm = f"ROCm {self.rocm_version or '(version not recorded)'} at {self.rocm_path}"
+        rccl = (
+            f"RCCL {self.rccl}"
+            if self.rccl
+            else "RCCL: not found" + (f" in {self.rocm_path}/lib" if self.rocm_path else "")
+        )
+        return f"{torch}; {rocm}; {rccl}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -209,12 +232,31 @@ class Doctor:
             "hip": self.hip,
             "cuda": self.cuda,
             "rocm_path": self.rocm_path,
+            "rocm_version": self.rocm_version,
             "rccl": self.rccl,
             "devices": [dataclasses.asdict(d) for d in self.devices],
             **self.report.to_dict(),
             "problems": self.problems,
             "env": self.env,
         }
+
+
+def rocm_version(rocm_path: str) -> str | None:
+    """The ROCm release of a ROCm directory: .info/version ("6.2.0-66"), else rocm-core's
+    rocm_version.h (ROCM_VERSION_MAJOR/MINOR/PATCH); None when neither records it."""
+    root = Path(rocm_path)
+    try:
+        text = (root / ".info" / "version").read_text(encoding="utf-8").strip()
+        if text:
+            return text.split()[0]
+    except OSError:
+        pass
+    try:
+        header = (root / "include" / "rocm-core" / "rocm_version.h").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    parts = [re.search(rf"#define\s+ROCM_VERSION_{k}\s+(\d+)", header) for k in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) for m in parts if m) if all(parts) else None
 
 
 def doctor(matrix: Matrix | None = None, arch: str | None = None) -> Doctor:
@@ -252,6 +294,7 @@ def doctor(matrix: Matrix | None = None, arch: str | None = None) -> Doctor:
         hip=hip,
         cuda=getattr(torch.version, "cuda", None) if torch else None,
         rocm_path=rocm_path,
+        rocm_version=rocm_version(rocm_path) if rocm_path else None,
         rccl=rccl[0] if rccl else None,
         devices=devices,
         report=report,

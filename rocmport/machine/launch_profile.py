@@ -68,7 +68,7 @@ BASE_SOURCES = {
     "CUDA_DEVICE_MAX_CONNECTIONS": f"{PRIMUS}/base_env.sh; {FORK_SCRIPT}",
     "GPU_MAX_HW_QUEUES": f"{PRIMUS}/base_env.sh; {FORK_SCRIPT}",
     "HSA_NO_SCRATCH_RECLAIM": f"{FORK_SCRIPT}; {PRIMUS}/MI250X.sh",
-    "HSA_ENABLE_SCRATCH_ASYNC_RECLAIM": "AMD-AGI/Primus .github/workflows/docker-release/Dockerfile.primus-v26.5.1 (coverage item E1)",
+    "HSA_ENABLE_SCRATCH_ASYNC_RECLAIM": "AMD-AGI/Primus .github/workflows/docker-release/Dockerfile.primus-v26.5.1",
     "TORCH_NCCL_HIGH_PRIORITY": f"{PRIMUS}/base_env.sh; {FORK_SCRIPT}",
     "NCCL_CHECKS_DISABLE": f"{PRIMUS}/base_env.sh; {FORK_SCRIPT}",
     "RCCL_MSCCL_ENABLE": f"{PRIMUS}/base_env.sh; {FORK_SCRIPT}",
@@ -76,7 +76,7 @@ BASE_SOURCES = {
     "ROCBLAS_DEFAULT_ATOMICS_MODE": f"{PRIMUS}/base_env.sh (PRIMUS_DETERMINISTIC=1)",
 }
 
-# --deterministic's values only a launcher can set (read before validate_args runs: coverage item E4).
+# --deterministic's values only a launcher can set (read before validate_args runs).
 LAUNCHER_DETERMINISTIC = [
     Setting(
         "TORCH_COMPILE_DISABLE",
@@ -119,8 +119,7 @@ ARCH_SETTINGS: dict[str, list[Setting]] = {
         Setting(
             "NVTE_ROCM_ENABLE_MXFP8",
             "1",
-            "ROCm TE runs MXFP8 recipes only with this set (gfx95x only; read when TE is imported, before validate_args: "
-            "coverage item E3)",
+            "ROCm TE runs MXFP8 recipes only with this set (gfx95x only; read when TE is imported, before validate_args)",
             f"{ROCM_TE_README} ('MXFP8 support on ROCm (gfx95x only)'); {PRIMUS}/base_env.sh",
             "gfx950",
         ),

@@ -23,7 +23,7 @@ from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.launcher import Launcher
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, took_part
+from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, skipped, took_part, tree_lacks
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
 _LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
@@ -582,9 +582,7 @@ def stage_functional(
     if series_dir is not None:  # a golden that cannot be named is bad input now, not after minutes of training
         golden_path(series_dir, case, device_kind)
     if not (tree / "pretrain_gpt.py").is_file():
-        return StageResult(
-            "functional", SKIPPED, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
-        ), None
+        return skipped("functional", tree_lacks("pretrain_gpt.py")), None
     if not (cdir / "model_config.yaml").is_file():
         text = f"upstream has no functional case {case} ({CASES / case}); pass --case NAME (e.g. {', '.join(cases_near(tree))})"
         return StageResult("functional", SKIPPED if defaulted else FAIL, text), None

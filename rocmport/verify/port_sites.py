@@ -245,6 +245,15 @@ def coverage(
         elif cov.total == 0:
             cov.explanation = "no rewritten site calls a runtime helper (its rewrites act by themselves)"
         elif cov.exercised == 0:
-            reasons = sorted(set(cov.unreached.values()))
-            cov.explanation = "none ran: " + "; ".join(reasons[:3])
+            cov.explanation = "none ran: " + reasons_once(sorted(set(cov.unreached.values()))[:3])
     return out
+
+
+def reasons_once(reasons: list[str]) -> str:
+    """Reasons joined with each part said once: several that end in the same cause ("module never
+    imported: TE's wrappers: <TE absent>", "a TE version gate on a TE code path: <TE absent>") give
+    "module never imported: TE's wrappers; a TE version gate on a TE code path: <TE absent>"."""
+    causes = {r.rpartition(": ")[2] for r in reasons}
+    if len(reasons) > 1 and len(causes) == 1 and all(": " in r for r in reasons):
+        return "; ".join(r.rpartition(": ")[0] for r in reasons) + ": " + causes.pop()
+    return "; ".join(reasons)

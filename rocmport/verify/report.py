@@ -28,7 +28,7 @@ SCHEMA = """\
  hip_sim: {version, arch, device} | null,
  env: {python, torch, hip, cuda, device_count, devices, launcher_env, firewall_profile},
  launcher: {kind, nnodes, node_rank, rdzv_endpoint},
- stages: [{name, status: pass|fail|skipped|unsupported-in-proxy, reason, seconds, ...}],
+ stages: [{name, status: pass|fail|skipped|unsupported-in-proxy, reason, seconds, applicable, ...}],
  training: {losses, reference_losses, max_abs_diff, tied_embeddings_equal, redirects},
  functional: {case, losses, resume: {from_iteration, max_abs_diff, ...}, golden, redirects, ...},
  port_sites: {<codemod>: {exercised, total, rewrites, unreached: {<site>: <reason>}, explanation}}}"""

@@ -150,7 +150,10 @@ def _count(lab: str, n: int) -> str:
 
 def verdict(r: VerifyReport) -> str:
     """One line: what this run proved. "v0.19 port (CPU proxy): 3 of 5 stages pass; blocking: unit-tests
-    (1 unverified test); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)"."""
+    (1 unverified test); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)".
+    Stages a package-index tree cannot have are counted apart: "v0.16 port (CPU proxy ...): 3 of 3
+    applicable stages pass; not applicable to the package-index source (megatron/core only): unit-tests,
+    functional (a git source runs all five: rocmport sync --ref v0.16 --source git)"."""
     stages = r.stages
     who = f"{r.line} port" if r.line else f"tree {r.tree}"
     with_te = (
@@ -168,8 +171,10 @@ def verdict(r: VerifyReport) -> str:
         if not machine.hip
         else ""
     )
-    passed = sum(s.status == PASS for s in stages)
-    parts = [f"{who}{mode}: {passed} of {len(stages)} stages pass"]
+    applicable = [s for s in stages if s.applicable]
+    passed = sum(s.status == PASS for s in applicable)
+    counted = "stages" if len(applicable) == len(stages) else "applicable stages"
+    parts = [f"{who}{mode}: {passed} of {len(applicable)} {counted} pass"]
     blocking = []
     for s in stages:
         if s.status != FAIL:
@@ -184,7 +189,14 @@ def verdict(r: VerifyReport) -> str:
     unsupported = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == UNSUPPORTED]
     if unsupported:
         parts.append("unsupported on the CPU proxy: " + ", ".join(unsupported))
-    skipped = [f"{s.name} ({_short(s.reason)})" for s in stages if s.status == SKIPPED]
+    skipped = [f"{s.name} ({_short(s.reason)})" for s in applicable if s.status == SKIPPED]
     if skipped:
         parts.append("not run here: " + ", ".join(skipped))
+    lacking = [s.name for s in stages if not s.applicable]
+    if lacking:  # what this source cannot show, and how to get it: not a failure, not a stage left out
+        ref = r.line or "REF"
+        parts.append(
+            f"not applicable to the package-index source (megatron/core only): {', '.join(lacking)}"
+            f" (a git source runs all five: rocmport sync --ref {ref} --source git)"
+        )
     return "; ".join(parts)

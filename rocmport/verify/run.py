@@ -218,9 +218,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             if stage.name not in opts.stages:
                 report.stages.append(StageResult(stage.name, stages.SKIPPED, "not selected (--stages)"))
             elif not stage.requested(opts):
-                report.stages.append(
-                    StageResult(stage.name, stages.SKIPPED, opts.skipped.get(stage.name, "not requested"))
-                )
+                report.stages.append(stages.skipped(stage.name, opts.skipped.get(stage.name, "not requested")))
             elif stage.after_imports and imports_failed:
                 report.stages.append(StageResult(stage.name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)"))
             else:
@@ -309,7 +307,7 @@ def unit_options(
             raise BadInput(
                 f"{tree}: no tests/unit_tests to run (a package-index source ships megatron/core only); drop --unit-tests"
             )
-        return None, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)"
+        return None, stages.tree_lacks("tests/unit_tests")
     if nproc < 1:
         raise BadInput(f"--unit-nproc {nproc}: must be at least 1")
     for test in tests:
@@ -387,7 +385,7 @@ def functional_options(
             raise BadInput(
                 f"{tree}: no pretrain_gpt.py to run (a package-index source ships megatron/core only); drop --functional"
             )
-        return None, "the tree has no pretrain_gpt.py (a package-index source ships megatron/core only)"
+        return None, stages.tree_lacks("pretrain_gpt.py")
     if case is not None and not (check_case(tree, case) / "model_config.yaml").is_file():
         raise BadInput(
             f"--case {case!r}: no such case in {tree / CASES} (no model_config.yaml); e.g. {', '.join(cases_near(tree)) or '-'}"

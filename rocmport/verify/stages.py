@@ -32,6 +32,22 @@ MOE_EXPERTS, MOE_EP = 4, 2
 MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
 
 
+# Why a stage cannot apply to a tree: the package index's Megatron-LM sdist (`sync --source pypi`) is
+# megatron/core alone, with no upstream tests and no pretrain_gpt.py to run. Such a stage is
+# "skipped" in the JSON as before, with applicable false; the verdict counts it apart from stages not run.
+PACKAGE_INDEX_ONLY = "a package-index source ships megatron/core only"
+
+
+def tree_lacks(what: str) -> str:
+    """The reason a stage does not apply: "the tree has no tests/unit_tests (a package-index source ...)"."""
+    return f"the tree has no {what} ({PACKAGE_INDEX_ONLY})"
+
+
+def skipped(name: str, why: str) -> StageResult:
+    """A skipped stage, not applicable when ``why`` is a tree_lacks reason."""
+    return StageResult(name, SKIPPED, why, applicable=not why.endswith(f"({PACKAGE_INDEX_ONLY})"))
+
+
 def modules_import(n: int, kind: str = "") -> str:
     """ "1 module imports" / "24 modules import" (``kind`` e.g. "Bridge ")."""
     return f"{n} {kind}module imports" if n == 1 else f"{n} {kind}modules import"
@@ -52,6 +68,8 @@ class StageResult:
     reason: str = ""
     seconds: float = 0.0
     details: StageDetails | None = None  # None: the stage adds no keys of its own
+    # False: skipped because the tree cannot have it (see tree_lacks), not because the run left it out
+    applicable: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +77,7 @@ class StageResult:
             "status": self.status,
             "reason": self.reason,
             "seconds": round(self.seconds, 2),
+            "applicable": self.applicable,
             **(self.details.to_dict() if self.details is not None else {}),
         }
 

@@ -70,14 +70,26 @@ def folded_line(r: VerifyReport, where: str) -> str | None:
 
 def coverage_lines(r: VerifyReport) -> list[str]:
     """Port coverage in plain words: per codemod, how many of the call sites it rewrote ran in these
-    stages, and one example of a site that did not, with why."""
+    stages, and one example of a site that did not, with why. The site count is the codemod's own
+    (apply's table, ``rewrites``); where its rewritten sites and the runtime-helper calls they wrote
+    (what a run can see) differ in number, the line gives both. Codemods with nothing to count share one line."""
     lines: list[str] = []
     for sites, title in ((r.port_sites, "Megatron-LM"), (r.bridge_port_sites, "Megatron-Bridge")):
         if not sites:
             continue
         lines.append(f"port coverage ({title}): of the call sites each codemod rewrote, how many ran in these stages")
+        nothing: dict[str, list[str]] = {}  # explanation -> the codemods with no site to count
         for name, c in sites.items():
-            line = f"  {name}: {c.exercised} of {c.total} rewritten sites ran"
+            if c.total == 0:
+                nothing.setdefault(c.explanation or "nothing to count", []).append(name)
+                continue
+            if c.rewrites is None or c.rewrites == c.total:
+                line = f"  {name}: {c.exercised} of {c.total} rewritten sites ran"
+            else:
+                # a run sees helper calls: fewer than the sites where some rewrites act by themselves,
+                # more where one rewrite wrote several calls (a guarded import of several names)
+                calls = "runtime-helper call" if c.total == 1 else "runtime-helper calls"
+                line = f"  {name}: {c.rewrites} sites rewritten; {c.exercised} of their {c.total} {calls} ran"
             if c.explanation:
                 line += f" ({c.explanation})"
             elif c.unreached:
@@ -86,4 +98,8 @@ def coverage_lines(r: VerifyReport) -> list[str]:
                     f" (+{len(c.unreached) - 1} more in the report)" if len(c.unreached) > 1 else ""
                 )
             lines.append(line)
+        if nothing:
+            lines.append(
+                "  nothing to count: " + "; ".join(f"{', '.join(names)} ({why})" for why, names in nothing.items())
+            )
     return lines

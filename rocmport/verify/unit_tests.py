@@ -52,7 +52,7 @@ from rocmport.upstreams import UPSTREAMS
 from rocmport.verify import suite
 from rocmport.machine.cpu_meter import MachineShare, task_limit, task_limit_phrase
 from rocmport.verify.launcher import Launcher
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted
+from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted, skipped, tree_lacks
 
 if TYPE_CHECKING:
     from rocmport.verify.impact import ImpactFigures
@@ -1126,9 +1126,7 @@ def stage_unit_tests(
             "unit-tests", SKIPPED, "upstream's unit tests run on one node, like upstream CI: node 0 runs them"
         )
     if not (tree / "tests" / "unit_tests").is_dir():
-        return StageResult(
-            "unit-tests", SKIPPED, "the tree has no tests/unit_tests (a package-index source ships megatron/core only)"
-        )
+        return skipped("unit-tests", tree_lacks("tests/unit_tests"))
     absent = [t for t in tests if not (tree / _file(t)).exists()]
     if absent:
         return StageResult(
