@@ -22,6 +22,7 @@ import click
 
 from rocmport import __version__
 from rocmport.config import default_cache_dir
+from rocmport.fsutil import write_file
 from rocmport.redact import redact
 from rocmport.errors import EXIT_INTERNAL, EXIT_PROBLEM, EXIT_USAGE, RocmportError
 
@@ -96,7 +97,7 @@ class LazyGroup(click.Group):
     "--project",
     "project",
     default=".",
-    type=click.Path(file_okay=False),
+    type=click.Path(exists=True, file_okay=False),  # a mistyped -C is an error, not an empty project
     help="The port project directory (holds upstream.lock and patchsets/). Default: current directory.",
 )
 @click.pass_context
@@ -168,7 +169,7 @@ def write_crash_log(argv: list[str]) -> Path:
     for directory in (default_cache_dir() / "logs", Path(tempfile.gettempdir())):
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(redact(text), encoding="utf-8")
+            write_file(directory / name, redact(text))
             return directory / name
         except OSError:
             continue
