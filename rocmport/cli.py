@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -121,6 +122,9 @@ def main(argv=None) -> int:
     try:
         rv = cli.main(args=argv, prog_name="rocmport", standalone_mode=False)
     except RocmportError as exc:
+        if argv is None and exc.exit_code in (130, 143):  # the process is ending, interrupted and cleaned
+            for s in (signal.SIGINT, signal.SIGTERM):  # up: a second Ctrl-C must not kill it while it says so
+                signal.signal(s, signal.SIG_IGN)  # (exit -2, the line lost); in-process callers keep theirs
         click.secho(f"rocmport: error: {redact(str(exc))}", err=True, fg="red")
         return exc.exit_code
     except click.exceptions.Exit as exc:
