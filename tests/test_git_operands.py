@@ -146,3 +146,20 @@ def test_the_property_fed_every_option():
         pytest.skip("run with the property test")
     print(f"\noption-shaped examples per option: {dict(sorted(SEEN.items()))}")
     assert set(SEEN) == {o for _, o, _ in OPTIONS[:4]}
+
+
+@pytest.mark.parametrize("field", ["resolved_ref", "requested_ref", "commit"])
+def test_apply_and_status_refuse_an_option_shaped_ref_in_the_lock(port, tmp_path, capsys, field):
+    """apply has no option that reaches git; what it gives git comes from upstream.lock, checked on load."""
+    import yaml
+
+    marker = tmp_path / "pwned"
+    lock = port.root / "upstream.lock"
+    data = yaml.safe_load(lock.read_text())
+    data["upstreams"]["megatron-lm"][field] = f"--upload-pack=touch {marker}"
+    lock.write_text(yaml.safe_dump(data))
+    for args in (["apply"], ["status"]):
+        rc = main(["-C", str(port.root), *args])
+        err = capsys.readouterr().err
+        assert rc == EXIT_USAGE and str(lock) in err and field in err, (args, err)
+    assert not marker.exists()
