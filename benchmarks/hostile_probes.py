@@ -485,14 +485,322 @@ def item21(tmp: Path) -> list[Row]:
     ]
 
 
-PROBES: dict[int | str, Callable[[Path], list[Row]]] = {i: globals()[f"item{i}"] for i in range(1, 22)}
+# --- issue 41, rows 1, 2, 3, 8, 13, 19, 21, 22 (output paths, git operands, settings paths,
+# interrupts, disk full): keys "41.N"; `--only 41.1,41.22`. Nothing here touches a real device: the
+# "device" is a char device made with mknod in the probe's own directory (root) or skipped. --------
+
+
+def _applied_project(tmp: Path):
+    """The item-13 project: a series with the v0.16 rocm: matrix, applied (emit docker needs its tree)."""
+    import yaml
+
+    from tests.helpers.patches import Project
+
+    proj = Project(tmp, Env())
+    data = yaml.safe_load((proj.series_dir / "series").read_text())
+    data["rocm"] = yaml.safe_load((REPO / "patchsets/megatron-lm/v0.16/series").read_text())["rocm"]
+    (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
+    assert cli(["-C", str(proj.root), "apply"]) == 0
+    return proj
+
+
+def _kind(path: Path) -> str:
+    import stat as st
+
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return "missing"
+    return (
+        "link"
+        if st.S_ISLNK(mode)
+        else "fifo"
+        if st.S_ISFIFO(mode)
+        else "chardev"
+        if st.S_ISCHR(mode)
+        else f"file {oct(st.S_IMODE(mode))}"
+        if st.S_ISREG(mode)
+        else "other"
+    )
+
+
+def row41_1(tmp: Path) -> list[Row]:
+    proj = _applied_project(tmp)
+    rows = []
+    dev = tmp / "full"
+    try:
+        os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 7))  # /dev/full's numbers, in the probe's directory
+    except OSError:
+        dev = None
+    fifo = tmp / "fifo"
+    os.mkfifo(fifo)
+    link = tmp / "stdout-link"
+    link.symlink_to("/proc/self/fd/1")
+    for target, what in (
+        (dev, "a char device (1,7: /dev/full)"),
+        (fifo, "a FIFO"),
+        (link, "a link to /proc/self/fd/1"),
+    ):
+        if target is None:
+            rows.append(("41.1", "emit docker -o <char device>", "skipped", "mknod not permitted"))
+            continue
+        r = run_row("41.1", tmp, "-C", str(proj.root), "emit", "docker", "-o", str(target), cwd=tmp, note=what)
+        rows.append((*r[:3], f"{r[3]} [after: {_kind(target)}]"))
+    tree = fake_tree(tmp / "t")
+    fifo2, link2 = tmp / "report-fifo", tmp / "junit-link"
+    os.mkfifo(fifo2)
+    (tmp / "elsewhere.xml").write_text("keep me\n")
+    link2.symlink_to(tmp / "elsewhere.xml")
+    r = run_row(
+        "41.1",
+        tmp,
+        "verify",
+        "--tree",
+        str(tree),
+        "--stages",
+        "1",
+        "--report",
+        str(fifo2),
+        "--junit",
+        str(link2),
+        cwd=tmp,
+    )
+    rows.append((*r[:3], f"{r[3]} [after: report {_kind(fifo2)}, junit {_kind(link2)}]"))
+    return rows
+
+
+def row41_2(tmp: Path) -> list[Row]:
+    port = Ported(tmp, Env())
+    port.tag({"docs/index.md": "x\n"}, "core_v0.17.0", "0.17.0")
+    marker = tmp / "pwned"
+    evil = f"--upload-pack=touch {marker};false"
+    rows = []
+    for args in (
+        ("bot", "--once", "--no-verify", "--push", evil),
+        ("sync", "--ref", "--upload-pack=touch x", "--no-bridge"),
+        ("sync", "--ref", "v0.16", "--no-bridge", "--bridge-ref", "--output=x"),
+        ("refresh", "--to", "--upload-pack=x", "--no-verify"),
+    ):
+        marker.unlink(missing_ok=True)
+        r = run_row("41.2", tmp, "-C", str(port.root), *args, cwd=tmp, timeout=600)
+        rows.append((*r[:3], f"{r[3]} [command ran: {'yes' if marker.exists() else 'no'}]"))
+    return rows
+
+
+def row41_3(tmp: Path) -> list[Row]:
+    from tests.helpers.patches import Project
+
+    proj = Project(tmp, Env())
+    (proj.root / ".rocmport").mkdir()
+    (proj.root / ".rocmport" / "local.yaml").write_text("worktree_dir: relbuild\n")
+    elsewhere = tmp / "elsewhere"
+    elsewhere.mkdir()
+    r = run_row("41.3", tmp, "-C", str(proj.root), "apply", cwd=elsewhere, note="local.yaml worktree_dir: relbuild")
+    where = (
+        "caller's directory"
+        if (elsewhere / "relbuild").exists()
+        else "project"
+        if (proj.root / "relbuild").exists()
+        else "nowhere"
+    )
+    rows = [(*r[:3], f"{r[3]} [work trees in: {where}]")]
+    (proj.root / ".rocmport" / "local.yaml").write_text("cache_dir: ~/tilde-cache\n")
+    home = tmp / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "ROCMPORT_CACHE_DIR"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rocmport", "-C", str(proj.root), "sync", "--ref", "v0.16", "--no-bridge"]
+        + ["--remote", f"megatron-lm={proj.up}"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(REPO), "HOME": str(home)},
+    )
+    literal = [str(p.relative_to(tmp)) for p in (elsewhere / "~", proj.root / "~") if p.exists()]
+    rows.append(
+        (
+            "41.3",
+            "rocmport -C <project> sync --ref v0.16 --no-bridge (local.yaml cache_dir: ~/tilde-cache; from another dir)",
+            str(proc.returncode),
+            f"{message(proc)[:80]} [a literal '~' directory made: {literal or 'no'}; in $HOME: "
+            f"{'yes' if (home / 'tilde-cache').exists() else 'no'}]".replace(str(tmp), "<tmp>"),
+        )
+    )
+    return rows
+
+
+def row41_8(tmp: Path) -> list[Row]:
+    d = tmp / "tuning"
+    d.mkdir()
+    (d / "te_hipblaslt_algos_1.csv").write_text("m,n,k,algo\n1,2,3,4\n")
+    outside = tmp / "outside.txt"
+    outside.write_text("precious\n")
+    (d / "te_hipblaslt_algos.csv").symlink_to(outside)
+    r = run_row("41.8", tmp, "env", "--tune", "replay", str(d), "--no-fabric", cwd=tmp)
+    return [
+        (*r[:3], f"{r[3]} [outside file: {'kept' if outside.read_text() == 'precious' + chr(10) else 'OVERWRITTEN'}]")
+    ]
+
+
+def row41_13(tmp: Path) -> list[Row]:
+    from tests.helpers.patches import Project
+
+    proj = Project(tmp, Env())
+    # A tree big enough that git checkout takes a moment (the signal lands while git itself runs).
+    many = proj.up / "megatron" / "core" / "many"
+    many.mkdir(parents=True)
+    for i in range(15000):
+        (many / f"f{i}.py").write_text(f"x = {i}\n")
+    g(proj.up, "add", "-A")
+    proj.pin(proj.upstream_commit({"megatron/core/many/__init__.py": ""}, "many files"))
+    proj.refresh_mirror()
+    shim = tmp / "shim"
+    shim.mkdir()
+    marker = tmp / "in-git-step"
+    # A git that announces the checkout step (by a file), then runs it: the signal lands in git.
+    (shim / "git").write_text(
+        f'#!/bin/sh\ncase " $* " in *" checkout "*) touch {marker};; esac\nexec /usr/bin/git "$@"\n'
+    )
+    (shim / "git").chmod(0o755)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rocmport", "-C", str(proj.root), "apply"],
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{shim}:{os.environ['PATH']}"},
+    )
+    deadline = time.monotonic() + 60
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    again = rocmport("-C", str(proj.root), "apply", cwd=tmp)
+    return [
+        (
+            "41.13",
+            "rocmport apply; SIGINT to its group twice while git checkout runs",
+            str(proc.returncode),
+            f"{message((out, err))} [next apply: exit {again.returncode}]".replace(str(tmp), "<tmp>")[:220],
+        )
+    ]
+
+
+def row41_19(tmp: Path) -> list[Row]:
+    port = Ported(tmp, Env())
+    port.tag({"docs/index.md": "x\n"}, "core_v0.16.2", "0.16.2")
+    lock = port.root / "upstream.lock"
+    lock.chmod(0o644)
+    old = os.umask(0o022)
+    try:
+        r = run_row(
+            "41.19",
+            tmp,
+            "-C",
+            str(port.root),
+            "sync",
+            "--ref",
+            "v0.16",
+            "--no-bridge",
+            "--remote",
+            f"megatron-lm={port.up}",
+            cwd=tmp,
+        )
+    finally:
+        os.umask(old)
+    return [(*r[:3], f"{r[3][:80]} [upstream.lock was file 0o644, now {_kind(lock)}]")]
+
+
+def row41_21(tmp: Path) -> list[Row]:
+    from tests.helpers.patches import Project
+
+    rows = [run_row("41.21", tmp, "-C", str(tmp / "nonexistent"), "status", cwd=tmp)]
+    proj = Project(tmp, Env())
+    (proj.root / ".rocmport" / "local.yaml").mkdir(parents=True)
+    rows.append(
+        run_row("41.21", tmp, "-C", str(proj.root), "status", cwd=tmp, note=".rocmport/local.yaml is a directory")
+    )
+    return rows
+
+
+def _fill(disk: Path, leave: int = 0) -> None:
+    with contextlib.suppress(OSError), open(disk / "filler", "wb") as fh:
+        while True:
+            fh.write(b"\0" * 65536)
+            fh.flush()
+    os.truncate(disk / "filler", max(0, (disk / "filler").stat().st_size - leave))
+
+
+def row41_22(tmp: Path) -> list[Row]:
+    rows: list[Row] = []
+    mnt = tmp / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        rows.append(("41.22", "(a 5 MB tmpfs)", "skipped", "mount not permitted"))
+    else:
+        try:
+            proj = _applied_project(mnt)
+            _fill(mnt)
+            r = run_row("41.22", mnt, "-C", str(proj.root), "emit", "docker", "-o", str(mnt / "D"), cwd=tmp)
+            rows.append((r[0], r[1] + " (disk full)", r[2], r[3]))
+            (mnt / "filler").unlink()
+            import shutil
+
+            shutil.rmtree(proj.tree)
+            proj.pin(proj.upstream_commit({f"examples/big{i}.txt": "y" * 400_000 + str(i) for i in range(4)}))
+            proj.refresh_mirror()
+            _fill(mnt, leave=600_000)  # room for the clone, not for the checkout's 1.6 MB
+            r = run_row("41.22", mnt, "-C", str(proj.root), "apply", cwd=tmp)
+            rows.append((r[0], r[1] + " (disk nearly full: the checkout runs out)", r[2], r[3]))
+        finally:
+            subprocess.run(["umount", str(mnt)], check=False)
+    from tests.helpers.patches import Project
+
+    import yaml
+
+    (tmp / "p").mkdir()
+    proj = Project(tmp / "p", Env())
+    (proj.series_dir / "0001-evil.patch").symlink_to("/etc/passwd")
+
+    data = yaml.safe_load((proj.series_dir / "series").read_text())
+    data["patches"] = ["0001-evil.patch"]
+    (proj.series_dir / "series").write_text(yaml.safe_dump(data, sort_keys=False))
+    first = Path("/etc/passwd").read_text().splitlines()[0]
+    for args in (("apply",), ("patches", "check"), ("patches", "list")):
+        proc = rocmport("-C", str(proj.root), *args, cwd=tmp)
+        echoed = first[:10] in proc.stdout + proc.stderr
+        rows.append(
+            (
+                "41.22",
+                f"rocmport {' '.join(args)} (a patch that links to /etc/passwd)",
+                str(proc.returncode),
+                f"{message(proc)[:150]} [its target's content echoed: {'yes' if echoed else 'no'}]".replace(
+                    str(tmp), "<tmp>"
+                ),
+            )
+        )
+    return rows
+
+
+PROBES_41A: dict[str, Callable[[Path], list[Row]]] = {
+    f"41.{n}": globals()[f"row41_{n}"] for n in (1, 2, 3, 8, 13, 19, 21, 22)
+}
+
+
+PROBES: dict[str, Callable[[Path], list[Row]]] = {str(i): globals()[f"item{i}"] for i in range(1, 22)}
+PROBES.update(PROBES_41A)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", help="comma-separated item numbers")
     args = p.parse_args()
-    chosen = [int(i) if i.isdigit() else i for i in args.only.split(",")] if args.only else list(PROBES)
+    chosen = [i.strip() for i in args.only.split(",")] if args.only else list(PROBES)
     rows: list[Row] = []
     started = time.monotonic()
     home = os.environ.copy()

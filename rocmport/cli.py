@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -22,6 +23,7 @@ import click
 
 from rocmport import __version__
 from rocmport.config import default_cache_dir
+from rocmport.fsutil import write_file
 from rocmport.redact import redact
 from rocmport.errors import EXIT_INTERNAL, EXIT_PROBLEM, EXIT_USAGE, RocmportError
 
@@ -98,7 +100,7 @@ class LazyGroup(click.Group):
     "--project",
     "project",
     default=".",
-    type=click.Path(file_okay=False),
+    type=click.Path(exists=True, file_okay=False),  # a mistyped -C is an error, not an empty project
     help="The port project directory (holds upstream.lock and patchsets/). Default: current directory.",
 )
 @click.pass_context
@@ -122,6 +124,9 @@ def main(argv=None) -> int:
     try:
         rv = cli.main(args=argv, prog_name="rocmport", standalone_mode=False)
     except RocmportError as exc:
+        if argv is None and exc.exit_code in (130, 143):  # the process is ending, interrupted and cleaned
+            for s in (signal.SIGINT, signal.SIGTERM):  # up: a second Ctrl-C must not kill it while it says so
+                signal.signal(s, signal.SIG_IGN)  # (exit -2, the line lost); in-process callers keep theirs
         click.secho(f"rocmport: error: {redact(str(exc))}", err=True, fg="red")
         return exc.exit_code
     except click.exceptions.Exit as exc:
@@ -170,7 +175,7 @@ def write_crash_log(argv: list[str]) -> Path:
     for directory in (default_cache_dir() / "logs", Path(tempfile.gettempdir())):
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            (directory / name).write_text(redact(text), encoding="utf-8")
+            write_file(directory / name, redact(text))
             return directory / name
         except OSError:
             continue

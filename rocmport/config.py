@@ -136,7 +136,7 @@ def _read_tool_table(root: Path) -> dict[str, Any]:
     file and the key): remotes, cache-dir, worktree-dir, python as given; tp, pp as ints; release-lines
     as normalised line names."""
     pyproject = root / "pyproject.toml"
-    if not pyproject.is_file():
+    if not _settings_file(pyproject):
         return {}
     try:
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
@@ -177,9 +177,35 @@ def _read_tool_table(root: Path) -> dict[str, Any]:
     return out
 
 
+def _settings_file(path: Path) -> bool:
+    """Is there a settings file at ``path``? Nothing there: no. Something that is not a file (a
+    directory, a FIFO that would block the read): BadInput naming it, never silently ignored."""
+    if not os.path.lexists(path):
+        return False
+    if not path.is_file():
+        raise BadInput(
+            f"{path}: is not a file (a directory or special file); remove it, or write the settings in a file"
+        )
+    return True
+
+
+def setting_dir(root: Path, value: str, where: str) -> Path:
+    """A directory setting (cache_dir, worktree_dir, cache-dir, worktree-dir) as a path: `~` expanded,
+    a relative one resolved against the project root (never the caller's directory: `-C PROJECT`
+    from anywhere means the same place), and confined: not the project itself or a directory above
+    it (work trees and caches are rebuilt and removed there; over the project they would take it)."""
+    path = (root / os.path.expanduser(value)).resolve()
+    if path == root or path in root.parents:
+        raise BadInput(
+            f"{where}: {value!r} is {'the project directory' if path == root else 'a directory above the project'} "
+            f"({path}); give a directory of its own, e.g. build or ~/.cache/rocmport"
+        )
+    return path
+
+
 def read_local_config(root: Path) -> dict:
     path = root / LOCAL_CONFIG
-    if not path.is_file():
+    if not _settings_file(path):
         return {}
     data = (
         parse_yaml(
@@ -225,14 +251,17 @@ def load_settings(
     merged = dict(DEFAULT_REMOTES)
     merged.update(table.get("remotes", {}))
     cache = default_cache_dir()
+    tool, local_file = f"{root / 'pyproject.toml'}: [tool.rocmport]", root / LOCAL_CONFIG
     if table.get("cache-dir"):
-        cache = (root / os.path.expanduser(table["cache-dir"])).resolve()
-    worktree_dir = (root / os.path.expanduser(table["worktree-dir"])).resolve() if table.get("worktree-dir") else None
+        cache = setting_dir(root, table["cache-dir"], f"{tool} cache-dir")
+    worktree_dir = (
+        setting_dir(root, table["worktree-dir"], f"{tool} worktree-dir") if table.get("worktree-dir") else None
+    )
     merged.update(local.get("remotes", {}) or {})
     if local.get("cache_dir") and not os.environ.get("ROCMPORT_CACHE_DIR"):
-        cache = Path(local["cache_dir"])
+        cache = setting_dir(root, local["cache_dir"], f"{local_file}: cache_dir")
     if local.get("worktree_dir"):
-        worktree_dir = Path(local["worktree_dir"])
+        worktree_dir = setting_dir(root, local["worktree_dir"], f"{local_file}: worktree_dir")
     if remotes:
         for name in remotes:
             if name not in NAMES:

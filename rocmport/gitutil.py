@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from rocmport.errors import EXIT_PROBLEM, RocmportError
+from rocmport.errors import EXIT_PROBLEM, BadInput, RocmportError, is_control
 
 # Transports git may use at all (defence in depth behind URL validation): never ext:: or fd::.
 ALLOWED_PROTOCOLS = "file:git:http:https:ssh"
@@ -32,12 +32,47 @@ class GitError(RocmportError):
 
     exit_code = EXIT_PROBLEM
 
-    def __init__(self, args, returncode: int, stderr: str, exit_code: int | None = None):
+    def __init__(self, args, returncode: int, stderr: str, exit_code: int | None = None, cwd=None):
         self.args_run = list(args)
         self.returncode = returncode
         self.stderr = stderr
         first = next((ln for ln in stderr.splitlines() if ln.strip()), "").strip()
-        super().__init__(f"git {' '.join(map(str, args[:3]))} failed: {first or 'exit ' + str(returncode)}", exit_code)
+        said = f"git {' '.join(map(str, args[:3]))} failed"
+        full = out_of_space(stderr, cwd)
+        if full is not None:  # git says "unable to write file X", not why: the disk is named, and "no space left"
+            super().__init__(
+                f"{said}: {full}: no space left on device (git: {first}); free space there and run it again", exit_code
+            )
+            return
+        super().__init__(f"{said}: {first or 'exit ' + str(returncode)}", exit_code)
+
+
+# What git prints when a write failed; with a nearly full file system under its directory, the reason.
+_WRITE_FAILED = (
+    "no space left on device",
+    "unable to write",
+    "write error",
+    "short write",
+    "failed to write",
+    "disk quota",
+)
+_NEARLY_FULL = 1 << 20  # bytes free: git's failed write left less than this
+
+
+def out_of_space(stderr: str, cwd) -> str | None:
+    """The directory whose file system is full when git's ``stderr`` says a write failed (its own
+    words, or "unable to write file" with less than a MiB free under ``cwd``); else None."""
+    said = stderr.lower()
+    if not any(w in said for w in _WRITE_FAILED):
+        return None
+    where = Path(cwd) if cwd is not None else Path.cwd()
+    if "no space left on device" in said or "disk quota" in said:
+        return str(where)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return None
+    return str(where) if st.f_bavail * st.f_frsize < _NEARLY_FULL else None
 
 
 def git_env(extra: dict | None = None) -> dict:
@@ -92,8 +127,23 @@ def run_git(
     )
     if check and proc.returncode != 0:
         stderr = proc.stderr if text else proc.stderr.decode(errors="replace")
-        raise GitError(list(args), proc.returncode, stderr)
+        raise GitError(list(args), proc.returncode, stderr, cwd=cwd)
     return proc
+
+
+def check_operand(value: str, what: str, fix: str) -> str:
+    """``value`` as a git operand (a remote, ref, branch or push target from the user or a file), or
+    BadInput (exit 2) naming ``what``: one that starts with '-' would be read by git as an option
+    (``--upload-pack=CMD`` runs CMD), and a control character has no place in a name. Every git call
+    with such an operand also ends the options first (``--`` or ``--end-of-options``): this check
+    tells the user at the option, the separator keeps git safe whatever reaches it."""
+    if not value or not value.strip():
+        raise BadInput(f"{what} {value!r}: empty; {fix}")
+    if value.startswith("-"):
+        raise BadInput(f"{what} {value!r}: starts with '-', which git would read as an option; {fix}")
+    if any(map(is_control, value)):
+        raise BadInput(f"{what} {value!r}: has a control character; {fix}")
+    return value
 
 
 def git(*args, cwd=None, **kw) -> str:
@@ -103,7 +153,7 @@ def git(*args, cwd=None, **kw) -> str:
 
 def rev_parse(ref: str, cwd) -> str | None:
     """The commit ``ref`` names, or None (unborn HEAD, unknown ref)."""
-    proc = run_git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=cwd, check=False)
+    proc = run_git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}", cwd=cwd, check=False)
     return (proc.stdout.strip() or None) if proc.returncode == 0 else None
 
 

@@ -233,3 +233,107 @@ def test_upstream_facts_are_spelled_only_in_upstreams_py():
         if hits:
             found[rel] = hits
     assert found == {}
+
+
+# -- one writer: every file rocmport writes goes through rocmport/fsutil.py (#41) --------------------
+#
+# write_file (atomic replace of regular files only, the umask respected, a full disk named),
+# tree_write_bytes (a tree's files, never through a link) and open_log (a subprocess's log). Any other
+# way of writing a file (open(..., "w"), Path.write_text/write_bytes, json.dump/yaml.dump into a
+# handle, shutil.copy*, os.replace/os.rename of files) is a writer that does not refuse devices, FIFOs
+# and links, and the test names it. Exempt: code that rocmport ships into the ported tree and that
+# runs there without rocmport (the codemods' runtime helpers).
+THE_WRITER = "rocmport.fsutil"
+SHIPPED_INTO_THE_TREE = ("rocmport.codemods.runtime",)
+_WRITE_METHODS = {"write_text", "write_bytes"}
+_WRITE_CALLS = {
+    ("json", "dump"),
+    ("yaml", "dump"),
+    ("yaml", "safe_dump"),
+    ("shutil", "copy"),
+    ("shutil", "copy2"),
+    ("shutil", "copyfile"),
+    ("shutil", "copyfileobj"),
+    ("shutil", "move"),
+    ("os", "replace"),
+    ("os", "rename"),
+    ("os", "open"),
+    ("os", "write"),
+    ("tempfile", "mkstemp"),
+    ("tempfile", "NamedTemporaryFile"),
+}
+
+
+def _open_mode(call: ast.Call) -> str | None:
+    """The literal mode of an open()/Path.open()/os.fdopen()/io.open() call ("r" when none is given)."""
+    # open(path, mode), io.open, os.fdopen(fd, mode), tarfile/gzip.open(path, mode): the mode comes
+    # second; a method (Path(...).open(mode)) takes it first.
+    module_level = _dotted(call.func) in ("io.open", "os.fdopen", "tarfile.open", "gzip.open", "bz2.open", "lzma.open")
+    args = call.args[1:] if isinstance(call.func, ast.Name) or module_level else call.args
+    for kw in call.keywords:
+        if kw.arg == "mode":
+            return kw.value.value if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str) else "?"
+    if args:
+        first = args[0]
+        return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else "?"
+    return "r"
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ""
+
+
+def file_writes(source: str, filename: str = "<source>") -> list[str]:
+    """Each place in ``source`` that writes a file by other means than fsutil's writer, as 'line: what'."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = _dotted(func)
+        what = None
+        if isinstance(func, ast.Attribute) and func.attr in _WRITE_METHODS:
+            what = f".{func.attr}()"
+        elif name in ("open", "io.open", "os.fdopen") or (
+            isinstance(func, ast.Attribute) and func.attr == "open" and name != "os.open"
+        ):
+            mode = _open_mode(node)
+            if mode is None or any(c in mode for c in "wax+?"):
+                what = f"{name or 'open'}(..., {mode!r})"
+        elif isinstance(func, ast.Attribute) and (_dotted(func.value), func.attr) in _WRITE_CALLS:
+            if (
+                func.attr in ("dump", "safe_dump")
+                and len(node.args) < 2
+                and not any(k.arg == "stream" for k in node.keywords)
+            ):
+                continue  # yaml.safe_dump(data): returns the text, writes nothing
+            what = f"{name}()"
+        if what:
+            found.append(f"{node.lineno}: {what}")
+    return found
+
+
+def test_the_write_finder_finds_every_kind_of_write():
+    src = (
+        "import json, os, shutil\nfrom pathlib import Path\n"
+        "open('x', 'w')\nopen('x', mode='ab')\nPath('x').write_text('t')\nPath('x').open('w')\n"
+        "json.dump({}, fh)\nshutil.copyfile('a', 'b')\nos.replace('a', 'b')\nos.fdopen(3, 'wb')\n"
+        "open('x')\nopen('x', 'rb')\njson.dumps({})\nPath('x').read_text()\nyaml.safe_dump({})\n"
+        "tarfile.open(p, 'r:gz')\ntarfile.open(p, 'w:gz')\n"
+    )
+    assert [w.split(":")[0] for w in file_writes(src)] == ["3", "4", "5", "6", "7", "8", "9", "10", "17"]
+
+
+def test_every_file_write_goes_through_the_one_writer():
+    offenders = {
+        name: writes
+        for name, path in modules().items()
+        if name != THE_WRITER and not name.startswith(SHIPPED_INTO_THE_TREE)
+        for writes in [file_writes(path.read_text(encoding="utf-8"), str(path))]
+        if writes
+    }
+    assert offenders == {}, "write these through rocmport.fsutil.write_file (or tree_write_bytes / open_log)"

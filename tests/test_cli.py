@@ -80,7 +80,9 @@ def test_a_failing_git_exits_1_in_one_line(tmp_path, monkeypatch):
     assert proc.stderr.startswith("rocmport: error: git ") and "failed: " in proc.stderr
 
 
-def test_a_failing_file_system_exits_1_naming_the_path(tmp_path):
+def test_a_directory_where_the_lock_goes_is_refused_naming_the_path(tmp_path):
+    """The one writer replaces regular files only (#41): a directory at the lock's path is refused,
+    exit 2, naming it (it was exit 1, the rename's "Is a directory"). A full disk: test_output_paths.py."""
     mlm = tmp_path / "up" / "mlm"
     build_mlm(mlm)
     project = tmp_path / "project"
@@ -96,11 +98,11 @@ def test_a_failing_file_system_exits_1_naming_the_path(tmp_path):
         f"megatron-lm={mlm}",
         cache=tmp_path / "cache",
     )
-    assert proc.returncode == EXIT_PROBLEM
+    assert proc.returncode == EXIT_USAGE
     assert "Traceback" not in proc.stderr
     assert (
         proc.stderr.strip().splitlines()[-1].startswith("rocmport: error: ")
-        and str(project / "upstream.lock") in proc.stderr
+        and f"{project / 'upstream.lock'}: is a directory" in proc.stderr
     )
 
 

@@ -18,6 +18,7 @@ from rocmport.codemods.catalog import registry
 from rocmport.codemods.declared import recipe_helper_text
 from rocmport.codemods.helper import helper_text  # noqa: F401 (tests and scripts import it from here)
 from rocmport.config import default_cache_dir
+from rocmport.fsutil import write_file
 from rocmport.errors import BadInput
 from rocmport.fsutil import UnsafePath, tree_kind, tree_read_text
 from rocmport.procs import pool_map
@@ -293,10 +294,7 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
             result.failures.append(failure)
             continue
         outcomes[rel] = changes
-        hit.parent.mkdir(parents=True, exist_ok=True)
-        tmp = hit.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(changes))
-        os.replace(tmp, hit)
+        write_file(hit, json.dumps(changes))
     by_name = {layer.name: layer for layer in result.layers}
     for rel in sorted(outcomes):
         for name, outcome in outcomes[rel].items():

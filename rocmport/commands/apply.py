@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rocmport import output
+from rocmport import output, procs
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.port.apply import apply_project
@@ -90,12 +90,18 @@ def command(obj, upstream, codemods_only, cont, abort, force, as_json):
         if not as_json:
             _print_report(report)
     if not reports:
-        for report in apply_project(
-            settings, upstream, codemods_only=codemods_only, force=force, mode=mode, say=output.info
-        ):
-            reports.append(report)
-            if not as_json:
-                _print_report(report)
+        # Ctrl-C or SIGTERM in any step (a git checkout or clone as much as the codemods): every process
+        # of the apply ended, exit 130/143 "interrupted", and the tree left for the next apply to recover
+        # (the state file says where it was). Without the scope, a signal in a git step surfaced as
+        # git's own failure ("index.lock ... Bad file descriptor", exit 1) or killed rocmport outright.
+        then = "the next `rocmport apply` recovers the work tree (or `rocmport apply --abort` restores it)"
+        with procs.run_scope("rocmport-apply-", then=then):
+            for report in apply_project(
+                settings, upstream, codemods_only=codemods_only, force=force, mode=mode, say=output.info
+            ):
+                reports.append(report)
+                if not as_json:
+                    _print_report(report)
     if as_json:
         output.emit_json({"upstreams": {r.upstream: r.to_dict() for r in reports}})
     return EXIT_PROBLEM if any(r.status == "conflict" for r in reports) else EXIT_OK

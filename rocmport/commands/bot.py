@@ -9,7 +9,9 @@ import click
 from rocmport import output, procs
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
-from rocmport.refresh.bot import run_once
+from rocmport.gitutil import check_operand
+from rocmport.refresh.bot import PUSH_FIX, run_once
+from rocmport.upstream.remotes import validate_url
 from rocmport.refresh.engine import Progress
 from rocmport.refresh.report import RefreshVerifyOptions
 from rocmport.refresh.result import NEEDS_HUMAN
@@ -109,6 +111,10 @@ def command(obj, once, watch, interval, track, lines, retry, push_remote, no_ver
     if no_verify and verify_stages is not None:
         raise BadInput("--verify-stages: not with --no-verify (give one of them)")
     chosen = refresh_stages(verify_stages)
+    if push_remote is not None:  # at the option: git would read '--upload-pack=CMD' as an option and run CMD
+        check_operand(push_remote, "--push", PUSH_FIX)
+        if "::" in push_remote or "://" in push_remote or ":" in push_remote.split("/", 1)[0]:
+            validate_url("--push", push_remote)  # a URL: no ext::/fd:: transport, no option-shaped host
     if lines is not None and not lines.strip(", "):
         raise BadInput(f"--lines {lines!r}: names no release line; give lines such as v0.16,v0.17")
     settings = load_settings(obj["project"])

@@ -9,7 +9,7 @@ import click
 from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK, BadInput
-from rocmport.fsutil import atomic_write_text
+from rocmport.fsutil import STDOUT, check_output_path, write_file
 from rocmport.package.docker import DEFAULT_ARCH, DEFAULT_MAX_JOBS, project_dockerfile
 from rocmport.upstreams import MEGATRON_LM
 
@@ -21,7 +21,7 @@ def command():
 
 @command.command("docker")
 @click.option(
-    "-o", "--output", "out", type=click.Path(dir_okay=False), help="Write the Dockerfile here (default: stdout)."
+    "-o", "--output", "out", type=click.Path(dir_okay=False), help="Write the Dockerfile here (default, or -: stdout)."
 )
 @click.option(
     "--base-tag",
@@ -77,6 +77,8 @@ def docker(obj, out, base_tag, arch, spec, max_jobs, extras, dist):
     """
     if out is not None and not out.strip():  # `-o ''`: a typo, never "stdout" (that is leaving -o out)
         raise BadInput("-o '': give a file path, or leave -o out to print the Dockerfile")
+    if out is not None:  # a device, a FIFO or a link is refused before any work (- is stdout)
+        check_output_path(out, "--output", stdout_dash=True)
     settings = load_settings(obj["project"])
     wanted: dict[str, list[str]] = {}
     for item in extras:
@@ -92,12 +94,12 @@ def docker(obj, out, base_tag, arch, spec, max_jobs, extras, dist):
         spec=spec,
         max_jobs=max_jobs,
         dist=dist,
-        file_name=Path(out).name if out else None,
+        file_name=Path(out).name if out and out != STDOUT else None,
     )
     for w in recipe.warnings:
         output.warn(w)
-    if out:
-        atomic_write_text(Path(out), recipe.text)
+    if out and out != STDOUT:
+        write_file(out, recipe.text)
         output.info(f"wrote {out}: {recipe.summary}")
     else:
         click.echo(recipe.text, nl=False)

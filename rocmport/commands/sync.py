@@ -9,6 +9,7 @@ from rocmport import output
 from rocmport.config import load_settings, persist_overrides
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
 from rocmport.redact import CREDENTIAL_HELP, has_credentials
+from rocmport.gitutil import check_operand
 from rocmport.upstream.remotes import local_git_dir, validate_url
 from rocmport.upstream.resolve import SOURCES, sync
 
@@ -64,6 +65,10 @@ def command(obj, ref, pre, remote_args, cache_dir, offline, source, bridge_ref, 
     """
     if bridge_ref and no_bridge:
         raise BadInput("--bridge-ref and --no-bridge contradict each other; give one")
+    # Refs reach git: one shaped like an option is refused here, before any fetch.
+    for option, value in (("--ref", ref), ("--bridge-ref", bridge_ref)):
+        if value is not None:
+            check_operand(value, option, "give a ref: a release line (v0.16), a tag, a branch or a SHA")
     remotes = _parse_remotes(remote_args)
     settings = load_settings(obj["project"], remotes=remotes, cache_dir=cache_dir)
     for name, url in remotes.items():  # what will be remembered must exist, even --offline

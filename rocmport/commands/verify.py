@@ -10,8 +10,8 @@ import click
 
 from rocmport import output
 from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP, load_settings
-from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput
-from rocmport.fsutil import atomic_write_text
+from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
+from rocmport.fsutil import check_output_path, write_file
 from rocmport.redact import redact
 from rocmport.verify import hip_sim, report, summary, te_layer
 from rocmport.verify.launcher import KINDS
@@ -255,7 +255,7 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
 @click.option(
     "--junit",
     type=click.Path(dir_okay=False),
-    help="Write JUnit XML here (a test case per stage and per upstream unit test).",
+    help="Write JUnit XML here (a test case per stage and per upstream unit test; - for stdout).",
 )
 @click.pass_obj
 def command(
@@ -315,6 +315,11 @@ def command(
     build/verify/last.json, which `rocmport status` shows, and its HTML page beside it (--html, --no-html).
     Exit: 0 no stage failed, 1 a stage failed or a report could not be written, 2 bad input.
     """
+    # An output that is a device, a FIFO or a link is refused now, not after an hour's run.
+    if report_path is not None:
+        check_output_path(report_path, "--report")
+    if junit is not None:
+        check_output_path(junit, "--junit", stdout_dash=True)
     settings = load_settings(obj["project"])
     refuse_contradictions(settings, tp, pp)
     opts = prepare(
@@ -437,7 +442,7 @@ def _finish(
             problems.append(message)
     if junit:
         try:
-            atomic_write_text(junit, report.junit_xml(result.mode, result.stages))
+            write_file(junit, report.junit_xml(result.mode, result.stages), stdout_dash=True)
         except Exception as exc:  # noqa: BLE001
             problems.append(f"the JUnit XML could not be written to {junit}: {_why(exc)}")
     page = _write_page(written, html, problems)
@@ -491,6 +496,8 @@ def _why(exc: Exception) -> str:
     """An exception in a few words: the OS's reason ("Permission denied"), else its type and message."""
     if isinstance(exc, FileExistsError) and exc.filename:  # making its directory: a file stands in the way
         return f"{exc.filename} is a file, not a directory"
+    if isinstance(exc, RocmportError):  # already one line naming the path and what to do
+        return str(exc)
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
     return f"{type(exc).__name__}: {exc}"

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rocmport.errors import BadInput
 from rocmport.inputs import read_text
+from rocmport.fsutil import write_file
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 from rocmport.components import ARCHS, base_arch
 
@@ -455,7 +456,7 @@ def merge_te_algos(files: list[Path], into: Path) -> int:
             if line.strip():
                 seen.setdefault(line, None)
     body = ([header] if header is not None else []) + list(seen)
-    into.write_text("\n".join(body) + "\n")
+    write_file(into, "\n".join(body) + "\n")  # refuses a link (to a file outside DIR) or a device
     return len(body)
 
 

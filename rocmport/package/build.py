@@ -25,7 +25,7 @@ from rocmport import __version__, output
 from rocmport._compat import tomllib
 from rocmport.config import Settings
 from rocmport.errors import BadInput, ProblemFound
-from rocmport.fsutil import tree_kind, tree_read_text, tree_write_text
+from rocmport.fsutil import tree_kind, tree_read_text, tree_write_text, write_file
 from rocmport.gitutil import run_git
 from rocmport.codemods.declared import check_series
 from rocmport.patches.series import select_series
@@ -213,9 +213,9 @@ def build_upstream(tree: Path, upstream: str, build_no: int, out: Path, say=prin
             )
         files = []
         for built in sorted(staged.iterdir()):
-            shutil.copy2(built, out / built.name)  # dist/ only ever receives finished files
+            write_file(out / built.name, built.read_bytes())  # dist/ only ever receives finished files
             files.append(str(out / built.name))
-    (out / f"{dist}-{version}.rocmport.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_file(out / f"{dist}-{version}.rocmport.json", json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return Built(upstream, version, files, isolation, meta)
 
 

@@ -139,6 +139,14 @@ def load_patch(
     path: Path, *, allow: frozenset[str] = frozenset(), max_bytes: int = DEFAULT_MAX_PATCH_BYTES
 ) -> PatchFile:
     """A patch file, fully checked: UTF-8, its DEP-3 header, its diff (paths, modes, links; git can parse it)."""
+    # patchsets/<upstream>/<line>/NAME: a link may share a patch between lines, inside patchsets/.
+    root = path.parents[2] if len(path.parents) > 2 and path.parents[2].name == "patchsets" else path.parent
+    if path.is_symlink() and not path.resolve().is_relative_to(root.resolve()):
+        # Never read (or quote in an error) a file outside through a link: /etc/passwd's first line
+        # would be "a malformed DEP-3 header" in the message.
+        raise BadInput(
+            f"{path}: is a link to a file outside {root}; rocmport reads patches only from there: copy the patch in"
+        )
     if not path.is_file():
         raise BadInput(f"{path}: listed in the series but missing; add the file or drop it from `patches:`")
     text = read_text(

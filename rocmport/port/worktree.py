@@ -202,7 +202,7 @@ def ensure_clone(mirror: Path, tree: Path) -> bool:
     staging = tree.parent / f".{tree.name}.cloning"
     shutil.rmtree(staging, ignore_errors=True)
     # --shared: borrow the cache's objects (alternates); refs live only in the work tree.
-    git("clone", "-q", "--shared", "--no-checkout", "--no-tags", str(mirror), str(staging))
+    git("clone", "-q", "--shared", "--no-checkout", "--no-tags", "--", str(mirror), str(staging))
     git("config", "user.name", FIXED_IDENTITY["GIT_AUTHOR_NAME"], cwd=staging)
     git("config", "user.email", FIXED_IDENTITY["GIT_AUTHOR_EMAIL"], cwd=staging)
     if tree.exists():
@@ -263,7 +263,7 @@ def save_backup(tree: Path, what: str) -> str:
 def copy_backup(source: Path, ref: str, dest: Path, what: str) -> str:
     """Keep ``source``'s backup ``ref`` (its commits, stash and untracked files) on a new
     refs/rocmport/backup/<n> of the repository ``dest`` too: for a tree about to be deleted."""
-    git("fetch", "-q", "--no-tags", str(source.resolve()), ref, cwd=dest)
+    git("fetch", "-q", "--no-tags", "--", str(source.resolve()), ref, cwd=dest)
     return _new_backup_ref(dest, git("rev-parse", "FETCH_HEAD", cwd=dest), what)
 
 

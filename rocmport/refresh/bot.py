@@ -16,8 +16,8 @@ from packaging.version import Version
 from rocmport import __version__
 from rocmport.config import Settings, load_settings
 from rocmport.errors import BadInput, Busy, RocmportError
-from rocmport.fsutil import file_lock
-from rocmport.gitutil import git, rev_parse, run_git
+from rocmport.fsutil import file_lock, write_file
+from rocmport.gitutil import check_operand, git, rev_parse, run_git
 from rocmport.patches.series import all_series
 from rocmport.refresh.engine import Progress, abort_refresh, read_state, refresh
 from rocmport.refresh.report import RefreshVerifyOptions, markdown
@@ -264,7 +264,7 @@ def process(
         _bisectable_commits(root, cand, result)
         summary_file = root / SUMMARIES / f"{cand.name.replace('@', '-')}.md"
         summary_file.parent.mkdir(exist_ok=True)
-        summary_file.write_text(summary.read_text(encoding="utf-8"), encoding="utf-8")
+        write_file(summary_file, summary.read_text(encoding="utf-8"))
         _commit(root, [SUMMARIES], f"summary of the refresh to {cand.name}")
         built = TagRecord(
             result.status,
@@ -288,26 +288,31 @@ def _bisectable_commits(root: Path, cand: Candidate, result: RefreshResult) -> N
         series = Path(up.series)
         if up.dropped:
             dropped_any = True
-            series.write_text(up.series_text, encoding="utf-8")
+            write_file(series, up.series_text)
             for name, text in up.dropped_texts.items():
-                (series.parent / name).write_text(text, encoding="utf-8")
+                write_file(series.parent / name, text)
     _commit(root, ["patchsets"], f"refresh patches for {cand.name}")
     if dropped_any:
         for up in result.upstreams.values():
             series = Path(up.series)
-            series.write_text(up.series_text_final, encoding="utf-8")
+            write_file(series, up.series_text_final)
             for name in up.dropped:
                 (series.parent / name).unlink(missing_ok=True)
         evidence = "\n".join(f"- {n}: {why}" for up in result.upstreams.values() for n, why in up.dropped.items())
         _commit(root, ["patchsets"], f"drop upstreamed patches\n\n{evidence}\n")
 
 
+PUSH_FIX = "give a git remote name, URL or path (e.g. --push origin)"
+
+
 def push(root: Path, remote: str, branch: str, warn) -> str:
-    """Push without ever overwriting a human's commits on the remote branch."""
-    remote_sha = run_git("ls-remote", remote, f"refs/heads/{branch}", cwd=root).stdout.split()
-    local = git("rev-parse", branch, cwd=root)
+    """Push without ever overwriting a human's commits on the remote branch. ``--`` before the
+    remote in every call: git never reads it (or the branch) as an option."""
+    check_operand(remote, "--push", PUSH_FIX)
+    remote_sha = run_git("ls-remote", "--", remote, f"refs/heads/{branch}", cwd=root).stdout.split()
+    local = git("rev-parse", "--verify", "--end-of-options", branch, cwd=root)
     if remote_sha and remote_sha[0] != local:
-        git("fetch", "-q", remote, f"+refs/heads/{branch}:refs/rocmport/remote-check", cwd=root)
+        git("fetch", "-q", "--", remote, f"+refs/heads/{branch}:refs/rocmport/remote-check", cwd=root)
         theirs = remote_sha[0]
         if run_git("merge-base", "--is-ancestor", theirs, local, cwd=root, check=False).returncode != 0:
             humans = _human_commits(root, local, theirs)
@@ -318,12 +323,13 @@ def push(root: Path, remote: str, branch: str, warn) -> str:
                 "push",
                 "-q",
                 f"--force-with-lease=refs/heads/{branch}:{theirs}",
+                "--",
                 remote,
                 f"{branch}:refs/heads/{branch}",
                 cwd=root,
             )
             return "replaced"
-    git("push", "-q", remote, f"{branch}:refs/heads/{branch}", cwd=root)
+    git("push", "-q", "--", remote, f"{branch}:refs/heads/{branch}", cwd=root)
     return "pushed"
 
 

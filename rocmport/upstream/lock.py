@@ -103,6 +103,8 @@ def _check_pin(path, prefix: str, entry: dict) -> None:
         _fail(path, f"{prefix}.resolved_ref", f"{why}: not a ref git can use")
     if has_control(entry["requested_ref"]) or len(entry["requested_ref"]) > 200:
         _fail(path, f"{prefix}.requested_ref", "must be one line of text (no control characters)")
+    if entry["requested_ref"].startswith("-"):  # `sync` resolves it again with git
+        _fail(path, f"{prefix}.requested_ref", "must not start with '-' (git would read it as an option)")
     try:
         datetime.fromisoformat(
             entry["commit_date"].removesuffix("Z") + ("+00:00" if entry["commit_date"].endswith("Z") else "")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import stat
 import tarfile
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from rocmport import output
 from rocmport.errors import BadInput, ProblemFound, RocmportError
-from rocmport.fsutil import file_lock
+from rocmport.fsutil import file_lock, tree_write_bytes, write_file
 from rocmport.redact import redact
 from rocmport.gitutil import FIXED_IDENTITY, GitError, clear_stale_locks, git, has_commit, run_git
 from rocmport.upstream.remotes import Remote, RemoteUnreachable, local_git_dir
@@ -103,17 +102,13 @@ class Store:
         dest = self.sdist_dir() / filename
         if dest.is_file() and _sha256(dest) == sha256:
             return dest
-        dest.parent.mkdir(parents=True, exist_ok=True)
         data = fetch()
-        tmp = dest.with_suffix(".part")
-        tmp.write_bytes(data)
         got = hashlib.sha256(data).hexdigest()
         if got != sha256:
-            tmp.unlink()
             raise ProblemFound(
                 f"{filename}: sha256 {got} does not match the index's {sha256}; the download was discarded"
             )
-        os.replace(tmp, dest)
+        write_file(dest, data)  # checked first: only a verified download is ever in the cache
         return dest
 
     def import_sdist(self, sdist_path: Path, upstream: str, version: str, sha256: str) -> str:
@@ -136,8 +131,8 @@ class Store:
                     src = tar.extractfile(member)
                     if src is None:
                         continue
-                    with src, open(target, "wb") as out:
-                        shutil.copyfileobj(src, out)
+                    with src:  # never through a link an earlier member made
+                        tree_write_bytes(work, rel, src.read())
                     os.chmod(target, 0o755 if member.mode & stat.S_IXUSR else 0o644)
             env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             common = [
@@ -172,7 +167,7 @@ def _import_local(mirror: Path, remote: Remote) -> None:
     alt.parent.mkdir(parents=True, exist_ok=True)
     existing = alt.read_text().split() if alt.exists() else []
     if str(objects) not in existing:
-        alt.write_text("\n".join([*existing, str(objects)]) + "\n")
+        write_file(alt, "\n".join([*existing, str(objects)]) + "\n")
     theirs = _refs(src)
     ours = _refs(mirror)
     lines = [f"update {ref} {sha}" for ref, sha in sorted(theirs.items()) if ours.get(ref) != sha]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rocmport.fsutil import write_file
 from rocmport.nvidia_only import blocked
 
 SITECUSTOMIZE = """\
@@ -110,7 +111,7 @@ def write_bootstrap(directory: Path) -> Path:
     its bin/ first on their PATH, where `python`, `python3` and `python3-config` are the
     interpreter verify runs on (a build step in the tree must not pick another Python from PATH)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    write_file(directory / "sitecustomize.py", SITECUSTOMIZE)
     bindir = directory / "bin"
     bindir.mkdir(exist_ok=True)
     # `python3` from PATH is what a build step runs (megatron's Makefile: `python3 -m pybind11`): it
@@ -122,8 +123,7 @@ def write_bootstrap(directory: Path) -> Path:
         python=sys.executable
     )  # venv's Python finds its venv by its own path
     for name, text in scripts.items():
-        (bindir / name).write_text(text)
-        (bindir / name).chmod(0o755)
+        write_file(bindir / name, text, mode=0o755)
     return directory
 
 

@@ -323,10 +323,9 @@ def _write(path, data, force=False):
     import torch
 
     if force or not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
+        from rocmport.fsutil import write_file
+
+        write_file(path, json.dumps(data), durable=False)
 
 
 if __name__ == "__main__":

@@ -622,8 +622,9 @@ def install_for_script() -> None:
         install_for_upstream_code()
     except Unsupported as exc:  # the stage reports it (unsupported-in-proxy, naming the hook)
         if out:
-            with open(os.path.join(out, "unsupported.txt"), "w") as fh:
-                fh.write(str(exc))
+            from rocmport.fsutil import write_file
+
+            write_file(os.path.join(out, "unsupported.txt"), str(exc), durable=False)
         return
     install_device_answers(hip=bool(os.environ.get("ROCMPORT_HIP_SIM")))
     if os.environ.get("ROCMPORT_TE"):  # TE's Python layer runs (verify --te)
@@ -639,9 +640,9 @@ def write_redirects(directory: str) -> None:
     if not REDIRECTS:  # e.g. a build step's Python that the rank started
         return
     path = os.path.join(directory, f"redirects-rank{os.environ.get('RANK', '0')}-{os.getpid()}.json")
-    with open(path + ".tmp", "w") as fh:
-        json.dump(dict(REDIRECTS.most_common()), fh)
-    os.replace(path + ".tmp", path)
+    from rocmport.fsutil import write_file
+
+    write_file(path, json.dumps(dict(REDIRECTS.most_common())), durable=False)
 
 
 def read_redirects(directory) -> dict[str, int]:

@@ -517,9 +517,9 @@ def _write_collected(items) -> None:
     if not out:
         return
     path = os.path.join(out, f"collected{os.environ.get('RANK', '0')}.json")
-    with open(path + ".tmp", "w") as fh:
-        json.dump({"items": [item.nodeid for item in items], "modules": _MODULES}, fh)
-    os.replace(path + ".tmp", path)
+    from rocmport.fsutil import write_file
+
+    write_file(path, json.dumps({"items": [item.nodeid for item in items], "modules": _MODULES}), durable=False)
 
 
 def _write(exitstatus: int | None = None) -> None:
@@ -527,8 +527,11 @@ def _write(exitstatus: int | None = None) -> None:
     if not out:
         return
     path = os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json")
-    with open(path + ".tmp", "w") as fh:
-        json.dump(
+    from rocmport.fsutil import write_file
+
+    write_file(
+        path,
+        json.dumps(
             {
                 "outcomes": _STATE,
                 "details": _DETAIL,
@@ -546,7 +549,7 @@ def _write(exitstatus: int | None = None) -> None:
                 "peak": _PEAK,
                 "deselected": _DESELECTED,
                 "exitstatus": exitstatus,
-            },
-            fh,
-        )
-    os.replace(path + ".tmp", path)
+            }
+        ),
+        durable=False,  # rewritten after every test: a temp directory's file, not a journal
+    )

@@ -29,6 +29,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
+from rocmport.fsutil import move_dir, naming_disk_full
 
 DISTRIBUTION = "transformer-engine"
 MODULES = ("transformer_engine", "transformer_engine_torch")
@@ -254,10 +255,11 @@ def fetch(cache_root: Path, wheel: WheelFile) -> TELayer:
                     target = (tmp / member).resolve()
                     if not target.is_relative_to(tmp.resolve()):
                         raise BadInput(f"{whl}: member {member!r} escapes the unpack directory")
-                archive.extractall(tmp)
+                with naming_disk_full(dest):  # a write's ENOSPC names no file: this one names the cache entry
+                    archive.extractall(tmp)
             if dest.exists():
                 shutil.rmtree(dest)
-            os.replace(tmp, dest)
+            move_dir(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return layer

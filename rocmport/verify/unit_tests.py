@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -45,7 +44,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rocmport.fsutil import atomic_write_text
+from rocmport.fsutil import atomic_write_text, open_log, tree_read_bytes, tree_write_bytes, write_file
 from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
 from rocmport.upstreams import UPSTREAMS
@@ -173,13 +172,13 @@ def _attempt(
     cmd = pytest_command(tests, nproc, launcher)
     with tempfile.TemporaryDirectory(prefix="rocmport-unit-") as out:
         empty_ini = Path(out) / "pytest.ini"
-        empty_ini.write_text("")
+        write_file(empty_ini, "")
         pinned = config_args(tree, tests, empty_ini)
         cmd = cmd[: -len(tests)] + pinned + [a for nodeid in done for a in ("--deselect", nodeid)] + tests
         log = Path(out) / "torchrun.log"
         rank0 = Path(out) / "rank0.json"
         current = None
-        with open(log, "w") as fh:  # a file, not a pipe: an orphaned worker cannot block the read
+        with open_log(log) as fh:  # a file, not a pipe: an orphaned worker cannot block the read
             proc = subprocess.Popen(
                 cmd,
                 cwd=tree,
@@ -769,8 +768,7 @@ def baseline(
         git("worktree", "add", "-q", "--detach", str(checkout), base, cwd=tree)
         try:
             for rel in overlay:
-                (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(tree / rel, checkout / rel)
+                tree_write_bytes(checkout, rel, tree_read_bytes(tree, rel))  # never through a link
             benv = {**_swap_tree(env, tree, checkout), "ROCMPORT_BASELINE_GUARDS": "1"}
             benv.pop("ROCMPORT_PORT_SITES", None)
             result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
