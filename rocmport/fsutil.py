@@ -169,6 +169,16 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     write_file(path, text)
 
 
+def probe_writable_dir(directory: str | os.PathLike) -> None:
+    """Make ``directory`` (and its parents) and check a file can be created in it, raising OSError
+    when not: a file made and removed, since the permission bits alone lie to root."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".rocmport-probe-", dir=d)
+    os.close(fd)
+    os.unlink(probe)
+
+
 @contextmanager
 def open_log(path: str | os.PathLike) -> Iterator[IO[str]]:
     """A new log file for a subprocess to write into (its stdout and stderr): created or truncated,

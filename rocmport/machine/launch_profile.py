@@ -17,14 +17,13 @@ import ipaddress
 import os
 import re
 import socket
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rocmport.errors import BadInput
 from rocmport.inputs import read_text
-from rocmport.fsutil import write_file
+from rocmport.fsutil import probe_writable_dir, write_file
 from rocmport.launch_env import DETERMINISTIC_ENV, LAUNCH_ENV
 from rocmport.components import ARCHS, base_arch
 
@@ -493,12 +492,9 @@ def tune_settings(mode: str, directory: Path) -> tuple[list[Setting], list[str]]
     ]
     if mode == "record":
         try:
-            d.mkdir(parents=True, exist_ok=True)
             # torch and TE write there when each process exits, hours later: a directory they cannot
-            # write is told now (a file made and removed: the permission bits alone lie to root)
-            probe_fd, probe = tempfile.mkstemp(prefix=".rocmport-tune-", dir=d)
-            os.close(probe_fd)
-            os.unlink(probe)
+            # write is told now
+            probe_writable_dir(d)
         except OSError as e:
             raise BadInput(
                 f"--tune record {directory}: cannot write in the directory ({e.strerror}); name a writable one"
