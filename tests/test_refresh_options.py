@@ -25,7 +25,7 @@ from rocmport.config import DEFAULT_PP, DEFAULT_TP
 from rocmport.refresh.report import RefreshVerifyOptions
 from rocmport.refresh.result import UP_TO_DATE, RefreshResult
 from rocmport.upstream.lock import Lock, Pin
-from rocmport.verify.gpt_worker import HEADS, LAYERS
+from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS
 
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(

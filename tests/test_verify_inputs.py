@@ -503,7 +503,7 @@ def test_fuzz_sizes(ftree, tp, pp, dp, nproc, iters):
     )
     rc, out = dry_run(ftree, *args)
     if rc == 0:  # a plan only for sizes that make a world of 1..65536 processes
-        from rocmport.verify.gpt_worker import HEADS, LAYERS
+        from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS
 
         world = int(nproc) if nproc is not None else int(tp) * int(pp) * int(dp)
         assert 1 <= world <= 65536 and f"--nproc_per_node={world}" in out

@@ -13,7 +13,8 @@ from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
-from rocmport.verify import hip_sim, report, summary, te_layer
+from rocmport.verify import report, summary, te_layer
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.launcher import KINDS
 from rocmport.verify.registry import STAGES
 from rocmport.verify.result import VerifyReport

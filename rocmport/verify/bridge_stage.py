@@ -113,7 +113,7 @@ def bridge_command(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, ou
         tp * pp * dp,
         [
             "-m",
-            "rocmport.verify.gpt_worker",
+            "rocmport.verify.runtime.gpt_worker",
             "--bridge",
             "--tp",
             str(tp),

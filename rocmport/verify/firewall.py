@@ -49,12 +49,12 @@ _OURS = os.environ.get("ROCMPORT_PYTHON") == sys.executable and not os.environ.g
 
 # HIP simulation (CPU proxy): this process's torch is a ROCm build of $ROCMPORT_HIP_SIM.
 if _OURS and os.environ.get("ROCMPORT_HIP_SIM"):
-    from rocmport.verify import hip_sim as _hip_sim
+    from rocmport.verify.runtime import hip_sim as _hip_sim
 
     _hip_sim.install()
 
 # Transformer Engine's own Python layer on the CPU proxy (verify --te): its compiled extension is
-# rocmport.verify.te_cpu (see rocmport.verify.te_layer).
+# rocmport.verify.runtime.te_cpu (see rocmport.verify.te_layer).
 if _OURS and os.environ.get("ROCMPORT_TE"):
     from rocmport.verify import te_layer as _te_layer
 
@@ -73,9 +73,9 @@ if _OURS and os.environ.get("ROCMPORT_PORT_SITES"):
     atexit.register(_rocmport_modules)
 
 # Upstream scripts (pretrain_gpt.py) in CPU-proxy mode: the shim goes into each torchrun worker.
-# (Under Slurm, rocmport.verify.slurm_task installs it once it has set the rank variables.)
+# (Under Slurm, rocmport.verify.runtime.slurm_task installs it once it has set the rank variables.)
 if _OURS and os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in os.environ:
-    from rocmport.verify import proxy_shim as _shim
+    from rocmport.verify.runtime import proxy_shim as _shim
 
     _shim.install_for_script()
 # A child that a unit-test rank (shimmed by the pytest plugin, which sets ROCMPORT_SHIM_CHILDREN)
@@ -83,7 +83,7 @@ if _OURS and os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in 
 # worker begins with torch.cuda.set_device(rank % torch.cuda.device_count()); unshimmed, it dies
 # there and its rank waits on a queue for ever (a hang on the port and the unported tree alike).
 elif _OURS and os.environ.get("ROCMPORT_SHIM_CHILDREN") == "1" and "--multiprocessing-fork" in sys.argv:
-    from rocmport.verify import proxy_shim as _shim
+    from rocmport.verify.runtime import proxy_shim as _shim
 
     try:
         _shim.install_for_upstream_code()

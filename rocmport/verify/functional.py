@@ -430,7 +430,7 @@ def _failure(
     if blocker:
         return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
     if proxy and hip:
-        from rocmport.verify.hip_sim import simulation_break
+        from rocmport.verify.runtime.hip_sim import simulation_break
 
         site = simulation_break(proc.stderr, tree)
         if site:
@@ -629,7 +629,7 @@ def stage_functional(
             log_tail=[ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:],
         )
         if proxy:
-            from rocmport.verify.proxy_shim import read_redirects
+            from rocmport.verify.runtime.proxy_shim import read_redirects
 
             run.redirects = read_redirects(work / "shim")
         hook = work / "shim" / "unsupported.txt"

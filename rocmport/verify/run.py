@@ -20,9 +20,10 @@ from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.machine import probe, python
-from rocmport.verify import environment, firewall, hip_sim, impact, port_sites, stages, suite, te_layer
+from rocmport.verify import environment, firewall, impact, port_sites, stages, suite, te_layer
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
-from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
+from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.registry import NAMES, STAGES
 from rocmport.verify.result import ReportEnv, VerifyReport

@@ -296,7 +296,7 @@ def training_commands(
     """Stage 2's launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run (``te``:
     both with upstream's Transformer Engine layer spec, and, where `moe_applies`, the same pair for a
     MoE model with the grouped GEMM through TE's GroupedLinear at expert parallel MOE_EP)."""
-    worker = ["-m", "rocmport.verify.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
+    worker = ["-m", "rocmport.verify.runtime.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
     cmds = {
         "reference": launcher.command(
             1,

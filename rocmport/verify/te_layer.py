@@ -11,7 +11,7 @@ started processes' path: nothing is installed into the user's environment.
 In those processes ``install()`` (called by verify's bootstrap when ``ROCMPORT_TE`` is set) skips
 TE's loading of its shared libraries (``NVTE_PROJECT_BUILDING``, TE's own switch for that) and
 makes ``transformer_engine.common.load_framework_extension("torch")`` install
-``rocmport.verify.te_cpu`` as ``transformer_engine_torch``. Everything else is TE's code."""
+``rocmport.verify.runtime.te_cpu`` as ``transformer_engine_torch``. Everything else is TE's code."""
 
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def _replace_loader(common) -> None:
     def load_framework_extension(framework: str) -> None:
         if framework != "torch":
             raise ImportError(f"rocmport's CPU proxy provides TE's torch extension only, not {framework}")
-        from rocmport.verify import te_cpu
+        from rocmport.verify.runtime import te_cpu
 
         sys.modules["transformer_engine_torch"] = te_cpu
 

@@ -92,7 +92,7 @@ def pytest_command(tests: list[str], nproc: int, launcher: Launcher = Launcher()
             "-m",
             "pytest",
             "-p",
-            "rocmport.verify.pytest_plugin",
+            "rocmport.verify.runtime.pytest_plugin",
             "-p",
             "no:cacheprovider",
             "--continue-on-collection-errors",

@@ -71,7 +71,7 @@ def train(args):
     import torch
 
     if proxy:
-        from rocmport.verify import proxy_shim
+        from rocmport.verify.runtime import proxy_shim
 
         try:
             proxy_shim.install()
@@ -216,7 +216,7 @@ def train(args):
         reporter = next(g for g in gathered if g["last"] and g["tp_rank"] == 0)
         redirects = {}
         if proxy:
-            from rocmport.verify.proxy_shim import REDIRECTS
+            from rocmport.verify.runtime.proxy_shim import REDIRECTS
 
             redirects = dict(REDIRECTS.most_common())
         _write(

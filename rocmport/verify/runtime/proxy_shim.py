@@ -426,7 +426,7 @@ def install_device_answers(hip: bool) -> None:
     an A100 on the CUDA path) for the properties megatron reads; memory statistics are this
     process's resident memory; the profiler range calls return at once (streams and events:
     install_for_upstream_code). Every call is counted by its megatron call site."""
-    from rocmport.verify import hip_sim
+    from rocmport.verify.runtime import hip_sim
 
     props = hip_sim.device(hip)
 
@@ -471,7 +471,7 @@ def install_for_te() -> None:
     A100 on the CUDA path), no CUDA graph is being captured. Counted by call site like the rest.
     The device's existence is told to TE's own frames only: told to everyone, torch.compile'd
     megatron code (the fused cross entropy) would compile for that device."""
-    from rocmport.verify import hip_sim
+    from rocmport.verify.runtime import hip_sim
 
     props = hip_sim.device(bool(os.environ.get("ROCMPORT_HIP_SIM")))
     # current_device: TE builds torch.device("cuda", current_device()) (utils.canonicalize_device, its

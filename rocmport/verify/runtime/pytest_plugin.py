@@ -97,7 +97,7 @@ _UNSUPPORTED: list[str] = []
 
 
 def _proxy_swaps() -> None:
-    from rocmport.verify import proxy_shim
+    from rocmport.verify.runtime import proxy_shim
 
     try:
         SWAPS.extend(proxy_shim.install_for_upstream_code())
@@ -110,7 +110,7 @@ def _proxy_swaps() -> None:
         proxy_shim.install_for_te()
         SWAPS.append(
             f"Transformer Engine {os.environ['ROCMPORT_TE']}: TE's Python layer, its compiled kernels as CPU "
-            "reference implementations (rocmport.verify.te_cpu)"
+            "reference implementations (rocmport.verify.runtime.te_cpu)"
         )
     import importlib.util
 
