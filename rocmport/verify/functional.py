@@ -23,6 +23,7 @@ from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.launcher import Launcher
+from rocmport.verify.runtime import protocol
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, took_part
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
@@ -267,7 +268,7 @@ def nvrx_usable(env: dict) -> bool:
     import importlib.util
 
     return (
-        "nvidia_resiliency_ext" not in env.get("ROCMPORT_FIREWALL", "").split(",")
+        "nvidia_resiliency_ext" not in (protocol.FIREWALL.read(env) or ())
         and importlib.util.find_spec("nvidia_resiliency_ext") is not None
     )
 
@@ -610,7 +611,7 @@ def stage_functional(
         swaps = {}
         if proxy:
             (work / "shim").mkdir()
-            run_env.update({"ROCMPORT_SHIM_WORKERS": "1", "ROCMPORT_SHIM_OUT": str(work / "shim")})
+            run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
             run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
             swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
         cmd = functional_command(launcher, config, args, dp)

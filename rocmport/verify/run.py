@@ -21,7 +21,7 @@ from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.machine import probe, python
 from rocmport.verify import environment, firewall, impact, port_sites, stages, suite, te_layer
-from rocmport.verify.runtime import hip_sim
+from rocmport.verify.runtime import hip_sim, protocol
 from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
 from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
@@ -143,7 +143,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
     hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
     extra: dict[str, str | None] = {
-        "ROCMPORT_BACKEND": backend,
+        **protocol.BACKEND.entry(backend),
         **firewall.firewall_env(profile),
         "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
     }
@@ -155,9 +155,9 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
                 "(see `rocmport doctor`): drop --te or pass --backend gloo"
             )
         shut_out = tuple(te_layer.unblocked(shut_out))
-        extra.update({"ROCMPORT_FIREWALL": ",".join(shut_out), **te_layer.child_env(opts.te)})
+        extra.update({**protocol.FIREWALL.entry(tuple(shut_out)), **te_layer.child_env(opts.te)})
     if mode == "cpu-proxy":
-        extra["ROCMPORT_PROXY"] = "1"
+        extra.update(protocol.PROXY.entry(True))
         if hip_version:
             extra.update(hip_sim.child_env(hip_version, opts.hip_arch))
     # The device's arch: the ROCm GPU's (its gcnArchName), the simulated one under the HIP simulation
@@ -200,7 +200,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         tmp = Path(scope.tmp)
         sites_dir = tmp / "port-sites"
         sites_dir.mkdir()
-        extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
+        extra.update(protocol.PORT_SITES.entry(str(sites_dir)))
         env = environment.child_env(tree, firewall.write_bootstrap(tmp / "boot"), extra, opts.pycache)
         ctx = VerifyContext(
             opts=opts,

@@ -14,6 +14,8 @@ import re
 import sys
 from typing import Any
 
+from rocmport.verify.runtime import protocol
+
 SEQ, MBS, MICROBATCHES, VOCAB, HIDDEN, HEADS, LAYERS = 32, 2, 4, 128, 64, 4, 4
 
 
@@ -67,7 +69,7 @@ def _exit_without_finalizing() -> None:
 
 
 def train(args):
-    proxy = os.environ.get("ROCMPORT_PROXY") == "1"
+    proxy = bool(protocol.PROXY.read())
     import torch
 
     if proxy:
@@ -81,7 +83,7 @@ def train(args):
             _write(args.out, {"unsupported": str(exc)}, force=True)
             return
     torch.use_deterministic_algorithms(True, warn_only=True)
-    backend = os.environ.get("ROCMPORT_BACKEND", "gloo")
+    backend = protocol.BACKEND.read() or "gloo"
     torch.distributed.init_process_group(backend)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

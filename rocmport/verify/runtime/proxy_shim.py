@@ -16,6 +16,8 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
+from rocmport.verify.runtime import protocol
+
 REDIRECTS: collections.Counter = collections.Counter()
 
 
@@ -473,7 +475,7 @@ def install_for_te() -> None:
     megatron code (the fused cross entropy) would compile for that device."""
     from rocmport.verify.runtime import hip_sim
 
-    props = hip_sim.device(bool(os.environ.get("ROCMPORT_HIP_SIM")))
+    props = hip_sim.device(bool(protocol.HIP_SIM.read()))
     # current_device: TE builds torch.device("cuda", current_device()) (utils.canonicalize_device, its
     # fusible ops); the index is 0, and the redirecting mode puts what it allocates there on the CPU.
     for name, te_answer in (
@@ -614,10 +616,10 @@ _UPSTREAM_SWAPS = [
 def install_for_script() -> None:
     """The shim for one worker of upstream's training script (pretrain_gpt.py): everything upstream
     code needs on CPU, the device answers, and this process's redirect counts written at exit to
-    $ROCMPORT_SHIM_OUT (when set)."""
+    protocol.SHIM_OUT (when set)."""
     import atexit
 
-    out = os.environ.get("ROCMPORT_SHIM_OUT")
+    out = protocol.SHIM_OUT.read()
     try:
         install_for_upstream_code()
     except Unsupported as exc:  # the stage reports it (unsupported-in-proxy, naming the hook)
@@ -625,8 +627,8 @@ def install_for_script() -> None:
             with open(os.path.join(out, "unsupported.txt"), "w") as fh:
                 fh.write(str(exc))
         return
-    install_device_answers(hip=bool(os.environ.get("ROCMPORT_HIP_SIM")))
-    if os.environ.get("ROCMPORT_TE"):  # TE's Python layer runs (verify --te)
+    install_device_answers(hip=bool(protocol.HIP_SIM.read()))
+    if protocol.TE.read():  # TE's Python layer runs (verify --te)
         install_for_te()
     if out:
         atexit.register(write_redirects, out)

@@ -10,6 +10,8 @@ import runpy
 import sys
 from collections.abc import Mapping
 
+from rocmport.verify.runtime import protocol
+
 _BRACKET = re.compile(r"^([^\[,]*)\[([^\]]+)\](.*)$")
 
 
@@ -50,7 +52,7 @@ def main(argv: list[str]) -> None:
             "usage: python -m rocmport.verify.runtime.slurm_task --master-port=PORT (-m MODULE | SCRIPT) [ARGS...]"
         )
     os.environ.update(torch_env(os.environ, int(argv[0].split("=", 1)[1])))
-    if os.environ.get("ROCMPORT_SHIM_WORKERS") == "1":
+    if protocol.SHIM_WORKERS.read():
         from rocmport.verify.runtime import proxy_shim
 
         proxy_shim.install_for_script()
