@@ -431,7 +431,6 @@ EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(
     max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
-COUNTED: dict[str, int] = {}
 SIZE_TEXT = st.one_of(
     st.integers(min_value=-3, max_value=9).map(str),
     st.integers(min_value=-3, max_value=9).map(str),
@@ -467,10 +466,6 @@ def dry_run(ftree: Path, *args: str) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
-def count(name: str) -> None:
-    COUNTED[name] = COUNTED.get(name, 0) + 1
-
-
 @pytest.mark.torch
 @FUZZ
 @given(
@@ -485,7 +480,6 @@ def count(name: str) -> None:
 @example(text="")
 @example(text=",,")
 def test_fuzz_stages(ftree, text):
-    count("stages")
     rc, _ = dry_run(ftree, "--stages", text)
     assert rc == 2 or any(p.strip() for p in text.split(","))
 
@@ -497,7 +491,6 @@ def test_fuzz_stages(ftree, text):
 @example(tp="2", pp="2", dp="-2", nproc=None, iters="10")
 @example(tp="2", pp="2", dp="1", nproc="-4", iters="10")
 def test_fuzz_sizes(ftree, tp, pp, dp, nproc, iters):
-    count("sizes")
     args = ["--tp", tp, "--pp", pp, "--dp", dp, "--iters", iters, "--stages", "2"] + (
         ["--nproc", nproc] if nproc is not None else []
     )
@@ -519,7 +512,6 @@ def test_fuzz_sizes(ftree, tp, pp, dp, nproc, iters):
 )
 @example(version="")
 def test_fuzz_hip_version(ftree, version):
-    count("hip-version")
     rc, _ = dry_run(ftree, "--hip-version", version, "--stages", "1")
     assert rc == 2 or version.split(".")[0].isdigit()
 
@@ -530,7 +522,6 @@ def test_fuzz_hip_version(ftree, version):
 @example(parts=["tests", "unit_tests", "..", "..", "..", "x"], absolute=False)
 @example(parts=["etc", "passwd"], absolute=True)
 def test_fuzz_unit_test_paths(ftree, parts, absolute):
-    count("unit-test")
     path = ("/" if absolute else "") + "/".join(parts)
     rc, out = dry_run(ftree, "--unit-test", path, "--stages", "3")
     if rc == 0:
@@ -543,7 +534,6 @@ def test_fuzz_unit_test_paths(ftree, parts, absolute):
 @given(case=st.one_of(st.text(max_size=30), st.lists(HOSTILE, max_size=5).map("/".join)))
 @example(case="/nonexistent/case")
 def test_fuzz_case_names(ftree, case):
-    count("case")
     import contextlib
     import io
 
@@ -552,11 +542,6 @@ def test_fuzz_case_names(ftree, case):
         rc = main(["verify", "--tree", str(ftree), "--backend", "gloo", "--case", case, "--stages", "4", "--dry-run"])
     assert rc in (0, 2), (case, rc, err.getvalue())
     assert rc == 2 or case == CASE
-
-
-def test_fuzz_example_counts_are_reported():
-    """Runs last in this file: the property tests' example counts, for the closing note (-s shows them)."""
-    print(f"\nverify option property tests, examples run: {COUNTED}")
 
 
 @pytest.mark.torch
