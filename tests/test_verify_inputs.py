@@ -402,6 +402,20 @@ def test_stage_1_fails_when_megatron_core_is_imported_from_outside_the_tree(tmp_
     assert res.status == "fail" and "namespace package" in res.reason, res.reason
 
 
+def test_stage_1_says_why_the_import_probe_itself_died(tmp_path):
+    """A module that ends the probe's process (no result line printed): stage 1 fails with the last
+    error line the process wrote, as stage 5 says it (one probe for both)."""
+    from rocmport.verify.stages import stage_imports
+
+    tree = fake_tree(tmp_path / "t")
+    (tree / "megatron" / "core" / "__init__.py").write_text(
+        "import os, sys\nsys.stderr.write('Fatal Python error: boom\\n')\nsys.stderr.flush()\nos._exit(1)\n"
+    )
+    env = environment.child_env(tree, firewall.write_bootstrap(tmp_path / "boot"), {})
+    res = stage_imports(tree, env, ())
+    assert (res.status, res.reason) == ("fail", "the import probe crashed: Fatal Python error: boom")
+
+
 # Item 20: verify leaves nothing in the tree it verifies (its processes' bytecode goes elsewhere).
 
 
