@@ -19,10 +19,7 @@ from rocmport.verify.launcher import KINDS
 from rocmport.verify.registry import STAGES
 from rocmport.verify.result import VerifyReport
 from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
-
-# Every size is checked where it enters: at least 1, and no more processes than any machine has (a
-# typo such as --tp 99999999999999999999 is exit 2 at once, --dry-run included); world = product in prepare.
-SIZE = click.IntRange(1, MAX_WORLD)
+from rocmport.commands.sizes import SIZE
 
 
 def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:

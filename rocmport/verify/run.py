@@ -59,19 +59,23 @@ MAX_WORLD = 65536
 MAX_ITERS = 10**7
 
 
-def check_sizes(tp: int, pp: int, iters: int, dp: int | None = None, nproc: int | None = None) -> int:
+def check_sizes(
+    tp: int, pp: int, iters: int, dp: int | None = None, nproc: int | None = None, named: dict[str, str] | None = None
+) -> int:
     """The size and layout checks a run and a --dry-run share, from the options alone: answered before
     any tree is read, the environment probed or torch imported (a bad --tp is told in a fraction of a
-    second). Returns dp (from --nproc when given)."""
-    for name, value in (("--tp", tp), ("--pp", pp), ("--dp", dp), ("--nproc", nproc)):
+    second). Returns dp (from --nproc when given). ``named``: where tp or pp came from when not from
+    its option (refresh: "<root>/pyproject.toml: [tool.rocmport] tp ="), for the message."""
+    label = {"tp": "--tp", "pp": "--pp", **(named or {})}
+    for name, value in ((label["tp"], tp), (label["pp"], pp), ("--dp", dp), ("--nproc", nproc)):
         if value is not None and not 1 <= value <= MAX_WORLD:
             raise BadInput(f"{name} {value}: must be between 1 and {MAX_WORLD}")
     if not 2 <= iters <= MAX_ITERS:
         raise BadInput(f"--iters {iters}: must be between 2 and {MAX_ITERS}")
     if HEADS % tp:
-        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
+        raise BadInput(f"{label['tp']} {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
     if LAYERS % pp:
-        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
+        raise BadInput(f"{label['pp']} {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
     if nproc is not None:
         if nproc % (tp * pp):
             raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
@@ -88,9 +92,10 @@ def check_sizes(tp: int, pp: int, iters: int, dp: int | None = None, nproc: int 
     return dp
 
 
-def parse_stages(text: str | None) -> tuple[str, ...]:
+def parse_stages(text: str | None, option: str = "--stages") -> tuple[str, ...]:
     """`--stages 1,3` or `--stages imports,unit-tests` (numbers or names) -> stage names, in order.
-    None (not given): every stage; a value that names no stage (``''``, ``','``) is bad input."""
+    None (not given): every stage; a value that names no stage (``''``, ``','``) is bad input, its
+    message naming ``option`` (refresh's --verify-stages)."""
     if text is None:
         return NAMES
     numbers = {str(i): name for i, name in enumerate(NAMES, 1)}
@@ -100,9 +105,9 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
         if part in numbers or part in NAMES:
             chosen.add(numbers.get(part, part))
         else:
-            raise BadInput(f"--stages {text[:80]!r}: unknown stage {part[:40]!r}; {hint}")
+            raise BadInput(f"{option} {text[:80]!r}: unknown stage {part[:40]!r}; {hint}")
     if not chosen:
-        raise BadInput(f"--stages {text[:80]!r}: names no stage; {hint}")
+        raise BadInput(f"{option} {text[:80]!r}: names no stage; {hint}")
     return tuple(s for s in NAMES if s in chosen)
 
 
