@@ -346,3 +346,13 @@ def test_the_protocol_declares_each_variable_once_and_no_setting():
     assert all(ROCMPORT_NAME.fullmatch(n) for n in names)
     # A user's setting or the tree's knob is not the protocol (PORT_SITES is both: the tree reads it).
     assert set(names) & set(NOT_PROTOCOL) == {"ROCMPORT_PORT_SITES"}
+
+
+def test_the_port_s_helper_reads_the_protocol_s_port_sites_variable():
+    """The one protocol name spelled outside protocol.py (the port's helper cannot import rocmport)
+    is the declared one: renamed in protocol.py alone, verify would record no call site, silently."""
+    from rocmport.verify.runtime import protocol
+
+    helper = (PACKAGE / "codemods" / "runtime" / "core.py").read_text(encoding="utf-8")
+    assert f'environ.get("{protocol.PORT_SITES.name}")' in helper
+    assert set(ROCMPORT_NAME.findall(helper)) == {protocol.PORT_SITES.name}
