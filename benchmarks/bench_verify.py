@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from rocmport.config import load_settings
-from rocmport.verify import hip_sim
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.run import prepare, run_verify
 
 TARGET_S = 360

@@ -1,10 +1,13 @@
 """The layout's rules, read from the source with ast: the engine never imports the command layer,
-no import cycle (function-level imports included, so none can hide one), and every package
-imports only from the packages before it in the pipeline."""
+no import cycle (function-level imports included, so none can hide one), every package imports
+only from the packages before it in the pipeline, the code that runs inside verify's ranks
+(verify/runtime/) imports nothing of the orchestration, and the parent<->rank protocol's
+environment variables are spelled only in verify/runtime/protocol.py."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -337,3 +340,131 @@ def test_every_file_write_goes_through_the_one_writer():
         if writes
     }
     assert offenders == {}, "write these through rocmport.fsutil.write_file (or tree_write_bytes / open_log)"
+
+
+RUNTIME = "rocmport.verify.runtime"
+
+
+def orchestration_imports(deps: dict[str, set[str]]) -> dict[str, list[str]]:
+    """What each rank-side module imports of the orchestration side: verify outside runtime/, or any
+    layer after verify (refresh, package, commands, the CLI). Lower layers (errors, launch_env,
+    machine) are shared ground."""
+    runtime = [n for n in deps if n == RUNTIME or n.startswith(f"{RUNTIME}.")]
+    bad = {
+        n: sorted(
+            d
+            for d in deps[n]
+            if not (d == RUNTIME or d.startswith(f"{RUNTIME}.")) and layer(d) >= layer("rocmport.verify.x")
+        )
+        for n in runtime
+    }
+    return {n: d for n, d in bad.items() if d}
+
+
+def test_runtime_imports_nothing_of_the_orchestration():
+    """verify/runtime/ runs inside the ranks and their children: it talks to the parent through
+    runtime.protocol, never by importing the orchestration (run, stages, the registry, commands)."""
+    deps = graph()
+    assert any(n.startswith(f"{RUNTIME}.") for n in deps), "no modules in rocmport/verify/runtime/"
+    assert orchestration_imports(deps) == {}
+
+
+def test_the_runtime_rule_sees_an_import_of_the_orchestration():
+    deps = {f"{RUNTIME}.worker": {"rocmport.verify.stages", "rocmport.errors", f"{RUNTIME}.protocol"}}
+    deps.update({"rocmport.verify.stages": set(), "rocmport.errors": set(), f"{RUNTIME}.protocol": set()})
+    assert orchestration_imports(deps) == {f"{RUNTIME}.worker": ["rocmport.verify.stages"]}
+
+
+PROTOCOL_MODULE = "rocmport/verify/runtime/protocol.py"
+ROCMPORT_NAME = re.compile(r"\bROCMPORT_[A-Z0-9_]+")
+# ROCMPORT_* names that are not the parent<->rank protocol, and where each may be spelled (path ->
+# why); docs/runtime-protocol.md says the same. Anything else is declared in protocol.py.
+NOT_PROTOCOL: dict[str, dict[str, str]] = {
+    "ROCMPORT_CACHE_DIR": {
+        "rocmport/config.py": "the user's mirror cache setting, read with the other settings",
+        "rocmport/refresh/summary.py": "names the setting a cache path came from",
+        "rocmport/commands/sync.py": "--cache-dir's help names its default",
+    },
+    "ROCMPORT_INDEX_URL": {
+        "rocmport/upstream/package_index.py": "the user's package index setting",
+        "rocmport/verify/te_layer.py": "verify --te's hint names the setting when the index does not answer",
+    },
+    "ROCMPORT_INDEX_TIMEOUT": {"rocmport/verify/te_layer.py": "the user's wait for the package index (verify --te)"},
+    "ROCMPORT_REPORT_ARTIFACT": {
+        "rocmport/refresh/report.py": "the bot workflow's name for its report-page artifact, linked from the PR body"
+    },
+    "ROCMPORT_RUN": {"rocmport/procs.py": "every rocmport run's process marker (any command); no rank reads it"},
+    "ROCMPORT_EMPTY_CACHE_INTERVAL": {
+        "rocmport/codemods/empty_cache_interval.py": "the ported tree's knob, named in its codemod's notes",
+        "rocmport/codemods/runtime/empty_cache_interval.py": "the ported tree's knob, read by the tree's helper",
+    },
+    "ROCMPORT_DATALOADER_MP_CONTEXT": {
+        "rocmport/codemods/dataloader_mp_context.py": "the ported tree's knob, named in its codemod's notes",
+        "rocmport/codemods/runtime/dataloader_mp_context.py": "the ported tree's knob, read by the tree's helper",
+    },
+    # The protocol's one variable the port's own helper reads: the helper is copied byte for byte into
+    # every ported tree (megatron/core/_rocm.py), where rocmport cannot be imported.
+    "ROCMPORT_PORT_SITES": {"rocmport/codemods/runtime/core.py": "the tree's helper records its call sites there"},
+}
+
+
+def misplaced_names(files: dict[str, str]) -> dict[str, list[str]]:
+    """``{path: ["line: NAME", ...]}`` for each ROCMPORT_* name spelled (code, string, comment or
+    docstring alike) in a file that neither is protocol.py nor is listed for it in NOT_PROTOCOL."""
+    found: dict[str, list[str]] = {}
+    for rel, text in files.items():
+        if rel == PROTOCOL_MODULE:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            for name in ROCMPORT_NAME.findall(line):
+                if rel not in NOT_PROTOCOL.get(name, {}):
+                    found.setdefault(rel, []).append(f"{number}: {name}")
+    return found
+
+
+def package_texts() -> dict[str, str]:
+    return {
+        p.relative_to(PACKAGE.parent).as_posix(): p.read_text(encoding="utf-8", errors="replace")
+        for p in sorted(PACKAGE.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def test_rocmport_variables_are_spelled_only_in_the_protocol():
+    """Every ROCMPORT_* environment variable the parent and its ranks share is declared once, in
+    verify/runtime/protocol.py; the rest of rocmport/ reads and writes it through that declaration."""
+    assert misplaced_names(package_texts()) == {}
+
+
+def test_the_spelling_rule_sees_a_name_in_code_and_in_a_comment():
+    files = {
+        "rocmport/verify/x.py": 'import os\nos.environ.get("ROCMPORT_PROXY")  # $ROCMPORT_TE too\n',
+        "rocmport/config.py": 'os.environ.get("ROCMPORT_CACHE_DIR")\n',  # allowed there
+        "rocmport/verify/y.py": '"ROCMPORT_CACHE_DIR"\n',  # but nowhere else
+        PROTOCOL_MODULE: 'PROXY = flag("ROCMPORT_PROXY")\n',
+    }
+    assert misplaced_names(files) == {
+        "rocmport/verify/x.py": ["2: ROCMPORT_PROXY", "2: ROCMPORT_TE"],
+        "rocmport/verify/y.py": ["1: ROCMPORT_CACHE_DIR"],
+    }
+
+
+def test_the_protocol_declares_each_variable_once_and_no_setting():
+    from rocmport.verify.runtime import protocol
+
+    names = [v.name for v in protocol.VARIABLES]
+    declared = [v.name for v in vars(protocol).values() if isinstance(v, protocol.Var)]
+    assert sorted(names) == sorted(declared) and len(set(names)) == len(names)
+    assert all(ROCMPORT_NAME.fullmatch(n) for n in names)
+    # A user's setting or the tree's knob is not the protocol (PORT_SITES is both: the tree reads it).
+    assert set(names) & set(NOT_PROTOCOL) == {"ROCMPORT_PORT_SITES"}
+
+
+def test_the_port_s_helper_reads_the_protocol_s_port_sites_variable():
+    """The one protocol name spelled outside protocol.py (the port's helper cannot import rocmport)
+    is the declared one: renamed in protocol.py alone, verify would record no call site, silently."""
+    from rocmport.verify.runtime import protocol
+
+    helper = (PACKAGE / "codemods" / "runtime" / "core.py").read_text(encoding="utf-8")
+    assert f'environ.get("{protocol.PORT_SITES.name}")' in helper
+    assert set(ROCMPORT_NAME.findall(helper)) == {protocol.PORT_SITES.name}

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rocmport.patches.series import load_series
-from rocmport.verify import hip_sim
+from rocmport.verify.runtime import hip_sim
 
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmport.verify import environment, firewall, hip_sim
+from rocmport.verify import environment, firewall
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.functional import build_args, default_case, golden_path, parse_losses, stage_functional
 
 CASE = "gpt3_mcore_tp1_pp1_uninstall_te"

@@ -17,10 +17,10 @@ import pytest
 from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.verify.launcher import Launcher, free_port
-from rocmport.verify.slurm_task import first_host, torch_env
+from rocmport.verify.runtime.slurm_task import first_host, torch_env
 
 PY = sys.executable
-WORKER = ["-m", "rocmport.verify.gpt_worker", "--tp", "2"]
+WORKER = ["-m", "rocmport.verify.runtime.gpt_worker", "--tp", "2"]
 
 
 def test_single_node_torchrun():
@@ -74,7 +74,7 @@ def test_slurm_srun_one_task_per_gpu():
         "--export=ALL",
         PY,
         "-m",
-        "rocmport.verify.slurm_task",
+        "rocmport.verify.runtime.slurm_task",
         "--master-port=29400",
         "pretrain_gpt.py",
         "--x",
@@ -173,7 +173,9 @@ def test_verify_dry_run_renders_every_stage(tmp_path, capsys):
         "--mock-data" in functional and "--data-path" not in functional and "--fp16" not in functional
     )  # CPU proxy here
     assert functional[functional.index("--train-iters") + 1] == "3"
-    assert plan["unit-tests"][3] == "--nproc_per_node=8" and "rocmport.verify.pytest_plugin" in plan["unit-tests"]
+    assert (
+        plan["unit-tests"][3] == "--nproc_per_node=8" and "rocmport.verify.runtime.pytest_plugin" in plan["unit-tests"]
+    )
 
 
 @pytest.mark.torch
@@ -300,7 +302,7 @@ def test_slurm_task_runs_target_with_torch_env(tmp_path):
         "OMP_NUM_THREADS": "1",
     }
     out = subprocess.run(
-        [PY, "-m", "rocmport.verify.slurm_task", f"--master-port={free_port()}", "allreduce.py"],
+        [PY, "-m", "rocmport.verify.runtime.slurm_task", f"--master-port={free_port()}", "allreduce.py"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -311,7 +313,7 @@ def test_slurm_task_runs_target_with_torch_env(tmp_path):
     assert "RESULT rank=0 world=1 local=0 sum=0" in out.stdout
     env.pop("SLURM_PROCID")
     bad = subprocess.run(
-        [PY, "-m", "rocmport.verify.slurm_task", "--master-port=1", "allreduce.py"],
+        [PY, "-m", "rocmport.verify.runtime.slurm_task", "--master-port=1", "allreduce.py"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

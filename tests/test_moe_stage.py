@@ -103,7 +103,7 @@ ALL_TO_ALL = textwrap.dedent("""\
     import torch
     import torch.distributed as dist
     if sys.argv[1] == "shim":
-        from rocmport.verify import proxy_shim
+        from rocmport.verify.runtime import proxy_shim
         proxy_shim.install(megatron=False)
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -25,13 +25,12 @@ from rocmport.config import DEFAULT_PP, DEFAULT_TP
 from rocmport.refresh.report import RefreshVerifyOptions
 from rocmport.refresh.result import UP_TO_DATE, RefreshResult
 from rocmport.upstream.lock import Lock, Pin
-from rocmport.verify.gpt_worker import HEADS, LAYERS
+from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS
 
 EXAMPLES = int(os.environ.get("ROCMPORT_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(
     max_examples=EXAMPLES, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
-COUNTED: dict[str, int] = {}
 
 TEXT = st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=12)  # argv holds no NUL
 SIZE_TEXT = st.one_of(
@@ -89,10 +88,6 @@ def error_line(err: str) -> str:
 def names_an_option(line: str, argv: list[str], options: list[str]) -> bool:
     """The error line names an option of the command (or quotes the stray argument it refuses)."""
     return any(o in line for o in options) or "No such option" in line or "unexpected extra argument" in line
-
-
-def count(name: str) -> None:
-    COUNTED[name] = COUNTED.get(name, 0) + 1
 
 
 # --- refresh ---------------------------------------------------------------------------------------
@@ -238,7 +233,6 @@ def _check_refresh(project: Path, engine: list[tuple], argv: list[str]) -> None:
 @given(data=st.data())
 @example(data=None)
 def test_fuzz_refresh_options(project, engine, monkeypatch, data):
-    count("refresh")
     monkeypatch.chdir(project)
     if data is None:  # the examples the issue's probes started from
         for argv in (
@@ -328,7 +322,6 @@ def _last(argv: list[str], name: str) -> str:
 @example(argv=["--once", "--lines", ""])
 @example(argv=["--watch", "--json"])
 def test_fuzz_bot_options(project, poller, argv):
-    count("bot")
     poller.clear()
     rc, out, err = run(["-C", str(project), "bot", *argv])
     assert rc in (0, 2, None), (argv, rc, err)
@@ -359,8 +352,3 @@ def test_readme_says_how_refresh_and_bot_options_are_checked():
     readme = (docs / "refresh.md").read_text() + (docs / "bot.md").read_text()
     assert "Options are checked before anything runs (exit 2, one line naming the option): `--tp`/`--pp` as" in readme
     assert "SECONDS is 10 to a year (`nan`, `inf`, `1e-300`: exit 2)" in readme
-
-
-def test_fuzz_example_counts_are_reported():
-    """Runs last in this file: the property tests' example counts, for the closing note (-s shows them)."""
-    print(f"\nrefresh/bot option property tests, examples run: {COUNTED}")

@@ -23,7 +23,8 @@ from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.patches.verify_settings import parse_settings
 from rocmport.machine import probe
-from rocmport.verify import hip_sim, run
+from rocmport.verify import run
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.unit_tests import SuiteRun, label
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -97,3 +97,21 @@ def test_verify_honours_the_tool_tp_and_pp(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[tool.rocmport]\ntp = 1\npp = 3\n")
     proc = _rocmport(tmp_path, "verify", "--tree", str(tree), "--stages", "2", "--dry-run")
     assert proc.returncode == 2 and "--pp 3: the verify model has 4 layers" in proc.stderr
+
+
+def test_refresh_names_where_a_size_the_verify_model_cannot_take_came_from(tmp_path):
+    """refresh and bot check the sizes they will verify with before anything runs: the message names
+    the setting ([tool.rocmport] in the file) or the option, whichever gave the bad value."""
+    (tmp_path / "pyproject.toml").write_text("[tool.rocmport]\ntp = 3\npp = 4\n")
+    proc = _rocmport(tmp_path, "refresh", "--to", "v0.17")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"rocmport: error: {tmp_path / 'pyproject.toml'}: [tool.rocmport] tp = 3: the verify model has 4 heads; "
+        "use a tp that divides 4"
+    )
+    proc = _rocmport(tmp_path, "refresh", "--to", "v0.17", "--tp", "1", "--pp", "3")
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "rocmport: error: --pp 3: the verify model has 4 layers; use a pp that divides 4"
+    ), proc.stderr
+    proc = _rocmport(tmp_path, "bot", "--once")
+    assert proc.returncode == 2 and "pyproject.toml: [tool.rocmport] tp = 3: the verify model" in proc.stderr

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from rocmport.verify import te_cpu as tex  # noqa: E402
+from rocmport.verify.runtime import te_cpu as tex  # noqa: E402
 
 pytestmark = pytest.mark.torch
 TOL = dict(rtol=1e-5, atol=1e-5)

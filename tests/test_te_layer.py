@@ -234,7 +234,7 @@ def test_stage_4_names_the_te_kernel_the_proxy_lacks_as_unsupported(tmp_path):
     from rocmport.verify.functional import _failure
 
     stderr = (
-        "[rank0]: rocmport.verify.te_cpu.UnsupportedInProxy: unsupported-in-proxy: transformer_engine_torch.fused_attn_fwd "
+        "[rank0]: rocmport.verify.runtime.te_cpu.UnsupportedInProxy: unsupported-in-proxy: transformer_engine_torch.fused_attn_fwd "
         "has no CPU reference implementation\n"
     )
     res = _failure(sp.CompletedProcess([], 1, "", stderr), tmp_path, True, None, "pretrain_gpt.py", 1.0, {})

@@ -251,7 +251,7 @@ def test_label_rules():
             "a.py::rope": "ValueError: apply_rope_fusion is not available. Please install TE >= 1.4. at megatron/core/x.py:9",
             "a.py::nvrx": "ModuleNotFoundError: A compatible `nvidia-resiliency-ext` installation is required",
             "a.py::cuda": "AssertionError: expected torch.cuda.FloatTensor, Apex is not installed at a.py:5",
-            "a.py::eagain": "RuntimeError: Resource temporarily unavailable at rocmport/verify/proxy_shim.py:171",
+            "a.py::eagain": "RuntimeError: Resource temporarily unavailable at rocmport/verify/runtime/proxy_shim.py:171",
         },
         "local_spec": ["a.py::te"],
         "hung": ["a.py::hang1", "a.py::hang2", "a.py::hang3"],
@@ -342,7 +342,7 @@ def test_label_rules():
     # named, never "needs-nvidia-only" (v0.16 with TE 2.12.0 said the firewall removed transformer_engine_torch).
     port["outcomes"]["a.py::tek"], base["outcomes"]["a.py::tek"] = "failed", "failed"
     port["details"]["a.py::tek"] = (
-        "rocmport.verify.te_cpu.UnsupportedInProxy: unsupported-in-proxy: "
+        "rocmport.verify.runtime.te_cpu.UnsupportedInProxy: unsupported-in-proxy: "
         "transformer_engine_torch.fused_qkv_rope_forward has no CPU reference implementation at x.py:1"
     )
     labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {}, blocked=("transformer_engine_torch",))
@@ -932,7 +932,7 @@ def test_data_download_stub_answers_every_lines_conftest():
     name, and each raises ImportError, which upstream's ensure_test_data fixture catches."""
     import importlib
 
-    importlib.import_module("rocmport.verify.pytest_plugin")
+    importlib.import_module("rocmport.verify.runtime.pytest_plugin")
     stub = importlib.import_module("tests.test_utils.python_scripts.download_unit_tests_dataset")
     for name in ("get_oldest_release_and_assets", "download_and_extract_asset"):
         with pytest.raises(ImportError, match="data download is skipped"):
@@ -1141,7 +1141,7 @@ SLOW = textwrap.dedent("""\
 def test_a_rank_still_computing_is_slow_not_hung_and_a_livelock_still_ends(tmp_path, child_env):
     """Item 21 of the hostile-input round: on a busy machine the watchdog fired on ranks that were only
     slow. It now waits while the run's ranks use CPU, up to SLOW_CAP timeouts (a livelock computes forever)."""
-    from rocmport.verify import pytest_plugin
+    from rocmport.verify.runtime import pytest_plugin
 
     tree, _ = upstream_repo(tmp_path / "up")
     (tree / "tests" / "unit_tests" / "test_slow.py").write_text(SLOW)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from rocmport.cli import main
-from rocmport.verify import environment, firewall, hip_sim, report
+from rocmport.verify import environment, firewall, report
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.launcher import free_port
 from rocmport.verify.stages import StageResult
 
@@ -286,7 +287,7 @@ def test_proxy_answers_current_stream_for_v019_grad_sync(tmp_path, shim):
     (tree / "megatron/core/distributed/param_and_grad_buffer.py").write_text(GRAD_SYNC_V019)
     code = (
         "import torch\n"
-        + ("from rocmport.verify import proxy_shim\nproxy_shim.install()\n" if shim else "")
+        + ("from rocmport.verify.runtime import proxy_shim\nproxy_shim.install()\n" if shim else "")
         + "from megatron.core.distributed.param_and_grad_buffer import start_grad_sync\n"
         "p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))\n"
         "p._cudagraph_wgrad_ready_event = q._cudagraph_wgrad_ready_event = torch.Event('cpu')\n"
@@ -313,7 +314,7 @@ import json, sys
 import torch, torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 if sys.argv[1] == "proxy":
-    from rocmport.verify.proxy_shim import _name_groups_by_members
+    from rocmport.verify.runtime.proxy_shim import _name_groups_by_members
     _name_groups_by_members()
 dist.init_process_group("gloo")
 r = dist.get_rank()
@@ -362,7 +363,7 @@ NCCL_SUBGROUPS = r"""
 import json, sys
 import torch, torch.distributed as dist
 if sys.argv[1] == "proxy":
-    from rocmport.verify import proxy_shim
+    from rocmport.verify.runtime import proxy_shim
     proxy_shim._subgroups_on_gloo()  # what install_for_upstream_code installs for the subgroups
 dist.init_process_group("gloo")
 r = dist.get_rank()
@@ -424,7 +425,7 @@ def a_v019_report():
     """A report shaped like v0.19's CPU-proxy run: stage 3 failed by one unverified test and one test
     file that did not run, 5 labelled tests that do not block, stages 4 and 5 not run here."""
     from rocmport.machine.probe import Environment
-    from rocmport.verify.hip_sim import HipSim
+    from rocmport.verify.runtime.hip_sim import HipSim
     from rocmport.verify.launcher import Launcher
     from rocmport.verify.port_sites import Coverage
     from rocmport.verify.result import ReportEnv, VerifyReport

@@ -16,10 +16,8 @@ from rocmport.refresh.engine import Progress, abort_refresh, continue_refresh, r
 from rocmport.refresh.result import RefreshResult
 from rocmport.refresh.report import RefreshVerifyOptions, status_line
 from rocmport.refresh.summary import public, write_summary
-from rocmport.verify.run import MAX_WORLD, check_sizes
-
-# Sizes checked where they enter, as verify's (a typo is exit 2 at once, not after the refresh ran).
-SIZE = click.IntRange(1, MAX_WORLD)
+from rocmport.verify.run import check_sizes_from
+from rocmport.commands.sizes import SIZE
 
 
 @click.command("refresh")
@@ -129,10 +127,7 @@ def refresh_stages(text: str | None, option: str = "--verify-stages") -> list[st
     the option: only stages 1-3 (stage 4 and 5 need the project's own trees: `rocmport verify`)."""
     from rocmport.verify.run import parse_stages
 
-    try:
-        names = parse_stages(DEFAULT_STAGES if text is None else text)
-    except BadInput as exc:
-        raise BadInput(str(exc).replace("--stages", option, 1)) from None
+    names = parse_stages(DEFAULT_STAGES if text is None else text, option)
     other = [n for n in names if n not in REFRESH_STAGES]
     if other:
         raise BadInput(
@@ -175,14 +170,7 @@ def _check_options(to, cont, abort, no_verify, tp, pp, summary_path, as_json, ve
 def check_verify_sizes(settings: Settings, tp: int | None = None, pp: int | None = None) -> None:
     """verify's layout rules for the sizes a refresh (or the bot's) will verify with: the options, else
     [tool.rocmport] tp/pp; the message names where the bad one came from."""
-    try:
-        check_sizes(settings.tp if tp is None else tp, settings.pp if pp is None else pp, iters=10)
-    except BadInput as exc:
-        text = str(exc)
-        for name, option in (("tp", tp), ("pp", pp)):
-            if option is None:
-                text = text.replace(f"--{name} ", f"{settings.root / 'pyproject.toml'}: [tool.rocmport] {name} = ")
-        raise BadInput(text) from None
+    check_sizes_from(settings, tp, pp, iters=10)
 
 
 def _check_summary_path(path: str) -> None:

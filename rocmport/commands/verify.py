@@ -13,15 +13,13 @@ from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.fsutil import check_output_path, write_file
 from rocmport.redact import redact
-from rocmport.verify import hip_sim, report, summary, te_layer
+from rocmport.verify import report, summary, te_layer
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.launcher import KINDS
 from rocmport.verify.registry import STAGES
 from rocmport.verify.result import VerifyReport
-from rocmport.verify.run import MAX_ITERS, MAX_WORLD, check_sizes, launch_plan, prepare, run_verify
-
-# Every size is checked where it enters: at least 1, and no more processes than any machine has (a
-# typo such as --tp 99999999999999999999 is exit 2 at once, --dry-run included); world = product in prepare.
-SIZE = click.IntRange(1, MAX_WORLD)
+from rocmport.verify.run import MAX_ITERS, MAX_WORLD, check_sizes_from, launch_plan, prepare, run_verify
+from rocmport.commands.sizes import SIZE
 
 
 def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
@@ -400,14 +398,7 @@ def refuse_contradictions(settings, tp: int | None, pp: int | None) -> None:
             f"--unit-tests {p['with_unit']} and --unit-test: --unit-test runs only the files it names, "
             f"so --unit-tests {p['with_unit']} would be ignored; give one of them"
         )
-    try:
-        check_sizes(settings.tp if tp is None else tp, settings.pp if pp is None else pp, iters=DEFAULT_ITERS)
-    except BadInput as exc:
-        text = str(exc)
-        for name, option in (("tp", tp), ("pp", pp)):
-            if option is None:
-                text = text.replace(f"--{name} ", f"{settings.root / 'pyproject.toml'}: [tool.rocmport] {name} = ")
-        raise BadInput(text) from None
+    check_sizes_from(settings, tp, pp, iters=DEFAULT_ITERS)
 
 
 def _finish(

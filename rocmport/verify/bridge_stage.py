@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,7 +18,6 @@ from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 from rocmport.machine.python import declared_unmet, distributions_of, unmet_python
 from rocmport.verify.stages import (
     FAIL,
-    IMPORT_PROBE,
     PASS,
     ImportProbe,
     SKIPPED,
@@ -28,6 +26,7 @@ from rocmport.verify.stages import (
     _last_error,
     launch,
     modules_import,
+    probe_imports,
     took_part,
     unsupported_why,
 )
@@ -113,7 +112,7 @@ def bridge_command(launcher: Launcher, tp: int, pp: int, dp: int, iters: int, ou
         tp * pp * dp,
         [
             "-m",
-            "rocmport.verify.gpt_worker",
+            "rocmport.verify.runtime.gpt_worker",
             "--bridge",
             "--tp",
             str(tp),
@@ -159,20 +158,10 @@ def stage_bridge(
         ), None
     env = bridge_env(env, bridge_tree)
     mods = _modules(bridge_tree)
-    proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)],
-        cwd=bridge_tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROCMPORT-IMPORTS ")), None)
-    if line is None:
-        return StageResult(
-            "bridge", FAIL, f"the import probe crashed: {_last_error(proc)}", time.monotonic() - start
-        ), None
-    failed = {m: r for m, r in json.loads(line.split(" ", 1)[1]).items() if r}
+    results, _, crashed = probe_imports(bridge_tree, env, mods)
+    if results is None:
+        return StageResult("bridge", FAIL, crashed, time.monotonic() - start), None
+    failed = {m: r for m, r in results.items() if r}
     unmet = declared_unmet(bridge_tree, PROVIDED)
     details = ImportProbe(mods, declared_unmet=unmet or None)
     if failed:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP
-from rocmport.verify import hip_sim, suite
+from rocmport.verify import suite
+from rocmport.verify.runtime import hip_sim
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.stages import StageResult
 

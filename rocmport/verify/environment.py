@@ -11,6 +11,7 @@ from pathlib import Path
 
 
 from rocmport.upstreams import MEGATRON_LM
+from rocmport.verify.runtime import protocol
 
 # Ordinary (non-NVIDIA) dependencies megatron imports, by module -> what to pip install.
 ORDINARY_DEPS = {"einops": "einops", "packaging": "packaging", "numpy": "numpy"}
@@ -72,7 +73,7 @@ def child_env(tree: Path, bootstrap: Path, extra: dict[str, str | None], pycache
             "PYTHONPATH": os.pathsep.join(parts),
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
             "PATH": os.pathsep.join([str(bootstrap / "bin"), env.get("PATH", "")]),
-            "ROCMPORT_PYTHON": sys.executable,
+            **protocol.PYTHON.entry(sys.executable),
         }
     )
     if pycache is not None:

@@ -4,24 +4,29 @@ A sitecustomize.py first on PYTHONPATH wraps every meta-path finder so that bloc
 modules are never found: `importlib.util.find_spec(name)` returns None and `import name` raises
 ModuleNotFoundError, exactly as when the package is absent, so ported `HAVE_X` guards work.
 
-The same bootstrap installs, in CPU-proxy mode, the HIP simulation (`hip_sim`, every process) and
-the proxy shim in the workers of upstream scripts (`proxy_shim.install_for_script`) and in the
-children a unit-test rank spawns."""
+The same bootstrap then runs rocmport.verify.runtime.bootstrap, which installs, in CPU-proxy mode,
+the HIP simulation (`hip_sim`, every process) and the proxy shim in the workers of upstream scripts
+(`proxy_shim.install_for_script`) and in the children a unit-test rank spawns."""
 
 from __future__ import annotations
 
+import string
 import sys
 from pathlib import Path
 
 from rocmport.fsutil import write_file
 from rocmport.nvidia_only import blocked
+from rocmport.verify.runtime import protocol
 
-SITECUSTOMIZE = """\
+# The bootstrap's sitecustomize.py. Its firewall runs in any Python a started process may be (a
+# build step's, with no rocmport to import), so the protocol's names are written into its text; the
+# rest is rocmport.verify.runtime.bootstrap, on the interpreter verify runs on only.
+SITECUSTOMIZE = string.Template("""\
 # Written by rocmport verify: emulate the absence of NVIDIA-only packages.
 import os
 import sys
 
-_BLOCKED = frozenset(filter(None, os.environ.get("ROCMPORT_FIREWALL", "").split(",")))
+_BLOCKED = frozenset(filter(None, os.environ.get("$firewall", "").split(",")))
 
 
 class _Firewall:
@@ -45,53 +50,12 @@ if _BLOCKED:
 
 # The rest only in the interpreter verify runs on, started by verify or its launchers: another
 # Python, or `python3` from PATH as a build step runs it (megatron's dataset Makefile: `python3 -m
-# pybind11`; bin/python3 marks it ROCMPORT_BUILD_STEP), gets the firewall alone.
-_OURS = os.environ.get("ROCMPORT_PYTHON") == sys.executable and not os.environ.get("ROCMPORT_BUILD_STEP")
+# pybind11`; bin/python3 marks it a build step), gets the firewall alone.
+if os.environ.get("$python") == sys.executable and os.environ.get("$build_step") != "1":
+    from rocmport.verify.runtime import bootstrap as _bootstrap
 
-# HIP simulation (CPU proxy): this process's torch is a ROCm build of $ROCMPORT_HIP_SIM.
-if _OURS and os.environ.get("ROCMPORT_HIP_SIM"):
-    from rocmport.verify import hip_sim as _hip_sim
-
-    _hip_sim.install()
-
-# Transformer Engine's own Python layer on the CPU proxy (verify --te): its compiled extension is
-# rocmport.verify.te_cpu (see rocmport.verify.te_layer).
-if _OURS and os.environ.get("ROCMPORT_TE"):
-    from rocmport.verify import te_layer as _te_layer
-
-    _te_layer.install()
-
-# Port coverage: which of the tree's modules this process imported (the generated helpers record
-# the rewritten call sites that ran; see rocmport.verify.port_sites).
-if _OURS and os.environ.get("ROCMPORT_PORT_SITES"):
-    import atexit
-
-    def _rocmport_modules(directory=os.environ["ROCMPORT_PORT_SITES"]):
-        files = sorted({f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values())) if f and "/megatron/" in f})
-        with open(os.path.join(directory, f"modules-{os.getpid()}.txt"), "a", encoding="utf-8") as fh:
-            fh.write("".join(f + "\\n" for f in files))
-
-    atexit.register(_rocmport_modules)
-
-# Upstream scripts (pretrain_gpt.py) in CPU-proxy mode: the shim goes into each torchrun worker.
-# (Under Slurm, rocmport.verify.slurm_task installs it once it has set the rank variables.)
-if _OURS and os.environ.get("ROCMPORT_SHIM_WORKERS") == "1" and "LOCAL_RANK" in os.environ:
-    from rocmport.verify import proxy_shim as _shim
-
-    _shim.install_for_script()
-# A child that a unit-test rank (shimmed by the pytest plugin, which sets ROCMPORT_SHIM_CHILDREN)
-# starts with multiprocessing's spawn gets the same shim: upstream's persistent async-checkpoint
-# worker begins with torch.cuda.set_device(rank % torch.cuda.device_count()); unshimmed, it dies
-# there and its rank waits on a queue for ever (a hang on the port and the unported tree alike).
-elif _OURS and os.environ.get("ROCMPORT_SHIM_CHILDREN") == "1" and "--multiprocessing-fork" in sys.argv:
-    from rocmport.verify import proxy_shim as _shim
-
-    try:
-        _shim.install_for_upstream_code()
-    except _shim.Unsupported:  # the rank that started it has reported the missing hook
-        pass
-
-"""
+    _bootstrap.install()
+""").substitute(firewall=protocol.FIREWALL.name, python=protocol.PYTHON.name, build_step=protocol.BUILD_STEP.name)
 
 
 PYTHON_CONFIG = """\
@@ -117,7 +81,8 @@ def write_bootstrap(directory: Path) -> Path:
     # `python3` from PATH is what a build step runs (megatron's Makefile: `python3 -m pybind11`): it
     # gets the firewall only (no HIP simulation or shim importing torch and megatron, ~10 s each).
     scripts = {
-        name: f'#!/bin/sh\nROCMPORT_BUILD_STEP=1 exec "{sys.executable}" "$@"\n' for name in ("python", "python3")
+        name: f'#!/bin/sh\n{protocol.BUILD_STEP.name}=1 exec "{sys.executable}" "$@"\n'
+        for name in ("python", "python3")
     }  # not links: a
     scripts["python3-config"] = PYTHON_CONFIG.format(
         python=sys.executable
@@ -128,4 +93,4 @@ def write_bootstrap(directory: Path) -> Path:
 
 
 def firewall_env(profile: str) -> dict[str, str]:
-    return {"ROCMPORT_FIREWALL": ",".join(blocked(profile))}
+    return protocol.FIREWALL.entry(tuple(blocked(profile)))

@@ -23,6 +23,7 @@ from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.verify.launcher import Launcher
+from rocmport.verify.runtime import protocol
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, skipped, took_part, tree_lacks
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
@@ -267,7 +268,7 @@ def nvrx_usable(env: dict) -> bool:
     import importlib.util
 
     return (
-        "nvidia_resiliency_ext" not in env.get("ROCMPORT_FIREWALL", "").split(",")
+        "nvidia_resiliency_ext" not in (protocol.FIREWALL.read(env) or ())
         and importlib.util.find_spec("nvidia_resiliency_ext") is not None
     )
 
@@ -430,7 +431,7 @@ def _failure(
     if blocker:
         return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
     if proxy and hip:
-        from rocmport.verify.hip_sim import simulation_break
+        from rocmport.verify.runtime.hip_sim import simulation_break
 
         site = simulation_break(proc.stderr, tree)
         if site:
@@ -608,7 +609,7 @@ def stage_functional(
         swaps = {}
         if proxy:
             (work / "shim").mkdir()
-            run_env.update({"ROCMPORT_SHIM_WORKERS": "1", "ROCMPORT_SHIM_OUT": str(work / "shim")})
+            run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
             run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
             swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
         cmd = functional_command(launcher, config, args, dp)
@@ -627,7 +628,7 @@ def stage_functional(
             log_tail=[ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:],
         )
         if proxy:
-            from rocmport.verify.proxy_shim import read_redirects
+            from rocmport.verify.runtime.proxy_shim import read_redirects
 
             run.redirects = read_redirects(work / "shim")
         hook = work / "shim" / "unsupported.txt"

@@ -118,7 +118,7 @@ class Launcher:
             "--export=ALL",
             sys.executable,
             "-m",
-            "rocmport.verify.slurm_task",
+            "rocmport.verify.runtime.slurm_task",
             f"--master-port={port or free_port()}",
             *target,
         ]

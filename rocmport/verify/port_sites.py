@@ -8,9 +8,9 @@ recorded at apply time. Rewrites that call no helper (e.g. `torch.amp.custom_fwd
 nothing to count: `rewrites` (the codemod's own site count from the apply state) says how many
 rewrites the codemod made in all.
 
-What ran. With $ROCMPORT_PORT_SITES set to a directory, the helper records each call site once per
+What ran. With protocol.PORT_SITES (rocmport.verify.runtime.protocol) set to a directory, the helper records each call site once per
 process (`<file>:<line> <helper>`, see the end of rocmport/codemods/runtime/core.py) and the bootstrap
-writes the tree's modules a process imported (`modules-<pid>.txt`). A site ran when a recorded
+writes the tree's modules a process imported (`modules-<pid>-<ns>.txt`). A site ran when a recorded
 line falls within its call. An unreached site gets a reason: its module was never imported (and
 why, by where it lives), or it was imported and that branch did not run here."""
 

@@ -14,7 +14,7 @@ from rocmport.verify.port_sites import Coverage
 from rocmport.verify.registry import UnitTests
 from rocmport.verify.bridge_stage import BridgeTraining
 from rocmport.verify.functional import FunctionalRun
-from rocmport.verify.hip_sim import HipSim
+from rocmport.verify.runtime.hip_sim import HipSim
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, Training
 from rocmport.verify.te_layer import TELayer
 from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun

@@ -20,9 +20,10 @@ from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.machine import probe, python
-from rocmport.verify import environment, firewall, hip_sim, impact, port_sites, stages, suite, te_layer
+from rocmport.verify import environment, firewall, impact, port_sites, stages, suite, te_layer
+from rocmport.verify.runtime import hip_sim, protocol
 from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
-from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
+from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
 from rocmport.verify.registry import NAMES, STAGES
 from rocmport.verify.result import ReportEnv, VerifyReport
@@ -58,19 +59,23 @@ MAX_WORLD = 65536
 MAX_ITERS = 10**7
 
 
-def check_sizes(tp: int, pp: int, iters: int, dp: int | None = None, nproc: int | None = None) -> int:
+def check_sizes(
+    tp: int, pp: int, iters: int, dp: int | None = None, nproc: int | None = None, named: dict[str, str] | None = None
+) -> int:
     """The size and layout checks a run and a --dry-run share, from the options alone: answered before
     any tree is read, the environment probed or torch imported (a bad --tp is told in a fraction of a
-    second). Returns dp (from --nproc when given)."""
-    for name, value in (("--tp", tp), ("--pp", pp), ("--dp", dp), ("--nproc", nproc)):
+    second). Returns dp (from --nproc when given). ``named``: where tp or pp came from when not from
+    its option (refresh: "<root>/pyproject.toml: [tool.rocmport] tp ="), for the message."""
+    label = {"tp": "--tp", "pp": "--pp", **(named or {})}
+    for name, value in ((label["tp"], tp), (label["pp"], pp), ("--dp", dp), ("--nproc", nproc)):
         if value is not None and not 1 <= value <= MAX_WORLD:
             raise BadInput(f"{name} {value}: must be between 1 and {MAX_WORLD}")
     if not 2 <= iters <= MAX_ITERS:
         raise BadInput(f"--iters {iters}: must be between 2 and {MAX_ITERS}")
     if HEADS % tp:
-        raise BadInput(f"--tp {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
+        raise BadInput(f"{label['tp']} {tp}: the verify model has {HEADS} heads; use a tp that divides {HEADS}")
     if LAYERS % pp:
-        raise BadInput(f"--pp {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
+        raise BadInput(f"{label['pp']} {pp}: the verify model has {LAYERS} layers; use a pp that divides {LAYERS}")
     if nproc is not None:
         if nproc % (tp * pp):
             raise BadInput(f"--nproc {nproc} is not a multiple of tp×pp = {tp * pp}")
@@ -87,9 +92,21 @@ def check_sizes(tp: int, pp: int, iters: int, dp: int | None = None, nproc: int 
     return dp
 
 
-def parse_stages(text: str | None) -> tuple[str, ...]:
+def check_sizes_from(settings, tp: int | None, pp: int | None, iters: int) -> int:
+    """check_sizes for the sizes a command will verify with: its options, else [tool.rocmport] tp/pp;
+    the message names where the bad one came from (the file and key, not an option never given)."""
+    named = {
+        n: f"{settings.root / 'pyproject.toml'}: [tool.rocmport] {n} ="
+        for n, v in (("tp", tp), ("pp", pp))
+        if v is None
+    }
+    return check_sizes(settings.tp if tp is None else tp, settings.pp if pp is None else pp, iters=iters, named=named)
+
+
+def parse_stages(text: str | None, option: str = "--stages") -> tuple[str, ...]:
     """`--stages 1,3` or `--stages imports,unit-tests` (numbers or names) -> stage names, in order.
-    None (not given): every stage; a value that names no stage (``''``, ``','``) is bad input."""
+    None (not given): every stage; a value that names no stage (``''``, ``','``) is bad input, its
+    message naming ``option`` (refresh's --verify-stages)."""
     if text is None:
         return NAMES
     numbers = {str(i): name for i, name in enumerate(NAMES, 1)}
@@ -99,9 +116,9 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
         if part in numbers or part in NAMES:
             chosen.add(numbers.get(part, part))
         else:
-            raise BadInput(f"--stages {text[:80]!r}: unknown stage {part[:40]!r}; {hint}")
+            raise BadInput(f"{option} {text[:80]!r}: unknown stage {part[:40]!r}; {hint}")
     if not chosen:
-        raise BadInput(f"--stages {text[:80]!r}: names no stage; {hint}")
+        raise BadInput(f"{option} {text[:80]!r}: names no stage; {hint}")
     return tuple(s for s in NAMES if s in chosen)
 
 
@@ -142,7 +159,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
     profile = "rocm" if mode == "gpu" else "cpu-proxy"
     hip_version = None if mode == "gpu" else opts.hip_version  # a real device: nothing to simulate
     extra: dict[str, str | None] = {
-        "ROCMPORT_BACKEND": backend,
+        **protocol.BACKEND.entry(backend),
         **firewall.firewall_env(profile),
         "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
     }
@@ -154,9 +171,9 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
                 "(see `rocmport doctor`): drop --te or pass --backend gloo"
             )
         shut_out = tuple(te_layer.unblocked(shut_out))
-        extra.update({"ROCMPORT_FIREWALL": ",".join(shut_out), **te_layer.child_env(opts.te)})
+        extra.update({**protocol.FIREWALL.entry(tuple(shut_out)), **te_layer.child_env(opts.te)})
     if mode == "cpu-proxy":
-        extra["ROCMPORT_PROXY"] = "1"
+        extra.update(protocol.PROXY.entry(True))
         if hip_version:
             extra.update(hip_sim.child_env(hip_version, opts.hip_arch))
     # The device's arch: the ROCm GPU's (its gcnArchName), the simulated one under the HIP simulation
@@ -199,7 +216,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         tmp = Path(scope.tmp)
         sites_dir = tmp / "port-sites"
         sites_dir.mkdir()
-        extra["ROCMPORT_PORT_SITES"] = str(sites_dir)
+        extra.update(protocol.PORT_SITES.entry(str(sites_dir)))
         env = environment.child_env(tree, firewall.write_bootstrap(tmp / "boot"), extra, opts.pycache)
         ctx = VerifyContext(
             opts=opts,

@@ -16,6 +16,7 @@ from pathlib import Path
 from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.cpu_meter import task_limit, threads_running
 from rocmport.verify.launcher import Launcher
+from rocmport.verify.runtime import import_probe
 
 PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
 # Relative to the loss (times max(1, |loss|)). fp32 on the CPU proxy is not bitwise either: tp2xpp2
@@ -170,23 +171,24 @@ class Training:
         return out
 
 
-IMPORT_PROBE = r"""
-import importlib, json, sys, traceback
-out = {}
-for m in json.loads(sys.argv[1]):
-    try:
-        importlib.import_module(m)
-        out[m] = None
-    except BaseException as e:
-        chain = [
-            f"{fr.filename}:{fr.lineno}"
-            for fr in traceback.extract_tb(e.__traceback__)
-            if "/megatron/" in fr.filename or fr.filename.endswith("pretrain_gpt.py")
-        ]
-        out[m] = {"error": f"{type(e).__name__}: {e}", "chain": chain[-6:], "missing": getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None}
-print("ROCMPORT-IMPORTS " + json.dumps(out))
-print("ROCMPORT-FILES " + json.dumps({m: getattr(sys.modules.get(m), "__file__", None) for m in out if out[m] is None}))
-"""
+def probe_imports(tree: Path, env: dict, mods: list[str]) -> tuple[dict[str, Any] | None, str, str]:
+    """Import ``mods`` in a process started in ``tree`` with ``env`` (stage 1's and stage 5's probe,
+    rocmport.verify.runtime.import_probe): (module -> its failure or None, the files they came from
+    as the probe printed them, ""), or (None, "", why) when the probe itself crashed."""
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "rocmport.verify.runtime.import_probe", json.dumps(mods)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    lines = proc.stdout.splitlines()
+    line = next((ln for ln in lines if ln.startswith(import_probe.RESULTS)), None)
+    if line is None:
+        return None, "", f"the import probe crashed: {_last_error(proc)}"
+    files = next((ln for ln in lines if ln.startswith(import_probe.FILES)), "")
+    return json.loads(line.removeprefix(import_probe.RESULTS)), files, ""
 
 
 def modules_to_import(tree: Path) -> list[str]:
@@ -221,27 +223,13 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
             f"(not a Megatron-LM tree; run `rocmport apply` or pass --tree)",
         )
     mods = modules_to_import(tree)
-    proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", IMPORT_PROBE, json.dumps(mods)],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROCMPORT-IMPORTS ")), None)
-    if line is None:
-        return StageResult(
-            "imports",
-            FAIL,
-            f"the import probe crashed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}",
-            time.monotonic() - start,
-        )
-    results = json.loads(line.split(" ", 1)[1])
+    results, files, crashed = probe_imports(tree, env, mods)
+    if results is None:
+        return StageResult("imports", FAIL, crashed, time.monotonic() - start)
     failed = {m: r for m, r in results.items() if r}
     details = ImportProbe(mods, failures=failed)
     if not failed:
-        elsewhere = _not_from(tree, proc.stdout)
+        elsewhere = _not_from(tree, files)
         if (
             elsewhere
         ):  # the tree's own package was shadowed (or is a namespace package): nothing of the tree was checked
@@ -281,10 +269,9 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
     )
 
 
-def _not_from(tree: Path, stdout: str) -> dict[str, str]:
+def _not_from(tree: Path, probe_files: str) -> dict[str, str]:
     """The tree's own modules (megatron.*, pretrain_gpt) the probe imported from elsewhere: module -> where."""
-    line = next((ln for ln in stdout.splitlines() if ln.startswith("ROCMPORT-FILES ")), None)
-    files = json.loads(line.split(" ", 1)[1]) if line else {}
+    files = json.loads(probe_files.removeprefix(import_probe.FILES)) if probe_files else {}
     root = tree.resolve()
     out = {}
     for m, f in files.items():
@@ -315,7 +302,7 @@ def training_commands(
     """Stage 2's launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run (``te``:
     both with upstream's Transformer Engine layer spec, and, where `moe_applies`, the same pair for a
     MoE model with the grouped GEMM through TE's GroupedLinear at expert parallel MOE_EP)."""
-    worker = ["-m", "rocmport.verify.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
+    worker = ["-m", "rocmport.verify.runtime.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
     cmds = {
         "reference": launcher.command(
             1,

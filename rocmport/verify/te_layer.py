@@ -8,15 +8,13 @@ sources cannot be had whole here, so ROCm TE's differences are not simulated, an
 so) is verified by its sha256, unpacked under the cache (``<cache>/te/<version>/``) and put on the
 started processes' path: nothing is installed into the user's environment.
 
-In those processes ``install()`` (called by verify's bootstrap when ``ROCMPORT_TE`` is set) skips
-TE's loading of its shared libraries (``NVTE_PROJECT_BUILDING``, TE's own switch for that) and
-makes ``transformer_engine.common.load_framework_extension("torch")`` install
-``rocmport.verify.te_cpu`` as ``transformer_engine_torch``. Everything else is TE's code."""
+In those processes ``rocmport.verify.runtime.te_loader`` (installed by verify's bootstrap when
+``protocol.TE`` is set) puts the wheel on the path and makes TE load
+``rocmport.verify.runtime.te_cpu`` as its compiled extension. Everything else is TE's code."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
 import os
 import shutil
 import sys
@@ -30,12 +28,12 @@ from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import move_dir, naming_disk_full
+from rocmport.verify.runtime import protocol
 
 DISTRIBUTION = "transformer-engine"
 MODULES = ("transformer_engine", "transformer_engine_torch")
 PYTHON_LAYER = "NVIDIA's Python layer"
 NOT_SIMULATED = "ROCm TE differences not simulated"
-ENV = "ROCMPORT_TE"
 
 
 @dataclass(frozen=True)
@@ -313,66 +311,4 @@ def unblocked(blocked: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def child_env(layer: TELayer) -> dict[str, str]:
-    return {ENV: layer.version, "ROCMPORT_TE_PATH": str(layer.path)}
-
-
-# ---- in the started processes ----
-
-
-class _PatchCommon(importlib.abc.MetaPathFinder):
-    """When ``transformer_engine.common`` is imported, replace its loader of the compiled extension."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "transformer_engine.common":
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None:
-            return spec
-        inner: importlib.abc.Loader = spec.loader
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec):
-                return inner.create_module(spec)
-
-            def exec_module(self, module):
-                inner.exec_module(module)
-                _replace_loader(module)
-
-        spec.loader = Loader()
-        return spec
-
-
-def _replace_loader(common) -> None:
-    import functools
-
-    @functools.lru_cache(maxsize=None)
-    def load_framework_extension(framework: str) -> None:
-        if framework != "torch":
-            raise ImportError(f"rocmport's CPU proxy provides TE's torch extension only, not {framework}")
-        from rocmport.verify import te_cpu
-
-        sys.modules["transformer_engine_torch"] = te_cpu
-
-    common.load_framework_extension = load_framework_extension
-
-
-def install() -> None:
-    if ENV not in os.environ:
-        return
-    # TE's own switch for "building, do not load the shared libraries" (transformer_engine/common).
-    os.environ.setdefault("NVTE_PROJECT_BUILDING", "1")
-    # TE's own switch for its torch.compile'd fusions (bias-GELU, dropout-add): compiled on the
-    # proxy, dynamo would ask its CUDA device interface about a device that is the CPU; uncompiled,
-    # the same Python functions run eagerly.
-    os.environ.setdefault("NVTE_TORCH_COMPILE", "0")
-    path = os.environ.get("ROCMPORT_TE_PATH")
-    if path and path not in sys.path:
-        sys.path.insert(0, path)
-    sys.meta_path.insert(0, _PatchCommon())
+    return {**protocol.TE.entry(layer.version), **protocol.TE_PATH.entry(str(layer.path))}

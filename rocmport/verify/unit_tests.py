@@ -51,6 +51,7 @@ from rocmport.upstreams import UPSTREAMS
 from rocmport.verify import suite
 from rocmport.machine.cpu_meter import MachineShare, task_limit, task_limit_phrase
 from rocmport.verify.launcher import Launcher
+from rocmport.verify.runtime import protocol
 from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted, skipped, tree_lacks
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def pytest_command(tests: list[str], nproc: int, launcher: Launcher = Launcher()
             "-m",
             "pytest",
             "-p",
-            "rocmport.verify.pytest_plugin",
+            "rocmport.verify.runtime.pytest_plugin",
             "-p",
             "no:cacheprovider",
             "--continue-on-collection-errors",
@@ -184,7 +185,7 @@ def _attempt(
                 cwd=tree,
                 text=True,
                 start_new_session=True,
-                env={**env, "ROCMPORT_UNIT_OUT": out},
+                env={**env, **protocol.UNIT_OUT.entry(out)},
                 stdout=fh,
                 stderr=subprocess.STDOUT,
             )
@@ -216,7 +217,7 @@ def _attempt(
         ranks = [r for r in (_read(p) for p in sorted(Path(out).glob("rank*.json"))) if r]
         collected = next((c for c in (_read(p) for p in sorted(Path(out).glob("collected*.json"))) if c), {})
         stdout = log.read_text(errors="replace")
-        for pid in stray_processes("ROCMPORT_UNIT_OUT", out):
+        for pid in stray_processes(protocol.UNIT_OUT.name, out):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:  # gone meanwhile
@@ -496,7 +497,7 @@ def run_tests(
     accounts for every selected test file (FileRun). ``progress`` gets a line per test file."""
     start = time.monotonic()
     share = MachineShare()
-    env = {"ROCMPORT_UNIT_TEST_TIMEOUT": "45" if env.get("ROCMPORT_PROXY") == "1" else "900", **env}
+    env = {**protocol.UNIT_TEST_TIMEOUT.entry(45.0 if protocol.PROXY.read(env) else 900.0), **env}
     merged: dict[str, str] = {}
     slow: dict[str, float] = {}
     details: dict[str, str] = {}
@@ -589,7 +590,7 @@ def run_tests(
                         took[nodeid] = max(took.get(nodeid, 0.0), ended - began)
             for nodeid, sec in took.items():
                 file_seconds[_file(nodeid)] = file_seconds.get(_file(nodeid), 0.0) + sec
-            hang = _first_hang(ranks, stopped, env["ROCMPORT_UNIT_TEST_TIMEOUT"])
+            hang = _first_hang(ranks, stopped, protocol.UNIT_TEST_TIMEOUT.raw(env))
             if hang:
                 hung.append(hang.nodeid)
             seen_by = Counter(nodeid for r in ranks for nodeid in r["outcomes"])
@@ -672,7 +673,7 @@ def run_tests(
         files=files,
         restarts_per_file=restarts,
         slow=dict(sorted(slow.items())),
-        watchdog_seconds=float(env["ROCMPORT_UNIT_TEST_TIMEOUT"]),
+        watchdog_seconds=protocol.UNIT_TEST_TIMEOUT.read(env) or 0.0,
         machine=(m.to_dict() if (m := share.read()) else None),
     )
 
@@ -736,12 +737,12 @@ def baseline_cache(
                 PLUGIN_VERSION,
                 torch.__version__,
                 platform.python_version(),
-                env.get("ROCMPORT_PROXY", ""),
-                env.get("ROCMPORT_HIP_SIM", ""),
+                protocol.PROXY.raw(env),
+                protocol.HIP_SIM.raw(env),
                 digest,
             ]
             # TE's Python layer (verify --te): a baseline run with another TE, or none, is not reused
-            + ([env["ROCMPORT_TE"]] if env.get("ROCMPORT_TE") else [])
+            + ([protocol.TE.raw(env)] if protocol.TE.raw(env) else [])
         ).encode()
     ).hexdigest()[:20]
     return cache_dir / "unit-baselines" / f"{base[:12]}-{key}.json"
@@ -769,8 +770,8 @@ def baseline(
         try:
             for rel in overlay:
                 tree_write_bytes(checkout, rel, tree_read_bytes(tree, rel))  # never through a link
-            benv = {**_swap_tree(env, tree, checkout), "ROCMPORT_BASELINE_GUARDS": "1"}
-            benv.pop("ROCMPORT_PORT_SITES", None)
+            benv = {**_swap_tree(env, tree, checkout), **protocol.BASELINE_GUARDS.entry(True)}
+            protocol.PORT_SITES.unset(benv)
             result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
             result.alone = rerun_alone(
                 checkout, sorted(set(result.hung)), benv, nproc, launcher, progress, result.alone_kinds

@@ -19,7 +19,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from rocmport.verify import proxy_shim
+    from rocmport.verify.runtime import proxy_shim
 
     proxy_shim.install(megatron=False)
     proxy_shim.install_for_te()
@@ -143,7 +143,7 @@ def main() -> None:
         if type(exc).__name__ != "UnsupportedInProxy":
             raise
         results = {"unsupported": str(exc)}
-    from rocmport.verify import te_cpu
+    from rocmport.verify.runtime import te_cpu
 
     results["kernels"] = dict(te_cpu.CALLS)
     gathered: list = [None] * tp

@@ -14,7 +14,34 @@ import re
 import sys
 from typing import Any
 
+from rocmport.verify.runtime import protocol
+
 SEQ, MBS, MICROBATCHES, VOCAB, HIDDEN, HEADS, LAYERS = 32, 2, 4, 128, 64, 4, 4
+# The output layer shares the embedding's weights (the tied-embedding check), positions are learned.
+EMBEDDINGS = {"share_embeddings_and_output_weights": True, "position_embedding_type": "learned_absolute"}
+
+
+def model_config(tp: int, pp: int, proxy: bool) -> dict[str, Any]:
+    """The small GPT's TransformerConfig fields: the one configuration that megatron's own
+    TransformerConfig (stage 2) and Bridge's GPTModelProvider (stage 5, a TransformerConfig too) get."""
+    import torch
+
+    return dict(
+        num_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        # Trap G1: the real tp/pp sizes, or the tied-embedding sync is silently skipped.
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        pipeline_dtype=torch.float32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        use_cpu_initialization=proxy,
+        batch_p2p_sync=not proxy,
+        params_dtype=torch.float32,
+        bf16=False,
+        fp16=False,
+    )
 
 
 def parse():
@@ -67,11 +94,11 @@ def _exit_without_finalizing() -> None:
 
 
 def train(args):
-    proxy = os.environ.get("ROCMPORT_PROXY") == "1"
+    proxy = bool(protocol.PROXY.read())
     import torch
 
     if proxy:
-        from rocmport.verify import proxy_shim
+        from rocmport.verify.runtime import proxy_shim
 
         try:
             proxy_shim.install()
@@ -81,7 +108,7 @@ def train(args):
             _write(args.out, {"unsupported": str(exc)}, force=True)
             return
     torch.use_deterministic_algorithms(True, warn_only=True)
-    backend = os.environ.get("ROCMPORT_BACKEND", "gloo")
+    backend = protocol.BACKEND.read() or "gloo"
     torch.distributed.init_process_group(backend)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -118,23 +145,7 @@ def train(args):
         **({"expert_model_parallel_size": args.ep, "expert_tensor_parallel_size": 1} if args.moe else {}),
     )
     model_parallel_cuda_manual_seed(args.seed)
-    config = TransformerConfig(
-        num_layers=LAYERS,
-        hidden_size=HIDDEN,
-        num_attention_heads=HEADS,
-        # Trap G1: the real tp/pp sizes, or the tied-embedding sync is silently skipped.
-        tensor_model_parallel_size=args.tp,
-        pipeline_model_parallel_size=args.pp,
-        pipeline_dtype=torch.float32,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=proxy,
-        batch_p2p_sync=not proxy,
-        params_dtype=torch.float32,
-        bf16=False,
-        fp16=False,
-        **moe,
-    )
+    config = TransformerConfig(**model_config(args.tp, args.pp, proxy), **moe)
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     if args.bridge:
         config, model = _bridge_model(args, proxy, first, last, args.te)
@@ -148,8 +159,7 @@ def train(args):
             max_sequence_length=SEQ,
             pre_process=first,
             post_process=last,
-            share_embeddings_and_output_weights=True,
-            position_embedding_type="learned_absolute",
+            **EMBEDDINGS,
         )
     if backend == "nccl":
         model.cuda()
@@ -216,7 +226,7 @@ def train(args):
         reporter = next(g for g in gathered if g["last"] and g["tp_rank"] == 0)
         redirects = {}
         if proxy:
-            from rocmport.verify.proxy_shim import REDIRECTS
+            from rocmport.verify.runtime.proxy_shim import REDIRECTS
 
             redirects = dict(REDIRECTS.most_common())
         _write(
@@ -236,31 +246,17 @@ def train(args):
 def _bridge_model(args, proxy, first, last, te=False):
     """The same small GPT, configured and built by Megatron-Bridge's GPTModelProvider (a
     TransformerConfig that provides the model); local layer spec, or with ``te`` Bridge's TE spec."""
-    import torch
     from megatron.bridge.models import gpt_provider
     from megatron.bridge.models.gpt_provider import GPTModelProvider
 
     layer_spec = gpt_provider.transformer_engine_layer_spec if te else gpt_provider.local_layer_spec
 
     provider = GPTModelProvider(
-        num_layers=LAYERS,
-        hidden_size=HIDDEN,
-        num_attention_heads=HEADS,
+        **model_config(args.tp, args.pp, proxy),
         vocab_size=VOCAB,
         seq_length=SEQ,
-        tensor_model_parallel_size=args.tp,
-        pipeline_model_parallel_size=args.pp,
-        pipeline_dtype=torch.float32,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        use_cpu_initialization=proxy,
-        batch_p2p_sync=not proxy,
-        params_dtype=torch.float32,
-        bf16=False,
-        fp16=False,
         transformer_layer_spec=layer_spec,
-        share_embeddings_and_output_weights=True,
-        position_embedding_type="learned_absolute",
+        **EMBEDDINGS,
         make_vocab_size_divisible_by=VOCAB,
     )
     if hasattr(provider, "finalize"):  # Bridge defers TransformerConfig's __post_init__ to finalize()

@@ -1,10 +1,10 @@
 """HIP simulation: verify's processes on a CPU see a ROCm build of torch.
 
 Installed by verify's bootstrap (sitecustomize) in every process it starts when
-$ROCMPORT_HIP_SIM holds a ROCm version: `torch.version.hip` is that version, `torch.version.cuda`
+protocol.HIP_SIM holds a ROCm version: `torch.version.hip` is that version, `torch.version.cuda`
 None, `torch.utils.cpp_extension` reports a HIP extension toolchain (IS_HIP_EXTENSION, ROCM_HOME,
 no CUDA_HOME). Device questions (properties, capability, name) are answered as a GPU of the
-simulated architecture would ($ROCMPORT_HIP_SIM_ARCH, verify's --hip-arch; an MI300X, gfx942, by default).
+simulated architecture would (protocol.HIP_SIM_ARCH, verify's --hip-arch; an MI300X, gfx942, by default).
 Nothing is written into the tree; nothing here runs unless verify asks for it."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from rocmport.verify.runtime import protocol
 
 # torch.version.hip as a ROCm 7.1 build of torch reports it (6.4 builds: "6.4.43482-0f2d60242").
 DEFAULT_VERSION = "7.1.25424-4179531dcd"
@@ -157,8 +159,8 @@ def parse_arch(text: str) -> str:
 
 
 def sim_arch() -> str:
-    """The simulated architecture of this process ($ROCMPORT_HIP_SIM_ARCH; gfx942 when unset or unknown)."""
-    name = os.environ.get("ROCMPORT_HIP_SIM_ARCH", DEFAULT_ARCH)
+    """The simulated architecture of this process (protocol.HIP_SIM_ARCH; gfx942 when unset or unknown)."""
+    name = protocol.HIP_SIM_ARCH.read() or DEFAULT_ARCH
     return name if name in SIM_DEVICES else DEFAULT_ARCH
 
 
@@ -171,8 +173,8 @@ def arch(hip: bool) -> str:
 
 
 def install(version: str | None = None) -> None:
-    """Make this process's torch a ROCm build of ``version`` (default: $ROCMPORT_HIP_SIM)."""
-    version = version or os.environ["ROCMPORT_HIP_SIM"]
+    """Make this process's torch a ROCm build of ``version`` (default: protocol.HIP_SIM)."""
+    version = version or protocol.HIP_SIM.read() or ""
     major, minor = parse_version(version)
     import torch
 
@@ -207,8 +209,8 @@ def child_env(version: str, gfx: str = DEFAULT_ARCH) -> dict[str, str | None]:
 
     parse_version(version)
     return {
-        "ROCMPORT_HIP_SIM": version,
-        "ROCMPORT_HIP_SIM_ARCH": parse_arch(gfx),
+        **protocol.HIP_SIM.entry(version),
+        **protocol.HIP_SIM_ARCH.entry(parse_arch(gfx)),
         "ROCM_HOME": "/opt/rocm",
         "CUDA_HOME": None,
         "CUDA_PATH": None,

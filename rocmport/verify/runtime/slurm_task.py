@@ -1,4 +1,4 @@
-"""One Slurm task of a verify stage (`srun ... python -m rocmport.verify.slurm_task --master-port P
+"""One Slurm task of a verify stage (`srun ... python -m rocmport.verify.runtime.slurm_task --master-port P
 TARGET...`): the torch.distributed environment torchrun would give it, derived from Slurm's, then
 TARGET (`-m module args...` or `script.py args...`) runs in this process."""
 
@@ -9,6 +9,8 @@ import re
 import runpy
 import sys
 from collections.abc import Mapping
+
+from rocmport.verify.runtime import protocol
 
 _BRACKET = re.compile(r"^([^\[,]*)\[([^\]]+)\](.*)$")
 
@@ -29,7 +31,7 @@ def torch_env(environ: Mapping[str, str], master_port: int) -> dict[str, str]:
         rank, world, local = (int(environ[k]) for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"))
     except KeyError as exc:
         raise SystemExit(
-            f"rocmport.verify.slurm_task: {exc.args[0]} is not set; run it under srun (rocmport verify --launcher slurm)"
+            f"rocmport.verify.runtime.slurm_task: {exc.args[0]} is not set; run it under srun (rocmport verify --launcher slurm)"
         )
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or "127.0.0.1"
     per_node = environ.get("SLURM_NTASKS_PER_NODE") or str(world // max(1, int(environ.get("SLURM_NNODES", "1"))))
@@ -47,11 +49,11 @@ def torch_env(environ: Mapping[str, str], master_port: int) -> dict[str, str]:
 def main(argv: list[str]) -> None:
     if not argv or not argv[0].startswith("--master-port="):
         raise SystemExit(
-            "usage: python -m rocmport.verify.slurm_task --master-port=PORT (-m MODULE | SCRIPT) [ARGS...]"
+            "usage: python -m rocmport.verify.runtime.slurm_task --master-port=PORT (-m MODULE | SCRIPT) [ARGS...]"
         )
     os.environ.update(torch_env(os.environ, int(argv[0].split("=", 1)[1])))
-    if os.environ.get("ROCMPORT_SHIM_WORKERS") == "1":
-        from rocmport.verify import proxy_shim
+    if protocol.SHIM_WORKERS.read():
+        from rocmport.verify.runtime import proxy_shim
 
         proxy_shim.install_for_script()
     target = argv[1:]

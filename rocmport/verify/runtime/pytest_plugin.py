@@ -11,7 +11,7 @@ and the local layer spec (with the memory buffer it needs) where a test asks for
 Engine's and TE is absent. Tests that need CUDA still skip by their own `skipif`; nothing else is
 patched, so a port bug still fails. On GPUs it only records outcomes.
 
-For the unported tree ($ROCMPORT_BASELINE_GUARDS=1) it adds the minimal guards that let upstream's
+For the unported tree (protocol.BASELINE_GUARDS) it adds the minimal guards that let upstream's
 modules import when the firewall has removed TE and flash-attn (`is_te_min_version` is False and
 `get_fa_version` is 0.0.0 when the package is absent: the port's codemods do the same in source).
 
@@ -23,12 +23,12 @@ worker threads of its own (the proxy shim shares one TCP device, and its event l
 and megatron's `destroy_model_parallel` only forgets its groups; a group that the test created and
 nothing references any more is destroyed once model parallelism is down.
 
-In both modes a per-test watchdog ($ROCMPORT_UNIT_TEST_TIMEOUT seconds) turns a test that hangs
+In both modes a per-test watchdog (protocol.UNIT_TEST_TIMEOUT seconds) turns a test that hangs
 (ranks waiting on a collective that never completes) into a failure, not a stage without end. A test
 whose ranks are still computing at the timeout is slow, not hung (a busy machine): the watchdog
 waits while their main threads use CPU, up to SLOW_CAP timeouts, and records it as slow.
 
-Every rank writes its outcomes to $ROCMPORT_UNIT_OUT/rank<RANK>.json after each test (a stage
+Every rank writes its outcomes to <protocol.UNIT_OUT>/rank<RANK>.json after each test (a stage
 stopped from outside still shows what ran, and which test was running), with each failure's
 exception type, the module a collection error found missing, and the rank's peak threads and
 resident memory; once collected, the test ids and how each test file's collection went
@@ -44,6 +44,8 @@ import time
 import types
 
 import pytest
+
+from rocmport.verify.runtime import protocol
 
 SWAPS: list[str] = []
 GUARDS: list[str] = []
@@ -97,7 +99,7 @@ _UNSUPPORTED: list[str] = []
 
 
 def _proxy_swaps() -> None:
-    from rocmport.verify import proxy_shim
+    from rocmport.verify.runtime import proxy_shim
 
     try:
         SWAPS.extend(proxy_shim.install_for_upstream_code())
@@ -105,12 +107,12 @@ def _proxy_swaps() -> None:
         _UNSUPPORTED.append(str(exc))
         _write()
         pytest.exit(f"rocmport: proxy shim hook missing: {exc}", returncode=4)
-    os.environ["ROCMPORT_SHIM_CHILDREN"] = "1"  # the bootstrap shims the children this rank spawns
-    if os.environ.get("ROCMPORT_TE"):  # verify --te: TE's own Python layer, its kernels on the CPU
+    protocol.SHIM_CHILDREN.set(os.environ, True)  # the bootstrap shims the children this rank spawns
+    if protocol.TE.read():  # verify --te: TE's own Python layer, its kernels on the CPU
         proxy_shim.install_for_te()
         SWAPS.append(
-            f"Transformer Engine {os.environ['ROCMPORT_TE']}: TE's Python layer, its compiled kernels as CPU "
-            "reference implementations (rocmport.verify.te_cpu)"
+            f"Transformer Engine {protocol.TE.read()}: TE's Python layer, its compiled kernels as CPU "
+            "reference implementations (rocmport.verify.runtime.te_cpu)"
         )
     import importlib.util
 
@@ -239,7 +241,7 @@ def _watchdog(nodeid: str) -> None:
     """After the timeout with no CPU progress of the run's ranks (or SLOW_CAP timeouts in all), this
     rank records the test as hung and exits; torchrun then stops the other ranks, and verify starts
     the run again without the tests that have an outcome."""
-    seconds = float(os.environ.get("ROCMPORT_UNIT_TEST_TIMEOUT") or 0)
+    seconds = protocol.UNIT_TEST_TIMEOUT.read() or 0.0
     if not seconds:
         return
     from rocmport.machine.cpu_meter import main_thread_seconds
@@ -376,9 +378,9 @@ def _sample_peak() -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     """Before upstream's conftest.py files import megatron: the proxy swaps and baseline guards."""
-    if os.environ.get("ROCMPORT_PROXY") == "1":
+    if protocol.PROXY.read():
         _proxy_swaps()
-    if os.environ.get("ROCMPORT_BASELINE_GUARDS") == "1":
+    if protocol.BASELINE_GUARDS.read():
         _baseline_guards()
 
 
@@ -513,7 +515,7 @@ def _write_collected(items) -> None:
     """What this rank's pytest collected, once per run (not with each test's record: a whole suite's
     ids): the stage accounts for every selected file from it (a file with tests that never got an
     outcome did not run)."""
-    out = os.environ.get("ROCMPORT_UNIT_OUT")
+    out = protocol.UNIT_OUT.read()
     if not out:
         return
     path = os.path.join(out, f"collected{os.environ.get('RANK', '0')}.json")
@@ -523,7 +525,7 @@ def _write_collected(items) -> None:
 
 
 def _write(exitstatus: int | None = None) -> None:
-    out = os.environ.get("ROCMPORT_UNIT_OUT")
+    out = protocol.UNIT_OUT.read()
     if not out:
         return
     path = os.path.join(out, f"rank{os.environ.get('RANK', '0')}.json")

@@ -16,6 +16,8 @@ import types
 import torch
 from torch.overrides import TorchFunctionMode
 
+from rocmport.verify.runtime import protocol
+
 REDIRECTS: collections.Counter = collections.Counter()
 
 
@@ -426,7 +428,7 @@ def install_device_answers(hip: bool) -> None:
     an A100 on the CUDA path) for the properties megatron reads; memory statistics are this
     process's resident memory; the profiler range calls return at once (streams and events:
     install_for_upstream_code). Every call is counted by its megatron call site."""
-    from rocmport.verify import hip_sim
+    from rocmport.verify.runtime import hip_sim
 
     props = hip_sim.device(hip)
 
@@ -471,9 +473,9 @@ def install_for_te() -> None:
     A100 on the CUDA path), no CUDA graph is being captured. Counted by call site like the rest.
     The device's existence is told to TE's own frames only: told to everyone, torch.compile'd
     megatron code (the fused cross entropy) would compile for that device."""
-    from rocmport.verify import hip_sim
+    from rocmport.verify.runtime import hip_sim
 
-    props = hip_sim.device(bool(os.environ.get("ROCMPORT_HIP_SIM")))
+    props = hip_sim.device(bool(protocol.HIP_SIM.read()))
     # current_device: TE builds torch.device("cuda", current_device()) (utils.canonicalize_device, its
     # fusible ops); the index is 0, and the redirecting mode puts what it allocates there on the CPU.
     for name, te_answer in (
@@ -614,10 +616,10 @@ _UPSTREAM_SWAPS = [
 def install_for_script() -> None:
     """The shim for one worker of upstream's training script (pretrain_gpt.py): everything upstream
     code needs on CPU, the device answers, and this process's redirect counts written at exit to
-    $ROCMPORT_SHIM_OUT (when set)."""
+    protocol.SHIM_OUT (when set)."""
     import atexit
 
-    out = os.environ.get("ROCMPORT_SHIM_OUT")
+    out = protocol.SHIM_OUT.read()
     try:
         install_for_upstream_code()
     except Unsupported as exc:  # the stage reports it (unsupported-in-proxy, naming the hook)
@@ -626,8 +628,8 @@ def install_for_script() -> None:
 
             write_file(os.path.join(out, "unsupported.txt"), str(exc), durable=False)
         return
-    install_device_answers(hip=bool(os.environ.get("ROCMPORT_HIP_SIM")))
-    if os.environ.get("ROCMPORT_TE"):  # TE's Python layer runs (verify --te)
+    install_device_answers(hip=bool(protocol.HIP_SIM.read()))
+    if protocol.TE.read():  # TE's Python layer runs (verify --te)
         install_for_te()
     if out:
         atexit.register(write_redirects, out)
