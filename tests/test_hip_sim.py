@@ -13,7 +13,9 @@ import pytest
 from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.launch_env import launch_env
-from rocmport.verify import environment, firewall, hip_sim
+from rocmport.verify import hip_sim
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
 
 # What a process sees: the build identity, the extension toolchain, the device, the environment.
 PROBE = r"""

@@ -13,7 +13,9 @@ import pytest
 from rocmport.cli import main
 from rocmport.codemods.runner import helper_text
 from rocmport.port import worktree as wt
-from rocmport.verify import environment, firewall, port_sites
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.analyses import port_sites
 from tests.helpers.sync import g
 
 A_BEFORE = (

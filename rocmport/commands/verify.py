@@ -13,11 +13,14 @@ from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
-from rocmport.verify import hip_sim, report, summary, te_layer
-from rocmport.verify.launcher import KINDS
-from rocmport.verify.registry import STAGES
-from rocmport.verify.result import VerifyReport
-from rocmport.verify.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
+from rocmport.verify import hip_sim
+from rocmport.verify.orchestration import report
+from rocmport.verify.orchestration import summary
+from rocmport.verify.orchestration import te_layer
+from rocmport.verify.orchestration.launcher import KINDS
+from rocmport.verify.orchestration.registry import STAGES
+from rocmport.verify.orchestration.result import VerifyReport
+from rocmport.verify.orchestration.run import MAX_ITERS, MAX_WORLD, launch_plan, prepare, run_verify
 
 # Every size is checked where it enters: at least 1, and no more processes than any machine has (a
 # typo such as --tp 99999999999999999999 is exit 2 at once, --dry-run included); world = product in prepare.

@@ -22,8 +22,8 @@ from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
 from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.python import python_setup_hint, unmet_python
-from rocmport.verify.registry import NAMES
-from rocmport.verify.run import prepare, run_verify
+from rocmport.verify.orchestration.registry import NAMES
+from rocmport.verify.orchestration.run import prepare, run_verify
 
 
 @dataclasses.dataclass(frozen=True)

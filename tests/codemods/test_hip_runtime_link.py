@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from rocmport.codemods.runner import helper_text
-from rocmport.verify import environment, firewall, hip_sim
+from rocmport.verify import hip_sim
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
 from tests.helpers.codemods import assert_codemod, rewrite
 
 # Shaped like megatron/core/inference/unified_memory.py's compile_allocator (v0.16+), cut down; the C

@@ -56,7 +56,7 @@ if _OURS and os.environ.get("ROCMPORT_HIP_SIM"):
 # Transformer Engine's own Python layer on the CPU proxy (verify --te): its compiled extension is
 # rocmport.verify.te_cpu (see rocmport.verify.te_layer).
 if _OURS and os.environ.get("ROCMPORT_TE"):
-    from rocmport.verify import te_layer as _te_layer
+    from rocmport.verify.orchestration import te_layer as _te_layer
 
     _te_layer.install()
 

@@ -22,8 +22,8 @@ from typing import Any
 from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.verify.launcher import Launcher
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, took_part
+from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.stages.gpt_training import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, took_part
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
 _LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.cpu_meter import task_limit, threads_running
-from rocmport.verify.launcher import Launcher
+from rocmport.verify.orchestration.launcher import Launcher
 
 PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
 # Relative to the loss (times max(1, |loss|)). fp32 on the CPU proxy is not bitwise either: tp2xpp2
