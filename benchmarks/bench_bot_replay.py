@@ -141,7 +141,7 @@ def verify_failure(root: Path, log: Path, since: float) -> str:
     """What failed: the stages the verify report names, or the error line verify stopped with."""
     last = root / "build" / "verify" / "last.json"
     if last.is_file() and last.stat().st_mtime >= since - 1:
-        from rocmport.verify.report import last_verify
+        from rocmport.verify.orchestration.report import last_verify
 
         found = last_verify(root) or {}
         return (

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rocmport.config import load_settings
 from rocmport.verify.runtime import hip_sim
-from rocmport.verify.run import prepare, run_verify
+from rocmport.verify.orchestration.run import prepare, run_verify
 
 TARGET_S = 360
 

@@ -387,9 +387,11 @@ NOT_PROTOCOL: dict[str, dict[str, str]] = {
     },
     "ROCMPORT_INDEX_URL": {
         "rocmport/upstream/package_index.py": "the user's package index setting",
-        "rocmport/verify/te_layer.py": "verify --te's hint names the setting when the index does not answer",
+        "rocmport/verify/orchestration/te_layer.py": "verify --te's hint names the setting when the index does not answer",
     },
-    "ROCMPORT_INDEX_TIMEOUT": {"rocmport/verify/te_layer.py": "the user's wait for the package index (verify --te)"},
+    "ROCMPORT_INDEX_TIMEOUT": {
+        "rocmport/verify/orchestration/te_layer.py": "the user's wait for the package index (verify --te)"
+    },
     "ROCMPORT_REPORT_ARTIFACT": {
         "rocmport/refresh/report.py": "the bot workflow's name for its report-page artifact, linked from the PR body"
     },

@@ -7,8 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from rocmport.verify import environment, firewall
-from rocmport.verify.bridge_stage import bridge_env, stage_bridge
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.stages.bridge import bridge_env, stage_bridge
 
 
 def _bridge_tree(root: Path, init: str, pyproject: str = '[project]\nname = "megatron-bridge"\n') -> Path:
@@ -121,7 +122,7 @@ def test_the_readme_s_python_3_12_block_installs_the_pins_stage_5_suggests():
     is what stage 5 suggests (v0.19: the README said >=5.8.1,<5.9, stage 5 <=5.12.1,>=5.8)."""
     import re
 
-    from rocmport.verify.bridge_stage import BRIDGE_PINS
+    from rocmport.verify.stages.bridge import BRIDGE_PINS
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "install.md").read_text(encoding="utf-8")
     section = readme.split("## Python 3.12 for v0.17 and later", 1)[1].split("\n## ", 1)[0]
@@ -141,7 +142,7 @@ def test_stage_5_suggests_the_readme_s_pin_when_bridge_s_declared_range_admits_i
 
     from packaging.specifiers import SpecifierSet
 
-    from rocmport.verify.bridge_stage import BRIDGE_PINS
+    from rocmport.verify.stages.bridge import BRIDGE_PINS
 
     try:
         installed = metadata.version("transformers")

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from rocmport.verify import environment, firewall
+from rocmport.verify.orchestration import environment
+
+from rocmport.verify.orchestration import firewall
 from rocmport.verify.runtime import hip_sim
-from rocmport.verify.functional import build_args, default_case, golden_path, parse_losses, stage_functional
+from rocmport.verify.stages.functional import build_args, default_case, golden_path, parse_losses, stage_functional
 
 CASE = "gpt3_mcore_tp1_pp1_uninstall_te"
 # Shaped like upstream's gpt3_mcore_tp2_pp2_uninstall_te/model_config.yaml (abridged).
@@ -244,7 +246,7 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
 
 
 def test_upstream_a100_golden_side_by_side(tmp_path):
-    from rocmport.verify.functional import upstream_golden
+    from rocmport.verify.stages.functional import upstream_golden
 
     cdir = tmp_path / "case"
     cdir.mkdir()
@@ -371,7 +373,7 @@ def test_missing_case(tmp_path):
 
 
 def test_expected_resumed_losses_follow_the_training_logs_intervals():
-    from rocmport.verify.functional import expected_resumed
+    from rocmport.verify.stages.functional import expected_resumed
 
     steps = {1: 7.0, 2: 6.9, 3: 6.8, 4: 6.7, 5: 6.6, 6: 6.5}
     assert expected_resumed(steps, 3, 6, first_two_together=False) == {4: 6.7, 5: 6.6, 6: 6.5}
@@ -382,7 +384,7 @@ def test_expected_resumed_losses_follow_the_training_logs_intervals():
 
 
 def test_resume_support_reads_the_training_loop(tmp_path):
-    from rocmport.verify.functional import ResumeSupport, resume_support
+    from rocmport.verify.stages.functional import ResumeSupport, resume_support
 
     (tmp_path / "megatron" / "training").mkdir(parents=True)
     assert resume_support(tmp_path) == ResumeSupport(False, False, False, False)
@@ -436,7 +438,7 @@ def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, caps
     import subprocess
     import sys
 
-    from rocmport.verify.functional import _launch
+    from rocmport.verify.stages.functional import _launch
 
     script = (
         "import sys, time\n"

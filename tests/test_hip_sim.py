@@ -13,7 +13,8 @@ import pytest
 from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.launch_env import launch_env
-from rocmport.verify import environment, firewall
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
 from rocmport.verify.runtime import hip_sim
 
 # What a process sees: the build identity, the extension toolchain, the device, the environment.

@@ -466,7 +466,7 @@ def test_a_stalled_index_times_out_with_a_hint_that_fits_verify(tmp_path, tree):
 
 def test_a_te_release_outside_the_lines_range_is_refused_unless_asked_exactly(tmp_path):
     from rocmport.errors import BadInput
-    from rocmport.verify import te_layer
+    from rocmport.verify.orchestration import te_layer
 
     wheels = [
         te_layer.WheelFile(te_layer.Version(v), f"transformer_engine-{v}-py3-none-any.whl", f"/f/{v}", "0" * 64)

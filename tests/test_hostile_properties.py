@@ -352,7 +352,7 @@ def test_fuzz_the_component_matrix_reader(path, value):
 @given(doc=st.one_of(JSONISH, st.fixed_dictionaries({"tree": VALUE, "stages": JSONISH, "verdict": JSONISH})))
 def test_fuzz_the_last_verify_reader(tmp_path_factory, doc):
     from rocmport.errors import terminal_safe
-    from rocmport.verify.report import last_verify
+    from rocmport.verify.orchestration.report import last_verify
 
     COUNTED["last.json"] = COUNTED.get("last.json", 0) + 1
     root = tmp_path_factory.mktemp("last")

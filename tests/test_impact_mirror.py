@@ -45,7 +45,7 @@ from packaging.specifiers import SpecifierSet
 
 from rocmport._compat import tomllib
 from rocmport.cli import main
-from rocmport.verify import suite
+from rocmport.verify.stages.unit_tests import suite
 from tests.helpers.real import MLM, needs_mlm_mirror, project_with
 
 UNTOUCHED = "megatron/core/export/trtllm/trtllm_layers.py"

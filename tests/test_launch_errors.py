@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 
 from rocmport.machine.cpu_meter import task_limit, task_limit_phrase
-from rocmport.verify.stages import _last_error
+from rocmport.verify.stages.gpt_training import _last_error
 
 
 def failed(stderr: str) -> subprocess.CompletedProcess:
@@ -47,7 +47,7 @@ def test_the_threads_running_count_sees_a_process_s_threads_and_the_shell_s_fork
     import threading
 
     from rocmport.machine.cpu_meter import threads_running
-    from rocmport.verify.stages import exhausted
+    from rocmport.verify.stages.gpt_training import exhausted
 
     before = threads_running()
     stop = threading.Event()

@@ -16,7 +16,7 @@ import pytest
 
 from rocmport.cli import main
 from rocmport.errors import BadInput
-from rocmport.verify.launcher import Launcher, free_port
+from rocmport.verify.orchestration.launcher import Launcher, free_port
 from rocmport.verify.runtime.slurm_task import first_host, torch_env
 
 PY = sys.executable

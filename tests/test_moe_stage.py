@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rocmport.verify import stages
-from rocmport.verify.launcher import Launcher
+from rocmport.verify.stages import gpt_training as stages
+from rocmport.verify.orchestration.launcher import Launcher
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,8 +36,8 @@ def test_the_moe_pair_is_launched_with_te_where_expert_parallel_fits():
 
 def test_no_moe_reaches_the_launch_plan(tmp_path):
     """`verify --no-moe` is carried from the command line to stage 2's launches (the dry-run plan)."""
-    from rocmport.verify.contract import VerifyOptions
-    from rocmport.verify.registry import Training
+    from rocmport.verify.orchestration.contract import VerifyOptions
+    from rocmport.verify.orchestration.registry import Training
 
     class FakeTE:
         version = "2.12.0"

@@ -297,7 +297,7 @@ def test_te_wheel_unpack_on_a_full_disk_names_the_cache_entry(small_disk):
 
     from rocmport.fsutil import DiskFull
     from rocmport.upstream.store import Store
-    from rocmport.verify.te_layer import WheelFile, fetch
+    from rocmport.verify.orchestration.te_layer import WheelFile, fetch
 
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:

@@ -13,7 +13,9 @@ import pytest
 from rocmport.cli import main
 from rocmport.codemods.runner import helper_text
 from rocmport.port import worktree as wt
-from rocmport.verify import environment, firewall, port_sites
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.analyses import port_sites
 from tests.helpers.sync import g
 
 A_BEFORE = (
@@ -187,7 +189,7 @@ def test_one_site_count_per_codemod_in_apply_verify_and_status(tmp_path, monkeyp
 def test_coverage_lines_say_each_reason_once_and_fold_the_codemods_with_nothing_to_count():
     """The te-version-gates line said Transformer Engine's absence three times in one line, and each
     codemod without a helper-calling site took a "0 of 0" line of its own."""
-    from rocmport.verify import summary
+    from rocmport.verify.orchestration import summary
     from tests.test_verify import a_v019_report
 
     te = port_sites.te_why(None)

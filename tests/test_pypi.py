@@ -12,7 +12,7 @@ from rocmport.cli import main
 from rocmport.errors import BadInput, ProblemFound
 from rocmport.upstream import package_index
 from rocmport.upstream.store import Store
-from rocmport.verify.launcher import free_port
+from rocmport.verify.orchestration.launcher import free_port
 from tests.helpers.pypi import Index, make_sdist
 from tests.helpers.sync import g, package_info
 

@@ -74,9 +74,9 @@ def test_every_verify_stage_keeps_the_stage_contract(tmp_path):
     number is its place, and --stages, the dry-run plan and the report read that list."""
     import inspect
 
-    from rocmport.verify import registry
-    from rocmport.verify.contract import Stage, VerifyOptions
-    from rocmport.verify.run import parse_stages
+    from rocmport.verify.orchestration import registry
+    from rocmport.verify.orchestration.contract import Stage, VerifyOptions
+    from rocmport.verify.orchestration.run import parse_stages
 
     assert len(set(registry.NAMES)) == len(registry.STAGES) and registry.NAMES[0] == "imports"
     for number, stage in enumerate(registry.STAGES, 1):
@@ -85,7 +85,9 @@ def test_every_verify_stage_keeps_the_stage_contract(tmp_path):
         assert (
             stage.report_key is None
             or stage.report_key
-            in inspect.signature(__import__("rocmport.verify.run", fromlist=["VerifyReport"]).VerifyReport).parameters
+            in inspect.signature(
+                __import__("rocmport.verify.orchestration.run", fromlist=["VerifyReport"]).VerifyReport
+            ).parameters
         )
     assert [s.after_imports for s in registry.STAGES] == [False] + [True] * (len(registry.STAGES) - 1)
     opts = VerifyOptions(tree=tmp_path, stages=registry.NAMES)

@@ -12,7 +12,7 @@ from rocmport.cli import main
 from rocmport.config import load_settings
 from rocmport.refresh.result import EXIT_CODES, READY, RefreshResult, RefreshVerify
 from rocmport.upstream.lock import load_lock
-from rocmport.verify.stages import StageResult
+from rocmport.verify.stages.gpt_training import StageResult
 from rocmport.refresh.summary import public, write_summary
 from tests.helpers.refresh import LAYERS, Ported, edit_line
 from tests.helpers.sync import commit, g, init, package_info

@@ -354,15 +354,15 @@ REFRESH_VERIFY_SHAPE: set[str] = {
 def test_the_typed_stage_data_writes_the_keys_the_stages_wrote():
     """Stage 2's, 4's and 5's data as the stages wrote them at 2df8846 (stage 2's from a real v0.16
     CPU-proxy report; stage 4's and 5's from their code): optional keys only when set."""
-    from rocmport.verify.bridge_stage import BridgeTraining
-    from rocmport.verify.functional import (
+    from rocmport.verify.stages.bridge import BridgeTraining
+    from rocmport.verify.stages.functional import (
         FunctionalRun,
         GoldenComparison,
         ResumeCheck,
         ResumeSkipped,
         UpstreamGolden,
     )
-    from rocmport.verify.stages import MoeNotRun, MoeRun, Training
+    from rocmport.verify.stages.gpt_training import MoeNotRun, MoeRun, Training
 
     training = Training([4.8, 3.6], [4.8, 3.6], 4.8e-07, True, {"Tensor.cuda @ x.py:1": 1}, 3.7e-05)
     assert set(training.to_dict()) == {

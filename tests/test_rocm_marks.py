@@ -23,9 +23,9 @@ from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.patches.verify_settings import parse_settings
 from rocmport.machine import probe
-from rocmport.verify import run
+from rocmport.verify.orchestration import run
 from rocmport.verify.runtime import hip_sim
-from rocmport.verify.unit_tests import SuiteRun, label
+from rocmport.verify.stages.unit_tests.runner import SuiteRun, label
 
 ROOT = Path(__file__).resolve().parents[1]
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rocmport.cli import main
-from rocmport.verify.launcher import free_port
+from rocmport.verify.orchestration.launcher import free_port
 from tests.helpers.sync import GitDaemon, build_bridge, build_mlm, commit, g, package_info
 
 

@@ -15,7 +15,8 @@ from packaging.version import Version
 
 from rocmport.errors import BadInput
 from rocmport.nvidia_only import blocked
-from rocmport.verify import firewall, te_layer
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.orchestration import te_layer
 from tests.helpers.pypi import Index
 from tests.helpers.real import REAL_CACHE, REPO
 
@@ -231,7 +232,7 @@ def test_stage_4_names_the_te_kernel_the_proxy_lacks_as_unsupported(tmp_path):
     kernel, never a plain failure (and, on the GPU path, no such relabelling)."""
     import subprocess as sp
 
-    from rocmport.verify.functional import _failure
+    from rocmport.verify.stages.functional import _failure
 
     stderr = (
         "[rank0]: rocmport.verify.runtime.te_cpu.UnsupportedInProxy: unsupported-in-proxy: transformer_engine_torch.fused_attn_fwd "

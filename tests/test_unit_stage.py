@@ -18,8 +18,11 @@ import pytest
 from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.nvidia_only import blocked
-from rocmport.verify import environment, firewall, suite, unit_tests
-from rocmport.verify.unit_tests import FileRun, SuiteRun, _first_hang, label, run_tests, stage_unit_tests
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.stages.unit_tests import suite
+from rocmport.verify.stages.unit_tests import runner as unit_tests
+from rocmport.verify.stages.unit_tests.runner import FileRun, SuiteRun, _first_hang, label, run_tests, stage_unit_tests
 from tests.helpers.sync import g
 
 TESTS = textwrap.dedent("""\
@@ -941,7 +944,7 @@ def test_data_download_stub_answers_every_lines_conftest():
 
 
 def test_crash_line_names_pytests_own_error():
-    from rocmport.verify.unit_tests import _crash_line
+    from rocmport.verify.stages.unit_tests.runner import _crash_line
 
     log = (
         "[rank3]: W1125 noise\n"
@@ -988,7 +991,7 @@ def test_every_selected_file_is_accounted_for_and_one_hanging_file_cannot_starve
     five of the seven files never ran, while the stage said "in 7 files". The budget is per file:
     the file that keeps hanging stops (named, not run, with which budget ran out, failing the
     stage) and the files after it still run; a module that does not import is accounted for too."""
-    from rocmport.verify import report
+    from rocmport.verify.orchestration import report
 
     tree = _account_tree(
         tmp_path / "up",

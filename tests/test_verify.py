@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from rocmport.cli import main
-from rocmport.verify import environment, firewall, report
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.orchestration import report
 from rocmport.verify.runtime import hip_sim
-from rocmport.verify.launcher import free_port
-from rocmport.verify.stages import StageResult
+from rocmport.verify.orchestration.launcher import free_port
+from rocmport.verify.stages.gpt_training import StageResult
 
 
 def fake_package(root: Path, name: str) -> None:
@@ -108,7 +110,9 @@ def test_a_bad_parallel_layout_is_answered_from_the_options_alone(tmp_path, args
     lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
     assert len(lines) == 1 and lines[0].startswith(f"rocmport: error: {message}"), lines
     imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
-    assert "torch" not in imported and "rocmport.verify.environment" in imported  # verify's modules loaded, torch not
+    assert (
+        "torch" not in imported and "rocmport.verify.orchestration.environment" in imported
+    )  # verify's modules loaded, torch not
     assert not any(project.iterdir())  # nothing written
 
 
@@ -426,10 +430,10 @@ def a_v019_report():
     file that did not run, 5 labelled tests that do not block, stages 4 and 5 not run here."""
     from rocmport.machine.probe import Environment
     from rocmport.verify.runtime.hip_sim import HipSim
-    from rocmport.verify.launcher import Launcher
-    from rocmport.verify.port_sites import Coverage
-    from rocmport.verify.result import ReportEnv, VerifyReport
-    from rocmport.verify.unit_tests import UnitTestsRun
+    from rocmport.verify.orchestration.launcher import Launcher
+    from rocmport.verify.analyses.port_sites import Coverage
+    from rocmport.verify.orchestration.result import ReportEnv, VerifyReport
+    from rocmport.verify.stages.unit_tests.runner import UnitTestsRun
 
     hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
     labels = {
@@ -501,10 +505,10 @@ def test_each_stage_s_report_data_fills_the_field_its_report_key_names():
     """run_verify puts a stage's StageRun.data in the report through VerifyReport.fill(report_key, data):
     each registered key takes its own type and refuses another's (a stage whose key and data disagree
     stops there rather than writing a field of another shape into the JSON)."""
-    from rocmport.verify import registry
-    from rocmport.verify.bridge_stage import BridgeTraining
-    from rocmport.verify.functional import FunctionalRun
-    from rocmport.verify.stages import Training
+    from rocmport.verify.orchestration import registry
+    from rocmport.verify.stages.bridge import BridgeTraining
+    from rocmport.verify.stages.functional import FunctionalRun
+    from rocmport.verify.stages.gpt_training import Training
 
     data = {
         "training": Training([4.8, 3.6], [4.8, 3.6], 0.0, True),
@@ -564,7 +568,7 @@ def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_block
 
 
 def test_the_verdict_of_a_run_where_everything_passes_and_of_a_failed_stage():
-    from rocmport.verify import summary
+    from rocmport.verify.orchestration import summary
 
     r = a_v019_report()
     r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from rocmport.cli import main
 from rocmport.port import worktree as wt
-from rocmport.verify import environment, firewall
-from rocmport.verify.functional import CASES
-from rocmport.verify.registry import NAMES
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.stages.functional import CASES
+from rocmport.verify.orchestration.registry import NAMES
 
 CASE = "gpt3_mcore_tp2_pp2_uninstall_te"
 MODEL_CONFIG = (
@@ -133,7 +134,7 @@ def test_a_case_name_that_exists_still_plans_the_launch(capsys, tree):
 
 def test_golden_path_stays_in_the_goldens_directory(tmp_path):
     from rocmport.errors import BadInput
-    from rocmport.verify.functional import golden_path
+    from rocmport.verify.stages.functional import golden_path
 
     assert golden_path(tmp_path, CASE, "cpu-proxy") == tmp_path / "goldens" / f"{CASE}.cpu-proxy.json"
     for case in (str(tmp_path / "x" / "evil"), "../evil", "a/b"):
@@ -152,7 +153,7 @@ def test_golden_path_stays_in_the_goldens_directory(tmp_path):
 def test_a_golden_that_cannot_be_named_is_refused_before_the_case_runs(tmp_path):
     """Stage 4 names its golden before it trains: a bad device kind costs no training run."""
     from rocmport.errors import BadInput
-    from rocmport.verify.functional import stage_functional
+    from rocmport.verify.stages.functional import stage_functional
 
     tree = tmp_path / "tree"
     (tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE).mkdir(parents=True)
@@ -385,7 +386,7 @@ def test_stage_1_fails_when_megatron_core_is_imported_from_outside_the_tree(tmp_
     """The probe checks where each module came from: a tree whose megatron is a bare directory (a
     namespace portion) loses to a regular megatron package anywhere on the path, and then stage 1
     checked nothing of the tree."""
-    from rocmport.verify.stages import stage_imports
+    from rocmport.verify.stages.gpt_training import stage_imports
 
     tree = fake_tree(tmp_path / "t")
     other = fake_tree(tmp_path / "other")  # an installed megatron-core, say
@@ -406,7 +407,7 @@ def test_stage_1_fails_when_megatron_core_is_imported_from_outside_the_tree(tmp_
 def test_stage_1_says_why_the_import_probe_itself_died(tmp_path):
     """A module that ends the probe's process (no result line printed): stage 1 fails with the last
     error line the process wrote, as stage 5 says it (one probe for both)."""
-    from rocmport.verify.stages import stage_imports
+    from rocmport.verify.stages.gpt_training import stage_imports
 
     tree = fake_tree(tmp_path / "t")
     (tree / "megatron" / "core" / "__init__.py").write_text(

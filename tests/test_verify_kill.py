@@ -208,7 +208,7 @@ def test_torch_compile_cache_stays_where_torch_keeps_it(monkeypatch):
     named for them as torch's own default, so a GPU run does not compile every kernel again each time."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from rocmport.verify.run import inductor_cache_dir
+    from rocmport.verify.orchestration.run import inductor_cache_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert inductor_cache_dir() == default_cache_dir()

@@ -16,7 +16,7 @@ from rocmport.refresh.engine import Progress, abort_refresh, continue_refresh, r
 from rocmport.refresh.result import RefreshResult
 from rocmport.refresh.report import RefreshVerifyOptions, status_line
 from rocmport.refresh.summary import public, write_summary
-from rocmport.verify.run import check_sizes_from
+from rocmport.verify.orchestration.run import check_sizes_from
 from rocmport.commands.sizes import SIZE
 
 
@@ -125,7 +125,7 @@ DEFAULT_STAGES = "1,2"
 def refresh_stages(text: str | None, option: str = "--verify-stages") -> list[str]:
     """``--verify-stages`` (numbers or names, as verify's --stages) -> stage names, or BadInput naming
     the option: only stages 1-3 (stage 4 and 5 need the project's own trees: `rocmport verify`)."""
-    from rocmport.verify.run import parse_stages
+    from rocmport.verify.orchestration.run import parse_stages
 
     names = parse_stages(DEFAULT_STAGES if text is None else text, option)
     other = [n for n in names if n not in REFRESH_STAGES]

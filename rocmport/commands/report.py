@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from rocmport.errors import EXIT_OK, BadInput
-from rocmport.verify.report import LAST, verify_dir
+from rocmport.verify.orchestration.report import LAST, verify_dir
 
 MISSING_EXTRA = (
     "the HTML report needs jinja2 and matplotlib, which this Python lacks: "

@@ -10,7 +10,7 @@ from rocmport import output
 from rocmport.config import load_settings
 from rocmport.errors import EXIT_OK
 from rocmport.port.status import status
-from rocmport.verify.report import LastVerify, last_verify
+from rocmport.verify.orchestration.report import LastVerify, last_verify
 
 
 @click.command("status")

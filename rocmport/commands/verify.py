@@ -13,12 +13,14 @@ from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.fsutil import check_output_path, write_file
 from rocmport.redact import redact
-from rocmport.verify import report, summary, te_layer
+from rocmport.verify.orchestration import report
+from rocmport.verify.orchestration import summary
+from rocmport.verify.orchestration import te_layer
 from rocmport.verify.runtime import hip_sim
-from rocmport.verify.launcher import KINDS
-from rocmport.verify.registry import STAGES
-from rocmport.verify.result import VerifyReport
-from rocmport.verify.run import MAX_ITERS, MAX_WORLD, check_sizes_from, launch_plan, prepare, run_verify
+from rocmport.verify.orchestration.launcher import KINDS
+from rocmport.verify.orchestration.registry import STAGES
+from rocmport.verify.orchestration.result import VerifyReport
+from rocmport.verify.orchestration.run import MAX_ITERS, MAX_WORLD, check_sizes_from, launch_plan, prepare, run_verify
 from rocmport.commands.sizes import SIZE
 
 

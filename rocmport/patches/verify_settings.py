@@ -1,7 +1,7 @@
 """A series' `verify:` block (which upstream unit tests stage 3 runs, and the known failures), validated.
 
 It is part of the series file, so it is read here with the rest of the series; what verify does
-with it lives in rocmport.verify.suite."""
+with it lives in rocmport.verify.stages.unit_tests.suite."""
 
 from __future__ import annotations
 

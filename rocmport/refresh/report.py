@@ -22,8 +22,8 @@ from rocmport.refresh.staging import StagedSeries
 from rocmport.upstream.lock import Lock
 from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.python import python_setup_hint, unmet_python
-from rocmport.verify.registry import NAMES
-from rocmport.verify.run import prepare, run_verify
+from rocmport.verify.orchestration.registry import NAMES
+from rocmport.verify.orchestration.run import prepare, run_verify
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +185,7 @@ def verify_page(settings: Settings, to: str) -> Path:
     """Where a refresh to ``to`` writes its verify report's HTML page (its JSON beside it): in the
     project's build/verify/, outside the refresh's own directory (which an abort removes), one per
     release, so the bot's pages of several releases all reach the workflow's artifact."""
-    from rocmport.verify.report import verify_dir
+    from rocmport.verify.orchestration.report import verify_dir
 
     return verify_dir(settings.root) / f"refresh-{re.sub(r'[^A-Za-z0-9._-]+', '-', to)}.html"
 
@@ -193,7 +193,7 @@ def verify_page(settings: Settings, to: str) -> Path:
 def _write_verify_page(page: Path, data: dict[str, Any], say) -> None:
     """The new port's verify report (JSON) and its page beside it; a page that cannot be made is
     a line of output, never a failed refresh (the PR body then links none)."""
-    from rocmport.verify.report import write_json
+    from rocmport.verify.orchestration.report import write_json
 
     page.unlink(missing_ok=True)
     try:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.upstream.lock import Lock
-from rocmport.verify.stages import PASS, StageResult
+from rocmport.verify.stages.gpt_training import PASS, StageResult
 
 # One status vocabulary for a refresh, the same in `refresh --json`, summary.json, summary.md (the PR
 # body), the exit code and the bot's record: ready (verify ran and passed), not-verified (carried

@@ -3,7 +3,7 @@
 The report names every site that did NOT run (``unreached``: "path:line helper" -> why) and counts
 the ones that did. Where the ported tree is still on this machine, the sites that ran are found in
 it the way verify found them (the lines `git blame` gives to a codemod's commit that call a helper
-of the generated module: rocmport.verify.port_sites), and the lines around every site are read from
+of the generated module: rocmport.verify.analyses.port_sites), and the lines around every site are read from
 it. Where it is not, or it has moved on since the run, the page says so and shows what the report
 alone has."""
 
@@ -122,7 +122,7 @@ def _tree_sites(tree: Path, report: RunReport, notes: list[str]) -> list[SiteVie
     try:
         from rocmport.gitutil import run_git
         from rocmport.port.worktree import read_state
-        from rocmport.verify.port_sites import find_sites
+        from rocmport.verify.analyses.port_sites import find_sites
 
         state = read_state(tree)
         head = run_git("rev-parse", "HEAD", cwd=tree, check=False).stdout.strip()

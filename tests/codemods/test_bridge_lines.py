@@ -16,7 +16,7 @@ import pytest
 from rocmport.codemods import compute_layers
 from rocmport.nvidia_only import scan_unguarded_imports
 from rocmport.patches.series import select_series
-from rocmport.verify.firewall import firewall_env, write_bootstrap
+from rocmport.verify.orchestration.firewall import firewall_env, write_bootstrap
 from tests.helpers.real import BRIDGE, MLM, REPO, needs_mirrors
 
 pytestmark = [pytest.mark.mirror, needs_mirrors]

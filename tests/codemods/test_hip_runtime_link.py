@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from rocmport.codemods.runner import helper_text
-from rocmport.verify import environment, firewall
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
 from rocmport.verify.runtime import hip_sim
 from tests.helpers.codemods import assert_codemod, rewrite
 

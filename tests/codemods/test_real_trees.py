@@ -17,7 +17,7 @@ from rocmport.codemods import compute_layers, registry
 from rocmport.codemods.feature_probes import module_name
 from rocmport.nvidia_only import CPU_PROXY, scan_unguarded_imports
 from rocmport.machine.python import unmet_python
-from rocmport.verify.firewall import firewall_env, write_bootstrap
+from rocmport.verify.orchestration.firewall import firewall_env, write_bootstrap
 from tests.helpers.real import MLM, REAL_CACHE as CACHE, needs_mlm_mirror
 
 

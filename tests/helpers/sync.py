@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from rocmport.verify.launcher import free_port
+from rocmport.verify.orchestration.launcher import free_port
 
 ENV = {
     **os.environ,

@@ -1,5 +1,5 @@
 """What every process verify starts on its own interpreter installs first (called by the
-bootstrap's sitecustomize.py, after the import firewall; see rocmport.verify.firewall): the HIP
+bootstrap's sitecustomize.py, after the import firewall; see rocmport.verify.orchestration.firewall): the HIP
 simulation, TE's Python layer, the port-coverage record and the proxy shim, each as the protocol's
 variables ask."""
 
@@ -20,14 +20,14 @@ def install() -> None:
         hip_sim.install()
 
     # Transformer Engine's own Python layer on the CPU proxy (verify --te): its compiled extension is
-    # rocmport.verify.runtime.te_cpu (see rocmport.verify.te_layer).
+    # rocmport.verify.runtime.te_cpu (see rocmport.verify.orchestration.te_layer).
     if protocol.TE.read():
         from rocmport.verify.runtime import te_loader
 
         te_loader.install()
 
     # Port coverage: which of the tree's modules this process imported (the generated helpers record
-    # the rewritten call sites that ran; see rocmport.verify.port_sites).
+    # the rewritten call sites that ran; see rocmport.verify.analyses.port_sites).
     sites = protocol.PORT_SITES.read()
     if sites:
         import atexit

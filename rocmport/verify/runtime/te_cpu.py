@@ -11,7 +11,7 @@ What TE decides in Python stays TE's code. A kernel this module lacks (FP8 / MXF
 fused attention, userbuffers, ...) raises ``UnsupportedInProxy`` naming the
 ``transformer_engine_torch`` function when TE calls it: never a silent pass, never zeros.
 
-Installed as ``sys.modules["transformer_engine_torch"]`` by ``rocmport.verify.te_layer``; never
+Installed as ``sys.modules["transformer_engine_torch"]`` by ``rocmport.verify.orchestration.te_layer``; never
 written into the ported tree."""
 
 from __future__ import annotations

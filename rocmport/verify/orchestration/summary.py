@@ -5,10 +5,10 @@ the report)."""
 
 from __future__ import annotations
 
-from rocmport.verify.registry import UnitTests
-from rocmport.verify.result import VerifyReport, unit_blocking, verdict
-from rocmport.verify.stages import FAIL
-from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun
+from rocmport.verify.orchestration.registry import UnitTests
+from rocmport.verify.orchestration.result import VerifyReport, unit_blocking, verdict
+from rocmport.verify.stages.gpt_training import FAIL
+from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun
 
 __all__ = ["WHY_IT_BLOCKS", "blocking_lines", "coverage_lines", "folded_line", "verdict"]
 

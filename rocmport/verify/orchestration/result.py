@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rocmport.machine.probe import Environment
-from rocmport.verify.contract import Mode
-from rocmport.verify.launcher import Launcher
-from rocmport.verify.port_sites import Coverage
-from rocmport.verify.registry import UnitTests
-from rocmport.verify.bridge_stage import BridgeTraining
-from rocmport.verify.functional import FunctionalRun
+from rocmport.verify.orchestration.contract import Mode
+from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.analyses.port_sites import Coverage
+from rocmport.verify.orchestration.registry import UnitTests
+from rocmport.verify.stages.bridge import BridgeTraining
+from rocmport.verify.stages.functional import FunctionalRun
 from rocmport.verify.runtime.hip_sim import HipSim
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, Training
-from rocmport.verify.te_layer import TELayer
-from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun
+from rocmport.verify.stages.gpt_training import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, Training
+from rocmport.verify.orchestration.te_layer import TELayer
+from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun
 
 
 @dataclass

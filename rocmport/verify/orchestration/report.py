@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.inputs import read_json
-from rocmport.verify.registry import UnitTests
-from rocmport.verify.stages import StageResult
-from rocmport.verify.unit_tests import BLOCKING, UnitTestsRun, UnitTestsStopped
+from rocmport.verify.orchestration.registry import UnitTests
+from rocmport.verify.stages.gpt_training import StageResult
+from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun, UnitTestsStopped
 
 if TYPE_CHECKING:
-    from rocmport.verify.result import VerifyReport
+    from rocmport.verify.orchestration.result import VerifyReport
 
 LAST = "last.json"  # the last verify's report, in verify_dir: what `rocmport status` shows
 

@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP
-from rocmport.verify import suite
+from rocmport.verify.stages.unit_tests import suite
 from rocmport.verify.runtime import hip_sim
-from rocmport.verify.launcher import Launcher
-from rocmport.verify.stages import StageResult
+from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.stages.gpt_training import StageResult
 
 if TYPE_CHECKING:
     from rocmport.machine.probe import Environment
-    from rocmport.verify.bridge_stage import BridgeTraining
-    from rocmport.verify.functional import FunctionalRun
-    from rocmport.verify.stages import Training
-    from rocmport.verify.impact import Selection
-    from rocmport.verify.te_layer import TELayer
+    from rocmport.verify.stages.bridge import BridgeTraining
+    from rocmport.verify.stages.functional import FunctionalRun
+    from rocmport.verify.stages.gpt_training import Training
+    from rocmport.verify.analyses.impact import Selection
+    from rocmport.verify.orchestration.te_layer import TELayer
 
 Mode = Literal["gpu", "cpu-proxy"]
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from rocmport import output
 from rocmport.machine import probe
-from rocmport.verify import environment, stages
-from rocmport.verify.contract import Stage, StageRun, VerifyContext, VerifyOptions
-from rocmport.verify.stages import StageResult
+from rocmport.verify.orchestration import environment
+from rocmport.verify.stages import gpt_training as stages
+from rocmport.verify.orchestration.contract import Stage, StageRun, VerifyContext, VerifyOptions
+from rocmport.verify.stages.gpt_training import StageResult
 
 
 class Imports(Stage):
@@ -75,7 +76,7 @@ class UnitTests(Stage):
         return opts.unit is not None
 
     def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
-        from rocmport.verify.unit_tests import config_args, pytest_command
+        from rocmport.verify.stages.unit_tests.runner import config_args, pytest_command
 
         unit = opts.unit
         if unit is None or not opts.launcher.runs_stage(single_node=True):
@@ -103,8 +104,8 @@ class UnitTests(Stage):
 
     def run(self, ctx: VerifyContext) -> StageRun:
         from rocmport.nvidia_only import blocked
-        from rocmport.verify import suite
-        from rocmport.verify.unit_tests import stage_unit_tests
+        from rocmport.verify.stages.unit_tests import suite
+        from rocmport.verify.stages.unit_tests.runner import stage_unit_tests
 
         unit = ctx.opts.unit
         assert unit is not None
@@ -141,9 +142,10 @@ def _full_suite_record(ctx: VerifyContext, result: StageResult) -> StageResult:
     """`--unit-tests all`: record the run (per-file seconds, tests, and the pass) in the cache;
     `impacted`: its figures against that record, the summary's line first in the stage's reason."""
     from rocmport.port import worktree as wt
-    from rocmport.verify import impact, suite
+    from rocmport.verify.analyses import impact
+    from rocmport.verify.stages.unit_tests import suite
 
-    from rocmport.verify.unit_tests import UnitTestsRun
+    from rocmport.verify.stages.unit_tests.runner import UnitTestsRun
 
     unit = ctx.opts.unit
     details = result.details
@@ -191,7 +193,7 @@ class Functional(Stage):
         return opts.functional is not None
 
     def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
-        from rocmport.verify.functional import build_args, case_dir, functional_command, load_case
+        from rocmport.verify.stages.functional import build_args, case_dir, functional_command, load_case
 
         f = opts.functional
         if f is None or not (case_dir(opts.tree, f.case) / "model_config.yaml").is_file():
@@ -207,7 +209,7 @@ class Functional(Stage):
         ]
 
     def run(self, ctx: VerifyContext) -> StageRun:
-        from rocmport.verify.functional import stage_functional
+        from rocmport.verify.stages.functional import stage_functional
 
         f = ctx.opts.functional
         assert f is not None
@@ -247,7 +249,7 @@ class Bridge(Stage):
         return opts.bridge_tree is not None
 
     def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
-        from rocmport.verify.bridge_stage import bridge_command
+        from rocmport.verify.stages.bridge import bridge_command
 
         if opts.bridge_tree is None:
             return []
@@ -262,7 +264,7 @@ class Bridge(Stage):
         ]
 
     def run(self, ctx: VerifyContext) -> StageRun:
-        from rocmport.verify.bridge_stage import stage_bridge
+        from rocmport.verify.stages.bridge import stage_bridge
 
         o = ctx.opts
         assert o.bridge_tree is not None

@@ -48,14 +48,23 @@ from rocmport.fsutil import atomic_write_text, open_log, tree_read_bytes, tree_w
 from rocmport.output import elapsed
 from rocmport.gitutil import git, run_git
 from rocmport.upstreams import UPSTREAMS
-from rocmport.verify import suite
+from rocmport.verify.stages.unit_tests import suite
 from rocmport.machine.cpu_meter import MachineShare, task_limit, task_limit_phrase
-from rocmport.verify.launcher import Launcher
+from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.runtime import protocol
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, exhausted, skipped, tree_lacks
+from rocmport.verify.stages.gpt_training import (
+    FAIL,
+    PASS,
+    SKIPPED,
+    UNSUPPORTED,
+    StageResult,
+    exhausted,
+    skipped,
+    tree_lacks,
+)
 
 if TYPE_CHECKING:
-    from rocmport.verify.impact import ImpactFigures
+    from rocmport.verify.analyses.impact import ImpactFigures
 
 # Part of the baseline cache key: a record read another way is not reused. 9: hang attribution by run
 # order and time; 10: spawned children shimmed; 11: one device per rank; 12: upstream CI's deselection,

@@ -16,7 +16,7 @@ from typing import Any
 
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 from rocmport.machine.python import declared_unmet, distributions_of, unmet_python
-from rocmport.verify.stages import (
+from rocmport.verify.stages.gpt_training import (
     FAIL,
     PASS,
     ImportProbe,
@@ -30,7 +30,7 @@ from rocmport.verify.stages import (
     took_part,
     unsupported_why,
 )
-from rocmport.verify.launcher import Launcher
+from rocmport.verify.orchestration.launcher import Launcher
 
 # The package, the GPT provider, and the training entry points and recipes users run.
 BRIDGE_MODULES = (

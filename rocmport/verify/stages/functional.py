@@ -22,9 +22,18 @@ from typing import Any
 from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.verify.launcher import Launcher
+from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.runtime import protocol
-from rocmport.verify.stages import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, skipped, took_part, tree_lacks
+from rocmport.verify.stages.gpt_training import (
+    FAIL,
+    PASS,
+    SKIPPED,
+    UNSUPPORTED,
+    StageResult,
+    skipped,
+    took_part,
+    tree_lacks,
+)
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
 _LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")

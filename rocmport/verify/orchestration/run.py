@@ -20,15 +20,21 @@ from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.machine import probe, python
-from rocmport.verify import environment, firewall, impact, port_sites, stages, suite, te_layer
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.analyses import impact
+from rocmport.verify.analyses import port_sites
+from rocmport.verify.stages import gpt_training as stages
+from rocmport.verify.stages.unit_tests import suite
+from rocmport.verify.orchestration import te_layer
 from rocmport.verify.runtime import hip_sim, protocol
-from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
+from rocmport.verify.orchestration.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
 from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS  # imports no torch at module level
-from rocmport.verify.launcher import Launcher
-from rocmport.verify.registry import NAMES, STAGES
-from rocmport.verify.result import ReportEnv, VerifyReport
-from rocmport.verify.stages import StageResult
-from rocmport.verify.te_layer import TELayer
+from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.orchestration.registry import NAMES, STAGES
+from rocmport.verify.orchestration.result import ReportEnv, VerifyReport
+from rocmport.verify.stages.gpt_training import StageResult
+from rocmport.verify.orchestration.te_layer import TELayer
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
 # Re-exported: the options are part of the stage contract (contract.py); the stages' order is registry.py's.
@@ -391,7 +397,7 @@ def functional_options(
     te: bool = False,
 ) -> tuple[FunctionalOptions | None, str]:
     from rocmport.machine.doctor import for_verify
-    from rocmport.verify.functional import CASES, cases_near, check_case, default_case, load_case, missing_data
+    from rocmport.verify.stages.functional import CASES, cases_near, check_case, default_case, load_case, missing_data
 
     if case is not None:  # confined to the tree's cases directory whether or not stage 4 runs
         check_case(tree, case)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.cpu_meter import task_limit, threads_running
-from rocmport.verify.launcher import Launcher
+from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.runtime import import_probe
 
 PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
