@@ -96,10 +96,12 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def parse_yaml(text: str, where: str | os.PathLike, fix: str = "fix the file"):
-    """The YAML document in ``text``; any YAML problem is one BadInput line naming file and line."""
+def parse_yaml(text: str, where: str | os.PathLike, fix: str = "fix the file", *, last_key_wins: bool = False):
+    """The YAML document in ``text``; any YAML problem is one BadInput line naming file and line.
+    ``last_key_wins``: for upstream's own files, read as upstream's CI reads them (a functional case's
+    MODEL_ARGS repeats a flag now and then; its runner passes both and argparse keeps the last)."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_SafeLoader if last_key_wins else _Loader)  # noqa: S506 - SafeLoaders
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         what = exc.problem or exc.context or "invalid YAML"

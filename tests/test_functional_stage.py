@@ -322,7 +322,7 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
         "name": "AMD Instinct MI300X",
         "arch": "gfx942:sramecc+:xnack-",
     }
-    lr = 3e-3 * 2500  # the proxy's learning rate (PROXY_SCALE) moves the fake loss
+    lr = 3e-3 * 2500  # the proxy's learning rate (PROXY_TRAINING) moves the fake loss
     assert data.losses == pytest.approx([10.0 - lr * i for i in range(6)])
     assert data.resume.to_dict() == {
         "from_iteration": 3,
@@ -454,3 +454,56 @@ def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, caps
     ]
     with pytest.raises(subprocess.TimeoutExpired):
         _launch([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, None, timeout=1)
+
+
+def test_a_case_the_proxy_cannot_run_is_unsupported_with_its_plans_reason_before_any_launch(tmp_path):
+    """The case's own plan decides (case_plan): a userbuffers case is gpu-only, said before a rank starts."""
+    tree = make_tree(tmp_path / "tree", "raise SystemExit('pretrain_gpt.py must not start')\n")
+    cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
+    cfg.write_text(CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --tp-comm-overlap: true\n", 1))
+    kwargs = dict(dp=1, iters=3, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy")
+    res, data = stage_functional(tree, {}, case=CASE, proxy=True, **kwargs)
+    assert res.status == "unsupported-in-proxy" and data is None
+    assert res.reason.startswith(f"{CASE} (gpu-only): --tp-comm-overlap: TE's userbuffers"), res.reason
+
+
+def test_the_ranks_and_the_model_size_follow_the_cases_plan(tmp_path):
+    import yaml
+
+    from rocmport.verify.stages import case_plan
+    from rocmport.verify.stages.functional import world_size
+
+    config = yaml.safe_load(CONFIG)
+    margs = config["MODEL_ARGS"]
+    margs.update(
+        {
+            "--tensor-model-parallel-size": 1,
+            "--pipeline-model-parallel-size": 4,
+            "--decoder-first-pipeline-num-layers": 2,
+            "--decoder-last-pipeline-num-layers": 2,
+            "--use-distributed-optimizer": True,
+        }
+    )
+    plan = case_plan.plan_case("c", config)
+    assert isinstance(plan, case_plan.CasePlan)
+    assert world_size(config, 1, plan) == 8  # pp4 × dp2 (the distributed optimizer shards over 2), not tp·pp·--dp
+    assert world_size(config, 1, None) == 4  # on a GPU: the case's tp·pp·--dp, as before
+    args = build_args(config, iters=4, proxy=True, data_path=None, work=tmp_path, plan=plan)
+    pairs = dict(zip(args, args[1:]))
+    # The proxy's old fixed 4 layers left pp4's middle stages none; the plan keeps 1:2:2:1.
+    assert (pairs["--num-layers"], pairs["--decoder-first-pipeline-num-layers"]) == ("6", "1")
+    assert pairs["--global-batch-size"] == "16"  # micro 2 × dp 2 × 4 micro-batches
+
+
+def test_a_failures_reason_is_the_exception_not_its_source_line():
+    from rocmport.verify.stages.functional import exception_line
+
+    stderr = textwrap.dedent("""\
+        [rank0]: Traceback (most recent call last):
+        [rank0]:   File "megatron/core/transformer/transformer_block.py", line 80, in get_num_layers_to_build
+        [rank0]:     raise ValueError(
+        [rank0]: ValueError: 0 middle layers remaining but 2 middle PP stages available
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+        """)
+    assert exception_line(stderr) == "ValueError: 0 middle layers remaining but 2 middle PP stages available"
+    assert exception_line("all good\n") is None

@@ -59,6 +59,11 @@ def disable_missing_fusions(args):
         if getattr(args, flag, False) and missing:
             setattr(args, flag, False)
             warnings.warn(f"ROCm: --{flag.replace('_', '-')} disabled: kernel {', '.join(missing)} is not available")
+    # Megatron asks for apex's persistent layer norm unless told --no-persist-layer-norm; without apex
+    # the local layer spec builds torch's LayerNorm (WrappedTorchNorm), which asserts the flag is off.
+    if not getattr(args, "no_persist_layer_norm", True) and not module_available("apex"):
+        args.no_persist_layer_norm = True
+        warnings.warn("ROCm: --no-persist-layer-norm set: apex (its persistent layer norm kernel) is not available")
     # --moe-grouped-gemm runs on TE's GroupedLinear (TEGroupedMLP) where the TE installed has it, else
     # on the grouped_gemm package (the legacy GroupedMLP; AMD's ROCm build, in the line's component
     # matrix); with neither, megatron's SequentialMLP runs the experts one GEMM at a time.

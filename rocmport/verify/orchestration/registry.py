@@ -193,17 +193,22 @@ class Functional(Stage):
         return opts.functional is not None
 
     def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
-        from rocmport.verify.stages.functional import build_args, case_dir, functional_command, load_case
+        from rocmport.verify.stages import case_plan
+        from rocmport.verify.stages.functional import build_args, case_dir, functional_command, load_case, world_size
 
         f = opts.functional
         if f is None or not (case_dir(opts.tree, f.case) / "model_config.yaml").is_file():
             return []
         config = load_case(opts.tree, f.case)
-        args = build_args(config, iters=f.iters, proxy=not probe.probe().has_gpu, data_path=f.data_path, work=tmp)
+        proxy = not probe.probe().has_gpu
+        plan = case_plan.plan_case(f.case, config, data_path=bool(f.data_path)) if proxy else None
+        if isinstance(plan, case_plan.Unsupported):
+            return []
+        args = build_args(config, iters=f.iters, proxy=proxy, data_path=f.data_path, work=tmp, plan=plan)
         return [
             {
                 "stage": self.name,
-                "command": functional_command(opts.launcher, config, args, opts.dp),
+                "command": functional_command(opts.launcher, world_size(config, opts.dp, plan), args),
                 "cwd": str(opts.tree),
             }
         ]

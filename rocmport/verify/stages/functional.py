@@ -22,6 +22,8 @@ from typing import Any
 from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.verify.stages import case_plan
+from rocmport.verify.stages.case_plan import CasePlan
 from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.runtime import protocol
 from rocmport.verify.stages.gpt_training import (
@@ -55,15 +57,9 @@ _DATA_ARGS = (
     "--tokenizer-type",
     "--tokenizer-model",
 )
-# A model a 2-core CPU trains in seconds; the parallel layout and every other flag stay the case's.
-PROXY_SCALE = {
-    "--num-layers": 4,
-    "--hidden-size": 64,
-    "--num-attention-heads": 4,
-    "--seq-length": 128,
-    "--max-position-embeddings": 128,
-    "--micro-batch-size": 2,
-    "--global-batch-size": 8,
+# What the proxy changes about training besides the model's size (case_plan.shrink sizes the model,
+# keeping the case's parallel layout and pipeline structure).
+PROXY_TRAINING = {
     # A few iterations must move the loss: the case warms the learning rate up over 1% of
     # 320000 iterations (about 0 for ten), so on the proxy no warm-up and a small model's rate.
     "--lr": 3e-3,
@@ -129,10 +125,18 @@ def cases_near(tree: Path) -> list[str]:
 
 
 def build_args(
-    config: dict, *, iters: int, proxy: bool, data_path: str | None, work: Path, extra: dict[str, object] | None = None
+    config: dict,
+    *,
+    iters: int,
+    proxy: bool,
+    data_path: str | None,
+    work: Path,
+    extra: dict[str, object] | None = None,
+    plan: CasePlan | None = None,
 ) -> list[str]:
     """MODEL_ARGS as a command line, with CI's paths replaced, (in proxy mode) the model scaled
-    down, and ``extra`` on top (a value of None drops the flag)."""
+    down by the case's plan (``plan``, or the one its MODEL_ARGS give), and ``extra`` on top (a value
+    of None drops the flag)."""
     args: dict[str, Any] = dict(config.get("MODEL_ARGS") or {})  # YAML values: str, int, float, bool
     paths = {
         "TENSORBOARD_PATH": work / "tensorboard",
@@ -149,7 +153,11 @@ def build_args(
     args["--log-interval"] = 1
     args["--eval-interval"] = max(iters + 1, int(str(args.get("--eval-interval", 1000) or 1000)))
     if proxy:
-        args.update(PROXY_SCALE)
+        if plan is None:
+            lay, _ = case_plan.layout(args)
+            sized, _ = case_plan.shrink(args, lay)
+        args.update(PROXY_TRAINING)
+        args.update(plan.args if plan is not None else sized)
         args["--distributed-backend"] = "gloo"
         for key in ("--fp16", "--bf16"):  # no half-precision kernels on the CPU
             args.pop(key, None)
@@ -362,20 +370,21 @@ def _blocker(stderr: str, tree: Path) -> str | None:
     return None
 
 
-def functional_command(launcher: Launcher, config: dict, args: list[str], dp: int) -> list[str]:
+def world_size(config: dict, dp: int, plan: CasePlan | None) -> int:
+    """The ranks a case runs on: its plan's on the proxy (the layout the case needs: cp, the data-
+    parallel ranks it shards over), tp·pp·dp (verify's --dp) on a GPU."""
+    if plan is not None:
+        return plan.layout.world
     margs = config.get("MODEL_ARGS") or {}
-    world = int(margs.get("--tensor-model-parallel-size", 1)) * int(margs.get("--pipeline-model-parallel-size", 1)) * dp
+    return int(margs.get("--tensor-model-parallel-size", 1)) * int(margs.get("--pipeline-model-parallel-size", 1)) * dp
+
+
+def functional_command(launcher: Launcher, world: int, args: list[str]) -> list[str]:
     return launcher.command(world, ["pretrain_gpt.py", *args], "functional")
 
 
 def load_case(tree: Path, case: str) -> dict:
-    from rocmport.inputs import parse_yaml, read_text
-
-    path = case_dir(tree, case) / "model_config.yaml"
-    config = parse_yaml(read_text(path, "functional case"), path) or {}
-    if not isinstance(config, dict) or not isinstance(config.get("MODEL_ARGS") or {}, dict):
-        raise BadInput(f"{path}: not a functional case (a mapping with MODEL_ARGS); pass another --case")
-    return config
+    return case_plan.load_config(tree, case)
 
 
 # megatron's training log: " [2026-11-26 01:30:00] iteration        5/      10 | consumed samples: ..."
@@ -420,6 +429,20 @@ def _launch(
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
 
 
+# A traceback's last line: the exception's type and message, as a rank prints it ("[rank0]: ValueError: ...").
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt)\b:?.*)$")
+
+
+def exception_line(stderr: str) -> str | None:
+    """The first exception a run raised (its type and message), not a traceback's source line such as
+    `raise ValueError(`: torchrun's own ChildFailedError and its elastic frames are skipped."""
+    for line in stderr.splitlines():
+        m = _EXCEPTION.match(line.strip())
+        if m and "ChildFailedError" not in m.group(1) and "elastic" not in m.group(1):
+            return m.group(1)
+    return None
+
+
 def _failure(
     proc: subprocess.CompletedProcess,
     tree: Path,
@@ -451,10 +474,7 @@ def _failure(
                 seconds,
                 details,
             )
-    errors = [
-        ln for ln in proc.stderr.splitlines() if "Error" in ln and "ChildFailedError" not in ln and "elastic" not in ln
-    ]
-    tail = errors[:1] or proc.stderr.strip().splitlines()[-1:] or ["no output"]
+    tail = [exception_line(proc.stderr) or (proc.stderr.strip().splitlines() or ["no output"])[-1]]
     return StageResult("functional", FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
 
 
@@ -597,6 +617,13 @@ def stage_functional(
         text = f"upstream has no functional case {case} ({CASES / case}); pass --case NAME (e.g. {', '.join(cases_near(tree))})"
         return StageResult("functional", SKIPPED if defaulted else FAIL, text), None
     config = load_case(tree, case)
+    plan: CasePlan | None = None
+    if proxy:
+        planned = case_plan.plan_case(case, config, data_path=bool(data_path))
+        if isinstance(planned, case_plan.Unsupported):
+            return StageResult("functional", UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}"), None
+        plan = planned
+    world = world_size(config, dp, plan)
     support = resume_support(tree)
     half = iters // 2
     with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
@@ -613,7 +640,7 @@ def stage_functional(
                     "nvidia-resiliency-ext (upstream's default async writer, nvrx) is NVIDIA-only "
                     "and not importable here; on HIP the port picks mcore itself"
                 )
-        args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=save)
+        args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=save, plan=plan)
         run_env = {**env, **{k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}}
         swaps = {}
         if proxy:
@@ -621,7 +648,7 @@ def stage_functional(
             run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
             run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
             swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
-        cmd = functional_command(launcher, config, args, dp)
+        cmd = functional_command(launcher, world, args)
         proc = _launch(cmd, tree, run_env)
         steps = loss_steps(proc.stdout + proc.stderr)
         losses = [steps[i] for i in sorted(steps)]
@@ -665,9 +692,9 @@ def stage_functional(
                 "--async-save": None,
                 "--use-persistent-ckpt-worker": None,
             }
-            rargs = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=again)
+            rargs = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=again, plan=plan)
             rproc = _launch(
-                functional_command(launcher, config, rargs, dp), tree, run_env, what=f"resumed from iteration {half}"
+                functional_command(launcher, world, rargs), tree, run_env, what=f"resumed from iteration {half}"
             )
             rlog = rproc.stdout + rproc.stderr
             rsteps = loss_steps(rlog)

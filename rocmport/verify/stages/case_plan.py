@@ -1,0 +1,502 @@
+"""Upstream's GPT training cases as the CPU proxy can run them.
+
+Each case is a directory under ``tests/functional_tests/test_cases/gpt`` whose ``model_config.yaml``
+upstream's CI turns into a `pretrain_gpt.py` command line. Here each one becomes either a
+:class:`CasePlan` (its parallel layout, the ranks it needs, the proxy-sized arguments, the
+checkpoint round trip it asks for, the features it exercises) or an :class:`Unsupported` with the
+specific thing the proxy cannot provide (the kernel, the backend, the CUDA-only feature, the
+artifact), classified ``gpu-only``, ``not-on-proxy`` or ``needs-nvidia-only``.
+
+One shrink rule for every case (:func:`shrink`): widths become proxy sizes, while depth keeps the
+case's pipeline structure (virtual chunks, uneven first and last stages) at its smallest integer
+scale, so a layout that upstream tests is the layout the proxy runs. Nothing here is a copy of
+upstream's arguments: every plan is read from the tree's own YAML."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from rocmport.errors import BadInput
+
+CASES = Path("tests/functional_tests/test_cases/gpt")
+# The most ranks verify launches for one case (upstream's cases run on one 8-GPU node).
+MAX_RANKS = 8
+# The proxy's model widths. Depth is not here: shrink() keeps each case's pipeline structure.
+PROXY_WIDTHS: dict[str, int] = {
+    "--hidden-size": 64,
+    "--num-attention-heads": 4,
+    "--seq-length": 128,
+    "--max-position-embeddings": 128,
+    "--micro-batch-size": 2,
+}
+# Widths that only some cases set, each shrunk when present (MLA's ranks and head sizes, MoE's and
+# the FFN's hidden sizes, explicit per-head channels).
+PROXY_OPTIONAL_WIDTHS: dict[str, int] = {
+    "--ffn-hidden-size": 256,
+    "--kv-channels": 16,
+    "--q-lora-rank": 32,
+    "--kv-lora-rank": 16,
+    "--qk-head-dim": 16,
+    "--qk-pos-emb-head-dim": 8,
+    "--v-head-dim": 16,
+    "--moe-ffn-hidden-size": 64,
+    "--moe-shared-expert-intermediate-size": 64,
+}
+# The smallest model the proxy trains: a case whose structure fits fewer layers gets a multiple of
+# its structure up to this many (the default tp2×pp2 case: 4 layers, 2 per stage, as before).
+MIN_LAYERS = 4
+
+UnsupportedKind = Literal["gpu-only", "not-on-proxy", "needs-nvidia-only", "not-training"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A case's parallel layout on the proxy. ``vp``: model chunks per pipeline stage (1 when the case
+    has no virtual pipeline)."""
+
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    def describe(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        parts += [f"vp{self.vp}"] if self.vp > 1 else []
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"etp{self.etp}"] if self.etp > 1 else []
+        parts += [f"dp{self.dp}"]
+        return "×".join(parts) + (" +sp" if self.sequence_parallel else "") + f" ({self.world} ranks)"
+
+
+@dataclass(frozen=True)
+class CasePlan:
+    """How the proxy runs one case: ``case_args`` its MODEL_ARGS, ``args`` the proxy's overrides on
+    top of them (build_args' ``extra``), ``resume`` whether the run checks a checkpoint round trip, ``features``
+    what the case exercises (from its flags), ``notes`` what the proxy changes about it."""
+
+    case: str
+    test_type: str
+    layout: Layout
+    case_args: dict[str, Any]
+    args: dict[str, Any]
+    resume: bool
+    te: bool
+    features: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A case the proxy cannot run, and the one thing it lacks."""
+
+    case: str
+    kind: UnsupportedKind
+    reason: str
+
+
+Plan = CasePlan | Unsupported
+
+
+# --- reading the YAML --------------------------------------------------------------------------
+
+
+def training_cases(tree: Path) -> list[str]:
+    """The tree's GPT case directories that have a model_config.yaml, sorted."""
+    root = tree / CASES
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "model_config.yaml").is_file())
+
+
+def load_config(tree: Path, case: str) -> dict:
+    """The case's model_config.yaml as a mapping (BadInput naming the file when it is not one)."""
+    from rocmport.inputs import parse_yaml, read_text
+
+    path = tree / CASES / case / "model_config.yaml"
+    config = parse_yaml(read_text(path, "functional case"), path, last_key_wins=True) or {}
+    if not isinstance(config, dict) or not isinstance(config.get("MODEL_ARGS") or {}, dict):
+        raise BadInput(f"{path}: not a functional case (a mapping with MODEL_ARGS)")
+    return config
+
+
+def _int(args: dict, key: str, default: int) -> int:
+    value = args.get(key, default)
+    if value is None or value is False:
+        return default
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise BadInput(f"{key}: {value!r} is not an integer") from None
+
+
+def _on(args: dict, key: str) -> bool:
+    return args.get(key) not in (None, False, "false", "False")
+
+
+# --- what the proxy cannot provide -------------------------------------------------------------
+
+# (flag, value predicate or None for "present", kind, the specific reason). Checked in order; the
+# first that matches is the case's reason. Each reason names the kernel, backend or artifact.
+_BLOCKERS: tuple[tuple[str, str | None, UnsupportedKind, str], ...] = (
+    (
+        "--tp-comm-overlap",
+        None,
+        "gpu-only",
+        "--tp-comm-overlap: TE's userbuffers overlap GEMMs with tensor-parallel communication through "
+        "CUDA IPC buffers; the proxy has no userbuffers",
+    ),
+    (
+        "--fp8-format",
+        None,
+        "not-on-proxy",
+        "--fp8-format: FP8 GEMMs and casts are TE kernels (transformer_engine_torch fp8_gemm, cast_to_fp8) "
+        "that the proxy's CPU layer does not emulate",
+    ),
+    (
+        "--fp4-format",
+        None,
+        "not-on-proxy",
+        "--fp4-format: FP4 GEMMs are TE kernels the proxy's CPU layer does not emulate",
+    ),
+    (
+        "--experimental-attention-variant",
+        None,
+        "not-on-proxy",
+        "--experimental-attention-variant (gated delta net): its attention runs flash-linear-attention's "
+        "Triton kernels, which have no CPU backend",
+    ),
+    (
+        "--export-kd-teacher-load",
+        None,
+        "needs-nvidia-only",
+        "--export-kd-teacher-load: knowledge distillation through nvidia-modelopt, an NVIDIA-only package",
+    ),
+    (
+        "--fim-data",
+        None,
+        "not-on-proxy",
+        "--fim-data: the fill-in-the-middle dataset needs upstream CI's tokenized corpus (pass --data-path); "
+        "mock data has no FIM sentinels",
+    ),
+    (
+        "--use-flash-attn",
+        None,
+        "gpu-only",
+        "--use-flash-attn: the flash-attn package's CUDA kernels",
+    ),
+    (
+        "--enable-cuda-graph",
+        None,
+        "gpu-only",
+        "--enable-cuda-graph: CUDA graph capture",
+    ),
+    (
+        "--cuda-graph-impl",
+        None,
+        "gpu-only",
+        "--cuda-graph-impl: CUDA graph capture",
+    ),
+    (
+        "--external-cuda-graph",
+        None,
+        "gpu-only",
+        "--external-cuda-graph: CUDA graph capture",
+    ),
+)
+# Attention backends that are GPU kernels (--attention-backend), and which kernel each is.
+_GPU_ATTENTION = {
+    "flash": "flash-attn's CUDA kernels",
+    "fused": "TE's fused attention (cuDNN)",
+}
+
+
+def blocker(name: str, config: dict, *, data_path: bool = False) -> Unsupported | None:
+    """Why the proxy cannot run the case at all, read from its YAML alone, or None."""
+    mode = str(config.get("MODE") or "pretraining")
+    if mode != "pretraining":
+        return Unsupported(name, "not-training", f"MODE {mode}: not a pretraining case (stage 4 runs training)")
+    test_type = str(config.get("TEST_TYPE") or "regular")
+    if test_type == "frozen-start":
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            "TEST_TYPE frozen-start: starts from upstream CI's stored checkpoint (${CHECKPOINT_LOAD_PATH}), "
+            "which is not published",
+        )
+    if test_type == "release":
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            "TEST_TYPE release: a multi-node release run on upstream's full corpus; its point is scale, "
+            "which a proxy-sized model removes",
+        )
+    args = config.get("MODEL_ARGS") or {}
+    for flag, _, kind, reason in _BLOCKERS:
+        if flag == "--fim-data" and data_path:
+            continue
+        if _on(args, flag):
+            return Unsupported(name, kind, reason)
+    backend = str(args.get("--attention-backend") or "").strip()
+    if backend in _GPU_ATTENTION:
+        return Unsupported(
+            name, "gpu-only", f"--attention-backend {backend}: {_GPU_ATTENTION[backend]}; the proxy runs unfused"
+        )
+    return None
+
+
+# --- the layout --------------------------------------------------------------------------------
+
+
+def _chunks_per_stage(args: dict, layers: int, pp: int) -> int:
+    """Model chunks per pipeline stage (the virtual pipeline), from either of its two spellings."""
+    if _on(args, "--num-virtual-stages-per-pipeline-rank"):
+        return _int(args, "--num-virtual-stages-per-pipeline-rank", 1)
+    per = _int(args, "--num-layers-per-virtual-pipeline-stage", 0)
+    if per:
+        if layers % (per * pp):
+            raise BadInput(
+                f"--num-layers {layers} is not a multiple of --num-layers-per-virtual-pipeline-stage {per} × pp {pp}"
+            )
+        return layers // (per * pp)
+    return 1
+
+
+def layout(args: dict) -> tuple[Layout, list[str]]:
+    """The case's layout at the fewest ranks that still exercise it, and why dp is what it is.
+
+    dp: 1, unless the case shards across data-parallel ranks (the distributed optimizer, its
+    instances, Megatron FSDP, torch FSDP2) — then 2 — and raised to what expert parallelism needs:
+    tp·cp·dp must be a multiple of etp·ep (megatron's expert groups are carved from the same ranks)."""
+    tp = _int(args, "--tensor-model-parallel-size", 1)
+    pp = _int(args, "--pipeline-model-parallel-size", 1)
+    cp = _int(args, "--context-parallel-size", 1)
+    # Expert layouts matter only where there are experts (megatron's etp defaults to tp).
+    moe = _on(args, "--num-experts")
+    ep = _int(args, "--expert-model-parallel-size", 1) if moe else 1
+    etp = _int(args, "--expert-tensor-parallel-size", tp) if moe else 1
+    layers = _int(args, "--num-layers", 1)
+    vp = _chunks_per_stage(args, layers, pp)
+    why: list[str] = []
+    dp = 1
+    instances = _int(args, "--num-distributed-optimizer-instances", 1)
+    if _on(args, "--use-distributed-optimizer") or _on(args, "--use-megatron-fsdp") or _on(args, "--use-torch-fsdp2"):
+        dp = max(2, instances)
+        why.append(f"dp{dp}: the case shards optimizer state or parameters across data-parallel ranks")
+    if ep * etp > 1:
+        need = ep * etp
+        while (tp * cp * dp) % need:
+            dp += 1
+        if dp > 1:
+            why.append(f"dp{dp}: expert parallelism ep{ep}×etp{etp} is carved from tp·cp·dp ranks")
+    return Layout(tp, pp, vp, cp, ep, etp, dp, _on(args, "--sequence-parallel")), why
+
+
+# --- the shrink rule ---------------------------------------------------------------------------
+
+
+def shrink(args: dict, lay: Layout) -> tuple[dict[str, Any], list[str]]:
+    """The proxy's overrides for one case: widths to PROXY_WIDTHS, depth divided by the greatest
+    common divisor of every layer count the layout fixes (total, per chunk, uneven first and last
+    stage), then multiplied up to at least MIN_LAYERS, so the pipeline structure is the case's.
+    Batch: micro-batch 2, and at least pp micro-batches per step (2·pp with a virtual pipeline, so
+    the interleaved schedule has work for every chunk)."""
+    notes: list[str] = []
+    out: dict[str, Any] = dict(PROXY_WIDTHS)
+    out.update({k: v for k, v in PROXY_OPTIONAL_WIDTHS.items() if _on(args, k)})
+    heads = PROXY_WIDTHS["--num-attention-heads"]
+    if _on(args, "--num-query-groups"):
+        groups = _int(args, "--num-query-groups", 1)
+        # Keep grouped-query attention grouped (fewer groups than heads) and divisible by tp.
+        out["--num-query-groups"] = max(lay.tp, min(groups, heads // 2))
+    if lay.tp > heads:
+        out["--num-attention-heads"] = lay.tp
+        notes.append(f"{lay.tp} attention heads: one per tensor-parallel rank")
+
+    layers = _int(args, "--num-layers", 1)
+    first = _int(args, "--decoder-first-pipeline-num-layers", 0)
+    last = _int(args, "--decoder-last-pipeline-num-layers", 0)
+    # With --account-for-{embedding,loss}-in-pipeline-split the embedding and the loss each take a
+    # layer's place in the split: the structure is over layers plus those.
+    extra = sum(_on(args, f"--account-for-{part}-in-pipeline-split") for part in ("embedding", "loss"))
+    total = layers + extra
+    if first or last:
+        middle_stages = lay.pp - (1 if first else 0) - (1 if last else 0)
+        counts = [total, *(c for c in (first, last) if c)]
+        if middle_stages:
+            counts.append((layers - first - last) // middle_stages)
+    else:
+        counts = [total, total // (lay.pp * lay.vp) or 1]
+    g = math.gcd(*counts)
+    smallest = total // g
+    scale = max(1, math.ceil((MIN_LAYERS + extra) / smallest))
+    out["--num-layers"] = smallest * scale - extra
+    if first:
+        out["--decoder-first-pipeline-num-layers"] = first // g * scale
+    if last:
+        out["--decoder-last-pipeline-num-layers"] = last // g * scale
+    if _on(args, "--num-layers-per-virtual-pipeline-stage"):
+        out["--num-layers-per-virtual-pipeline-stage"] = out["--num-layers"] // (lay.pp * lay.vp)
+    if out["--num-layers"] != layers:
+        notes.append(f"{layers} → {out['--num-layers']} layers (the case's pipeline structure at its smallest scale)")
+
+    micro = out["--micro-batch-size"]
+    steps = max(4, lay.pp * (2 if lay.vp > 1 else 1))
+    out["--global-batch-size"] = micro * lay.dp * steps
+    if _on(args, "--rampup-batch-size"):
+        out["--rampup-batch-size"] = None
+        notes.append("--rampup-batch-size dropped: a few proxy iterations never leave the ramp")
+    for key in ("--fp16", "--bf16"):
+        if _on(args, key):
+            notes.append(f"{key} → fp32: the CPU has no half-precision GEMM kernels the case's numerics test")
+    return out, notes
+
+
+# --- what a case exercises ---------------------------------------------------------------------
+
+# Flag → the feature name the report and the reach selection use.
+_FEATURES = {
+    "--use-distributed-optimizer": "distributed-optimizer",
+    "--overlap-grad-reduce": "overlap-grad-reduce",
+    "--overlap-param-gather": "overlap-param-gather",
+    "--overlap-param-gather-with-optimizer-step": "overlap-optimizer-step",
+    "--num-distributed-optimizer-instances": "distributed-optimizer-instances",
+    "--sequence-parallel": "sequence-parallel",
+    "--swiglu": "swiglu",
+    "--squared-relu": "squared-relu",
+    "--untie-embeddings-and-output-weights": "untied-embeddings",
+    "--multi-latent-attention": "mla",
+    "--qk-layernorm": "qk-layernorm",
+    "--cross-entropy-loss-fusion": "cross-entropy-fusion",
+    "--calculate-per-token-loss": "per-token-loss",
+    "--decoupled-lr": "decoupled-lr",
+    "--defer-embedding-wgrad-compute": "deferred-wgrad",
+    "--rerun-mode": "reruns",
+    "--recompute-granularity": "recompute",
+    "--disable-bias-linear": "no-bias-linear",
+    "--rotary-interleaved": "rope-interleaved",
+    "--no-rope-fusion": "rope-unfused",
+    "--use-megatron-fsdp": "megatron-fsdp",
+    "--use-torch-fsdp2": "torch-fsdp2",
+    "--ddp-average-in-collective": "ddp-average-in-collective",
+    "--group-query-attention": "gqa",
+    "--num-experts": "moe",
+    "--async-save": "async-save",
+    "--no-create-attention-mask-in-dataloader": "no-dataloader-mask",
+    "--account-for-embedding-in-pipeline-split": "embedding-in-pipeline-split",
+    "--decoder-first-pipeline-num-layers": "uneven-pipeline",
+    "--use-tp-pp-dp-mapping": "tp-pp-dp-mapping",
+    "--hierarchical-context-parallel-sizes": "hierarchical-cp",
+}
+
+
+def features(args: dict, lay: Layout, test_type: str) -> tuple[str, ...]:
+    found = {name for flag, name in _FEATURES.items() if _on(args, flag)}
+    pos = str(args.get("--position-embedding-type") or "").strip()
+    if pos:
+        found.add(f"position-{pos}")
+    found |= {n for n, on in (("virtual-pipeline", lay.vp > 1), ("context-parallel", lay.cp > 1)) if on}
+    found |= {n for n, on in (("expert-parallel", lay.ep > 1), ("expert-tensor-parallel", lay.etp > 1)) if on}
+    if test_type in ("ckpt-resume", "frozen-resume", "checkpoint-consistency"):
+        found.add("resume")
+    return tuple(sorted(found))
+
+
+# --- the plan ----------------------------------------------------------------------------------
+
+
+def _fewest_dp(lay: Layout) -> Layout:
+    """``lay`` with the smallest dp that expert parallelism still allows."""
+    dp = 1
+    while (lay.tp * lay.cp * dp) % (lay.ep * lay.etp):
+        dp += 1
+    return replace(lay, dp=dp)
+
+
+def plan_case(name: str, config: dict, *, data_path: bool = False, max_ranks: int = MAX_RANKS) -> Plan:
+    """The case as the proxy runs it, or the one reason it cannot."""
+    stop = blocker(name, config, data_path=data_path)
+    if stop:
+        return stop
+    args = config.get("MODEL_ARGS") or {}
+    if not args:
+        return Unsupported(name, "not-training", "its MODEL_ARGS is empty: no training command to run")
+    try:
+        lay, why_dp = layout(args)
+    except BadInput as e:
+        return Unsupported(name, "not-on-proxy", f"its layout does not parse: {e}")
+    if lay.world > max_ranks and lay.dp > 1:
+        # The data-parallel ranks were added to shard; a case that cannot afford them still runs its
+        # layout with the optimizer unsharded over one data-parallel rank (said in the notes).
+        fewer = _fewest_dp(lay)
+        if fewer.world <= max_ranks:
+            why_dp = [f"dp{fewer.dp}: dp{lay.dp} would need {lay.world} ranks, over the proxy's {max_ranks}"]
+            lay = fewer
+    if lay.world > max_ranks:
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            f"needs {lay.world} ranks ({lay.describe()}); the proxy runs at most {max_ranks} on one machine",
+        )
+    overrides, notes = shrink(args, lay)
+    test_type = str(config.get("TEST_TYPE") or "regular").split("#")[0].strip()
+    notes = [*why_dp, *notes]
+    if test_type == "frozen-resume":
+        notes.append("resumes from its own checkpoint: upstream's frozen checkpoint is not published")
+    if any(k.startswith("MODEL_ARGS_") for k in config):
+        notes.append("runs MODEL_ARGS only: the later MODEL_ARGS_N runs reshard across other GPU counts")
+    te = str(args.get("--transformer-impl") or "transformer_engine") == "transformer_engine"
+    return CasePlan(
+        case=name,
+        test_type=test_type,
+        layout=lay,
+        case_args=dict(args),
+        args=overrides,
+        # Every case gets verify's own round trip; upstream's ckpt-resume cases are the ones that ask for it.
+        resume=True,
+        te=te,
+        features=features(args, lay, test_type),
+        notes=tuple(notes),
+    )
+
+
+def plan_tree(tree: Path, *, data_path: bool = False, max_ranks: int = MAX_RANKS) -> dict[str, Plan]:
+    """Every GPT case of the tree, planned."""
+    out: dict[str, Plan] = {}
+    for name in training_cases(tree):
+        try:
+            config = load_config(tree, name)
+        except BadInput as e:
+            out[name] = Unsupported(name, "not-on-proxy", str(e))
+            continue
+        out[name] = plan_case(name, config, data_path=data_path, max_ranks=max_ranks)
+    return out
+
+
+@dataclass
+class PlanSummary:
+    """Counts for a tree's plans: runnable, and unsupported by kind."""
+
+    runnable: list[str] = field(default_factory=list)
+    unsupported: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, plans: dict[str, Plan]) -> PlanSummary:
+        out = cls()
+        for name, plan in plans.items():
+            if isinstance(plan, CasePlan):
+                out.runnable.append(name)
+            else:
+                out.unsupported.setdefault(plan.kind, []).append(name)
+        return out

@@ -1,0 +1,223 @@
+"""Upstream's GPT cases planned for the CPU proxy (rocmport/verify/stages/case_plan.py): every case a plan or
+one specific reason; the shrink rule keeps each case's pipeline structure; the ranks follow the case."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+
+import pytest
+import yaml
+
+from rocmport.verify.stages import case_plan as cp
+
+BASE = {
+    "--num-layers": 12,
+    "--hidden-size": 512,
+    "--num-attention-heads": 8,
+    "--seq-length": 1024,
+    "--max-position-embeddings": 1024,
+    "--micro-batch-size": 4,
+    "--global-batch-size": 32,
+    "--transformer-impl": "transformer_engine",
+    "--tensor-model-parallel-size": 2,
+    "--pipeline-model-parallel-size": 2,
+}
+
+
+def case(**extra) -> dict:
+    args = {**BASE, **{k: v for k, v in extra.items() if k.startswith("--")}}
+    out = {"MODEL_ARGS": {k: v for k, v in args.items() if v is not None}, "TEST_TYPE": "regular"}
+    out.update({k: v for k, v in extra.items() if not k.startswith("--")})
+    return out
+
+
+def runnable(config: dict, name: str = "c") -> cp.CasePlan:
+    p = cp.plan_case(name, config)
+    assert isinstance(p, cp.CasePlan), p
+    return p
+
+
+def stages_of(p: cp.CasePlan) -> list[int]:
+    """Layers per pipeline stage (the embedding and loss counted where the case accounts for them)
+    as megatron would split the planned arguments."""
+    a, pp = {**p.case_args, **p.args}, p.layout.pp
+    extra = sum(bool(a.get(f"--account-for-{x}-in-pipeline-split")) for x in ("embedding", "loss"))
+    layers = a["--num-layers"] + extra
+    first = a.get("--decoder-first-pipeline-num-layers")
+    last = a.get("--decoder-last-pipeline-num-layers")
+    if not (first or last):
+        assert layers % (pp * p.layout.vp) == 0, (layers, pp, p.layout.vp)
+        return [layers // pp] * pp
+    middle = pp - (1 if first else 0) - (1 if last else 0)
+    rest = layers - (first or 0) - (last or 0)
+    assert middle == 0 or rest % middle == 0
+    per = rest // middle if middle else 0
+    return ([first] if first else []) + [per] * middle + ([last] if last else [])
+
+
+def test_the_default_case_keeps_todays_proxy_size():
+    p = runnable(case())
+    assert p.layout == cp.Layout(tp=2, pp=2, dp=1)
+    assert p.layout.world == 4
+    assert p.args["--num-layers"] == 4 and p.args["--hidden-size"] == 64
+    assert p.args["--global-batch-size"] == 8  # micro 2 × dp 1 × 4 micro-batches, as the stage had it
+
+
+def test_uneven_first_and_last_stages_keep_a_layer_for_every_middle_stage():
+    # The proxy's old fixed 4 layers left the two middle stages of pp4 with none ("0 middle layers
+    # remaining but 2 middle PP stages available"): the plan keeps the case's structure instead.
+    p = runnable(
+        case(
+            **{
+                "--tensor-model-parallel-size": 1,
+                "--pipeline-model-parallel-size": 4,
+                "--decoder-first-pipeline-num-layers": 2,
+                "--decoder-last-pipeline-num-layers": 2,
+            }
+        )
+    )
+    per_stage = stages_of(p)
+    assert len(per_stage) == 4 and min(per_stage) >= 1, per_stage
+    assert per_stage == [1, 2, 2, 1]  # 2:4:4:2 at its smallest scale
+    assert p.layout.world == 4
+
+
+def test_virtual_pipeline_keeps_its_chunks_per_stage():
+    p = runnable(
+        case(
+            **{
+                "--tensor-model-parallel-size": 1,
+                "--pipeline-model-parallel-size": 4,
+                "--num-layers-per-virtual-pipeline-stage": 1,
+            }
+        )
+    )
+    assert p.layout.vp == 3  # 12 layers / (4 stages × 1 layer per chunk)
+    assert p.args["--num-layers"] == 12 and p.args["--num-layers-per-virtual-pipeline-stage"] == 1
+    # The interleaved schedule gets 2 × pp micro-batches, every chunk has work.
+    assert p.args["--global-batch-size"] // p.args["--micro-batch-size"] == 8
+    assert "virtual-pipeline" in p.features
+
+
+def test_the_distributed_optimizer_gets_two_data_parallel_ranks_to_shard_over():
+    p = runnable(case(**{"--use-distributed-optimizer": True, "--overlap-param-gather": True}))
+    assert p.layout.dp == 2 and p.layout.world == 8
+    assert {"distributed-optimizer", "overlap-param-gather"} <= set(p.features)
+    assert any("shards" in n for n in p.notes)
+
+
+def test_a_layout_over_the_proxys_ranks_drops_the_extra_data_parallel_rank_first():
+    p = runnable(
+        case(
+            **{
+                "--tensor-model-parallel-size": 4,
+                "--pipeline-model-parallel-size": 2,
+                "--use-distributed-optimizer": True,
+            }
+        )
+    )
+    assert p.layout.dp == 1 and p.layout.world == 8
+    assert any("dp2 would need 16 ranks" in n for n in p.notes), p.notes
+
+
+def test_a_layout_that_needs_more_than_eight_ranks_is_unsupported_naming_them():
+    p = cp.plan_case("c", case(**{"--tensor-model-parallel-size": 4, "--pipeline-model-parallel-size": 4}))
+    assert isinstance(p, cp.Unsupported) and p.kind == "not-on-proxy"
+    assert "needs 16 ranks" in p.reason and "at most 8" in p.reason
+
+
+def test_expert_parallelism_raises_data_parallel_to_what_the_expert_groups_need():
+    p = runnable(
+        case(
+            **{
+                "--tensor-model-parallel-size": 1,
+                "--pipeline-model-parallel-size": 1,
+                "--num-experts": 8,
+                "--expert-model-parallel-size": 4,
+                "--expert-tensor-parallel-size": 1,
+            }
+        )
+    )
+    assert p.layout.ep == 4 and p.layout.dp == 4 and p.layout.world == 4
+    assert "expert-parallel" in p.features and "moe" in p.features
+
+
+def test_expert_tensor_parallel_is_ignored_where_the_case_has_no_experts():
+    p = runnable(case())
+    assert p.layout.etp == 1 and "expert-tensor-parallel" not in p.features
+
+
+@pytest.mark.parametrize(
+    "extra, kind, words",
+    [
+        ({"--tp-comm-overlap": True}, "gpu-only", "userbuffers"),
+        ({"--attention-backend": "flash", "--context-parallel-size": 2}, "gpu-only", "flash-attn"),
+        ({"--attention-backend": "fused"}, "gpu-only", "cuDNN"),
+        ({"--fp8-format": "hybrid"}, "not-on-proxy", "fp8_gemm"),
+        ({"--experimental-attention-variant": "gated_delta_net"}, "not-on-proxy", "flash-linear-attention"),
+        ({"--export-kd-teacher-load": "/x"}, "needs-nvidia-only", "nvidia-modelopt"),
+        ({"TEST_TYPE": "frozen-start"}, "not-on-proxy", "stored checkpoint"),
+        ({"MODE": "inference"}, "not-training", "MODE inference"),
+    ],
+)
+def test_each_unsupported_case_names_what_the_proxy_lacks(extra, kind, words):
+    p = cp.plan_case("c", case(**extra))
+    assert isinstance(p, cp.Unsupported), p
+    assert p.kind == kind and words in p.reason, p
+
+
+def test_unfused_attention_and_context_parallel_alone_are_planned():
+    p = runnable(case(**{"--attention-backend": "unfused"}))
+    assert p.layout.world == 4
+
+
+def test_a_repeated_flag_takes_its_last_value_as_upstreams_runner_does(tmp_path):
+    d = tmp_path / cp.CASES / "dup"
+    d.mkdir(parents=True)
+    text = yaml.safe_dump(case()).replace(
+        "MODEL_ARGS:\n", "MODEL_ARGS:\n  --pipeline-model-parallel-size: 4\n", 1
+    )  # first 4, then the mapping's own 2: the last one wins
+    (d / "model_config.yaml").write_text(text)
+    plans = cp.plan_tree(tmp_path)
+    assert isinstance(plans["dup"], cp.CasePlan) and plans["dup"].layout.pp == 2
+
+
+def test_a_case_file_that_is_not_yaml_is_planned_as_unsupported_naming_the_file(tmp_path):
+    d = tmp_path / cp.CASES / "broken"
+    d.mkdir(parents=True)
+    (d / "model_config.yaml").write_text("MODEL_ARGS: [unclosed\n")
+    plans = cp.plan_tree(tmp_path)
+    assert isinstance(plans["broken"], cp.Unsupported)
+    assert "broken/model_config.yaml" in plans["broken"].reason
+
+
+# --- every line's own cases (the mirror) --------------------------------------------------------
+
+MIRROR = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
+LINES = ["core_v0.15.3", "core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.0", "main"]
+
+
+@pytest.mark.mirror
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a Megatron-LM mirror")
+@pytest.mark.parametrize("ref", LINES)
+def test_every_case_of_every_line_is_a_plan_or_a_specific_reason(ref, tmp_path):
+    archive = tmp_path / "cases.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", ref, str(cp.CASES)], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tree", filter="data")
+    plans = cp.plan_tree(tmp_path / "tree")
+    assert len(plans) > 100, len(plans)
+    summary = cp.PlanSummary.of(plans)
+    for name, p in plans.items():
+        if isinstance(p, cp.Unsupported):
+            assert "not valid YAML" not in p.reason and "does not parse" not in p.reason, (name, p.reason)
+            continue
+        assert p.layout.world <= cp.MAX_RANKS, (name, p.layout)
+        assert min(stages_of(p)) >= 1, (name, p.args)
+        assert p.args["--hidden-size"] == 64
+    # Most of upstream's GPT training cases run on the proxy; the rest each have their reason.
+    training = len(plans) - len(summary.unsupported.get("not-training", []))
+    assert len(summary.runnable) >= 0.6 * training, (len(summary.runnable), training)
