@@ -154,7 +154,7 @@ def test_the_summary_line_and_the_time_saved_come_from_the_recorded_full_run(tmp
 
 
 def test_an_empty_selection_skips_the_stage_rather_than_run_the_whole_tree(tmp_path):
-    from rocmport.verify.orchestration.run import unit_options
+    from rocmport.verify.stages.unit_tests.stage import unit_options
 
     tree, a, b = tree_with_hop(tmp_path / "up")
     (tree / "tests/unit_tests/test_basic.py").unlink()  # the smoke set's one file here
