@@ -433,7 +433,7 @@ def a_v019_report():
     from rocmport.verify.orchestration.launcher import Launcher
     from rocmport.verify.analyses.port_sites import Coverage
     from rocmport.verify.orchestration.result import ReportEnv, VerifyReport
-    from rocmport.verify.stages.unit_tests.runner import UnitTestsRun
+    from rocmport.verify.stages.unit_tests.results import UnitTestsRun
 
     hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
     labels = {

@@ -16,7 +16,7 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.inputs import read_json
 from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
 from rocmport.verify.stages.gpt_training import StageResult
-from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun, UnitTestsStopped
+from rocmport.verify.stages.unit_tests.results import BLOCKING, UnitTestsRun, UnitTestsStopped
 
 if TYPE_CHECKING:
     from rocmport.verify.orchestration.result import VerifyReport

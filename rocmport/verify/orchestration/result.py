@@ -15,7 +15,7 @@ from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.orchestration import registry
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 from rocmport.verify.orchestration.te_layer import TELayer
-from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun
+from rocmport.verify.stages.unit_tests.results import BLOCKING, UnitTestsRun
 from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
 
 Data = TypeVar("Data")

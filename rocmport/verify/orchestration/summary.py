@@ -9,7 +9,7 @@ from rocmport.verify.stages import bridge
 from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
 from rocmport.verify.orchestration.result import VerifyReport, unit_blocking, verdict
 from rocmport.verify.stages.gpt_training import FAIL
-from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun
+from rocmport.verify.stages.unit_tests.results import BLOCKING, UnitTestsRun
 
 __all__ = ["WHY_IT_BLOCKS", "blocking_lines", "coverage_lines", "folded_line", "verdict"]
 

@@ -867,7 +867,7 @@ CLI_OPTIONS = (
 
 
 class FunctionalStage(Stage[FunctionalOptions]):
-    name = "functional"
+    name = NAME
     summary = (
         "upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data), a checkpoint saved half way and "
         "resumed with equal losses, and this device kind's golden"

@@ -4,30 +4,56 @@ and on the unported baseline (runner), each failure labelled, and the full suite
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from rocmport.gitutil import run_git
+from rocmport.machine.cpu_meter import task_limit, task_limit_phrase
+from rocmport.verify.orchestration.launcher import Launcher
+
+from collections.abc import Mapping
 
 import click
 
 from rocmport import output
 from rocmport.errors import BadInput
-from rocmport.gitutil import run_git
 from rocmport.inputs import has_control
 from rocmport.nvidia_only import blocked
 from rocmport.port import worktree as wt
 from rocmport.verify.analyses import impact
 from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.sizes import SIZE
-from rocmport.verify.orchestration.stage_result import PASS, StageResult, tree_lacks
-from rocmport.verify.stages.unit_tests import suite
-from rocmport.verify.stages.unit_tests.runner import UnitTestsRun, config_args, pytest_command, stage_unit_tests
+from rocmport.verify.orchestration.stage_result import (
+    FAIL,
+    PASS,
+    SKIPPED,
+    UNSUPPORTED,
+    StageResult,
+    skipped,
+    tree_lacks,
+)
+from rocmport.verify.stages.unit_tests import NAME, suite
+from rocmport.verify.stages.unit_tests.baseline import baseline
+from rocmport.verify.stages.unit_tests.command import _file
+from rocmport.verify.stages.unit_tests.labels import _missing_ordinary, _on_baseline, label
+from rocmport.verify.stages.unit_tests.results import (
+    BLOCKING,
+    FileRun,
+    LABELS,
+    RESTARTS_PER_FILE,
+    SuiteRun,
+    UnitBaseline,
+    UnitTestsRun,
+    UnitTestsStopped,
+    _counts,
+    _share_phrase,
+)
+from rocmport.verify.stages.unit_tests.runner import Progress, rerun_alone, run_tests
+from rocmport.verify.stages.unit_tests.command import config_args, pytest_command
 
 if TYPE_CHECKING:
     from rocmport.verify.analyses.impact import Selection
-
-NAME = "unit-tests"
 
 
 @dataclass(frozen=True)
@@ -272,3 +298,178 @@ def check_unit_test(tree: Path, test: str) -> None:
         raise BadInput(f"--unit-test {test[:120]}: not in {tree / 'tests/unit_tests'} (it leads to {target}); {hint}")
     if not target.exists():
         raise BadInput(f"--unit-test {test[:120]}: no such file or directory in {tree}; {hint}")
+
+
+def stage_unit_tests(
+    tree: Path,
+    env: dict,
+    tests: list[str],
+    nproc: int,
+    known: dict[str, str],
+    cache_dir: Path,
+    base: str | None,
+    launcher: Launcher = Launcher(),
+    blocked: tuple[str, ...] = (),
+    progress: Progress | None = None,
+    reasons: dict[str, str] | None = None,
+    known_skipped: dict[str, str] | None = None,
+    restarts: int = RESTARTS_PER_FILE,
+) -> StageResult:
+    start = time.monotonic()
+    if not launcher.runs_stage(single_node=True):
+        return StageResult(NAME, SKIPPED, "upstream's unit tests run on one node, like upstream CI: node 0 runs them")
+    if not (tree / "tests" / "unit_tests").is_dir():
+        return skipped(NAME, tree_lacks("tests/unit_tests"))
+    absent = [t for t in tests if not (tree / _file(t)).exists()]
+    if absent:
+        return StageResult(
+            NAME,
+            FAIL,
+            f"not in the tree: {', '.join(absent)}; fix --unit-test or the series' verify.unit_tests",
+        )
+    files = suite.test_files(tree, tests)
+    need = suite.missing_dependencies(tree, files, blocked)
+    if need:
+        return StageResult(
+            NAME,
+            FAIL,
+            f"the selected test files need {', '.join(sorted(need))}, which this Python lacks: "
+            f"`{suite.pip_command(need)}`",
+            time.monotonic() - start,
+            UnitTestsStopped(tests, missing_dependencies=need),
+        )
+    say = (lambda line: progress(f"port {line}")) if progress else None
+    port = run_tests(tree, tests, env, nproc, launcher, restarts=restarts, progress=say)
+    if port.unsupported:
+        return StageResult(NAME, UNSUPPORTED, f"proxy shim hook missing: {port.unsupported}", time.monotonic() - start)
+    if not port.ranks:
+        return StageResult(
+            NAME,
+            FAIL,
+            f"pytest under torchrun produced no results (none of the {len(port.files)} selected "
+            f"files ran): {port.crash}",
+            time.monotonic() - start,
+            UnitTestsStopped(tests, files=port.files),
+        )
+    port.alone = rerun_alone(tree, sorted(set(port.hung)), env, nproc, launcher, say)
+    bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
+    base_result, cached = (
+        baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else (SuiteRun(), False)
+    )
+    labels, why = label(port, base_result, known, blocked)
+    # A file with tests that have no outcome is never counted as run: it is listed, with why, and fails the stage.
+    not_run = {f: a for f, a in port.files.items() if a.status == "not-run"}
+    for f, a in not_run.items():
+        labels[f], why[f] = "not-run", a.reason
+    by_label = _counts(labels, LABELS)
+    details = _details(tests, nproc, port, base_result, base, cached, labels, why, known, reasons, known_skipped)
+    summary = _summary(port, nproc, by_label, not_run, base, cached)
+    ran_out = task_limit_phrase(port.peak["threads"], nproc, task_limit()) if not_run else None
+    if ran_out:
+        summary += f"; {ran_out}"
+    lacking = {
+        str(_missing_ordinary(k, port, blocked)).split(".")[0] for k, v in labels.items() if v == "missing-dependency"
+    }
+    if lacking:
+        cmd = suite.pip_command({m: suite.PIP_NAMES.get(m, m.replace("_", "-")) for m in lacking})
+        summary += f"; missing dependencies: `{cmd}`"
+    status = FAIL if any(by_label[k] for k in BLOCKING) else PASS
+    return StageResult(NAME, status, summary, time.monotonic() - start, details)
+
+
+def _details(
+    tests: list[str],
+    nproc: int,
+    port: SuiteRun,
+    base_result: SuiteRun,
+    base: str | None,
+    cached: bool,
+    labels: dict[str, str],
+    why: dict[str, str],
+    known: dict[str, str],
+    reasons: dict[str, str] | None,
+    known_skipped: dict[str, str] | None,
+) -> UnitTestsRun:
+    """The stage's details (its entry in the report): the port's run, the labels, the baseline."""
+    details = UnitTestsRun(
+        tests=tests,
+        why={t: (reasons or {}).get(t, "") for t in tests},
+        nproc=nproc,
+        counts=_counts(port.outcomes),
+        outcomes=dict(sorted(port.outcomes.items())),
+        labels=labels,
+        label_reasons=why,
+        failures={k: port.details.get(k, "") for k in labels},
+        files=port.files,
+        restarts_per_file=port.restarts_per_file,
+        on_baseline={k: _on_baseline(k, base_result) for k in labels},
+        swaps=port.swaps,
+        hung=port.hung,
+        rerun_alone=port.alone,
+        local_spec_instead_of_te=port.local_spec,
+        restarts=port.restarts,
+        peak=port.peak,
+        deselected={
+            k: f"marked {m}: upstream's CI deselects it (tests/unit_tests/run_ci_test.sh, dev environment)"
+            for k, m in port.deselected.items()
+        },
+        baseline=UnitBaseline(
+            commit=base,
+            cached=cached,
+            counts=_counts(base_result.outcomes),
+            tests=sum("::" in k for k in base_result.outcomes),  # test ids (a module error hides them on the port)
+            guards=base_result.guards,
+            overlay=base_result.overlay,
+            peak=base_result.peak,
+        ),
+        known_failures=known,
+        known_failures_not_applied=known_skipped or {},
+        port_seconds=port.seconds,
+        file_seconds=port.file_seconds,
+        # no baseline (no base commit): None; cached: it took no time now
+        baseline_seconds=0.0 if cached else base_result.seconds if base else None,
+        slow=port.slow,
+        machine=port.machine,
+    )
+    return details
+
+
+def _summary(
+    port: SuiteRun, nproc: int, by_label: dict[str, int], not_run: dict[str, FileRun], base: str | None, cached: bool
+) -> str:
+    """The stage's reason: the counts by outcome and label, what did not run, the budget and the baseline."""
+    counts = _counts(port.outcomes)
+    machine = port.machine or {}
+    summary = (
+        f"{counts['passed']} passed, {counts['skipped']} skipped, {counts['failed'] + counts['error']} failed ("
+        + ", ".join(f"{by_label[k]} {k}" for k in LABELS if by_label[k] or k in ("port-regression", "upstream-known"))
+        + f") in {_files_phrase(port.files)} on {nproc} ranks; "
+        + ("not run: " + "; ".join(f"{f} ({a.reason})" for f, a in not_run.items()) + "; " if not_run else "")
+        + f"restart budget {port.restarts_per_file} per test file ({port.restarts} used); "
+        + (
+            f"{len(port.deselected)} deselected as upstream's CI does ({', '.join(sorted(set(port.deselected.values())))}); "
+            if port.deselected
+            else ""
+        )
+        + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
+        f"peak {port.peak['threads']} threads, {port.peak['rss_mb']:.0f} MB per rank"
+        + (
+            f"; {len(port.slow)} slow test(s) given more time, their ranks still computing after the "
+            f"{port.watchdog_seconds:g} s timeout"
+            if port.slow
+            else ""
+        )
+        + (
+            f"; this machine was overloaded: {_share_phrase(machine)}: hang and time-limit verdicts may be the machine's"
+            if machine.get("overloaded")
+            else ""
+        )
+    )
+    return summary
+
+
+def _files_phrase(files: dict[str, FileRun]) -> str:
+    """ "7 files", or "2 of 7 files" when some did not run (a file is counted only if it ran)."""
+    accounted = {f: a for f, a in files.items() if a.status != "not-collected"}
+    done = sum(a.status != "not-run" for a in accounted.values())
+    return f"{len(accounted)} files" if done == len(accounted) else f"{done} of {len(accounted)} files"
