@@ -13,7 +13,7 @@ from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM
 from rocmport.fsutil import atomic_write_text
 from rocmport.redact import redact
-from rocmport.verify import hip_sim, report, summary, te_layer
+from rocmport.verify import hip_sim, report, summary
 from rocmport.verify.launcher import KINDS
 from rocmport.verify.registry import STAGES
 from rocmport.verify.result import VerifyReport
@@ -48,7 +48,7 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         te = r.te
         if te:
             output.warn(
-                f"Transformer Engine {te.version}, {te.python_layer} ({te.source}): {te_layer.NOT_SIMULATED}; "
+                f"Transformer Engine {te.version}, {te.python_layer} ({te.source}): {te.note}; "
                 "its compiled kernels ran as CPU reference implementations."
             )
     e = r.env.machine
@@ -205,6 +205,13 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     "replaced by CPU reference implementations; none: Megatron's local spec.",
 )
 @click.option(
+    "--te-flavour",
+    type=click.Choice(["nvidia", "rocm"]),
+    default=None,
+    help="With --te: rocm (the default under the HIP simulation) applies the declared ROCm TE deltas to NVIDIA's "
+    "Python layer (docs/rocm-te-flavour.md); nvidia runs it as released (the default with --no-hip-sim).",
+)
+@click.option(
     "--moe/--no-moe",
     default=True,
     show_default=True,
@@ -278,6 +285,7 @@ def command(
     node_rank,
     rdzv_endpoint,
     te_spec,
+    te_flavour,
     moe,
     dry_run,
     as_json,
@@ -330,6 +338,7 @@ def command(
         hip_version=None if no_hip_sim else hip_version,
         stages_text=stages_text,
         te=te_spec,
+        te_flavour=te_flavour,
         moe=moe,
         hip_arch=hip_arch,
         since=since,

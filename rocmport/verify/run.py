@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -21,6 +22,7 @@ from rocmport.port import worktree as wt
 from rocmport.upstream.lock import load_lock
 from rocmport.machine import probe, python
 from rocmport.verify import environment, firewall, hip_sim, impact, port_sites, stages, suite, te_layer
+from rocmport.verify import te_flavour as te_flavours
 from rocmport.verify.contract import FunctionalOptions, Mode, UnitOptions, VerifyContext, VerifyOptions
 from rocmport.verify.gpt_worker import HEADS, LAYERS  # imports no torch at module level
 from rocmport.verify.launcher import Launcher
@@ -469,6 +471,7 @@ def prepare(
     hip_arch: str = hip_sim.DEFAULT_ARCH,
     since: str | None = None,
     impact_extra: tuple[str, ...] = (),
+    te_flavour: str | None = None,
 ) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
     the one place a run's options are checked (run_verify takes them as checked)."""
@@ -514,7 +517,17 @@ def prepare(
     )
     if why:
         skipped["unit-tests"] = why
+    flavour = te_flavours.parse(te_flavour, hip_version is not None)
+    if te_flavour is not None and te.strip() == "none":
+        raise BadInput("--te-flavour: it chooses the flavour of --te VERSION|auto; with --te none no TE runs")
     te_layer_ = te_for(te, series_dir, settings.cache_dir)
+    if te_layer_ is not None:
+        te_layer_ = replace(
+            te_layer_,
+            flavour=te_flavours.choose(
+                flavour, te_layer_.version, hip_arch if hip_version is not None else None, hip_version
+            ),
+        )
     functional, why = functional_options(
         path,
         series_dir,

@@ -3,9 +3,12 @@ into rocmport's cache, and run on the CPU proxy with only its compiled parts rep
 
 `--te VERSION|auto|none`: ``auto`` takes the newest release in the line's component-matrix range
 (``components.transformer_engine.versions`` in the series) that the index has as a pure-Python
-wheel; ``none`` keeps Megatron's local layer spec. The wheel (NVIDIA's Python layer: ROCm TE's
-sources cannot be had whole here, so ROCm TE's differences are not simulated, and the report says
-so) is verified by its sha256, unpacked under the cache (``<cache>/te/<version>/``) and put on the
+wheel; ``none`` keeps Megatron's local layer spec. ``auto`` on a tree whose line verify cannot
+place (no series) is refused: it would pick a release no line admits. The wheel (NVIDIA's Python
+layer: ROCm TE's sources cannot be had whole here) runs as the run's TE flavour says
+(``te_flavour``: ``rocm``, NVIDIA's layer plus the declared ROCm TE deltas, the default under the HIP
+simulation; ``nvidia``, as released, where the report says ROCm TE differences are not simulated)
+and is verified by its sha256, unpacked under the cache (``<cache>/te/<version>/``) and put on the
 started processes' path: nothing is installed into the user's environment.
 
 In those processes ``install()`` (called by verify's bootstrap when ``ROCMPORT_TE`` is set) skips
@@ -28,6 +31,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rocmport.errors import BadInput
+from rocmport.verify.te_flavour import TEFlavour
 
 DISTRIBUTION = "transformer-engine"
 MODULES = ("transformer_engine", "transformer_engine_torch")
@@ -52,16 +56,22 @@ class TELayer:
     path: Path  # the unpacked wheel: transformer_engine/ and its .dist-info
     python_layer: str
     source: str
+    flavour: TEFlavour = TEFlavour("nvidia")
+
+    @property
+    def note(self) -> str:
+        return NOT_SIMULATED if self.flavour.name == "nvidia" else self.flavour.describe()
 
     def describe(self) -> str:
-        return f"TE {self.version}, {self.python_layer}: {NOT_SIMULATED}"
+        return f"TE {self.version}, {self.python_layer}: {self.note}"
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict:
         return {
             "version": self.version,
             "python_layer": self.python_layer,
             "source": self.source,
-            "note": NOT_SIMULATED,
+            "note": self.note,
+            "flavour": self.flavour.to_dict(),
         }
 
 
@@ -90,6 +100,11 @@ def choose(spec: str, line_range: str | None, wheels: list[WheelFile]) -> WheelF
     if spec == "none":
         return None
     if spec == "auto":
+        if line_range is None:
+            raise BadInput(
+                "--te auto: verify cannot place this tree in a release line (no series: a tree `rocmport apply` "
+                f"did not make), so it has no Transformer Engine range to choose from; pass --te VERSION (the index has: {have})"
+            )
         try:
             allowed = SpecifierSet(line_range or "")
         except InvalidSpecifier:
@@ -165,8 +180,8 @@ def unblocked(blocked: tuple[str, ...] | list[str]) -> list[str]:
     return [m for m in blocked if m not in MODULES]
 
 
-def child_env(layer: TELayer) -> dict[str, str]:
-    return {ENV: layer.version, "ROCMPORT_TE_PATH": str(layer.path)}
+def child_env(layer: TELayer) -> dict[str, str | None]:
+    return {ENV: layer.version, "ROCMPORT_TE_PATH": str(layer.path), **layer.flavour.env()}
 
 
 # ---- in the started processes ----
@@ -229,3 +244,6 @@ def install() -> None:
     if path and path not in sys.path:
         sys.path.insert(0, path)
     sys.meta_path.insert(0, _PatchCommon())
+    from rocmport.verify import te_rocm
+
+    te_rocm.install()  # the rocm flavour's deltas (nothing under nvidia)
