@@ -212,6 +212,20 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     "Python layer (docs/rocm-te-flavour.md); nvidia runs it as released (the default with --no-hip-sim).",
 )
 @click.option(
+    "--fp8-recipe",
+    type=click.Choice(["delayed", "tensorwise", "mxfp8", "blockwise"]),
+    default=None,
+    help="With --te: stage 2 trains in FP8 with this recipe (Megatron's --fp8-recipe), through the port's argument "
+    "validation (a recipe the GPU cannot run is refused there); its layouts are compared within the FP8 bound.",
+)
+@click.option(
+    "--fp8-format",
+    type=click.Choice(["hybrid", "e4m3"]),
+    default="hybrid",
+    show_default=True,
+    help="With --fp8-recipe: Megatron's --fp8-format.",
+)
+@click.option(
     "--moe/--no-moe",
     default=True,
     show_default=True,
@@ -286,6 +300,8 @@ def command(
     rdzv_endpoint,
     te_spec,
     te_flavour,
+    fp8_recipe,
+    fp8_format,
     moe,
     dry_run,
     as_json,
@@ -339,6 +355,8 @@ def command(
         stages_text=stages_text,
         te=te_spec,
         te_flavour=te_flavour,
+        fp8_recipe=fp8_recipe,
+        fp8_format=fp8_format,
         moe=moe,
         hip_arch=hip_arch,
         since=since,

@@ -157,6 +157,10 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             )
         shut_out = tuple(te_layer.unblocked(shut_out))
         extra.update({"ROCMPORT_FIREWALL": ",".join(shut_out), **te_layer.child_env(opts.te)})
+        if opts.fp8:
+            extra["ROCMPORT_VERIFY_FP8"] = opts.fp8
+            if not hip_version:  # the CUDA control: a GPU NVIDIA's TE runs FP8 on (compute capability 9.0)
+                extra["ROCMPORT_CUDA_SIM_ARCH"] = "sm_90"
     if mode == "cpu-proxy":
         extra["ROCMPORT_PROXY"] = "1"
         if hip_version:
@@ -472,6 +476,8 @@ def prepare(
     since: str | None = None,
     impact_extra: tuple[str, ...] = (),
     te_flavour: str | None = None,
+    fp8_recipe: str | None = None,
+    fp8_format: str = "hybrid",
 ) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
     the one place a run's options are checked (run_verify takes them as checked)."""
@@ -520,6 +526,8 @@ def prepare(
     flavour = te_flavours.parse(te_flavour, hip_version is not None)
     if te_flavour is not None and te.strip() == "none":
         raise BadInput("--te-flavour: it chooses the flavour of --te VERSION|auto; with --te none no TE runs")
+    if fp8_recipe is not None and te.strip() == "none":
+        raise BadInput("--fp8-recipe: FP8 runs through Transformer Engine; pass --te VERSION|auto")
     te_layer_ = te_for(te, series_dir, settings.cache_dir)
     if te_layer_ is not None:
         te_layer_ = replace(
@@ -560,6 +568,7 @@ def prepare(
         skipped=skipped,
         te=te_layer_,
         moe=moe,
+        fp8=f"{fp8_format}:{fp8_recipe}" if fp8_recipe else None,
         pycache=settings.cache_dir / "pycache",
     )
 

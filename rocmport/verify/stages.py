@@ -29,6 +29,11 @@ EQUIVALENCE_TOL = {"gloo": 1e-5, "nccl": 1e-3}
 # between layouts, so after the first iteration (same weights, same tokens: as close as the dense
 # model) its losses are held to MOE_TOL, relative.
 MOE_EXPERTS, MOE_EP = 4, 2
+# Stage 2 with an FP8 recipe (verify --fp8-recipe): the tp×pp losses against tp1/pp1's, relative.
+# FP8 casts round differently when tensor parallelism splits a GEMM (its amax, hence its scale, is
+# per shard for activations; delayed scaling reduces amaxes over the group), so the layouts differ by
+# more than fp32's ulps: measured on the v0.16 port (see docs/rocm-te-flavour.md for the figures).
+FP8_TOL = 5e-2
 MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
 
 
@@ -516,7 +521,8 @@ def stage_training(
         if losses and len(losses) == len(ref_losses)
         else float("inf")
     )
-    tol = EQUIVALENCE_TOL.get(backend, 1e-3) * max([1.0, *(abs(x) for x in ref_losses)])
+    bound = FP8_TOL if env.get("ROCMPORT_VERIFY_FP8") else EQUIVALENCE_TOL.get(backend, 1e-3)
+    tol = bound * max([1.0, *(abs(x) for x in ref_losses)])
     training = Training(
         losses=losses,
         reference_losses=ref_losses,
