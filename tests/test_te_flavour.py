@@ -223,3 +223,30 @@ def test_gfx950_runs_mxfp8_only_with_the_variable_and_keeps_ocp_fp8(real_index):
     assert with_env["mxfp8"] == [True, ""]
     on_942 = _probe("2.12.0", "rocm", "gfx942", {"NVTE_ROCM_ENABLE_MXFP8": "1"})
     assert on_942["mxfp8"] == [False, "Device arch gfx95x or newer is required for MXFP8 execution."]
+
+
+def _admitted_versions() -> list[str]:
+    """Every TE release on the index that a Megatron-LM line's component matrix admits."""
+    from rocmport.patches.series import load_series
+
+    ranges = []
+    for series in sorted((REPO / "patchsets" / "megatron-lm").glob("*/series")):
+        te = load_series(series).rocm.components.get("transformer_engine")
+        ranges.append(SpecifierSet(str(te.versions)))
+    try:
+        wheels = te_layer.list_wheels()
+    except Exception as exc:  # noqa: BLE001 - no index here: nothing to parametrize over
+        pytest.skip(f"the package index: {exc}")
+    return [str(w.version) for w in wheels if any(r.contains(w.version, prereleases=True) for r in ranges)]
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+def test_every_release_a_line_admits_imports_under_both_flavours_with_the_extension_s_enum_in_sync(real_index):
+    versions = _admitted_versions()
+    assert "2.9.0" in versions and "2.17.1" in versions and "2.20.2" not in versions
+    for version in versions:
+        for flavour in ("nvidia", "rocm"):
+            seen = _probe(version, flavour, "gfx942")
+            assert {f"NVTE_{n}" for n in seen["fused_attn_backends"]} == set(seen["tex_backends"]), (version, flavour)
