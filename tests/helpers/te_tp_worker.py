@@ -28,6 +28,8 @@ def main() -> None:
 
     proxy_shim.install(megatron=False)
     proxy_shim.install_for_te()
+    if os.environ.get("ROCMPORT_CUDA_SIM_ARCH") and torch.version.cuda is None:
+        torch.version.cuda = "12.9"  # the simulated H100's toolkit (TE's block-scaling check reads it)
     torch.distributed.init_process_group("gloo")
     import transformer_engine.pytorch as te
 
