@@ -32,8 +32,10 @@ MOE_EXPERTS, MOE_EP = 4, 2
 # Stage 2 with an FP8 recipe (verify --fp8-recipe): the tp×pp losses against tp1/pp1's, relative.
 # FP8 casts round differently when tensor parallelism splits a GEMM (its amax, hence its scale, is
 # per shard for activations; delayed scaling reduces amaxes over the group), so the layouts differ by
-# more than fp32's ulps: measured on the v0.16 port (see docs/rocm-te-flavour.md for the figures).
-FP8_TOL = 5e-2
+# more than fp32's ulps. Measured on the v0.16 port, TE 2.12.0, tp2xpp2 against tp1/pp1 over 10
+# iterations: delayed (gfx942, FNUZ) max |Δ| 9.6e-4 at a loss of 4.87 (2.0e-4 relative), MXFP8
+# (gfx950, OCP) 1.4e-3 (2.9e-4); the bound is about 7 times the larger.
+FP8_TOL = 2e-3
 MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
 
 
