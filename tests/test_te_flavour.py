@@ -142,7 +142,7 @@ def test_the_fused_attention_rewrite_takes_both_forms_of_the_declaration():
 # ---- TE's real Python layer, imported under each flavour ----
 
 
-def _probe(version: str, flavour: str, arch: str | None, extra: dict[str, str] | None = None) -> dict:
+def _probe(tmp: Path, version: str, flavour: str, arch: str | None, extra: dict[str, str] | None = None) -> dict:
     pytest.importorskip("torch")
     try:
         te_layer.check_deps()
@@ -157,7 +157,7 @@ def _probe(version: str, flavour: str, arch: str | None, extra: dict[str, str] |
         layer.source,
         te_flavour.choose(flavour, version, arch, hip_version),
     )
-    boot = Path(os.environ.get("TMPDIR", "/tmp")) / f"rocmport-te-probe-{os.getpid()}"
+    boot = tmp / f"boot-{version}-{flavour}-{arch}-{len(extra or {})}"
     firewall.write_bootstrap(boot)
     env = {
         **os.environ,
@@ -189,9 +189,9 @@ def _probe(version: str, flavour: str, arch: str | None, extra: dict[str, str] |
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("version", ["2.12.0", "2.20.2"])
-def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(real_index, version):
-    rocm = _probe(version, "rocm", "gfx942")
-    nvidia = _probe(version, "nvidia", "gfx942")
+def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(tmp_path, real_index, version):
+    rocm = _probe(tmp_path, version, "rocm", "gfx942")
+    nvidia = _probe(tmp_path, version, "nvidia", "gfx942")
     assert rocm["version"] == f"{version}.dev0+rocm7.1" and nvidia["version"] == version
     assert rocm["fused_attn_backends"] == ["AOTriton", "CK", "No_Backend"]
     assert rocm["tex_backends"] == ["NVTE_AOTriton", "NVTE_CK", "NVTE_No_Backend"]
@@ -215,13 +215,13 @@ def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(real_index, ve
 @pytest.mark.network
 @pytest.mark.torch
 @pytest.mark.slow
-def test_gfx950_runs_mxfp8_only_with_the_variable_and_keeps_ocp_fp8(real_index):
-    without = _probe("2.12.0", "rocm", "gfx950")
+def test_gfx950_runs_mxfp8_only_with_the_variable_and_keeps_ocp_fp8(tmp_path, real_index):
+    without = _probe(tmp_path, "2.12.0", "rocm", "gfx950")
     assert without["mxfp8"] == [False, "MXFP8 support is not enabled."]
     assert without["e4m3_max"] == 448 and not without["fnuz"]
-    with_env = _probe("2.12.0", "rocm", "gfx950", {"NVTE_ROCM_ENABLE_MXFP8": "1"})
+    with_env = _probe(tmp_path, "2.12.0", "rocm", "gfx950", {"NVTE_ROCM_ENABLE_MXFP8": "1"})
     assert with_env["mxfp8"] == [True, ""]
-    on_942 = _probe("2.12.0", "rocm", "gfx942", {"NVTE_ROCM_ENABLE_MXFP8": "1"})
+    on_942 = _probe(tmp_path, "2.12.0", "rocm", "gfx942", {"NVTE_ROCM_ENABLE_MXFP8": "1"})
     assert on_942["mxfp8"] == [False, "Device arch gfx95x or newer is required for MXFP8 execution."]
 
 
@@ -243,10 +243,12 @@ def _admitted_versions() -> list[str]:
 @pytest.mark.network
 @pytest.mark.torch
 @pytest.mark.slow
-def test_every_release_a_line_admits_imports_under_both_flavours_with_the_extension_s_enum_in_sync(real_index):
+def test_every_release_a_line_admits_imports_under_both_flavours_with_the_extension_s_enum_in_sync(
+    tmp_path, real_index
+):
     versions = _admitted_versions()
     assert "2.9.0" in versions and "2.17.1" in versions and "2.20.2" not in versions
     for version in versions:
         for flavour in ("nvidia", "rocm"):
-            seen = _probe(version, flavour, "gfx942")
+            seen = _probe(tmp_path, version, flavour, "gfx942")
             assert {f"NVTE_{n}" for n in seen["fused_attn_backends"]} == set(seen["tex_backends"]), (version, flavour)
