@@ -15,7 +15,6 @@ from rocmport.fsutil import check_output_path, write_file
 from rocmport.redact import redact
 from rocmport.verify.orchestration import report
 from rocmport.verify.orchestration import summary
-from rocmport.verify.orchestration import te_layer
 from rocmport.verify.runtime import hip_sim
 from rocmport.verify.orchestration.launcher import KINDS
 from rocmport.verify.orchestration.registry import STAGES
@@ -48,7 +47,7 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         te = r.te
         if te:
             output.warn(
-                f"Transformer Engine {te.version}, {te.python_layer} ({te.source}): {te_layer.NOT_SIMULATED}; "
+                f"Transformer Engine {te.version}, {te.python_layer} ({te.source}): {te.note}; "
                 "its compiled kernels ran as CPU reference implementations."
             )
     e = r.env.machine
@@ -206,6 +205,27 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     "replaced by CPU reference implementations; none: Megatron's local spec.",
 )
 @click.option(
+    "--te-flavour",
+    type=click.Choice(["nvidia", "rocm"]),
+    default=None,
+    help="With --te: rocm (the default under the HIP simulation) applies the declared ROCm TE deltas to NVIDIA's "
+    "Python layer (docs/rocm-te-flavour.md); nvidia runs it as released (the default with --no-hip-sim).",
+)
+@click.option(
+    "--fp8-recipe",
+    type=click.Choice(["delayed", "tensorwise", "mxfp8", "blockwise"]),
+    default=None,
+    help="With --te: stage 2 trains in FP8 with this recipe (Megatron's --fp8-recipe), through the port's argument "
+    "validation (a recipe the GPU cannot run is refused there); its layouts are compared within the FP8 bound.",
+)
+@click.option(
+    "--fp8-format",
+    type=click.Choice(["hybrid", "e4m3"]),
+    default="hybrid",
+    show_default=True,
+    help="With --fp8-recipe: Megatron's --fp8-format.",
+)
+@click.option(
     "--moe/--no-moe",
     default=True,
     show_default=True,
@@ -287,6 +307,9 @@ def command(
     node_rank,
     rdzv_endpoint,
     te_spec,
+    te_flavour,
+    fp8_recipe,
+    fp8_format,
     moe,
     dry_run,
     as_json,
@@ -347,6 +370,9 @@ def command(
         hip_version=None if no_hip_sim else hip_version,
         stages_text=stages_text,
         te=te_spec,
+        te_flavour=te_flavour,
+        fp8_recipe=fp8_recipe,
+        fp8_format=fp8_format,
         moe=moe,
         hip_arch=hip_arch,
         since=since,

@@ -77,6 +77,7 @@ class VerifyOptions:
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
     moe: bool = True  # with TE: stage 2's MoE case too (--no-moe leaves it out)
+    fp8: str | None = None  # with TE: stage 2's FP8 case, "FORMAT:RECIPE" (--fp8-format/--fp8-recipe)
     pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
 
     @property

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +36,7 @@ from rocmport.verify.orchestration.registry import NAMES, STAGES
 from rocmport.verify.orchestration.result import ReportEnv, VerifyReport
 from rocmport.verify.stages.gpt_training import StageResult
 from rocmport.verify.orchestration.te_layer import TELayer
+from rocmport.verify.runtime import te_flavour as te_flavours
 from rocmport.upstreams import MEGATRON_BRIDGE, MEGATRON_LM
 
 # Re-exported: the options are part of the stage contract (contract.py); the stages' order is registry.py's.
@@ -178,6 +180,10 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             )
         shut_out = tuple(te_layer.unblocked(shut_out))
         extra.update({**protocol.FIREWALL.entry(tuple(shut_out)), **te_layer.child_env(opts.te)})
+        if opts.fp8:
+            extra.update(protocol.VERIFY_FP8.entry(opts.fp8))
+            if not hip_version:  # the CUDA control: a GPU NVIDIA's TE runs FP8 on (compute capability 9.0)
+                extra.update(protocol.CUDA_SIM_ARCH.entry("sm_90"))
     if mode == "cpu-proxy":
         extra.update(protocol.PROXY.entry(True))
         if hip_version:
@@ -490,6 +496,9 @@ def prepare(
     hip_arch: str = hip_sim.DEFAULT_ARCH,
     since: str | None = None,
     impact_extra: tuple[str, ...] = (),
+    te_flavour: str | None = None,
+    fp8_recipe: str | None = None,
+    fp8_format: str = "hybrid",
 ) -> VerifyOptions:
     """Check the trees and stage options for a run (or a --dry-run) of verify in project ``settings``:
     the one place a run's options are checked (run_verify takes them as checked)."""
@@ -535,7 +544,19 @@ def prepare(
     )
     if why:
         skipped["unit-tests"] = why
+    flavour = te_flavours.parse(te_flavour, hip_version is not None)
+    if te_flavour is not None and te.strip() == "none":
+        raise BadInput("--te-flavour: it chooses the flavour of --te VERSION|auto; with --te none no TE runs")
+    if fp8_recipe is not None and te.strip() == "none":
+        raise BadInput("--fp8-recipe: FP8 runs through Transformer Engine; pass --te VERSION|auto")
     te_layer_ = te_for(te, series_dir, settings.cache_dir)
+    if te_layer_ is not None:
+        te_layer_ = replace(
+            te_layer_,
+            flavour=te_flavours.choose(
+                flavour, te_layer_.version, hip_arch if hip_version is not None else None, hip_version
+            ),
+        )
     functional, why = functional_options(
         path,
         series_dir,
@@ -568,6 +589,7 @@ def prepare(
         skipped=skipped,
         te=te_layer_,
         moe=moe,
+        fp8=f"{fp8_format}:{fp8_recipe}" if fp8_recipe else None,
         pycache=settings.cache_dir / "pycache",
     )
 
