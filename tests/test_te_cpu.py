@@ -100,12 +100,12 @@ def test_gemm_output_dtype_and_bf16_inputs():
     torch.testing.assert_close(out.float(), x.float() @ w.float().t(), rtol=1e-2, atol=1e-2)
 
 
-def test_quantized_gemm_is_unsupported_in_proxy_naming_the_kernel():
-    class Float8Quantizer:
+def test_a_gemm_output_quantizer_without_a_cpu_cast_is_unsupported_naming_the_kernel():
+    class Float8BlockQuantizer:  # FP8 block scaling: no CPU cast (te_fp8 has per-tensor and MXFP8)
         pass
 
-    with pytest.raises(tex.UnsupportedInProxy, match=r"transformer_engine_torch\.generic_gemm"):
-        gemm(_gen(3, 4), True, _gen(6, 4), False, quantizer=Float8Quantizer())
+    with pytest.raises(tex.UnsupportedInProxy, match=r"transformer_engine_torch\.quantize .*Float8BlockQuantizer"):
+        gemm(_gen(3, 4), True, _gen(6, 4), False, quantizer=Float8BlockQuantizer())
 
 
 def test_a_kernel_without_a_cpu_implementation_fails_when_called_naming_itself():

@@ -13,7 +13,7 @@ from rocmport.config import DEFAULT_ITERS, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.fsutil import check_output_path, write_file
 from rocmport.redact import redact
-from rocmport.verify.orchestration import options, report, summary, te_layer
+from rocmport.verify.orchestration import options, report, summary
 from rocmport.verify.orchestration.result import VerifyReport
 from rocmport.verify.orchestration.run import check_sizes_from, launch_plan, prepare, run_verify
 from rocmport.verify.stages import functional, gpt_training
@@ -43,7 +43,7 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         te = r.te
         if te:
             output.warn(
-                f"Transformer Engine {te.version}, {te.python_layer} ({te.source}): {te_layer.NOT_SIMULATED}; "
+                f"Transformer Engine {te.version}, {te.python_layer} ({te.source}): {te.note}; "
                 "its compiled kernels ran as CPU reference implementations."
             )
     e = r.env.machine

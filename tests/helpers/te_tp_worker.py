@@ -4,7 +4,11 @@ each against the same computation in plain torch on the full weights (forward, i
 weight gradients). Rank 0 writes {module: max |diff|} as JSON; a kernel the proxy lacks is written
 as {"unsupported": message}.
 
-argv: OUT [fp8]"""
+With ``fp8[:RECIPE]`` (delayed, the default; current; mxfp8; block) the modules run under
+fp8_autocast with that recipe and each result is the worst difference relative to the reference's
+largest magnitude (FP8 rounds: E4M3 keeps 3 mantissa bits).
+
+argv: OUT [fp8[:RECIPE]]"""
 
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ import sys
 
 def main() -> None:
     out_path = sys.argv[1]
-    fp8 = len(sys.argv) > 2 and sys.argv[2] == "fp8"
+    fp8 = len(sys.argv) > 2 and sys.argv[2].startswith("fp8")
+    recipe_name = sys.argv[2].partition(":")[2] or "delayed" if fp8 else ""
     import torch
     import torch.nn.functional as F
 
@@ -23,6 +28,8 @@ def main() -> None:
 
     proxy_shim.install(megatron=False)
     proxy_shim.install_for_te()
+    if os.environ.get("ROCMPORT_CUDA_SIM_ARCH") and torch.version.cuda is None:
+        torch.version.cuda = "12.9"  # the simulated H100's toolkit (TE's block-scaling check reads it)
     torch.distributed.init_process_group("gloo")
     import transformer_engine.pytorch as te
 
@@ -39,21 +46,44 @@ def main() -> None:
         return t.chunk(tp, dim=dim)[rank].clone()
 
     def diff(a, b):
-        return float((a.detach().float() - b.detach().float()).abs().max())
+        d = float((a.detach().float() - b.detach().float()).abs().max())
+        return d / max(float(b.detach().float().abs().max()), 1e-12) if fp8 else d
 
-    hidden, ffn, tokens = 16, 32, 6
+    from transformer_engine.common import recipe as te_recipe
+
+    recipes = {
+        "delayed": lambda: te_recipe.DelayedScaling(fp8_format=te_recipe.Format.HYBRID, amax_history_len=4),
+        "current": lambda: te_recipe.Float8CurrentScaling(fp8_format=te_recipe.Format.HYBRID),
+        "mxfp8": lambda: te_recipe.MXFP8BlockScaling(),
+        "block": lambda: te_recipe.Float8BlockScaling(),
+    }
+    fp8_recipe = recipes[recipe_name]() if fp8 else None
+    results["recipe"] = recipe_name
+
+    hidden, ffn, tokens = (32, 64, 16) if fp8 else (16, 32, 6)  # FP8 GEMMs want multiples of 16 (MXFP8: 32)
     x_full = full(tokens, 2, hidden, seed=1)
     dy_seed = 2
 
     def run(name, module, params, reference, x_in=x_full, x_sharded=False):
         """module(x) vs reference(x, full params); gradients of x and of each (param, full, dim)."""
         x = x_in.clone().requires_grad_(True)
-        ctx = te.fp8_autocast(enabled=True) if fp8 else torch.enable_grad()
-        with ctx:
+
+        def ctx():
+            return te.fp8_autocast(enabled=True, fp8_recipe=fp8_recipe, fp8_group=group) if fp8 else torch.enable_grad()
+
+        with ctx():
             y = module(x)
         y = y[0] if isinstance(y, tuple) else y
         dy = full(*y.shape, seed=dy_seed)
         y.backward(dy)
+        if fp8:  # a second step: delayed scaling's scales now come from the first step's amaxes
+            for p, _, _ in params:
+                p.grad = None
+            x = x_in.clone().requires_grad_(True)
+            with ctx():
+                y = module(x)
+            y = y[0] if isinstance(y, tuple) else y
+            y.backward(dy)
         xr = x_in.clone().requires_grad_(True)
         fulls = [f.clone().requires_grad_(True) for _, f, _ in params]
         yr_full = reference(xr, *fulls)

@@ -20,10 +20,16 @@ from rocmport.codemods.runtime.core import is_hip
 # The FP8 recipes each AMD architecture can run with ROCm Transformer Engine: FP8 needs gfx94x/gfx95x
 # ("Device arch gfx94x or gfx95x required for FP8 execution", ROCm/TransformerEngine#359); gfx942 has
 # the FNUZ FP8 formats and no MX formats; MXFP8 is gfx95x only, behind NVTE_ROCM_ENABLE_MXFP8 (ROCm TE
-# README, "MXFP8 support on ROCm (gfx95x only)"). Where the installed TE has its own check, it decides too.
+# README, "MXFP8 support on ROCm (gfx95x only)"). FP8 block scaling runs on no AMD GPU: ROCm TE's
+# check_fp8_block_scaling_support() is False on HIP (quantization.py @030b7921, "FP8 block scaled gemm
+# not yet supported for ROCm"). Where the installed TE has its own check, it decides too.
 FP8_RECIPES_BY_ARCH = {
-    "gfx942": ("delayed", "tensorwise", "blockwise", "custom"),
-    "gfx950": ("delayed", "tensorwise", "blockwise", "custom", "mxfp8"),
+    "gfx942": ("delayed", "tensorwise", "custom"),
+    "gfx950": ("delayed", "tensorwise", "custom", "mxfp8"),
+}
+_WHY_NOT = {
+    "mxfp8": "MXFP8 needs gfx950; {arch} has the FNUZ FP8 formats",
+    "blockwise": "ROCm Transformer Engine has no FP8 block scaling on any AMD GPU",
 }
 _TE_FP8_CHECKS = {"mxfp8": "check_mxfp8_support", "blockwise": "check_fp8_block_scaling_support"}
 
@@ -71,7 +77,8 @@ def check_fp8_for_arch(args, environ=None):
         raise ValueError(f"{what}: {arch} cannot run FP8 (ROCm Transformer Engine runs FP8 on gfx942/gfx950 only); "
                          "train in bf16 (--bf16, without --fp8-format)")
     if recipe not in FP8_RECIPES_BY_ARCH[arch]:
-        raise ValueError(f"{what}: {arch} cannot run the {recipe} recipe (MXFP8 needs gfx950; {arch} has the FNUZ FP8 formats); "
+        why = _WHY_NOT.get(recipe, "not among {arch}'s FP8 recipes").format(arch=arch)
+        raise ValueError(f"{what}: {arch} cannot run the {recipe} recipe ({why}); "
                          f"use --fp8-recipe {' or '.join(r for r in FP8_RECIPES_BY_ARCH[arch] if r in ('delayed', 'tensorwise'))}")
     if recipe == "mxfp8":
         env = os.environ if environ is None else environ

@@ -63,6 +63,7 @@ class VerifyOptions:
     stages: tuple[str, ...] = ()  # the selected stages' names (prepare: every stage by default)
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
+    fp8: str | None = None  # with TE: stage 2's FP8 case, "FORMAT:RECIPE" (--fp8-format/--fp8-recipe)
     pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
     by_stage: dict[str, Any] = field(default_factory=dict)  # stage name -> its own checked options
 

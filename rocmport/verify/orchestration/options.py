@@ -1,5 +1,5 @@
 """verify's command-line options: the run's shared ones (the tree, the sizes, the backend, the HIP
-simulation, TE, the launcher), declared here, and each stage's own (its ``cli_options``), in the
+simulation, TE with its flavour and FP8, the launcher), declared here, and each stage's own (its ``cli_options``), in the
 order of `registry.STAGES`. `rocmport verify` adds them all; `run.prepare` checks them (a caller
 such as refresh names only some: the others take their defaults from here)."""
 
@@ -71,6 +71,29 @@ RUN_OPTIONS: tuple[click.Option, ...] = (
         help="CPU proxy: run upstream's Transformer Engine layer spec with TE's own Python layer of this release "
         "(auto: the newest in the line's component-matrix range on the package index), its compiled kernels "
         "replaced by CPU reference implementations; none: Megatron's local spec.",
+    ),
+    # TE's flavour and FP8 change every TE process of the run (its layer, the ranks' environment): the
+    # run's options, checked in run.prepare with --te.
+    click.Option(
+        ["--te-flavour"],
+        type=click.Choice(["nvidia", "rocm"]),
+        default=None,
+        help="With --te: rocm (the default under the HIP simulation) applies the declared ROCm TE deltas to NVIDIA's "
+        "Python layer (docs/rocm-te-flavour.md); nvidia runs it as released (the default with --no-hip-sim).",
+    ),
+    click.Option(
+        ["--fp8-recipe"],
+        type=click.Choice(["delayed", "tensorwise", "mxfp8", "blockwise"]),
+        default=None,
+        help="With --te: stage 2 trains in FP8 with this recipe (Megatron's --fp8-recipe), through the port's argument "
+        "validation (a recipe the GPU cannot run is refused there); its layouts are compared within the FP8 bound.",
+    ),
+    click.Option(
+        ["--fp8-format"],
+        type=click.Choice(["hybrid", "e4m3"]),
+        default="hybrid",
+        show_default=True,
+        help="With --fp8-recipe: Megatron's --fp8-format.",
     ),
     click.Option(
         ["--launcher", "launcher_kind"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 import tempfile
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -34,6 +35,7 @@ from rocmport.verify.orchestration.stage_result import FAIL, SKIPPED, StageResul
 from rocmport.verify.orchestration.te_layer import TELayer
 from rocmport.verify.stages.unit_tests import suite
 from rocmport.upstreams import MEGATRON_LM
+from rocmport.verify.runtime import te_flavour as te_flavours
 
 __all__ = ["MAX_ITERS", "MAX_WORLD", "VerifyOptions", "VerifyReport", "launch_plan", "prepare", "run_verify"]
 
@@ -225,6 +227,10 @@ def _child_extra(
             )
         shut_out = tuple(te_layer.unblocked(shut_out))
         extra.update({**protocol.FIREWALL.entry(tuple(shut_out)), **te_layer.child_env(opts.te)})
+        if opts.fp8:
+            extra.update(protocol.VERIFY_FP8.entry(opts.fp8))
+            if not hip_version:  # the CUDA control: a GPU NVIDIA's TE runs FP8 on (compute capability 9.0)
+                extra.update(protocol.CUDA_SIM_ARCH.entry("sm_90"))
     if mode == "cpu-proxy":
         extra.update(protocol.PROXY.entry(True))
         if hip_version:
@@ -325,6 +331,21 @@ def prepare(settings: Settings, given: Mapping[str, Any]) -> VerifyOptions:
         gpus=values["backend"] != "gloo" and probe.probe().has_gpu,
     )
     series, series_dir, base = series_settings(path)
+    te_spec, te_flavour, fp8_recipe = values["te_spec"], values["te_flavour"], values["fp8_recipe"]
+    flavour = te_flavours.parse(te_flavour, hip_version is not None)
+    if te_flavour is not None and te_spec.strip() == "none":
+        raise BadInput("--te-flavour: it chooses the flavour of --te VERSION|auto; with --te none no TE runs")
+    if fp8_recipe is not None and te_spec.strip() == "none":
+        raise BadInput("--fp8-recipe: FP8 runs through Transformer Engine; pass --te VERSION|auto")
+
+    def te_of_run() -> TELayer | None:
+        """The run's TE layer (fetched on first use) in the flavour chosen for this run."""
+        layer = te_for(te_spec, series_dir, settings.cache_dir)
+        if layer is None:
+            return None
+        arch = values["hip_arch"] if hip_version is not None else None
+        return replace(layer, flavour=te_flavours.choose(flavour, layer.version, arch, hip_version))
+
     setup = RunSetup(
         settings,
         path,
@@ -336,7 +357,7 @@ def prepare(settings: Settings, given: Mapping[str, Any]) -> VerifyOptions:
         series=series,
         series_dir=series_dir,
         base=base,
-        te=lambda: te_for(values["te_spec"], series_dir, settings.cache_dir),
+        te=te_of_run,
     )
     by_stage: dict[str, Any] = {}
     not_run: dict[str, str] = {}
@@ -359,6 +380,7 @@ def prepare(settings: Settings, given: Mapping[str, Any]) -> VerifyOptions:
         stages=chosen,
         skipped=not_run,
         te=setup.te,
+        fp8=f"{values['fp8_format']}:{fp8_recipe}" if fp8_recipe else None,
         pycache=settings.cache_dir / "pycache",
         by_stage=by_stage,
     )

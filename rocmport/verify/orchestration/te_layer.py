@@ -3,9 +3,12 @@ into rocmport's cache, and run on the CPU proxy with only its compiled parts rep
 
 `--te VERSION|auto|none`: ``auto`` takes the newest release in the line's component-matrix range
 (``components.transformer_engine.versions`` in the series) that the index has as a pure-Python
-wheel; ``none`` keeps Megatron's local layer spec. The wheel (NVIDIA's Python layer: ROCm TE's
-sources cannot be had whole here, so ROCm TE's differences are not simulated, and the report says
-so) is verified by its sha256, unpacked under the cache (``<cache>/te/<version>/``) and put on the
+wheel; ``none`` keeps Megatron's local layer spec. ``auto`` on a tree whose line verify cannot
+place (no series) is refused: it would pick a release no line admits. The wheel (NVIDIA's Python
+layer: ROCm TE's sources cannot be had whole here) runs as the run's TE flavour says
+(``flavour``: ``rocm``, NVIDIA's layer plus the declared ROCm TE deltas, the default under the HIP
+simulation; ``nvidia``, as released, where the report says ROCm TE differences are not simulated)
+and is verified by its sha256, unpacked under the cache (``<cache>/te/<version>/``) and put on the
 started processes' path: nothing is installed into the user's environment.
 
 In those processes ``rocmport.verify.runtime.te_loader`` (installed by verify's bootstrap when
@@ -29,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from rocmport.errors import BadInput
 from rocmport.fsutil import move_dir, naming_disk_full
 from rocmport.verify.runtime import protocol
+from rocmport.verify.runtime.te_flavour import TEFlavour
 
 DISTRIBUTION = "transformer-engine"
 MODULES = ("transformer_engine", "transformer_engine_torch")
@@ -52,19 +56,25 @@ class TELayer:
     path: Path  # the unpacked wheel: transformer_engine/ and its .dist-info
     python_layer: str
     source: str
+    flavour: TEFlavour = TEFlavour("nvidia")
     outside_range: str | None = None  # the line's range, when asked for a release outside it (--te ==X)
 
+    @property
+    def note(self) -> str:
+        return NOT_SIMULATED if self.flavour.name == "nvidia" else self.flavour.describe()
+
     def describe(self) -> str:
-        return f"TE {self.version}, {self.python_layer}: {NOT_SIMULATED}" + (
+        return f"TE {self.version}, {self.python_layer}: {self.note}" + (
             f"; outside the line's range {self.outside_range}" if self.outside_range else ""
         )
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> dict:
         out = {
             "version": self.version,
             "python_layer": self.python_layer,
             "source": self.source,
-            "note": NOT_SIMULATED,
+            "note": self.note,
+            "flavour": self.flavour.to_dict(),
         }
         if self.outside_range:
             out["outside_range"] = self.outside_range
@@ -134,6 +144,11 @@ def choose(spec: str, line_range: str | None, wheels: list[WheelFile]) -> WheelF
     if spec == "none":
         return None
     if spec == "auto":
+        if line_range is None:
+            raise BadInput(
+                "--te auto: verify cannot place this tree in a release line (no series: a tree `rocmport apply` "
+                f"did not make), so it has no Transformer Engine range to choose from; pass --te VERSION (the index has: {have})"
+            )
         try:
             allowed = SpecifierSet(line_range or "")
         except InvalidSpecifier:
@@ -310,5 +325,5 @@ def unblocked(blocked: tuple[str, ...] | list[str]) -> list[str]:
     return [m for m in blocked if m not in MODULES]
 
 
-def child_env(layer: TELayer) -> dict[str, str]:
-    return {**protocol.TE.entry(layer.version), **protocol.TE_PATH.entry(str(layer.path))}
+def child_env(layer: TELayer) -> dict[str, str | None]:
+    return {**protocol.TE.entry(layer.version), **protocol.TE_PATH.entry(str(layer.path)), **layer.flavour.env()}

@@ -93,6 +93,31 @@ def _exit_without_finalizing() -> None:
     os._exit(0)
 
 
+# Stage 2's FP8 case (verify --fp8-recipe): "FORMAT:RECIPE" (hybrid:delayed, e4m3:tensorwise, hybrid:mxfp8 ...)
+FP8_ENV = protocol.VERIFY_FP8.name
+
+
+def fp8_setting() -> tuple[str, str] | None:
+    value = os.environ.get(FP8_ENV, "")
+    if not value:
+        return None
+    fmt, _, recipe = value.partition(":")
+    return fmt, recipe or "delayed"
+
+
+def check_fp8_args(fmt: str, recipe: str) -> None:
+    """The port's argument validation of an FP8 recipe (its fp8-arch-check helper, which upstream's
+    pretrain_gpt.py runs first thing in validate_args): a recipe the GPU cannot run is refused here,
+    naming the arch and the recipe. The unported tree has no such check: TE decides later, in its own."""
+    try:
+        from megatron.core._rocm import check_fp8_for_arch
+    except ImportError:
+        return
+    from types import SimpleNamespace
+
+    check_fp8_for_arch(SimpleNamespace(fp8=fmt, fp8_recipe=recipe))
+
+
 def train(args):
     proxy = bool(protocol.PROXY.read())
     import torch
@@ -107,6 +132,9 @@ def train(args):
         except proxy_shim.Unsupported as exc:
             _write(args.out, {"unsupported": str(exc)}, force=True)
             return
+    fp8 = fp8_setting() if args.te else None
+    if fp8:
+        check_fp8_args(*fp8)
     torch.use_deterministic_algorithms(True, warn_only=True)
     backend = protocol.BACKEND.read() or "gloo"
     torch.distributed.init_process_group(backend)
@@ -145,7 +173,9 @@ def train(args):
         **({"expert_model_parallel_size": args.ep, "expert_tensor_parallel_size": 1} if args.moe else {}),
     )
     model_parallel_cuda_manual_seed(args.seed)
-    config = TransformerConfig(**model_config(args.tp, args.pp, proxy), **moe)
+    config = TransformerConfig(
+        **model_config(args.tp, args.pp, proxy), **moe, **({"fp8": fp8[0], "fp8_recipe": fp8[1]} if fp8 else {})
+    )
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     if args.bridge:
         config, model = _bridge_model(args, proxy, first, last, args.te)

@@ -89,6 +89,18 @@ A100 = DeviceProperties(
     L2_cache_size=40 * 2**20,
     shared_memory_per_block=48 * 2**10,
 )
+# The CUDA path's FP8 control (TE runs FP8 from compute capability 8.9): protocol.CUDA_SIM_ARCH=sm_90.
+H100 = DeviceProperties(
+    name="NVIDIA H100 80GB HBM3",
+    major=9,
+    minor=0,
+    gcnArchName="NVIDIA H100 80GB HBM3",
+    total_memory=80 * 2**30,
+    multi_processor_count=132,
+    warp_size=32,
+    L2_cache_size=50 * 2**20,
+)
+CUDA_DEVICES = {"sm_80": A100, "sm_90": H100}
 # One GPU of each architecture rocmport has a launch profile for (--hip-arch), as ROCm's torch reports it
 # (major/minor: the gfx number's digits, as HIP's hipDeviceProp_t gives them).
 SIM_DEVICES = {
@@ -165,11 +177,14 @@ def sim_arch() -> str:
 
 
 def device(hip: bool) -> DeviceProperties:
-    return SIM_DEVICES[sim_arch()] if hip else A100
+    if hip:
+        return SIM_DEVICES[sim_arch()]
+    return CUDA_DEVICES.get(protocol.CUDA_SIM_ARCH.raw(), A100)
 
 
 def arch(hip: bool) -> str:
-    return device(True).gcnArchName.split(":")[0] if hip else f"sm_{A100.major}{A100.minor}"
+    props = device(hip)
+    return props.gcnArchName.split(":")[0] if hip else f"sm_{props.major}{props.minor}"
 
 
 def install(version: str | None = None) -> None:

@@ -195,6 +195,47 @@ BASELINE_GUARDS = flag(
     "runtime.pytest_plugin",
 )
 
+# ---- Transformer Engine's flavour and FP8 on the CPU proxy (verify --te-flavour, --fp8-recipe) ----
+TE_FLAVOUR = text(
+    "ROCMPORT_TE_FLAVOUR",
+    "Which TE the Python layer behaves as: nvidia (as released) or rocm (the declared ROCm TE deltas applied).",
+    "runtime.te_flavour.TEFlavour.env (through verify.te_layer.child_env)",
+    "runtime.te_flavour, runtime.te_rocm",
+)
+TE_DELTAS = Var(
+    "ROCMPORT_TE_DELTAS",
+    "names",
+    "The ROCm TE deltas this run applies, by name (runtime.te_flavour declares each with its source).",
+    "runtime.te_flavour.TEFlavour.env",
+    "runtime.te_flavour, runtime.te_rocm",
+    _names,
+    ",".join,
+)
+TE_VERSION = text(
+    "ROCMPORT_TE_VERSION",
+    "The version string TE reports under the rocm flavour (a ROCm local tag, or a .dev0 pre-release).",
+    "runtime.te_flavour.TEFlavour.env",
+    "runtime.te_rocm",
+)
+TE_FP8 = text(
+    "ROCMPORT_TE_FP8",
+    "The FP8 encodings of the CPU kernels: ocp (NVIDIA, gfx950) or fnuz (gfx942 under the rocm flavour).",
+    "runtime.te_flavour.TEFlavour.env",
+    "runtime.te_fp8",
+)
+VERIFY_FP8 = text(
+    "ROCMPORT_VERIFY_FP8",
+    "Stage 2's FP8 case, FORMAT:RECIPE (hybrid:delayed, e4m3:tensorwise, hybrid:mxfp8 ...).",
+    "the parent (the run)",
+    "runtime.gpt_worker; stage 2 (its bounds)",
+)
+CUDA_SIM_ARCH = text(
+    "ROCMPORT_CUDA_SIM_ARCH",
+    "The CUDA path's simulated GPU (sm_90: an H100, on which NVIDIA's TE runs FP8); an A100 when unset.",
+    "the parent (the run)",
+    "runtime.hip_sim",
+)
+
 VARIABLES: tuple[Var, ...] = (
     PYTHON,
     FIREWALL,
@@ -212,6 +253,12 @@ VARIABLES: tuple[Var, ...] = (
     UNIT_OUT,
     UNIT_TEST_TIMEOUT,
     BASELINE_GUARDS,
+    TE_FLAVOUR,
+    TE_DELTAS,
+    TE_VERSION,
+    TE_FP8,
+    VERIFY_FP8,
+    CUDA_SIM_ARCH,
 )
 
 

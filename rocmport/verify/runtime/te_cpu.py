@@ -7,7 +7,12 @@ forward and backward (zero-centred gamma), the softmax variants, the activations
 backward, RoPE, the multi-tensor optimizer kernels, and the questions TE asks of its library
 (answered as a build without fused attention or userbuffers, so TE picks its own unfused path).
 
-What TE decides in Python stays TE's code. A kernel this module lacks (FP8 / MXFP8 / FP4 casts,
+FP8 (delayed and current per-tensor scaling, MXFP8 blocks; casts, amax, scale updates, FP8 GEMM
+operands) is ``rocmport.verify.runtime.te_fp8``'s. The enums TE's Python mirrors and asserts against
+(``NVTE_Fused_Attn_Backend``) take their members from the TE release in use and its flavour
+(``rocmport.verify.runtime.te_flavour``: ROCm TE's backends are CK and AOTriton).
+
+What TE decides in Python stays TE's code. A kernel this module lacks (FP8 block scaling, FP4 casts,
 fused attention, userbuffers, ...) raises ``UnsupportedInProxy`` naming the
 ``transformer_engine_torch`` function when TE calls it: never a silent pass, never zeros.
 
@@ -16,24 +21,20 @@ written into the ported tree."""
 
 from __future__ import annotations
 
-import enum
 import math
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
+from rocmport.verify.runtime import te_fp8
+from rocmport.verify.runtime import te_types
+from rocmport.verify.runtime.te_types import UnsupportedInProxy, _torch_dtype
+
+# The extension's DType, as TE's Python reads it off this module (transformer_engine_torch.DType).
+DType = te_types.DType
+
 CALLS: dict[str, int] = {}
-
-
-class UnsupportedInProxy(RuntimeError):
-    """TE's Python layer reached a kernel the CPU proxy has no reference implementation for."""
-
-    def __init__(self, name: str, why: str = "") -> None:
-        self.kernel = f"transformer_engine_torch.{name}"
-        super().__init__(
-            f"unsupported-in-proxy: {self.kernel} has no CPU reference implementation" + (f" ({why})" if why else "")
-        )
 
 
 def _count(name: str) -> None:
@@ -62,38 +63,6 @@ def __getattr__(name: str):
 
 
 # ---- enums of the extension (pybind11 enums: hashable, comparable, int(), .name, .value) ----
-
-
-class DType(enum.IntEnum):
-    # Exactly the members the extension binds, with transformer_engine::DType's values (TE 2.17+
-    # asserts its Python DType mirrors this enum's member names).
-    kByte = 0
-    kInt32 = 2
-    kFloat32 = 4
-    kFloat16 = 5
-    kBFloat16 = 6
-    kFloat8E4M3 = 7
-    kFloat8E5M2 = 8
-    kFloat4E2M1 = 10
-
-
-_TORCH_OF = {
-    DType.kByte: torch.uint8,
-    DType.kInt32: torch.int32,
-    DType.kFloat32: torch.float32,
-    DType.kFloat16: torch.float16,
-    DType.kBFloat16: torch.bfloat16,
-}
-
-
-def _torch_dtype(otype, default: torch.dtype) -> torch.dtype:
-    if otype is None:
-        return default
-    if isinstance(otype, torch.dtype):
-        return otype
-    if int(otype) in _TORCH_OF:
-        return _TORCH_OF[DType(int(otype))]
-    raise UnsupportedInProxy("DType", f"output type {otype!r} is a quantized format")
 
 
 class _Member(int):
@@ -136,6 +105,17 @@ class _OpenEnum(type):
         return iter(cls.__dict__["__members__"].values())
 
 
+class _ClosedEnum(_OpenEnum):
+    """An enum whose members are exactly those declared (a pybind11 enum's): an unknown name is an
+    AttributeError, as TE's Python would meet it on a library that lacks it."""
+
+    def __getattr__(cls, name: str) -> _Member:
+        members = cls.__dict__["__members__"]
+        if name in members:
+            return members[name]
+        raise AttributeError(f"type object '{cls.__name__}' has no attribute '{name}'")
+
+
 def _enum(name: str, members: list[str]) -> Any:
     return _OpenEnum(name, (), {"__members__": {m: _Member(name, m, i) for i, m in enumerate(members)}})
 
@@ -173,9 +153,19 @@ CommOverlapAlgo = _enum(
     ],
 )
 Float8BlockScaleTensorFormat = _enum("Float8BlockScaleTensorFormat", ["GEMM_READY", "COMPACT"])
-NVTE_Fused_Attn_Backend = _enum(
-    "NVTE_Fused_Attn_Backend", ["NVTE_F16_max512_seqlen", "NVTE_F16_arbitrary_seqlen", "NVTE_FP8", "NVTE_No_Backend"]
-)
+
+
+def _fused_attn_backend_enum() -> Any:
+    """``NVTE_Fused_Attn_Backend`` with the members TE's Python of this run names (its fused_attn.py
+    mirrors the enum and, from 2.20, asserts the two agree), as the flavour's library declares them."""
+    from rocmport.verify.runtime import te_flavour
+
+    names = te_flavour.fused_attn_backends()
+    members = {name: _Member("NVTE_Fused_Attn_Backend", name, value) for name, value in names.items()}
+    return _ClosedEnum("NVTE_Fused_Attn_Backend", (), {"__members__": members})
+
+
+NVTE_Fused_Attn_Backend = _fused_attn_backend_enum()
 NVTE_Bias_Type = _enum("NVTE_Bias_Type", ["NVTE_NO_BIAS", "NVTE_PRE_SCALE_BIAS", "NVTE_POST_SCALE_BIAS", "NVTE_ALIBI"])
 NVTE_Mask_Type = _enum(
     "NVTE_Mask_Type",
@@ -268,7 +258,11 @@ def get_cublasLt_version() -> int:
 
 
 def get_cudnn_version() -> int:
-    return 0
+    """cuDNN's encoded version: none (0) on NVIDIA's flavour here; ROCm TE answers 99.0.0 (its
+    get_cudnn_version() is (99, 0, 0) on HIP: see te_flavour)."""
+    from rocmport.verify.runtime import te_flavour
+
+    return te_flavour.cudnn_version_encoded()
 
 
 def get_num_cublas_streams() -> int:
@@ -302,6 +296,13 @@ def _plain(t: Any, name: str) -> torch.Tensor:
     if isinstance(t, torch.Tensor) and not hasattr(t, "_quantizer") and not hasattr(t, "_data"):
         return t
     raise UnsupportedInProxy(name, f"quantized operand {type(t).__name__}")
+
+
+def _operand(t: Any) -> torch.Tensor:
+    """A GEMM operand as plain values: an FP8 tensor dequantized, a plain tensor as it is."""
+    if te_fp8.is_quantized(t):
+        return te_fp8.values(t)
+    return _plain(t, "generic_gemm")
 
 
 def _2d(t: torch.Tensor) -> torch.Tensor:
@@ -347,11 +348,13 @@ def generic_gemm(
     """cuBLASLt's column-major D = op(A)·op(B) on row-major tensors: D = op(B) @ op(A)^T, i.e.
     (B^T if transb else B) @ (A^T if transa else A), leading dimensions flattened and B's kept."""
     _count("generic_gemm")
-    if quantizer is not None:
-        raise UnsupportedInProxy("generic_gemm", f"quantized output through {type(quantizer).__name__}")
     if comm_overlap is not None:
         raise UnsupportedInProxy("generic_gemm", "userbuffers communication overlap")
-    A, B = _plain(A, "generic_gemm"), _plain(B, "generic_gemm")
+    # FP8 operands (TE's Float8 / MXFP8 tensors): their values, dequantized; the product in fp32
+    if te_fp8.is_quantized(A) or te_fp8.is_quantized(B):
+        _count("generic_gemm(fp8)")
+    nominal = getattr(B, "dtype", None) if isinstance(getattr(B, "dtype", None), torch.dtype) else torch.float32
+    A, B = _operand(A), _operand(B)
     a2, b2 = _2d(A).float(), _2d(B).float()
     op_a = a2.t() if transa else a2
     op_b = b2.t() if transb else b2
@@ -359,7 +362,7 @@ def generic_gemm(
     shape = ([B.shape[-1]] if transb else list(B.shape[:-1])) + [op_a.shape[-1]]
     if alpha not in (None, 1.0):
         result = result * alpha
-    dtype = _torch_dtype(out_dtype, D.dtype if D is not None else B.dtype)
+    dtype = _torch_dtype(out_dtype, D.dtype if D is not None and not te_fp8.is_quantized(D) else nominal)
     bias_grad = None
     pre_gelu = None
     if grad:
@@ -376,7 +379,11 @@ def generic_gemm(
             pre_gelu = result
             result = _gelu(result)
     result = result.reshape(shape)
-    if D is None:
+    if quantizer is not None:  # FP8 output: the product cast by TE's quantizer (into D when given)
+        if D is not None and accumulate:
+            result = result + _operand(D).float()
+        D = te_fp8.quantize(result, quantizer, D if te_fp8.is_quantized(D) else None)
+    elif D is None:
         D = result.to(dtype)
     elif accumulate:
         D.add_(result.to(D.dtype))
@@ -453,6 +460,11 @@ def _gamma(weight: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
     return w + 1.0 if zero_centered_gamma else w
 
 
+def _quantized(value: torch.Tensor, quantizer: Any, out: Any = None) -> Any:
+    """A kernel's output cast to FP8 by TE's ``quantizer`` (into ``out`` when it is a quantized tensor)."""
+    return te_fp8.quantize(value, quantizer, out if te_fp8.is_quantized(out) else None)
+
+
 def _into(ln_out, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if ln_out is not None:
         _plain(ln_out, "layernorm_fwd")
@@ -463,14 +475,14 @@ def _into(ln_out, value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def layernorm_fwd(input, weight, bias, eps, ln_out, quantizer, otype, sm_margin, zero_centered_gamma):
     _count("layernorm_fwd")
-    if quantizer is not None:
-        raise UnsupportedInProxy("layernorm_fwd", f"quantized output through {type(quantizer).__name__}")
     x = input.float()
     mu = x.mean(-1)
     rsigma = torch.rsqrt(x.var(-1, unbiased=False) + eps)
     y = (x - mu.unsqueeze(-1)) * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma)
     if bias is not None:
         y = y + bias.float()
+    if quantizer is not None:  # the fused norm + FP8 cast
+        return _quantized(y, quantizer, ln_out), mu.reshape(-1), rsigma.reshape(-1)
     return _into(ln_out, y, _torch_dtype(otype, input.dtype)), mu.reshape(-1), rsigma.reshape(-1)
 
 
@@ -488,11 +500,11 @@ def layernorm_bwd(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
 
 def rmsnorm_fwd(input, weight, eps, ln_out, quantizer, otype, sm_margin, zero_centered_gamma):
     _count("rmsnorm_fwd")
-    if quantizer is not None:
-        raise UnsupportedInProxy("rmsnorm_fwd", f"quantized output through {type(quantizer).__name__}")
     x = input.float()
     rsigma = torch.rsqrt(x.pow(2).mean(-1) + eps)
     y = x * rsigma.unsqueeze(-1) * _gamma(weight, zero_centered_gamma)
+    if quantizer is not None:
+        return _quantized(y, quantizer, ln_out), None, rsigma.reshape(-1)
     return _into(ln_out, y, _torch_dtype(otype, input.dtype)), None, rsigma.reshape(-1)
 
 
@@ -547,24 +559,23 @@ def _activation(name: str):
     def forward(input, quantizer, *args):
         _count(name)
         if quantizer is not None:
-            raise UnsupportedInProxy(name, f"quantized output through {type(quantizer).__name__}")
+            return _quantized(fn(input.float()), quantizer)
         return fn(input.float()).to(input.dtype)
 
     def backward(grad, input, quantizer, *args):
         _count("d" + name)
-        if quantizer is not None:
-            raise UnsupportedInProxy("d" + name, f"quantized output through {type(quantizer).__name__}")
         x = input.detach().float().requires_grad_(True)
         with torch.enable_grad():
             (dx,) = torch.autograd.grad(fn(x), x, grad.float())
+        if quantizer is not None:
+            return _quantized(dx, quantizer)
         return dx.to(grad.dtype)
 
     def dbias_backward(grad, input, quantizer, *args):
         _count("dbias_d" + name)
-        if quantizer is not None:
-            raise UnsupportedInProxy("dbias_d" + name, f"quantized output through {type(quantizer).__name__}")
         dx = backward(grad, input, None)
-        return _2d(dx).float().sum(0).to(grad.dtype), dx
+        dbias = _2d(dx).float().sum(0).to(grad.dtype)
+        return dbias, (_quantized(dx, quantizer) if quantizer is not None else dx)
 
     forward.__name__, backward.__name__, dbias_backward.__name__ = name, "d" + name, "dbias_d" + name
     return forward, backward, dbias_backward
@@ -585,9 +596,46 @@ del _
 
 def bgrad_quantize(input, quantizer):
     _count("bgrad_quantize")
-    if quantizer is not None:
-        raise UnsupportedInProxy("bgrad_quantize", f"quantized output through {type(quantizer).__name__}")
-    return _2d(input).float().sum(0).to(input.dtype), input
+    dbias = _2d(input).float().sum(0).to(input.dtype)
+    return dbias, (_quantized(input.float(), quantizer) if quantizer is not None else input)
+
+
+# ---- FP8 (rocmport.verify.runtime.te_fp8: casts, scaling, MXFP8 blocks) ----
+
+
+def quantize(tensor, quantizer, output=None, noop=None):
+    _count("quantize")
+    return te_fp8.quantize(tensor, quantizer, output, noop)
+
+
+def split_quantize(tensor, split_sections, quantizer_list, *args, **kwargs):
+    """GroupedLinear's casts: the rows split by ``split_sections``, each cast by its own quantizer."""
+    _count("split_quantize")
+    return [te_fp8.quantize(part, q) for part, q in zip(torch.split(tensor, list(split_sections)), quantizer_list)]
+
+
+def dequantize(input, otype):
+    _count("dequantize")
+    return te_fp8.dequantize(input, otype)
+
+
+def compute_amax(input, amax):
+    _count("compute_amax")
+    te_fp8.compute_amax(input, amax)
+
+
+def fp8_transpose(input, dtype=None, out=None):
+    _count("fp8_transpose")
+    return te_fp8.fp8_transpose(input, dtype, out)
+
+
+def fused_amax_and_scale_update_after_reduction(
+    amax_reduction_buffer, amax_histories, scales, amax_compute_algo, fp8_dtype, margin
+):
+    _count("fused_amax_and_scale_update_after_reduction")
+    te_fp8.fused_amax_and_scale_update_after_reduction(
+        amax_reduction_buffer, amax_histories, scales, amax_compute_algo, fp8_dtype, margin
+    )
 
 
 # ---- softmax variants (inputs [b, np, sq, sk] or [b*np, sq, sk]; masked logits get -10000) ----

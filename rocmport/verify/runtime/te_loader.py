@@ -69,3 +69,6 @@ def install() -> None:
     if path and path not in sys.path:
         sys.path.insert(0, path)
     sys.meta_path.insert(0, _PatchCommon())
+    from rocmport.verify.runtime import te_rocm
+
+    te_rocm.install()  # the rocm flavour's deltas (nothing under nvidia)

@@ -1,0 +1,70 @@
+"""Imports Transformer Engine's Python layer (under verify's bootstrap, in the flavour the environment
+names) and prints, as JSON, what each ROCm TE delta changes as Megatron would see it."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+
+def _answer(check) -> list | str:
+    try:
+        return list(check())
+    except Exception as exc:  # noqa: BLE001 - NVIDIA's checks on a ROCm torch (torch.version.cuda None)
+        return f"{type(exc).__name__}: {exc}"
+
+
+def main() -> None:
+    from rocmport.verify.runtime import proxy_shim
+
+    proxy_shim.install(megatron=False)
+    proxy_shim.install_for_te()
+    import torch
+
+    import transformer_engine
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import Format
+    from transformer_engine.pytorch import utils
+    from transformer_engine.pytorch.cpp_extensions import fused_attn
+    from transformer_engine.pytorch.module import base
+
+    import transformer_engine_torch as tex
+    from rocmport.verify.runtime import te_rocm
+
+    try:
+        from transformer_engine.pytorch import quantization as q
+    except ImportError:  # older releases: fp8.py
+        from transformer_engine.pytorch import fp8 as q  # type: ignore[no-redef]
+    backends = fused_attn.FusedAttnBackend
+    names = sorted(backends.keys() if isinstance(backends, dict) else backends.__members__)
+    out = {
+        "version": transformer_engine.__version__,
+        "fused_attn_backends": names,
+        "tex_backends": sorted(tex.NVTE_Fused_Attn_Backend.__members__),
+        "cudnn": list(utils.get_cudnn_version()),
+        "keep_fp8_cache": {
+            cls: "keep_fp8_weight_transpose_cache" in inspect.signature(getattr(te, cls).__init__).parameters
+            for cls in ("Linear", "LayerNormLinear", "LayerNormMLP")
+        },
+        "get_workspace": hasattr(base, "get_workspace"),
+        "fp8": _answer(q.check_fp8_support),
+        "mxfp8": _answer(q.check_mxfp8_support),
+        "block_scaling": _answer(q.check_fp8_block_scaling_support),
+        "e4m3_max": Format.E4M3.value.max_fwd,
+        "fnuz": bool(getattr(utils, "is_fp8_fnuz", lambda: False)()),
+        "env": {k: os.environ.get(k) for k in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN")},
+        "applied": te_rocm.APPLIED,
+        "capability": list(torch.cuda.get_device_capability()),
+    }
+    # a ROCm-only keyword reaches the module (and NVIDIA's refuses it)
+    try:
+        te.Linear(32, 32, keep_fp8_weight_transpose_cache=False, params_dtype=torch.float32)
+        out["linear_accepts_keyword"] = True
+    except TypeError as exc:
+        out["linear_accepts_keyword"] = str(exc)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""verify --te-flavour: the declared ROCm TE deltas (each with its source and versions), which apply
+where, and, with TE's real Python layer from the package index, each delta present under rocm and
+absent under nvidia as Megatron would meet it (tests/helpers/te_flavour_probe.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from rocmport.errors import BadInput
+from rocmport.nvidia_only import blocked
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.runtime import te_flavour
+from rocmport.verify.orchestration import te_layer
+from rocmport.verify.runtime import te_rocm
+from tests.helpers.real import REAL_CACHE, REPO
+
+DOCS = REPO / "docs" / "rocm-te-flavour.md"
+
+
+def test_every_delta_names_what_it_changes_its_source_and_the_versions_it_holds_for():
+    assert len(te_flavour.DELTAS) >= 10
+    for d in te_flavour.DELTAS:
+        assert re.fullmatch(r"[a-z0-9-]+", d.name)
+        assert len(d.changes) > 30, d.name
+        # a ROCm TE file at a commit, or the Primus patch that works around it
+        assert re.search(r"(ROCm/TransformerEngine \S+\.py @[0-9a-f]{8})|(AMD-AGI/Primus \S+)", d.source), d.name
+        SpecifierSet(d.versions)  # a real version specifier
+        assert d.name in te_rocm.HOOKS, f"{d.name}: declared but not implemented in te_rocm"
+    assert set(te_rocm.HOOKS) == {d.name for d in te_flavour.DELTAS}, "an implemented delta that is not declared"
+
+
+def test_which_deltas_hold_by_version_and_gpu():
+    names = lambda v, arch: {d.name for d in te_flavour.applicable(v, arch)}  # noqa: E731
+    assert "fp8-fnuz-on-gfx942" in names("2.12.0", "gfx942")
+    assert "fp8-fnuz-on-gfx942" not in names("2.12.0", "gfx950")  # gfx950's FP8 is OCP
+    assert "get-workspace-without-workspace-parameter" not in names("2.9.0", "gfx942")  # NVIDIA's 2.9 has both
+    assert "get-workspace-without-workspace-parameter" in names("2.10.0", "gfx942")
+    assert "fp8-support-by-gfx" not in names("2.8.0", "gfx942")
+
+
+def test_the_flavour_defaults_to_rocm_under_the_hip_simulation_and_refuses_rocm_without_it():
+    assert te_flavour.parse(None, hip_on=True) == "rocm"
+    assert te_flavour.parse(None, hip_on=False) == "nvidia"
+    assert te_flavour.parse("nvidia", hip_on=True) == "nvidia"
+    with pytest.raises(BadInput, match="--te-flavour rocm: ROCm TE runs on a ROCm build of torch"):
+        te_flavour.parse("rocm", hip_on=False)
+    with pytest.raises(BadInput, match="choose one of nvidia, rocm"):
+        te_flavour.parse("amd", hip_on=True)
+
+
+def test_the_reported_version_is_a_pre_release_with_a_rocm_tag_that_sorts_below_the_release():
+    reported = te_flavour.reported_version("2.12.0", "7.1.25424-4179531dcd")
+    assert reported == "2.12.0.dev0+rocm7.1"
+    assert Version(reported) < Version("2.12.0") and Version(reported).local == "rocm7.1"
+
+
+def test_the_report_lists_the_deltas_applied_with_their_sources():
+    flavour = te_flavour.choose("rocm", "2.12.0", "gfx942", "7.1")
+    data = flavour.to_dict()
+    assert data["name"] == "rocm" and data["fp8"] == "fnuz" and data["version_reported"] == "2.12.0.dev0+rocm7.1"
+    assert {d["name"] for d in data["deltas"]} == {d.name for d in te_flavour.applicable("2.12.0", "gfx942")}
+    assert all(d["source"] and d["versions"] for d in data["deltas"])
+    env = flavour.env()
+    assert env["NVTE_FLASH_ATTN"] == "0" and env["NVTE_FUSED_ATTN"] == "1"
+    nvidia = te_flavour.choose("nvidia", "2.12.0", None, None)
+    assert nvidia.to_dict()["deltas"] == [] and "NVTE_FUSED_ATTN" not in nvidia.env()
+    assert te_flavour.choose("rocm", "2.12.0", "gfx950", "7.1").fp8 == "ocp"
+
+
+def test_the_docs_page_carries_the_declared_list():
+    assert te_flavour.render_markdown() in DOCS.read_text(), (
+        "docs/rocm-te-flavour.md's table differs from te_flavour.DELTAS: "
+        "paste `python -c 'from rocmport.verify.runtime import te_flavour; print(te_flavour.render_markdown())'`"
+    )
+
+
+def test_te_auto_on_a_tree_it_cannot_place_is_refused_naming_why():
+    wheels = [
+        te_layer.WheelFile(Version(v), f"transformer_engine-{v}-py3-none-any.whl", f"/files/{v}", "0" * 64)
+        for v in ("2.12.0", "2.20.2")
+    ]
+    with pytest.raises(BadInput, match=r"--te auto: verify cannot place this tree in a release line"):
+        te_layer.choose("auto", None, wheels)
+    assert str(te_layer.choose("auto", ">=2.9.0a0,<2.18", wheels).version) == "2.12.0"
+
+
+def test_the_cpu_extension_takes_the_attention_backends_from_te_s_own_source(tmp_path, monkeypatch):
+    """2.20's fused_attn.py names No_Backend, F16_arbitrary_seqlen and FP8 (no F16_max512_seqlen) and
+    asserts the extension has exactly those: the CPU extension's enum follows the source it runs."""
+    source = tmp_path / "transformer_engine" / "pytorch" / "cpp_extensions" / "fused_attn.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "No_Backend = int(NVTE_Fused_Attn_Backend.NVTE_No_Backend)\n"
+        "F16_arbitrary_seqlen = int(NVTE_Fused_Attn_Backend.NVTE_F16_arbitrary_seqlen)\n"
+        "FP8 = int(NVTE_Fused_Attn_Backend.NVTE_FP8)\n"
+    )
+    monkeypatch.setenv("ROCMPORT_TE_PATH", str(tmp_path))
+    monkeypatch.delenv(te_flavour.ENV, raising=False)
+    assert te_flavour.fused_attn_backends() == {"NVTE_No_Backend": -1, "NVTE_F16_arbitrary_seqlen": 1, "NVTE_FP8": 2}
+    monkeypatch.setenv(te_flavour.ENV, "rocm")
+    monkeypatch.setenv(te_flavour.DELTAS_ENV, "fused-attn-backends-ck-aotriton,cudnn-version-99")
+    assert te_flavour.fused_attn_backends() == {"NVTE_No_Backend": -1, "NVTE_AOTriton": 0, "NVTE_CK": 1}
+    assert te_flavour.cudnn_version_encoded() == 990000
+
+
+def test_the_fused_attention_rewrite_takes_both_forms_of_the_declaration():
+    as_dict = (
+        "FusedAttnBackend = {\n"
+        '    "F16_max512_seqlen": NVTE_Fused_Attn_Backend.NVTE_F16_max512_seqlen,\n'
+        '    "F16_arbitrary_seqlen": NVTE_Fused_Attn_Backend.NVTE_F16_arbitrary_seqlen,\n'
+        '    "FP8": NVTE_Fused_Attn_Backend.NVTE_FP8,\n'
+        '    "No_Backend": NVTE_Fused_Attn_Backend.NVTE_No_Backend,\n'
+        "}\n"
+    )
+    assert te_rocm._rewrite_fused_attn(as_dict) == (
+        "FusedAttnBackend = {\n"
+        '    "AOTriton": NVTE_Fused_Attn_Backend.NVTE_AOTriton,\n'
+        '    "CK": NVTE_Fused_Attn_Backend.NVTE_CK,\n'
+        '    "No_Backend": NVTE_Fused_Attn_Backend.NVTE_No_Backend,\n'
+        "}\n"
+    )
+    as_enum = (
+        "class FusedAttnBackend(IntEnum):\n"
+        "    No_Backend = int(NVTE_Fused_Attn_Backend.NVTE_No_Backend)\n"
+        "    F16_arbitrary_seqlen = int(NVTE_Fused_Attn_Backend.NVTE_F16_arbitrary_seqlen)\n"
+        "    FP8 = int(NVTE_Fused_Attn_Backend.NVTE_FP8)\n"
+    )
+    assert "AOTriton = int(NVTE_Fused_Attn_Backend.NVTE_AOTriton)\n    CK = int(" in te_rocm._rewrite_fused_attn(
+        as_enum
+    )
+    assert "F16_arbitrary_seqlen" not in te_rocm._rewrite_fused_attn(as_enum)
+    with pytest.raises(te_rocm.DeltaNotApplicable, match="fused-attn-backends-ck-aotriton"):
+        te_rocm._rewrite_fused_attn("x = 1\n")
+
+
+# ---- TE's real Python layer, imported under each flavour ----
+
+
+def _probe(tmp: Path, version: str, flavour: str, arch: str | None, extra: dict[str, str] | None = None) -> dict:
+    pytest.importorskip("torch")
+    try:
+        te_layer.check_deps()
+    except BadInput as exc:
+        pytest.skip(str(exc))
+    layer = te_layer.fetch(REAL_CACHE, te_layer.choose(version, None, te_layer.list_wheels()))
+    hip_version = "7.1.25424-4179531dcd" if arch else None
+    layer = te_layer.TELayer(
+        layer.version,
+        layer.path,
+        layer.python_layer,
+        layer.source,
+        te_flavour.choose(flavour, version, arch, hip_version),
+    )
+    boot = tmp / f"boot-{version}-{flavour}-{arch}-{len(extra or {})}"
+    firewall.write_bootstrap(boot)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(boot), str(REPO)]),
+        "ROCMPORT_PYTHON": sys.executable,
+        "ROCMPORT_FIREWALL": ",".join(te_layer.unblocked(blocked("cpu-proxy"))),
+        "ROCMPORT_PROXY": "1",
+        "OMP_NUM_THREADS": "1",
+        **({"ROCMPORT_HIP_SIM": hip_version, "ROCMPORT_HIP_SIM_ARCH": arch} if arch and hip_version else {}),
+        **(extra or {}),
+    }
+    for key, value in te_layer.child_env(layer).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "helpers" / "te_flavour_probe.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["2.12.0", "2.20.2"])
+def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(tmp_path, real_index, version):
+    rocm = _probe(tmp_path, version, "rocm", "gfx942")
+    nvidia = _probe(tmp_path, version, "nvidia", "gfx942")
+    assert rocm["version"] == f"{version}.dev0+rocm7.1" and nvidia["version"] == version
+    assert rocm["fused_attn_backends"] == ["AOTriton", "CK", "No_Backend"]
+    assert rocm["tex_backends"] == ["NVTE_AOTriton", "NVTE_CK", "NVTE_No_Backend"]
+    assert "F16_arbitrary_seqlen" in nvidia["fused_attn_backends"]
+    assert rocm["cudnn"] == [99, 0, 0] and nvidia["cudnn"] == [0, 0, 0]
+    assert all(rocm["keep_fp8_cache"].values()) and not any(nvidia["keep_fp8_cache"].values())
+    assert rocm["linear_accepts_keyword"] is True
+    assert "unexpected keyword argument 'keep_fp8_weight_transpose_cache'" in nvidia["linear_accepts_keyword"]
+    assert rocm["get_workspace"] and not nvidia["get_workspace"]  # NVIDIA removed it in 2.10
+    assert rocm["fp8"] == [True, ""]
+    assert rocm["block_scaling"] == [False, "FP8 block scaled gemm not yet supported for ROCm"]
+    assert rocm["mxfp8"] == [False, "MXFP8 support is not enabled."]
+    assert rocm["e4m3_max"] == 240 and rocm["fnuz"] and nvidia["e4m3_max"] == 448 and not nvidia["fnuz"]
+    assert rocm["env"] == {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1"}
+    assert nvidia["applied"] == []
+    applied = {a.split(" ")[0] for a in rocm["applied"]}
+    hooked = {name for name, hooks in te_rocm.HOOKS.items() if hooks}
+    assert applied == hooked & {d.name for d in te_flavour.applicable(version, "gfx942")}
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+def test_gfx950_runs_mxfp8_only_with_the_variable_and_keeps_ocp_fp8(tmp_path, real_index):
+    without = _probe(tmp_path, "2.12.0", "rocm", "gfx950")
+    assert without["mxfp8"] == [False, "MXFP8 support is not enabled."]
+    assert without["e4m3_max"] == 448 and not without["fnuz"]
+    with_env = _probe(tmp_path, "2.12.0", "rocm", "gfx950", {"NVTE_ROCM_ENABLE_MXFP8": "1"})
+    assert with_env["mxfp8"] == [True, ""]
+    on_942 = _probe(tmp_path, "2.12.0", "rocm", "gfx942", {"NVTE_ROCM_ENABLE_MXFP8": "1"})
+    assert on_942["mxfp8"] == [False, "Device arch gfx95x or newer is required for MXFP8 execution."]
+
+
+def _admitted_versions() -> list[str]:
+    """Every TE release on the index that a Megatron-LM line's component matrix admits."""
+    from rocmport.patches.series import load_series
+
+    ranges = []
+    for series in sorted((REPO / "patchsets" / "megatron-lm").glob("*/series")):
+        te = load_series(series).rocm.components.get("transformer_engine")
+        ranges.append(SpecifierSet(str(te.versions)))
+    try:
+        wheels = te_layer.list_wheels()
+    except Exception as exc:  # noqa: BLE001 - no index here: nothing to parametrize over
+        pytest.skip(f"the package index: {exc}")
+    return [str(w.version) for w in wheels if any(r.contains(w.version, prereleases=True) for r in ranges)]
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+def test_every_release_a_line_admits_imports_under_both_flavours_with_the_extension_s_enum_in_sync(
+    tmp_path, real_index
+):
+    versions = _admitted_versions()
+    assert "2.9.0" in versions and "2.17.1" in versions and "2.20.2" not in versions
+    for version in versions:
+        for flavour in ("nvidia", "rocm"):
+            seen = _probe(tmp_path, version, flavour, "gfx942")
+            assert {f"NVTE_{n}" for n in seen["fused_attn_backends"]} == set(seen["tex_backends"]), (version, flavour)
