@@ -251,6 +251,9 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             elif stage.after_imports and imports_failed:
                 report.stages.append(StageResult(stage.name, stages.SKIPPED, "Megatron-LM imports failed (stage 1)"))
             else:
+                # Its own directory of port-site records: the report names the stages that ran each site.
+                (sites_dir / stage.name).mkdir()
+                protocol.PORT_SITES.set(ctx.env, str(sites_dir / stage.name))
                 ran = stage.run(ctx)
                 report.stages.append(ran.result)
                 if stage.report_key and ran.data is not None:
@@ -282,7 +285,7 @@ def _port_sites(tree: Path, sites_dir: Path, te_version: str | None = None) -> d
     if state is None or not state.base:
         return {}
     sites = port_sites.find_sites(tree, state.base)
-    calls, modules = port_sites.read_records(sites_dir, tree)
+    calls, modules = port_sites.read_records(sites_dir, tree, NAMES)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
     return port_sites.coverage(sites, calls, modules, codemods, te_version)
 
