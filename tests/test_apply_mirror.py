@@ -13,6 +13,7 @@ import yaml
 
 from rocmport.cli import main
 from rocmport.port import manifests
+from rocmport.port import worktree as wt
 from tests.helpers.real import BRIDGE, MLM, REPO, needs_mirrors, project_with
 from tests.helpers.sync import g
 
@@ -84,6 +85,12 @@ def test_mirror_sync_apply_every_line(tmp_path, monkeypatch, capsys, line, ref, 
     cold = time.monotonic() - start
     report = check_layered(root, "megatron-lm", ref, series_patch_count(line))
     assert {p["bucket"] for p in report["patches"]} <= {"clean", "offset"}
+    # One site count per codemod: apply's (its state, what apply's table, verify's coverage and status
+    # read) is the count the docs' coverage page is generated from (docs/coverage/sites.json).
+    state = wt.read_state(root / "build" / "megatron-lm")
+    counted = {c["name"]: c.get("sites") or 0 for c in state.codemods}
+    documented = json.loads((REPO / "docs" / "coverage" / "sites.json").read_text())[line]
+    assert {n: c for n, c in counted.items() if c} == {n: len(s) for n, s in documented.items() if s}
     check_layered(root, "megatron-bridge", bridge_ref, 0)
     assert not (root / "build" / "megatron-bridge" / "docs").exists()
     heads = {u: g(root / "build" / u, "rev-parse", "HEAD") for u in ("megatron-lm", "megatron-bridge")}

@@ -546,6 +546,29 @@ def test_codemod_runner_survives_every_hostile_file_in_one_pool(tmp_path):
     assert "megatron/core/ok.py" in result.changed_files()
 
 
+def test_a_worker_that_dies_on_a_file_is_that_files_failure_and_the_rest_are_rewritten(tmp_path, monkeypatch):
+    """A crash the parse limits do not foresee (a worker killed by a signal inside the parser): the
+    run goes on, the file is named, every other file is rewritten (was: BrokenProcessPool, exit 70)."""
+    import signal
+
+    from rocmport.codemods import runner
+    from rocmport.codemods.catalog import registry
+    from rocmport.codemods.runner import CRASHED, compute_layers
+
+    real = runner.transform_text
+
+    def dies_on_crash_py(relpath, text, specs, *args, **kwargs):
+        if relpath.endswith("crash.py"):
+            os.kill(os.getpid(), signal.SIGSEGV)  # as libcst's native parser dies on some inputs
+        return real(relpath, text, specs, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "transform_text", dies_on_crash_py)  # the forked workers inherit it
+    tree = _codemod_tree(tmp_path, {"crash.py": "from apex import amp\n"})
+    result = compute_layers(tree, sorted(registry), jobs=2, cache_dir=tmp_path / "c")
+    assert [(f.path, f.message) for f in result.failures] == [("megatron/core/crash.py", CRASHED)]
+    assert "megatron/core/ok.py" in result.changed_files()
+
+
 # ---- row 18: status flags a work tree the lock does not describe ------------------------------------
 
 

@@ -104,8 +104,44 @@ def test_helper_records_only_when_asked(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     calls, modules = port_sites.read_records(out, tree)
-    assert calls == {("megatron/core/a.py", 11), ("megatron/core/a.py", 16)}  # probe() and the module-level probe
+    assert set(calls) == {("megatron/core/a.py", 11), ("megatron/core/a.py", 16)}  # probe() and the module-level probe
     assert "megatron/core/a.py" in modules and "megatron/legacy/b.py" not in modules
+
+
+@pytest.mark.torch
+def test_each_site_that_ran_names_the_stages_that_ran_it(tmp_path):
+    """Verify gives each stage its own records directory: the sites read back with the stages that
+    ran them (in run order, not by name), and a flat directory's records still count, naming none."""
+    tree, base = ported_tree(tmp_path / "t")
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    records = tmp_path / "sites"
+    runs = {
+        "imports": "from megatron.core import a",  # the module-level probe (a.py:16) only
+        "gpt-training": "from megatron.core import a; a.probe()",  # it and probe() (a.py:11)
+        # A caller's one flat directory: a.py:6 too (recorded on the call; no GPU here to answer it).
+        "": "from megatron.core import a\ntry:\n    a.arch()\nexcept AssertionError:\n    pass",
+    }
+    for stage, code in runs.items():
+        (records / stage).mkdir(parents=True, exist_ok=True)
+        env = environment.child_env(tree, boot, {"ROCMPORT_PORT_SITES": str(records / stage)})
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    calls, modules = port_sites.read_records(records, tree, ("imports", "gpt-training"))
+    assert calls == {
+        ("megatron/core/a.py", 6): [],
+        ("megatron/core/a.py", 11): ["gpt-training"],
+        ("megatron/core/a.py", 16): ["imports", "gpt-training"],
+    }
+    assert "megatron/core/a.py" in modules
+    cov = port_sites.coverage(port_sites.find_sites(tree, base), calls, modules, {"capability-gates": 3})
+    gates, probes = cov["capability-gates"].to_dict(), cov["device-probes"].to_dict()
+    assert gates["ran"] == {
+        "megatron/core/a.py:11 is_hip": ["gpt-training"],
+        "megatron/core/a.py:6 nvidia_arch_major": [],
+    }
+    assert probes["ran"] == {"megatron/core/a.py:16 is_hip": ["imports", "gpt-training"]}
+    assert (gates["exercised"], probes["exercised"]) == (2, 1)
+    assert list(gates["unreached"]) == ["megatron/legacy/b.py:5 nvidia_arch_major"]
 
 
 @pytest.mark.torch
@@ -121,7 +157,13 @@ def test_verify_reports_port_sites_per_codemod(tmp_path, capsys):
         "device-probes",
         "grouped-gemm",
     ]  # the JSON's keys are sorted
-    assert cov["device-probes"] == {"exercised": 1, "total": 1, "rewrites": 1, "unreached": {}}
+    assert cov["device-probes"] == {
+        "exercised": 1,
+        "total": 1,
+        "rewrites": 1,
+        "unreached": {},
+        "ran": {"megatron/core/a.py:16 is_hip": ["imports"]},  # stage 1 imports a.py: its module-level probe
+    }
     gates = cov["capability-gates"]
     assert (gates["exercised"], gates["total"], gates["rewrites"]) == (0, 3, 3)
     assert gates["unreached"] == {

@@ -215,8 +215,9 @@ def test_verify_writes_the_page_beside_its_report_with_the_ported_source_highlig
     assert not_ran == unreached and len(ran) == data["port_sites"]["device-probes"]["exercised"] == 1
     (line,) = ran
     assert "_rocmport_is_hip()" in a.find("tr", cls="site-ran", data_line=str(line)).find_all("td")[1].text()
+    assert a.find("tr", cls="site-ran", data_line=str(line)).attrs["data-stages"] == "imports"
     annots = [tr.text() for tr in a.find_all("tr", cls="annot")]
-    assert any("ran: ran during this run's stages (imports)" in t for t in annots)
+    assert any(t.endswith("is_hip() — ran in imports") for t in annots)
     env = doc.find(id="env").find_all("dd")
     assert any(re.fullmatch(r"[0-9a-f]{64}", d.text()) for d in env)  # the report's own hash
     # --no-html writes none, and --html with --no-html is a usage error
@@ -239,6 +240,40 @@ def test_verify_writes_the_page_beside_its_report_with_the_ported_source_highlig
     )
     assert not (tmp_path / "n.html").exists()
     assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--html", "x.html", "--no-html"]) == 2
+
+
+@pytest.mark.torch
+def test_each_site_that_ran_is_shown_with_the_stages_that_ran_it_even_without_the_tree(tmp_path):
+    """A real verify of a ported tree (stages 1 and 2's imports: stage 1 only here) records who ran each
+    site: the page lists them from the report alone when the tree is gone, and a report from before
+    the 'ran' key still says it does not record who ran them."""
+    from tests.test_port_sites import ported_tree
+
+    tree, _ = ported_tree(tmp_path / "t")
+    report = tmp_path / "v.json"
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--report", str(report)]) == 0
+    data = json.loads(report.read_text())
+    ran = {k: v for c in data["port_sites"].values() for k, v in c["ran"].items()}
+    assert ran == {"megatron/core/a.py:16 is_hip": ["imports"]}
+    # the tree gone (a CI artifact): the site that ran is listed, with its stage, by the report alone
+    doc = page_of(away(report, tmp_path))
+    section = doc.find(id="coverage")
+    items = section.find("article", cls="source-file", data_path="megatron/core/a.py").find_all("li", cls="site-ran")
+    assert [(li.attrs["data-line"], li.attrs["data-stages"]) for li in items] == [("16", "imports")]
+    assert items[0].text().endswith("is_hip() — ran in imports")
+    assert not any("cannot be shown" in n.text() for n in section.find_all("p", cls="coverage-note"))
+    # the same report as an older rocmport wrote it (no 'ran'): the tree finds the site, no stage named
+    for c in data["port_sites"].values():
+        del c["ran"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    a = page_of(old).find("article", cls="source-file", data_path="megatron/core/a.py")
+    row = a.find("tr", cls="site-ran", data_line="16")
+    assert "data-stages" not in row.attrs
+    annots = [tr.text() for tr in a.find_all("tr", cls="annot")]
+    assert any(
+        "ran during this run's stages (imports); the report does not record which of them ran it" in t for t in annots
+    )
 
 
 def test_the_pr_body_links_the_verify_page(tmp_path):

@@ -22,6 +22,7 @@ VARIABLE = {
     "port_sites",
     "bridge_port_sites",
     "port_sites.*.unreached",
+    "port_sites.*.ran",
     "training.redirects",
     "upstreams",
     "old_lock.upstreams",

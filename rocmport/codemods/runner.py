@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -223,6 +224,23 @@ def _work(args):
     return relpath, *transform_text(relpath, text, specs)
 
 
+def _each_alone(work: list) -> list:
+    """The files again, each in a worker of its own, after a worker died: a crash parse_limits did
+    not foresee (libcst's native parser dies with a signal, not an exception). The file whose worker
+    dies is a failure named with how it died; every other file is still rewritten."""
+    done = []
+    for item in work:
+        try:
+            done.extend(pool_map(_work, [item], 1))
+        except BrokenProcessPool:
+            done.append((item[0], {}, FileFailure(item[0], None, CRASHED)))
+        output.advance(f"codemods: {len(done)}/{len(work)} files (each alone: a worker died)")
+    return done
+
+
+CRASHED = "the parser's process died on this file (a crash in libcst's native parser, not an exception): not parsed"
+
+
 def _cache_key(relpath: str, text: str, specs_key: str) -> str:
     return hashlib.sha256(f"{CACHE_FORMAT}\0{relpath}\0{specs_key}\0".encode() + text.encode()).hexdigest()
 
@@ -275,12 +293,15 @@ def compute_layers(tree: Path, codemods, jobs: int | None = None, cache_dir: Pat
         # the time: the largest go first, one at a time, so that the workers finish together.
         order = sorted(range(len(work)), key=lambda i: -len(work[i][1]))
         # workers that end with apply/refresh: killed by kill -9 of it, and at once on a Ctrl-C
-        ran = pool_map(
-            _work,
-            [work[i] for i in order],
-            min(jobs, len(work)),
-            each=lambda n: output.advance(f"codemods: {n}/{len(work)} files ({said}{len(files)} in the tree)"),
-        )
+        try:
+            ran = pool_map(
+                _work,
+                [work[i] for i in order],
+                min(jobs, len(work)),
+                each=lambda n: output.advance(f"codemods: {n}/{len(work)} files ({said}{len(files)} in the tree)"),
+            )
+        except BrokenProcessPool:
+            ran = _each_alone([work[i] for i in order])
         by_index = dict(zip(order, ran))
         done = [by_index[i] for i in range(len(work))]
     else:

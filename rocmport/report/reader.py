@@ -59,6 +59,9 @@ class CodemodCoverage:
     rewrites: int | None
     unreached: dict[str, str]  # "path:line helper" -> why it did not run
     explanation: str
+    # "path:line helper" -> the stages that ran it; None: the report does not record it (a report
+    # from before the 'ran' key names only the sites that did not run)
+    ran: dict[str, list[str]] | None = None
 
 
 @dataclass
@@ -74,6 +77,11 @@ class CoverageGroup:
     @property
     def total(self) -> int:
         return sum(c.total for c in self.codemods)
+
+    @property
+    def records_ran(self) -> bool:
+        """Whether the report names each site that ran and the stages that ran it."""
+        return bool(self.codemods) and all(c.ran is not None for c in self.codemods)
 
 
 @dataclass
@@ -453,6 +461,7 @@ def _coverage(data: dict[str, Any], missing: list[str]) -> list[CoverageGroup]:
                 continue
             unreached = _dict(c.get("unreached"))
             rewrites = c.get("rewrites")
+            ran = c.get("ran")
             codemods.append(
                 CodemodCoverage(
                     name=str(name),
@@ -461,6 +470,9 @@ def _coverage(data: dict[str, Any], missing: list[str]) -> list[CoverageGroup]:
                     rewrites=int(rewrites) if isinstance(rewrites, int) else None,
                     unreached={str(k): str(v) for k, v in unreached.items()},
                     explanation=str(c.get("explanation", "")),
+                    ran={str(k): [str(n) for n in v] for k, v in ran.items() if isinstance(v, list)}
+                    if isinstance(ran, dict)
+                    else None,
                 )
             )
         groups.append(CoverageGroup(title, key, codemods))

@@ -10,14 +10,17 @@ rewrites the codemod made in all.
 
 What ran. With protocol.PORT_SITES (rocmport.verify.runtime.protocol) set to a directory, the helper records each call site once per
 process (`<file>:<line> <helper>`, see the end of rocmport/codemods/runtime/core.py) and the bootstrap
-writes the tree's modules a process imported (`modules-<pid>-<ns>.txt`). A site ran when a recorded
-line falls within its call. An unreached site gets a reason: its module was never imported (and
-why, by where it lives), or it was imported and that branch did not run here."""
+writes the tree's modules a process imported (`modules-<pid>-<ns>.txt`). Verify gives each stage a
+directory of its own (`<dir>/<stage>/`), so a record says which stage ran it. A site ran when a
+recorded line falls within its call; the report's `ran` names the stages that ran it. An unreached
+site gets a reason: its module was never imported (and why, by where it lives), or it was imported
+and that branch did not run here."""
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,9 +98,17 @@ class Coverage:
     rewrites: int | None = None  # the codemod's own count of rewritten sites (apply state)
     unreached: dict[str, str] = field(default_factory=dict)
     explanation: str = ""  # why none ran, when none did
+    # Each site that ran -> the stages that ran it, in run order ([] for a record outside any
+    # stage's directory: a caller that set one flat directory).
+    ran: dict[str, list[str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        out = {"exercised": self.exercised, "total": self.total, "unreached": dict(sorted(self.unreached.items()))}
+        out = {
+            "exercised": self.exercised,
+            "total": self.total,
+            "unreached": dict(sorted(self.unreached.items())),
+            "ran": dict(sorted(self.ran.items())),
+        }
         if self.rewrites is not None:
             out["rewrites"] = self.rewrites
         if self.explanation:
@@ -192,21 +203,34 @@ def find_sites(tree: Path, base: str) -> list[Site]:
     return sites
 
 
-def read_records(directory: Path, tree: Path) -> tuple[set[tuple[str, int]], set[str]]:
-    """What the processes recorded: (path relative to the tree, line) of every helper call, and
-    the tree's module files they imported."""
+def read_records(
+    directory: Path, tree: Path, order: Sequence[str] = ()
+) -> tuple[dict[tuple[str, int], list[str]], set[str]]:
+    """What the processes recorded: (path relative to the tree, line) of every helper call -> the
+    stages that ran it, and the tree's module files they imported. A stage's records are in its own
+    subdirectory (named after it; listed in ``order``, the others after them by name); records in
+    ``directory`` itself (one flat directory, as callers before per-stage directories set) ran in
+    no named stage."""
     root = str(tree.resolve()) + "/"
-    calls, modules = set(), set()
-    for path in directory.glob("sites-*.txt"):
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            where, _, _helper = line.rpartition(" ")
-            file, _, lineno = where.rpartition(":")
-            if file.startswith(root) and lineno.isdigit():
-                calls.add((file[len(root) :], int(lineno)))
-    for path in directory.glob("modules-*.txt"):
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith(root):
-                modules.add(line[len(root) :])
+    rank = {name: i for i, name in enumerate(order)}
+    stage_dirs = sorted(
+        (d for d in directory.iterdir() if d.is_dir()), key=lambda d: (rank.get(d.name, len(rank)), d.name)
+    )
+    calls: dict[tuple[str, int], list[str]] = {}
+    modules: set[str] = set()
+    for where_dir, stage in [(directory, None), *((d, d.name) for d in stage_dirs)]:
+        for path in sorted(where_dir.glob("sites-*.txt")):
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                where, _, _helper = line.rpartition(" ")
+                file, _, lineno = where.rpartition(":")
+                if file.startswith(root) and lineno.isdigit():
+                    stages = calls.setdefault((file[len(root) :], int(lineno)), [])
+                    if stage is not None and stage not in stages:
+                        stages.append(stage)
+        for path in where_dir.glob("modules-*.txt"):
+            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+                if line.startswith(root):
+                    modules.add(line[len(root) :])
     return calls, modules
 
 
@@ -219,22 +243,27 @@ def _not_imported(rel: str, te_version: str | None = None) -> str:
 
 def coverage(
     sites: list[Site],
-    calls: set[tuple[str, int]],
+    calls: Mapping[tuple[str, int], Sequence[str]] | Collection[tuple[str, int]],
     modules: set[str],
     codemods: dict[str, int | None],
     te_version: str | None = None,
 ) -> dict[str, Coverage]:
     """Per codemod (``codemods``: name -> its own rewrite count, in series order): sites exercised,
-    total, and each unreached site with its reason (``te_version``: the TE Python layer that ran)."""
-    by_file: dict[str, set[int]] = {}
+    total, each site that ran with the stages that ran it (``calls``: a recorded line -> its stages, as
+    read_records gives them; a bare collection of lines names none) and each unreached site with its
+    reason (``te_version``: the TE Python layer that ran)."""
+    by_file: dict[str, dict[int, Sequence[str]]] = {}
     for rel, line in calls:
-        by_file.setdefault(rel, set()).add(line)
+        by_file.setdefault(rel, {})[line] = calls[rel, line] if isinstance(calls, Mapping) else ()
     out = {name: Coverage(rewrites=n) for name, n in codemods.items()}
     for site in sites:
         cov = out.setdefault(site.codemod, Coverage())
         cov.total += 1
-        if any(site.line <= n <= site.end for n in by_file.get(site.path, ())):
+        recorded = [stages for n, stages in by_file.get(site.path, {}).items() if site.line <= n <= site.end]
+        if recorded:
             cov.exercised += 1
+            # A call spanning several lines may be recorded at more than one: their stages, once each.
+            cov.ran[site.key] = list(dict.fromkeys(s for stages in recorded for s in stages))
         elif site.path not in modules:
             cov.unreached[site.key] = _not_imported(site.path, te_version)
         else:
@@ -259,15 +288,18 @@ def reasons_once(reasons: list[str]) -> str:
     return "; ".join(reasons)
 
 
-def tree_coverage(tree: Path, sites_dir: Path, te_version: str | None = None) -> dict[str, Coverage]:
+def tree_coverage(
+    tree: Path, sites_dir: Path, stages: Sequence[str] = (), te_version: str | None = None
+) -> dict[str, Coverage]:
     """The report's port_sites of ``tree``: per codemod of the tree's port, the rewritten helper call sites
-    that ran in this verify run ({} for a tree `rocmport apply` did not make)."""
+    that ran in this verify run ({} for a tree `rocmport apply` did not make); ``stages``: the run's
+    stage names in order (read_records' order of the stages that ran each site)."""
     from rocmport.port import worktree as wt
 
     state = wt.read_state(tree)
     if state is None or not state.base:
         return {}
     sites = find_sites(tree, state.base)
-    calls, modules = read_records(sites_dir, tree)
+    calls, modules = read_records(sites_dir, tree, stages)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
     return coverage(sites, calls, modules, codemods, te_version)

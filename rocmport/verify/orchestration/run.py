@@ -204,7 +204,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             sites_dir=sites_dir,
         )
         _run_stages(ctx, report)
-        report.port_sites = tree_coverage(opts.tree, sites_dir, opts.te.version if opts.te else None)
+        report.port_sites = tree_coverage(opts.tree, sites_dir, registry.NAMES, opts.te.version if opts.te else None)
     return report
 
 
@@ -255,6 +255,10 @@ def _run_stages(ctx: VerifyContext, report: VerifyReport) -> None:
             if leftover is not None:
                 report.data[stage.name] = leftover
         else:
+            if ctx.sites_dir is not None:
+                # Its own directory of port-site records: the report names the stages that ran each site.
+                (ctx.sites_dir / stage.name).mkdir()
+                protocol.PORT_SITES.set(ctx.env, str(ctx.sites_dir / stage.name))
             ran = stage.run(ctx, own)
             report.stages.append(ran.result)
             if ran.data is not None:

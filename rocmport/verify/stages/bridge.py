@@ -301,7 +301,7 @@ class BridgeStage(Stage[BridgeOptions]):
     def _sites(ctx: VerifyContext, options: BridgeOptions) -> dict[str, Coverage]:
         # After its own processes ran: the Bridge tree's sites are reached by stage 5's processes alone.
         assert ctx.sites_dir is not None
-        return tree_coverage(options.tree, ctx.sites_dir, ctx.opts.te.version if ctx.opts.te else None)
+        return tree_coverage(options.tree, ctx.sites_dir, ctx.opts.stages, ctx.opts.te.version if ctx.opts.te else None)
 
 
 STAGE = BridgeStage()
