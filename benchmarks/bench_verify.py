@@ -26,7 +26,8 @@ TARGET_S = 360
 
 def once(project: Path, iters: int, hip: str | None, stages: str | None, te: str = "none", moe: bool = True) -> float:
     settings = load_settings(project)
-    opts = prepare(settings, None, tp=2, pp=2, iters=iters, hip_version=hip, stages_text=stages, te=te, moe=moe)
+    given = {"tp": 2, "pp": 2, "iters": iters, "stages_text": stages, "te_spec": te, "moe": moe}
+    opts = prepare(settings, {**given, "hip_version": hip} if hip is not None else {**given, "no_hip_sim": True})
     start = time.perf_counter()
     report = run_verify(opts)
     total = time.perf_counter() - start

@@ -470,3 +470,29 @@ def test_the_port_s_helper_reads_the_protocol_s_port_sites_variable():
     helper = (PACKAGE / "codemods" / "runtime" / "core.py").read_text(encoding="utf-8")
     assert f'environ.get("{protocol.PORT_SITES.name}")' in helper
     assert set(ROCMPORT_NAME.findall(helper)) == {protocol.PORT_SITES.name}
+
+
+# verify's rooms: the analyses (port sites, impact) know no stage and no run; a stage module keeps the
+# contract and uses the orchestration's tools (contract, launcher, environment, firewall, TE layer,
+# stage results, device kind, sizes) but never the run that lists and drives the stages (registry, run,
+# options, result, report, summary): those read the stages, not the other way round.
+VERIFY_RUN = {
+    f"rocmport.verify.orchestration.{m}" for m in ("registry", "run", "options", "result", "report", "summary")
+}
+
+
+def test_verify_rooms_import_only_downward():
+    deps = graph()
+    rooms = {n: n.split(".")[2] for n in deps if n.startswith("rocmport.verify.") and len(n.split(".")) > 3}
+    assert {"orchestration", "stages", "analyses"} <= set(rooms.values())
+    upward = {
+        n: sorted(
+            d
+            for d in deps[n]
+            if (rooms[n] == "analyses" and d.startswith(("rocmport.verify.stages", "rocmport.verify.orchestration")))
+            or (rooms[n] != "orchestration" and d in VERIFY_RUN)
+            or (n not in VERIFY_RUN and rooms[n] == "orchestration" and d.startswith("rocmport.verify.stages"))
+        )
+        for n in rooms
+    }
+    assert {n: d for n, d in upward.items() if d} == {}

@@ -230,7 +230,7 @@ def test_verify_asks_doctor_which_functional_case(tmp_path, monkeypatch):
 
 
 def test_verify_takes_the_te_case_when_doctor_finds_te_usable(tmp_path, monkeypatch):
-    from rocmport.verify.orchestration.run import functional_options
+    from rocmport.verify.stages.functional import functional_options
 
     tree = tmp_path / "tree"
     tree.mkdir()

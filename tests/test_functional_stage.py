@@ -14,6 +14,7 @@ from rocmport.verify.orchestration import environment
 
 from rocmport.verify.orchestration import firewall
 from rocmport.verify.runtime import hip_sim
+from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.stages.functional import build_args, default_case, golden_path, parse_losses, stage_functional
 
 CASE = "gpt3_mcore_tp1_pp1_uninstall_te"
@@ -224,7 +225,9 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
     series_dir = tmp_path / "series"
     # This fake never loads a checkpoint: with the round trip on, the stage says so and fails
     # (its losses alone would match); the round trip itself is test_shim_answers_training_loop_and_resume_matches's.
-    kwargs = dict(case=CASE, dp=1, iters=4, proxy=True, data_path=None, series_dir=series_dir, device_kind="cpu-proxy")
+    kwargs = dict(
+        case=CASE, dp=1, iters=4, proxy=True, data_path=None, series_dir=series_dir, device_kind=DeviceKind("cpu-proxy")
+    )
     no_load, _ = stage_functional(tree, env_for(tmp_path, tree), record=False, resume=True, **kwargs)
     assert no_load.status == "fail" and "the resumed run did not load iteration 2 (it says None)" in no_load.reason
     kwargs["resume"] = False
@@ -240,7 +243,10 @@ def test_functional_case_runs_records_and_compares_golden(tmp_path):
     drifted, data = stage_functional(tree, env_for(tmp_path, tree, FAKE_SHIFT="0.5"), record=False, **kwargs)
     assert drifted.status == "fail" and data.golden.max_rel_drift > 0.04
     other, _ = stage_functional(
-        tree, env_for(tmp_path, tree), record=False, **{**kwargs, "device_kind": "rocm-amd-instinct-mi300x"}
+        tree,
+        env_for(tmp_path, tree),
+        record=False,
+        **{**kwargs, "device_kind": DeviceKind("rocm", "amd-instinct-mi300x")},
     )
     assert other.status == "pass" and "no golden for this device kind" in other.reason
 
@@ -277,7 +283,9 @@ def test_upstream_a100_golden_side_by_side(tmp_path):
 def test_cpu_blocker_is_unsupported_in_proxy_with_site(tmp_path):
     # Without the shim (a bare bootstrap), upstream's own assertion is the blocker, named with its site.
     tree = make_tree(tmp_path / "tree", BLOCKED_PRETRAIN)
-    kwargs = dict(case=CASE, dp=1, iters=3, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy")
+    kwargs = dict(
+        case=CASE, dp=1, iters=3, data_path=None, series_dir=None, record=False, device_kind=DeviceKind("cpu-proxy")
+    )
     res, _ = stage_functional(tree, env_for(tmp_path, tree), proxy=True, **kwargs)
     assert res.status == "unsupported-in-proxy"
     assert res.reason.endswith(
@@ -312,7 +320,7 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
         data_path=None,
         series_dir=None,
         record=False,
-        device_kind="cpu-proxy",
+        device_kind=DeviceKind("cpu-proxy"),
         hip=hip_sim.DEFAULT_VERSION,
     )
     res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_SEEN=str(seen)), **kwargs)
@@ -365,7 +373,9 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
 
 def test_missing_case(tmp_path):
     tree = make_tree(tmp_path / "tree", FAKE_PRETRAIN)
-    kwargs = dict(dp=1, iters=3, proxy=True, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy")
+    kwargs = dict(
+        dp=1, iters=3, proxy=True, data_path=None, series_dir=None, record=False, device_kind=DeviceKind("cpu-proxy")
+    )
     res, _ = stage_functional(tree, {}, case="gpt3_mcore_tp8_pp8_uninstall_te", defaulted=True, **kwargs)
     assert res.status == "skipped" and CASE in res.reason and "--case" in res.reason
     res, _ = stage_functional(tree, {}, case="gpt3_typo", **kwargs)
@@ -415,7 +425,7 @@ def test_async_writer_chosen_on_the_cuda_path_left_to_the_port_on_hip(tmp_path):
         proxy=True,
         data_path=None,
         series_dir=series_dir,
-        device_kind="cpu-proxy",
+        device_kind=DeviceKind("cpu-proxy"),
         resume=False,
     )
     env = env_for(tmp_path, tree, ROCMPORT_FIREWALL="transformer_engine,nvidia_resiliency_ext")

@@ -154,7 +154,7 @@ def test_the_summary_line_and_the_time_saved_come_from_the_recorded_full_run(tmp
 
 
 def test_an_empty_selection_skips_the_stage_rather_than_run_the_whole_tree(tmp_path):
-    from rocmport.verify.orchestration.run import unit_options
+    from rocmport.verify.stages.unit_tests.stage import unit_options
 
     tree, a, b = tree_with_hop(tmp_path / "up")
     (tree / "tests/unit_tests/test_basic.py").unlink()  # the smoke set's one file here
@@ -378,7 +378,7 @@ def test_bot_stage_3_on_a_tree_without_upstream_tests_is_a_skip(tmp_path, monkey
 def test_pytest_is_pinned_to_the_trees_own_configuration(tmp_path):
     """A tree inside a project whose pyproject.toml configures pytest: pytest's rootdir and
     configuration are the tree's (its own file, else an empty one), never the project's."""
-    from rocmport.verify.stages.unit_tests.runner import config_args, tree_config
+    from rocmport.verify.stages.unit_tests.command import config_args, tree_config
 
     (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\naddopts = '-x'\n")
     tree = tmp_path / "build" / "refresh" / "megatron-lm"

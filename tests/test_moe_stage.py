@@ -13,37 +13,38 @@ import pytest
 
 from rocmport.verify.stages import gpt_training as stages
 from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.orchestration.te_layer import PYTHON_LAYER, TELayer
+
+TE = TELayer("2.12.0", Path("/te"), PYTHON_LAYER, "a wheel")  # the run's TE choice, typed end to end
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_moe_pair_is_launched_with_te_where_expert_parallel_fits():
-    cmds = stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=True)
+    cmds = stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=TE)
     assert list(cmds) == ["reference", "run", "moe-reference", "moe-run"]
     run = cmds["moe-run"]
     assert run[run.index("--moe") + 1] == "4" and run[run.index("--ep") + 1] == "2" and "--te" in run
     assert "--ep" not in cmds["moe-reference"]  # the reference holds every expert
-    assert list(stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=False)) == ["reference", "run"]
-    assert stages.moe_applies(1, 1, True) == "expert parallel 2 needs tp × dp divisible by 2 (tp 1 × dp 1)"
-    assert list(stages.training_commands(Launcher(), 1, 2, 1, 10, Path("/t"), te=True)) == ["reference", "run"]
+    assert list(stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=None)) == ["reference", "run"]
+    assert stages.moe_applies(1, 1, TE) == "expert parallel 2 needs tp × dp divisible by 2 (tp 1 × dp 1)"
+    assert list(stages.training_commands(Launcher(), 1, 2, 1, 10, Path("/t"), te=TE)) == ["reference", "run"]
     # --no-moe: the dense pair alone, and the report says why the MoE case did not run
-    assert list(stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=True, moe=False)) == [
+    assert list(stages.training_commands(Launcher(), 2, 2, 1, 10, Path("/t"), te=TE, moe=False)) == [
         "reference",
         "run",
     ]
-    assert stages.moe_applies(2, 1, True, moe=False) == "--no-moe"
+    assert stages.moe_applies(2, 1, TE, moe=False) == "--no-moe"
 
 
 def test_no_moe_reaches_the_launch_plan(tmp_path):
     """`verify --no-moe` is carried from the command line to stage 2's launches (the dry-run plan)."""
     from rocmport.verify.orchestration.contract import VerifyOptions
-    from rocmport.verify.orchestration.registry import Training
+    from rocmport.verify.stages.gpt_training import STAGE, TrainingOptions
 
-    class FakeTE:
-        version = "2.12.0"
-
-    with_moe = Training().launches(VerifyOptions(tree=tmp_path, te=FakeTE()), tmp_path)  # type: ignore[arg-type]
-    without = Training().launches(VerifyOptions(tree=tmp_path, te=FakeTE(), moe=False), tmp_path)  # type: ignore[arg-type]
+    opts = VerifyOptions(tree=tmp_path, te=TE)
+    with_moe = STAGE.launches(opts, STAGE.check({"moe": True}, None), tmp_path)  # type: ignore[arg-type]
+    without = STAGE.launches(opts, TrainingOptions(moe=False), tmp_path)
     assert len(with_moe) == 4 and len(without) == 2
 
 
@@ -74,7 +75,7 @@ def test_stage_2_reports_the_moe_case_typed_and_its_json_keeps_its_keys(tmp_path
         return None, {"losses": losses}, {"losses": losses, "tied_embeddings_equal": True, "redirects": {"x": 1}}
 
     monkeypatch.setattr(stages, "_pair", pair)
-    result, training = stages.stage_training(tmp_path, {}, 2, 1, 1, 4, "gloo", te="TE 2.x's Python layer")
+    result, training = stages.stage_training(tmp_path, {}, 2, 1, 1, 4, "gloo", te=TE)
     assert result.status == "pass", result.reason
     assert (
         "; MoE (4 experts, top-2, grouped GEMM through TE's GroupedLinear, ep2): loss 4.9000 -> 4.2000" in result.reason
@@ -91,9 +92,7 @@ def test_stage_2_reports_the_moe_case_typed_and_its_json_keeps_its_keys(tmp_path
         "ep": 2,
         "redirects": {"x": 1},
     }
-    result, training = stages.stage_training(
-        tmp_path, {}, 2, 1, 1, 4, "gloo", te="TE 2.x's Python layer", moe_case=False
-    )
+    result, training = stages.stage_training(tmp_path, {}, 2, 1, 1, 4, "gloo", te=TE, moe_case=False)
     assert training.moe == stages.MoeNotRun("--no-moe") and training.to_dict()["moe"] == {"not_run": "--no-moe"}
     assert "; MoE case not run: --no-moe" in result.reason
 

@@ -25,7 +25,8 @@ from rocmport.patches.verify_settings import parse_settings
 from rocmport.machine import probe
 from rocmport.verify.orchestration import run
 from rocmport.verify.runtime import hip_sim
-from rocmport.verify.stages.unit_tests.runner import SuiteRun, label
+from rocmport.verify.stages.unit_tests.labels import label
+from rocmport.verify.stages.unit_tests.results import SuiteRun
 
 ROOT = Path(__file__).resolve().parents[1]
 MLM = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")

@@ -21,8 +21,11 @@ from rocmport.nvidia_only import blocked
 from rocmport.verify.orchestration import environment
 from rocmport.verify.orchestration import firewall
 from rocmport.verify.stages.unit_tests import suite
-from rocmport.verify.stages.unit_tests import runner as unit_tests
-from rocmport.verify.stages.unit_tests.runner import FileRun, SuiteRun, _first_hang, label, run_tests, stage_unit_tests
+from rocmport.verify.stages.unit_tests import baseline as unit_baseline
+from rocmport.verify.stages.unit_tests.labels import label
+from rocmport.verify.stages.unit_tests.results import FileRun, SuiteRun, UnitTestsRun
+from rocmport.verify.stages.unit_tests.runner import _first_hang, run_tests
+from rocmport.verify.stages.unit_tests.stage import stage_unit_tests
 from tests.helpers.sync import g
 
 TESTS = textwrap.dedent("""\
@@ -195,14 +198,14 @@ def test_the_stage_labels_against_a_baseline_cached_in_the_earlier_layout(tmp_pa
     unported tree) and labels the port against it as against a fresh run."""
     tree, base = upstream_repo(tmp_path / "up")
     env = child_env(tree)
-    cache = unit_tests.baseline_cache(
-        tree, base, FILES, env, 2, tmp_path / "cache", unit_tests.overlay_files(tree, base)
+    cache = unit_baseline.baseline_cache(
+        tree, base, FILES, env, 2, tmp_path / "cache", unit_baseline.overlay_files(tree, base)
     )
     cache.parent.mkdir(parents=True)
     cache.write_text(OLD_CACHE.read_text())
     res = stage_unit_tests(tree, env, FILES, 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
     d = res.details
-    assert isinstance(d, unit_tests.UnitTestsRun) and d.baseline.cached and d.baseline_seconds == 0.0
+    assert isinstance(d, UnitTestsRun) and d.baseline.cached and d.baseline_seconds == 0.0
     assert {k.split("::")[-1]: v for k, v in d.labels.items()} == {
         "test_add": "port-regression",
         "test_upstream_broken": "upstream-known",

@@ -433,7 +433,7 @@ def a_v019_report():
     from rocmport.verify.orchestration.launcher import Launcher
     from rocmport.verify.analyses.port_sites import Coverage
     from rocmport.verify.orchestration.result import ReportEnv, VerifyReport
-    from rocmport.verify.stages.unit_tests.runner import UnitTestsRun
+    from rocmport.verify.stages.unit_tests.results import UnitTestsRun
 
     hang = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
     labels = {
@@ -501,31 +501,26 @@ def a_v019_report():
     )
 
 
-def test_each_stage_s_report_data_fills_the_field_its_report_key_names():
-    """run_verify puts a stage's StageRun.data in the report through VerifyReport.fill(report_key, data):
-    each registered key takes its own type and refuses another's (a stage whose key and data disagree
-    stops there rather than writing a field of another shape into the JSON)."""
-    from rocmport.verify.orchestration import registry
-    from rocmport.verify.stages.bridge import BridgeTraining
-    from rocmport.verify.stages.functional import FunctionalRun
-    from rocmport.verify.stages.gpt_training import Training
+def test_each_stage_s_report_data_writes_its_own_entries_and_reads_back_typed():
+    """run_verify keeps a stage's StageRun.data under its name; the JSON gets the entries the data
+    writes (else the stage's absent_entries: stage 2's "training" is {} when it gave none), and the
+    renderers read it back typed (data_of: another type reads as None)."""
+    from rocmport.verify.analyses.port_sites import Coverage
+    from rocmport.verify.stages import bridge, functional, gpt_training
 
-    data = {
-        "training": Training([4.8, 3.6], [4.8, 3.6], 0.0, True),
-        "functional": FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2),
-        "bridge_training": BridgeTraining([1.0], True),
-    }
-    keys = [s.report_key for s in registry.STAGES if s.report_key]
-    assert sorted(keys) == sorted(data)
-    for key in keys:
-        report = a_v019_report()
-        report.fill(key, data[key])
-        assert getattr(report, key) is data[key] and report.to_dict()[key] == data[key].to_dict()
-        for other, wrong in data.items():
-            if other != key:
-                with pytest.raises(TypeError, match=f"VerifyReport.{key} does not take a {type(wrong).__name__}"):
-                    report.fill(key, wrong)
-        assert getattr(report, key) is data[key]
+    training = gpt_training.Training([4.8, 3.6], [4.8, 3.6], 0.0, True)
+    run4 = functional.FunctionalRun("gpt3_mcore_tp1_pp1", "torchrun ...", [10.6, 10.4], 2)
+    bridge_run = bridge.BridgeReport(bridge.BridgeTraining([1.0], True), {"x": Coverage(0, 1, 1)})
+    report = a_v019_report()
+    empty = report.to_dict()
+    assert empty["training"] == {} and "functional" not in empty and "bridge_training" not in empty
+    report.data.update({gpt_training.NAME: training, functional.NAME: run4, bridge.NAME: bridge_run})
+    out = report.to_dict()
+    assert out["training"] == training.to_dict() and out["functional"] == run4.to_dict()
+    assert out["bridge_training"] == {"losses": [1.0], "tied_embeddings_equal": True}
+    assert out["bridge_port_sites"] == {"x": Coverage(0, 1, 1).to_dict()}
+    assert report.data_of(gpt_training.NAME, gpt_training.Training) is training
+    assert report.data_of(gpt_training.NAME, functional.FunctionalRun) is None
 
 
 def test_the_summary_starts_with_one_verdict_line_then_the_table_then_what_blocks(capsys):
@@ -617,6 +612,7 @@ def canned_run(monkeypatch):
 def test_the_report_is_always_written_and_status_shows_the_last_verify(tmp_path, capsys, canned_run):
     r = canned_run(a_v019_report())
     project = tmp_path / "project"
+    project.mkdir()  # -C names an existing project (#41)
     assert main(["-C", str(project), "verify"]) == 1  # unit-tests failed
     out, err = capsys.readouterr()
     path = project / "build" / "verify" / "v0.19-20261126T013000Z.json"
@@ -642,6 +638,7 @@ def test_the_report_is_always_written_and_status_shows_the_last_verify(tmp_path,
         ["unit-tests"],
     )
     assert data["verdict"].startswith("v0.19 port (CPU proxy, not a GPU result): 2 of 5 stages pass")
+    (tmp_path / "elsewhere").mkdir()
     assert main(["-C", str(tmp_path / "elsewhere"), "status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["last_verify"] is None
 
@@ -649,6 +646,7 @@ def test_the_report_is_always_written_and_status_shows_the_last_verify(tmp_path,
 def test_last_json_names_the_report_absolutely_from_a_relative_project(tmp_path, capsys, canned_run, monkeypatch):
     canned_run(a_v019_report())
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "project").mkdir()  # -C names an existing project (#41)
     assert main(["-C", "project", "verify", "--report", "r.json"]) == 1
     assert json.loads((tmp_path / "project" / "build" / "verify" / "last.json").read_text())["report"] == str(
         tmp_path / "r.json"
@@ -660,6 +658,7 @@ def test_a_report_path_that_cannot_be_written_loses_nothing_else(tmp_path, capsy
     r.stages[2] = StageResult("unit-tests", "pass", "40 passed", 1.0)
     canned_run(r)
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "project").mkdir()  # -C names an existing project (#41)
     bad = tmp_path / "a-file" / "report.json"  # under a file: the OS says no
     assert (
         main(["-C", str(tmp_path / "project"), "verify", "--report", str(bad), "--junit", str(tmp_path / "j.xml")]) == 1

@@ -19,6 +19,7 @@ from rocmport.cli import main
 from rocmport.port import worktree as wt
 from rocmport.verify.orchestration import environment
 from rocmport.verify.orchestration import firewall
+from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.stages.functional import CASES
 from rocmport.verify.orchestration.registry import NAMES
 
@@ -168,7 +169,7 @@ def test_a_golden_that_cannot_be_named_is_refused_before_the_case_runs(tmp_path)
             data_path=None,
             series_dir=tmp_path / "series",
             record=True,
-            device_kind="cpu-proxy/../x",
+            device_kind=DeviceKind("rocm", "../x"),
         )
 
 
@@ -386,7 +387,7 @@ def test_stage_1_fails_when_megatron_core_is_imported_from_outside_the_tree(tmp_
     """The probe checks where each module came from: a tree whose megatron is a bare directory (a
     namespace portion) loses to a regular megatron package anywhere on the path, and then stage 1
     checked nothing of the tree."""
-    from rocmport.verify.stages.gpt_training import stage_imports
+    from rocmport.verify.stages.imports import stage_imports
 
     tree = fake_tree(tmp_path / "t")
     other = fake_tree(tmp_path / "other")  # an installed megatron-core, say
@@ -407,7 +408,7 @@ def test_stage_1_fails_when_megatron_core_is_imported_from_outside_the_tree(tmp_
 def test_stage_1_says_why_the_import_probe_itself_died(tmp_path):
     """A module that ends the probe's process (no result line printed): stage 1 fails with the last
     error line the process wrote, as stage 5 says it (one probe for both)."""
-    from rocmport.verify.stages.gpt_training import stage_imports
+    from rocmport.verify.stages.imports import stage_imports
 
     tree = fake_tree(tmp_path / "t")
     (tree / "megatron" / "core" / "__init__.py").write_text(

@@ -17,7 +17,8 @@ from rocmport.refresh.result import RefreshResult
 from rocmport.refresh.report import RefreshVerifyOptions, status_line
 from rocmport.refresh.summary import public, write_summary
 from rocmport.verify.orchestration.run import check_sizes_from
-from rocmport.commands.sizes import SIZE
+from rocmport.verify.orchestration.registry import NAMES
+from rocmport.verify.orchestration.sizes import SIZE
 
 
 @click.command("refresh")
@@ -118,7 +119,7 @@ def command(obj, to, cont, abort, no_verify, verify_stages, tp, pp, summary_path
     return result.exit_code
 
 
-REFRESH_STAGES = ("imports", "gpt-training", "unit-tests")  # what a refresh may verify (the rest: `rocmport verify`)
+REFRESH_STAGES = NAMES[:3]  # imports, gpt-training, unit-tests: what a refresh may verify (the rest: `rocmport verify`)
 DEFAULT_STAGES = "1,2"
 
 

@@ -9,18 +9,14 @@ from pathlib import Path
 import click
 
 from rocmport import output
-from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP, load_settings
+from rocmport.config import DEFAULT_ITERS, load_settings
 from rocmport.errors import EXIT_OK, EXIT_PROBLEM, BadInput, RocmportError
 from rocmport.fsutil import check_output_path, write_file
 from rocmport.redact import redact
-from rocmport.verify.orchestration import report
-from rocmport.verify.orchestration import summary
-from rocmport.verify.runtime import hip_sim
-from rocmport.verify.orchestration.launcher import KINDS
-from rocmport.verify.orchestration.registry import STAGES
+from rocmport.verify.orchestration import options, report, summary
 from rocmport.verify.orchestration.result import VerifyReport
-from rocmport.verify.orchestration.run import MAX_ITERS, MAX_WORLD, check_sizes_from, launch_plan, prepare, run_verify
-from rocmport.commands.sizes import SIZE
+from rocmport.verify.orchestration.run import check_sizes_from, launch_plan, prepare, run_verify
+from rocmport.verify.stages import functional, gpt_training
 
 
 def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
@@ -71,7 +67,8 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     folded = summary.folded_line(r, f"the report, {report_path}" if report_path else "the report (--json)")
     if folded:
         click.echo(redact(folded))
-    redirects = r.functional.redirects if r.functional else None  # stage 4's FunctionalRun, its details too
+    run4 = r.data_of(functional.NAME, functional.FunctionalRun)
+    redirects = run4.redirects if run4 else None  # stage 4's FunctionalRun, its details too
     if redirects:
         top = sorted(redirects.items(), key=lambda kv: -kv[1])[:5]
         click.echo(
@@ -80,182 +77,20 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
         )
     for line in summary.coverage_lines(r):
         click.echo(redact(line))
-    if r.training and r.training.losses:
-        click.echo(report.loss_plot(r.training.losses))
+    training = r.data_of(gpt_training.NAME, gpt_training.Training)
+    if training and training.losses:
+        click.echo(report.loss_plot(training.losses))
 
 
-@click.command("verify")
-@click.option(
-    "--tree", type=click.Path(file_okay=False), help="The ported Megatron-LM tree (default: the megatron-lm work tree)."
-)
-@click.option(
-    "--tp", type=SIZE, default=None, help=f"Tensor-parallel size (default: [tool.rocmport] tp or {DEFAULT_TP})."
-)
-@click.option(
-    "--pp", type=SIZE, default=None, help=f"Pipeline-parallel size (default: [tool.rocmport] pp or {DEFAULT_PP})."
-)
-@click.option("--dp", type=SIZE, default=None, help="Data-parallel size (default 1).")
-@click.option("--nproc", type=SIZE, default=None, help="Total processes (a multiple of tp×pp; sets dp).")
-@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default=DEFAULT_BACKEND, show_default=True)
-@click.option(
-    "--iters",
-    type=click.IntRange(2, MAX_ITERS),
-    default=DEFAULT_ITERS,
-    show_default=True,
-    help="Training iterations in stages 2, 4 and 5.",
-)
-@click.option(
-    "--stages",
-    "stages_text",
-    default=None,
-    metavar="LIST",
-    help=f"Run only these stages: numbers or names, comma-separated ({', '.join(f'{i} {s.name}' for i, s in enumerate(STAGES, 1))}).",
-)
-@click.option(
-    "--unit-tests",
-    "with_unit",
-    is_flag=False,
-    flag_value="default",
-    default=None,
-    type=click.Choice(["default", "all", "impacted"]),
-    help="Stage 3, upstream's unit tests: the line's default suite (bare flag), `all` of tests/unit_tests "
-    "(nightly; each run's per-file seconds and last pass are recorded), or `impacted`: the test files whose "
-    "imports reach a file upstream changed since --since, plus a smoke set "
-    "(default: the suite, when the tree has tests/unit_tests).",
-)
-@click.option(
-    "--since",
-    default=None,
-    metavar="COMMIT",
-    help="With --unit-tests impacted: the upstream commit the port was last verified at (a refresh hop's old pin).",
-)
-@click.option("--no-unit-tests", "no_unit", is_flag=True, help="Skip stage 3.")
-@click.option(
-    "--unit-test",
-    "unit_tests",
-    multiple=True,
-    metavar="PATH",
-    help="A test file, directory or id under the tree's tests/unit_tests to run instead of the suite "
-    "(repeatable; a path that leads out of tests/unit_tests is exit 2).",
-)
-@click.option(
-    "--unit-nproc", type=SIZE, default=8, show_default=True, help="Ranks for the unit tests (upstream CI uses 8)."
-)
-@click.option(
-    "--functional/--no-functional",
-    "with_functional",
-    default=None,
-    help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).",
-)
-@click.option(
-    "--case",
-    default=None,
-    metavar="NAME",
-    help="Functional case: a directory name under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE "
-    "case where doctor finds TE usable).",
-)
-@click.option(
-    "--data-path",
-    default=None,
-    metavar="DIR",
-    help="Real data for the functional case: upstream CI's data root ($DATA_PATH), under which the case names its "
-    "dataset and tokenizer files (default: mock data, NullTokenizer).",
-)
-@click.option(
-    "--record-golden",
-    is_flag=True,
-    help="Store this run's functional loss curve (and its args) as the golden for this device kind.",
-)
-@click.option(
-    "--resume/--no-resume",
-    default=True,
-    show_default=True,
-    help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.",
-)
-@click.option(
-    "--bridge/--no-bridge",
-    "with_bridge",
-    default=None,
-    help="Stage 5, Megatron-Bridge (default: when the megatron-bridge work tree exists and --tree is not given).",
-)
-@click.option(
-    "--hip-version",
-    default=hip_sim.DEFAULT_VERSION,
-    show_default=True,
-    metavar="VERSION",
-    help="CPU proxy: the ROCm version every process sees torch built for (the HIP simulation; e.g. 6.4).",
-)
-@click.option(
-    "--hip-arch",
-    default=hip_sim.DEFAULT_ARCH,
-    show_default=True,
-    type=click.Choice(list(hip_sim.SIM_DEVICES)),
-    help="CPU proxy: the GPU architecture the HIP simulation answers device questions as (and stage 3's "
-    "architecture-conditional ROCm known failures, e.g. AMD's MI250 marks on gfx90a).",
-)
-@click.option("--no-hip-sim", is_flag=True, help="CPU proxy: no HIP simulation (the CUDA path of the same tree).")
-@click.option(
-    "--te",
-    "te_spec",
-    default="none",
-    show_default=True,
-    metavar="VERSION|auto|none",
-    help="CPU proxy: run upstream's Transformer Engine layer spec with TE's own Python layer of this release "
-    "(auto: the newest in the line's component-matrix range on the package index), its compiled kernels "
-    "replaced by CPU reference implementations; none: Megatron's local spec.",
-)
-@click.option(
-    "--te-flavour",
-    type=click.Choice(["nvidia", "rocm"]),
-    default=None,
-    help="With --te: rocm (the default under the HIP simulation) applies the declared ROCm TE deltas to NVIDIA's "
-    "Python layer (docs/rocm-te-flavour.md); nvidia runs it as released (the default with --no-hip-sim).",
-)
-@click.option(
-    "--fp8-recipe",
-    type=click.Choice(["delayed", "tensorwise", "mxfp8", "blockwise"]),
-    default=None,
-    help="With --te: stage 2 trains in FP8 with this recipe (Megatron's --fp8-recipe), through the port's argument "
-    "validation (a recipe the GPU cannot run is refused there); its layouts are compared within the FP8 bound.",
-)
-@click.option(
-    "--fp8-format",
-    type=click.Choice(["hybrid", "e4m3"]),
-    default="hybrid",
-    show_default=True,
-    help="With --fp8-recipe: Megatron's --fp8-format.",
-)
-@click.option(
-    "--moe/--no-moe",
-    default=True,
-    show_default=True,
-    help="With --te: stage 2 also trains a MoE model (4 experts, top-2, TE's GroupedLinear, expert parallel 2) "
-    "against its tp1/pp1 run; --no-moe leaves it out (the dense pair alone).",
-)
-@click.option(
-    "--launcher",
-    "launcher_kind",
-    type=click.Choice(KINDS),
-    default="torchrun",
-    show_default=True,
-    help="torchrun, or Slurm's srun with one task per GPU (run inside an allocation).",
-)
-@click.option(
-    "--nnodes", type=SIZE, default=1, show_default=True, help="Nodes (torchrun: run the same command on each)."
-)
-@click.option(
-    "--node-rank",
-    type=click.IntRange(0, MAX_WORLD - 1),
-    default=0,
-    show_default=True,
-    help="This node's rank (torchrun, multi-node).",
-)
-@click.option(
-    "--rdzv-endpoint",
-    default=None,
-    metavar="HOST:PORT",
-    help="torchrun's c10d rendezvous (multi-node; node 0's address).",
-)
+class _VerifyCommand(click.Command):
+    """`rocmport verify`: its own options (below) after the run's and each stage's, read from the
+    stages' registry whenever the command line is parsed or --help is shown: the command never lists them."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        return [*options.all_options(), *super().get_params(ctx)]
+
+
+@click.command("verify", cls=_VerifyCommand)
 @click.option("--dry-run", is_flag=True, help="Print every launch's command line and exit without running anything.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in the README).")
 @click.option(
@@ -278,46 +113,7 @@ def _print_summary(r: VerifyReport, report_path: str | None = None) -> None:
     help="Write JUnit XML here (a test case per stage and per upstream unit test; - for stdout).",
 )
 @click.pass_obj
-def command(
-    obj,
-    tree,
-    tp,
-    pp,
-    dp,
-    nproc,
-    backend,
-    iters,
-    stages_text,
-    with_unit,
-    since,
-    no_unit,
-    unit_tests,
-    unit_nproc,
-    with_functional,
-    case,
-    data_path,
-    record_golden,
-    resume,
-    with_bridge,
-    hip_version,
-    hip_arch,
-    no_hip_sim,
-    launcher_kind,
-    nnodes,
-    node_rank,
-    rdzv_endpoint,
-    te_spec,
-    te_flavour,
-    fp8_recipe,
-    fp8_format,
-    moe,
-    dry_run,
-    as_json,
-    report_path,
-    html_path,
-    no_html,
-    junit,
-):
+def command(obj, dry_run, as_json, report_path, html_path, no_html, junit, **given):
     """Prove the ported tree imports without NVIDIA-only packages and trains GPT with tp×pp.
 
     \b
@@ -344,39 +140,9 @@ def command(
     if junit is not None:
         check_output_path(junit, "--junit", stdout_dash=True)
     settings = load_settings(obj["project"])
-    refuse_contradictions(settings, tp, pp)
-    opts = prepare(
-        settings,
-        tree,
-        tp=settings.tp if tp is None else tp,
-        pp=settings.pp if pp is None else pp,
-        dp=dp,
-        nproc=nproc,
-        iters=iters,
-        backend=backend,
-        with_unit=False if no_unit else with_unit,
-        unit_tests=unit_tests,
-        unit_nproc=unit_nproc,
-        with_functional=with_functional,
-        case=case,
-        data_path=data_path,
-        record_golden=record_golden,
-        resume=resume,
-        with_bridge=with_bridge,
-        launcher_kind=launcher_kind,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint,
-        hip_version=None if no_hip_sim else hip_version,
-        stages_text=stages_text,
-        te=te_spec,
-        te_flavour=te_flavour,
-        fp8_recipe=fp8_recipe,
-        fp8_format=fp8_format,
-        moe=moe,
-        hip_arch=hip_arch,
-        since=since,
-    )
+    refuse_contradictions(settings, given["tp"], given["pp"])
+    # The run's options and each stage's own (options.all_options()), checked by prepare and the stages.
+    opts = prepare(settings, given)
     if html_path and no_html:
         raise click.UsageError("--html and --no-html: give one")
     if dry_run:

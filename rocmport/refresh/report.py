@@ -23,6 +23,7 @@ from rocmport.upstream.lock import Lock
 from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.python import python_setup_hint, unmet_python
 from rocmport.verify.orchestration.registry import NAMES
+from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
 from rocmport.verify.orchestration.run import prepare, run_verify
 
 
@@ -224,7 +225,7 @@ def run_verify_both(
         )
     # Stages 1-2 unless the refresh (or the bot) asked for more: stage 3 costs minutes on the proxy.
     chosen = opts.chosen
-    unit = "unit-tests" in chosen
+    unit = UNIT_TESTS in chosen
     since = old.upstreams[MEGATRON_LM.name].commit if MEGATRON_LM.name in old.upstreams else None
     not_run = f"refresh verifies {', '.join(chosen)} (--verify-stages); run `rocmport verify` for the rest"
 
@@ -234,19 +235,21 @@ def run_verify_both(
         impacted = "impacted" if since and (at / "tests" / "unit_tests").is_dir() else None
         checked = prepare(
             rsettings,
-            str(at),
-            tp=opts.tp,
-            pp=opts.pp,
-            iters=opts.iters,
-            backend=opts.backend,
-            # impacted where the tree has upstream's tests (a package-index source has none: verify skips stage 3, saying so)
-            with_unit=(impacted if "unit-tests" in stages else False),
-            since=since if "unit-tests" in stages and impacted else None,
-            impact_extra=extra,
-            with_functional=False,
-            with_bridge=False,
-            # stages 1-2 left out are "not selected"; the later ones are not requested and say `not_run`
-            stages_text=",".join(n for n in NAMES if n in stages or n not in ("imports", "gpt-training")),
+            {
+                "tree": str(at),
+                "tp": opts.tp,
+                "pp": opts.pp,
+                "iters": opts.iters,
+                "backend": opts.backend,
+                # impacted where the tree has upstream's tests (a package-index source has none: verify skips stage 3, saying so)
+                "with_unit": (impacted if UNIT_TESTS in stages else False),
+                "since": since if UNIT_TESTS in stages and impacted else None,
+                "impact_extra": extra,
+                "with_functional": False,
+                "with_bridge": False,
+                # stages 1-2 left out are "not selected"; the later ones are not requested and say `not_run`
+                "stages_text": ",".join(n for n in NAMES if n in stages or n not in NAMES[:2]),
+            },
         )
         return dataclasses.replace(
             checked, skipped={**checked.skipped, **{n: not_run for n in NAMES if n not in stages}}
@@ -262,7 +265,7 @@ def run_verify_both(
         out.unit_tests_selection = ran.impact.line
     if failed:
         # Stage 3 labels each failure against the unported tree itself: the old pin reruns stages 1-2 only.
-        again = [n for n in chosen if n != "unit-tests"]
+        again = [n for n in chosen if n != UNIT_TESTS]
         before = {}
         if any(n in again for n in failed):
             old_tree = _old_port(settings, old, MEGATRON_LM.name, say)
@@ -270,7 +273,7 @@ def run_verify_both(
         out.labels = {
             n: (
                 "each failing test labelled against the unported tree (see the stage's labels)"
-                if n == "unit-tests"
+                if n == UNIT_TESTS
                 else "also fails on the old pin: upstream or environment"
                 if before.get(n) == "fail"
                 else "passes on the old pin: introduced by the new upstream or a drifted patch"

@@ -286,3 +286,20 @@ def reasons_once(reasons: list[str]) -> str:
     if len(reasons) > 1 and len(causes) == 1 and all(": " in r for r in reasons):
         return "; ".join(r.rpartition(": ")[0] for r in reasons) + ": " + causes.pop()
     return "; ".join(reasons)
+
+
+def tree_coverage(
+    tree: Path, sites_dir: Path, stages: Sequence[str] = (), te_version: str | None = None
+) -> dict[str, Coverage]:
+    """The report's port_sites of ``tree``: per codemod of the tree's port, the rewritten helper call sites
+    that ran in this verify run ({} for a tree `rocmport apply` did not make); ``stages``: the run's
+    stage names in order (read_records' order of the stages that ran each site)."""
+    from rocmport.port import worktree as wt
+
+    state = wt.read_state(tree)
+    if state is None or not state.base:
+        return {}
+    sites = find_sites(tree, state.base)
+    calls, modules = read_records(sites_dir, tree, stages)
+    codemods = {c["name"]: c.get("sites") for c in state.codemods}
+    return coverage(sites, calls, modules, codemods, te_version)

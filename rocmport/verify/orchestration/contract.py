@@ -1,65 +1,55 @@
-"""What a verify stage is: the options a run is given (VerifyOptions, checked once by
-`run.prepare`), what every stage of that run shares (VerifyContext, computed once by `run_verify`),
-and the contract each stage keeps (Stage: its name and number, whether its options ask for it, the
-launches it would make, and run(context) -> StageRun). The stages themselves are listed, in order,
-in `registry.py`: adding a stage is its module plus one entry there."""
+"""What a verify stage is. A stage owns its options and its data (as a LibCST codemod owns its
+arguments and a pre-commit language its behaviour): its module declares
+
+- ``cli_options``: its command-line options (click), added to `rocmport verify` by the command;
+- ``check(given, setup)``: the ONE place those options are checked, returning the stage's own
+  typed options, or NotRequested with why it does not run here;
+- ``run(ctx, options)`` -> StageRun: its result and its typed report data (StageData), whose
+  ``report_entries()`` are the keys it adds to the report's JSON;
+- ``launches(opts, options, tmp)``: what it would start (`--dry-run`).
+
+The run's shared options (tree, sizes, backend, HIP simulation, TE, launcher) are VerifyOptions,
+checked once by `run.prepare`; each stage's own are in ``VerifyOptions.by_stage``. What every stage
+of one run shares is VerifyContext. The stages are listed, in order, in `registry.STAGES`: adding a
+stage is its module plus one line there."""
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
+
+import click
 
 from rocmport.config import DEFAULT_BACKEND, DEFAULT_ITERS, DEFAULT_PP, DEFAULT_TP
-from rocmport.verify.stages.unit_tests import suite
 from rocmport.verify.runtime import hip_sim
 from rocmport.verify.orchestration.launcher import Launcher
-from rocmport.verify.stages.gpt_training import StageResult
+from rocmport.verify.orchestration.stage_result import StageResult
 
 if TYPE_CHECKING:
+    from rocmport.config import Settings
     from rocmport.machine.probe import Environment
-    from rocmport.verify.stages.bridge import BridgeTraining
-    from rocmport.verify.stages.functional import FunctionalRun
-    from rocmport.verify.stages.gpt_training import Training
-    from rocmport.verify.analyses.impact import Selection
     from rocmport.verify.orchestration.te_layer import TELayer
 
 Mode = Literal["gpu", "cpu-proxy"]
+Options = TypeVar("Options")
 
 
 @dataclass(frozen=True)
-class UnitOptions:
-    """Stage 3: upstream's unit tests."""
+class NotRequested:
+    """A stage's ``check``: it does not run here, and why (the report's skipped reason)."""
 
-    tests: list[str]
-    nproc: int
-    cache_dir: Path
-    base: str | None  # the unported commit the baseline runs
-    settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
-    reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
-    selection: str = "series"  # series | fallback | explicit | all | impacted
-    impact: Selection | None = None  # impacted: since, until, changed files, test files selected of the total
-
-
-@dataclass(frozen=True)
-class FunctionalOptions:
-    """Stage 4: upstream's functional GPT case through pretrain_gpt.py."""
-
-    case: str
-    iters: int
-    defaulted: bool = True
-    data_path: str | None = None
-    record: bool = False
-    series_dir: Path | None = None
-    resume: bool = True
+    why: str
 
 
 @dataclass(frozen=True)
 class VerifyOptions:
-    """Everything a verify run is given, as `run.prepare` checked it (sizes, the tree, its Python):
-    ``dp`` is resolved. ``unit``/``functional``/``bridge_tree`` None: that stage does not run and
-    ``skipped`` says why; ``stages`` limits the run to a subset."""
+    """Everything a verify run is given, as `run.prepare` checked it: the shared options (``dp``
+    resolved), and each requested stage's own checked options by its name (``by_stage``); a stage
+    absent there does not run and ``skipped`` says why; ``stages`` limits the run to a subset."""
 
     tree: Path
     tp: int = DEFAULT_TP
@@ -67,22 +57,49 @@ class VerifyOptions:
     dp: int = 1
     backend: str = DEFAULT_BACKEND
     iters: int = DEFAULT_ITERS
-    unit: UnitOptions | None = None
-    functional: FunctionalOptions | None = None
-    bridge_tree: Path | None = None
     launcher: Launcher = field(default_factory=Launcher)
     hip_version: str | None = hip_sim.DEFAULT_VERSION  # CPU proxy: the simulated ROCm (None: the CUDA path)
     hip_arch: str = hip_sim.DEFAULT_ARCH  # CPU proxy: the simulated GPU's architecture (--hip-arch)
     stages: tuple[str, ...] = ()  # the selected stages' names (prepare: every stage by default)
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it does not run here
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
-    moe: bool = True  # with TE: stage 2's MoE case too (--no-moe leaves it out)
     fp8: str | None = None  # with TE: stage 2's FP8 case, "FORMAT:RECIPE" (--fp8-format/--fp8-recipe)
     pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
+    by_stage: dict[str, Any] = field(default_factory=dict)  # stage name -> its own checked options
 
     @property
     def world(self) -> int:
         return self.tp * self.pp * self.dp
+
+
+class RunSetup:
+    """What a stage's ``check`` may read besides its own options: the project's settings, the tree
+    and whether --tree named it, the checked sizes, the tree's series (verify settings, directory,
+    base commit), and the run's TE layer (resolved on first use: fetching it may take a download)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        tree: Path,
+        *,
+        tree_given: bool,
+        tp: int,
+        pp: int,
+        dp: int,
+        iters: int,
+        series: Any,  # the series' verify settings (stage 3's suite.VerifySettings: a stage's type, not the contract's)
+        series_dir: Path | None,
+        base: str | None,
+        te: Callable[[], TELayer | None] = lambda: None,
+    ) -> None:
+        self.settings, self.tree, self.tree_given = settings, tree, tree_given
+        self.tp, self.pp, self.dp, self.iters = tp, pp, dp, iters
+        self.series, self.series_dir, self.base = series, series_dir, base
+        self._te = te
+
+    @functools.cached_property
+    def te(self) -> TELayer | None:
+        return self._te()
 
 
 @dataclass(frozen=True)
@@ -100,6 +117,7 @@ class VerifyContext:
     device_arch: str | None  # the ROCm GPU's arch, the simulated one (--hip-arch), or None (CUDA)
     env: dict[str, str]  # the started processes' environment
     tmp: Path  # the run's own temporary directory (removed at its end)
+    sites_dir: Path | None = None  # where the started processes record the port's helper call sites
 
     @property
     def tree(self) -> Path:
@@ -110,32 +128,51 @@ class VerifyContext:
         return self.opts.launcher
 
 
+class StageData(Protocol):
+    """A stage's typed report data: ``report_entries()`` are the top-level keys it adds to the
+    report's JSON ({"training": {...}}); the renderers read its attributes."""
+
+    def report_entries(self) -> dict[str, Any]: ...
+
+
 @dataclass
 class StageRun:
-    """A stage's result, and what it adds to the report under its `Stage.report_key`."""
+    """A stage's result, and the data it adds to the report (None: nothing)."""
 
     result: StageResult
-    # stage 2: Training, stage 4: FunctionalRun, stage 5: BridgeTraining (VerifyReport.fill puts each in
-    # its field); None: nothing to add
-    data: Training | FunctionalRun | BridgeTraining | None = None
+    data: StageData | None = None
 
 
-class Stage(ABC):
+class Stage(ABC, Generic[Options]):
     """One verify stage. ``number`` is its place in `registry.STAGES` (1-based, `--stages 3`)."""
 
     name: ClassVar[str]  # `--stages` and the report's stage name
     summary: ClassVar[str]  # one line: what it proves (`verify --help`)
-    report_key: ClassVar[str | None] = None  # the report field its StageRun.data fills
     after_imports: ClassVar[bool] = True  # skipped when stage 1 (the imports) failed
-
-    def requested(self, opts: VerifyOptions) -> bool:
-        """Whether the run's options ask for it (when not, ``opts.skipped[name]`` says why)."""
-        return True
+    cli_options: ClassVar[tuple[click.Option, ...]] = ()  # its own command-line options
+    # The report's entries when the stage gave no data (skipped, or stopped before any): stage 2's
+    # "training" is {} then, the others are left out.
+    absent_entries: ClassVar[Mapping[str, Any]] = {}
 
     @abstractmethod
-    def launches(self, opts: VerifyOptions, tmp: Path) -> list[dict]:
+    def check(self, given: Mapping[str, Any], setup: RunSetup) -> Options | NotRequested:
+        """Its options from the command line's values (``given``, by parameter name, every option
+        present), checked: BadInput (exit 2) for a bad one, NotRequested when it does not run here."""
+
+    def launches(self, opts: VerifyOptions, options: Options, tmp: Path) -> list[dict]:
         """The launches it would make ({stage, command, cwd}; `--dry-run`), temporary paths under ``tmp``."""
+        return []
 
     @abstractmethod
-    def run(self, ctx: VerifyContext) -> StageRun:
+    def run(self, ctx: VerifyContext, options: Options) -> StageRun:
         """Run it: its result (and report data), never an exception for a failure of the tree."""
+
+    def data_when_skipped(self, ctx: VerifyContext, options: Options) -> StageData | None:
+        """Report data of a requested stage that did not run (stage 1 failed): none by default."""
+        return None
+
+
+def option_defaults(options: tuple[click.Option, ...]) -> dict[str, Any]:
+    """Each option's value when the command line does not give it, as click gives it to the command
+    (a flag False, a repeatable option ()): what `prepare` fills in for a caller that names only some."""
+    return dict(click.Command("defaults", params=list(options)).make_context("defaults", []).params)

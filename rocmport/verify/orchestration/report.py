@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.inputs import read_json
-from rocmport.verify.orchestration.registry import UnitTests
+from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
 from rocmport.verify.stages.gpt_training import StageResult
-from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun, UnitTestsStopped
+from rocmport.verify.stages.unit_tests.results import BLOCKING, UnitTestsRun, UnitTestsStopped
 
 if TYPE_CHECKING:
     from rocmport.verify.orchestration.result import VerifyReport
@@ -158,7 +158,7 @@ def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:
             ET.SubElement(case, "failure", message=s.reason[:500]).text = s.reason
         elif s.status != "pass":
             ET.SubElement(case, "skipped", message=f"{s.status}: {s.reason}"[:500])
-    stage3 = next((s for s in stages if s.name == UnitTests.name), None)
+    stage3 = next((s for s in stages if s.name == UNIT_TESTS), None)
     unit = stage3.details if stage3 is not None else None
     if isinstance(unit, UnitTestsStopped) and unit.files:  # pytest produced no results: an empty suite
         unit = UnitTestsRun(tests=unit.tests, files=unit.files)

@@ -5,19 +5,20 @@ boundary (`--json`, the report file, last.json). Its keys and shape are held by 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from rocmport.machine.probe import Environment
-from rocmport.verify.orchestration.contract import Mode
-from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.analyses.port_sites import Coverage
-from rocmport.verify.orchestration.registry import UnitTests
-from rocmport.verify.stages.bridge import BridgeTraining
-from rocmport.verify.stages.functional import FunctionalRun
 from rocmport.verify.runtime.hip_sim import HipSim
-from rocmport.verify.stages.gpt_training import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult, Training
+from rocmport.verify.orchestration.contract import Mode, StageData
+from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.orchestration import registry
+from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSUPPORTED, StageResult
 from rocmport.verify.orchestration.te_layer import TELayer
-from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun
+from rocmport.verify.stages.unit_tests.results import BLOCKING, UnitTestsRun
+from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
+
+Data = TypeVar("Data")
 
 
 @dataclass
@@ -54,11 +55,8 @@ class VerifyReport:
     env: ReportEnv
     launcher: Launcher
     stages: list[StageResult] = field(default_factory=list)
-    training: Training | None = None  # None: stage 2 did not run to losses
-    functional: FunctionalRun | None = None  # stage 4's case, losses, resume, golden (also its stage's keys)
-    bridge_training: BridgeTraining | None = None
+    data: dict[str, StageData] = field(default_factory=dict)  # stage name -> the report data it gave
     port_sites: dict[str, Coverage] = field(default_factory=dict)
-    bridge_port_sites: dict[str, Coverage] | None = None
     te: TELayer | None = None
     line: str | None = None  # the release line of the series the tree was ported with ("v0.19"), None for another tree
     commit: str | None = None  # the tree's HEAD when verify ran
@@ -67,21 +65,14 @@ class VerifyReport:
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
 
-    def fill(self, key: str, data: Training | FunctionalRun | BridgeTraining) -> None:
-        """Put a stage's report data (its StageRun.data) in the field its `Stage.report_key` names: typed
-        assignments the type checker sees, and a stage whose key and data disagree stops here."""
-        if key == "training" and isinstance(data, Training):
-            self.training = data
-        elif key == "functional" and isinstance(data, FunctionalRun):
-            self.functional = data
-        elif key == "bridge_training" and isinstance(data, BridgeTraining):
-            self.bridge_training = data
-        else:
-            raise TypeError(f"VerifyReport.{key} does not take a {type(data).__name__} (report_key and StageRun.data)")
+    def data_of(self, name: str, kind: type[Data]) -> Data | None:
+        """Stage ``name``'s report data when it gave data of type ``kind``, else None."""
+        data = self.data.get(name)
+        return data if isinstance(data, kind) else None
 
     def unit_run(self) -> UnitTestsRun | None:
         """Stage 3's details when its tests ran on both trees and were labelled; else None."""
-        s = self.stage(UnitTests.name)
+        s = self.stage(UNIT_TESTS)
         return s.details if s is not None and isinstance(s.details, UnitTestsRun) else None
 
     @property
@@ -104,16 +95,14 @@ class VerifyReport:
             "env": self.env.to_dict(),
             "launcher": self.launcher.to_dict(),
             "stages": [s.to_dict() for s in self.stages],
-            "training": self.training.to_dict() if self.training else {},
             "port_sites": _sites(self.port_sites),
             "te": self.te.to_dict() if self.te else None,
         }
-        if self.functional:
-            out["functional"] = self.functional.to_dict()
-        if self.bridge_training:
-            out["bridge_training"] = self.bridge_training.to_dict()
-        if self.bridge_port_sites is not None:
-            out["bridge_port_sites"] = _sites(self.bridge_port_sites)
+        for (
+            stage
+        ) in registry.STAGES:  # each stage's own entries ({"training": {...}}), or its entries when it gave none
+            data = self.data.get(stage.name)
+            out.update(data.report_entries() if data is not None else stage.absent_entries)
         out["verdict"] = verdict(self)  # the summary's first line, for machines and `rocmport status` too
         return out
 
@@ -179,7 +168,7 @@ def verdict(r: VerifyReport) -> str:
     for s in stages:
         if s.status != FAIL:
             continue
-        items = unit_blocking(s) if s.name == UnitTests.name else {}
+        items = unit_blocking(s) if s.name == UNIT_TESTS else {}
         if items:
             blocking.append(f"{s.name} (" + ", ".join(_count(lab, len(ids)) for lab, ids in items.items()) + ")")
         else:

@@ -5,10 +5,11 @@ the report)."""
 
 from __future__ import annotations
 
-from rocmport.verify.orchestration.registry import UnitTests
+from rocmport.verify.stages import bridge
+from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
 from rocmport.verify.orchestration.result import VerifyReport, unit_blocking, verdict
 from rocmport.verify.stages.gpt_training import FAIL
-from rocmport.verify.stages.unit_tests.runner import BLOCKING, UnitTestsRun
+from rocmport.verify.stages.unit_tests.results import BLOCKING, UnitTestsRun
 
 __all__ = ["WHY_IT_BLOCKS", "blocking_lines", "coverage_lines", "folded_line", "verdict"]
 
@@ -30,7 +31,7 @@ def blocking_lines(r: VerifyReport) -> list[str]:
     for s in r.stages:
         if s.status != FAIL:
             continue
-        items = unit_blocking(s) if s.name == UnitTests.name else {}
+        items = unit_blocking(s) if s.name == UNIT_TESTS else {}
         if not items:
             lines += [f"{s.name}: stage failed", f"    {s.reason}"]
             continue
@@ -74,7 +75,9 @@ def coverage_lines(r: VerifyReport) -> list[str]:
     (apply's table, ``rewrites``); where its rewritten sites and the runtime-helper calls they wrote
     (what a run can see) differ in number, the line gives both. Codemods with nothing to count share one line."""
     lines: list[str] = []
-    for sites, title in ((r.port_sites, "Megatron-LM"), (r.bridge_port_sites, "Megatron-Bridge")):
+    bridge_run = r.data_of(bridge.NAME, bridge.BridgeReport)
+    bridge_sites = bridge_run.port_sites if bridge_run else None
+    for sites, title in ((r.port_sites, "Megatron-LM"), (bridge_sites, "Megatron-Bridge")):
         if not sites:
             continue
         lines.append(f"port coverage ({title}): of the call sites each codemod rewrote, how many ran in these stages")

@@ -1,6 +1,6 @@
 """Stage 1's and stage 5's import probe, in a started process behind the firewall: ``python -m
 rocmport.verify.runtime.import_probe '["megatron.core", ...]'`` imports each module and prints two
-lines the parent reads (rocmport.verify.stages.gpt_training.probe_imports): each module's failure or None, and
+lines the parent reads (rocmport.verify.stages.imports.probe_imports): each module's failure or None, and
 the file each imported module came from."""
 
 from __future__ import annotations

@@ -16,8 +16,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+import click
 
 from rocmport import output
 from rocmport.errors import BadInput
@@ -25,17 +27,26 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.case_plan import CasePlan
 from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.machine import probe
 from rocmport.verify.runtime import protocol
-from rocmport.verify.stages.gpt_training import (
+from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
+from rocmport.verify.orchestration.device_kind import DeviceKind
+from rocmport.verify.orchestration.stage_result import (
     FAIL,
     PASS,
     SKIPPED,
     UNSUPPORTED,
     StageResult,
     skipped,
-    took_part,
     tree_lacks,
 )
+from rocmport.verify.stages.gpt_training import took_part
+
+if TYPE_CHECKING:
+    from rocmport.verify.orchestration.te_layer import TELayer
+
+NAME = "functional"
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
 _LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
@@ -380,7 +391,7 @@ def world_size(config: dict, dp: int, plan: CasePlan | None) -> int:
 
 
 def functional_command(launcher: Launcher, world: int, args: list[str]) -> list[str]:
-    return launcher.command(world, ["pretrain_gpt.py", *args], "functional")
+    return launcher.command(world, ["pretrain_gpt.py", *args], NAME)
 
 
 def load_case(tree: Path, case: str) -> dict:
@@ -458,24 +469,24 @@ def _failure(
     te_kernel = re.search(r"unsupported-in-proxy: transformer_engine_torch\.\w+[^\n]*", proc.stderr) if proxy else None
     if te_kernel:  # TE's Python layer reached a kernel the CPU proxy has no reference implementation for (verify --te)
         return StageResult(
-            "functional", UNSUPPORTED, f"pretrain_gpt.py with TE's Python layer: {te_kernel.group(0)}", seconds, details
+            NAME, UNSUPPORTED, f"pretrain_gpt.py with TE's Python layer: {te_kernel.group(0)}", seconds, details
         )
     if blocker:
-        return StageResult("functional", UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
+        return StageResult(NAME, UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
     if proxy and hip:
         from rocmport.verify.runtime.hip_sim import simulation_break
 
         site = simulation_break(proc.stderr, tree)
         if site:
             return StageResult(
-                "functional",
+                NAME,
                 UNSUPPORTED,
                 f"the HIP simulation breaks {site} (a ROCm build of torch would not)",
                 seconds,
                 details,
             )
     tail = [exception_line(proc.stderr) or (proc.stderr.strip().splitlines() or ["no output"])[-1]]
-    return StageResult("functional", FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
+    return StageResult(NAME, FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
 
 
 @dataclass
@@ -561,6 +572,9 @@ class FunctionalRun:
     golden: GoldenComparison | None = None
     upstream_golden_a100: UpstreamGolden | None = None
 
+    def report_entries(self) -> dict[str, Any]:
+        return {"functional": self.to_dict()}
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "case": self.case,
@@ -596,7 +610,7 @@ def stage_functional(
     data_path: str | None,
     series_dir: Path | None,
     record: bool,
-    device_kind: str,
+    device_kind: DeviceKind,
     defaulted: bool = False,
     launcher: Launcher = Launcher(),
     resume: bool = True,
@@ -610,18 +624,18 @@ def stage_functional(
     start = time.monotonic()
     cdir = check_case(tree, case)
     if series_dir is not None:  # a golden that cannot be named is bad input now, not after minutes of training
-        golden_path(series_dir, case, device_kind)
+        golden_path(series_dir, case, str(device_kind))
     if not (tree / "pretrain_gpt.py").is_file():
-        return skipped("functional", tree_lacks("pretrain_gpt.py")), None
+        return skipped(NAME, tree_lacks("pretrain_gpt.py")), None
     if not (cdir / "model_config.yaml").is_file():
         text = f"upstream has no functional case {case} ({CASES / case}); pass --case NAME (e.g. {', '.join(cases_near(tree))})"
-        return StageResult("functional", SKIPPED if defaulted else FAIL, text), None
+        return StageResult(NAME, SKIPPED if defaulted else FAIL, text), None
     config = load_case(tree, case)
     plan: CasePlan | None = None
     if proxy:
         planned = case_plan.plan_case(case, config, data_path=bool(data_path))
         if isinstance(planned, case_plan.Unsupported):
-            return StageResult("functional", UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}"), None
+            return StageResult(NAME, UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}"), None
         plan = planned
     world = world_size(config, dp, plan)
     support = resume_support(tree)
@@ -653,7 +667,7 @@ def stage_functional(
         steps = loss_steps(proc.stdout + proc.stderr)
         losses = [steps[i] for i in sorted(steps)]
         if proc.returncode == 0 and not losses and launcher.multi_node:
-            return took_part("functional", launcher, time.monotonic() - start), None
+            return took_part(NAME, launcher, time.monotonic() - start), None
         run = FunctionalRun(
             case=case,
             command=" ".join(cmd),
@@ -670,7 +684,7 @@ def stage_functional(
         hook = work / "shim" / "unsupported.txt"
         if proxy and hook.is_file():
             return StageResult(
-                "functional",
+                NAME,
                 UNSUPPORTED,
                 f"proxy shim hook missing: {hook.read_text()}",
                 time.monotonic() - start,
@@ -747,7 +761,7 @@ def stage_functional(
     seconds = time.monotonic() - start
     status = FAIL if problems else PASS
     if series_dir is not None:
-        golden = golden_path(series_dir, case, device_kind)
+        golden = golden_path(series_dir, case, str(device_kind))
         if (
             record and problems
         ):  # a golden is what a passing run logged: a failed run's curve would excuse the failure next time
@@ -758,7 +772,7 @@ def stage_functional(
                 json.dumps(
                     {
                         "case": case,
-                        "device_kind": device_kind,
+                        "device_kind": str(device_kind),
                         "iters": iters,
                         "losses": losses,
                         "hip_sim": hip,
@@ -787,7 +801,7 @@ def stage_functional(
                     if n
                     else float("inf")
                 )
-                tol = TOLERANCE.get(device_kind.split("-te")[0], 0.05)  # cpu-proxy-te<version>: the proxy's bound
+                tol = TOLERANCE["cpu-proxy" if device_kind.proxy else "gpu"]  # with TE's layer or not
                 compared.max_rel_drift, compared.tolerance, compared.hip_sim = drift, tol, ref.get("hip_sim")
                 reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
                 if drift > tol:
@@ -802,4 +816,191 @@ def stage_functional(
             reason += f"; upstream's A100 golden (reference only): {reference.summary}"
     if problems:
         reason = "; ".join(problems) + f" [{reason}]"
-    return StageResult("functional", status, reason, seconds, run), run
+    return StageResult(NAME, status, reason, seconds, run), run
+
+
+@dataclass(frozen=True)
+class FunctionalOptions:
+    """Stage 4: upstream's functional GPT case through pretrain_gpt.py."""
+
+    case: str
+    iters: int
+    defaulted: bool = True
+    data_path: str | None = None
+    record: bool = False
+    series_dir: Path | None = None
+    resume: bool = True
+
+
+CLI_OPTIONS = (
+    click.Option(
+        ["--functional/--no-functional", "with_functional"],
+        default=None,
+        help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).",
+    ),
+    click.Option(
+        ["--case"],
+        default=None,
+        metavar="NAME",
+        help="Functional case: a directory name under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE "
+        "case where doctor finds TE usable).",
+    ),
+    click.Option(
+        ["--data-path"],
+        default=None,
+        metavar="DIR",
+        help="Real data for the functional case: upstream CI's data root ($DATA_PATH), under which the case names its "
+        "dataset and tokenizer files (default: mock data, NullTokenizer).",
+    ),
+    click.Option(
+        ["--record-golden"],
+        is_flag=True,
+        help="Store this run's functional loss curve (and its args) as the golden for this device kind.",
+    ),
+    click.Option(
+        ["--resume/--no-resume"],
+        default=True,
+        show_default=True,
+        help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.",
+    ),
+)
+
+
+class FunctionalStage(Stage[FunctionalOptions]):
+    name = NAME
+    summary = (
+        "upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data), a checkpoint saved half way and "
+        "resumed with equal losses, and this device kind's golden"
+    )
+    cli_options = CLI_OPTIONS
+
+    def check(self, given: Mapping[str, Any], setup: RunSetup) -> FunctionalOptions | NotRequested:
+        options, why = functional_options(
+            setup.tree,
+            setup.series_dir,
+            given["with_functional"],
+            given["case"],
+            setup.tp,
+            setup.pp,
+            given["data_path"],
+            given["record_golden"],
+            setup.iters,
+            given["resume"],
+            te=setup.te,
+        )
+        return options if options is not None else NotRequested(why)
+
+    def launches(self, opts: VerifyOptions, options: FunctionalOptions, tmp: Path) -> list[dict]:
+        f = options
+        if not (case_dir(opts.tree, f.case) / "model_config.yaml").is_file():
+            return []
+        config = load_case(opts.tree, f.case)
+        proxy = not probe.probe().has_gpu
+        plan = case_plan.plan_case(f.case, config, data_path=bool(f.data_path)) if proxy else None
+        if isinstance(plan, case_plan.Unsupported):
+            return []
+        args = build_args(config, iters=f.iters, proxy=proxy, data_path=f.data_path, work=tmp, plan=plan)
+        return [
+            {
+                "stage": self.name,
+                "command": functional_command(opts.launcher, world_size(config, opts.dp, plan), args),
+                "cwd": str(opts.tree),
+            }
+        ]
+
+    def run(self, ctx: VerifyContext, options: FunctionalOptions) -> StageRun:
+        f = options
+        blocked_by = environment.functional_blockers(ctx.tree)
+        if blocked_by:
+            return StageRun(StageResult(self.name, FAIL, blocked_by))
+        with output.progress(
+            f"stage 4: upstream's functional case {f.case} (pretrain_gpt.py, {f.iters} iterations, "
+            f"then resumed from iteration {f.iters // 2})"
+        ):
+            result, details = stage_functional(
+                ctx.tree,
+                ctx.env,
+                case=f.case,
+                dp=ctx.opts.dp,
+                iters=f.iters,
+                proxy=ctx.mode == "cpu-proxy",
+                data_path=f.data_path,
+                series_dir=f.series_dir,
+                record=f.record,
+                device_kind=DeviceKind.of_run(ctx.mode, ctx.machine, ctx.opts.te),
+                defaulted=f.defaulted,
+                launcher=ctx.launcher,
+                resume=f.resume,
+                hip=ctx.hip_version,
+                rocm=bool(ctx.hip_version or ctx.machine.hip),
+            )
+        return StageRun(result, details)
+
+
+STAGE = FunctionalStage()
+
+
+def functional_options(
+    tree: Path,
+    series_dir: Path | None,
+    wanted,
+    case,
+    tp: int,
+    pp: int,
+    data_path,
+    record: bool,
+    iters: int,
+    resume: bool = True,
+    te: TELayer | None = None,
+) -> tuple[FunctionalOptions | None, str]:
+    from rocmport.machine.doctor import for_verify
+
+    if case is not None:  # confined to the tree's cases directory whether or not stage 4 runs
+        check_case(tree, case)
+    if wanted is False:
+        return None, "--no-functional"
+    if not (tree / "pretrain_gpt.py").is_file():
+        if wanted:
+            raise BadInput(
+                f"{tree}: no pretrain_gpt.py to run (a package-index source ships megatron/core only); drop --functional"
+            )
+        return None, tree_lacks("pretrain_gpt.py")
+    if case is not None and not (check_case(tree, case) / "model_config.yaml").is_file():
+        raise BadInput(
+            f"--case {case!r}: no such case in {tree / CASES} (no model_config.yaml); e.g. {', '.join(cases_near(tree)) or '-'}"
+        )
+    if record and series_dir is None:
+        raise BadInput(
+            f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)"
+        )
+    # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
+    # or where TE's Python layer runs on the CPU proxy (--te).
+    te_usable = te is not None or for_verify(series_dir / "series" if series_dir else None).te_usable
+    chosen = case or default_case(tp, pp, te_usable, tree)
+    if data_path is not None:
+        # --data-path is upstream CI's data root ($DATA_PATH; the case names its files under it), taken
+        # whole (never split on spaces) and made absolute: pretrain_gpt.py runs in the tree.
+        root = Path(data_path).expanduser().resolve()
+        if not root.is_dir():
+            raise BadInput(
+                f"--data-path {data_path}: not a directory; give upstream CI's data root ($DATA_PATH), "
+                f"under which the case names its dataset and tokenizer files"
+            )
+        config = check_case(tree, chosen) / "model_config.yaml"
+        missing = missing_data(load_case(tree, chosen), root) if config.is_file() else []
+        if missing:
+            raise BadInput(
+                f"--data-path {data_path}: case {chosen} reads {missing[0]}, which is not there"
+                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
+                + "; lay the data out as upstream CI does under that directory"
+            )
+        data_path = str(root)
+    return FunctionalOptions(
+        case=chosen,
+        defaulted=not case,
+        data_path=data_path,
+        record=record,
+        series_dir=series_dir,
+        iters=iters,
+        resume=resume,
+    ), ""

@@ -1,25 +1,54 @@
-"""verify's stages. Each returns a StageResult: pass | fail | skipped | unsupported-in-proxy."""
+"""Stage 2, gpt-training: megatron's schedule/DDP/optimizer via torchrun; the loss falls, tied
+embeddings stay equal, and losses match a tp1/pp1 run from the same weights (with --te, a MoE case
+too). Also the launch helpers the stages share (launch, took_part, exhausted, _last_error)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 from pathlib import Path
 
+import click
+
+from rocmport import output
 from rocmport.verify.runtime import protocol
-from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.cpu_meter import task_limit, threads_running
 from rocmport.verify.orchestration.launcher import Launcher
-from rocmport.verify.runtime import import_probe
+from rocmport.verify.orchestration.stage_result import (
+    FAIL,
+    PASS,
+    SKIPPED,
+    UNSUPPORTED,
+    StageDetails,
+    StageResult,
+    skipped,
+    tree_lacks,
+)
 
-PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
+from rocmport.verify.orchestration.contract import RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
+
+if TYPE_CHECKING:
+    from rocmport.verify.orchestration.te_layer import TELayer
+
+__all__ = [
+    "FAIL",
+    "PASS",
+    "SKIPPED",
+    "UNSUPPORTED",
+    "StageDetails",
+    "StageResult",
+    "skipped",
+    "tree_lacks",
+]  # the stages' shared names, re-exported
+
+NAME = "gpt-training"
+
 # Relative to the loss (times max(1, |loss|)). fp32 on the CPU proxy is not bitwise either: tp2xpp2
 # reduces in another order than tp1/pp1, so single iterations differ by a few float32 ulps of the
 # loss (measured on the v0.16 port: up to 1.5e-5 at a loss of ~3.7, 3.5e-6 relative, typically 5e-7
@@ -49,76 +78,6 @@ def fp8_tolerance(setting: str) -> float:
 
 
 MOE_TOL = {"gloo": 1e-2, "nccl": 2e-2}
-
-
-# Why a stage cannot apply to a tree: the package index's Megatron-LM sdist (`sync --source pypi`) is
-# megatron/core alone, with no upstream tests and no pretrain_gpt.py to run. Such a stage is
-# "skipped" in the JSON as before, with applicable false; the verdict counts it apart from stages not run.
-PACKAGE_INDEX_ONLY = "a package-index source ships megatron/core only"
-
-
-def tree_lacks(what: str) -> str:
-    """The reason a stage does not apply: "the tree has no tests/unit_tests (a package-index source ...)"."""
-    return f"the tree has no {what} ({PACKAGE_INDEX_ONLY})"
-
-
-def skipped(name: str, why: str) -> StageResult:
-    """A skipped stage, not applicable when ``why`` is a tree_lacks reason."""
-    return StageResult(name, SKIPPED, why, applicable=not why.endswith(f"({PACKAGE_INDEX_ONLY})"))
-
-
-def modules_import(n: int, kind: str = "") -> str:
-    """ "1 module imports" / "24 modules import" (``kind`` e.g. "Bridge ")."""
-    return f"{n} {kind}module imports" if n == 1 else f"{n} {kind}modules import"
-
-
-class StageDetails(Protocol):
-    """A stage's own facts, typed (stage 1's and 5's ImportProbe, stage 3's unit_tests.UnitTestsRun or
-    UnitTestsStopped, stage 4's functional.FunctionalRun): the renderers read their attributes;
-    ``to_dict()`` gives the keys the stage adds to its entry in the report's JSON."""
-
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-@dataclass
-class StageResult:
-    name: str
-    status: str
-    reason: str = ""
-    seconds: float = 0.0
-    details: StageDetails | None = None  # None: the stage adds no keys of its own
-    # False: skipped because the tree cannot have it (see tree_lacks), not because the run left it out
-    applicable: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "reason": self.reason,
-            "seconds": round(self.seconds, 2),
-            "applicable": self.applicable,
-            **(self.details.to_dict() if self.details is not None else {}),
-        }
-
-
-@dataclass
-class ImportProbe:
-    """What an import probe found (stage 1 over Megatron-LM, stage 5 over Megatron-Bridge): the modules
-    it imported, and those that failed ({module: {error, chain, missing}}); stage 1 adds the tree's own
-    modules imported from elsewhere, stage 5 the tree's declared requirements this Python does not meet.
-    None: not part of this result (absent from the JSON)."""
-
-    modules: list[str]
-    failures: dict[str, dict[str, Any]] | None = None
-    not_from_tree: dict[str, str] | None = None
-    declared_unmet: dict[str, dict[str, str]] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"modules": self.modules}
-        for key in ("failures", "not_from_tree", "declared_unmet"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        return out
 
 
 @dataclass
@@ -175,6 +134,9 @@ class Training:
     tolerance: float = 0.0
     moe: MoeRun | MoeNotRun | None = None
 
+    def report_entries(self) -> dict[str, Any]:
+        return {"training": self.to_dict()}
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "losses": self.losses,
@@ -189,123 +151,10 @@ class Training:
         return out
 
 
-def probe_imports(tree: Path, env: dict, mods: list[str]) -> tuple[dict[str, Any] | None, str, str]:
-    """Import ``mods`` in a process started in ``tree`` with ``env`` (stage 1's and stage 5's probe,
-    rocmport.verify.runtime.import_probe): (module -> its failure or None, the files they came from
-    as the probe printed them, ""), or (None, "", why) when the probe itself crashed."""
-    proc = subprocess.run(
-        [sys.executable, "-W", "ignore", "-m", "rocmport.verify.runtime.import_probe", json.dumps(mods)],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    lines = proc.stdout.splitlines()
-    line = next((ln for ln in lines if ln.startswith(import_probe.RESULTS)), None)
-    if line is None:
-        return None, "", f"the import probe crashed: {_last_error(proc)}"
-    files = next((ln for ln in lines if ln.startswith(import_probe.FILES)), "")
-    return json.loads(line.removeprefix(import_probe.RESULTS)), files, ""
-
-
-def modules_to_import(tree: Path) -> list[str]:
-    mods = [MEGATRON_LM.module]
-    if (tree / "megatron" / "training").is_dir():
-        mods.append("megatron.training")
-    script = tree / "pretrain_gpt.py"
-    if script.is_file():
-        for node in ast.parse(script.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.Import):
-                mods += [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                mods.append(node.module)
-        mods.append("pretrain_gpt")
-    return list(dict.fromkeys(mods))
-
-
-def has_code(package: Path) -> bool:
-    """Whether any Python file in ``package`` holds more than blank lines (stops at the first that does)."""
-    return any(
-        p.stat().st_size and p.read_text(encoding="utf-8", errors="replace").strip() for p in package.rglob("*.py")
-    )
-
-
-def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResult:
-    start = time.monotonic()
-    if not has_code(tree / "megatron" / "core"):  # it would import, and prove nothing
-        return StageResult(
-            "imports",
-            FAIL,
-            f"{tree / 'megatron' / 'core'} holds no Python code: nothing to check "
-            f"(not a Megatron-LM tree; run `rocmport apply` or pass --tree)",
-        )
-    mods = modules_to_import(tree)
-    results, files, crashed = probe_imports(tree, env, mods)
-    if results is None:
-        return StageResult("imports", FAIL, crashed, time.monotonic() - start)
-    failed = {m: r for m, r in results.items() if r}
-    details = ImportProbe(mods, failures=failed)
-    if not failed:
-        elsewhere = _not_from(tree, files)
-        if (
-            elsewhere
-        ):  # the tree's own package was shadowed (or is a namespace package): nothing of the tree was checked
-            m, where = next(iter(elsewhere.items()))
-            return StageResult(
-                "imports",
-                FAIL,
-                f"{m} imported {where}, not from the tree {tree}: stage 1 checked nothing of the tree "
-                f"(a package of that name earlier on the path, or no {m.replace('.', '/')}/__init__.py)",
-                time.monotonic() - start,
-                ImportProbe(mods, failures=failed, not_from_tree=elsewhere),
-            )
-        shown = ", ".join(mods[:3]) + (f" and {len(mods) - 3} more" if len(mods) > 3 else "")
-        # What was not tested says so: "1 module imports" alone hid that megatron.training was absent, not tried.
-        absent = (
-            ""
-            if (tree / "megatron" / "training").is_dir()
-            else "; the tree has no megatron/training (a package-index source): not tested"
-        )
-        return StageResult(
-            "imports",
-            PASS,
-            f"{modules_import(len(mods))} behind the firewall ({shown}){absent}",
-            time.monotonic() - start,
-            details,
-        )
-    m, r = next(iter(failed.items()))
-    missing = r.get("missing")
-    hint = ""
-    if missing and missing.split(".")[0] in blocked:
-        hint = f" (NVIDIA-only package {missing} is firewalled: a port bug)"
-    elif missing:
-        hint = f" (missing dependency: `{sys.executable} -m pip install {missing.split('.')[0]}`)"
-    chain = " -> ".join(r["chain"])
-    return StageResult(
-        "imports", FAIL, f"{m}: {r['error']}{hint}; import chain: {chain}", time.monotonic() - start, details
-    )
-
-
-def _not_from(tree: Path, probe_files: str) -> dict[str, str]:
-    """The tree's own modules (megatron.*, pretrain_gpt) the probe imported from elsewhere: module -> where."""
-    files = json.loads(probe_files.removeprefix(import_probe.FILES)) if probe_files else {}
-    root = tree.resolve()
-    out = {}
-    for m, f in files.items():
-        if m.split(".")[0] not in ("megatron", "pretrain_gpt") or m == "megatron":
-            continue
-        if f is None:
-            out[m] = "as a namespace package (no file)"
-        elif not Path(f).resolve().is_relative_to(root):
-            out[m] = f"from {f}"
-    return out
-
-
-def moe_applies(tp: int, dp: int, te: bool, moe: bool = True) -> str | None:
+def moe_applies(tp: int, dp: int, te: TELayer | None, moe: bool = True) -> str | None:
     """Why stage 2's MoE case does not run with these sizes, or None when it does. Experts are whole
     on each rank (expert tp 1), so the expert-parallel ranks come from tp × dp."""
-    if not te:
+    if te is None:
         return "the MoE case runs with TE (its grouped GEMM is TE's GroupedLinear): pass --te"
     if not moe:
         return "--no-moe"
@@ -315,12 +164,12 @@ def moe_applies(tp: int, dp: int, te: bool, moe: bool = True) -> str | None:
 
 
 def training_commands(
-    launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: bool = False, moe: bool = True
+    launcher: Launcher, tp: int, pp: int, dp: int, iters: int, tmp: Path, te: TELayer | None = None, moe: bool = True
 ) -> dict[str, list[str]]:
     """Stage 2's launches: the tp1/pp1 reference (here, one process) and the tp×pp×dp run (``te``:
     both with upstream's Transformer Engine layer spec, and, where `moe_applies`, the same pair for a
     MoE model with the grouped GEMM through TE's GroupedLinear at expert parallel MOE_EP)."""
-    worker = ["-m", "rocmport.verify.runtime.gpt_worker", "--iters", str(iters), *(["--te"] if te else [])]
+    worker = ["-m", "rocmport.verify.runtime.gpt_worker", "--iters", str(iters), *(["--te"] if te is not None else [])]
     cmds = {
         "reference": launcher.command(
             1,
@@ -340,7 +189,7 @@ def training_commands(
                 "--load-init",
                 str(tmp / "init.pt"),
             ],
-            "gpt-training",
+            NAME,
         ),
     }
     if moe_applies(tp, dp, te, moe) is None:
@@ -469,32 +318,28 @@ def _pair(
     ref_data = json.loads(ref_file.read_text()) if ref_file.exists() else None
     if ref_data and "unsupported" in ref_data:
         return (
-            StageResult(
-                "gpt-training", UNSUPPORTED, what + unsupported_why(ref_data["unsupported"]), time.monotonic() - start
-            ),
+            StageResult(NAME, UNSUPPORTED, what + unsupported_why(ref_data["unsupported"]), time.monotonic() - start),
             {},
             {},
         )
     if ref.returncode != 0 or not ref_data:
         return (
-            StageResult("gpt-training", FAIL, _failed(f"{what}tp1/pp1 reference run", ref), time.monotonic() - start),
+            StageResult(NAME, FAIL, _failed(f"{what}tp1/pp1 reference run", ref), time.monotonic() - start),
             {},
             {},
         )
     run = launch(cmds[f"{key}run"], env, tree)
     data = json.loads(run_file.read_text()) if run_file.exists() else None
     if run.returncode == 0 and not data and launcher.multi_node:
-        return took_part("gpt-training", launcher, time.monotonic() - start), {}, {}
+        return took_part(NAME, launcher, time.monotonic() - start), {}, {}
     if data and "unsupported" in data:
         return (
-            StageResult(
-                "gpt-training", UNSUPPORTED, what + unsupported_why(data["unsupported"]), time.monotonic() - start
-            ),
+            StageResult(NAME, UNSUPPORTED, what + unsupported_why(data["unsupported"]), time.monotonic() - start),
             {},
             {},
         )
     if run.returncode != 0 or not data:
-        return StageResult("gpt-training", FAIL, _failed(f"{what}{layout} run", run), time.monotonic() - start), {}, {}
+        return StageResult(NAME, FAIL, _failed(f"{what}{layout} run", run), time.monotonic() - start), {}, {}
     return None, ref_data, data
 
 
@@ -507,16 +352,16 @@ def stage_training(
     iters: int,
     backend: str,
     launcher: Launcher = Launcher(),
-    te: str | None = None,
+    te: TELayer | None = None,
     moe_case: bool = True,
 ) -> tuple[StageResult, Training | None]:
-    """``te``: the description of the Transformer Engine layer the run uses (None: the local spec);
+    """``te``: the Transformer Engine layer the run uses (None: the local spec);
     ``moe_case``: with TE, the MoE case too (where `moe_applies`); the losses are None when the runs
     did not produce them."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rocmport-verify-") as tmp_dir:
         tmp = Path(tmp_dir)
-        cmds = training_commands(launcher, tp, pp, dp, iters, tmp, te=te is not None, moe=moe_case)
+        cmds = training_commands(launcher, tp, pp, dp, iters, tmp, te=te, moe=moe_case)
         stopped, ref_data, data = _pair(cmds, "", env, tree, tmp, launcher, "", f"tp{tp}/pp{pp}/dp{dp}")
         if stopped:
             return stopped, None
@@ -573,24 +418,24 @@ def stage_training(
             f"{moe.losses[0]:.4f} -> {moe.losses[-1]:.4f}, first iteration |Δ| {moe.first_abs_diff:.2g}, "
             f"max |Δ| {moe.max_abs_diff:.2g} (≤ {moe.tolerance:.2g})"
         )
-    elif te and (moe_why_not := moe_applies(tp, dp, True, moe_case)):
+    elif te and (moe_why_not := moe_applies(tp, dp, te, moe_case)):
         training.moe = MoeNotRun(moe_why_not)
         moe_phrase = f"; MoE case not run: {moe_why_not}"
     seconds = time.monotonic() - start
     if problems:
-        return StageResult("gpt-training", FAIL, "; ".join(problems), seconds), training
+        return StageResult(NAME, FAIL, "; ".join(problems), seconds), training
     if moe_stopped:  # the dense model passed; the MoE case did not run to the end: never a pass
         training.moe = MoeNotRun(moe_stopped.reason)
         return StageResult(
-            "gpt-training",
+            NAME,
             moe_stopped.status,
             f"dense model passed (max |Δ| vs tp1/pp1 {diff:.2g}); {moe_stopped.reason}",
             seconds,
         ), training
     reason = f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations; max |Δ| vs tp1/pp1 {diff:.2g} (≤ {tol:.2g}); tied embeddings equal"
     if te:
-        reason += moe_phrase + f"; {te}"
-    return StageResult("gpt-training", PASS, reason, seconds), training
+        reason += moe_phrase + f"; {te.describe()}"
+    return StageResult(NAME, PASS, reason, seconds), training
 
 
 def _moe_check(
@@ -624,3 +469,49 @@ def _moe_check(
     elif worst > tol:
         problems.append(f"MoE losses differ from tp1/pp1 by {worst:.3g} > {tol:.2g}")
     return moe, problems
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """Stage 2's own option: with TE, the MoE case too."""
+
+    moe: bool = True
+
+
+class TrainingStage(Stage[TrainingOptions]):
+    name = NAME
+    summary = (
+        "megatron's schedule/DDP/optimizer via torchrun; the loss falls, tied embeddings stay equal, and losses "
+        "match a tp1/pp1 run from the same weights (with --te, a MoE case too)"
+    )
+    absent_entries = {"training": {}}  # the report always has it: {} when stage 2 gave no losses
+    cli_options = (
+        click.Option(
+            ["--moe/--no-moe"],
+            default=True,
+            show_default=True,
+            help="With --te: stage 2 also trains a MoE model (4 experts, top-2, TE's GroupedLinear, expert parallel 2) "
+            "against its tp1/pp1 run; --no-moe leaves it out (the dense pair alone).",
+        ),
+    )
+
+    def check(self, given: Mapping[str, Any], setup: RunSetup) -> TrainingOptions:
+        return TrainingOptions(moe=bool(given["moe"]))
+
+    def launches(self, opts: VerifyOptions, options: TrainingOptions, tmp: Path) -> list[dict]:
+        cmds = training_commands(opts.launcher, opts.tp, opts.pp, opts.dp, opts.iters, tmp, te=opts.te, moe=options.moe)
+        return [{"stage": f"{self.name} ({name})", "command": cmd, "cwd": str(opts.tree)} for name, cmd in cmds.items()]
+
+    def run(self, ctx: VerifyContext, options: TrainingOptions) -> StageRun:
+        o = ctx.opts
+        spec = f"Transformer Engine {o.te.version}" if o.te else "the local layer spec"
+        with output.progress(
+            f"stage 2: GPT training tp{o.tp}×pp{o.pp}×dp{o.dp} on {ctx.backend} with {spec}, and the tp1/pp1 reference"
+        ):
+            result, training = stage_training(
+                ctx.tree, ctx.env, o.tp, o.pp, o.dp, o.iters, ctx.backend, o.launcher, te=o.te, moe_case=options.moe
+            )
+        return StageRun(result, training)
+
+
+STAGE = TrainingStage()

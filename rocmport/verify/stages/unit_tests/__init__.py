@@ -1,2 +1,4 @@
-"""Stage 3, unit-tests: upstream's unit tests on the port, each failure labelled against the unported
-tree (runner: the command, the run and its labels; suite: the default files and known failures)."""
+"""Stage 3, unit-tests: upstream's unit tests on the port, each failure labelled against the unported tree.
+The stage is stage.py; its pieces: command, runner, baseline, labels, results, suite."""
+
+NAME = "unit-tests"  # the stage's name (`--stages`, the report), its launches' rendezvous id

@@ -1,0 +1,209 @@
+"""Stage 3's labels: each failing test of the port against the unported tree's outcome for it
+(port-regression, upstream-known, proxy-artifact, needs-nvidia-only, unverified, missing-dependency,
+not-run, flaky, known-failure; see runner's docstring)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from rocmport.verify.stages.unit_tests import suite
+from rocmport.verify.stages.unit_tests.command import _file
+from rocmport.verify.stages.unit_tests.results import SuiteRun, _share_phrase
+from rocmport.verify.stages.gpt_training import exhausted
+
+if TYPE_CHECKING:
+    pass
+
+
+def _missing_ordinary(nodeid: str, res: SuiteRun, blocked: tuple[str, ...]) -> str | None:
+    """The ordinary package whose absence made this test (or its module) fail, if that is why."""
+    import re
+
+    mod = res.missing.get(_file(nodeid)) or res.missing.get(nodeid)
+    if not mod:
+        m = re.search(r"No module named '([^']+)'", res.details.get(nodeid, ""))
+        mod = m.group(1) if m else None
+    return mod if mod and mod.split(".")[0] not in blocked else None
+
+
+# How megatron's messages name a package besides its module name and distribution spelling.
+_ALIASES = {"transformer_engine": r"\bTE\b|Transformer ?Engine", "flash_attn": r"flash[- ]attn|FlashAttention"}
+
+
+def _names_blocked(nodeid: str, res: SuiteRun, blocked: tuple[str, ...]) -> str | None:
+    """The firewalled package this failure names, if any: the module it found missing, or its
+    message. Names that are also ordinary words (`cuda`, `nvidia`, `apex`: torch.cuda, "Apex is not
+    installed") count only as a missing module; distinctive ones (`transformer_engine`) also as
+    written, as their distribution spells them (`nvidia-resiliency-ext`) and by megatron's aliases."""
+    import re
+
+    for mod in (res.missing.get(_file(nodeid)), res.missing.get(nodeid)):
+        if mod and mod.split(".")[0] in blocked:
+            return mod.split(".")[0]
+    text = res.details.get(nodeid, "")
+    for mod in blocked:
+        patterns = [rf"No module named '{re.escape(mod)}\b"]
+        if "_" in mod:
+            patterns += [rf"\b{re.escape(mod)}\b", rf"\b{re.escape(mod.replace('_', '-'))}\b"]
+        if mod in _ALIASES:
+            patterns.append(_ALIASES[mod])
+        if any(re.search(p, text) for p in patterns):
+            return mod
+    return None
+
+
+# The machine's limits, as the C library and Python word them: threads (EAGAIN from pthread_create,
+# as gloo reports a group it could not start), file descriptors, memory.
+def _te_kernel_missing(nodeid: str, res: SuiteRun) -> str | None:
+    """The transformer_engine_torch function whose missing CPU implementation failed this test, if that is why."""
+    m = re.search(r"unsupported-in-proxy: (transformer_engine_torch\.\w+)", res.details.get(nodeid, ""))
+    return m.group(1) if m else None
+
+
+def _exhausted(nodeid: str, res: SuiteRun) -> str | None:
+    """The resource-exhaustion message this failure carries, if any: the machine's limit, not upstream's bug."""
+    return exhausted(res.details.get(nodeid, ""))
+
+
+def label(
+    port: SuiteRun, base: SuiteRun, known: dict[str, str], blocked: tuple[str, ...] = ()
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Each failing test of the port: its label (see the module docstring) and why."""
+    labels, why = {}, {}
+    for nodeid, outcome in port.outcomes.items():
+        if outcome not in ("failed", "error"):
+            continue
+        lab, text = _label_one(nodeid, port, base, known, blocked)
+        if nodeid in port.hung and port.machine and port.machine.get("overloaded"):
+            text += f" (on an overloaded machine: {_share_phrase(port.machine)})"  # the verdict may be the machine's
+        labels[nodeid], why[nodeid] = lab, text
+    return labels, why
+
+
+def _label_one(
+    nodeid: str, port: SuiteRun, base: SuiteRun, known: dict[str, str], blocked: tuple[str, ...]
+) -> tuple[str, str]:
+    """One failing test's label and why, by what the unported tree did with it."""
+    listed = next((k for k in known if suite.matches(nodeid, k)), None)
+    missing = _missing_ordinary(nodeid, port, blocked)
+    b = base.outcomes.get(nodeid)
+    b_module = base.outcomes.get(_file(nodeid))
+    if missing:
+        return "missing-dependency", f"the ordinary package {missing.split('.')[0]} is not installed"
+    if listed:
+        return "known-failure", known[listed]
+    if kernel := _te_kernel_missing(nodeid, port):
+        # TE's Python layer reached a compiled kernel the proxy's CPU layer does not implement
+        # (verify --te): the proxy's gap, named; never the port's failure nor a firewalled package's.
+        return (
+            "proxy-artifact",
+            f"unsupported-in-proxy: the CPU proxy's TE layer has no reference implementation of {kernel}; not verified here",
+        )
+    if nodeid in port.hung:
+        return _label_hung(nodeid, port, base)
+    if b in ("passed", "skipped"):
+        return "port-regression", f"{b} on the unported tree"
+    if b in ("failed", "error"):
+        return _label_failed_on_both(nodeid, port, base, blocked)
+    if (
+        _file(nodeid) == nodeid
+        and b_module is None
+        and (ran_there := [k for k in base.outcomes if _file(k) == nodeid and k != nodeid])
+    ):
+        # its module does not import on the port; on the unported tree it imported and its tests ran
+        return (
+            "port-regression",
+            f"its module does not import here; on the unported tree it imported and {len(ran_there)} of its tests ran",
+        )
+    if b_module == "error" and _file(nodeid) != nodeid:
+        return (
+            "unverified",
+            f"its module does not import on the unported tree: {base.details.get(_file(nodeid), '')[:200]}",
+        )
+    base_file = base.files.get(_file(nodeid))
+    return (
+        "unverified",
+        "the unported tree has no outcome for it"
+        + (
+            f" (it did not run there: {base_file.reason})"
+            if base_file is not None and base_file.status == "not-run"
+            else ""
+        ),
+    )
+
+
+def _label_hung(nodeid: str, port: SuiteRun, base: SuiteRun) -> tuple[str, str]:
+    """A test that hung in the port's suite: by its rerun alone, and the unported tree's outcome."""
+    again = port.alone.get(nodeid)
+    b = base.outcomes.get(nodeid)
+    if again == "passed":
+        return "flaky", "hung in the suite, passed when rerun alone"
+    if again == "hung" and (nodeid in base.hung and base.alone.get(nodeid) in ("hung", None)):
+        return "flaky", "hangs on the port and on the unported tree"
+    if again == "hung" and b in ("passed", "skipped"):
+        return "port-regression", "hangs on the port (alone too); passes on the unported tree"
+    alone_words = {
+        "failed": "failed when rerun alone",
+        "error": "errored when rerun alone",
+        "hung": "hung again when rerun alone",
+        "skipped": "was skipped when rerun alone",
+    }.get(again or "", "was not rerun alone")
+    base_words = (
+        "the unported tree has no outcome for it"
+        if not b
+        else "the unported tree hung in it too"
+        if nodeid in base.hung
+        else f"the unported tree {b} it without hanging"
+        if b in ("failed", "passed", "skipped")
+        else f"on the unported tree: {b}"
+    )
+    return "unverified", f"it hung in the suite and {alone_words}; {base_words}"
+
+
+def _label_failed_on_both(nodeid: str, port: SuiteRun, base: SuiteRun, blocked: tuple[str, ...]) -> tuple[str, str]:
+    """A test that fails on both trees: the same way (why: upstream's, the proxy's, the firewall's) or not."""
+    base_kind, hung_there = base.kinds.get(nodeid), False
+    if nodeid in base.hung and nodeid in base.alone_kinds:
+        # it hung in the unported tree's suite and failed when rerun alone: that failure is its outcome there
+        base_kind = base.alone_kinds[nodeid]
+        hung_there = True
+    if port.kinds.get(nodeid) != base_kind:
+        return (
+            "unverified",
+            f"fails differently on the unported tree ({base_kind or '?'} there, {port.kinds.get(nodeid) or '?'} here)",
+        )
+    if exhausted := _exhausted(nodeid, port):
+        return (
+            "proxy-artifact",
+            f"fails the same way on the unported tree: this machine ran out of a resource "
+            f"({exhausted}), here under the CPU proxy's load (gloo groups' threads on 8 ranks)",
+        )
+    if nodeid in set(port.local_spec):
+        return "proxy-artifact", "fails the same way on the unported tree, running with the local spec in place of TE's"
+    if needs := _names_blocked(nodeid, port, blocked):
+        return (
+            "needs-nvidia-only",
+            f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here",
+        )
+    return (
+        "upstream-known",
+        "fails the same way on the unported tree"
+        + (" (there when rerun alone: it hung in the suite)" if hung_there else ""),
+    )
+
+
+def _on_baseline(nodeid: str, base: SuiteRun) -> str:
+    out = base.outcomes.get(nodeid)
+    if out:
+        return out
+    if base.outcomes.get(_file(nodeid)) == "error":
+        return f"module error: {base.details.get(_file(nodeid), '')}"
+    account = base.files.get(_file(nodeid))
+    if account is not None and account.status == "not-run":
+        return f"not run: {account.reason}"
+    if (
+        "::" not in nodeid and account is not None and account.status == "ran"
+    ):  # a file (not-run here): what its tests did there
+        return "ran: " + (", ".join(f"{n} {k}" for k, n in account.counts.items()) or account.reason)
+    return "not run"
