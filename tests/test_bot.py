@@ -260,7 +260,7 @@ def test_shipped_workflow_passes_the_github_workflow_schema_and_runs_the_bot(tmp
     setup = next(s for s in steps if s.get("uses", "").startswith("actions/setup-python"))
     assert str(setup["with"]["python-version"]) == "3.12"
     install = next(s for s in steps if s.get("name", "").startswith("Install rocmport"))["run"]
-    assert "-e '.[verify,bridge,proxy]'" in install
+    assert "-e '.[verify,bridge,proxy,report]'" in install
     broken = tmp_path / "broken.yml"
     broken.write_text(text.replace("runs-on: ubuntu-latest", "runs_on: ubuntu-latest"))
     assert _lint(broken).returncode != 0  # the linter does reject a broken workflow

@@ -197,7 +197,9 @@ def _check_refresh(project: Path, engine: list[tuple], argv: list[str]) -> None:
     # Accepted: exactly one action, handed on typed and consistent.
     assert len(engine) == 1, (argv, engine)
     call = engine[0]
-    given = set(argv)
+    # the options given: a token right after an option that takes a value is that value, whatever
+    # it looks like (click reads `--to --continue` as --to's value, and a later --to wins)
+    given = {t for i, t in enumerate(argv) if not (i and argv[i - 1] in ("--to", "--tp", "--pp", "--summary"))}
     if call[0] == "refresh":
         _, to, verify_opts = call
         assert to and to.strip() and "--continue" not in given and "--abort" not in given

@@ -96,7 +96,8 @@ def test_verify_honours_the_tool_tp_and_pp(tmp_path):
     # a tool value the verify model cannot take is refused as a flag would be, before anything runs
     (tmp_path / "pyproject.toml").write_text("[tool.rocmport]\ntp = 1\npp = 3\n")
     proc = _rocmport(tmp_path, "verify", "--tree", str(tree), "--stages", "2", "--dry-run")
-    assert proc.returncode == 2 and "--pp 3: the verify model has 4 layers" in proc.stderr
+    # named by its file and key, not as an option the user never gave (#41 row 17)
+    assert proc.returncode == 2 and "[tool.rocmport] pp = 3: the verify model has 4 layers" in proc.stderr
 
 
 def test_refresh_names_where_a_size_the_verify_model_cannot_take_came_from(tmp_path):
