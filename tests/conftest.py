@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,14 @@ def _writes_stay_in_tmp(tmp_path_factory, monkeypatch):
     (ROCMPORT_CACHE_DIR: mirrors, sdists, unit-baselines/, verify's bytecode), XDG_CACHE_HOME (the
     default cache's parent, torch's and others'), and the current directory, which is the default
     project (`-C .`): `rocmport verify` with no -C writes build/verify/<name>-<time>.json and
-    last.json there. A test that needs one of them elsewhere sets it itself."""
+    last.json there, and the temporary directory (TMPDIR). A test that needs one of them elsewhere
+    sets it itself."""
     outside = tmp_path_factory.mktemp("outside")
+    # Temporary files too (this process's tempfile and every process it starts: torchrun's
+    # torchelastic_*, an interrupted apply's rocmport-apply-*), so nothing outlives pytest's own tmp.
+    (outside / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(outside / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(outside / "tmp"))
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(outside / "rocmport-cache"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(outside / "xdg-cache"))
     (outside / "project").mkdir()
