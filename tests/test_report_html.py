@@ -175,6 +175,11 @@ def test_report_command_errors_are_one_line_and_exit_2(tmp_path, capsys):
     assert main(["report", str(cut), "--html", str(tmp_path / "p.html")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not JSON" in err and not (tmp_path / "p.html").exists()
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError in the parser: was exit 70
+    assert main(["report", str(deep), "--html", str(tmp_path / "d.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a verify report" in err and not (tmp_path / "d.html").exists()
     assert main(["report", str(PASS), str(PASS), str(PASS)]) == 2
     assert main(["report", str(tmp_path / "x.json")]) == 2
 

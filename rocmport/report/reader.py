@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rocmport import inputs
 from rocmport.errors import BadInput
 
 # The stage names verify has written since its first report (its registry's order), and the JSON keys
@@ -186,24 +187,24 @@ class RunReport:
 def load(path: str | Path) -> RunReport:
     """Read a verify report file; BadInput (exit 2) naming the file when it is not one."""
     p = Path(path)
+    # The one checked reader (rocmport.inputs): a size and a depth limit, UTF-8 named by byte; the
+    # report's sha256 is of its bytes (a strictly decoded text encodes back to them).
+    fix = "give a file `rocmport verify` wrote (build/verify/last.json)"
+    if not p.exists() and not p.is_symlink():
+        raise BadInput(f"{p}: no such report; `rocmport verify` writes build/verify/last.json")
+    text = inputs.read_text(p, "report", max_bytes=inputs.MAX_JSON_BYTES, fix=fix)
     try:
-        blob = p.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{p}: no such report; `rocmport verify` writes build/verify/last.json") from None
-    except IsADirectoryError:
-        raise BadInput(f"{p}: a directory, not a verify report (give the report's .json file)") from None
-    except OSError as exc:
-        raise BadInput(f"{p}: cannot be read ({exc.strerror})") from None
-    try:
-        data = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise BadInput(
-            f"{p}: not a verify report: not JSON ({exc}); a report cut while it was copied cannot be rendered, "
-            "use the run's build/verify/ copy"
+            f"{p}: not a verify report: not JSON ({str(exc)[:120]}); a report cut while it was copied cannot be "
+            "rendered, use the run's build/verify/ copy"
         ) from None
+    if inputs.json_depth(data) > inputs.MAX_JSON_DEPTH:
+        raise BadInput(f"{p}: not a verify report: nested more than {inputs.MAX_JSON_DEPTH} levels; {fix}")
     if not isinstance(data, dict) or not isinstance(data.get("stages"), list):
         raise BadInput(f"{p}: not a verify report (no 'stages' list); give a file `rocmport verify` wrote")
-    return from_dict(data, path=str(p), sha256=hashlib.sha256(blob).hexdigest())
+    return from_dict(data, path=str(p), sha256=hashlib.sha256(text.encode("utf-8")).hexdigest())
 
 
 def from_dict(data: dict[str, Any], path: str | None = None, sha256: str | None = None) -> RunReport:
