@@ -119,54 +119,86 @@ def check_fp8_args(fmt: str, recipe: str) -> None:
 
 
 def train(args):
+    """One rank's run: the process group, the small GPT, ``args.iters`` iterations of megatron's own
+    schedule, and rank 0's JSON of losses and the tied-embedding checks."""
     proxy = bool(protocol.PROXY.read())
-    import torch
-
-    if proxy:
-        from rocmport.verify.runtime import proxy_shim
-
-        try:
-            proxy_shim.install()
-            if args.te:  # TE's modules ask torch.cuda about the device they run on (and assert it exists)
-                proxy_shim.install_for_te()
-        except proxy_shim.Unsupported as exc:
-            _write(args.out, {"unsupported": str(exc)}, force=True)
-            return
+    if proxy and not _install_proxy(args):
+        return
     fp8 = fp8_setting() if args.te else None
     if fp8:
         check_fp8_args(*fp8)
+    backend = _init_process_group()
+    from megatron.core import parallel_state as ps
+
+    model, config, last = _build_model(args, proxy, fp8, ps)
+    if backend == "nccl":
+        model.cuda()
+    tied_start = _tied_ok(model, ps)
+    if args.save_init:
+        import torch
+
+        torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, args.save_init)
+    if args.load_init:
+        import torch
+
+        _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp, args.moe // args.ep if args.moe else 0)
+    losses = _train_loop(args, model, config, last, "cuda" if backend == "nccl" else "cpu")
+    _report(args, proxy, losses, last, tied_start, _tied_ok(model, ps), ps)
+
+
+def _install_proxy(args) -> bool:
+    """torch.cuda's CPU answers (and TE's, with --te); False when the proxy cannot stand in (reported)."""
+    from rocmport.verify.runtime import proxy_shim
+
+    try:
+        proxy_shim.install()
+        if args.te:  # TE's modules ask torch.cuda about the device they run on (and assert it exists)
+            proxy_shim.install_for_te()
+    except proxy_shim.Unsupported as exc:
+        _write(args.out, {"unsupported": str(exc)}, force=True)
+        return False
+    return True
+
+
+def _init_process_group() -> str:
+    import torch
+
     torch.use_deterministic_algorithms(True, warn_only=True)
     backend = protocol.BACKEND.read() or "gloo"
     torch.distributed.init_process_group(backend)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return backend
 
-    from megatron.core import parallel_state as ps
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+def _moe_config(args) -> dict[str, Any]:
+    if not args.moe:
+        return {}
+    # Experts spread over ep ranks, each whole (expert tp 1: ep fits in tp×dp at tp2×pp2×dp1); top-2
+    # routing without an auxiliary loss or token dropping, so ep2 computes what ep1 does.
+    return dict(
+        num_moe_experts=args.moe,
+        moe_router_topk=2,
+        moe_grouped_gemm=True,
+        moe_token_dispatcher_type="alltoall",
+        moe_aux_loss_coeff=0.0,
+        expert_model_parallel_size=args.ep,
+        expert_tensor_parallel_size=1,
+        sequence_parallel=args.tp > 1,
+    )  # megatron refuses MoE with tp but without sequence parallelism
+
+
+def _build_model(args, proxy: bool, fp8: tuple[str, str] | None, ps):
+    """Model parallel state, the TransformerConfig and the GPTModel (or Bridge's provider's model):
+    (model, config, whether this rank is the last pipeline stage)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
-    moe: dict[str, Any] = {}
-    if args.moe:
-        # Experts spread over ep ranks, each whole (expert tp 1: ep fits in tp×dp at tp2×pp2×dp1); top-2
-        # routing without an auxiliary loss or token dropping, so ep2 computes what ep1 does.
-        moe = dict(
-            num_moe_experts=args.moe,
-            moe_router_topk=2,
-            moe_grouped_gemm=True,
-            moe_token_dispatcher_type="alltoall",
-            moe_aux_loss_coeff=0.0,
-            expert_model_parallel_size=args.ep,
-            expert_tensor_parallel_size=1,
-            sequence_parallel=args.tp > 1,
-        )  # megatron refuses MoE with tp but without sequence parallelism
     ps.initialize_model_parallel(
         tensor_model_parallel_size=args.tp,
         pipeline_model_parallel_size=args.pp,
@@ -174,30 +206,36 @@ def train(args):
     )
     model_parallel_cuda_manual_seed(args.seed)
     config = TransformerConfig(
-        **model_config(args.tp, args.pp, proxy), **moe, **({"fp8": fp8[0], "fp8_recipe": fp8[1]} if fp8 else {})
+        **model_config(args.tp, args.pp, proxy),
+        **_moe_config(args),
+        **({"fp8": fp8[0], "fp8_recipe": fp8[1]} if fp8 else {}),
     )
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     if args.bridge:
         config, model = _bridge_model(args, proxy, first, last, args.te)
-    else:
-        experts = {"num_experts": args.moe, "moe_grouped_gemm": True} if args.moe else {}
-        spec = get_gpt_layer_with_transformer_engine_spec(**experts) if args.te else get_gpt_layer_local_spec(**experts)
-        model = GPTModel(
-            config=config,
-            transformer_layer_spec=spec,
-            vocab_size=VOCAB,
-            max_sequence_length=SEQ,
-            pre_process=first,
-            post_process=last,
-            **EMBEDDINGS,
-        )
-    if backend == "nccl":
-        model.cuda()
-    tied_start = _tied_ok(model, ps)
-    if args.save_init:
-        torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, args.save_init)
-    if args.load_init:
-        _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp, args.moe // args.ep if args.moe else 0)
+        return model, config, last
+    experts = {"num_experts": args.moe, "moe_grouped_gemm": True} if args.moe else {}
+    spec = get_gpt_layer_with_transformer_engine_spec(**experts) if args.te else get_gpt_layer_local_spec(**experts)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        pre_process=first,
+        post_process=last,
+        **EMBEDDINGS,
+    )
+    return model, config, last
+
+
+def _train_loop(args, model, config, last: bool, device: str) -> list[float]:
+    """DDP, megatron's optimizer and schedule over the same micro-batches each iteration; the last
+    stage's mean lm loss per iteration."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
     ddp = DistributedDataParallel(
         config, DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=False), model
     )
@@ -210,9 +248,8 @@ def train(args):
         [ddp],
     )
     forward_backward = get_forward_backward_func()
-    device = "cuda" if backend == "nccl" else "cpu"
 
-    def batches(it):
+    def batches():
         # The same micro-batches every iteration: a tiny model can learn them, so the loss must fall.
         g = torch.Generator().manual_seed(args.seed)
         for _ in range(MICROBATCHES):
@@ -232,12 +269,12 @@ def train(args):
         return out, loss_func
 
     losses = []
-    for it in range(args.iters):
+    for _ in range(args.iters):
         ddp.zero_grad_buffer()
         optimizer.zero_grad()
         reduced = forward_backward(
             forward_step_func=forward_step,
-            data_iterator=batches(it),
+            data_iterator=batches(),
             model=[ddp],
             num_microbatches=MICROBATCHES,
             seq_length=SEQ,
@@ -247,7 +284,14 @@ def train(args):
         optimizer.step()
         if last:
             losses.append(float(torch.stack([r["lm loss"] for r in reduced]).mean()))
-    tied_end = _tied_ok(model, ps)
+    return losses
+
+
+def _report(args, proxy: bool, losses: list[float], last: bool, tied_start: bool, tied_end: bool, ps) -> None:
+    """Rank 0 writes the last stage's losses (its tp rank 0's), the tied-embedding checks and the
+    proxy's redirects; then every rank leaves the process group."""
+    import torch
+
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(
         gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank()}
