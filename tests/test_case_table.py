@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.helpers.sync import commit, g, init
+from tests.test_case_plan import BASE
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "case_table.py"
@@ -25,19 +26,12 @@ CASES = "tests/functional_tests/test_cases/gpt"
 RELEASES = ["core_v0.15.3", "core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.0"]
 # The real report's stage 4 case (tests/data/reports/v0.16-pass.json): the mirror holds a case of that name.
 REPORTED = "gpt3_mcore_tp2_pp2_uninstall_te"
-BASE = {
-    "--num-layers": 12,
-    "--hidden-size": 512,
-    "--num-attention-heads": 8,
-    "--seq-length": 1024,
-    "--max-position-embeddings": 1024,
-    "--micro-batch-size": 4,
-    "--global-batch-size": 32,
-}
 
 
-def case_yaml(**args) -> str:
-    return yaml.safe_dump({"MODEL_ARGS": {**BASE, **args}, "TEST_TYPE": "regular"})
+def case_yaml(tp: int = 1, pp: int = 1, **args) -> str:
+    """An upstream-sized case (test_case_plan's widths) at tp×pp, with ``args`` on top."""
+    layout = {"--tensor-model-parallel-size": tp, "--pipeline-model-parallel-size": pp}
+    return yaml.safe_dump({"MODEL_ARGS": {**BASE, **layout, **args}, "TEST_TYPE": "regular"})
 
 
 def mirror(tmp_path: Path) -> tuple[Path, dict[str, str]]:
@@ -48,13 +42,7 @@ def mirror(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     first = commit(
         repo,
         {
-            f"{CASES}/{REPORTED}/model_config.yaml": case_yaml(
-                **{
-                    "--tensor-model-parallel-size": 2,
-                    "--pipeline-model-parallel-size": 2,
-                    "--transformer-impl": "local",
-                }
-            ),
+            f"{CASES}/{REPORTED}/model_config.yaml": case_yaml(2, 2, **{"--transformer-impl": "local"}),
             f"{CASES}/gpt3_flash/model_config.yaml": case_yaml(**{"--attention-backend": "flash"}),
         },
         "two cases",
