@@ -140,6 +140,41 @@ def test_the_fused_attention_rewrite_takes_both_forms_of_the_declaration():
         te_rocm._rewrite_fused_attn("x = 1\n")
 
 
+def test_module_hooks_rewrite_the_source_then_change_the_module_recording_each_delta(tmp_path, monkeypatch):
+    """te_loader.ModuleHooks (the one finder for TE's Python layer): a hooked module is found by the
+    finders behind it, its source hooks rewrite the text that runs, then its after hooks change the
+    module, in order; te_rocm records each delta once it applied; other modules load untouched."""
+    from rocmport.verify.runtime import te_loader
+
+    pkg = tmp_path / "hooked_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("VALUE = 'nvidia'\n")
+    (pkg / "other.py").write_text("VALUE = 'nvidia'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(te_rocm, "APPLIED", [])
+    hooks = te_loader.ModuleHooks(
+        {
+            "hooked_pkg.mod": [
+                ("after", te_rocm._recorded("second", "hooked_pkg.mod", lambda m: setattr(m, "SEEN", m.VALUE))),
+                ("source", te_rocm._recorded("first", "hooked_pkg.mod", lambda s: s.replace("nvidia", "rocm"))),
+            ]
+        }
+    )
+    monkeypatch.setattr(sys, "meta_path", [hooks, *sys.meta_path])
+    for name in ("hooked_pkg", "hooked_pkg.mod", "hooked_pkg.other"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import hooked_pkg.mod
+    import hooked_pkg.other
+
+    assert hooked_pkg.mod.VALUE == "rocm" and hooked_pkg.mod.SEEN == "rocm"
+    assert hooked_pkg.mod.__file__ == str(pkg / "mod.py")
+    assert hooked_pkg.other.VALUE == "nvidia"
+    assert te_rocm.APPLIED == ["first (hooked_pkg.mod)", "second (hooked_pkg.mod)"]
+    for name in ("hooked_pkg", "hooked_pkg.mod", "hooked_pkg.other"):
+        sys.modules.pop(name, None)
+
+
 # ---- TE's real Python layer, imported under each flavour ----
 
 
