@@ -367,3 +367,43 @@ def test_a_refresh_writes_its_verify_page_and_its_pr_body_links_it(tmp_path, mon
     body = (port.root / "build" / "refresh" / "summary.md").read_text()
     (line,) = [ln for ln in body.splitlines() if "the verify report page" in ln]
     assert "(https://github.com/o/r/actions/runs/7)" in line and f"file `{page.name}`" in line
+
+
+def test_a_site_that_ran_before_and_not_after_is_shown_with_the_stages_that_ran_it(tmp_path):
+    """Two reports with the same counts (one site ran in each) where the site that ran moved, and one
+    site that both runs ran lost the functional stage: the comparison names the site that no longer
+    runs with the stages that ran it, and the stages a site lost; a report without 'ran' is named as
+    not compared."""
+    from rocmport.verify.analyses.port_sites import Coverage
+
+    def with_sites(name: str, ran: dict[str, list[str]], unreached: dict[str, str]) -> Path:
+        data = json.loads(PASS.read_text())
+        data["tree"] = str(tmp_path / "not-here")
+        data["port_sites"] = {
+            "capability-gates": Coverage(len(ran), len(ran) + len(unreached), None, unreached, "", ran).to_dict()
+        }
+        out = tmp_path / name
+        out.write_text(json.dumps(data))
+        return out
+
+    site_a, site_b, site_c = (f"megatron/core/{f}.py:{n} is_hip" for f, n in (("a", 3), ("b", 7), ("c", 9)))
+    before = with_sites(
+        "before.json",
+        {site_a: ["gpt-training", "functional"], site_c: ["imports", "functional"]},
+        {site_b: "no case took it"},
+    )
+    after = with_sites(
+        "after.json", {site_b: ["functional"], site_c: ["imports"]}, {site_a: "not taken by verify's cases"}
+    )
+    doc = parse(render_comparison(compare(reader.load(before), reader.load(after))))
+    row = doc.find(id="site-changes").find("tr", cls="codemod-change", data_codemod="capability-gates")
+    lost = {li.attrs["data-site"]: li.attrs["data-stages"] for li in row.find_all("li", cls="site-no-longer-ran")}
+    assert lost == {site_a: "gpt-training functional"}
+    moved = {li.attrs["data-site"]: li.text() for li in row.find_all("li", cls="site-stages-moved")}
+    assert list(moved) == [site_c] and moved[site_c].endswith("imports functional → imports")
+    # an older report (no 'ran'): not compared, and said so
+    old = json.loads(before.read_text())
+    del old["port_sites"]["capability-gates"]["ran"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    c = compare(reader.load(tmp_path / "old.json"), reader.load(after))
+    assert c.codemods[0].no_longer_ran == {} and any("the first report does not record" in n for n in c.notes)

@@ -5,7 +5,6 @@ absent under nvidia as Megatron would meet it (tests/helpers/te_flavour_probe.py
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,12 +15,11 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from rocmport.errors import BadInput
-from rocmport.nvidia_only import blocked
-from rocmport.verify.orchestration import firewall
 from rocmport.verify.runtime import te_flavour
 from rocmport.verify.orchestration import te_layer
 from rocmport.verify.runtime import te_rocm
-from tests.helpers.real import REAL_CACHE, REPO
+from tests.helpers import te_probe
+from tests.helpers.real import REPO
 
 DOCS = REPO / "docs" / "rocm-te-flavour.md"
 
@@ -142,17 +140,47 @@ def test_the_fused_attention_rewrite_takes_both_forms_of_the_declaration():
         te_rocm._rewrite_fused_attn("x = 1\n")
 
 
+def test_module_hooks_rewrite_the_source_then_change_the_module_recording_each_delta(tmp_path, monkeypatch):
+    """te_loader.ModuleHooks (the one finder for TE's Python layer): a hooked module is found by the
+    finders behind it, its source hooks rewrite the text that runs, then its after hooks change the
+    module, in order; te_rocm records each delta once it applied; other modules load untouched."""
+    from rocmport.verify.runtime import te_loader
+
+    pkg = tmp_path / "hooked_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("VALUE = 'nvidia'\n")
+    (pkg / "other.py").write_text("VALUE = 'nvidia'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(te_rocm, "APPLIED", [])
+    hooks = te_loader.ModuleHooks(
+        {
+            "hooked_pkg.mod": [
+                ("after", te_rocm._recorded("second", "hooked_pkg.mod", lambda m: setattr(m, "SEEN", m.VALUE))),
+                ("source", te_rocm._recorded("first", "hooked_pkg.mod", lambda s: s.replace("nvidia", "rocm"))),
+            ]
+        }
+    )
+    monkeypatch.setattr(sys, "meta_path", [hooks, *sys.meta_path])
+    for name in ("hooked_pkg", "hooked_pkg.mod", "hooked_pkg.other"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import hooked_pkg.mod
+    import hooked_pkg.other
+
+    assert hooked_pkg.mod.VALUE == "rocm" and hooked_pkg.mod.SEEN == "rocm"
+    assert hooked_pkg.mod.__file__ == str(pkg / "mod.py")
+    assert hooked_pkg.other.VALUE == "nvidia"
+    assert te_rocm.APPLIED == ["first (hooked_pkg.mod)", "second (hooked_pkg.mod)"]
+    for name in ("hooked_pkg", "hooked_pkg.mod", "hooked_pkg.other"):
+        sys.modules.pop(name, None)
+
+
 # ---- TE's real Python layer, imported under each flavour ----
 
 
 def _probe(tmp: Path, version: str, flavour: str, arch: str | None, extra: dict[str, str] | None = None) -> dict:
-    pytest.importorskip("torch")
-    try:
-        te_layer.check_deps()
-    except BadInput as exc:
-        pytest.skip(str(exc))
-    layer = te_layer.fetch(REAL_CACHE, te_layer.choose(version, None, te_layer.list_wheels()))
-    hip_version = "7.1.25424-4179531dcd" if arch else None
+    layer = te_probe.real_layer(version)
+    hip_version = te_probe.HIP_VERSION if arch else None
     layer = te_layer.TELayer(
         layer.version,
         layer.path,
@@ -161,22 +189,9 @@ def _probe(tmp: Path, version: str, flavour: str, arch: str | None, extra: dict[
         te_flavour.choose(flavour, version, arch, hip_version),
     )
     boot = tmp / f"boot-{version}-{flavour}-{arch}-{len(extra or {})}"
-    firewall.write_bootstrap(boot)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(boot), str(REPO)]),
-        "ROCMPORT_PYTHON": sys.executable,
-        "ROCMPORT_FIREWALL": ",".join(te_layer.unblocked(blocked("cpu-proxy"))),
-        "ROCMPORT_PROXY": "1",
-        "OMP_NUM_THREADS": "1",
-        **({"ROCMPORT_HIP_SIM": hip_version, "ROCMPORT_HIP_SIM_ARCH": arch} if arch and hip_version else {}),
-        **(extra or {}),
-    }
-    for key, value in te_layer.child_env(layer).items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
+    env = te_probe.proxy_env(
+        layer, boot, hip=hip_version, extra={**({"ROCMPORT_HIP_SIM_ARCH": arch} if arch else {}), **(extra or {})}
+    )
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "helpers" / "te_flavour_probe.py")],
         env=env,

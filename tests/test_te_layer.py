@@ -15,10 +15,10 @@ from packaging.version import Version
 
 from rocmport.errors import BadInput
 from rocmport.nvidia_only import blocked
-from rocmport.verify.orchestration import firewall
 from rocmport.verify.orchestration import te_layer
 from tests.helpers.pypi import Index
-from tests.helpers.real import REAL_CACHE, REPO
+from tests.helpers import te_probe
+from tests.helpers.real import REPO
 
 WHEELS = [
     te_layer.WheelFile(Version(v), f"transformer_engine-{v}-py3-none-any.whl", f"/files/{v}", "0" * 64)
@@ -160,35 +160,6 @@ def test_the_firewall_lets_te_through_and_keeps_flash_attention_out():
 # ---- TE's own Python layer on the proxy (the real wheel from the package index) ----
 
 
-def _te_env(layer: te_layer.TELayer, boot: Path, env: dict[str, str] | None = None, hip: bool = True) -> dict:
-    firewall.write_bootstrap(boot)
-    out = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(boot), str(REPO)]),
-        "ROCMPORT_PYTHON": sys.executable,
-        "ROCMPORT_FIREWALL": ",".join(te_layer.unblocked(blocked("cpu-proxy"))),
-        "ROCMPORT_PROXY": "1",
-        **({"ROCMPORT_HIP_SIM": "7.1.25424-4179531dcd"} if hip else {}),
-        "OMP_NUM_THREADS": "1",
-        **(env or {}),
-    }
-    for key, value in te_layer.child_env(layer).items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
-
-
-def _real_layer(version: str) -> te_layer.TELayer:
-    pytest.importorskip("torch")
-    try:
-        te_layer.check_deps()
-    except BadInput as exc:
-        pytest.skip(str(exc))
-    return te_layer.fetch(REAL_CACHE, te_layer.choose(version, None, te_layer.list_wheels()))
-
-
 def _tp2(
     layer: te_layer.TELayer, tmp_path: Path, *extra: str, env: dict[str, str] | None = None, hip: bool = True
 ) -> list[dict]:
@@ -204,7 +175,7 @@ def _tp2(
             str(out),
             *extra,
         ],
-        env=_te_env(layer, tmp_path / "boot", env, hip),
+        env=te_probe.proxy_env(layer, tmp_path / "boot", hip=te_probe.HIP_VERSION if hip else None, extra=env),
         capture_output=True,
         text=True,
         timeout=600,
@@ -221,7 +192,7 @@ def _tp2(
 def test_te_modules_at_tp2_match_torch_on_the_full_weights(tmp_path, real_index, version):
     """TE's Linear (column, row), LayerNormLinear, LayerNormMLP and DotProductAttention from the
     real Python layer, tp2 over gloo: forward, input and weight gradients within 1e-4 of plain torch."""
-    ranks = _tp2(_real_layer(version), tmp_path)
+    ranks = _tp2(te_probe.real_layer(version), tmp_path)
     for rank in ranks:
         assert rank["te_version"] == version
         for module in ("Linear(column)", "Linear(row)", "LayerNormLinear", "LayerNormMLP", "DotProductAttention"):
@@ -255,9 +226,9 @@ def test_te_modules_under_fp8_at_tp2_stay_within_the_fp8_bound(tmp_path, real_in
 
     from rocmport.verify.runtime import te_flavour
 
-    layer = _real_layer("2.12.0")
+    layer = te_probe.real_layer("2.12.0")
     arch = env.get("ROCMPORT_HIP_SIM_ARCH")
-    layer = replace(layer, flavour=te_flavour.choose(flavour, "2.12.0", arch, "7.1.25424-4179531dcd" if hip else None))
+    layer = replace(layer, flavour=te_flavour.choose(flavour, "2.12.0", arch, te_probe.HIP_VERSION if hip else None))
     ranks = _tp2(layer, tmp_path, f"fp8:{recipe}", env=env, hip=hip)
     for rank in ranks:
         assert "unsupported" not in rank, rank
@@ -274,7 +245,9 @@ def test_te_modules_under_fp8_at_tp2_stay_within_the_fp8_bound(tmp_path, real_in
 def test_fp8_block_scaling_reaches_a_kernel_the_proxy_lacks_and_names_it(tmp_path, real_index):
     """Float8BlockScaling on the CUDA path (an H100: NVIDIA's TE runs it there): its casts are not
     in the CPU layer, and the run says which kernel, counting nothing as a pass."""
-    ranks = _tp2(_real_layer("2.12.0"), tmp_path, "fp8:block", env={"ROCMPORT_CUDA_SIM_ARCH": "sm_90"}, hip=False)
+    ranks = _tp2(
+        te_probe.real_layer("2.12.0"), tmp_path, "fp8:block", env={"ROCMPORT_CUDA_SIM_ARCH": "sm_90"}, hip=False
+    )
     for rank in ranks:
         assert rank["unsupported"].startswith("unsupported-in-proxy: transformer_engine_torch.quantize"), rank
         assert "Linear(column)" not in rank  # nothing counted as a pass

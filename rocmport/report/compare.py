@@ -1,5 +1,6 @@
 """What changed between two verify reports (a refresh hop's before and after): stages, stage 3's
-labels that moved, port sites gained or lost, and the loss curves' deltas."""
+labels that moved, port sites gained or lost (and the sites that no longer run, with the stages that
+ran them), and the loss curves' deltas."""
 
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ class CodemodChange:
     total: tuple[int | None, int | None]
     newly_unreached: dict[str, str]  # site -> why, in the second run and not the first
     no_longer_unreached: dict[str, str]  # site -> why it did not run before (now it ran, or is gone)
+    # site -> the stages that ran it in the first run, for each site the second run did not run (now
+    # not run, or gone from the tree): the regression to look at first. Empty when a report does not
+    # record who ran each site (before the 'ran' key).
+    no_longer_ran: dict[str, list[str]] = field(default_factory=dict)
+    # site -> (stages before, stages after) for a site both runs ran, by other stages
+    stages_moved: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,6 +107,14 @@ def _codemods(before: RunReport, after: RunReport, notes: list[str]) -> list[Cod
     if not a or not b:
         notes.append("port sites are not compared: a report has no port-site coverage")
         return []
+    unrecorded = [
+        which for which, group in (("the first", a), ("the second", b)) if any(c.ran is None for c in group.values())
+    ]
+    if unrecorded:
+        notes.append(
+            f"which stages ran each site is not compared: {' and '.join(unrecorded)} report does not record it "
+            "(an older rocmport, before the 'ran' key)"
+        )
     out = []
     for name in list(a) + [n for n in b if n not in a]:
         ca, cb = a.get(name), b.get(name)
@@ -111,7 +126,17 @@ def _codemods(before: RunReport, after: RunReport, notes: list[str]) -> list[Cod
             {k: v for k, v in ub.items() if k not in ua},
             {k: v for k, v in ua.items() if k not in ub},
         )
-        if change.exercised[0] != change.exercised[1] or change.total[0] != change.total[1] or ua.keys() != ub.keys():
+        if not unrecorded:
+            ra, rb = (ca.ran or {}) if ca else {}, (cb.ran or {}) if cb else {}
+            change.no_longer_ran = {k: v for k, v in ra.items() if k not in rb}
+            change.stages_moved = {k: (v, rb[k]) for k, v in ra.items() if k in rb and rb[k] != v}
+        if (
+            change.exercised[0] != change.exercised[1]
+            or change.total[0] != change.total[1]
+            or ua.keys() != ub.keys()
+            or change.no_longer_ran
+            or change.stages_moved
+        ):
             out.append(change)
     return out
 

@@ -1,6 +1,6 @@
 """The rocm TE flavour applied in verify's started processes: each delta te_flavour declares (and the
 run chose: protocol.TE_DELTAS) made to NVIDIA's Python layer as its modules are imported, and
-nothing else. Installed by ``te_layer.install`` when protocol.TE_FLAVOUR is ``rocm``.
+nothing else. Installed by ``te_loader.install``, through its ModuleHooks, when protocol.TE_FLAVOUR is ``rocm``.
 
 A delta that cannot be applied to the TE release in use (its source no longer has what the delta
 rewrites) stops the import naming the delta: never a silent NVIDIA behaviour under the rocm name."""
@@ -8,15 +8,14 @@ rewrites) stops the import naming the delta: never a silent NVIDIA behaviour und
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import importlib.metadata
 import inspect
 import os
 import re
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from rocmport.verify.runtime import te_flavour
+from rocmport.verify.runtime import te_flavour, te_loader
 
 APPLIED: list[str] = []  # the deltas this process applied, in order (tests and the worker read it)
 
@@ -195,7 +194,7 @@ def _version(module) -> None:
 
 
 QUANTIZATION = ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8")
-HOOKS: dict[str, list[tuple[str, str, Callable]]] = {
+HOOKS: dict[str, list[tuple[str, Literal["source", "after"], Callable]]] = {
     "keep-fp8-weight-transpose-cache": [
         ("transformer_engine.pytorch.module.linear", "after", _keep_fp8_cache),
         ("transformer_engine.pytorch.module.layernorm_linear", "after", _keep_fp8_cache),
@@ -218,54 +217,15 @@ HOOKS: dict[str, list[tuple[str, str, Callable]]] = {
 }
 
 
-class _Hooks(importlib.abc.MetaPathFinder):
-    """Wraps the loaders of the modules the applied deltas change: a source rewrite before the module
-    runs, or a change to it right after."""
+def _recorded(delta: str, module: str, how: Callable) -> Callable:
+    """``how`` as a te_loader hook that, once it has run, records the delta in APPLIED."""
 
-    def __init__(self, deltas: list[str]) -> None:
-        self.by_module: dict[str, list[tuple[str, str, Callable]]] = {}
-        for name in deltas:
-            for module, when, how in HOOKS[name]:
-                self.by_module.setdefault(module, []).append((name, when, how))
+    def hook(arg: Any) -> Any:
+        out = how(arg)
+        APPLIED.append(f"{delta} ({module})")
+        return out
 
-    def find_spec(self, name, path=None, target=None):
-        hooks = self.by_module.get(name)
-        if not hooks:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is None:
-            return spec
-        inner: Any = spec.loader
-        chosen: list[tuple[str, str, Callable]] = hooks
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec):
-                return inner.create_module(spec)
-
-            def exec_module(self, module):
-                rewrites = [(d, how) for d, when, how in chosen if when == "source"]
-                if rewrites:
-                    source = inner.get_source(name)
-                    for delta, how in rewrites:
-                        source = how(source)
-                        APPLIED.append(f"{delta} ({name})")
-                    exec(compile(source, module.__spec__.origin, "exec"), module.__dict__)
-                else:
-                    inner.exec_module(module)
-                for delta, when, how in chosen:
-                    if when == "after":
-                        how(module)
-                        APPLIED.append(f"{delta} ({name})")
-
-        spec.loader = Loader()
-        return spec
+    return hook
 
 
 def install() -> None:
@@ -274,5 +234,9 @@ def install() -> None:
     unknown = [d for d in deltas if d not in HOOKS]
     if unknown:
         raise DeltaNotApplicable(unknown[0], "rocmport has no implementation of it")
-    if deltas:
-        sys.meta_path.insert(0, _Hooks(deltas))
+    by_module: dict[str, list[te_loader.Hook]] = {}
+    for name in deltas:
+        for module, when, how in HOOKS[name]:
+            by_module.setdefault(module, []).append((when, _recorded(name, module, how)))
+    if by_module:
+        sys.meta_path.insert(0, te_loader.ModuleHooks(by_module))
