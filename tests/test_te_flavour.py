@@ -141,10 +141,10 @@ def test_the_fused_attention_rewrite_takes_both_forms_of_the_declaration():
 
 
 def test_module_hooks_rewrite_the_source_then_change_the_module_recording_each_delta(tmp_path, monkeypatch):
-    """te_loader.ModuleHooks (the one finder for TE's Python layer): a hooked module is found by the
+    """module_hooks.ModuleHooks (the one finder for TE's Python layer): a hooked module is found by the
     finders behind it, its source hooks rewrite the text that runs, then its after hooks change the
     module, in order; te_rocm records each delta once it applied; other modules load untouched."""
-    from rocmport.verify.runtime import te_loader
+    from rocmport.verify.runtime import module_hooks
 
     pkg = tmp_path / "hooked_pkg"
     pkg.mkdir()
@@ -153,7 +153,7 @@ def test_module_hooks_rewrite_the_source_then_change_the_module_recording_each_d
     (pkg / "other.py").write_text("VALUE = 'nvidia'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(te_rocm, "APPLIED", [])
-    hooks = te_loader.ModuleHooks(
+    hooks = module_hooks.ModuleHooks(
         {
             "hooked_pkg.mod": [
                 ("after", te_rocm._recorded("second", "hooked_pkg.mod", lambda m: setattr(m, "SEEN", m.VALUE))),

@@ -1,6 +1,6 @@
 """The rocm TE flavour applied in verify's started processes: each delta te_flavour declares (and the
 run chose: protocol.TE_DELTAS) made to NVIDIA's Python layer as its modules are imported, and
-nothing else. Installed by ``te_loader.install``, through its ModuleHooks, when protocol.TE_FLAVOUR is ``rocm``.
+nothing else. Installed by ``te_loader.install``, through module_hooks.ModuleHooks, when protocol.TE_FLAVOUR is ``rocm``.
 
 A delta that cannot be applied to the TE release in use (its source no longer has what the delta
 rewrites) stops the import naming the delta: never a silent NVIDIA behaviour under the rocm name."""
@@ -15,7 +15,8 @@ import re
 import sys
 from typing import Any, Callable, Literal
 
-from rocmport.verify.runtime import te_flavour, te_loader
+from rocmport.verify.runtime import te_flavour
+from rocmport.verify.runtime.module_hooks import Hook, ModuleHooks
 
 APPLIED: list[str] = []  # the deltas this process applied, in order (tests and the worker read it)
 
@@ -234,9 +235,9 @@ def install() -> None:
     unknown = [d for d in deltas if d not in HOOKS]
     if unknown:
         raise DeltaNotApplicable(unknown[0], "rocmport has no implementation of it")
-    by_module: dict[str, list[te_loader.Hook]] = {}
+    by_module: dict[str, list[Hook]] = {}
     for name in deltas:
         for module, when, how in HOOKS[name]:
             by_module.setdefault(module, []).append((when, _recorded(name, module, how)))
     if by_module:
-        sys.meta_path.insert(0, te_loader.ModuleHooks(by_module))
+        sys.meta_path.insert(0, ModuleHooks(by_module))
