@@ -172,6 +172,11 @@ def test_messages_are_compared_without_the_trees_paths_line_numbers_addresses_or
     assert same_message(
         "AssertionError: <Foo object at 0x7f3a2b1c> is None", "AssertionError: <Foo object at 0x55d0e1> is None"
     )
+    assert same_message(
+        "RuntimeError: Connection closed by peer [127.0.0.1]:29512 (pid 4411)",
+        "RuntimeError: Connection closed by peer [127.0.0.1]:41007 (pid 981)",
+    )
+    assert not same_message("AssertionError: assert 3 == 4", "AssertionError: assert 3 == 5")
     # the plugin keeps 240 characters of a message: a longer tree path cuts it earlier
     long = "ImportError: cannot import name 'X' from 'megatron.core.m' ({}/megatron/core/" + "m" * 200 + ".py)"
     assert same_message(long.format(port_tree)[:240], long.format(base_tree + "/deeper")[:240])

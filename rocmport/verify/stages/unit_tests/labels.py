@@ -257,13 +257,16 @@ def _names_package(text: str, blocked: tuple[str, ...]) -> str | None:
 # ("../../.venv/..."): a path keeps what follows its last tree-level directory. Line numbers: the
 # port rewrote the files its codemods and patches touched, and an inserted import moves every line
 # below it, so `file.py:123` (and a traceback's `line 123`) names the same statement on both trees
-# at different numbers: they are dropped, the file kept. Object addresses (`at 0x7f...`) and the
-# random parts of temporary directories' names differ from run to run.
+# at different numbers: they are dropped, the file kept. Object addresses (`at 0x7f...`), the
+# random parts of temporary directories' names, a rendezvous's host:port and process ids differ
+# from run to run.
 _PATH_TOKEN = re.compile(r"""[^\s'"()\[\],]*/[^\s'"()\[\],]*""")
 _TREE_DIR = re.compile(r"(?:^|.*/)((?:megatron|tests|examples|tools|site-packages|dist-packages)/.*)$")
 _LINE = re.compile(r"""(\.pyx?"?)(?::\d+|, line \d+)""")
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
 _TEMP_NAME = re.compile(r"\b(pytest-|tmp|rocmport-[a-z]+-)(?:\d+\b|[a-z0-9_]{8}\b)")
+_ENDPOINT = re.compile(r"\[?\b(?:\d{1,3}\.){3}\d{1,3}\]?:\d+|\[?localhost\]?:\d+")
+_PID = re.compile(r"\b(pid\s*[=:]?\s*)\d+", re.I)
 # _failure_line (pytest_plugin) keeps 240 characters of a test's message (then its site, " at
 # FILE:LINE") and 300 of a collection error's line; a longer tree path in it cuts it earlier
 _KEPT = 240
@@ -274,6 +277,7 @@ def _normalised(text: str) -> str:
     text = _LINE.sub(r"\1", text)
     text = _PATH_TOKEN.sub(lambda m: (t := _TREE_DIR.match(m.group(0))) and t.group(1) or m.group(0), text)
     text = _TEMP_NAME.sub(r"\1*", _ADDRESS.sub("0x*", text))
+    text = _PID.sub(r"\1*", _ENDPOINT.sub("HOST:PORT", text))
     return " ".join(text.removeprefix("E ").split())
 
 
