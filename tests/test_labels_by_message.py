@@ -11,7 +11,7 @@ import pytest
 
 from rocmport.nvidia_only import blocked
 from rocmport.verify.orchestration import environment, firewall
-from rocmport.verify.stages.unit_tests.labels import label, same_message
+from rocmport.verify.stages.unit_tests.labels import _on_baseline, label, same_message
 from rocmport.verify.stages.unit_tests.results import SuiteRun, UnitTestsRun
 from rocmport.verify.stages.unit_tests.stage import stage_unit_tests
 from tests.helpers.sync import g
@@ -200,6 +200,15 @@ def test_a_different_message_on_both_trees_naming_the_firewalled_package_stays_n
     labels, why = label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {}, blocked=BLOCKED)
     assert labels == {mod: "needs-nvidia-only", "t/test_n.py": "upstream-known"}
     assert "Transformer Engine is not installed" in why[mod] and "No module named 'transformer_engine'" in why[mod]
+    # the unported tree's message beside its outcome where the two differ, also by type; not for a hang's record
+    assert _on_baseline(mod, SuiteRun.from_dict(base), SuiteRun.from_dict(port)) == (
+        "error: E   ModuleNotFoundError: No module named 'transformer_engine'"
+    )
+    base["kinds"][mod] = "ModuleNotFoundError"
+    assert _on_baseline(mod, SuiteRun.from_dict(base), SuiteRun.from_dict(port)).startswith("error: E   ModuleNotF")
+    assert label(SuiteRun.from_dict(port), SuiteRun.from_dict(base), {}, blocked=BLOCKED)[0][mod] == "unverified"
+    port["kinds"][mod] = base["kinds"][mod] = "hang"
+    assert _on_baseline(mod, SuiteRun.from_dict(base), SuiteRun.from_dict(port)) == "error"
 
 
 def test_a_cut_message_is_compared_before_its_site():

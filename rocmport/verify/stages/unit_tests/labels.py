@@ -201,7 +201,7 @@ def _on_baseline(nodeid: str, base: SuiteRun, port: SuiteRun | None = None) -> s
     """What the unported tree did with this test: its outcome (with its failure's message where the
     port failed it with another one), its module's error, or why it did not run."""
     out = base.outcomes.get(nodeid)
-    if out and port is not None and messages_differ(nodeid, port, base):
+    if out and port is not None and _failed_otherwise(nodeid, port, base):
         return f"{out}: {base.details[nodeid]}"
     if out:
         return out
@@ -301,14 +301,20 @@ def same_message(here: str, there: str) -> bool:
     return len(kept) > 0 and a.startswith(kept) and b.startswith(kept)
 
 
-def messages_differ(nodeid: str, port: SuiteRun, base: SuiteRun) -> bool:
-    """Whether both trees failed this test (or module) with the same exception type and other messages.
-    A record without the message (a hang's, an older cache's) is compared by type alone."""
+def _failed_otherwise(nodeid: str, port: SuiteRun, base: SuiteRun) -> bool:
+    """Whether both trees failed this test (or module), each with its message recorded, and not the
+    same way (another type or another message). A hang's record is the watchdog's, not a failure's."""
     here, there = port.details.get(nodeid, ""), base.details.get(nodeid, "")
     return (
         bool(here and there)
         and port.outcomes.get(nodeid) in ("failed", "error")
         and base.outcomes.get(nodeid) in ("failed", "error")
-        and port.kinds.get(nodeid) == base.kinds.get(nodeid)
-        and not same_message(here, there)
+        and "hang" not in (port.kinds.get(nodeid), base.kinds.get(nodeid))
+        and (port.kinds.get(nodeid) != base.kinds.get(nodeid) or not same_message(here, there))
     )
+
+
+def messages_differ(nodeid: str, port: SuiteRun, base: SuiteRun) -> bool:
+    """Whether both trees failed this test (or module) with the same exception type and other messages.
+    A record without the message (a hang's, an older cache's) is compared by type alone."""
+    return port.kinds.get(nodeid) == base.kinds.get(nodeid) and _failed_otherwise(nodeid, port, base)
