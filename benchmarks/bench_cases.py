@@ -49,29 +49,33 @@ def phases(lines: list[tuple[float, str]], wall: float) -> dict[str, float] | No
     """Where one verify run's wall went, from its progress lines (seconds since it started, text):
     per pretrain_gpt.py launch (the first run, the resumed one), its start-up (launch to its first
     iteration logged: Python, torch, megatron and TE imported by every rank, the process groups,
-    the model and the data, and that first iteration), its later iterations, and what follows its
-    last one (the checkpoint's finalisation, the ranks' exit; then the next launch's start). The
-    launch is the first line's arrival less its elapsed seconds (whole seconds). None: no line."""
-    runs: dict[str, list[tuple[float, int, float]]] = {}
+    the model and the data, and that first iteration), its iterations (the median gap between two),
+    its longest gap between two iterations less that median (the checkpoint save at the save
+    interval), and what follows its last iteration (the last save, the ranks' exit; then the next
+    launch's start). A launch is its first line's arrival less the elapsed seconds it says (whole
+    seconds). None: no line."""
+    runs: dict[str, list[tuple[float, float]]] = {}
     for at, text in lines:
         m = _PROGRESS.search(text)
         if m:
-            since = int(m.group(4) or 0) * 60 + int(m.group(5))
-            runs.setdefault(m.group(1), []).append((at, int(m.group(2)), float(since)))
+            runs.setdefault(m.group(1), []).append((at, float(int(m.group(4) or 0) * 60 + int(m.group(5)))))
     if not runs:
         return None
     out: dict[str, float] = {}
-    ordered = sorted(runs.items(), key=lambda kv: kv[1][0][0])
-    launches = [steps[0][0] - steps[0][2] for _, steps in ordered]
+    ordered = sorted(runs.values(), key=lambda steps: steps[0][0])
+    launches = [steps[0][0] - steps[0][1] for steps in ordered]
     out["before first launch"] = round(launches[0], 1)
-    for n, (what, steps) in enumerate(ordered):
+    for n, steps in enumerate(ordered):
         key = "run" if n == 0 else "resume"
-        launch, first, last = launches[n], steps[0][0], steps[-1][0]
-        out[f"{key} start-up + 1st iteration"] = round(first - launch, 1)
-        out[f"{key} iterations"] = len(steps)
-        out[f"{key} later iterations each"] = round((last - first) / (len(steps) - 1), 2) if len(steps) > 1 else 0.0
+        times = [at for at, _ in steps]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        each = statistics.median(gaps) if gaps else 0.0
+        out[f"{key} start-up + 1st iteration"] = round(times[0] - launches[n], 1)
+        out[f"{key} iterations"] = len(times)
+        out[f"{key} iteration s"] = round(each, 2)
+        out[f"{key} longest gap less one iteration"] = round(max(gaps) - each, 1) if gaps else 0.0
         end = launches[n + 1] if n + 1 < len(ordered) else wall
-        out[f"{key} after last iteration"] = round(end - last, 1)
+        out[f"{key} after last iteration"] = round(end - times[-1], 1)
     return out
 
 
@@ -137,7 +141,20 @@ def summary(case: str, rows: list[dict]) -> dict:
 
 
 def table(summaries: list[dict]) -> str:
-    head = ["case", "runs", "status", "wall s", "cpu s", "stage 4 s", "run start-up", "iter s", "resume start-up"]
+    head = [
+        "case",
+        "runs",
+        "status",
+        "wall s",
+        "cpu s",
+        "stage 4 s",
+        "start-up",
+        "iter s",
+        "save",
+        "tail",
+        "resume start-up",
+        "resume tail",
+    ]
     out = [head]
     for s in summaries:
         p = s["phases"]
@@ -150,8 +167,11 @@ def table(summaries: list[dict]) -> str:
                 str(s["cpu_s"]),
                 str(s["stage_s"] if s["stage_s"] is not None else "-"),
                 str(p.get("run start-up + 1st iteration", "-")),
-                str(p.get("run later iterations each", "-")),
+                str(p.get("run iteration s", "-")),
+                str(p.get("run longest gap less one iteration", "-")),
+                str(p.get("run after last iteration", "-")),
                 str(p.get("resume start-up + 1st iteration", "-")),
+                str(p.get("resume after last iteration", "-")),
             ]
         )
     widths = [max(len(row[i]) for row in out) for i in range(len(head))]
