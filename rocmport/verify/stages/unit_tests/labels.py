@@ -271,7 +271,7 @@ _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
 _TEMP_NAME = re.compile(r"\b(pytest-|tmp|rocmport-[a-z]+-)(?:\d+\b|[a-z0-9_]{8}\b)")
 _ENDPOINT = re.compile(r"\[?\b(?:\d{1,3}\.){3}\d{1,3}\]?:\d+|\[?localhost\]?:\d+")
 _PID = re.compile(r"\b(pid\s*[=:]?\s*)\d+", re.I)
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
+_NUMBER = re.compile(r"(?<!\w)[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?")
 # _failure_line (pytest_plugin) keeps 240 characters of a test's message (then its site, " at
 # FILE:LINE") and 300 of a collection error's line; a longer tree path in it cuts it earlier
 _KEPT = 240
@@ -283,8 +283,8 @@ def _normalised(text: str, numbers: bool = True) -> str:
     text = _PATH_TOKEN.sub(lambda m: (t := _TREE_DIR.match(m.group(0))) and t.group(1) or m.group(0), text)
     text = _TEMP_NAME.sub(r"\1*", _ADDRESS.sub("0x*", text))
     text = _PID.sub(r"\1*", _ENDPOINT.sub("HOST:PORT", text))
-    if not numbers:  # (a value's sign may be a space: torch pads `[ 6.7e-03` as `[-5.4e-03`)
-        text = re.sub(r"([\[(])\s+", r"\1", _NUMBER.sub("#", text))
+    if not numbers:  # with its sign, or the space torch pads a positive value with (`[ 6.7e-03`, `... 3.4e-03`)
+        text = re.sub(r"([\[(.])\s+#", r"\1#", _NUMBER.sub("#", text))
     return " ".join(text.removeprefix("E ").split())
 
 
