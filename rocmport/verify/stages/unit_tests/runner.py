@@ -8,7 +8,9 @@ NVIDIA-only imports in tests too) and the generated helper they import, and the 
 guards for collection (see pytest_plugin). Labels of a failing test:
 
 - `port-regression`: the unported tree passed (or skipped) it. Fails the stage.
-- `upstream-known`: the unported tree failed it the same way (same exception type).
+- `upstream-known`: the unported tree failed it the same way (same exception type and message,
+  paths and line numbers normalised: labels.same_message). The same type with another message on
+  the port is `port-regression` (both naming a firewalled package: `needs-nvidia-only`).
 - `proxy-artifact`: as upstream-known, but the test ran with the local layer spec in place of TE's
   (upstream wrote it for TE): an artifact of the proxy, not upstream's bug.
   Also a failure both trees share that is this machine running out of threads, descriptors or

@@ -402,7 +402,7 @@ def _details(
         failures={k: port.details.get(k, "") for k in labels},
         files=port.files,
         restarts_per_file=port.restarts_per_file,
-        on_baseline={k: _on_baseline(k, base_result) for k in labels},
+        on_baseline={k: _on_baseline(k, base_result, port) for k in labels},
         swaps=port.swaps,
         hung=port.hung,
         rerun_alone=port.alone,
