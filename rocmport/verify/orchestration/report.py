@@ -30,7 +30,9 @@ SCHEMA = """\
  launcher: {kind, nnodes, node_rank, rdzv_endpoint},
  stages: [{name, status: pass|fail|skipped|unsupported-in-proxy, reason, seconds, applicable, ...}],
  training: {losses, reference_losses, max_abs_diff, tied_embeddings_equal, redirects},
- functional: {case, losses, resume: {from_iteration, max_abs_diff, ...}, golden, redirects, ...},
+ functional: {case, losses, resume: {from_iteration, max_abs_diff, ...}, golden, redirects, ...,
+              version: 2, selection, selection_note, counts, cases: [{case, status, reason, seconds, losses, ...,
+              kind, failure, baseline, label, label_reason}]},
  port_sites: {<codemod>: {exercised, total, rewrites, unreached: {<site>: <reason>}, explanation}}}"""
 
 

@@ -1,11 +1,7 @@
-"""verify's functional stage: upstream's own GPT functional case (`tests/functional_tests/test_cases/
-gpt/<case>/model_config.yaml`) run with `pretrain_gpt.py` under torchrun, its losses parsed from the
-log, compared with this machine's recorded goldens (per port version and device kind), and a
-checkpoint round trip: the run saves part way, a second run resumes from that checkpoint and must
-log the same losses for the remaining iterations.
-
-In CPU-proxy mode every worker gets the proxy shim (`proxy_shim.install_for_script`): torch.cuda's
-answers for a CPU, each counted by its call site, plus the HIP simulation when it is on."""
+"""Stage 4's one case: upstream's case turned into a `pretrain_gpt.py` command line (MODEL_ARGS, CI's
+paths replaced, in proxy mode the model shrunk by its plan), run under torchrun, its losses parsed
+from Megatron's log, its checkpoint round trip, this device kind's golden, and, when it fails, how
+(CaseFailure: what stage 4 compares with the unported tree's run)."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import click
 
 from rocmport import output
 from rocmport.errors import BadInput
@@ -27,10 +22,7 @@ from rocmport.fsutil import atomic_write_text
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.case_plan import CasePlan
 from rocmport.verify.orchestration.launcher import Launcher
-from rocmport.machine import probe
 from rocmport.verify.runtime import protocol
-from rocmport.verify.orchestration import environment
-from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.orchestration.stage_result import (
     FAIL,
@@ -44,7 +36,7 @@ from rocmport.verify.orchestration.stage_result import (
 from rocmport.verify.stages.gpt_training import took_part
 
 if TYPE_CHECKING:
-    from rocmport.verify.orchestration.te_layer import TELayer
+    pass
 
 NAME = "functional"
 
@@ -117,16 +109,16 @@ def case_dir(tree: Path, case: str) -> Path:
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}", re.ASCII)
 
 
-def check_case(tree: Path, case: str) -> Path:
-    """The directory of ``--case`` in ``tree``, or BadInput: not a plain name, or (through a link)
-    outside the tree's cases directory. Whether it exists is the caller's question."""
+def check_case(tree: Path, case: str, option: str = "--case") -> Path:
+    """The directory of case ``case`` (given by ``option``) in ``tree``, or BadInput: not a plain name,
+    or (through a link) outside the tree's cases directory. Whether it exists is the caller's question."""
     hint = f"give the name of a directory under {CASES} (e.g. gpt3_mcore_tp2_pp2_uninstall_te)"
     if not _NAME.fullmatch(case):
-        raise BadInput(f"--case {case[:200]!r}: not a case name; {hint}")
+        raise BadInput(f"{option} {case[:200]!r}: not a case name; {hint}")
     root = (tree / CASES).resolve()
     cdir = case_dir(tree, case)
     if not cdir.resolve().is_relative_to(root):
-        raise BadInput(f"--case {case!r}: {cdir} leads outside {tree / CASES} (to {cdir.resolve()}); {hint}")
+        raise BadInput(f"{option} {case!r}: {cdir} leads outside {tree / CASES} (to {cdir.resolve()}); {hint}")
     return cdir
 
 
@@ -599,6 +591,135 @@ class FunctionalRun:
         return out
 
 
+# --- one case's run, split by concern -----------------------------------------------------------------
+
+# A traceback's start, and the rank prefix torchrun puts before each worker's line ("[rank3]: ").
+_RANK_PREFIX = re.compile(r"^(\[rank\d+\]:)")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+@dataclass
+class CaseFailure:
+    """How a case's run failed, in terms two trees can be compared by: ``phase`` (run: the
+    uninterrupted run; resume: the run resumed from its checkpoint; check: a check on their logs),
+    ``message`` (the exception, or the checks' problems; tree paths as <tree>, addresses and, for a
+    check, its figures as #), ``site`` the innermost traceback frame inside the tree as "path (function)"
+    — no line number: the port's codemods move lines — and ``shim`` the innermost frame of the CPU
+    proxy's shim (rocmport/verify/runtime/proxy_shim.py) the traceback passed through, if any."""
+
+    phase: str
+    message: str
+    site: str | None = None
+    shim: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"phase": self.phase, "message": self.message}
+        out.update({k: v for k, v in (("site", self.site), ("shim", self.shim)) if v is not None})
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CaseFailure:
+        return cls(str(d["phase"]), str(d["message"]), d.get("site"), d.get("shim"))
+
+
+def normalise(text: str, tree: Path, figures: bool = False) -> str:
+    """``text`` as two trees compare it: the tree's path as <tree>, addresses as 0x#, with ``figures``
+    every number as # (a check's measured values differ run to run; its words do not)."""
+    for root in {str(tree.resolve()), str(tree)}:
+        text = text.replace(root, "<tree>")
+    text = _ADDRESS.sub("0x#", text)
+    return _NUMBER.sub("#", text) if figures else text
+
+
+def failure_of(stderr: str, tree: Path, phase: str) -> CaseFailure:
+    """The first exception a run raised, with the innermost frames of its own rank's traceback inside
+    the tree and inside the proxy shim."""
+    lines = stderr.splitlines()
+    message = exception_line(stderr)
+    at = next((i for i, ln in enumerate(lines) if message and ln.strip().endswith(message)), len(lines))
+    prefix = _RANK_PREFIX.match(lines[at].strip()) if at < len(lines) else None
+    root = str(tree.resolve()) + "/"
+    site = shim = None
+    for line in reversed(lines[:at]):
+        if prefix and not line.strip().startswith(prefix.group(1)):
+            continue  # another rank's lines, interleaved
+        if "Traceback (most recent call last)" in line:
+            break
+        m = _FRAME.search(line)
+        if not m:
+            continue
+        path = m.group(1)
+        if site is None and path.startswith(root):
+            site = f"{path[len(root) :]} ({m.group(3)})"
+        if shim is None and path.endswith("verify/runtime/proxy_shim.py"):
+            shim = f"{m.group(3)} (proxy_shim.py:{m.group(2)})"
+    text = message or (stderr.strip().splitlines() or ["no output"])[-1]
+    return CaseFailure(phase, normalise(text, tree)[:300], site, shim)
+
+
+@dataclass
+class CaseOutcome:
+    """One case's run: its result (a stage result of its own), its details (None when it stopped
+    before training), and how it failed (None unless it failed)."""
+
+    case: str
+    result: StageResult
+    run: FunctionalRun | None = None
+    failure: CaseFailure | None = None
+
+
+@dataclass
+class CaseSetup:
+    """What one case's runs share: the tree and environment, the case's config and plan, the ranks,
+    the iterations (the checkpoint at ``half``), and how it runs (proxy, simulated HIP, the launcher)."""
+
+    tree: Path
+    env: dict
+    case: str
+    config: dict
+    plan: CasePlan | None
+    world: int
+    iters: int
+    proxy: bool
+    data_path: str | None
+    launcher: Launcher
+    resume: bool
+    hip: str | None
+    rocm: bool
+    support: ResumeSupport
+
+    @property
+    def half(self) -> int:
+        return self.iters // 2
+
+    def args(self, work: Path, extra: dict[str, object]) -> list[str]:
+        return build_args(
+            self.config,
+            iters=self.iters,
+            proxy=self.proxy,
+            data_path=self.data_path,
+            work=work,
+            extra=extra,
+            plan=self.plan,
+        )
+
+
+@dataclass
+class _Trained:
+    """A case whose uninterrupted run logged every iteration: its details, its log's losses by
+    iteration, the reason so far, what the checks found wrong, and its args as a golden records them."""
+
+    run: FunctionalRun
+    steps: dict[int, float]
+    log: str
+    reason: str
+    problems: list[str]
+    recorded: list[str]
+    run_env: dict
+    save: dict[str, object]
+
+
 def stage_functional(
     tree: Path,
     env: dict,
@@ -617,390 +738,275 @@ def stage_functional(
     hip: str | None = None,
     rocm: bool = False,
 ) -> tuple[StageResult, FunctionalRun | None]:
+    """Upstream's case through pretrain_gpt.py (run_case), as a stage result and its details."""
+    out = run_case(
+        tree,
+        env,
+        case=case,
+        dp=dp,
+        iters=iters,
+        proxy=proxy,
+        data_path=data_path,
+        series_dir=series_dir,
+        record=record,
+        device_kind=device_kind,
+        defaulted=defaulted,
+        launcher=launcher,
+        resume=resume,
+        hip=hip,
+        rocm=rocm,
+    )
+    return out.result, out.run
+
+
+def run_case(
+    tree: Path,
+    env: dict,
+    *,
+    case: str,
+    dp: int,
+    iters: int,
+    proxy: bool,
+    data_path: str | None,
+    series_dir: Path | None,
+    record: bool,
+    device_kind: DeviceKind,
+    defaulted: bool = False,
+    launcher: Launcher = Launcher(),
+    resume: bool = True,
+    hip: str | None = None,
+    rocm: bool = False,
+) -> CaseOutcome:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
-    the remaining iterations. ``hip``: the simulated ROCm version (proxy), for the report;
-    ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the port picks the async writer."""
+    the remaining iterations; then this device kind's golden. ``hip``: the simulated ROCm version
+    (proxy), for the report; ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the
+    port picks the async writer."""
     start = time.monotonic()
+    ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted)
+    if isinstance(ready, StageResult):
+        return CaseOutcome(case, ready)
+    config, plan, world = ready
+    s = CaseSetup(
+        tree, env, case, config, plan, world, iters, proxy, data_path, launcher, resume, hip, rocm, resume_support(tree)
+    )
+    with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
+        trained = _train(s, Path(tmp), start)
+        if isinstance(trained, CaseOutcome):
+            return trained
+        if resume:
+            stopped = _resume(s, Path(tmp), trained, start)
+            if stopped is not None:
+                return stopped
+    if series_dir is not None:
+        _golden(trained, s, golden_path(series_dir, case, str(device_kind)), record, device_kind)
+    if data_path:
+        reference = upstream_golden(case_dir(tree, case), trained.run.losses)
+        if reference:
+            trained.run.upstream_golden_a100 = reference
+            trained.reason += f"; upstream's A100 golden (reference only): {reference.summary}"
+    return _finish(s, trained, time.monotonic() - start)
+
+
+def _prepare(
+    tree: Path,
+    case: str,
+    dp: int,
+    proxy: bool,
+    data_path: str | None,
+    series_dir: Path | None,
+    device_kind: str,
+    defaulted: bool,
+) -> StageResult | tuple[dict, CasePlan | None, int]:
+    """The case's config, plan and ranks, or why it does not run (before any launch)."""
     cdir = check_case(tree, case)
     if series_dir is not None:  # a golden that cannot be named is bad input now, not after minutes of training
-        golden_path(series_dir, case, str(device_kind))
+        golden_path(series_dir, case, device_kind)
     if not (tree / "pretrain_gpt.py").is_file():
-        return skipped(NAME, tree_lacks("pretrain_gpt.py")), None
+        return skipped(NAME, tree_lacks("pretrain_gpt.py"))
     if not (cdir / "model_config.yaml").is_file():
-        text = f"upstream has no functional case {case} ({CASES / case}); pass --case NAME (e.g. {', '.join(cases_near(tree))})"
-        return StageResult(NAME, SKIPPED if defaulted else FAIL, text), None
+        text = f"upstream has no functional case {case} ({CASES / case}); pass --cases NAME (e.g. {', '.join(cases_near(tree))})"
+        return StageResult(NAME, SKIPPED if defaulted else FAIL, text)
     config = load_case(tree, case)
     plan: CasePlan | None = None
     if proxy:
         planned = case_plan.plan_case(case, config, data_path=bool(data_path))
         if isinstance(planned, case_plan.Unsupported):
-            return StageResult(NAME, UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}"), None
+            return StageResult(NAME, UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}")
         plan = planned
-    world = world_size(config, dp, plan)
-    support = resume_support(tree)
-    half = iters // 2
-    with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
-        work = Path(tmp)
-        save = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": half}
-        chosen: dict[str, str] = {}
-        if support.async_save:
-            save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
-            if support.async_strategy and not rocm and not nvrx_usable(env):
-                # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
-                # (async-save-strategy), the CUDA path keeps upstream's default, which needs the package.
-                save["--async-strategy"] = "mcore"
-                chosen["--async-strategy mcore"] = (
-                    "nvidia-resiliency-ext (upstream's default async writer, nvrx) is NVIDIA-only "
-                    "and not importable here; on HIP the port picks mcore itself"
-                )
-        args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=save, plan=plan)
-        run_env = {**env, **{k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}}
-        swaps = {}
-        if proxy:
-            (work / "shim").mkdir()
-            run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
-            run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
-            swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
-        cmd = functional_command(launcher, world, args)
-        proc = _launch(cmd, tree, run_env)
-        steps = loss_steps(proc.stdout + proc.stderr)
-        losses = [steps[i] for i in sorted(steps)]
-        if proc.returncode == 0 and not losses and launcher.multi_node:
-            return took_part(NAME, launcher, time.monotonic() - start), None
-        run = FunctionalRun(
-            case=case,
-            command=" ".join(cmd),
-            losses=losses,
-            iters=iters,
-            proxy_env=swaps,
-            chosen_args=chosen,
-            log_tail=[ln for ln in proc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:],
-        )
-        if proxy:
-            from rocmport.verify.runtime.proxy_shim import read_redirects
+    return config, plan, world_size(config, dp, plan)
 
-            run.redirects = read_redirects(work / "shim")
-        hook = work / "shim" / "unsupported.txt"
-        if proxy and hook.is_file():
-            return StageResult(
-                NAME,
-                UNSUPPORTED,
-                f"proxy shim hook missing: {hook.read_text()}",
-                time.monotonic() - start,
-                run,
-            ), run
-        if proc.returncode != 0 or len(losses) < iters:
-            what = f"pretrain_gpt.py (after {len(losses)} of {iters} iterations)"
-            res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, run)
-            return res, run
-        reason = f"{case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {iters} iterations"
-        problems = []
-        if losses[-1] >= losses[0]:
-            problems.append(f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
-        if resume and half >= 1 and support.ckpt_step:
-            again = {
-                **save,
-                "--ckpt-step": half,
-                "--save": str(work / "ckpt-resumed"),
-                "--async-save": None,
-                "--use-persistent-ckpt-worker": None,
-            }
-            rargs = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=again, plan=plan)
-            rproc = _launch(
-                functional_command(launcher, world, rargs), tree, run_env, what=f"resumed from iteration {half}"
+
+def _save_args(s: CaseSetup, work: Path) -> tuple[dict[str, object], dict[str, str]]:
+    """The checkpoint flags of the uninterrupted run, and the arguments verify chose, with why."""
+    save: dict[str, object] = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": s.half}
+    chosen: dict[str, str] = {}
+    if s.support.async_save:
+        save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
+        if s.support.async_strategy and not s.rocm and not nvrx_usable(s.env):
+            # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
+            # (async-save-strategy), the CUDA path keeps upstream's default, which needs the package.
+            save["--async-strategy"] = "mcore"
+            chosen["--async-strategy mcore"] = (
+                "nvidia-resiliency-ext (upstream's default async writer, nvrx) is NVIDIA-only "
+                "and not importable here; on HIP the port picks mcore itself"
             )
-            rlog = rproc.stdout + rproc.stderr
-            rsteps = loss_steps(rlog)
-            wanted = list(range(half + 1, iters + 1))
-            run.resume_log_tail = [ln for ln in rproc.stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]
-            if rproc.returncode != 0 or any(i not in rsteps for i in wanted):
-                return _failure(
-                    rproc,
-                    tree,
-                    proxy,
-                    hip,
-                    f"the run resumed from iteration {half}",
-                    time.monotonic() - start,
-                    run,
-                ), run
-            expected = expected_resumed(steps, half, iters, support.first_two_logged_together)
-            diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
-            norms, rnorms = params_norms(proc.stdout + proc.stderr), params_norms(rlog)
-            norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
-            tol = RESUME_TOLERANCE[proxy]
-            run.resume = resumed = ResumeCheck(
-                from_iteration=half,
-                loaded_iteration=loaded_iteration(rlog),
-                max_abs_diff=diff,
-                tolerance=tol,
-                async_save=support.async_save,
-                losses=[rsteps[i] for i in wanted],
-                params_norm_max_abs_diff=norm_diff,
-                averaged_iteration=half + 2 if support.first_two_logged_together and half + 2 <= iters else None,
-            )
-            reason += (
-                f"; resumed from the iteration-{half} checkpoint ({'async ' if support.async_save else ''}torch_dist): "
-                f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
-            )
-            if norm_diff is not None:
-                reason += f", params norm max |Δ| {norm_diff:.2g}"
-                if norm_diff > tol:
-                    problems.append(
-                        f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})"
-                    )
-            if resumed.loaded_iteration != half:
-                problems.append(f"the resumed run did not load iteration {half} (it says {resumed.loaded_iteration})")
-            if diff > tol:
-                problems.append(f"resumed losses differ from the uninterrupted run's by {diff:.3g} > {tol:g}")
-        elif resume:
-            why = "fewer than 2 iterations" if half < 1 else "the tree's training loop has no --ckpt-step"
-            run.resume = ResumeSkipped(why)
-            reason += f"; checkpoint resume not checked ({why})"
-        recorded = recorded_args(args, work)
-    seconds = time.monotonic() - start
-    status = FAIL if problems else PASS
-    if series_dir is not None:
-        golden = golden_path(series_dir, case, str(device_kind))
-        if (
-            record and problems
-        ):  # a golden is what a passing run logged: a failed run's curve would excuse the failure next time
-            reason += f"; golden not recorded: the run failed ({golden} unchanged)"
-        elif record:
-            atomic_write_text(
-                golden,
-                json.dumps(
-                    {
-                        "case": case,
-                        "device_kind": str(device_kind),
-                        "iters": iters,
-                        "losses": losses,
-                        "hip_sim": hip,
-                        "args": recorded,
-                    },
-                    indent=1,
-                )
-                + "\n",
-            )
-            reason += f"; golden recorded in {golden}"
-        elif golden.is_file():
-            ref = json.loads(golden.read_text())
-            compared = run.golden = GoldenComparison(str(golden))
-            if ref.get("args") != recorded:
-                why = (
-                    _args_difference(recorded, ref["args"])
-                    if ref.get("args")
-                    else "the golden records no args; re-record it"
-                )
-                compared.other_args = why
-                reason += f"; golden made with other args, not compared ({why})"
-            else:
-                n = min(len(ref["losses"]), len(losses))
-                drift = (
-                    max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses[:n], ref["losses"][:n]))
-                    if n
-                    else float("inf")
-                )
-                tol = TOLERANCE["cpu-proxy" if device_kind.proxy else "gpu"]  # with TE's layer or not
-                compared.max_rel_drift, compared.tolerance, compared.hip_sim = drift, tol, ref.get("hip_sim")
-                reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
-                if drift > tol:
-                    problems.append(f"losses drift from the golden by {drift:.3g} > {tol:g} ({golden})")
-                    status = FAIL
-        else:
-            reason += "; no golden for this device kind yet (--record-golden)"
-    if data_path:
-        reference = upstream_golden(cdir, losses)
-        if reference:
-            run.upstream_golden_a100 = reference
-            reason += f"; upstream's A100 golden (reference only): {reference.summary}"
-    if problems:
-        reason = "; ".join(problems) + f" [{reason}]"
-    return StageResult(NAME, status, reason, seconds, run), run
+    return save, chosen
 
 
-@dataclass(frozen=True)
-class FunctionalOptions:
-    """Stage 4: upstream's functional GPT case through pretrain_gpt.py."""
-
-    case: str
-    iters: int
-    defaulted: bool = True
-    data_path: str | None = None
-    record: bool = False
-    series_dir: Path | None = None
-    resume: bool = True
-
-
-CLI_OPTIONS = (
-    click.Option(
-        ["--functional/--no-functional", "with_functional"],
-        default=None,
-        help="Stage 4, upstream's functional GPT case with pretrain_gpt.py (default: when the tree has pretrain_gpt.py).",
-    ),
-    click.Option(
-        ["--case"],
-        default=None,
-        metavar="NAME",
-        help="Functional case: a directory name under tests/functional_tests/test_cases/gpt (default: by tp/pp, and the TE "
-        "case where doctor finds TE usable).",
-    ),
-    click.Option(
-        ["--data-path"],
-        default=None,
-        metavar="DIR",
-        help="Real data for the functional case: upstream CI's data root ($DATA_PATH), under which the case names its "
-        "dataset and tokenizer files (default: mock data, NullTokenizer).",
-    ),
-    click.Option(
-        ["--record-golden"],
-        is_flag=True,
-        help="Store this run's functional loss curve (and its args) as the golden for this device kind.",
-    ),
-    click.Option(
-        ["--resume/--no-resume"],
-        default=True,
-        show_default=True,
-        help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.",
-    ),
-)
+def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
+    """The runs' environment (the case's ENV_VARS; in proxy mode the shim in every worker and
+    PROXY_ENV), and the proxy's swaps with why."""
+    run_env = {**s.env, **{k: str(v) for k, v in (s.config.get("ENV_VARS") or {}).items()}}
+    if not s.proxy:
+        return run_env, {}
+    (work / "shim").mkdir(exist_ok=True)
+    run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
+    run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
+    return run_env, {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
 
 
-class FunctionalStage(Stage[FunctionalOptions]):
-    name = NAME
-    summary = (
-        "upstream's GPT case (pretrain_gpt.py with its MODEL_ARGS; mock data), a checkpoint saved half way and "
-        "resumed with equal losses, and this device kind's golden"
+def _tail(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]
+
+
+def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
+    """The uninterrupted run, saving its checkpoint half way: trained, or the outcome it stopped with."""
+    save, chosen = _save_args(s, work)
+    args = s.args(work, save)
+    run_env, swaps = _run_env(s, work)
+    cmd = functional_command(s.launcher, s.world, args)
+    proc = _launch(cmd, s.tree, run_env)
+    log = proc.stdout + proc.stderr
+    steps = loss_steps(log)
+    losses = [steps[i] for i in sorted(steps)]
+    if proc.returncode == 0 and not losses and s.launcher.multi_node:
+        return CaseOutcome(s.case, took_part(NAME, s.launcher, time.monotonic() - start))
+    run = FunctionalRun(s.case, " ".join(cmd), losses, s.iters, swaps, chosen, _tail(proc.stderr))
+    if s.proxy:
+        from rocmport.verify.runtime.proxy_shim import read_redirects
+
+        run.redirects = read_redirects(work / "shim")
+    hook = work / "shim" / "unsupported.txt"
+    if s.proxy and hook.is_file():
+        text = f"proxy shim hook missing: {hook.read_text()}"
+        return CaseOutcome(s.case, StageResult(NAME, UNSUPPORTED, text, time.monotonic() - start, run), run)
+    if proc.returncode != 0 or len(losses) < s.iters:
+        what = f"pretrain_gpt.py (after {len(losses)} of {s.iters} iterations)"
+        return _stopped(s, proc, what, "run", start, run)
+    problems = [] if losses[-1] < losses[0] else [f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"]
+    reason = f"{s.case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {s.iters} iterations"
+    return _Trained(run, steps, log, reason, problems, recorded_args(args, work), run_env, save)
+
+
+def _stopped(
+    s: CaseSetup, proc: subprocess.CompletedProcess, what: str, phase: str, start: float, run: FunctionalRun
+) -> CaseOutcome:
+    """A run that did not log every iteration: its result (_failure) and, when it failed, how."""
+    res = _failure(proc, s.tree, s.proxy, s.hip, what, time.monotonic() - start, run)
+    return CaseOutcome(s.case, res, run, failure_of(proc.stderr, s.tree, phase) if res.status == FAIL else None)
+
+
+def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome | None:
+    """The checkpoint round trip: a run resumed from the iteration-``half`` checkpoint must log the
+    uninterrupted run's losses (and params norm) for the rest. None when it ran to its end (its
+    findings in ``t``), else the outcome it stopped with."""
+    if s.half < 1 or not s.support.ckpt_step:
+        why = "fewer than 2 iterations" if s.half < 1 else "the tree's training loop has no --ckpt-step"
+        t.run.resume = ResumeSkipped(why)
+        t.reason += f"; checkpoint resume not checked ({why})"
+        return None
+    again = {
+        **t.save,
+        "--ckpt-step": s.half,
+        "--save": str(work / "ckpt-resumed"),
+        "--async-save": None,
+        "--use-persistent-ckpt-worker": None,
+    }
+    cmd = functional_command(s.launcher, s.world, s.args(work, again))
+    rproc = _launch(cmd, s.tree, t.run_env, what=f"resumed from iteration {s.half}")
+    rlog = rproc.stdout + rproc.stderr
+    rsteps = loss_steps(rlog)
+    wanted = list(range(s.half + 1, s.iters + 1))
+    t.run.resume_log_tail = _tail(rproc.stderr)
+    if rproc.returncode != 0 or any(i not in rsteps for i in wanted):
+        return _stopped(s, rproc, f"the run resumed from iteration {s.half}", "resume", start, t.run)
+    _compare_resumed(s, t, rlog, rsteps, wanted)
+    return None
+
+
+def _compare_resumed(s: CaseSetup, t: _Trained, rlog: str, rsteps: dict[int, float], wanted: list[int]) -> None:
+    """The resumed run's losses and params norm against the uninterrupted run's, into ``t``."""
+    half, iters = s.half, s.iters
+    expected = expected_resumed(t.steps, half, iters, s.support.first_two_logged_together)
+    diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
+    norms, rnorms = params_norms(t.log), params_norms(rlog)
+    norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
+    tol = RESUME_TOLERANCE[s.proxy]
+    t.run.resume = resumed = ResumeCheck(
+        from_iteration=half,
+        loaded_iteration=loaded_iteration(rlog),
+        max_abs_diff=diff,
+        tolerance=tol,
+        async_save=s.support.async_save,
+        losses=[rsteps[i] for i in wanted],
+        params_norm_max_abs_diff=norm_diff,
+        averaged_iteration=half + 2 if s.support.first_two_logged_together and half + 2 <= iters else None,
     )
-    cli_options = CLI_OPTIONS
+    t.reason += (
+        f"; resumed from the iteration-{half} checkpoint ({'async ' if s.support.async_save else ''}torch_dist): "
+        f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
+    )
+    if norm_diff is not None:
+        t.reason += f", params norm max |Δ| {norm_diff:.2g}"
+        if norm_diff > tol:
+            t.problems.append(
+                f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})"
+            )
+    if resumed.loaded_iteration != half:
+        t.problems.append(f"the resumed run did not load iteration {half} (it says {resumed.loaded_iteration})")
+    if diff > tol:
+        t.problems.append(f"resumed losses differ from the uninterrupted run's by {diff:.3g} > {tol:g}")
 
-    def check(self, given: Mapping[str, Any], setup: RunSetup) -> FunctionalOptions | NotRequested:
-        options, why = functional_options(
-            setup.tree,
-            setup.series_dir,
-            given["with_functional"],
-            given["case"],
-            setup.tp,
-            setup.pp,
-            given["data_path"],
-            given["record_golden"],
-            setup.iters,
-            given["resume"],
-            te=setup.te,
+
+def _golden(t: _Trained, s: CaseSetup, golden: Path, record: bool, device_kind: DeviceKind) -> None:
+    """This device kind's golden: recorded (``record``, from a passing run only), else compared."""
+    if record and t.problems:
+        # a golden is what a passing run logged: a failed run's curve would excuse the failure next time
+        t.reason += f"; golden not recorded: the run failed ({golden} unchanged)"
+        return
+    losses = t.run.losses
+    if record:
+        made = {"case": s.case, "device_kind": str(device_kind), "iters": s.iters, "losses": losses}
+        atomic_write_text(golden, json.dumps({**made, "hip_sim": s.hip, "args": t.recorded}, indent=1) + "\n")
+        t.reason += f"; golden recorded in {golden}"
+        return
+    if not golden.is_file():
+        t.reason += "; no golden for this device kind yet (--record-golden)"
+        return
+    ref = json.loads(golden.read_text())
+    compared = t.run.golden = GoldenComparison(str(golden))
+    if ref.get("args") != t.recorded:
+        why = (
+            _args_difference(t.recorded, ref["args"]) if ref.get("args") else "the golden records no args; re-record it"
         )
-        return options if options is not None else NotRequested(why)
-
-    def launches(self, opts: VerifyOptions, options: FunctionalOptions, tmp: Path) -> list[dict]:
-        f = options
-        if not (case_dir(opts.tree, f.case) / "model_config.yaml").is_file():
-            return []
-        config = load_case(opts.tree, f.case)
-        proxy = not probe.probe().has_gpu
-        plan = case_plan.plan_case(f.case, config, data_path=bool(f.data_path)) if proxy else None
-        if isinstance(plan, case_plan.Unsupported):
-            return []
-        args = build_args(config, iters=f.iters, proxy=proxy, data_path=f.data_path, work=tmp, plan=plan)
-        return [
-            {
-                "stage": self.name,
-                "command": functional_command(opts.launcher, world_size(config, opts.dp, plan), args),
-                "cwd": str(opts.tree),
-            }
-        ]
-
-    def run(self, ctx: VerifyContext, options: FunctionalOptions) -> StageRun:
-        f = options
-        blocked_by = environment.functional_blockers(ctx.tree)
-        if blocked_by:
-            return StageRun(StageResult(self.name, FAIL, blocked_by))
-        with output.progress(
-            f"stage 4: upstream's functional case {f.case} (pretrain_gpt.py, {f.iters} iterations, "
-            f"then resumed from iteration {f.iters // 2})"
-        ):
-            result, details = stage_functional(
-                ctx.tree,
-                ctx.env,
-                case=f.case,
-                dp=ctx.opts.dp,
-                iters=f.iters,
-                proxy=ctx.mode == "cpu-proxy",
-                data_path=f.data_path,
-                series_dir=f.series_dir,
-                record=f.record,
-                device_kind=DeviceKind.of_run(ctx.mode, ctx.machine, ctx.opts.te),
-                defaulted=f.defaulted,
-                launcher=ctx.launcher,
-                resume=f.resume,
-                hip=ctx.hip_version,
-                rocm=bool(ctx.hip_version or ctx.machine.hip),
-            )
-        return StageRun(result, details)
+        compared.other_args = why
+        t.reason += f"; golden made with other args, not compared ({why})"
+        return
+    n = min(len(ref["losses"]), len(losses))
+    pairs = zip(losses[:n], ref["losses"][:n])
+    drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if n else float("inf")
+    tol = TOLERANCE["cpu-proxy" if device_kind.proxy else "gpu"]  # with TE's layer or not
+    compared.max_rel_drift, compared.tolerance, compared.hip_sim = drift, tol, ref.get("hip_sim")
+    t.reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
+    if drift > tol:
+        t.problems.append(f"losses drift from the golden by {drift:.3g} > {tol:g} ({golden})")
 
 
-STAGE = FunctionalStage()
-
-
-def functional_options(
-    tree: Path,
-    series_dir: Path | None,
-    wanted,
-    case,
-    tp: int,
-    pp: int,
-    data_path,
-    record: bool,
-    iters: int,
-    resume: bool = True,
-    te: TELayer | None = None,
-) -> tuple[FunctionalOptions | None, str]:
-    from rocmport.machine.doctor import for_verify
-
-    if case is not None:  # confined to the tree's cases directory whether or not stage 4 runs
-        check_case(tree, case)
-    if wanted is False:
-        return None, "--no-functional"
-    if not (tree / "pretrain_gpt.py").is_file():
-        if wanted:
-            raise BadInput(
-                f"{tree}: no pretrain_gpt.py to run (a package-index source ships megatron/core only); drop --functional"
-            )
-        return None, tree_lacks("pretrain_gpt.py")
-    if case is not None and not (check_case(tree, case) / "model_config.yaml").is_file():
-        raise BadInput(
-            f"--case {case!r}: no such case in {tree / CASES} (no model_config.yaml); e.g. {', '.join(cases_near(tree)) or '-'}"
-        )
-    if record and series_dir is None:
-        raise BadInput(
-            f"{tree}: --record-golden needs a tree made by `rocmport apply` (goldens live next to its series)"
-        )
-    # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
-    # or where TE's Python layer runs on the CPU proxy (--te).
-    te_usable = te is not None or for_verify(series_dir / "series" if series_dir else None).te_usable
-    chosen = case or default_case(tp, pp, te_usable, tree)
-    if data_path is not None:
-        # --data-path is upstream CI's data root ($DATA_PATH; the case names its files under it), taken
-        # whole (never split on spaces) and made absolute: pretrain_gpt.py runs in the tree.
-        root = Path(data_path).expanduser().resolve()
-        if not root.is_dir():
-            raise BadInput(
-                f"--data-path {data_path}: not a directory; give upstream CI's data root ($DATA_PATH), "
-                f"under which the case names its dataset and tokenizer files"
-            )
-        config = check_case(tree, chosen) / "model_config.yaml"
-        missing = missing_data(load_case(tree, chosen), root) if config.is_file() else []
-        if missing:
-            raise BadInput(
-                f"--data-path {data_path}: case {chosen} reads {missing[0]}, which is not there"
-                + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
-                + "; lay the data out as upstream CI does under that directory"
-            )
-        data_path = str(root)
-    return FunctionalOptions(
-        case=chosen,
-        defaulted=not case,
-        data_path=data_path,
-        record=record,
-        series_dir=series_dir,
-        iters=iters,
-        resume=resume,
-    ), ""
+def _finish(s: CaseSetup, t: _Trained, seconds: float) -> CaseOutcome:
+    """The case's result from its checks: pass, or fail with its problems first."""
+    if not t.problems:
+        return CaseOutcome(s.case, StageResult(NAME, PASS, t.reason, seconds, t.run), t.run)
+    reason = "; ".join(t.problems) + f" [{t.reason}]"
+    failure = CaseFailure("check", normalise("; ".join(t.problems), s.tree, figures=True))
+    return CaseOutcome(s.case, StageResult(NAME, FAIL, reason, seconds, t.run), t.run, failure)
