@@ -219,6 +219,12 @@ def test_a_case_that_fails_only_on_the_port_is_a_port_regression_and_fails_the_s
     assert stage4(report)["status"] == "fail" and stage4(report)["reason"] == (
         f"2 cases: 1 pass, 1 port-regression; blocking: {BREAKS}"
     )
+    # the summary names the blocking case, why it blocks and what the unported tree did (its run now cached)
+    args = ["--stages", "4", "--iters", "4", "--no-resume", "--cases", BREAKS, "--no-html"]
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), *args]) == 1
+    out = capsys.readouterr().out
+    assert f"functional: port-regression: {BREAKS}" in out and "the port broke it" in out
+    assert "the unported tree: pass: " in out
 
 
 @pytest.mark.torch
