@@ -256,8 +256,14 @@ def test_all_lists_the_cases_the_proxy_cannot_run_with_kind_and_reason(tmp_path,
         INFERENCE: "MODE: inference\n" + CONFIG,
     }
     tree = make_tree(tmp_path / "t", cases)
-    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", "all")
+    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", "all", "--junit", str(tmp_path / "j.xml"))
     assert rc == 0, err
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite[@name='upstream.functional_cases']")
+    assert suite is not None and (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "0", "2")
+    skipped = {c.get("name"): c.find("skipped").get("message") for c in suite if c.find("skipped") is not None}
+    assert skipped[GPU_ONLY].startswith("unsupported-in-proxy: ") and GOOD not in skipped
     by = {c["case"]: c for c in report["functional"]["cases"]}
     assert list(by) == sorted(cases) and by[GOOD]["status"] == "pass"
     assert (by[GPU_ONLY]["status"], by[GPU_ONLY]["kind"]) == ("unsupported-in-proxy", "gpu-only")
