@@ -30,7 +30,8 @@ from typing import Any
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import run_git
 from rocmport.verify.runtime import protocol
-from rocmport.verify.stages.functional.case_run import CaseFailure, CaseOutcome
+from rocmport.verify.stages.functional.case_run import CaseOutcome
+from rocmport.verify.stages.functional.details import CaseFailure
 from rocmport.verify.stages.gpt_training import exhausted
 from rocmport.verify.stages.unit_tests.baseline import overlay_files, unported_checkout, unported_env
 from rocmport.verify.orchestration.stage_result import FAIL, PASS

@@ -1,7 +1,6 @@
-"""Stage 4's one case: upstream's case turned into a `pretrain_gpt.py` command line (MODEL_ARGS, CI's
-paths replaced, in proxy mode the model shrunk by its plan), run under torchrun, its losses parsed
-from Megatron's log, its checkpoint round trip, this device kind's golden, and, when it fails, how
-(CaseFailure: what stage 4 compares with the unported tree's run)."""
+"""Stage 4's one case, run: the uninterrupted run under torchrun saving its checkpoint half way,
+the run resumed from it, the checks on their logs and this device kind's golden (run_case, split
+by concern; stage_functional is the same as a stage result), and how it failed."""
 
 from __future__ import annotations
 
@@ -10,20 +9,13 @@ import re
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 
 from rocmport import output
-from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
-from rocmport.verify.stages import case_plan
-from rocmport.verify.stages.case_plan import CasePlan
-from rocmport.verify.orchestration.launcher import Launcher
-from rocmport.verify.runtime import protocol
 from rocmport.verify.orchestration.device_kind import DeviceKind
+from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.orchestration.stage_result import (
     FAIL,
     PASS,
@@ -33,362 +25,49 @@ from rocmport.verify.orchestration.stage_result import (
     skipped,
     tree_lacks,
 )
+from rocmport.verify.runtime import protocol
+from rocmport.verify.stages import case_plan
+from rocmport.verify.stages.case_plan import CasePlan
 from rocmport.verify.stages.gpt_training import took_part
 
-if TYPE_CHECKING:
-    pass
-
-NAME = "functional"
-
-CASES = Path("tests/functional_tests/test_cases/gpt")
-_LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
-# The last one: a torch.cuda call the proxy shim has no CPU answer for reaches the CPU build's missing
-# CUDA bindings (the shim reports CUDA as initialised, so torch's own "not compiled" check is passed).
-_CUDA_BLOCKER = re.compile(
-    r"(Megatron requires CUDA|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
-    r"No CUDA GPUs are available|CUDA driver|nvml|module 'torch\._C' has no attribute '_cuda)",
-    re.I,
+from rocmport.verify.stages.functional.case_args import (
+    CASES,
+    NAME,
+    PROXY_ENV,
+    RESUME_TOLERANCE,
+    TOLERANCE,
+    ResumeSupport,
+    _args_difference,
+    build_args,
+    case_dir,
+    cases_near,
+    check_case,
+    functional_command,
+    golden_path,
+    load_case,
+    nvrx_usable,
+    recorded_args,
+    resume_support,
+    world_size,
 )
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-# Data and output locations the case takes from upstream CI's environment.
-_DATA_ARGS = (
-    "--data-path",
-    "--vocab-file",
-    "--merge-file",
-    "--split",
-    "--data-cache-path",
-    "--tokenizer-type",
-    "--tokenizer-model",
+from rocmport.verify.stages.functional.case_log import (
+    _blocker,
+    exception_line,
+    expected_resumed,
+    failure_of,
+    loaded_iteration,
+    loss_steps,
+    normalise,
+    params_norms,
 )
-# What the proxy changes about training besides the model's size (case_plan.shrink sizes the model,
-# keeping the case's parallel layout and pipeline structure).
-PROXY_TRAINING = {
-    # A few iterations must move the loss: the case warms the learning rate up over 1% of
-    # 320000 iterations (about 0 for ten), so on the proxy no warm-up and a small model's rate.
-    "--lr": 3e-3,
-    "--lr-warmup-iters": 0,
-    "--lr-warmup-fraction": None,
-    # Data-loader workers are processes, spawned on HIP (dataloader-mp-context), each importing
-    # torch and megatron.training: one per rank still proves the spawned worker, and validation,
-    # which the case never reaches in a few iterations (--eval-interval 1000), builds no loader.
-    "--num-workers": 1,
-    "--eval-iters": 0,
-}
-TOLERANCE = {"cpu-proxy": 1e-4, "gpu": 0.05}
-RESUME_TOLERANCE = {True: 1e-5, False: 1e-3}  # proxy (fp32 on the CPU, deterministic) | GPU
-# What the proxy changes in the workers' environment besides the shim, with the reason (reported).
-PROXY_ENV = {
-    "TORCHDYNAMO_DISABLE": (
-        "1",
-        "torch.compile off: megatron's jit_fuser functions run eagerly (a GPU compiles "
-        "them to triton kernels; inductor on the CPU would build C++ ones, minutes per rank)",
-    )
-}
-
-
-def default_case(tp: int, pp: int, te_present: bool, tree: Path | None = None) -> str:
-    """Upstream's case for this parallelism: its TE case where TE is installed, else the case whose
-    CI job uninstalls TE and apex (the one a CPU proxy or a TE-less ROCm image can run). Up to v0.15
-    upstream named its merge-request cases by suite and machine (`gpt3_mr_mcore_tp2_pp2_uninstall_te_
-    dgx_a100_1N8G`): with ``tree``, that name where the tree has no case by today's name."""
-    name = f"gpt3_mcore_te_tp{tp}_pp{pp}" if te_present else f"gpt3_mcore_tp{tp}_pp{pp}_uninstall_te"
-    if tree is None or case_dir(tree, name).is_dir():
-        return name
-    older = sorted(
-        p.name for p in (tree / CASES).glob(f"{name.replace('gpt3_mcore_', 'gpt3_mr_mcore_', 1)}_dgx_*") if p.is_dir()
-    )
-    return next((n for n in older if n.endswith("_dgx_a100_1N8G")), older[0] if older else name)
-
-
-def case_dir(tree: Path, case: str) -> Path:
-    return tree / CASES / case
-
-
-# A case is one directory under CASES (upstream's are all one level deep); its name also names its
-# goldens (<case>.<device kind>.json), so it is a plain file name: no separator, no `..`, no control.
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,199}", re.ASCII)
-
-
-def check_case(tree: Path, case: str, option: str = "--case") -> Path:
-    """The directory of case ``case`` (given by ``option``) in ``tree``, or BadInput: not a plain name,
-    or (through a link) outside the tree's cases directory. Whether it exists is the caller's question."""
-    hint = f"give the name of a directory under {CASES} (e.g. gpt3_mcore_tp2_pp2_uninstall_te)"
-    if not _NAME.fullmatch(case):
-        raise BadInput(f"{option} {case[:200]!r}: not a case name; {hint}")
-    root = (tree / CASES).resolve()
-    cdir = case_dir(tree, case)
-    if not cdir.resolve().is_relative_to(root):
-        raise BadInput(f"{option} {case!r}: {cdir} leads outside {tree / CASES} (to {cdir.resolve()}); {hint}")
-    return cdir
-
-
-def cases_near(tree: Path) -> list[str]:
-    """Some of the tree's GPT cases with a parallel layout in their name, for a hint."""
-    return sorted(p.name for p in (tree / CASES).glob("gpt3_*mcore_*") if p.is_dir() and "_tp" in p.name)[:8]
-
-
-def build_args(
-    config: dict,
-    *,
-    iters: int,
-    proxy: bool,
-    data_path: str | None,
-    work: Path,
-    extra: dict[str, object] | None = None,
-    plan: CasePlan | None = None,
-) -> list[str]:
-    """MODEL_ARGS as a command line, with CI's paths replaced, (in proxy mode) the model scaled
-    down by the case's plan (``plan``, or the one its MODEL_ARGS give), and ``extra`` on top (a value
-    of None drops the flag)."""
-    args: dict[str, Any] = dict(config.get("MODEL_ARGS") or {})  # YAML values: str, int, float, bool
-    paths = {
-        "TENSORBOARD_PATH": work / "tensorboard",
-        "CHECKPOINT_SAVE_PATH": work / "ckpt",
-        "CHECKPOINT_LOAD_PATH": work / "ckpt",
-        "DATA_CACHE_PATH": work / "data-cache",
-        "DATA_PATH": Path(data_path) if data_path else work / "data",
-    }
-    if not data_path:
-        for key in _DATA_ARGS:
-            args.pop(key, None)
-        args.update({"--mock-data": True, "--tokenizer-type": "NullTokenizer", "--vocab-size": 1024})
-    args["--train-iters"] = iters
-    args["--log-interval"] = 1
-    args["--eval-interval"] = max(iters + 1, int(str(args.get("--eval-interval", 1000) or 1000)))
-    if proxy:
-        if plan is None:
-            lay, _ = case_plan.layout(args)
-            sized, _ = case_plan.shrink(args, lay)
-        args.update(PROXY_TRAINING)
-        args.update(plan.args if plan is not None else sized)
-        args["--distributed-backend"] = "gloo"
-        for key in ("--fp16", "--bf16"):  # no half-precision kernels on the CPU
-            args.pop(key, None)
-    args.update(extra or {})
-    out = []
-    for key, value in args.items():
-        if value is True:
-            out.append(key)
-        elif value is False or value is None:
-            continue
-        else:
-            # Megatron's --data-path takes several words (a blend: [weight] prefix ...): split the case's
-            # value before the paths go in, so a data root with a space stays one word.
-            words = str(value).split() if key == "--data-path" else [str(value)]
-            for var, path in paths.items():
-                words = [w.replace("${" + var + "}", str(path)) for w in words]
-            out += [key, *words]
-    return out
-
-
-# The files a case reads from upstream CI's data root ($DATA_PATH), by flag: a dataset prefix is
-# its .bin and .idx.
-_DATA_FILES = {
-    "--data-path": (".bin", ".idx"),
-    "--vocab-file": ("",),
-    "--merge-file": ("",),
-    "--tokenizer-model": ("",),
-}
-
-
-def missing_data(config: dict, data_root: Path) -> list[str]:
-    """The files the case names under ``data_root`` (its ${DATA_PATH}) that are not there."""
-    args = config.get("MODEL_ARGS") or {}
-    missing = []
-    for key, suffixes in _DATA_FILES.items():
-        for word in str(args.get(key) or "").split():
-            if "${DATA_PATH}" in word:
-                path = word.replace("${DATA_PATH}", str(data_root))
-                missing += [path + sfx for sfx in suffixes if not Path(path + sfx).is_file()]
-    return missing
-
-
-def loss_steps(log: str) -> dict[int, float]:
-    """Megatron's logged `lm loss` by iteration."""
-    return {int(it): float(loss) for it, loss in _LOSS_RE.findall(log)}
-
-
-def parse_losses(log: str) -> list[float]:
-    found = loss_steps(log)
-    return [found[i] for i in sorted(found)]
-
-
-_LOADED_RE = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
-
-
-def loaded_iteration(log: str) -> int | None:
-    """The iteration a run says it resumed from (megatron's `successfully loaded checkpoint ... at iteration N`)."""
-    m = _LOADED_RE.search(log)
-    return int(m.group(1)) if m else None
-
-
-_PARAMS_NORM_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?params norm: ([0-9.eE+-]+)")
-
-
-def params_norms(log: str) -> dict[int, float]:
-    """Megatron's logged `params norm` by iteration (with --log-params-norm)."""
-    return {int(it): float(v) for it, v in _PARAMS_NORM_RE.findall(log)}
-
-
-@dataclass
-class ResumeSupport:
-    """What the tree's training loop can do for stage 4's checkpoint resume (resume_support)."""
-
-    ckpt_step: bool
-    async_save: bool
-    async_strategy: bool
-    first_two_logged_together: bool
-
-
-def resume_support(tree: Path) -> ResumeSupport:
-    """Whether the tree's training loop can load a chosen checkpoint step (`--ckpt-step`) and save
-    asynchronously with a persistent worker (`--async-save --use-persistent-ckpt-worker`), through a
-    chosen writer (`--async-strategy`, v0.17+), and
-    whether it logs the first two iterations after a start as one interval: its training log keeps
-    the first iteration's loss in the running total (`should_reset = not is_first_iteration`), so
-    the second logged `lm loss` of any run is the mean of its first two iterations."""
-    text = "".join(
-        p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py"))
-    )
-    return ResumeSupport(
-        ckpt_step="ckpt_step" in text,
-        async_save="async_save" in text and "use_persistent_ckpt_worker" in text,
-        async_strategy="async_strategy" in text,
-        first_two_logged_together="should_reset = not is_first_iteration" in text,
-    )
-
-
-def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_together: bool) -> dict[int, float]:
-    """What a run resumed from iteration ``start`` must log for start+1..end, from the uninterrupted
-    run's losses ``steps``: the same values, except that a training loop which logs the first two
-    iterations after a start as one interval logs the mean of start+1 and start+2 at start+2."""
-    out = {i: steps[i] for i in range(start + 1, end + 1) if i in steps}
-    if first_two_together and start + 2 in out:
-        out[start + 2] = (steps[start + 1] + steps[start + 2]) / 2
-    return out
-
-
-# Flags that choose how a checkpoint is written, not what is trained: a golden's args leave them out.
-_WRITER_FLAGS = ("--async-strategy",)
-
-
-def recorded_args(args: list[str], work: Path) -> list[str]:
-    """The args as a golden records them: this run's temporary directory as ${WORK}, without the
-    checkpoint writer's choice (_WRITER_FLAGS: verify picks one on the CUDA path, the port on HIP)."""
-    out: list[str] = []
-    for i, a in enumerate(args):
-        if a in _WRITER_FLAGS or (i and args[i - 1] in _WRITER_FLAGS):
-            continue
-        out.append(a.replace(str(work), "${WORK}"))
-    return out
-
-
-def nvrx_usable(env: dict) -> bool:
-    """Whether the run's processes can import nvidia-resiliency-ext (not behind the firewall, installed)."""
-    import importlib.util
-
-    return (
-        "nvidia_resiliency_ext" not in (protocol.FIREWALL.read(env) or ())
-        and importlib.util.find_spec("nvidia_resiliency_ext") is not None
-    )
-
-
-def _args_difference(a: list[str], b: list[str]) -> str:
-    def pairs(args):
-        out, key = {}, None
-        for tok in args:
-            if tok.startswith("--"):
-                key = tok
-                out[key] = True
-            elif key:
-                out[key] = tok
-        return out
-
-    pa, pb = pairs(a), pairs(b)
-    diff = [
-        f"{k} {pa.get(k, '(absent)')} vs {pb.get(k, '(absent)')}"
-        for k in sorted(set(pa) | set(pb))
-        if pa.get(k) != pb.get(k)
-    ]
-    return "; ".join(diff[:4]) + (f" (+{len(diff) - 4} more)" if len(diff) > 4 else "")
-
-
-def golden_path(series_dir: Path, case: str, device_kind: str) -> Path:
-    """Where the golden of ``case`` for ``device_kind`` lives: always a file directly in the series' goldens/."""
-    # A device kind is lower-case letters, digits, '-', '.' and '+' (`cpu-proxy-te2.12.0`, `rocm-amd-instinct-mi300x`):
-    # never a separator, so the golden stays a file directly in goldens/.
-    if not _NAME.fullmatch(case) or not re.fullmatch(r"[a-z0-9][a-z0-9.+-]{0,99}", device_kind, re.ASCII):
-        raise BadInput(
-            f"golden for case {case[:80]!r} and device kind {device_kind[:80]!r}: not plain names; "
-            f"a golden is a file in {series_dir / 'goldens'}"
-        )
-    return series_dir / "goldens" / f"{case}.{device_kind}.json"
-
-
-@dataclass
-class UpstreamGolden:
-    """Upstream's DGX A100 golden beside this run (`upstream_golden_a100`): the file, the common steps
-    (step, A100's loss, this run's) and a one-line summary of the first and last."""
-
-    path: str
-    steps: list[tuple[int, float, float]]
-    summary: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "steps": [{"step": k, "a100": a, "here": b} for k, a, b in self.steps],
-            "summary": self.summary,
-        }
-
-
-def upstream_golden(cdir: Path, losses: list[float]) -> UpstreamGolden | None:
-    """Upstream's DGX A100 `lm loss` values for the case, side by side with this run's at the same
-    steps (shown for reference with real data: a different machine, never a pass/fail gate)."""
-    path = cdir / "golden_values_dev_dgx_a100.json"
-    if not path.is_file():
-        return None
-    values = {int(k): float(v) for k, v in json.loads(path.read_text()).get("lm loss", {}).get("values", {}).items()}
-    steps = [k for k in sorted(values) if k <= len(losses)]
-    pairs = [(k, values[k], losses[k - 1]) for k in steps]
-    summary = ", ".join(f"step {k}: {a:.4f} vs {b:.4f}" for k, a, b in pairs[:1] + pairs[-1:]) or "no common steps"
-    return UpstreamGolden(str(path), pairs, summary)
-
-
-def _blocker(stderr: str, tree: Path) -> str | None:
-    """The first CUDA-only requirement that stopped upstream's script on CPU, with its upstream site
-    (the innermost traceback frame inside the tree, e.g. megatron/training/initialize.py:62)."""
-    lines = stderr.splitlines()
-    root = str(tree.resolve()) + "/"
-    for i, line in enumerate(lines):
-        if not _CUDA_BLOCKER.search(line) or line.lstrip().startswith(("raise ", "assert ")):
-            continue
-        site = ""
-        for prev in reversed(lines[:i]):
-            m = _FRAME.search(prev)
-            if m and m.group(1).startswith(root):
-                site = f" at {m.group(1)[len(root) :]}:{m.group(2)} ({m.group(3)})"
-                break
-        return line.strip()[:200] + site
-    return None
-
-
-def world_size(config: dict, dp: int, plan: CasePlan | None) -> int:
-    """The ranks a case runs on: its plan's on the proxy (the layout the case needs: cp, the data-
-    parallel ranks it shards over), tp·pp·dp (verify's --dp) on a GPU."""
-    if plan is not None:
-        return plan.layout.world
-    margs = config.get("MODEL_ARGS") or {}
-    return int(margs.get("--tensor-model-parallel-size", 1)) * int(margs.get("--pipeline-model-parallel-size", 1)) * dp
-
-
-def functional_command(launcher: Launcher, world: int, args: list[str]) -> list[str]:
-    return launcher.command(world, ["pretrain_gpt.py", *args], NAME)
-
-
-def load_case(tree: Path, case: str) -> dict:
-    return case_plan.load_config(tree, case)
-
+from rocmport.verify.stages.functional.details import (
+    CaseFailure,
+    FunctionalRun,
+    GoldenComparison,
+    ResumeCheck,
+    ResumeSkipped,
+    upstream_golden,
+)
 
 # megatron's training log: " [2026-11-26 01:30:00] iteration        5/      10 | consumed samples: ..."
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
@@ -432,20 +111,6 @@ def _launch(
     return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
 
 
-# A traceback's last line: the exception's type and message, as a rank prints it ("[rank0]: ValueError: ...").
-_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt)\b:?.*)$")
-
-
-def exception_line(stderr: str) -> str | None:
-    """The first exception a run raised (its type and message), not a traceback's source line such as
-    `raise ValueError(`: torchrun's own ChildFailedError and its elastic frames are skipped."""
-    for line in stderr.splitlines():
-        m = _EXCEPTION.match(line.strip())
-        if m and "ChildFailedError" not in m.group(1) and "elastic" not in m.group(1):
-            return m.group(1)
-    return None
-
-
 def _failure(
     proc: subprocess.CompletedProcess,
     tree: Path,
@@ -479,183 +144,6 @@ def _failure(
             )
     tail = [exception_line(proc.stderr) or (proc.stderr.strip().splitlines() or ["no output"])[-1]]
     return StageResult(NAME, FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
-
-
-@dataclass
-class ResumeCheck:
-    """The checkpoint round trip (`resume` of stage 4): the iteration saved and the one the resumed
-    run loaded, the largest loss difference and its bound, whether the save was async, the resumed
-    losses; where the log has them, the params norm's largest difference, and the iteration whose
-    logged loss averages two (None: absent from the JSON)."""
-
-    from_iteration: int
-    loaded_iteration: int | None
-    max_abs_diff: float
-    tolerance: float
-    async_save: bool
-    losses: list[float]
-    params_norm_max_abs_diff: float | None = None
-    averaged_iteration: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "from_iteration": self.from_iteration,
-            "loaded_iteration": self.loaded_iteration,
-            "max_abs_diff": self.max_abs_diff,
-            "tolerance": self.tolerance,
-            "async_save": self.async_save,
-            "losses": self.losses,
-        }
-        if self.params_norm_max_abs_diff is not None:
-            out["params_norm_max_abs_diff"] = self.params_norm_max_abs_diff
-        if self.averaged_iteration is not None:
-            out["averaged_iteration"] = self.averaged_iteration
-        return out
-
-
-@dataclass
-class ResumeSkipped:
-    """Why the checkpoint round trip was not checked (`resume` of stage 4)."""
-
-    skipped: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"skipped": self.skipped}
-
-
-@dataclass
-class GoldenComparison:
-    """This device kind's golden against this run (`golden` of stage 4): its path, and either why it
-    was not compared (``other_args``: made with other arguments) or the largest relative drift, its
-    bound and the golden's simulated ROCm."""
-
-    path: str
-    other_args: str | None = None
-    max_rel_drift: float | None = None
-    tolerance: float | None = None
-    hip_sim: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path}
-        if self.other_args is not None:
-            out["other_args"] = self.other_args
-        else:
-            out.update({"max_rel_drift": self.max_rel_drift, "tolerance": self.tolerance, "hip_sim": self.hip_sim})
-        return out
-
-
-@dataclass
-class FunctionalRun:
-    """Stage 4's details (`functional` of the report, and its stage's own keys): the case and the command
-    that ran it, its losses, the proxy's swaps and the arguments verify chose, the log's tail, and what
-    was checked: the checkpoint resume, the golden, upstream's A100 golden (each typed; None, and absent
-    from the JSON, when not checked)."""
-
-    case: str
-    command: str
-    losses: list[float]
-    iters: int
-    proxy_env: dict[str, str] = field(default_factory=dict)
-    chosen_args: dict[str, str] = field(default_factory=dict)
-    log_tail: list[str] = field(default_factory=list)
-    redirects: dict[str, int] | None = None  # CPU proxy only
-    resume_log_tail: list[str] | None = None
-    resume: ResumeCheck | ResumeSkipped | None = None
-    golden: GoldenComparison | None = None
-    upstream_golden_a100: UpstreamGolden | None = None
-
-    def report_entries(self) -> dict[str, Any]:
-        return {"functional": self.to_dict()}
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "case": self.case,
-            "command": self.command,
-            "losses": self.losses,
-            "iters": self.iters,
-            "proxy_env": self.proxy_env,
-            "chosen_args": self.chosen_args,
-            "log_tail": self.log_tail,
-        }
-        if self.redirects is not None:
-            out["redirects"] = self.redirects
-        if self.resume_log_tail is not None:
-            out["resume_log_tail"] = self.resume_log_tail
-        for key, part in (
-            ("resume", self.resume),
-            ("golden", self.golden),
-            ("upstream_golden_a100", self.upstream_golden_a100),
-        ):
-            if part is not None:
-                out[key] = part.to_dict()
-        return out
-
-
-# --- one case's run, split by concern -----------------------------------------------------------------
-
-# A traceback's start, and the rank prefix torchrun puts before each worker's line ("[rank3]: ").
-_RANK_PREFIX = re.compile(r"^(\[rank\d+\]:)")
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
-
-
-@dataclass
-class CaseFailure:
-    """How a case's run failed, in terms two trees can be compared by: ``phase`` (run: the
-    uninterrupted run; resume: the run resumed from its checkpoint; check: a check on their logs),
-    ``message`` (the exception, or the checks' problems; tree paths as <tree>, addresses and, for a
-    check, its figures as #), ``site`` the innermost traceback frame inside the tree as "path (function)"
-    — no line number: the port's codemods move lines — and ``shim`` the innermost frame of the CPU
-    proxy's shim (rocmport/verify/runtime/proxy_shim.py) the traceback passed through, if any."""
-
-    phase: str
-    message: str
-    site: str | None = None
-    shim: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"phase": self.phase, "message": self.message}
-        out.update({k: v for k, v in (("site", self.site), ("shim", self.shim)) if v is not None})
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> CaseFailure:
-        return cls(str(d["phase"]), str(d["message"]), d.get("site"), d.get("shim"))
-
-
-def normalise(text: str, tree: Path, figures: bool = False) -> str:
-    """``text`` as two trees compare it: the tree's path as <tree>, addresses as 0x#, with ``figures``
-    every number as # (a check's measured values differ run to run; its words do not)."""
-    for root in {str(tree.resolve()), str(tree)}:
-        text = text.replace(root, "<tree>")
-    text = _ADDRESS.sub("0x#", text)
-    return _NUMBER.sub("#", text) if figures else text
-
-
-def failure_of(stderr: str, tree: Path, phase: str) -> CaseFailure:
-    """The first exception a run raised, with the innermost frames of its own rank's traceback inside
-    the tree and inside the proxy shim."""
-    lines = stderr.splitlines()
-    message = exception_line(stderr)
-    at = next((i for i, ln in enumerate(lines) if message and ln.strip().endswith(message)), len(lines))
-    prefix = _RANK_PREFIX.match(lines[at].strip()) if at < len(lines) else None
-    root = str(tree.resolve()) + "/"
-    site = shim = None
-    for line in reversed(lines[:at]):
-        if prefix and not line.strip().startswith(prefix.group(1)):
-            continue  # another rank's lines, interleaved
-        if "Traceback (most recent call last)" in line:
-            break
-        m = _FRAME.search(line)
-        if not m:
-            continue
-        path = m.group(1)
-        if site is None and path.startswith(root):
-            site = f"{path[len(root) :]} ({m.group(3)})"
-        if shim is None and path.endswith("verify/runtime/proxy_shim.py"):
-            shim = f"{m.group(3)} (proxy_shim.py:{m.group(2)})"
-    text = message or (stderr.strip().splitlines() or ["no output"])[-1]
-    return CaseFailure(phase, normalise(text, tree)[:300], site, shim)
 
 
 @dataclass

@@ -15,13 +15,9 @@ from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSUPPORTED
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.functional.case_labels import BaselineRun, label_case, run_baseline
-from rocmport.verify.stages.functional.case_run import (
-    CaseFailure,
-    CaseOutcome,
-    FunctionalRun,
-    load_case,
-    run_case,
-)
+from rocmport.verify.stages.functional.case_args import load_case
+from rocmport.verify.stages.functional.case_run import CaseOutcome, run_case
+from rocmport.verify.stages.functional.details import CaseFailure, FunctionalRun
 
 if TYPE_CHECKING:
     from rocmport.verify.orchestration.contract import VerifyContext

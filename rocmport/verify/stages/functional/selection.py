@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rocmport.errors import BadInput
 from rocmport.verify.stages import case_plan
-from rocmport.verify.stages.functional.case_run import CASES, cases_near, check_case, default_case
+from rocmport.verify.stages.functional.case_args import CASES, cases_near, check_case, default_case
 
 REACH, ALL, NAMED = "reach", "all", "named"
 NO_REACH_RECORD = "no reach record for this line: today's default case"

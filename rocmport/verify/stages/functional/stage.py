@@ -19,7 +19,7 @@ from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage
 from rocmport.verify.orchestration.stage_result import FAIL, StageResult, tree_lacks
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.functional import selection
-from rocmport.verify.stages.functional.case_run import (
+from rocmport.verify.stages.functional.case_args import (
     NAME,
     build_args,
     case_dir,
