@@ -52,7 +52,9 @@ PRETRAIN = textwrap.dedent("""\
         print(f" [2026-11-27 07:00:00] iteration {i:8d}/{iters:8d} | consumed samples: {8 * i:10d} | "
               f"lm loss: {10.9 - 0.25 * i:.6E} | loss scale: 1.0 |", flush=True)
     """)
-THING_OK = "def step():\n    return None\n"
+# Upstream asserts the attention variables unset (language_module.check_and_set_env_variable), which
+# verify's HIP simulation sets as AMD's images do: the unported tree's runs leave them out.
+THING_OK = "import os\n\n\ndef step():\n    assert 'NVTE_FUSED_ATTN' not in os.environ, 'NVTE_FUSED_ATTN set'\n"
 THING_UPSTREAM_BUG = "def step():\n    raise RuntimeError('the schedule lost a micro-batch')\n"
 
 
@@ -313,3 +315,35 @@ def test_failures_compare_by_place_and_message_and_name_the_proxy_mechanism(tmp_
     lab, why = label_case(out, cannot)
     assert lab == "unverified" and "cannot run it here (unsupported-in-proxy: pretrain_gpt.py cannot run on CPU" in why
     assert label_case(out, None)[0] == "unverified"
+
+
+def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
+    """torchrun's summary, not its '=====' rule, is the reason when a rank is killed (8 ranks with TE on
+    a 23 GB machine); killed the same way on both trees it is the proxy's artifact, named."""
+    from rocmport.verify.stages.functional import CaseOutcome, failure_of
+    from rocmport.verify.stages.functional.case_labels import BaselineRun, label_case
+    from rocmport.verify.stages.functional.case_run import _failure
+    from rocmport.verify.orchestration.stage_result import FAIL, StageResult
+
+    stderr = textwrap.dedent("""\
+        W1127 16:58:01 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 4242 closing signal SIGTERM
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+        ============================================================
+        pretrain_gpt.py FAILED
+        ------------------------------------------------------------
+        Root Cause (first observed failure):
+        [0]:
+          time      : 2026-11-27_16:58:01
+          rank      : 5 (local_rank: 5)
+          exitcode  : -9 (pid: 4247)
+          error_file: <N/A>
+          traceback : Signal 9 (SIGKILL) received by PID 4247
+        ============================================================
+        """)
+    res = _failure(subprocess.CompletedProcess([], 1, "", stderr), tmp_path, True, None, "pretrain_gpt.py", 1.0, None)
+    assert res.reason == "pretrain_gpt.py exited 1: a rank died of signal 9 (SIGKILL)"
+    pf = failure_of(stderr, tmp_path, "run")
+    assert pf.message == "a rank died of signal 9 (SIGKILL)"
+    out = CaseOutcome("c", StageResult("functional", FAIL, res.reason), None, pf)
+    lab, why = label_case(out, BaselineRun("a" * 40, FAIL, "y", 1.0, failure=failure_of(stderr, tmp_path / "b", "run")))
+    assert lab == "proxy-artifact" and "OOM killer" in why

@@ -90,6 +90,27 @@ def exception_line(stderr: str) -> str | None:
     return None
 
 
+# torchrun's summary of a worker that died without a Python traceback: "traceback : Signal 9 (SIGKILL)
+# received by PID 1234" (a signal), else its "exitcode : -6" line.
+_SIGNAL = re.compile(r"traceback\s*:\s*Signal (\d+) \((\w+)\) received by PID \d+")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+SIGKILL_WHY = "a rank was killed by SIGKILL (on the proxy most likely the kernel's OOM killer: the ranks outgrew this machine's memory)"
+
+
+def death_line(stderr: str) -> str | None:
+    """How torchrun says a worker died when it printed no exception: the signal, else the exit code."""
+    m = _SIGNAL.search(stderr)
+    if m:
+        return f"a rank died of signal {m.group(1)} ({m.group(2)})"
+    m = _EXITCODE.search(stderr)
+    return f"a rank exited {m.group(1)} without a Python exception" if m else None
+
+
+def cause_line(stderr: str) -> str:
+    """Why a run stopped, in one line: its first exception, how torchrun says a worker died, or its last line."""
+    return exception_line(stderr) or death_line(stderr) or (stderr.strip().splitlines() or ["no output"])[-1]
+
+
 # A traceback's start, and the rank prefix torchrun puts before each worker's line ("[rank3]: ").
 _RANK_PREFIX = re.compile(r"^(\[rank\d+\]:)")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -127,5 +148,5 @@ def failure_of(stderr: str, tree: Path, phase: str) -> CaseFailure:
             site = f"{path[len(root) :]} ({m.group(3)})"
         if shim is None and path.endswith("verify/runtime/proxy_shim.py"):
             shim = f"{m.group(3)} (proxy_shim.py:{m.group(2)})"
-    text = message or (stderr.strip().splitlines() or ["no output"])[-1]
+    text = message or cause_line(stderr)
     return CaseFailure(phase, normalise(text, tree)[:300], site, shim)

@@ -51,8 +51,8 @@ from rocmport.verify.stages.functional.case_args import (
     world_size,
 )
 from rocmport.verify.stages.functional.case_log import (
+    cause_line,
     _blocker,
-    exception_line,
     expected_resumed,
     failure_of,
     loaded_iteration,
@@ -142,8 +142,9 @@ def _failure(
                 seconds,
                 details,
             )
-    tail = [exception_line(proc.stderr) or (proc.stderr.strip().splitlines() or ["no output"])[-1]]
-    return StageResult(NAME, FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
+    return StageResult(
+        NAME, FAIL, f"{what} exited {proc.returncode}: {cause_line(proc.stderr)[:300]}", seconds, details
+    )
 
 
 @dataclass
