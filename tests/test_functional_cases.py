@@ -347,3 +347,14 @@ def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
     out = CaseOutcome("c", StageResult("functional", FAIL, res.reason), None, pf)
     lab, why = label_case(out, BaselineRun("a" * 40, FAIL, "y", 1.0, failure=failure_of(stderr, tmp_path / "b", "run")))
     assert lab == "proxy-artifact" and "OOM killer" in why
+    # torchrun's SIGTERM to the survivors is no root cause; a signal is no message to compare two trees by
+    sigterm = stderr.replace("Signal 9 (SIGKILL)", "Signal 15 (SIGTERM)")
+    pf = failure_of(sigterm, tmp_path, "run")
+    assert pf.message == "a rank died of signal 15 (SIGTERM)"
+    out = CaseOutcome("c", StageResult("functional", FAIL, "x"), None, pf)
+    lab, why = label_case(
+        out, BaselineRun("a" * 40, FAIL, "y", 1.0, failure=failure_of(sigterm, tmp_path / "b", "run"))
+    )
+    assert lab == "unverified" and "nothing to compare" in why
+    both = sigterm + stderr.replace("rank      : 5", "rank      : 2")
+    assert failure_of(both, tmp_path, "run").message == "a rank died of signal 9 (SIGKILL)"

@@ -30,7 +30,7 @@ from typing import Any
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import run_git
 from rocmport.verify.runtime import protocol
-from rocmport.verify.stages.functional.case_log import SIGKILL_WHY
+from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY
 from rocmport.verify.stages.functional.case_run import CaseOutcome
 from rocmport.verify.stages.functional.details import CaseFailure
 from rocmport.verify.stages.gpt_training import exhausted
@@ -215,6 +215,12 @@ def label_case(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, 
         )
     if "signal 9 (SIGKILL)" in pf.message:
         return "proxy-artifact", f"fails the same way on the unported tree: {SIGKILL_WHY}"
+    if pf.message.startswith(DIED) or "without a Python exception" in pf.message:
+        # a signal or an exit code is no message: two trees dying so are not known to fail alike
+        return (
+            "unverified",
+            f"the ranks died without a Python exception on both trees ({pf.message}): nothing to compare",
+        )
     if resource := exhausted(pf.message):
         return (
             "proxy-artifact",

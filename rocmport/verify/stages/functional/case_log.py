@@ -94,14 +94,16 @@ def exception_line(stderr: str) -> str | None:
 # received by PID 1234" (a signal), else its "exitcode : -6" line.
 _SIGNAL = re.compile(r"traceback\s*:\s*Signal (\d+) \((\w+)\) received by PID \d+")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+DIED = "a rank died of signal"
 SIGKILL_WHY = "a rank was killed by SIGKILL (on the proxy most likely the kernel's OOM killer: the ranks outgrew this machine's memory)"
 
 
 def death_line(stderr: str) -> str | None:
-    """How torchrun says a worker died when it printed no exception: the signal, else the exit code."""
-    m = _SIGNAL.search(stderr)
-    if m:
-        return f"a rank died of signal {m.group(1)} ({m.group(2)})"
+    """How torchrun says a worker died when it printed no exception: a signal (SIGTERM last: torchrun
+    sends it to the survivors of a worker that failed), else the exit code."""
+    signals = sorted(_SIGNAL.findall(stderr), key=lambda m: m[1] == "SIGTERM")
+    if signals:
+        return f"{DIED} {signals[0][0]} ({signals[0][1]})"
     m = _EXITCODE.search(stderr)
     return f"a rank exited {m.group(1)} without a Python exception" if m else None
 
