@@ -98,14 +98,27 @@ DIED = "a rank died of signal"
 SIGKILL_WHY = "a rank was killed by SIGKILL (on the proxy most likely the kernel's OOM killer: the ranks outgrew this machine's memory)"
 
 
+# Exit codes upstream's training loop ends with on purpose (megatron/core/rerun_state_machine.py).
+_MEGATRON_EXITS = {
+    "16": "megatron's rerun state machine, EXIT_CODE_RESUME_TO_DISAMBIGUATE: a result failed validation "
+    "(NaN, Inf or a spiky loss) and the job must resume to tell why",
+    "17": "megatron's rerun state machine, EXIT_CODE_FAILED_ON_RESULT_VALIDATION: a result failed validation "
+    "(NaN, Inf or a spiky loss) and did so again on rerun",
+}
+
+
 def death_line(stderr: str) -> str | None:
-    """How torchrun says a worker died when it printed no exception: a signal (SIGTERM last: torchrun
-    sends it to the survivors of a worker that failed), else the exit code."""
-    signals = sorted(_SIGNAL.findall(stderr), key=lambda m: m[1] == "SIGTERM")
-    if signals:
-        return f"{DIED} {signals[0][0]} ({signals[0][1]})"
-    m = _EXITCODE.search(stderr)
-    return f"a rank exited {m.group(1)} without a Python exception" if m else None
+    """How torchrun says a worker died when it printed no exception: a signal other than SIGTERM, an
+    exit code (megatron's own named), else SIGTERM (what torchrun sends the survivors of a failure)."""
+    signals = _SIGNAL.findall(stderr)
+    killed = [m for m in signals if m[1] != "SIGTERM"]
+    if killed:
+        return f"{DIED} {killed[0][0]} ({killed[0][1]})"
+    codes = [c for c in _EXITCODE.findall(stderr) if not c.startswith("-")]
+    if codes:
+        why = _MEGATRON_EXITS.get(codes[0])
+        return f"a rank exited {codes[0]} without a Python exception" + (f" ({why})" if why else "")
+    return f"{DIED} {signals[0][0]} ({signals[0][1]})" if signals else None
 
 
 def cause_line(stderr: str) -> str:
