@@ -364,7 +364,13 @@ def _training_runs(data: dict[str, Any], report: RunReport, missing: list[str]) 
     elif "training" not in data:
         missing.append("stage 2's loss curves: the report has no 'training' key")
     functional = data.get("functional")
-    if isinstance(functional, dict) and functional.get("losses"):
+    cases = functional.get("cases") if isinstance(functional, dict) else None
+    if isinstance(cases, list) and any(isinstance(c, dict) and c.get("losses") for c in cases):
+        # stage 4's data version 2: an entry per case (the first run case's keys also at the top, for version 1's readers)
+        ran = [c for c in cases if isinstance(c, dict) and c.get("losses")]
+        for c in ran:
+            runs.append(_functional(c, port, "functional" if len(ran) == 1 else f"functional.{c.get('case', '?')}"))
+    elif isinstance(functional, dict) and functional.get("losses"):
         runs.append(_functional(functional, port))
     else:
         stage4 = report.stage(STAGE_FOUR)
@@ -380,8 +386,10 @@ def _training_runs(data: dict[str, Any], report: RunReport, missing: list[str]) 
     return runs
 
 
-def _functional(f: dict[str, Any], port: str) -> TrainingRun:
-    run = TrainingRun("functional", f"Stage 4: upstream's functional case {f.get('case', '?')}")
+def _functional(f: dict[str, Any], port: str, key: str = "functional") -> TrainingRun:
+    run = TrainingRun(key, f"Stage 4: upstream's functional case {f.get('case', '?')}")
+    if f.get("label"):
+        run.facts.append((f"label ({f.get('status', '?')})", f"{f['label']}: {f.get('label_reason') or '-'}"))
     losses = _floats(f.get("losses"))
     run.curves.append(_curve(port, losses))
     resume = f.get("resume")

@@ -30,7 +30,9 @@ SCHEMA = """\
  launcher: {kind, nnodes, node_rank, rdzv_endpoint},
  stages: [{name, status: pass|fail|skipped|unsupported-in-proxy, reason, seconds, applicable, ...}],
  training: {losses, reference_losses, max_abs_diff, tied_embeddings_equal, redirects},
- functional: {case, losses, resume: {from_iteration, max_abs_diff, ...}, golden, redirects, ...},
+ functional: {case, losses, resume: {from_iteration, max_abs_diff, ...}, golden, redirects, ...,
+              version: 2, selection, selection_note, counts, cases: [{case, status, reason, seconds, losses, ...,
+              kind, failure, baseline, label, label_reason}]},
  port_sites: {<codemod>: {exercised, total, rewrites, unreached: {<site>: <reason>}, explanation}}}"""
 
 
@@ -190,7 +192,38 @@ def junit_xml(mode: str, stages: Sequence[StageResult]) -> str:
                 ET.SubElement(case, "skipped", message=f"{lab}: {why}"[:500]).text = failure
             elif outcome == "skipped":
                 ET.SubElement(case, "skipped", message="skipped by the test")
+    _functional_cases_suite(root, stages)
     return ET.tostring(root, encoding="unicode")
+
+
+def _functional_cases_suite(root: ET.Element, stages: Sequence[StageResult]) -> None:
+    """Stage 4's cases, a test case each, when it ran several: a blocking one (a port-regression, or a
+    failure nothing labelled) is a failure; a labelled or unsupported one is skipped with why."""
+    from rocmport.verify.stages.functional.cases import FunctionalCases
+
+    stage4 = next((s for s in stages if isinstance(s.details, FunctionalCases)), None)
+    data = stage4.details if stage4 is not None else None
+    if not isinstance(data, FunctionalCases) or len(data.entries) < 2:
+        return
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name="upstream.functional_cases",
+        tests=str(len(data.entries)),
+        failures=str(sum(e.blocks for e in data.entries)),
+        skipped=str(sum(e.status != "pass" and not e.blocks for e in data.entries)),
+    )
+    for e in data.entries:
+        case = ET.SubElement(
+            suite, "testcase", classname="upstream.functional_cases", name=e.case, time=str(round(e.seconds, 2))
+        )
+        if e.blocks:
+            ET.SubElement(
+                case, "failure", message=f"{e.label or 'fail'}: {e.reason}"[:500], type=e.label or "fail"
+            ).text = f"{e.reason}\nunported tree: {e.baseline.status + ': ' + e.baseline.reason if e.baseline else e.label_reason}"
+        elif e.status != "pass":
+            why = f"{e.label}: {e.label_reason}" if e.label else f"{e.status}: {e.reason}"
+            ET.SubElement(case, "skipped", message=why[:500])
 
 
 def loss_plot(losses: list[float], width: int = 40, height: int = 6) -> str:

@@ -6,6 +6,7 @@ the report)."""
 from __future__ import annotations
 
 from rocmport.verify.stages import bridge
+from rocmport.verify.stages.functional.cases import FunctionalCases
 from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
 from rocmport.verify.orchestration.result import VerifyReport, unit_blocking, verdict
 from rocmport.verify.stages.gpt_training import FAIL
@@ -32,6 +33,9 @@ def blocking_lines(r: VerifyReport) -> list[str]:
         if s.status != FAIL:
             continue
         items = unit_blocking(s) if s.name == UNIT_TESTS else {}
+        if isinstance(s.details, FunctionalCases) and any(e.blocks for e in s.details.entries):
+            lines += _functional_blocking(s.details)
+            continue
         if not items:
             lines += [f"{s.name}: stage failed", f"    {s.reason}"]
             continue
@@ -50,6 +54,23 @@ def blocking_lines(r: VerifyReport) -> list[str]:
                 if failure:
                     lines.append(f"    its failure: {failure}")
                 lines.append(f"    the unported tree: {' '.join(str(d.on_baseline.get(nodeid) or 'not run').split())}")
+    return lines
+
+
+def _functional_blocking(data: FunctionalCases) -> list[str]:
+    """Stage 4's blocking cases, each with why it blocks and what the unported tree did."""
+    lines: list[str] = []
+    for e in data.entries:
+        if not e.blocks:
+            continue
+        lines.append(f"functional: {e.label or 'fail'}: {e.case}")
+        lines.append(
+            "    why it blocks: "
+            + (WHY_IT_BLOCKS["port-regression"] if e.label else (e.label_reason or "it failed and nothing labelled it"))
+        )
+        lines.append(f"    what happened: {e.reason}")
+        if e.baseline is not None:
+            lines.append(f"    the unported tree: {e.baseline.status}: {e.baseline.reason}")
     return lines
 
 

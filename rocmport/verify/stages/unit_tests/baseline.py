@@ -9,6 +9,8 @@ import json
 import os
 import platform
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +32,30 @@ def _swap_tree(env: dict, old: Path, new: Path) -> dict:
         **env,
         "PYTHONPATH": os.pathsep.join(str(new) if p == str(old) else p for p in env["PYTHONPATH"].split(os.pathsep)),
     }
+
+
+@contextmanager
+def unported_checkout(tree: Path, base: str, overlay: list[str]) -> Iterator[Path]:
+    """The unported tree at ``base``, checked out beside the port (a git worktree of it, removed
+    after) with the port's files ``overlay`` written over it (never through a link). Stage 3's and
+    stage 4's baselines run in it."""
+    with tempfile.TemporaryDirectory(prefix="rocmport-base-") as tmp:
+        checkout = Path(tmp) / "tree"
+        git("worktree", "add", "-q", "--detach", str(checkout), base, cwd=tree)
+        try:
+            for rel in overlay:
+                tree_write_bytes(checkout, rel, tree_read_bytes(tree, rel))  # never through a link
+            yield checkout
+        finally:
+            run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
+
+
+def unported_env(env: dict, tree: Path, checkout: Path) -> dict:
+    """The port's run environment for the unported ``checkout``: its path in place of the tree's,
+    and no port-site recording (the unported tree has no port sites)."""
+    benv = _swap_tree(env, tree, checkout)
+    protocol.PORT_SITES.unset(benv)
+    return benv
 
 
 def overlay_files(tree: Path, base: str) -> list[str]:
@@ -85,20 +111,12 @@ def baseline(
     cached = baseline_cache(tree, base, tests, env, nproc, cache_dir, overlay)
     if cached.is_file():
         return SuiteRun.from_dict(json.loads(cached.read_text())), True
-    with tempfile.TemporaryDirectory(prefix="rocmport-base-") as tmp:
-        checkout = Path(tmp) / "tree"
-        git("worktree", "add", "-q", "--detach", str(checkout), base, cwd=tree)
-        try:
-            for rel in overlay:
-                tree_write_bytes(checkout, rel, tree_read_bytes(tree, rel))  # never through a link
-            benv = {**_swap_tree(env, tree, checkout), **protocol.BASELINE_GUARDS.entry(True)}
-            protocol.PORT_SITES.unset(benv)
-            result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
-            result.alone = rerun_alone(
-                checkout, sorted(set(result.hung)), benv, nproc, launcher, progress, result.alone_kinds
-            )
-        finally:
-            run_git("worktree", "remove", "--force", str(checkout), cwd=tree, check=False)
+    with unported_checkout(tree, base, overlay) as checkout:
+        benv = {**unported_env(env, tree, checkout), **protocol.BASELINE_GUARDS.entry(True)}
+        result = run_tests(checkout, tests, benv, nproc, launcher, progress=progress)
+        result.alone = rerun_alone(
+            checkout, sorted(set(result.hung)), benv, nproc, launcher, progress, result.alone_kinds
+        )
     result.overlay = overlay
     if not (result.hung and (result.machine or {}).get("overloaded")):
         # hangs on a machine other jobs kept busy are not upstream's to remember: the next run measures again

@@ -1,0 +1,234 @@
+"""Stage 4's baseline and labels: a case that fails on the port runs again on the unported tree (stage
+3's checkout of the lock's base commit, unit_tests.baseline, with the same plan, args and ranks), and
+gets stage 3's labels by comparing the two failures:
+
+- port-regression: the unported tree passes it (the only label that fails the stage);
+- upstream-known: both fail at the same place (the innermost frame inside the tree, by path and
+  function) with the same message (tree paths, addresses and a check's figures normalised);
+- proxy-artifact: as upstream-known, where the failure passes through the CPU proxy's shim
+  (rocmport/verify/runtime/proxy_shim.py), naming the shim's mechanism; or where the machine ran out
+  of a resource on both;
+- needs-nvidia-only: as upstream-known, where the failure names a package the firewall removes;
+- unverified: the unported tree cannot run it for a reason of its own (it stops earlier, elsewhere,
+  or the proxy cannot run it there), or both trees drift from the golden (the golden is in question);
+  the reason says which.
+
+The unported tree's runs are cached like stage 3's (by commit, case, args, torch, Python, the mode
+and the overlay's bytes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocmport.fsutil import atomic_write_text
+from rocmport.gitutil import run_git
+from rocmport.verify.runtime import protocol
+from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY
+from rocmport.verify.stages.functional.case_run import CaseOutcome
+from rocmport.verify.stages.functional.details import CaseFailure
+from rocmport.verify.stages.gpt_training import exhausted
+from rocmport.verify.stages.unit_tests.baseline import overlay_files, unported_checkout, unported_env
+from rocmport.verify.orchestration.stage_result import FAIL, PASS
+
+# What pretrain_gpt.py needs from the port to start on the proxy at all, with why. Upstream's
+# initialize_megatron builds the legacy fused kernels on every start: `fused_kernels.load()` runs
+# `_get_cuda_bare_metal_version(cpp_extension.CUDA_HOME)`, `None + "/bin/nvcc"` without a CUDA
+# toolkit (a TypeError before the first iteration). The port's load() returns early there
+# (codemod fused-kernel-fallbacks); the kernels are never used by the proxy's fp32 runs.
+START_OVERLAY = {
+    "megatron/legacy/fused_kernels/__init__.py": (
+        "upstream's fused_kernels.load() calls nvcc from CUDA_HOME, which is None without a CUDA "
+        "toolkit; the port's returns early (fused-kernel-fallbacks)"
+    ),
+}
+
+# What the unported tree's runs leave out of the port's environment, with why: verify's HIP simulation
+# sets the attention variables AMD's images bake (hip_sim.child_env: NVTE_FLASH_ATTN=0,
+# NVTE_FUSED_ATTN=1); upstream's language_module asserts them unset for any --attention-backend but
+# auto (check_and_set_env_variable), which the port reconciles on HIP (codemod attention-backend-env).
+# Left in, every case with an explicit backend stops there on the unported tree.
+START_ENV_UNSET = {
+    "NVTE_FLASH_ATTN": "AMD's images set it; upstream asserts it unset with --attention-backend (attention-backend-env)",
+    "NVTE_FUSED_ATTN": "AMD's images set it; upstream asserts it unset with --attention-backend (attention-backend-env)",
+}
+
+# The proxy shim's functions, by the mechanism each is (the innermost shim frame of a traceback).
+_SHIM_MECHANISMS = {
+    "__torch_function__": "its TorchFunctionMode (CudaToCpu: device='cuda' made cpu, .cuda() a no-op, device RNG)",
+    "on_device_rng": "its device RNG (random ops drawn from a CPU generator standing in for the GPU's)",
+    "redirected": "a torch.cuda call answered on the CPU",
+    "apply": "custom autograd backwards re-entered under its TorchFunctionMode",
+    "init_process_group": "nccl made gloo",
+    "_new_group_with_tag": "subgroups made on gloo",
+    "all_to_all_single": "all_to_all_single's split sizes as lists (gloo)",
+}
+
+
+@dataclass
+class BaselineRun:
+    """The unported tree's run of a case (`baseline` of the case in the report): its status and
+    reason, how it failed, its losses, the commit, whether it came from the cache, the overlay."""
+
+    commit: str
+    status: str
+    reason: str
+    seconds: float
+    losses: list[float] = field(default_factory=list)
+    failure: CaseFailure | None = None
+    cached: bool = False
+    overlay: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "commit": self.commit,
+            "status": self.status,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 2),
+            "losses": self.losses,
+            "cached": self.cached,
+            "overlay": self.overlay,
+        }
+        if self.failure is not None:
+            out["failure"] = self.failure.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BaselineRun:
+        failure = CaseFailure.from_dict(d["failure"]) if isinstance(d.get("failure"), dict) else None
+        return cls(
+            str(d["commit"]),
+            str(d["status"]),
+            str(d["reason"]),
+            float(d.get("seconds") or 0.0),
+            [float(x) for x in d.get("losses") or []],
+            failure,
+            bool(d.get("cached")),
+            list(d.get("overlay") or []),
+        )
+
+
+def baseline_overlay(tree: Path, base: str) -> list[str]:
+    """Stage 3's overlay (the port's test files and generated helpers) and what pretrain_gpt.py needs
+    to start (START_OVERLAY), where the port changed it."""
+    changed = set(run_git("diff", "--name-only", base, "--", *START_OVERLAY, cwd=tree, check=False).stdout.split())
+    return sorted(set(overlay_files(tree, base)) | {f for f in START_OVERLAY if f in changed and (tree / f).is_file()})
+
+
+def cache_path(cache_dir: Path, base: str, case: str, port_command: str, env: dict, overlay_digest: str) -> Path:
+    """Where the unported tree's run of ``case`` is kept: keyed by what makes a run differ (the
+    port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay)."""
+    import torch
+
+    args = re.sub(r"\S*/rocmport-func-[^/\s]+", "${WORK}", port_command.split("pretrain_gpt.py", 1)[-1])
+    key = json.dumps(
+        [
+            base,
+            case,
+            args,
+            torch.__version__,
+            platform.python_version(),
+            protocol.PROXY.raw(env),
+            protocol.HIP_SIM.raw(env),
+            protocol.TE.raw(env),
+            overlay_digest,
+            sorted(START_ENV_UNSET),  # what the unported tree's runs leave out of the environment
+        ]
+    )
+    return cache_dir / "functional-baselines" / f"{base[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def run_baseline(
+    tree: Path,
+    base: str,
+    port: CaseOutcome,
+    env: dict,
+    cache_dir: Path,
+    run: Callable[[Path, dict], CaseOutcome],
+) -> BaselineRun:
+    """``run`` (the port's case, with the same plan, args and ranks) on the unported tree at ``base``
+    with the baseline overlay, from the cache when it has it."""
+    overlay = baseline_overlay(tree, base)
+    digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
+    cached = cache_path(cache_dir, base, port.case, port.run.command if port.run else "", env, digest)
+    if cached.is_file():
+        got = BaselineRun.from_dict(json.loads(cached.read_text()))
+        got.cached = True
+        return got
+    with unported_checkout(tree, base, overlay) as checkout:
+        benv = {k: v for k, v in unported_env(env, tree, checkout).items() if k not in START_ENV_UNSET}
+        out = run(checkout, benv)
+    losses = out.run.losses if out.run else []
+    got = BaselineRun(
+        base, out.result.status, out.result.reason, out.result.seconds, losses, out.failure, False, overlay
+    )
+    atomic_write_text(cached, json.dumps(got.to_dict(), indent=1, sort_keys=True))
+    return got
+
+
+# --- the labels -------------------------------------------------------------------------------------
+
+
+def shim_mechanism(frame: str) -> str:
+    """The proxy shim's mechanism a frame ("function (proxy_shim.py:N)") is."""
+    func = frame.split(" ", 1)[0]
+    return f"the CPU proxy's shim, {_SHIM_MECHANISMS.get(func, func)}, at {frame}"
+
+
+def _same(port: CaseFailure, base: CaseFailure) -> bool:
+    return (port.phase, port.message, port.site) == (base.phase, base.message, base.site)
+
+
+def _where(f: CaseFailure) -> str:
+    phase = {"run": "in the uninterrupted run", "resume": "in the resumed run", "check": "in a check"}.get(
+        f.phase, f.phase
+    )
+    return f"{phase}" + (f" at {f.site}" if f.site else "") + f": {f.message[:200]}"
+
+
+def label_case(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...] = ()) -> tuple[str, str]:
+    """A failing case's label and why, by what the unported tree did with it (the module docstring)."""
+    if base is None:
+        return "unverified", "no unported commit to compare with (the tree was not made by rocmport apply)"
+    if base.status == PASS:
+        return "port-regression", f"passes on the unported tree at {base.commit[:12]}: the port broke it"
+    pf, bf = port.failure, base.failure
+    if base.status != FAIL or bf is None or pf is None:
+        return "unverified", f"the unported tree cannot run it here ({base.status}: {base.reason[:200]})"
+    if not _same(pf, bf):
+        return "unverified", f"fails differently on the unported tree ({_where(bf)}; here {_where(pf)})"
+    if pf.phase == "check" and "drift from the golden" in pf.message:
+        return (
+            "unverified",
+            "both trees drift from the golden the same way: the golden, not the port, is in question (--record-golden)",
+        )
+    if pf.shim or bf.shim:
+        return (
+            "proxy-artifact",
+            f"fails the same way on the unported tree ({_where(pf)}), through {shim_mechanism(pf.shim or bf.shim or '')}",
+        )
+    if "signal 9 (SIGKILL)" in pf.message:
+        return "proxy-artifact", f"fails the same way on the unported tree: {SIGKILL_WHY}"
+    if pf.message.startswith(DIED) or "without a Python exception" in pf.message:
+        # a signal or an exit code is no message: two trees dying so are not known to fail alike
+        return (
+            "unverified",
+            f"the ranks died without a Python exception on both trees ({pf.message}): nothing to compare",
+        )
+    if resource := exhausted(pf.message):
+        return (
+            "proxy-artifact",
+            f"fails the same way on the unported tree: this machine ran out of a resource ({resource})",
+        )
+    if needs := next((m for m in blocked if re.search(rf"No module named '{re.escape(m)}\b", pf.message)), None):
+        return (
+            "needs-nvidia-only",
+            f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here",
+        )
+    return "upstream-known", f"fails the same way on the unported tree at {base.commit[:12]} ({_where(pf)})"

@@ -1,0 +1,167 @@
+"""What stage 4 reads from a run's log: Megatron's logged losses and params norm, the iteration a
+resumed run loaded, the first exception and the CUDA-only blocker that stopped it, and how it
+failed (CaseFailure), normalised so that two trees' failures compare."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+from rocmport.verify.stages.functional.details import CaseFailure
+
+_LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
+# The last one: a torch.cuda call the proxy shim has no CPU answer for reaches the CPU build's missing
+# CUDA bindings (the shim reports CUDA as initialised, so torch's own "not compiled" check is passed).
+_CUDA_BLOCKER = re.compile(
+    r"(Megatron requires CUDA|Torch not compiled with CUDA enabled|Found no NVIDIA driver|"
+    r"No CUDA GPUs are available|CUDA driver|nvml|module 'torch\._C' has no attribute '_cuda)",
+    re.I,
+)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def loss_steps(log: str) -> dict[int, float]:
+    """Megatron's logged `lm loss` by iteration."""
+    return {int(it): float(loss) for it, loss in _LOSS_RE.findall(log)}
+
+
+def parse_losses(log: str) -> list[float]:
+    found = loss_steps(log)
+    return [found[i] for i in sorted(found)]
+
+
+_LOADED_RE = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
+
+
+def loaded_iteration(log: str) -> int | None:
+    """The iteration a run says it resumed from (megatron's `successfully loaded checkpoint ... at iteration N`)."""
+    m = _LOADED_RE.search(log)
+    return int(m.group(1)) if m else None
+
+
+_PARAMS_NORM_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?params norm: ([0-9.eE+-]+)")
+
+
+def params_norms(log: str) -> dict[int, float]:
+    """Megatron's logged `params norm` by iteration (with --log-params-norm)."""
+    return {int(it): float(v) for it, v in _PARAMS_NORM_RE.findall(log)}
+
+
+def expected_resumed(steps: dict[int, float], start: int, end: int, first_two_together: bool) -> dict[int, float]:
+    """What a run resumed from iteration ``start`` must log for start+1..end, from the uninterrupted
+    run's losses ``steps``: the same values, except that a training loop which logs the first two
+    iterations after a start as one interval logs the mean of start+1 and start+2 at start+2."""
+    out = {i: steps[i] for i in range(start + 1, end + 1) if i in steps}
+    if first_two_together and start + 2 in out:
+        out[start + 2] = (steps[start + 1] + steps[start + 2]) / 2
+    return out
+
+
+def _blocker(stderr: str, tree: Path) -> str | None:
+    """The first CUDA-only requirement that stopped upstream's script on CPU, with its upstream site
+    (the innermost traceback frame inside the tree, e.g. megatron/training/initialize.py:62)."""
+    lines = stderr.splitlines()
+    root = str(tree.resolve()) + "/"
+    for i, line in enumerate(lines):
+        if not _CUDA_BLOCKER.search(line) or line.lstrip().startswith(("raise ", "assert ")):
+            continue
+        site = ""
+        for prev in reversed(lines[:i]):
+            m = _FRAME.search(prev)
+            if m and m.group(1).startswith(root):
+                site = f" at {m.group(1)[len(root) :]}:{m.group(2)} ({m.group(3)})"
+                break
+        return line.strip()[:200] + site
+    return None
+
+
+# A traceback's last line: the exception's type and message, as a rank prints it ("[rank0]: ValueError: ...").
+_EXCEPTION = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt)\b:?.*)$")
+
+
+def exception_line(stderr: str) -> str | None:
+    """The first exception a run raised (its type and message), not a traceback's source line such as
+    `raise ValueError(`: torchrun's own ChildFailedError and its elastic frames are skipped."""
+    for line in stderr.splitlines():
+        m = _EXCEPTION.match(line.strip())
+        if m and "ChildFailedError" not in m.group(1) and "elastic" not in m.group(1):
+            return m.group(1)
+    return None
+
+
+# torchrun's summary of a worker that died without a Python traceback: "traceback : Signal 9 (SIGKILL)
+# received by PID 1234" (a signal), else its "exitcode : -6" line.
+_SIGNAL = re.compile(r"traceback\s*:\s*Signal (\d+) \((\w+)\) received by PID \d+")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+DIED = "a rank died of signal"
+SIGKILL_WHY = "a rank was killed by SIGKILL (on the proxy most likely the kernel's OOM killer: the ranks outgrew this machine's memory)"
+
+
+# Exit codes upstream's training loop ends with on purpose (megatron/core/rerun_state_machine.py).
+_MEGATRON_EXITS = {
+    "16": "megatron's rerun state machine, EXIT_CODE_RESUME_TO_DISAMBIGUATE: a result failed validation "
+    "(NaN, Inf or a spiky loss) and the job must resume to tell why",
+    "17": "megatron's rerun state machine, EXIT_CODE_FAILED_ON_RESULT_VALIDATION: a result failed validation "
+    "(NaN, Inf or a spiky loss) and did so again on rerun",
+}
+
+
+def death_line(stderr: str) -> str | None:
+    """How torchrun says a worker died when it printed no exception: a signal other than SIGTERM, an
+    exit code (megatron's own named), else SIGTERM (what torchrun sends the survivors of a failure)."""
+    signals = _SIGNAL.findall(stderr)
+    killed = [m for m in signals if m[1] != "SIGTERM"]
+    if killed:
+        return f"{DIED} {killed[0][0]} ({killed[0][1]})"
+    codes = [c for c in _EXITCODE.findall(stderr) if not c.startswith("-")]
+    if codes:
+        why = _MEGATRON_EXITS.get(codes[0])
+        return f"a rank exited {codes[0]} without a Python exception" + (f" ({why})" if why else "")
+    return f"{DIED} {signals[0][0]} ({signals[0][1]})" if signals else None
+
+
+def cause_line(stderr: str) -> str:
+    """Why a run stopped, in one line: its first exception, how torchrun says a worker died, or its last line."""
+    return exception_line(stderr) or death_line(stderr) or (stderr.strip().splitlines() or ["no output"])[-1]
+
+
+# A traceback's start, and the rank prefix torchrun puts before each worker's line ("[rank3]: ").
+_RANK_PREFIX = re.compile(r"^(\[rank\d+\]:)")
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def normalise(text: str, tree: Path, figures: bool = False) -> str:
+    """``text`` as two trees compare it: the tree's path as <tree>, addresses as 0x#, with ``figures``
+    every number as # (a check's measured values differ run to run; its words do not)."""
+    for root in {str(tree.resolve()), str(tree)}:
+        text = text.replace(root, "<tree>")
+    text = _ADDRESS.sub("0x#", text)
+    return _NUMBER.sub("#", text) if figures else text
+
+
+def failure_of(stderr: str, tree: Path, phase: str) -> CaseFailure:
+    """The first exception a run raised, with the innermost frames of its own rank's traceback inside
+    the tree and inside the proxy shim."""
+    lines = stderr.splitlines()
+    message = exception_line(stderr)
+    at = next((i for i, ln in enumerate(lines) if message and ln.strip().endswith(message)), len(lines))
+    prefix = _RANK_PREFIX.match(lines[at].strip()) if at < len(lines) else None
+    root = str(tree.resolve()) + "/"
+    site = shim = None
+    for line in reversed(lines[:at]):
+        if prefix and not line.strip().startswith(prefix.group(1)):
+            continue  # another rank's lines, interleaved
+        if "Traceback (most recent call last)" in line:
+            break
+        m = _FRAME.search(line)
+        if not m:
+            continue
+        path = m.group(1)
+        if site is None and path.startswith(root):
+            site = f"{path[len(root) :]} ({m.group(3)})"
+        if shim is None and path.endswith("verify/runtime/proxy_shim.py"):
+            shim = f"{m.group(3)} (proxy_shim.py:{m.group(2)})"
+    text = message or cause_line(stderr)
+    return CaseFailure(phase, normalise(text, tree)[:300], site, shim)

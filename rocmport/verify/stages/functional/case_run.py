@@ -1,0 +1,501 @@
+"""Stage 4's one case, run: the uninterrupted run under torchrun saving its checkpoint half way,
+the run resumed from it, the checks on their logs and this device kind's golden (run_case, split
+by concern; stage_functional is the same as a stage result), and how it failed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocmport import output
+from rocmport.fsutil import atomic_write_text
+from rocmport.verify.orchestration.device_kind import DeviceKind
+from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.orchestration.stage_result import (
+    FAIL,
+    PASS,
+    SKIPPED,
+    UNSUPPORTED,
+    StageResult,
+    skipped,
+    tree_lacks,
+)
+from rocmport.verify.runtime import protocol
+from rocmport.verify.stages import case_plan
+from rocmport.verify.stages.case_plan import CasePlan
+from rocmport.verify.stages.gpt_training import took_part
+
+from rocmport.verify.stages.functional.case_args import (
+    CASES,
+    NAME,
+    PROXY_ENV,
+    RESUME_TOLERANCE,
+    TOLERANCE,
+    ResumeSupport,
+    _args_difference,
+    build_args,
+    case_dir,
+    cases_near,
+    check_case,
+    functional_command,
+    golden_path,
+    load_case,
+    nvrx_usable,
+    recorded_args,
+    resume_support,
+    world_size,
+)
+from rocmport.verify.stages.functional.case_log import (
+    cause_line,
+    _blocker,
+    expected_resumed,
+    failure_of,
+    loaded_iteration,
+    loss_steps,
+    normalise,
+    params_norms,
+)
+from rocmport.verify.stages.functional.details import (
+    CaseFailure,
+    FunctionalRun,
+    GoldenComparison,
+    ResumeCheck,
+    ResumeSkipped,
+    upstream_golden,
+)
+
+# megatron's training log: " [2026-11-26 01:30:00] iteration        5/      10 | consumed samples: ..."
+_ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
+
+
+def _launch(
+    cmd: list[str], tree: Path, env: dict, timeout: float = 1800, what: str = "pretrain_gpt.py"
+) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True) that says each training iteration as megatron logs it
+    (a line per iteration with the elapsed time: a run of minutes is not silent)."""
+    import threading
+
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True)
+    reader.start()
+    expired = threading.Event()
+
+    def stop() -> None:  # the run's time limit
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, stop)
+    timer.start()
+    out: list[str] = []
+    try:
+        for line in proc.stdout or ():
+            out.append(line)
+            m = _ITERATION.search(line)
+            if m:
+                output.info(
+                    f"stage 4 {what}: iteration {m.group(1)}/{m.group(2)}, {output.elapsed(time.monotonic() - start)} elapsed"
+                )
+        proc.wait()
+    finally:
+        timer.cancel()
+        reader.join()
+    if expired.is_set():
+        raise subprocess.TimeoutExpired(cmd, timeout, "".join(out), "".join(err))
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err))
+
+
+def _failure(
+    proc: subprocess.CompletedProcess,
+    tree: Path,
+    proxy: bool,
+    hip: str | None,
+    what: str,
+    seconds: float,
+    details: FunctionalRun,
+) -> StageResult:
+    """Why a run of pretrain_gpt.py did not log every iteration: a CPU blocker or a break the HIP
+    simulation made (unsupported-in-proxy, naming the site), else a failure."""
+    blocker = _blocker(proc.stderr, tree) if proxy else None
+    te_kernel = re.search(r"unsupported-in-proxy: transformer_engine_torch\.\w+[^\n]*", proc.stderr) if proxy else None
+    if te_kernel:  # TE's Python layer reached a kernel the CPU proxy has no reference implementation for (verify --te)
+        return StageResult(
+            NAME, UNSUPPORTED, f"pretrain_gpt.py with TE's Python layer: {te_kernel.group(0)}", seconds, details
+        )
+    if blocker:
+        return StageResult(NAME, UNSUPPORTED, f"pretrain_gpt.py cannot run on CPU: {blocker}", seconds, details)
+    if proxy and hip:
+        from rocmport.verify.runtime.hip_sim import simulation_break
+
+        site = simulation_break(proc.stderr, tree)
+        if site:
+            return StageResult(
+                NAME,
+                UNSUPPORTED,
+                f"the HIP simulation breaks {site} (a ROCm build of torch would not)",
+                seconds,
+                details,
+            )
+    return StageResult(
+        NAME, FAIL, f"{what} exited {proc.returncode}: {cause_line(proc.stderr)[:300]}", seconds, details
+    )
+
+
+@dataclass
+class CaseOutcome:
+    """One case's run: its result (a stage result of its own), its details (None when it stopped
+    before training), and how it failed (None unless it failed)."""
+
+    case: str
+    result: StageResult
+    run: FunctionalRun | None = None
+    failure: CaseFailure | None = None
+
+
+@dataclass
+class CaseSetup:
+    """What one case's runs share: the tree and environment, the case's config and plan, the ranks,
+    the iterations (the checkpoint at ``half``), and how it runs (proxy, simulated HIP, the launcher)."""
+
+    tree: Path
+    env: dict
+    case: str
+    config: dict
+    plan: CasePlan | None
+    world: int
+    iters: int
+    proxy: bool
+    data_path: str | None
+    launcher: Launcher
+    resume: bool
+    hip: str | None
+    rocm: bool
+    support: ResumeSupport
+
+    @property
+    def half(self) -> int:
+        return self.iters // 2
+
+    def args(self, work: Path, extra: dict[str, object]) -> list[str]:
+        return build_args(
+            self.config,
+            iters=self.iters,
+            proxy=self.proxy,
+            data_path=self.data_path,
+            work=work,
+            extra=extra,
+            plan=self.plan,
+        )
+
+
+@dataclass
+class _Trained:
+    """A case whose uninterrupted run logged every iteration: its details, its log's losses by
+    iteration, the reason so far, what the checks found wrong, and its args as a golden records them."""
+
+    run: FunctionalRun
+    steps: dict[int, float]
+    log: str
+    reason: str
+    problems: list[str]
+    recorded: list[str]
+    run_env: dict
+    save: dict[str, object]
+
+
+def stage_functional(
+    tree: Path,
+    env: dict,
+    *,
+    case: str,
+    dp: int,
+    iters: int,
+    proxy: bool,
+    data_path: str | None,
+    series_dir: Path | None,
+    record: bool,
+    device_kind: DeviceKind,
+    defaulted: bool = False,
+    launcher: Launcher = Launcher(),
+    resume: bool = True,
+    hip: str | None = None,
+    rocm: bool = False,
+) -> tuple[StageResult, FunctionalRun | None]:
+    """Upstream's case through pretrain_gpt.py (run_case), as a stage result and its details."""
+    out = run_case(
+        tree,
+        env,
+        case=case,
+        dp=dp,
+        iters=iters,
+        proxy=proxy,
+        data_path=data_path,
+        series_dir=series_dir,
+        record=record,
+        device_kind=device_kind,
+        defaulted=defaulted,
+        launcher=launcher,
+        resume=resume,
+        hip=hip,
+        rocm=rocm,
+    )
+    return out.result, out.run
+
+
+def run_case(
+    tree: Path,
+    env: dict,
+    *,
+    case: str,
+    dp: int,
+    iters: int,
+    proxy: bool,
+    data_path: str | None,
+    series_dir: Path | None,
+    record: bool,
+    device_kind: DeviceKind,
+    defaulted: bool = False,
+    launcher: Launcher = Launcher(),
+    resume: bool = True,
+    hip: str | None = None,
+    rocm: bool = False,
+) -> CaseOutcome:
+    """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
+    iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
+    the remaining iterations; then this device kind's golden. ``hip``: the simulated ROCm version
+    (proxy), for the report; ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the
+    port picks the async writer."""
+    start = time.monotonic()
+    ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted)
+    if isinstance(ready, StageResult):
+        return CaseOutcome(case, ready)
+    config, plan, world = ready
+    s = CaseSetup(
+        tree, env, case, config, plan, world, iters, proxy, data_path, launcher, resume, hip, rocm, resume_support(tree)
+    )
+    with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
+        trained = _train(s, Path(tmp), start)
+        if isinstance(trained, CaseOutcome):
+            return trained
+        if resume:
+            stopped = _resume(s, Path(tmp), trained, start)
+            if stopped is not None:
+                return stopped
+    if series_dir is not None:
+        _golden(trained, s, golden_path(series_dir, case, str(device_kind)), record, device_kind)
+    if data_path:
+        reference = upstream_golden(case_dir(tree, case), trained.run.losses)
+        if reference:
+            trained.run.upstream_golden_a100 = reference
+            trained.reason += f"; upstream's A100 golden (reference only): {reference.summary}"
+    return _finish(s, trained, time.monotonic() - start)
+
+
+def _prepare(
+    tree: Path,
+    case: str,
+    dp: int,
+    proxy: bool,
+    data_path: str | None,
+    series_dir: Path | None,
+    device_kind: str,
+    defaulted: bool,
+) -> StageResult | tuple[dict, CasePlan | None, int]:
+    """The case's config, plan and ranks, or why it does not run (before any launch)."""
+    cdir = check_case(tree, case)
+    if series_dir is not None:  # a golden that cannot be named is bad input now, not after minutes of training
+        golden_path(series_dir, case, device_kind)
+    if not (tree / "pretrain_gpt.py").is_file():
+        return skipped(NAME, tree_lacks("pretrain_gpt.py"))
+    if not (cdir / "model_config.yaml").is_file():
+        text = f"upstream has no functional case {case} ({CASES / case}); pass --cases NAME (e.g. {', '.join(cases_near(tree))})"
+        return StageResult(NAME, SKIPPED if defaulted else FAIL, text)
+    config = load_case(tree, case)
+    plan: CasePlan | None = None
+    if proxy:
+        planned = case_plan.plan_case(case, config, data_path=bool(data_path))
+        if isinstance(planned, case_plan.Unsupported):
+            return StageResult(NAME, UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}")
+        plan = planned
+    return config, plan, world_size(config, dp, plan)
+
+
+def _save_args(s: CaseSetup, work: Path) -> tuple[dict[str, object], dict[str, str]]:
+    """The checkpoint flags of the uninterrupted run, and the arguments verify chose, with why."""
+    save: dict[str, object] = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": s.half}
+    chosen: dict[str, str] = {}
+    if s.support.async_save:
+        save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
+        if s.support.async_strategy and not s.rocm and not nvrx_usable(s.env):
+            # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
+            # (async-save-strategy), the CUDA path keeps upstream's default, which needs the package.
+            save["--async-strategy"] = "mcore"
+            chosen["--async-strategy mcore"] = (
+                "nvidia-resiliency-ext (upstream's default async writer, nvrx) is NVIDIA-only "
+                "and not importable here; on HIP the port picks mcore itself"
+            )
+    return save, chosen
+
+
+def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
+    """The runs' environment (the case's ENV_VARS; in proxy mode the shim in every worker and
+    PROXY_ENV), and the proxy's swaps with why."""
+    run_env = {**s.env, **{k: str(v) for k, v in (s.config.get("ENV_VARS") or {}).items()}}
+    if not s.proxy:
+        return run_env, {}
+    (work / "shim").mkdir(exist_ok=True)
+    run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
+    run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
+    return run_env, {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
+
+
+def _tail(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "rank0" in ln or "Error" in ln][-15:]
+
+
+def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
+    """The uninterrupted run, saving its checkpoint half way: trained, or the outcome it stopped with."""
+    save, chosen = _save_args(s, work)
+    args = s.args(work, save)
+    run_env, swaps = _run_env(s, work)
+    cmd = functional_command(s.launcher, s.world, args)
+    proc = _launch(cmd, s.tree, run_env)
+    log = proc.stdout + proc.stderr
+    steps = loss_steps(log)
+    losses = [steps[i] for i in sorted(steps)]
+    if proc.returncode == 0 and not losses and s.launcher.multi_node:
+        return CaseOutcome(s.case, took_part(NAME, s.launcher, time.monotonic() - start))
+    run = FunctionalRun(s.case, " ".join(cmd), losses, s.iters, swaps, chosen, _tail(proc.stderr))
+    if s.proxy:
+        from rocmport.verify.runtime.proxy_shim import read_redirects
+
+        run.redirects = read_redirects(work / "shim")
+    hook = work / "shim" / "unsupported.txt"
+    if s.proxy and hook.is_file():
+        text = f"proxy shim hook missing: {hook.read_text()}"
+        return CaseOutcome(s.case, StageResult(NAME, UNSUPPORTED, text, time.monotonic() - start, run), run)
+    if proc.returncode != 0 or len(losses) < s.iters:
+        what = f"pretrain_gpt.py (after {len(losses)} of {s.iters} iterations)"
+        return _stopped(s, proc, what, "run", start, run)
+    problems = [] if losses[-1] < losses[0] else [f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"]
+    reason = f"{s.case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {s.iters} iterations"
+    return _Trained(run, steps, log, reason, problems, recorded_args(args, work), run_env, save)
+
+
+def _stopped(
+    s: CaseSetup, proc: subprocess.CompletedProcess, what: str, phase: str, start: float, run: FunctionalRun
+) -> CaseOutcome:
+    """A run that did not log every iteration: its result (_failure) and, when it failed, how."""
+    res = _failure(proc, s.tree, s.proxy, s.hip, what, time.monotonic() - start, run)
+    return CaseOutcome(s.case, res, run, failure_of(proc.stderr, s.tree, phase) if res.status == FAIL else None)
+
+
+def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome | None:
+    """The checkpoint round trip: a run resumed from the iteration-``half`` checkpoint must log the
+    uninterrupted run's losses (and params norm) for the rest. None when it ran to its end (its
+    findings in ``t``), else the outcome it stopped with."""
+    if s.half < 1 or not s.support.ckpt_step:
+        why = "fewer than 2 iterations" if s.half < 1 else "the tree's training loop has no --ckpt-step"
+        t.run.resume = ResumeSkipped(why)
+        t.reason += f"; checkpoint resume not checked ({why})"
+        return None
+    again = {
+        **t.save,
+        "--ckpt-step": s.half,
+        "--save": str(work / "ckpt-resumed"),
+        "--async-save": None,
+        "--use-persistent-ckpt-worker": None,
+    }
+    cmd = functional_command(s.launcher, s.world, s.args(work, again))
+    rproc = _launch(cmd, s.tree, t.run_env, what=f"resumed from iteration {s.half}")
+    rlog = rproc.stdout + rproc.stderr
+    rsteps = loss_steps(rlog)
+    wanted = list(range(s.half + 1, s.iters + 1))
+    t.run.resume_log_tail = _tail(rproc.stderr)
+    if rproc.returncode != 0 or any(i not in rsteps for i in wanted):
+        return _stopped(s, rproc, f"the run resumed from iteration {s.half}", "resume", start, t.run)
+    _compare_resumed(s, t, rlog, rsteps, wanted)
+    return None
+
+
+def _compare_resumed(s: CaseSetup, t: _Trained, rlog: str, rsteps: dict[int, float], wanted: list[int]) -> None:
+    """The resumed run's losses and params norm against the uninterrupted run's, into ``t``."""
+    half, iters = s.half, s.iters
+    expected = expected_resumed(t.steps, half, iters, s.support.first_two_logged_together)
+    diff = max(abs(rsteps[i] - expected[i]) for i in wanted)
+    norms, rnorms = params_norms(t.log), params_norms(rlog)
+    norm_diff = max((abs(rnorms[i] - norms[i]) for i in wanted if i in norms and i in rnorms), default=None)
+    tol = RESUME_TOLERANCE[s.proxy]
+    t.run.resume = resumed = ResumeCheck(
+        from_iteration=half,
+        loaded_iteration=loaded_iteration(rlog),
+        max_abs_diff=diff,
+        tolerance=tol,
+        async_save=s.support.async_save,
+        losses=[rsteps[i] for i in wanted],
+        params_norm_max_abs_diff=norm_diff,
+        averaged_iteration=half + 2 if s.support.first_two_logged_together and half + 2 <= iters else None,
+    )
+    t.reason += (
+        f"; resumed from the iteration-{half} checkpoint ({'async ' if s.support.async_save else ''}torch_dist): "
+        f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
+    )
+    if norm_diff is not None:
+        t.reason += f", params norm max |Δ| {norm_diff:.2g}"
+        if norm_diff > tol:
+            t.problems.append(
+                f"resumed parameters differ from the uninterrupted run's (params norm |Δ| {norm_diff:.3g} > {tol:g})"
+            )
+    if resumed.loaded_iteration != half:
+        t.problems.append(f"the resumed run did not load iteration {half} (it says {resumed.loaded_iteration})")
+    if diff > tol:
+        t.problems.append(f"resumed losses differ from the uninterrupted run's by {diff:.3g} > {tol:g}")
+
+
+def _golden(t: _Trained, s: CaseSetup, golden: Path, record: bool, device_kind: DeviceKind) -> None:
+    """This device kind's golden: recorded (``record``, from a passing run only), else compared."""
+    if record and t.problems:
+        # a golden is what a passing run logged: a failed run's curve would excuse the failure next time
+        t.reason += f"; golden not recorded: the run failed ({golden} unchanged)"
+        return
+    losses = t.run.losses
+    if record:
+        made = {"case": s.case, "device_kind": str(device_kind), "iters": s.iters, "losses": losses}
+        atomic_write_text(golden, json.dumps({**made, "hip_sim": s.hip, "args": t.recorded}, indent=1) + "\n")
+        t.reason += f"; golden recorded in {golden}"
+        return
+    if not golden.is_file():
+        t.reason += "; no golden for this device kind yet (--record-golden)"
+        return
+    ref = json.loads(golden.read_text())
+    compared = t.run.golden = GoldenComparison(str(golden))
+    if ref.get("args") != t.recorded:
+        why = (
+            _args_difference(t.recorded, ref["args"]) if ref.get("args") else "the golden records no args; re-record it"
+        )
+        compared.other_args = why
+        t.reason += f"; golden made with other args, not compared ({why})"
+        return
+    n = min(len(ref["losses"]), len(losses))
+    pairs = zip(losses[:n], ref["losses"][:n])
+    drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in pairs) if n else float("inf")
+    tol = TOLERANCE["cpu-proxy" if device_kind.proxy else "gpu"]  # with TE's layer or not
+    compared.max_rel_drift, compared.tolerance, compared.hip_sim = drift, tol, ref.get("hip_sim")
+    t.reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
+    if drift > tol:
+        t.problems.append(f"losses drift from the golden by {drift:.3g} > {tol:g} ({golden})")
+
+
+def _finish(s: CaseSetup, t: _Trained, seconds: float) -> CaseOutcome:
+    """The case's result from its checks: pass, or fail with its problems first."""
+    if not t.problems:
+        return CaseOutcome(s.case, StageResult(NAME, PASS, t.reason, seconds, t.run), t.run)
+    reason = "; ".join(t.problems) + f" [{t.reason}]"
+    failure = CaseFailure("check", normalise("; ".join(t.problems), s.tree, figures=True))
+    return CaseOutcome(s.case, StageResult(NAME, FAIL, reason, seconds, t.run), t.run, failure)

@@ -1,0 +1,90 @@
+"""Which of upstream's GPT cases stage 4 runs (`--cases reach|all|NAME[,NAME...]`).
+
+- ``reach`` (the default): the line's recorded reach set — the cases that together run the most
+  port sites within a time budget, recorded per line (`patchsets/<upstream>/<line>/reach.json`) and
+  chosen by `rocmport.verify.analyses.reach.reach_cases`. Until the line has a record (or where that
+  module is absent), today's default case: upstream's case for --tp/--pp, its TE case where TE is
+  usable, and the selection says so in one line.
+- ``all``: every case directory of the tree with a model_config.yaml (case_plan.training_cases);
+  the ones the proxy cannot run are reported unsupported with their kind and reason.
+- names: those cases, each a directory name under the tree's cases directory (exit 2 naming the
+  name and near matches otherwise)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocmport.errors import BadInput
+from rocmport.verify.stages import case_plan
+from rocmport.verify.stages.functional.case_args import CASES, cases_near, check_case, default_case
+
+REACH, ALL, NAMED = "reach", "all", "named"
+NO_REACH_RECORD = "no reach record for this line: today's default case"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The cases to run and how they were chosen (``how``: reach | all | named; ``note``: one line
+    on the choice, for the report; ``defaulted``: today's default case stands in, so a tree without
+    it skips the stage instead of failing it)."""
+
+    how: str
+    cases: tuple[str, ...]
+    note: str | None = None
+    defaulted: bool = False
+
+
+def reach_cases(series_dir: Path | None, tree: Path) -> tuple[list[str], str] | None:
+    """The line's recorded reach set and a line on it, from rocmport.verify.analyses.reach when that
+    module is there and has a record for the line; None otherwise (the caller falls back)."""
+    if series_dir is None:
+        return None
+    try:
+        from rocmport.verify.analyses import reach  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    chooser = getattr(reach, "reach_cases", None)
+    return chooser(series_dir, tree) if chooser is not None else None
+
+
+def near(tree: Path, name: str) -> list[str]:
+    """The tree's case names closest to ``name`` (for a hint), else a few with a layout in their name."""
+    return difflib.get_close_matches(name, case_plan.training_cases(tree), n=4, cutoff=0.6) or cases_near(tree)
+
+
+def _named(tree: Path, given: str, option: str) -> tuple[str, ...]:
+    names: list[str] = []
+    for raw in given.split(","):
+        name = raw.strip()
+        cdir = check_case(tree, name, option)  # an empty name too: not a case name
+        if not (cdir / "model_config.yaml").is_file():
+            raise BadInput(
+                f"{option} {name!r}: no such case in {tree / CASES} (no model_config.yaml); "
+                f"near: {', '.join(near(tree, name)) or '-'}"
+            )
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def select(
+    tree: Path, series_dir: Path | None, given: str | None, option: str, tp: int, pp: int, te_usable: bool
+) -> Selection:
+    """The cases ``given`` (``option``'s value: reach, all or names; None is reach) selects."""
+    word = REACH if given is None else given.strip()
+    if word == ALL:
+        cases = tuple(case_plan.training_cases(tree))
+        return Selection(ALL, cases, f"all {len(cases)} GPT cases of the tree")
+    if word != REACH:
+        return Selection(NAMED, _named(tree, word, option))
+    recorded = reach_cases(series_dir, tree)
+    if recorded:
+        names, line = recorded
+        there = tuple(n for n in names if (tree / CASES / n / "model_config.yaml").is_file())
+        gone = [n for n in names if n not in there]
+        return Selection(
+            REACH, there, line + (f" ({len(gone)} recorded cases not in this tree: {', '.join(gone)})" if gone else "")
+        )
+    return Selection(REACH, (default_case(tp, pp, te_usable, tree),), NO_REACH_RECORD, defaulted=True)

@@ -1,0 +1,367 @@
+"""verify stage 4 over many of upstream's GPT cases (`--cases reach|all|NAME,...`): each case run and
+reported on its own, a failing case run again on the unported tree (a real git checkout of the base
+commit) and labelled, only a port-regression failing the stage; the selection's fallback while the
+line has no reach record. The trees are canned: a pretrain_gpt.py that prints Megatron's loss lines
+and, for a case whose MODEL_ARGS ask it (--fake-break), calls into megatron/core/thing.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from rocmport.cli import main
+from rocmport.port import worktree as wt
+from rocmport.verify.stages.functional import CASES, functional_options
+from rocmport.verify.stages.functional.selection import NO_REACH_RECORD
+
+GOOD = "gpt3_mcore_tp1_pp1_uninstall_te"
+BREAKS = "gpt3_mcore_tp1_pp1_breaks_uninstall_te"
+GPU_ONLY = "gpt3_mcore_te_tp1_pp1_tp_comm_overlap"
+INFERENCE = "gpt3_mcore_tp1_pp1_inference"
+
+CONFIG = textwrap.dedent("""\
+    ENV_VARS:
+      CUDA_DEVICE_MAX_CONNECTIONS: 1
+    MODEL_ARGS:
+      --num-layers: 4
+      --hidden-size: 512
+      --num-attention-heads: 8
+      --micro-batch-size: 4
+      --global-batch-size: 32
+      --seq-length: 1024
+      --max-position-embeddings: 1024
+      --transformer-impl: local
+      --tensor-model-parallel-size: 1
+      --pipeline-model-parallel-size: 1
+    """)
+
+# Megatron's training log line per iteration; a case with --fake-break calls megatron.core.thing.step().
+PRETRAIN = textwrap.dedent("""\
+    import sys
+    iters = int(sys.argv[sys.argv.index("--train-iters") + 1])
+    if "--fake-break" in sys.argv:
+        from megatron.core import thing
+        thing.step()
+    for i in range(1, iters + 1):
+        print(f" [2026-11-27 07:00:00] iteration {i:8d}/{iters:8d} | consumed samples: {8 * i:10d} | "
+              f"lm loss: {10.9 - 0.25 * i:.6E} | loss scale: 1.0 |", flush=True)
+    """)
+# Upstream asserts the attention variables unset (language_module.check_and_set_env_variable), which
+# verify's HIP simulation sets as AMD's images do: the unported tree's runs leave them out.
+THING_OK = "import os\n\n\ndef step():\n    assert 'NVTE_FUSED_ATTN' not in os.environ, 'NVTE_FUSED_ATTN set'\n"
+THING_UPSTREAM_BUG = "def step():\n    raise RuntimeError('the schedule lost a micro-batch')\n"
+
+
+def git(tree: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=tree, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_tree(root: Path, cases: dict[str, str]) -> Path:
+    """A Megatron-LM-shaped tree with ``cases`` (name -> model_config.yaml), committed as the base."""
+    files = {
+        "pretrain_gpt.py": PRETRAIN,
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/thing.py": THING_OK,
+        "megatron/core/tensor_parallel/__init__.py": "",
+        "megatron/core/tensor_parallel/random.py": (
+            "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\n"
+            "class CudaRNGStatesTracker:\n    pass\n"
+        ),
+        **{f"{CASES}/{name}/model_config.yaml": text for name, text in cases.items()},
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    git(root, "init", "-q")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "upstream")
+    return root
+
+
+def port(tree: Path, thing: str) -> str:
+    """Commit the 'port' of megatron/core/thing.py over the base; the state names the base commit."""
+    base = git(tree, "rev-parse", "HEAD")
+    (tree / "megatron" / "core" / "thing.py").write_text(thing)
+    git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "port")
+    wt.write_state(tree, wt.ApplyState(status="done", base=base))
+    return base
+
+
+def verify_json(tmp_path: Path, capsys, tree: Path, *args: str) -> tuple[int, dict, str]:
+    rc = main(
+        [
+            "-C",
+            str(tmp_path),
+            "verify",
+            "--tree",
+            str(tree),
+            "--stages",
+            "4",
+            "--iters",
+            "4",
+            "--no-resume",
+            "--json",
+            *args,
+        ]
+    )
+    out, err = capsys.readouterr()
+    return rc, json.loads(out), err
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))  # the unported tree's runs are cached there
+
+
+def stage4(report: dict) -> dict:
+    return next(s for s in report["stages"] if s["name"] == "functional")
+
+
+# --- selection, without a launch -------------------------------------------------------------------
+
+
+def test_an_unknown_name_is_exit_2_naming_it_and_near_matches(tmp_path, capsys):
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG})
+    rc = main(
+        [
+            "verify",
+            "--tree",
+            str(tree),
+            "--stages",
+            "4",
+            "--cases",
+            f"{GOOD},gpt3_mcore_tp1_pp1_uninstal_te",
+            "--dry-run",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--cases 'gpt3_mcore_tp1_pp1_uninstal_te'" in err and f"near: {GOOD}" in err
+
+
+def test_cases_names_plan_a_launch_each_and_case_is_its_alias(tmp_path, capsys):
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG})
+    assert main(["verify", "--tree", str(tree), "--stages", "4", "--cases", f"{GOOD},{BREAKS}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("pretrain_gpt.py") == 2
+    assert main(["verify", "--tree", str(tree), "--stages", "4", "--case", GOOD, "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("pretrain_gpt.py") == 1
+    assert "--case" not in subprocess.run(
+        [sys.executable, "-m", "rocmport", "verify", "--help"], capture_output=True, text=True
+    ).stdout.replace("--cases", "")
+
+
+def test_reach_falls_back_to_the_default_case_and_says_so(tmp_path):
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG})
+    opts, _ = functional_options(tree, None, None, None, 1, 1, None, False, 4, option="--cases")
+    assert opts is not None and opts.cases == (GOOD,) and opts.selection == "reach"
+    assert opts.note == NO_REACH_RECORD == "no reach record for this line: today's default case"
+
+
+def test_reach_takes_the_lines_record_through_the_seam(tmp_path, monkeypatch):
+    """rocmport.verify.analyses.reach.reach_cases(series_dir, tree) -> (cases, a line): the set it records."""
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG})
+    seen = []
+
+    def reach_cases(series_dir, t):
+        seen.append((series_dir, t))
+        return [BREAKS, "gpt3_gone"], "reach record: 2 cases, 14 of 20 sites"
+
+    fake = types.ModuleType("rocmport.verify.analyses.reach")
+    fake.reach_cases = reach_cases  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rocmport.verify.analyses.reach", fake)
+    import rocmport.verify.analyses as analyses
+
+    monkeypatch.setattr(analyses, "reach", fake, raising=False)
+    opts, _ = functional_options(tree, tmp_path / "series", None, "reach", 1, 1, None, False, 4, option="--cases")
+    assert opts is not None and opts.cases == (BREAKS,) and seen == [(tmp_path / "series", tree)]
+    assert opts.note == "reach record: 2 cases, 14 of 20 sites (1 recorded cases not in this tree: gpt3_gone)"
+
+
+# --- runs (a torchrun each; the unported tree's in a git worktree of the base commit) ------------
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_two_named_cases_run_and_are_reported_each(tmp_path, capsys):
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG})
+    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", f"{GOOD},{BREAKS}")
+    assert rc == 0, err
+    cases = report["functional"]["cases"]
+    assert [(c["case"], c["status"]) for c in cases] == [(GOOD, "pass"), (BREAKS, "pass")]
+    assert all(c["losses"] == [10.65, 10.4, 10.15, 9.9] for c in cases)
+    assert stage4(report)["reason"] == "2 cases: 2 pass"
+    assert report["functional"]["case"] == GOOD and report["functional"]["version"] == 2  # version 1's keys stay
+    assert "stage 4 case 1/2: " + GOOD in err and "stage 4 case 2/2: " + BREAKS in err
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_case_that_fails_only_on_the_port_is_a_port_regression_and_fails_the_stage(tmp_path, capsys):
+    broken = CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --fake-break: true\n", 1)
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: broken})
+    base = port(tree, THING_UPSTREAM_BUG)  # the port broke thing.step; upstream's returns
+    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", f"{GOOD},{BREAKS}")
+    assert rc == 1, err
+    entry = report["functional"]["cases"][1]
+    assert entry["status"] == "fail" and entry["label"] == "port-regression", entry
+    assert entry["baseline"]["status"] == "pass" and entry["baseline"]["commit"] == base
+    assert entry["failure"] == {
+        "phase": "run",
+        "message": "RuntimeError: the schedule lost a micro-batch",
+        "site": "megatron/core/thing.py (step)",
+    }
+    assert stage4(report)["status"] == "fail" and stage4(report)["reason"] == (
+        f"2 cases: 1 pass, 1 port-regression; blocking: {BREAKS}"
+    )
+    # the summary names the blocking case, why it blocks and what the unported tree did (its run now cached)
+    args = ["--stages", "4", "--iters", "4", "--no-resume", "--cases", BREAKS, "--no-html"]
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), *args]) == 1
+    out = capsys.readouterr().out
+    assert f"functional: port-regression: {BREAKS}" in out and "the port broke it" in out
+    assert "the unported tree: pass: " in out
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_case_that_fails_the_same_way_on_both_trees_is_upstream_known_and_passes(tmp_path, capsys):
+    broken = CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --fake-break: true\n", 1)
+    tree = make_tree(tmp_path / "t", {BREAKS: broken})
+    (tree / "megatron" / "core" / "thing.py").write_text(THING_UPSTREAM_BUG)
+    git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "upstream's bug")
+    # the port moves the failing line (a codemod's import above it): the same place is the same function
+    base = port(tree, "# rocmport: a guarded import\n\n" + THING_UPSTREAM_BUG)
+    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", BREAKS)
+    assert rc == 0, err
+    entry = report["functional"]["cases"][0]
+    assert entry["label"] == "upstream-known" and entry["baseline"]["commit"] == base, entry
+    assert stage4(report)["status"] == "pass"
+    assert stage4(report)["reason"].startswith("upstream-known: pretrain_gpt.py (after 0 of 4 iterations) exited 1")
+    # the unported tree's run is cached: the next verify does not run it again
+    rc, again, err = verify_json(tmp_path, capsys, tree, "--cases", BREAKS)
+    assert rc == 0 and again["functional"]["cases"][0]["baseline"]["cached"] is True
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_all_lists_the_cases_the_proxy_cannot_run_with_kind_and_reason(tmp_path, capsys):
+    cases = {
+        GOOD: CONFIG,
+        GPU_ONLY: CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --tp-comm-overlap: true\n", 1),
+        INFERENCE: "MODE: inference\n" + CONFIG,
+    }
+    tree = make_tree(tmp_path / "t", cases)
+    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", "all", "--junit", str(tmp_path / "j.xml"))
+    assert rc == 0, err
+    import xml.etree.ElementTree as ET
+
+    suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite[@name='upstream.functional_cases']")
+    assert suite is not None and (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "0", "2")
+    skipped = {c.get("name"): c.find("skipped").get("message") for c in suite if c.find("skipped") is not None}
+    assert skipped[GPU_ONLY].startswith("unsupported-in-proxy: ") and GOOD not in skipped
+    by = {c["case"]: c for c in report["functional"]["cases"]}
+    assert list(by) == sorted(cases) and by[GOOD]["status"] == "pass"
+    assert (by[GPU_ONLY]["status"], by[GPU_ONLY]["kind"]) == ("unsupported-in-proxy", "gpu-only")
+    assert "--tp-comm-overlap: TE's userbuffers" in by[GPU_ONLY]["reason"]
+    assert (by[INFERENCE]["kind"], by[INFERENCE]["reason"]) == (
+        "not-training",
+        f"{INFERENCE} (not-training): MODE inference: not a pretraining case (stage 4 runs training)",
+    )
+    assert stage4(report)["reason"] == "1 case: 1 pass; 2 unsupported (1 gpu-only, 1 not-training)"
+    assert report["functional"]["selection"] == "all"
+
+
+# --- the comparison, on canned logs ------------------------------------------------------------------
+
+SHIM_TRACE = textwrap.dedent("""\
+    [rank1]: Traceback (most recent call last):
+    [rank1]:   File "{tree}/megatron/core/optimizer/other.py", line 9, in elsewhere
+    [rank0]: Traceback (most recent call last):
+    [rank0]:   File "{tree}/pretrain_gpt.py", line 3, in <module>
+    [rank0]:   File "{tree}/megatron/core/optimizer/distrib_optimizer.py", line {line}, in _set_main_param_and_optimizer_states
+    [rank0]:   File "/opt/rocmport/rocmport/verify/runtime/proxy_shim.py", line 115, in __torch_function__
+    [rank0]: RuntimeError: a view of a leaf Variable that requires grad is being used in an in-place operation ({tree}/x at 0x7f00aa)
+    [rank1]: RuntimeError: something else
+    """)
+
+
+def test_failures_compare_by_place_and_message_and_name_the_proxy_mechanism(tmp_path):
+    from rocmport.verify.stages.functional import CaseOutcome, failure_of
+    from rocmport.verify.stages.functional.case_labels import BaselineRun, label_case
+    from rocmport.verify.orchestration.stage_result import FAIL, StageResult, UNSUPPORTED
+
+    port_tree, base_tree = tmp_path / "port", tmp_path / "base"
+    pf = failure_of(SHIM_TRACE.format(tree=port_tree, line=1210), port_tree, "resume")
+    bf = failure_of(SHIM_TRACE.format(tree=base_tree, line=1187), base_tree, "resume")
+    assert pf == bf  # tree paths, addresses and line numbers aside, the same failure
+    assert pf.site == "megatron/core/optimizer/distrib_optimizer.py (_set_main_param_and_optimizer_states)"
+    assert pf.shim == "__torch_function__ (proxy_shim.py:115)" and "<tree>/x at 0x#" in pf.message
+    out = CaseOutcome("c", StageResult("functional", FAIL, "x"), None, pf)
+    base = BaselineRun("a" * 40, FAIL, "y", 1.0, failure=bf)
+    lab, why = label_case(out, base)
+    assert lab == "proxy-artifact" and "TorchFunctionMode" in why and "proxy_shim.py:115" in why
+    elsewhere = failure_of(
+        SHIM_TRACE.format(tree=base_tree, line=1).replace("_set_main", "_get_main"), base_tree, "resume"
+    )
+    assert label_case(out, BaselineRun("a" * 40, FAIL, "y", 1.0, failure=elsewhere))[0] == "unverified"
+    cannot = BaselineRun("a" * 40, UNSUPPORTED, "pretrain_gpt.py cannot run on CPU: no CUDA home", 1.0)
+    lab, why = label_case(out, cannot)
+    assert lab == "unverified" and "cannot run it here (unsupported-in-proxy: pretrain_gpt.py cannot run on CPU" in why
+    assert label_case(out, None)[0] == "unverified"
+
+
+def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
+    """torchrun's summary, not its '=====' rule, is the reason when a rank is killed (8 ranks with TE on
+    a 23 GB machine); killed the same way on both trees it is the proxy's artifact, named."""
+    from rocmport.verify.stages.functional import CaseOutcome, failure_of
+    from rocmport.verify.stages.functional.case_labels import BaselineRun, label_case
+    from rocmport.verify.stages.functional.case_run import _failure
+    from rocmport.verify.orchestration.stage_result import FAIL, StageResult
+
+    stderr = textwrap.dedent("""\
+        W1127 16:58:01 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 4242 closing signal SIGTERM
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+        ============================================================
+        pretrain_gpt.py FAILED
+        ------------------------------------------------------------
+        Root Cause (first observed failure):
+        [0]:
+          time      : 2026-11-27_16:58:01
+          rank      : 5 (local_rank: 5)
+          exitcode  : -9 (pid: 4247)
+          error_file: <N/A>
+          traceback : Signal 9 (SIGKILL) received by PID 4247
+        ============================================================
+        """)
+    res = _failure(subprocess.CompletedProcess([], 1, "", stderr), tmp_path, True, None, "pretrain_gpt.py", 1.0, None)
+    assert res.reason == "pretrain_gpt.py exited 1: a rank died of signal 9 (SIGKILL)"
+    pf = failure_of(stderr, tmp_path, "run")
+    assert pf.message == "a rank died of signal 9 (SIGKILL)"
+    out = CaseOutcome("c", StageResult("functional", FAIL, res.reason), None, pf)
+    lab, why = label_case(out, BaselineRun("a" * 40, FAIL, "y", 1.0, failure=failure_of(stderr, tmp_path / "b", "run")))
+    assert lab == "proxy-artifact" and "OOM killer" in why
+    # torchrun's SIGTERM to the survivors is no root cause; a signal is no message to compare two trees by
+    sigterm = stderr.replace("Signal 9 (SIGKILL)", "Signal 15 (SIGTERM)")
+    pf = failure_of(sigterm, tmp_path, "run")
+    assert pf.message == "a rank died of signal 15 (SIGTERM)"
+    out = CaseOutcome("c", StageResult("functional", FAIL, "x"), None, pf)
+    lab, why = label_case(
+        out, BaselineRun("a" * 40, FAIL, "y", 1.0, failure=failure_of(sigterm, tmp_path / "b", "run"))
+    )
+    assert lab == "unverified" and "nothing to compare" in why
+    both = sigterm + stderr.replace("rank      : 5", "rank      : 2")
+    assert failure_of(both, tmp_path, "run").message == "a rank died of signal 9 (SIGKILL)"
+    # the real run's: one rank exits 17 (megatron's rerun state machine), torchrun SIGTERMs the rest
+    rerun = sigterm + stderr.replace("exitcode  : -9 (pid: 4247)", "exitcode  : 17 (pid: 4248)").replace(
+        "traceback : Signal 9 (SIGKILL) received by PID 4247", "traceback : To enable traceback see: https://x"
+    )
+    assert failure_of(rerun, tmp_path, "run").message.startswith(
+        "a rank exited 17 without a Python exception (megatron's rerun state machine, EXIT_CODE_FAILED_ON_RESULT_VALIDATION"
+    )
