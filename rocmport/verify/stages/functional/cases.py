@@ -21,7 +21,7 @@ from rocmport.verify.stages.functional.details import CaseFailure, FunctionalRun
 
 if TYPE_CHECKING:
     from rocmport.verify.orchestration.contract import VerifyContext
-    from rocmport.verify.stages.functional.stage import FunctionalOptions
+    from rocmport.verify.stages.functional.selection import FunctionalOptions
 
 # The report's shape of stage 4's data: 2 adds `cases` (one entry per selected case), `selection`,
 # `selection_note` and `counts` beside the first run case's keys, which stay where version 1 had them.

@@ -25,6 +25,30 @@ NO_REACH_RECORD = "no reach record for this line: today's default case"
 
 
 @dataclass(frozen=True)
+class FunctionalOptions:
+    """Stage 4: upstream's functional GPT cases through pretrain_gpt.py. ``cases`` in order, how they
+    were chosen (``selection``, ``note``); ``base`` and ``cache_dir``: where a failing case's run on
+    the unported tree comes from and is kept (no base: failures are not labelled)."""
+
+    cases: tuple[str, ...]
+    iters: int
+    defaulted: bool = True
+    data_path: str | None = None
+    record: bool = False
+    series_dir: Path | None = None
+    resume: bool = True
+    selection: str = REACH
+    note: str | None = None
+    base: str | None = None
+    cache_dir: Path | None = None
+
+    @property
+    def case(self) -> str:
+        """The first selected case (a one-case run's case)."""
+        return self.cases[0]
+
+
+@dataclass(frozen=True)
 class Selection:
     """The cases to run and how they were chosen (``how``: reach | all | named; ``note``: one line
     on the choice, for the report; ``defaulted``: today's default case stands in, so a tree without

@@ -5,7 +5,6 @@ and its run over the selected cases (cases.run_cases)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage
 from rocmport.verify.orchestration.stage_result import FAIL, StageResult, tree_lacks
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.functional import selection
+from rocmport.verify.stages.functional.selection import FunctionalOptions
 from rocmport.verify.stages.functional.case_args import (
     NAME,
     build_args,
@@ -33,30 +33,6 @@ from rocmport.verify.stages.functional.cases import run_cases, verdict
 
 if TYPE_CHECKING:
     from rocmport.verify.orchestration.te_layer import TELayer
-
-
-@dataclass(frozen=True)
-class FunctionalOptions:
-    """Stage 4: upstream's functional GPT cases through pretrain_gpt.py. ``cases`` in order, how they
-    were chosen (``selection``, ``note``); ``base`` and ``cache_dir``: where a failing case's run on
-    the unported tree comes from and is kept (no base: failures are not labelled)."""
-
-    cases: tuple[str, ...]
-    iters: int
-    defaulted: bool = True
-    data_path: str | None = None
-    record: bool = False
-    series_dir: Path | None = None
-    resume: bool = True
-    selection: str = selection.REACH
-    note: str | None = None
-    base: str | None = None
-    cache_dir: Path | None = None
-
-    @property
-    def case(self) -> str:
-        """The first selected case (a one-case run's case)."""
-        return self.cases[0]
 
 
 CLI_OPTIONS = (
