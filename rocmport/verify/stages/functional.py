@@ -381,6 +381,31 @@ def _blocker(stderr: str, tree: Path) -> str | None:
     return None
 
 
+def case_sites_env(env: Mapping[str, str], case: str) -> dict[str, str]:
+    """``env`` for one case's processes: the port-site records (protocol.PORT_SITES, the stage's
+    directory) go to the case's own subdirectory, made here (port_sites.unit_dir_name), so the report
+    and `--record-reach` know which case ran which site. Without PORT_SITES, ``env`` as it is."""
+    from rocmport.verify.analyses.port_sites import unit_dir_name
+
+    out = dict(env)
+    stage_dir = protocol.PORT_SITES.read(env)
+    if stage_dir:
+        own = Path(stage_dir) / unit_dir_name("case", case)
+        own.mkdir(parents=True, exist_ok=True)
+        protocol.PORT_SITES.set(out, str(own))
+    return out
+
+
+def note_case_seconds(case_env: Mapping[str, str], seconds: float) -> None:
+    """Beside a case's site records (``case_env``: case_sites_env's), its wall seconds: what the reach
+    selection weighs the case by."""
+    from rocmport.verify.analyses.port_sites import SECONDS_FILE
+
+    own = protocol.PORT_SITES.read(case_env)
+    if own and Path(own).is_dir():
+        atomic_write_text(Path(own) / SECONDS_FILE, f"{seconds:.2f}\n")
+
+
 def world_size(config: dict, dp: int, plan: CasePlan | None) -> int:
     """The ranks a case runs on: its plan's on the proxy (the layout the case needs: cp, the data-
     parallel ranks it shards over), tp·pp·dp (verify's --dp) on a GPU."""
@@ -655,7 +680,7 @@ def stage_functional(
                     "and not importable here; on HIP the port picks mcore itself"
                 )
         args = build_args(config, iters=iters, proxy=proxy, data_path=data_path, work=work, extra=save, plan=plan)
-        run_env = {**env, **{k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}}
+        run_env = case_sites_env({**env, **{k: str(v) for k, v in (config.get("ENV_VARS") or {}).items()}}, case)
         swaps = {}
         if proxy:
             (work / "shim").mkdir()
@@ -759,6 +784,7 @@ def stage_functional(
             reason += f"; checkpoint resume not checked ({why})"
         recorded = recorded_args(args, work)
     seconds = time.monotonic() - start
+    note_case_seconds(run_env, seconds)
     status = FAIL if problems else PASS
     if series_dir is not None:
         golden = golden_path(series_dir, case, str(device_kind))
