@@ -399,3 +399,26 @@ def test_a_hop_runs_the_recorded_cases_its_upstream_change_reaches(tmp_path):
     assert given.get("cases", given.get("case")) == CASE
     given, why = hop_functional(tree, new, ())  # nothing changed since: stage 4 does not run
     assert given == {"with_functional": False} and why.endswith("stage 4 not run")
+
+
+@pytest.mark.torch
+def test_record_reach_writes_the_line_s_record_and_needs_a_series(tmp_path, capsys):
+    tree, series_dir, base = ported_tree(tmp_path)
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach"]) == 0
+    record = reach.read_record(series_dir)
+    assert record is not None and record.upstream == base and record.recipe == reach.recipe_digest(series_dir)
+    # stage 1 runs no case and no test file: an empty, partial record of this tree's 1 case and 2 files
+    assert (record.cases, record.unit_tests, record.partial) == ({}, {}, True)
+    assert record.holds.startswith("0 of 1 GPT cases and 0 of 2 unit-test files")
+    out, err = capsys.readouterr()
+    assert f"reach record: {series_dir / 'reach.json'}" in err
+    # the summary: each codemod's unreached sites by class, and the share of the non-GPU-only ones that ran
+    assert "capability-gates: 0 of 3 rewritten sites ran" in out and "[unreached: 3 not-on-proxy]" in out
+    assert "[unreached: 1 gpu-only]" in out and "0 of the 3 sites that are not gpu-only ran (0%)" in out
+    # a tree `rocmport apply` did not make has no series to record beside
+    state = wt.read_state(tree)
+    assert state is not None
+    wt.write_state(tree, wt.ApplyState(status="done", base=base, codemods=state.codemods))
+    code = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--record-reach needs a tree made by `rocmport apply`" in err and len(err.splitlines()) == 1
