@@ -318,6 +318,8 @@ def _expression(text: str, variables: dict[str, str]):
             return True if tok == "always" else json.loads(arg)
         if tok.startswith("vars."):
             return variables.get(tok[5:], "")
+        if tok.startswith("github."):  # the run's context (github.event_name), by its full name
+            return variables.get(tok, "")
         raise AssertionError(f"unsupported in the test's evaluator: {tok}")
 
     def compare():
@@ -391,3 +393,19 @@ def test_the_workflow_renders_its_tracks_and_the_gpu_job_from_repository_variabl
             "--device=/dev/kfd",
         ):
             assert what in script, what
+
+
+@pytest.mark.parametrize("event, runs", [("schedule", True), ("workflow_dispatch", False)])
+def test_the_nightly_job_runs_every_gpt_case_of_the_pinned_line_on_the_schedule(event, runs):
+    """Refresh hops run the cases their change reaches; the scheduled run is where all of them run."""
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["nightly-cases"]
+    assert bool(_expression(job["if"].strip()[3:-2], {"github.event_name": event})) is runs
+    script = next(s for s in job["steps"] if s.get("name") == "Every GPT case of the pinned line")["run"]
+    lines = [ln.strip() for ln in script.splitlines() if ln.strip()]
+    assert lines[0] == "rocmport apply"
+    verify = lines[1].split()
+    assert verify[:2] == ["rocmport", "verify"] and verify[verify.index("--cases") + 1] == "all"
+    assert verify[verify.index("--te") + 1] == "auto" and "--report" in verify
+    assert job["timeout-minutes"] >= 120  # the issue's budget: --cases all within 2 h on 2 cores
+    upload = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["if"] == "always()" and "nightly-cases" in upload["with"]["path"]

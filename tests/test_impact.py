@@ -204,7 +204,7 @@ def test_bad_input_is_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
     assert set(suite.SMOKE_TESTS) & set(launch.split()) == {"tests/unit_tests/test_basic.py"}
     project = ["-C", str(tmp_path), "refresh", "--to", "v1"]
     for extra, message in {
-        ("--verify-stages", "4"): "--verify-stages 4: a refresh verifies stages 1-3",
+        ("--verify-stages", "5"): "--verify-stages 5: a refresh verifies stages 1-4",
         ("--verify-stages", "1,2", "--no-verify"): "--verify-stages: not with --no-verify",
         ("--verify-stages", ""): "--verify-stages '': names no stage",
     }.items():
@@ -213,7 +213,7 @@ def test_bad_input_is_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
     assert main(["-C", str(tmp_path), "refresh", "--continue", "--verify-stages", "1"]) == 2
     assert "--verify-stages: only with --to" in capsys.readouterr().err
     assert main(["-C", str(tmp_path), "bot", "--once", "--verify-stages", "5"]) == 2
-    assert "--verify-stages 5: a refresh verifies stages 1-3" in capsys.readouterr().err
+    assert "--verify-stages 5: a refresh verifies stages 1-4" in capsys.readouterr().err
 
 
 @pytest.mark.torch

@@ -42,9 +42,10 @@ from rocmport.verify.orchestration.sizes import SIZE
     "verify_stages",
     default=None,
     metavar="LIST",
-    help="verify's stages to run on the result, of 1 imports, 2 gpt-training, 3 unit-tests (default 1,2: stage 3 "
-    "costs minutes on the CPU proxy). Stage 3 runs the unit tests whose imports reach what upstream changed "
-    "since the old pin, and a smoke set (`verify --unit-tests impacted --since <old commit>`).",
+    help="verify's stages to run on the result, of 1 imports, 2 gpt-training, 3 unit-tests, 4 functional (default "
+    "1,2: stages 3-4 cost minutes on the CPU proxy). Stage 3 runs the unit tests whose imports reach what upstream "
+    "changed since the old pin, and a smoke set (`verify --unit-tests impacted --since <old commit>`); stage 4 the "
+    "GPT cases whose recorded port sites or modules (the line's reach.json) it changed.",
 )
 @click.option(
     "--tp",
@@ -119,20 +120,22 @@ def command(obj, to, cont, abort, no_verify, verify_stages, tp, pp, summary_path
     return result.exit_code
 
 
-REFRESH_STAGES = NAMES[:3]  # imports, gpt-training, unit-tests: what a refresh may verify (the rest: `rocmport verify`)
+# imports, gpt-training, unit-tests, functional (the recorded cases the hop reaches): what a refresh may
+# verify (the Bridge stage: `rocmport verify`)
+REFRESH_STAGES = NAMES[:4]
 DEFAULT_STAGES = "1,2"
 
 
 def refresh_stages(text: str | None, option: str = "--verify-stages") -> list[str]:
     """``--verify-stages`` (numbers or names, as verify's --stages) -> stage names, or BadInput naming
-    the option: only stages 1-3 (stage 4 and 5 need the project's own trees: `rocmport verify`)."""
+    the option: only stages 1-4 (stage 5 needs the project's Bridge tree: `rocmport verify`)."""
     from rocmport.verify.orchestration.run import parse_stages
 
     names = parse_stages(DEFAULT_STAGES if text is None else text, option)
     other = [n for n in names if n not in REFRESH_STAGES]
     if other:
         raise BadInput(
-            f"{option} {text}: a refresh verifies stages 1-3 (imports, gpt-training, unit-tests); "
+            f"{option} {text}: a refresh verifies stages 1-4 (imports, gpt-training, unit-tests, functional); "
             f"run `rocmport verify` for {', '.join(other)}"
         )
     return list(names)

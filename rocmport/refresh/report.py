@@ -24,6 +24,7 @@ from rocmport.upstreams import MEGATRON_LM
 from rocmport.machine.python import python_setup_hint, unmet_python
 from rocmport.verify.orchestration.registry import NAMES
 from rocmport.verify.stages.unit_tests.stage import NAME as UNIT_TESTS
+from rocmport.verify.stages.functional import NAME as FUNCTIONAL
 from rocmport.verify.orchestration.run import prepare, run_verify
 
 
@@ -229,9 +230,16 @@ def run_verify_both(
     since = old.upstreams[MEGATRON_LM.name].commit if MEGATRON_LM.name in old.upstreams else None
     not_run = f"refresh verifies {', '.join(chosen)} (--verify-stages); run `rocmport verify` for the rest"
 
+    changed_rewrites = rewritten_changes(settings, old, tree) if unit or FUNCTIONAL in chosen else ()
+    # Stage 4's cases are chosen on the new port; the old pin reruns the same ones when one fails there.
+    functional, cases_why = (
+        hop_functional(tree, since, changed_rewrites) if FUNCTIONAL in chosen else ({"with_functional": False}, None)
+    )
+
     def options(at: Path, stages: list[str], extra: tuple[str, ...] = ()):
         """verify's own checked options for ``at``: ``stages`` (the others listed as not run by refresh);
-        stage 3 the tests that reach what upstream changed since the old pin, and the smoke set."""
+        stage 3 the tests that reach what upstream changed since the old pin, and the smoke set; stage 4
+        the recorded cases that reach it (hop_functional)."""
         impacted = "impacted" if since and (at / "tests" / "unit_tests").is_dir() else None
         checked = prepare(
             rsettings,
@@ -245,7 +253,7 @@ def run_verify_both(
                 "with_unit": (impacted if UNIT_TESTS in stages else False),
                 "since": since if UNIT_TESTS in stages and impacted else None,
                 "impact_extra": extra,
-                "with_functional": False,
+                **(functional if FUNCTIONAL in stages else {"with_functional": False}),
                 "with_bridge": False,
                 # stages 1-2 left out are "not selected"; the later ones are not requested and say `not_run`
                 "stages_text": ",".join(n for n in NAMES if n in stages or n not in NAMES[:2]),
@@ -255,7 +263,7 @@ def run_verify_both(
             checked, skipped={**checked.skipped, **{n: not_run for n in NAMES if n not in stages}}
         )
 
-    new = run_verify(options(tree, chosen, rewritten_changes(settings, old, tree) if unit else ()))
+    new = run_verify(options(tree, chosen, changed_rewrites if unit else ()))
     if page is not None:
         _write_verify_page(page, new.to_dict(), say)
     failed = new.failed
@@ -263,6 +271,7 @@ def run_verify_both(
     ran = new.unit_run()
     if ran is not None and ran.impact:
         out.unit_tests_selection = ran.impact.line
+    out.cases_selection = cases_why
     if failed:
         # Stage 3 labels each failure against the unported tree itself: the old pin reruns stages 1-2 only.
         again = [n for n in chosen if n != UNIT_TESTS]
@@ -281,6 +290,28 @@ def run_verify_both(
             for n in failed
         }
     return out
+
+
+def hop_functional(at: Path, since: str | None, extra: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
+    """Stage 4 on a hop (asked for with --verify-stages): the recorded cases (the line's reach record)
+    that imported a file upstream changed since the old pin ``since``, or ran a port site in one (or
+    in ``extra``: files whose port rewrite changed), as `--unit-tests impacted` picks tests; verify's
+    options for it, and the selection in one line. No record, or no case reached: stage 4 does not
+    run, saying why."""
+    from rocmport.verify.analyses import impact, reach
+    from rocmport.verify.orchestration.run import series_settings
+
+    _, series_dir, base = series_settings(at)
+    if since is None:
+        return {"with_functional": False}, "stage 4: no old pin to diff from, no case selected"
+    picked = reach.hop_cases(series_dir, [*impact.changed_files(at, since, base or "HEAD"), *extra])
+    if picked is None:
+        where = reach.record_path(series_dir) if series_dir else "this tree"
+        return {"with_functional": False}, f"stage 4: no recorded case in {where} (--record-reach): not run"
+    names, why = picked
+    if not names:
+        return {"with_functional": False}, f"{why}: stage 4 not run"
+    return {"with_functional": True, "cases": ",".join(names)}, f"{why}: {', '.join(names)}"
 
 
 def rewritten_changes(settings: Settings, old: Lock, tree: Path) -> tuple[str, ...]:
@@ -406,6 +437,8 @@ def markdown(result: RefreshResult, places: dict[str, str] | None = None, page: 
             )
         if v.unit_tests_selection:
             lines += ["", f"Unit tests: {v.unit_tests_selection}."]
+        if v.cases_selection:
+            lines += ["", f"Functional cases: {v.cases_selection}."]
         if page:
             lines += ["", f"Loss curves, port-site coverage and the labelled tests: {page}."]
     if result.range_diff:

@@ -66,6 +66,7 @@ class RefreshVerify:
     labels: dict[str, str] | None = None  # failed stage -> what the old pin did
     skipped: str | None = None  # why verify did not run (then no mode)
     unit_tests_selection: str | None = None  # stage 3's impacted selection, as its summary line says it
+    cases_selection: str | None = None  # stage 4's cases by reach (report.hop_functional), when asked for
     requested: list[str] = field(default_factory=list)  # the stages the refresh asked for (--verify-stages)
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,6 +75,8 @@ class RefreshVerify:
         out: dict[str, Any] = {"mode": self.mode, "stages": [s.to_dict() for s in self.stages], "failed": self.failed}
         if self.unit_tests_selection is not None:
             out["unit_tests_selection"] = self.unit_tests_selection
+        if self.cases_selection is not None:
+            out["cases_selection"] = self.cases_selection
         if self.labels is not None:
             out["labels"] = self.labels
         return out

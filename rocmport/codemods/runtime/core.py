@@ -145,24 +145,26 @@ def hip_runtime_version() -> tuple[int, int]:
 # >>> helper part 1000
 # ---- port coverage (rocmport verify) ---------------------------------------------------------------
 # Only when $ROCMPORT_PORT_SITES names a directory (verify sets it): each public helper above records
-# the call sites that use it, once per site and process, as "<file>:<line> <helper>" lines in
-# <dir>/sites-<pid>.txt. Unset, nothing is wrapped and the helpers cost nothing extra.
+# the call sites that use it, once per site, process and directory, as "<file>:<line> <helper>" lines
+# in <dir>/sites-<pid>.txt. The directory is read again at each call: verify's pytest plugin points it
+# at each test file's own subdirectory in turn (which test file ran which site). Unset, nothing is
+# wrapped and the helpers cost nothing extra.
 
 def _record_port_sites(directory):
     import functools
     import os
     import sys
 
-    out = os.path.join(directory, f"sites-{os.getpid()}.txt")
     seen = set()
 
     def note(name):
         caller = sys._getframe(2)
-        key = (caller.f_code.co_filename, caller.f_lineno, name)
-        if key[0] != __file__ and key not in seen:
+        where = os.environ.get("ROCMPORT_PORT_SITES") or directory
+        key = (where, caller.f_code.co_filename, caller.f_lineno, name)
+        if key[1] != __file__ and key not in seen:
             seen.add(key)
-            with open(out, "a", encoding="utf-8") as fh:
-                fh.write(f"{key[0]}:{key[1]} {name}\n")
+            with open(os.path.join(where, f"sites-{os.getpid()}.txt"), "a", encoding="utf-8") as fh:
+                fh.write(f"{key[1]}:{key[2]} {name}\n")
 
     def counted_function(name, fn):
         @functools.wraps(fn)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rocmport.gitutil import run_git
 from rocmport.upstreams import UPSTREAMS
@@ -83,10 +84,21 @@ class Site:
     line: int  # the call's first line in the ported tree
     end: int  # its last line
     helper: str  # the helper's own name in _rocm.py
+    scope: str = "<module>"  # the qualified name of the function or class the call is in
+    nth: int = 1  # its place among the same codemod's calls of the same helper in that scope
 
     @property
     def key(self) -> str:
         return f"{self.path}:{self.line} {self.helper}"
+
+    @property
+    def stable_key(self) -> str:
+        """The site's name in a reach record (rocmport.verify.analyses.reach): the file, the enclosing
+        function, the helper, its place there and the codemod, without line numbers. A record is made
+        once per line and read against later trees of the line (patch releases, a refreshed series): an
+        upstream edit above a site moves its line, not its function; a site added in the same function
+        before it shifts its place only."""
+        return f"{self.path}::{self.scope} {self.helper}#{self.nth} [{self.codemod}]"
 
 
 @dataclass
@@ -101,9 +113,15 @@ class Coverage:
     # Each site that ran -> the stages that ran it, in run order ([] for a record outside any
     # stage's directory: a caller that set one flat directory).
     ran: dict[str, list[str]] = field(default_factory=dict)
+    # Each site that ran in a case's or test file's own records -> those cases and test files.
+    ran_by: dict[str, list[str]] = field(default_factory=dict)
+    # Each unreached site -> its class and why (reach.classify): `gpu-only (...)`, `not-on-proxy (...)`,
+    # `reachable, not selected (...)`; by_class: how many of each ({} when not classified).
+    classified: dict[str, str] = field(default_factory=dict)
+    by_class: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        out = {
+        out: dict[str, Any] = {
             "exercised": self.exercised,
             "total": self.total,
             "unreached": dict(sorted(self.unreached.items())),
@@ -113,6 +131,11 @@ class Coverage:
             out["rewrites"] = self.rewrites
         if self.explanation:
             out["explanation"] = self.explanation
+        if self.ran_by:
+            out["ran_by"] = dict(sorted(self.ran_by.items()))
+        if self.by_class:
+            out["by_class"] = self.by_class
+            out["classified"] = dict(sorted(self.classified.items()))
         return out
 
 
@@ -140,9 +163,9 @@ def codemod_commits(tree: Path, base: str) -> dict[str, str]:
     return commits
 
 
-def _calls(text: str, names: set[str]) -> list[tuple[int, int, str]]:
-    """(first line, last line, helper) of each call of a helper name, or of an alias imported
-    from a helper module, in ``text``."""
+def _calls(text: str, names: set[str]) -> list[tuple[int, int, str, str]]:
+    """(first line, last line, helper, enclosing scope) of each call of a helper name, or of an alias
+    imported from a helper module, in ``text``."""
     tree = ast.parse(text)
     alias = {n: n for n in names}
     for node in ast.walk(tree):
@@ -151,12 +174,21 @@ def _calls(text: str, names: set[str]) -> list[tuple[int, int, str]]:
                 if a.name in names:
                     alias[a.asname or a.name] = a.name
     out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            f = node.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            if name in alias:
-                out.append((node.lineno, node.end_lineno or node.lineno, alias[name]))
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = (*scope, child.name)
+            if isinstance(child, ast.Call):
+                f = child.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if name in alias:
+                    where = ".".join(scope) or "<module>"
+                    out.append((child.lineno, child.end_lineno or child.lineno, alias[name], where))
+            visit(child, inner)
+
+    visit(tree, ())
     return sorted(out)
 
 
@@ -196,10 +228,12 @@ def find_sites(tree: Path, base: str) -> list[Site]:
         if not calls:
             continue
         blame = _blame(tree, rel, [c[0] for c in calls])
-        for first, last, helper in calls:
+        places: dict[tuple[str, str, str], int] = {}
+        for first, last, helper, scope in calls:
             codemod = commits.get(blame.get(first, ""))
             if codemod:
-                sites.append(Site(codemod, rel, first, last, helper))
+                nth = places[codemod, scope, helper] = places.get((codemod, scope, helper), 0) + 1
+                sites.append(Site(codemod, rel, first, last, helper, scope, nth))
     return sites
 
 
@@ -208,7 +242,8 @@ def read_records(
 ) -> tuple[dict[tuple[str, int], list[str]], set[str]]:
     """What the processes recorded: (path relative to the tree, line) of every helper call -> the
     stages that ran it, and the tree's module files they imported. A stage's records are in its own
-    subdirectory (named after it; listed in ``order``, the others after them by name); records in
+    subdirectory (named after it; listed in ``order``, the others after them by name), and in that
+    subdirectory's own subdirectories (one per case or test file: read_units); records in
     ``directory`` itself (one flat directory, as callers before per-stage directories set) ran in
     no named stage."""
     root = str(tree.resolve()) + "/"
@@ -219,19 +254,101 @@ def read_records(
     calls: dict[tuple[str, int], list[str]] = {}
     modules: set[str] = set()
     for where_dir, stage in [(directory, None), *((d, d.name) for d in stage_dirs)]:
-        for path in sorted(where_dir.glob("sites-*.txt")):
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                where, _, _helper = line.rpartition(" ")
-                file, _, lineno = where.rpartition(":")
-                if file.startswith(root) and lineno.isdigit():
-                    stages = calls.setdefault((file[len(root) :], int(lineno)), [])
-                    if stage is not None and stage not in stages:
-                        stages.append(stage)
-        for path in where_dir.glob("modules-*.txt"):
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                if line.startswith(root):
-                    modules.add(line[len(root) :])
+        # A stage's own directory and its per-unit subdirectories (the flat top directory: itself only).
+        unit_dirs = [where_dir] if stage is None else [where_dir, *sorted(d for d in where_dir.iterdir() if d.is_dir())]
+        for found in unit_dirs:
+            for line in _site_lines(found, root):
+                stages = calls.setdefault(line, [])
+                if stage is not None and stage not in stages:
+                    stages.append(stage)
+            modules |= _module_lines(found, root)
     return calls, modules
+
+
+def _site_lines(where_dir: Path, root: str) -> set[tuple[str, int]]:
+    """(path relative to the tree, line) of each helper call recorded directly in ``where_dir``."""
+    out = set()
+    for path in sorted(where_dir.glob("sites-*.txt")):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            where, _, _helper = line.rpartition(" ")
+            file, _, lineno = where.rpartition(":")
+            if file.startswith(root) and lineno.isdigit():
+                out.add((file[len(root) :], int(lineno)))
+    return out
+
+
+def _module_lines(where_dir: Path, root: str) -> set[str]:
+    """The tree's module files recorded as imported directly in ``where_dir``."""
+    out = set()
+    for path in where_dir.glob("modules-*.txt"):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith(root):
+                out.add(line[len(root) :])
+    return out
+
+
+@dataclass
+class UnitRecord:
+    """What one case or test file ran (its own subdirectory of its stage's records): the helper call
+    lines, the tree's modules imported, and its wall seconds where the stage noted them."""
+
+    calls: set[tuple[str, int]] = field(default_factory=set)
+    modules: set[str] = field(default_factory=set)
+    seconds: float | None = None
+
+
+# A unit's subdirectory of its stage's records: `case=<name>` or `test=<path>`, the name quoted into
+# one path component (a test file's path has slashes).
+UNIT_KINDS = ("case", "test")
+SECONDS_FILE = "seconds.txt"
+
+
+def unit_dir_name(kind: str, name: str) -> str:
+    """The subdirectory of a stage's records that holds one case's (``kind`` "case") or one test
+    file's ("test") records."""
+    from urllib.parse import quote
+
+    assert kind in UNIT_KINDS, kind
+    return f"{kind}={quote(name, safe='')}"
+
+
+def read_units(directory: Path, tree: Path) -> dict[tuple[str, str], UnitRecord]:
+    """Each case's and test file's own records under ``directory`` (a run's records: one
+    subdirectory per stage, in it one per unit, unit_dir_name): (kind, name) -> what it ran. Records a
+    stage made outside any unit's subdirectory (a pytest session's start, before its first test
+    file) are under (``"stage"``, the stage's name)."""
+    from urllib.parse import unquote
+
+    root = str(tree.resolve()) + "/"
+    out: dict[tuple[str, str], UnitRecord] = {}
+    for stage_dir in sorted(d for d in directory.iterdir() if d.is_dir()):
+        for where in [stage_dir, *sorted(d for d in stage_dir.iterdir() if d.is_dir())]:
+            kind, sep, quoted = where.name.partition("=")
+            key = (
+                (kind, unquote(quoted))
+                if where != stage_dir and sep and kind in UNIT_KINDS
+                else ("stage", stage_dir.name)
+            )
+            if where != stage_dir and key[0] == "stage":
+                continue  # not a unit's directory
+            unit = out.setdefault(key, UnitRecord())
+            unit.calls |= _site_lines(where, root)
+            unit.modules |= _module_lines(where, root)
+            seconds = where / SECONDS_FILE
+            if where != stage_dir and seconds.is_file():
+                try:
+                    unit.seconds = (unit.seconds or 0.0) + float(seconds.read_text(encoding="utf-8").strip())
+                except ValueError:
+                    pass  # a torn write: the unit's seconds come from the stage's report instead
+    return out
+
+
+def sites_ran(sites: Sequence[Site], calls: Collection[tuple[str, int]]) -> list[Site]:
+    """The sites a recorded call line falls within."""
+    by_file: dict[str, list[int]] = {}
+    for rel, line in calls:
+        by_file.setdefault(rel, []).append(line)
+    return [s for s in sites if any(s.line <= n <= s.end for n in by_file.get(s.path, ()))]
 
 
 def _not_imported(rel: str, te_version: str | None = None) -> str:
@@ -289,11 +406,17 @@ def reasons_once(reasons: list[str]) -> str:
 
 
 def tree_coverage(
-    tree: Path, sites_dir: Path, stages: Sequence[str] = (), te_version: str | None = None
+    tree: Path,
+    sites_dir: Path,
+    stages: Sequence[str] = (),
+    te_version: str | None = None,
+    explain: Callable[[dict[str, Coverage], list[Site]], None] | None = None,
 ) -> dict[str, Coverage]:
     """The report's port_sites of ``tree``: per codemod of the tree's port, the rewritten helper call sites
     that ran in this verify run ({} for a tree `rocmport apply` did not make); ``stages``: the run's
-    stage names in order (read_records' order of the stages that ran each site)."""
+    stage names in order (read_records' order of the stages that ran each site); each site that ran
+    with the cases and test files that ran it; ``explain``: given the coverage and the sites, it
+    classifies each unreached site (rocmport.verify.analyses.reach.classify)."""
     from rocmport.port import worktree as wt
 
     state = wt.read_state(tree)
@@ -302,4 +425,13 @@ def tree_coverage(
     sites = find_sites(tree, state.base)
     calls, modules = read_records(sites_dir, tree, stages)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
-    return coverage(sites, calls, modules, codemods, te_version)
+    out = coverage(sites, calls, modules, codemods, te_version)
+    by_key = {s.key: s for s in sites}
+    for (kind, name), unit in sorted(read_units(sites_dir, tree).items()):
+        if kind == "stage":
+            continue
+        for site in sites_ran(sites, unit.calls):
+            out[by_key[site.key].codemod].ran_by.setdefault(site.key, []).append(name)
+    if explain is not None:
+        explain(out, sites)
+    return out

@@ -65,6 +65,7 @@ class VerifyOptions:
     te: TELayer | None = None  # Transformer Engine's Python layer on the CPU proxy (None: the local spec)
     fp8: str | None = None  # with TE: stage 2's FP8 case, "FORMAT:RECIPE" (--fp8-format/--fp8-recipe)
     pycache: Path | None = None  # where the started processes write bytecode (None: they write none)
+    record_reach: Path | None = None  # --record-reach: the series directory whose reach.json this run adds to
     by_stage: dict[str, Any] = field(default_factory=dict)  # stage name -> its own checked options
 
     @property

@@ -96,6 +96,13 @@ RUN_OPTIONS: tuple[click.Option, ...] = (
         help="With --fp8-recipe: Megatron's --fp8-format.",
     ),
     click.Option(
+        ["--record-reach"],
+        is_flag=True,
+        help="Record which port sites each functional case and unit-test file of this run ran, and its seconds, "
+        "into the line's reach record (patchsets/<upstream>/<line>/reach.json, beside the series): what "
+        "`--unit-tests reach` and the reach cases select from.",
+    ),
+    click.Option(
         ["--launcher", "launcher_kind"],
         type=click.Choice(KINDS),
         default="torchrun",

@@ -204,8 +204,41 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             sites_dir=sites_dir,
         )
         _run_stages(ctx, report)
-        report.port_sites = tree_coverage(opts.tree, sites_dir, registry.NAMES, opts.te.version if opts.te else None)
+        te_version = opts.te.version if opts.te else None
+        if opts.record_reach is not None:
+            _write_reach(opts.tree, opts.record_reach, sites_dir, report, te_version)
+        report.port_sites = tree_coverage(opts.tree, sites_dir, registry.NAMES, te_version, _explain(opts.tree))
     return report
+
+
+def _explain(tree: Path):
+    """port_sites' ``explain``: each unreached site classified by the line's reach record (reach.classify)."""
+    from rocmport.verify.analyses import reach
+    from rocmport.verify.stages.case_plan import gpu_only_reasons
+
+    _, series_dir, _ = series_settings(tree)
+    return lambda coverage, sites: reach.classify(coverage, sites, series_dir, gpu_only_reasons(tree))
+
+
+def _write_reach(tree: Path, series_dir: Path, sites_dir: Path, report: VerifyReport, te: str | None) -> None:
+    """--record-reach: add this run's cases and test files to the line's reach record (their seconds:
+    what each noted beside its records, else the stage's figures: stage 3's per-file seconds, stage
+    4's one case)."""
+    from rocmport.verify.analyses import reach
+    from rocmport.verify.stages import functional
+    from rocmport.verify.stages.case_plan import training_cases
+
+    seconds: dict[tuple[str, str], float] = {}
+    unit = report.unit_run()
+    if unit is not None:
+        seconds.update({("test", f): s for f, s in unit.file_seconds.items()})
+    ran = report.stage(functional.NAME)
+    case = report.data_of(functional.NAME, functional.FunctionalRun) or (ran.details if ran else None)
+    if isinstance(case, functional.FunctionalRun) and ran is not None and ran.seconds:
+        seconds[("case", case.case)] = ran.seconds
+    totals = (len(training_cases(tree)), len(suite.test_files(tree, [suite.ALL])) if (tree / suite.ALL).is_dir() else 0)
+    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals)
+    output.info(f"reach record: {path} ({record.holds})")
 
 
 def _child_extra(
@@ -387,7 +420,19 @@ def prepare(settings: Settings, given: Mapping[str, Any]) -> VerifyOptions:
         fp8=f"{values['fp8_format']}:{fp8_recipe}" if fp8_recipe else None,
         pycache=settings.cache_dir / "pycache",
         by_stage=by_stage,
+        record_reach=_record_reach(values["record_reach"], path, series_dir),
     )
+
+
+def _record_reach(wanted: bool, tree: Path, series_dir: Path | None) -> Path | None:
+    """--record-reach: the series directory the record goes to (a tree `rocmport apply` made), else BadInput."""
+    if not wanted:
+        return None
+    if series_dir is None:
+        raise BadInput(
+            f"{tree}: --record-reach needs a tree made by `rocmport apply` (the reach record lives beside its series)"
+        )
+    return series_dir
 
 
 def te_for(spec: str, series_dir: Path | None, cache_dir: Path) -> TELayer | None:

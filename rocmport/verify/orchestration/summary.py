@@ -118,12 +118,23 @@ def coverage_lines(r: VerifyReport) -> list[str]:
                 line += f" ({c.explanation})"
             elif c.unreached:
                 site, why = sorted(c.unreached.items())[0]
-                line += f"; e.g. {site} did not: {why}" + (
+                line += f"; e.g. {site} did not: {c.classified.get(site) or why}" + (
                     f" (+{len(c.unreached) - 1} more in the report)" if len(c.unreached) > 1 else ""
                 )
+            if c.by_class:  # each unreached site's class (reach.classify): how many of each
+                line += " [unreached: " + ", ".join(f"{n} {k}" for k, n in c.by_class.items() if n) + "]"
             lines.append(line)
         if nothing:
             lines.append(
                 "  nothing to count: " + "; ".join(f"{', '.join(names)} ({why})" for why, names in nothing.items())
+            )
+        if any(c.by_class for c in sites.values()):
+            from rocmport.verify.analyses.reach import share_run
+
+            ran, eligible = share_run(sites)
+            lines.append(
+                f"  {ran} of the {eligible} sites that are not gpu-only ran ({100 * ran / eligible:.0f}%)"
+                if eligible
+                else "  every unreached site is gpu-only"
             )
     return lines

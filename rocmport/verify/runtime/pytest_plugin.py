@@ -70,6 +70,34 @@ UPSTREAM_CI_DESELECTS = ("flaky_in_dev",)
 
 DATA_DOWNLOAD = "tests.test_utils.python_scripts.download_unit_tests_dataset"
 
+# Port coverage per test file: the stage's records directory (protocol.PORT_SITES, read once), and
+# while a test file is collected or runs, its own subdirectory in it (port_sites.unit_dir_name): the
+# generated helper reads the variable at each call, so the report and `--record-reach` know which
+# file ran which rewritten site. What runs before the first file (conftest.py) stays in the stage's.
+_SITES_BASE = protocol.PORT_SITES.read()
+_SITES_FILE: list[str] = []
+
+
+def _sites_for(test_file: str | None) -> None:
+    """Point this process's port-site records at ``test_file``'s subdirectory (None: the stage's)."""
+    if not _SITES_BASE or _SITES_FILE == [test_file]:
+        return
+    _SITES_FILE[:] = [test_file] if test_file else []
+    where = _SITES_BASE
+    if test_file:
+        from urllib.parse import quote
+
+        # port_sites.unit_dir_name("test", file), spelled out: this plugin imports nothing of rocmport's analyses
+        where = os.path.join(_SITES_BASE, "test=" + quote(test_file, safe=""))
+        os.makedirs(where, exist_ok=True)
+    protocol.PORT_SITES.set(os.environ, where)
+
+
+def pytest_collectstart(collector):
+    """A test module's imports (guarded NVIDIA-only imports among them) run as it is collected."""
+    if isinstance(collector, pytest.Module):
+        _sites_for(collector.nodeid.split("::")[0])
+
 
 def _stub_data_download() -> None:
     """Upstream's conftest imports the test-data downloader (it needs click, requests and the
@@ -402,6 +430,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
+    _sites_for(None)
     _ORDER.update((item.nodeid, i) for i, item in enumerate(session.items))
     _write_collected(session.items)
     # Every test's teardown collects garbage (_release_groups) in a process that holds torch,
@@ -413,6 +442,7 @@ def pytest_collection_finish(session):
 
 
 def pytest_runtest_logstart(nodeid, location):
+    _sites_for(nodeid.split("::")[0])
     _RUNNING[:] = [nodeid]
     _SPANS[nodeid] = [_ORDER.get(nodeid, len(_ORDER)), time.time(), None]
     dist, c10d = _c10d()

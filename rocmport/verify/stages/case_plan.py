@@ -256,6 +256,21 @@ def blocker(name: str, config: dict, *, data_path: bool = False) -> Unsupported 
     return None
 
 
+def gpu_only_reasons(tree: Path) -> dict[str, str]:
+    """The flag of each GPU-only case of the tree -> the reason its blocker gives (the first case by
+    name quoted): what reach.classify says of a port site only that feature reaches."""
+    out: dict[str, str] = {}
+    for name in training_cases(tree):
+        try:
+            planned = blocker(name, load_config(tree, name))
+        except BadInput:
+            continue
+        if planned is not None and planned.kind == "gpu-only":
+            flag = planned.reason.split(":")[0].split()[0]
+            out.setdefault(flag, f"{planned.reason} (e.g. case {name})")
+    return out
+
+
 # --- the layout --------------------------------------------------------------------------------
 
 

@@ -40,7 +40,15 @@ from rocmport.verify.stages.functional.case_log import (
     loss_steps,
     parse_losses,
 )
-from rocmport.verify.stages.functional.case_run import CaseOutcome, _failure, _launch, run_case, stage_functional
+from rocmport.verify.stages.functional.case_run import (
+    CaseOutcome,
+    _failure,
+    _launch,
+    case_sites_env,
+    note_case_seconds,
+    run_case,
+    stage_functional,
+)
 from rocmport.verify.stages.functional.details import (
     CaseFailure,
     FunctionalRun,
@@ -77,6 +85,7 @@ __all__ = [
     "_launch",
     "build_args",
     "case_dir",
+    "case_sites_env",
     "cases_near",
     "check_case",
     "default_case",
@@ -89,6 +98,7 @@ __all__ = [
     "load_case",
     "loss_steps",
     "missing_data",
+    "note_case_seconds",
     "parse_losses",
     "resume_support",
     "run_case",

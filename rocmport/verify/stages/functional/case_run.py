@@ -9,6 +9,7 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,6 +249,31 @@ def stage_functional(
     return out.result, out.run
 
 
+def case_sites_env(env: Mapping[str, str], case: str) -> dict[str, str]:
+    """``env`` for one case's processes: the port-site records (protocol.PORT_SITES, the stage's
+    directory) go to the case's own subdirectory, made here (port_sites.unit_dir_name), so the report
+    and `--record-reach` know which case ran which site. Without PORT_SITES, ``env`` as it is."""
+    from rocmport.verify.analyses.port_sites import unit_dir_name
+
+    out = dict(env)
+    stage_dir = protocol.PORT_SITES.read(env)
+    if stage_dir:
+        own = Path(stage_dir) / unit_dir_name("case", case)
+        own.mkdir(parents=True, exist_ok=True)
+        protocol.PORT_SITES.set(out, str(own))
+    return out
+
+
+def note_case_seconds(case_env: Mapping[str, str], seconds: float) -> None:
+    """Beside a case's site records (``case_env``: case_sites_env's), its wall seconds: what the reach
+    selection weighs the case by."""
+    from rocmport.verify.analyses.port_sites import SECONDS_FILE
+
+    own = protocol.PORT_SITES.read(case_env)
+    if own and Path(own).is_dir():
+        atomic_write_text(Path(own) / SECONDS_FILE, f"{seconds:.2f}\n")
+
+
 def run_case(
     tree: Path,
     env: dict,
@@ -272,6 +298,48 @@ def run_case(
     (proxy), for the report; ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the
     port picks the async writer."""
     start = time.monotonic()
+    env = case_sites_env(env, case)  # its own port-site records (the report's ran-by, --record-reach)
+    try:
+        return _run_case(
+            tree,
+            env,
+            case,
+            dp,
+            iters,
+            proxy,
+            data_path,
+            series_dir,
+            record,
+            device_kind,
+            defaulted,
+            launcher,
+            resume,
+            hip,
+            rocm,
+            start,
+        )
+    finally:
+        note_case_seconds(env, time.monotonic() - start)
+
+
+def _run_case(
+    tree: Path,
+    env: dict,
+    case: str,
+    dp: int,
+    iters: int,
+    proxy: bool,
+    data_path: str | None,
+    series_dir: Path | None,
+    record: bool,
+    device_kind: DeviceKind,
+    defaulted: bool,
+    launcher: Launcher,
+    resume: bool,
+    hip: str | None,
+    rocm: bool,
+    start: float,
+) -> CaseOutcome:
     ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted)
     if isinstance(ready, StageResult):
         return CaseOutcome(case, ready)

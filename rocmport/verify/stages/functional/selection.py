@@ -61,16 +61,13 @@ class Selection:
 
 
 def reach_cases(series_dir: Path | None, tree: Path) -> tuple[list[str], str] | None:
-    """The line's recorded reach set and a line on it, from rocmport.verify.analyses.reach when that
-    module is there and has a record for the line; None otherwise (the caller falls back)."""
+    """The line's recorded reach set and a line on it (rocmport.verify.analyses.reach); None where the
+    tree has no series or the line no recorded case (the caller falls back)."""
     if series_dir is None:
         return None
-    try:
-        from rocmport.verify.analyses import reach  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    chooser = getattr(reach, "reach_cases", None)
-    return chooser(series_dir, tree) if chooser is not None else None
+    from rocmport.verify.analyses import reach
+
+    return reach.reach_cases(series_dir, tree)
 
 
 def near(tree: Path, name: str) -> list[str]:

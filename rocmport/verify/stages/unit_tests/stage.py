@@ -66,8 +66,9 @@ class UnitOptions:
     base: str | None  # the unported commit the baseline runs
     settings: suite.VerifySettings = field(default_factory=suite.VerifySettings)
     reasons: dict[str, str] = field(default_factory=dict)  # test -> why it is in the suite
-    selection: str = "series"  # series | fallback | explicit | all | impacted
+    selection: str = "series"  # series | fallback | explicit | all | impacted | reach
     impact: Selection | None = None  # impacted: since, until, changed files, test files selected of the total
+    reach_why: str = ""  # reach: what the set cover chose, or why it fell back to the default files
 
 
 CLI_OPTIONS = (
@@ -76,11 +77,20 @@ CLI_OPTIONS = (
         is_flag=False,
         flag_value="default",
         default=None,
-        type=click.Choice(["default", "all", "impacted"]),
+        type=click.Choice(["default", "all", "impacted", "reach"]),
         help="Stage 3, upstream's unit tests: the line's default suite (bare flag), `all` of tests/unit_tests "
-        "(nightly; each run's per-file seconds and last pass are recorded), or `impacted`: the test files whose "
-        "imports reach a file upstream changed since --since, plus a smoke set "
+        "(nightly; each run's per-file seconds and last pass are recorded), `impacted`: the test files whose "
+        "imports reach a file upstream changed since --since, plus a smoke set, or `reach`: the test files that "
+        "run the most port sites within --unit-reach-budget, by the line's reach record (none: the default suite) "
         "(default: the suite, when the tree has tests/unit_tests).",
+    ),
+    click.Option(
+        ["--unit-reach-budget"],
+        type=click.FloatRange(min=1.0),
+        default=None,
+        metavar="SECONDS",
+        help="With --unit-tests reach: the recorded wall seconds the selected test files may take "
+        "(default: 480, 8 minutes; the reach cases get 12: 20 minutes in all on 2 cores).",
     ),
     click.Option(
         ["--since"],
@@ -118,6 +128,8 @@ class UnitTestsStage(Stage[UnitOptions]):
             given["unit_nproc"],
             given["since"],
             tuple(given.get("impact_extra", ())),
+            series_dir=setup.series_dir,
+            reach_budget=given.get("unit_reach_budget"),
         )
         return unit if unit is not None else NotRequested(why)
 
@@ -155,6 +167,8 @@ class UnitTestsStage(Stage[UnitOptions]):
         chosen = (
             f"{len(files)} files of {unit.impact.total_files}, impacted since {unit.impact.since[:12]}"
             if unit.impact
+            else f"{len(files)} files by reach"
+            if unit.selection == "reach"
             else f"{len(files)} files"
         )
         with output.progress(
@@ -174,6 +188,8 @@ class UnitTestsStage(Stage[UnitOptions]):
                 reasons=unit.reasons,
                 known_skipped=not_applied,
             )
+        if unit.reach_why:  # which files reach chose and why (or that it fell back), first in the stage's reason
+            result.reason = f"{unit.reach_why}; {result.reason}"
         return StageRun(_full_suite_record(ctx, unit, result))
 
 
@@ -226,11 +242,15 @@ def unit_options(
     nproc: int,
     since: str | None = None,
     impact_extra: tuple[str, ...] = (),
+    *,
+    series_dir: Path | None = None,
+    reach_budget: float | None = None,
 ) -> tuple[UnitOptions | None, str]:
     """Stage 3's options, or None and why it does not run. ``wanted``: None (default), False
     (--no-unit-tests), "default", "all" or "impacted" (--unit-tests ...); ``tests``: explicit
     --unit-test paths; ``since``: the upstream commit an impacted selection diffs from (with
-    ``impact_extra``, more changed files: those whose port rewrite changed in a refresh hop)."""
+    ``impact_extra``, more changed files: those whose port rewrite changed in a refresh hop);
+    ``series_dir``: where the line's reach record is (`reach`), ``reach_budget`` its seconds."""
     if since is not None and wanted != "impacted":
         raise BadInput(f"--since {since[:80]}: only with --unit-tests impacted (the selection it diffs from)")
     if wanted == "impacted" and since is None:
@@ -240,6 +260,12 @@ def unit_options(
         )
     if wanted == "impacted" and tests:
         raise BadInput("--unit-test: not with --unit-tests impacted (it selects the files itself); give one of them")
+    if reach_budget is not None and wanted != "reach":
+        raise BadInput(
+            f"--unit-reach-budget {reach_budget:g}: only with --unit-tests reach (the budget of its selection)"
+        )
+    if wanted == "reach" and tests:
+        raise BadInput("--unit-test: not with --unit-tests reach (it selects the files itself); give one of them")
     if wanted is False:
         return None, "--no-unit-tests"
     if not (tree / "tests" / "unit_tests").is_dir():
@@ -280,8 +306,28 @@ def unit_options(
         chosen, reasons, how = list(settings.unit_tests), dict(settings.unit_tests), "series"
     else:
         chosen, reasons, how = list(suite.FALLBACK_TESTS), dict(suite.FALLBACK_TESTS), "fallback"
+    reach_why = ""
+    if wanted == "reach":
+        from rocmport.verify.analyses import reach
+
+        budget = reach.UNIT_TESTS_BUDGET_S if reach_budget is None else reach_budget
+        by_reach = reach.reach_unit_tests(series_dir, tree, budget)
+        if by_reach is None:  # the default files above, saying so
+            where = reach.record_path(series_dir) if series_dir else "this tree (not made by `rocmport apply`)"
+            reach_why = f"reach: no recorded test file in {where}: the default {len(chosen)} files (--record-reach records them)"
+        else:
+            names, reach_why = by_reach
+            chosen, how = names, "reach"
+            reasons = {n: "reach: runs port sites the other chosen files do not" for n in names}
     return UnitOptions(
-        tests=chosen, nproc=nproc, cache_dir=cache_dir, base=base, settings=settings, reasons=reasons, selection=how
+        tests=chosen,
+        nproc=nproc,
+        cache_dir=cache_dir,
+        base=base,
+        settings=settings,
+        reasons=reasons,
+        selection=how,
+        reach_why=reach_why,
     ), ""
 
 

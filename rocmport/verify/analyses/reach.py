@@ -1,0 +1,463 @@
+"""Reach: which port sites each functional case and each unit-test file runs, and the selections
+made from it (`--unit-tests reach`, stage 4's `reach` cases, a refresh hop's cases).
+
+The record. `patchsets/<upstream>/<line>/reach.json`, committed with the series so a fresh clone has
+it, made by `rocmport verify --record-reach` (each case and each test file records its port sites in
+its own subdirectory of its stage's records: port_sites.unit_dir_name). For every case and test
+file recorded: the port sites it ran (port_sites.Site.stable_key: file, enclosing function, helper,
+place and codemod, never a line number, so one record serves the line's later trees), its wall
+seconds, and for cases the tree's modules it imported (a refresh hop's selection). The record says
+what it was made on (the upstream commit, a digest of the recipe: the series file and its patches,
+the TE layer) and whether it holds every case and test file (``partial``). Recording again on the
+same recipe adds to the record; on another recipe it starts a new one.
+
+The selection. A greedy set cover under a time budget: the entry with the most not-yet-covered
+sites per second first (ties by name), while it fits what is left of the budget; deterministic.
+Sites every run of the stage reaches anyway (a pytest session's start) count as covered from the
+start.
+
+Every site run or explained (classify). A rewritten site no stage of a run ran is `reachable, not
+selected` when some recorded case or test file ran it, `gpu-only` when only a GPU feature reaches it
+(the GPU-only cases of case_plan name the flag and kernel), else `not-on-proxy` with port_sites'
+reason (the module, the branch)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocmport.errors import BadInput
+from rocmport.fsutil import atomic_write_text
+from rocmport.inputs import read_json
+
+SCHEMA = 1
+RECORD_FILE = "reach.json"
+KINDS = ("cases", "unit_tests")
+# The issue's target: `--cases reach --unit-tests reach` with TE within 20 minutes on 2 cores. The
+# budgets are the entries' recorded wall seconds: 12 minutes of cases, 8 of unit-test files.
+CASES_BUDGET_S = 720.0
+UNIT_TESTS_BUDGET_S = 480.0
+# An entry recorded at under a second still costs its launch: per-second scores divide by at least this.
+MIN_SECONDS = 1.0
+FIX = f"re-record it (`rocmport verify --record-reach`) or restore it from git ({RECORD_FILE})"
+
+REACHABLE = "reachable, not selected"
+GPU_ONLY = "gpu-only"
+NOT_ON_PROXY = "not-on-proxy"
+CLASSES = (GPU_ONLY, NOT_ON_PROXY, REACHABLE)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One recorded case or unit-test file: the port sites it ran (stable keys), its wall seconds, and
+    (cases) the tree's module files it imported."""
+
+    sites: frozenset[str]
+    seconds: float
+    modules: frozenset[str] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sites": sorted(self.sites), "seconds": round(self.seconds, 2)}
+        if self.modules:
+            out["modules"] = sorted(self.modules)
+        return out
+
+
+@dataclass
+class ReachRecord:
+    """A line's reach.json."""
+
+    line: str
+    upstream: str  # the upstream commit the port was made from
+    recipe: str  # recipe_digest of the series directory
+    te: str | None = None  # the TE Python layer of the recording run (None: the local spec)
+    cases: dict[str, Entry] = field(default_factory=dict)
+    unit_tests: dict[str, Entry] = field(default_factory=dict)
+    # Sites every run of a kind reaches whichever entries run (the pytest session's start: conftest.py).
+    shared: dict[str, frozenset[str]] = field(default_factory=dict)
+    partial: bool = True
+    holds: str = ""  # what the record holds, in words
+
+    def entries(self, kind: str) -> dict[str, Entry]:
+        return self.cases if kind == "cases" else self.unit_tests
+
+    def ran_by(self) -> dict[str, list[str]]:
+        """Each recorded site -> the cases and test files that ran it (sorted; shared ones: the stage)."""
+        out: dict[str, list[str]] = {}
+        for kind in KINDS:
+            for name, entry in sorted(self.entries(kind).items()):
+                for site in entry.sites:
+                    out.setdefault(site, []).append(name)
+            for site in self.shared.get(kind, ()):
+                out.setdefault(site, []).append(f"every {kind.replace('_', '-')[:-1]} run")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "line": self.line,
+            "recorded_on": {"upstream": self.upstream, "recipe": self.recipe, "te": self.te},
+            "partial": self.partial,
+            "holds": self.holds,
+            "shared": {k: sorted(v) for k, v in sorted(self.shared.items())},
+            "cases": {n: e.to_dict() for n, e in sorted(self.cases.items())},
+            "unit_tests": {n: e.to_dict() for n, e in sorted(self.unit_tests.items())},
+        }
+
+
+def record_path(series_dir: Path) -> Path:
+    return series_dir / RECORD_FILE
+
+
+def recipe_digest(series_dir: Path) -> str:
+    """sha256 of what makes the port: the series file and the patches beside it (a record made on
+    another recipe may name sites the port no longer has, or miss new ones)."""
+    h = hashlib.sha256()
+    for path in [series_dir / "series", *sorted(series_dir.glob("*.patch"))]:
+        if path.is_file():
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _problem(path: Path, what: str) -> BadInput:
+    return BadInput(f"{path}: not a reach record ({what}); {FIX}")
+
+
+def _str_list(value: Any, path: Path, where: str) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise _problem(path, f"{where} is not a list of strings")
+    return frozenset(value)
+
+
+def _entries(data: Any, path: Path, kind: str) -> dict[str, Entry]:
+    if not isinstance(data, dict):
+        raise _problem(path, f"{kind} is not a mapping")
+    out = {}
+    for name, raw in data.items():
+        where = f"{kind}[{name[:80]!r}]"
+        if not isinstance(raw, dict):
+            raise _problem(path, f"{where} is not a mapping")
+        seconds = raw.get("seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
+            raise _problem(path, f"{where}.seconds is not a number of seconds")
+        unknown = set(raw) - {"sites", "seconds", "modules"}
+        if unknown:
+            raise _problem(path, f"{where} has unknown keys {sorted(unknown)}")
+        out[name] = Entry(
+            _str_list(raw.get("sites"), path, f"{where}.sites"),
+            float(seconds),
+            _str_list(raw.get("modules", []), path, f"{where}.modules"),
+        )
+    return out
+
+
+def parse_record(data: Any, path: Path) -> ReachRecord:
+    """A reach record from its JSON, or BadInput naming ``path`` and the first thing wrong."""
+    if not isinstance(data, dict):
+        raise _problem(path, "not a JSON object")
+    if data.get("schema") != SCHEMA:
+        raise _problem(path, f"schema {data.get('schema')!r}, this rocmport reads schema {SCHEMA}")
+    on = data.get("recorded_on")
+    if not isinstance(on, dict) or not all(isinstance(on.get(k), str) for k in ("upstream", "recipe")):
+        raise _problem(path, "recorded_on needs upstream and recipe strings")
+    if on.get("te") is not None and not isinstance(on.get("te"), str):
+        raise _problem(path, "recorded_on.te is not a version string")
+    if not isinstance(data.get("line"), str) or not isinstance(data.get("partial"), bool):
+        raise _problem(path, "line (a string) and partial (true/false) are required")
+    shared = data.get("shared", {})
+    if not isinstance(shared, dict) or set(shared) - set(KINDS):
+        raise _problem(path, f"shared is not a mapping of {' / '.join(KINDS)}")
+    return ReachRecord(
+        line=data["line"],
+        upstream=on["upstream"],
+        recipe=on["recipe"],
+        te=on.get("te"),
+        cases=_entries(data.get("cases", {}), path, "cases"),
+        unit_tests=_entries(data.get("unit_tests", {}), path, "unit_tests"),
+        shared={k: _str_list(v, path, f"shared.{k}") for k, v in shared.items()},
+        partial=data["partial"],
+        holds=str(data.get("holds", "")),
+    )
+
+
+def read_record(series_dir: Path | None) -> ReachRecord | None:
+    """The line's reach record (None: the series has none); a broken one is BadInput naming the file."""
+    if series_dir is None:
+        return None
+    path = record_path(series_dir)
+    if not path.exists():
+        return None
+    return parse_record(read_json(path, "reach record", fix=FIX), path)
+
+
+def write_record(series_dir: Path, record: ReachRecord) -> Path:
+    path = record_path(series_dir)
+    atomic_write_text(path, json.dumps(record.to_dict(), indent=1) + "\n")
+    return path
+
+
+# --- the selection -----------------------------------------------------------------------------
+
+
+def greedy_cover(entries: Mapping[str, Entry], budget: float, covered: Collection[str] = ()) -> list[str]:
+    """The entries a greedy set cover picks within ``budget`` seconds: at each step the one with
+    the most sites not yet covered per second (ties: the first name), among those that still fit;
+    ``covered``: sites covered before any pick. Entries that add no site are never picked."""
+    have = set(covered)
+    chosen: list[str] = []
+    spent = 0.0
+    while True:
+        best: tuple[float, str] | None = None
+        for name in sorted(entries):
+            entry = entries[name]
+            if name in chosen or spent + entry.seconds > budget:
+                continue
+            new = len(entry.sites - have)
+            score = new / max(entry.seconds, MIN_SECONDS)
+            if new and (best is None or score > best[0]):
+                best = (score, name)
+        if best is None:
+            return chosen
+        chosen.append(best[1])
+        spent += entries[best[1]].seconds
+        have |= entries[best[1]].sites
+
+
+def _stale(record: ReachRecord, series_dir: Path, tree: Path | None) -> str:
+    """Why the record may not match this port (another recipe, another upstream commit), or ''."""
+    from rocmport.port import worktree as wt
+
+    notes = []
+    if record.recipe != recipe_digest(series_dir):
+        notes.append("recorded on another recipe (series or patches changed since): re-record with --record-reach")
+    state = wt.read_state(tree) if tree is not None else None
+    if state is not None and state.base and state.base != record.upstream:
+        notes.append(f"recorded at upstream {record.upstream[:12]}, the tree is at {state.base[:12]}")
+    return "; ".join(notes)
+
+
+def select(
+    series_dir: Path | None, kind: str, budget: float, have: Collection[str] | None = None
+) -> tuple[list[str], str] | None:
+    """The ``kind`` ("cases" or "unit_tests") entries reach selects within ``budget`` seconds, and a
+    one-line why; None when the line has no record of that kind. ``have``: the names that exist here
+    (the tree's cases or test files); recorded ones that do not are left out."""
+    record = read_record(series_dir)
+    if record is None or not record.entries(kind):
+        return None
+    assert series_dir is not None
+    entries = {n: e for n, e in record.entries(kind).items() if have is None or n in have}
+    shared = record.shared.get(kind, frozenset())
+    chosen = greedy_cover(entries, budget, shared)
+    if not chosen and entries:  # nothing adds a site (or nothing fits): the cheapest still runs, as a smoke test
+        chosen = [min(entries, key=lambda n: (entries[n].seconds, n))]
+    every = set(shared).union(*(e.sites for e in entries.values())) if entries else set(shared)
+    got = set(shared).union(*(entries[n].sites for n in chosen))
+    seconds = sum(entries[n].seconds for n in chosen)
+    what = "cases" if kind == "cases" else "test files"
+    why = (
+        f"reach: {len(chosen)} of {len(record.entries(kind))} recorded {what} run {len(got)} of the "
+        f"{len(every)} port sites they ran when recorded, in {seconds:.0f} s recorded (budget {budget:.0f} s)"
+    )
+    gone = len(record.entries(kind)) - len(entries)
+    if gone:
+        why += f"; {gone} recorded {what} not in this tree"
+    if record.partial:
+        why += f"; partial record ({record.holds or 'not every case and test file'})"
+    stale = _stale(record, series_dir, None)
+    return chosen, why + (f"; {stale}" if stale else "")
+
+
+# Where a tree's GPT cases are (case_plan.CASES; an analysis reads no stage's module).
+GPT_CASES = Path("tests/functional_tests/test_cases/gpt")
+
+
+def reach_cases(series_dir: Path | None, tree: Path, budget: float = CASES_BUDGET_S) -> tuple[list[str], str] | None:
+    """Stage 4's `reach` cases: the recorded GPT cases the set cover picks within ``budget`` seconds
+    (those the tree has), and a one-line why; None when the line has no case in its record."""
+    recorded = read_record(series_dir)
+    have = {n for n in (recorded.cases if recorded else {}) if (tree / GPT_CASES / n / "model_config.yaml").is_file()}
+    return _with_tree_note(select(series_dir, "cases", budget, have), series_dir, tree)
+
+
+def reach_unit_tests(
+    series_dir: Path | None, tree: Path, budget: float = UNIT_TESTS_BUDGET_S
+) -> tuple[list[str], str] | None:
+    """`--unit-tests reach`: the recorded test files the set cover picks within ``budget`` seconds
+    (those the tree has), and a one-line why; None when the line has no test file in its record."""
+    recorded = read_record(series_dir)
+    have = {n for n in (recorded.unit_tests if recorded else {}) if (tree / n).is_file()}
+    return _with_tree_note(select(series_dir, "unit_tests", budget, have), series_dir, tree)
+
+
+def _with_tree_note(
+    out: tuple[list[str], str] | None, series_dir: Path | None, tree: Path
+) -> tuple[list[str], str] | None:
+    if out is None or series_dir is None:
+        return out
+    record = read_record(series_dir)
+    assert record is not None
+    note = _stale(record, series_dir, tree)
+    names, why = out
+    # _stale without a tree already said the recipe part; only the upstream commit is new here
+    extra = [n for n in note.split("; ") if n and n not in why]
+    return names, why + "".join(f"; {n}" for n in extra)
+
+
+def hop_cases(series_dir: Path | None, changed: Collection[str]) -> tuple[list[str], str] | None:
+    """A refresh hop's cases: the recorded cases that imported a file upstream changed, or ran a
+    port site in one (``changed``: paths relative to the tree), sorted; None when the line has no
+    recorded case. As `--unit-tests impacted` does for tests, from the record instead of a static
+    import graph (a case's imports are what pretrain_gpt.py loaded for it)."""
+    record = read_record(series_dir)
+    if record is None or not record.cases:
+        return None
+    files = set(changed)
+    picked = []
+    for name, entry in sorted(record.cases.items()):
+        site_files = {s.split("::", 1)[0] for s in entry.sites}
+        if files & (entry.modules | site_files):
+            picked.append(name)
+    why = (
+        f"{len(picked)} of {len(record.cases)} recorded cases import a file or run a port site of the "
+        f"{len(files)} files this hop changed"
+    )
+    return picked, why
+
+
+# --- every site run or explained ---------------------------------------------------------------
+
+# GPU features, each the one thing that reaches some rewritten sites: (codemod, file prefix or None,
+# helper or None) -> the flag whose cases case_plan finds GPU-only, and what it needs when the tree
+# has no such case to quote.
+GPU_FEATURES: tuple[tuple[str | None, str | None, str | None, str, str], ...] = (
+    ("flash-attention-hooks", None, None, "--use-flash-attn", "the flash-attn package's CUDA kernels"),
+    (None, "megatron/core/transformer/cuda_graphs.py", None, "--enable-cuda-graph", "CUDA graph capture"),
+    ("tp-comm-overlap", None, "te_userbuffers_available", "--tp-comm-overlap", "TE's userbuffers (CUDA IPC)"),
+    (None, None, "nccl_ldflags", "--use-nccl-ub", "the NCCL allocator extension built and registered on a GPU"),
+    (None, None, "hip_runtime_ldflags", "", "the unified-memory allocator's extension, linked to the GPU runtime"),
+    (None, "megatron/legacy/fused_kernels/", None, "", "the legacy fused kernels, CUDA extensions built with nvcc"),
+)
+
+
+def site_class(
+    codemod: str,
+    path: str,
+    helper: str,
+    stable_key: str,
+    reason: str,
+    ran_by: Mapping[str, Sequence[str]],
+    gpu_reasons: Mapping[str, str],
+    record: ReachRecord | None,
+) -> str:
+    """One unreached site's class and why, as the report writes it: `reachable, not selected (...)`,
+    `gpu-only (...)` or `not-on-proxy (...)` (``reason``: port_sites' reason for it)."""
+    if stable_key in ran_by:
+        names = list(ran_by[stable_key])
+        return f"{REACHABLE} (ran by {', '.join(names[:3])}{f' +{len(names) - 3} more' if len(names) > 3 else ''} when recorded)"
+    for mod, prefix, fn, flag, needs in GPU_FEATURES:
+        if (
+            (mod is None or mod == codemod)
+            and (prefix is None or path.startswith(prefix))
+            and (fn is None or fn == helper)
+        ):
+            return f"{GPU_ONLY} ({gpu_reasons.get(flag) or (f'{flag}: ' if flag else '') + needs})"
+    why = reason
+    if record is not None:
+        why += (
+            f"; no recorded case or test file ran it ({len(record.cases)} cases, {len(record.unit_tests)} "
+            f"test files{', a partial record' if record.partial else ''})"
+        )
+    return f"{NOT_ON_PROXY} ({why})"
+
+
+def classify(
+    coverage: Mapping[str, Any], sites: Sequence[Any], series_dir: Path | None, gpu: Mapping[str, str]
+) -> None:
+    """Give each codemod's unreached sites their class (port_sites.Coverage.classified, by_class):
+    the reach record of the line says which a recorded case or test file reached; ``gpu``: flag ->
+    the reason the tree's GPU-only cases give (case_plan.gpu_only_reasons)."""
+    record = read_record(series_dir)
+    ran_by = record.ran_by() if record else {}
+    by_key = {s.key: s for s in sites}
+    for cov in coverage.values():
+        cov.classified = {}
+        for key, reason in sorted(cov.unreached.items()):
+            site = by_key.get(key)
+            if site is None:
+                continue
+            cov.classified[key] = site_class(
+                site.codemod, site.path, site.helper, site.stable_key, reason, ran_by, gpu, record
+            )
+        counts = {c: 0 for c in CLASSES}
+        for text in cov.classified.values():
+            counts[next(c for c in CLASSES if text.startswith(c))] += 1
+        cov.by_class = counts if cov.classified else {}
+
+
+def share_run(coverage: Mapping[str, Any]) -> tuple[int, int]:
+    """(sites run, sites that are not gpu-only) over every codemod of a classified coverage."""
+    ran = sum(c.exercised for c in coverage.values())
+    gpu = sum(c.by_class.get(GPU_ONLY, 0) for c in coverage.values())
+    return ran, sum(c.total for c in coverage.values()) - gpu
+
+
+# --- making the record -------------------------------------------------------------------------
+
+
+# The stages whose units the record holds, and which entries their records outside any unit's
+# directory are shared by (stages 1, 2 and 5 run whatever reach selects: not recorded).
+SHARED_BY_STAGE = {"unit-tests": "unit_tests", "functional": "cases"}
+
+
+def record_run(
+    series_dir: Path,
+    tree: Path,
+    sites_dir: Path,
+    seconds: Mapping[tuple[str, str], float],
+    te: str | None,
+    totals: tuple[int, int],
+) -> tuple[Path, ReachRecord]:
+    """Add what this run's cases and test files ran (their records under ``sites_dir``: one
+    subdirectory per stage, one per unit in it) to the line's reach record, and write it.
+    ``seconds``: (kind "case"/"test", name) -> wall seconds, where the unit did not note its own;
+    ``totals``: the tree's GPT cases and unit-test files (whether the record holds them all)."""
+    from rocmport.port import worktree as wt
+    from rocmport.verify.analyses import port_sites
+
+    state = wt.read_state(tree)
+    if state is None or not state.base:
+        raise BadInput(f"{tree}: --record-reach needs a tree made by `rocmport apply` (the record lives by its series)")
+    sites = port_sites.find_sites(tree, state.base)
+    units = port_sites.read_units(sites_dir, tree)
+    recipe = recipe_digest(series_dir)
+    old = read_record(series_dir) if record_path(series_dir).exists() else None
+    record = (
+        old
+        if old is not None and old.recipe == recipe and old.upstream == state.base and old.te == te
+        else ReachRecord(line=series_dir.name, upstream=state.base, recipe=recipe, te=te)
+    )
+    for (kind, name), unit in units.items():
+        keys = frozenset(s.stable_key for s in port_sites.sites_ran(sites, unit.calls))
+        if kind == "stage":
+            target = SHARED_BY_STAGE.get(name)
+            if target is not None:
+                record.shared[target] = record.shared.get(target, frozenset()) | keys
+            continue
+        secs = unit.seconds if unit.seconds is not None else seconds.get((kind, name))
+        if secs is None:
+            continue  # a unit that never finished has no cost to weigh: not recorded
+        modules = frozenset(unit.modules) if kind == "case" else frozenset()
+        record.entries("cases" if kind == "case" else "unit_tests")[name] = Entry(keys, float(secs), modules)
+    all_cases, all_files = totals
+    record.partial = len(record.cases) < all_cases or len(record.unit_tests) < all_files
+    record.holds = (
+        f"{len(record.cases)} of {all_cases} GPT cases and {len(record.unit_tests)} of {all_files} "
+        f"unit-test files, {len(set().union(*(e.sites for k in KINDS for e in record.entries(k).values()), *record.shared.values()))} "
+        f"of the {len(sites)} port sites run"
+    )
+    return write_record(series_dir, record), record

@@ -1,0 +1,424 @@
+"""Reach: each case's and test file's port sites recorded in their own directories, the line's
+reach record (reach.json: schema-checked), the greedy set cover under a budget, `--unit-tests
+reach` with its fallback, every unreached site classified, and a refresh hop's cases."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocmport.cli import main
+from rocmport.codemods.runner import helper_text
+from rocmport.errors import BadInput
+from rocmport.port import worktree as wt
+from rocmport.verify.analyses import port_sites, reach
+from rocmport.verify.analyses.reach import Entry
+from rocmport.verify.orchestration import environment, firewall
+from rocmport.verify.runtime import protocol
+from rocmport.verify.stages import case_plan, functional
+from rocmport.verify.stages.unit_tests import suite
+from rocmport.verify.stages.unit_tests.stage import unit_options
+from tests.helpers.sync import g
+
+A_AFTER = (
+    "import torch\nfrom megatron.core._rocm import nvidia_arch_major\n\n\n"
+    "def arch():\n    return nvidia_arch_major()\n\n\n"
+    "def probe():\n    from megatron.core._rocm import is_hip\n    if is_hip():\n        return 0\n    return 1\n"
+)
+FA_AFTER = "from megatron.core._rocm import is_hip\n\n\ndef flash():\n    return is_hip()\n"
+CASE = "gpt3_mcore_te_tp1_pp1"
+TEST_ARCH = "tests/unit_tests/test_arch.py"
+TEST_PROBE = "tests/unit_tests/test_probe.py"
+
+
+def commit(root: Path, message: str) -> str:
+    g(root, "add", "-A")
+    g(root, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", message)
+    return g(root, "rev-parse", "HEAD")
+
+
+def ported_tree(root: Path) -> tuple[Path, Path, str]:
+    """A port made of three codemod commits that call the generated helper (capability-gates in
+    a.py and legacy/b.py, flash-attention-hooks in fa.py), with one GPT case and two unit-test files;
+    its series directory beside it. (tree, series_dir, base)"""
+    files = {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/a.py": "import torch\n\n\ndef arch():\n    return 7\n\n\ndef probe():\n    return 1\n",
+        "megatron/core/fa.py": "def flash():\n    return False\n",
+        "megatron/legacy/__init__.py": "",
+        "megatron/legacy/b.py": "def old():\n    return 7\n",
+        f"tests/functional_tests/test_cases/gpt/{CASE}/model_config.yaml": "MODEL_ARGS:\n  --num-layers: 2\n",
+        TEST_ARCH: "from megatron.core import a\n\n\ndef test_arch():\n    try:\n        a.arch()\n    except Exception:\n        pass\n",
+        TEST_PROBE: "from megatron.core import a\n\n\ndef test_probe():\n    assert a.probe() == 1\n",
+    }
+    tree = root / "tree"
+    for rel, text in files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+    g(tree, "init", "-q", "-b", "main")
+    base = commit(tree, "upstream")
+    (tree / "megatron/core/_rocm.py").write_text(helper_text(["capability-gates", "device-probes"]))
+    (tree / "megatron/core/a.py").write_text(A_AFTER)
+    (tree / "megatron/legacy/b.py").write_text(
+        "from megatron.core._rocm import nvidia_arch_major\n\n\ndef old():\n    return nvidia_arch_major()\n"
+    )
+    commit(tree, "codemod: capability-gates 1")
+    (tree / "megatron/core/fa.py").write_text(FA_AFTER)
+    commit(tree, "codemod: flash-attention-hooks 1")
+    series_dir = root / "patchsets" / "megatron-lm" / "v0.16"
+    series_dir.mkdir(parents=True)
+    (series_dir / "series").write_text(
+        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\ncodemods: [capability-gates]\n'
+    )
+    wt.write_state(
+        tree,
+        wt.ApplyState(
+            status="done",
+            base=base,
+            series=str(series_dir / "series"),
+            codemods=[{"name": "capability-gates", "sites": 3}, {"name": "flash-attention-hooks", "sites": 1}],
+        ),
+    )
+    return tree, series_dir, base
+
+
+def run_in(tree: Path, boot: Path, env_extra: dict, code: str) -> None:
+    env = environment.child_env(tree, boot, env_extra)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tree)
+    assert proc.returncode == 0, proc.stderr
+
+
+def keys_of(tree: Path, base: str) -> dict[str, str]:
+    """'path:line helper' -> its stable key, for the tree's sites."""
+    return {s.key: s.stable_key for s in port_sites.find_sites(tree, base)}
+
+
+# --- the set cover -----------------------------------------------------------------------------
+
+
+def entries(**spec: tuple[float, str]) -> dict[str, Entry]:
+    return {name: Entry(frozenset(sites.split()), seconds) for name, (seconds, sites) in spec.items()}
+
+
+def test_greedy_takes_the_most_new_sites_per_second_within_the_budget():
+    # big: 6 sites in 60 s (0.1/s); fast: 3 in 10 s (0.3/s); mid: 4 in 20 s (0.2/s); tiny: 1 in 10 s.
+    # First fast (0.3/s). Then, of what is new: mid 3 in 20 s (0.15/s), big 3 in 60 s (0.05/s),
+    # tiny nothing: mid. Then big, 2 new, fits a 100 s budget (30 + 60 s); tiny never adds a site.
+    spec = entries(
+        big=(60.0, "s1 s2 s3 s4 s5 s6"), fast=(10.0, "s1 s2 s3"), mid=(20.0, "s3 s4 s7 s8"), tiny=(10.0, "s1")
+    )
+    assert reach.greedy_cover(spec, 100.0) == ["fast", "mid", "big"]
+    # A budget big cannot fit into after the first two: left out, never over budget.
+    assert reach.greedy_cover(spec, 89.0) == ["fast", "mid"]
+    assert sum(spec[n].seconds for n in reach.greedy_cover(spec, 35.0)) <= 35.0
+    # Sites covered before any pick (a session's start) are worth nothing.
+    assert reach.greedy_cover(spec, 100.0, covered={"s1", "s2", "s3"}) == ["mid", "big"]
+
+
+def test_greedy_breaks_ties_by_name_and_is_deterministic():
+    spec = entries(zeta=(10.0, "a b"), alpha=(10.0, "c d"), mid=(10.0, "e"))
+    picks = {tuple(reach.greedy_cover(dict(reversed(list(spec.items()))), 100.0)) for _ in range(5)}
+    assert picks == {("alpha", "zeta", "mid")}  # 0.2/s each for alpha and zeta: alpha first, by name
+
+
+# --- the record's schema -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "not a JSON object"),
+        (json.dumps({"schema": 9}), "schema 9"),
+        (
+            json.dumps(
+                {
+                    "schema": 1,
+                    "line": "v0.16",
+                    "partial": True,
+                    "recorded_on": {"upstream": "a", "recipe": "b"},
+                    "cases": {"c": {"sites": ["x"], "seconds": -3}},
+                }
+            ),
+            "cases['c'].seconds is not a number of seconds",
+        ),
+        (
+            json.dumps(
+                {
+                    "schema": 1,
+                    "line": "v0.16",
+                    "partial": True,
+                    "recorded_on": {"upstream": "a", "recipe": "b"},
+                    "unit_tests": {"t.py": {"sites": "x", "seconds": 1}},
+                }
+            ),
+            "unit_tests['t.py'].sites is not a list of strings",
+        ),
+    ],
+)
+def test_a_broken_record_is_one_line_naming_the_file(tmp_path, text, says):
+    (tmp_path / "reach.json").write_text(text)
+    with pytest.raises(BadInput) as err:
+        reach.read_record(tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / "reach.json") in message and says in message and "\n" not in message
+
+
+@pytest.mark.torch
+def test_unit_tests_reach_with_a_broken_record_exits_2_naming_it(tmp_path, capsys):
+    tree, series_dir, _ = ported_tree(tmp_path)
+    (series_dir / "reach.json").write_text('{"schema": 1}')
+    code = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--unit-tests", "reach", "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and str(series_dir / "reach.json") in err and "not a reach record" in err
+
+
+# --- recording, per case and per test file -----------------------------------------------------
+
+
+@pytest.mark.torch
+def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them_stably(tmp_path):
+    tree, series_dir, base = ported_tree(tmp_path)
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    records = tmp_path / "sites"
+    (records / "functional").mkdir(parents=True)
+    # stage 4's seam: the case's processes record into the case's own directory, its seconds beside them
+    case_env = functional.case_sites_env(protocol.PORT_SITES.entry(str(records / "functional")), CASE)
+    run_in(tree, boot, case_env, "from megatron.core import a; a.probe()")
+    functional.note_case_seconds(case_env, 42.5)
+    # stage 3: verify's pytest plugin points the records at each test file's directory in turn
+    (records / "unit-tests").mkdir()
+    env = environment.child_env(tree, boot, protocol.PORT_SITES.entry(str(records / "unit-tests")))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "rocmport.verify.runtime.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tree),
+            TEST_ARCH,
+            TEST_PROBE,
+        ],
+        env=env,
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    units = port_sites.read_units(records, tree)
+    assert {k for k in units if k[0] != "stage"} == {("case", CASE), ("test", TEST_ARCH), ("test", TEST_PROBE)}
+    assert units["case", CASE].seconds == 42.5 and "megatron/core/a.py" in units["case", CASE].modules
+    assert units["test", TEST_ARCH].calls == {("megatron/core/a.py", 6)}  # arch() only: probe() is the other file's
+    assert units["test", TEST_PROBE].calls == {("megatron/core/a.py", 11)}
+
+    seconds = {("test", TEST_ARCH): 3.0, ("test", TEST_PROBE): 2.0}
+    path, record = reach.record_run(series_dir, tree, records, seconds, None, (1, 2))
+    key = keys_of(tree, base)
+    data = json.loads(path.read_text())
+    assert path == series_dir / "reach.json" and data["recorded_on"]["upstream"] == base
+    assert data["cases"][CASE] == {
+        "sites": [key["megatron/core/a.py:11 is_hip"]],
+        "seconds": 42.5,
+        "modules": sorted(units["case", CASE].modules),
+    }
+    assert data["unit_tests"][TEST_ARCH] == {"sites": [key["megatron/core/a.py:6 nvidia_arch_major"]], "seconds": 3.0}
+    assert (
+        key["megatron/core/a.py:6 nvidia_arch_major"]
+        == "megatron/core/a.py::arch nvidia_arch_major#1 [capability-gates]"
+    )
+    # 1 of 1 case and 2 of 2 test files: a full record of this tree
+    assert data["partial"] is False and data["holds"].startswith("1 of 1 GPT cases and 2 of 2 unit-test files")
+    assert reach.read_record(series_dir) == record
+    # recorded again on the same recipe, against a tree with more cases than recorded: the entries
+    # stay, and the record says it is partial
+    _, again = reach.record_run(series_dir, tree, records, seconds, None, (5, 2))
+    assert again.cases == record.cases and again.partial and again.holds.startswith("1 of 5 GPT cases")
+
+
+def test_stable_keys_survive_lines_moving(tmp_path):
+    """The same site after an upstream edit above it: another line, the same key."""
+    tree, _, base = ported_tree(tmp_path)
+    before = keys_of(tree, base)
+    (tree / "megatron/core/a.py").write_text("# a comment upstream added\n\n" + A_AFTER)
+    commit(tree, "codemod: capability-gates 1")  # the same codemod's commit rewrote the file again
+    after = keys_of(tree, base)
+    assert "megatron/core/a.py:6 nvidia_arch_major" in before and "megatron/core/a.py:8 nvidia_arch_major" in after
+    assert before["megatron/core/a.py:6 nvidia_arch_major"] == after["megatron/core/a.py:8 nvidia_arch_major"]
+
+
+# --- selection: --unit-tests reach and the reach cases -----------------------------------------
+
+
+def write_record(series_dir: Path, upstream: str, cases: dict[str, Entry], tests: dict[str, Entry]) -> None:
+    reach.write_record(
+        series_dir,
+        reach.ReachRecord(
+            line=series_dir.name,
+            upstream=upstream,
+            recipe=reach.recipe_digest(series_dir),
+            cases=cases,
+            unit_tests=tests,
+            partial=True,
+            holds="a hand-made record",
+        ),
+    )
+
+
+@pytest.mark.torch
+def test_unit_tests_reach_selects_by_the_record_and_falls_back_to_the_default_files_without_one(tmp_path):
+    tree, series_dir, base = ported_tree(tmp_path)
+    settings = suite.VerifySettings()
+    unit, _ = unit_options(settings, base, tmp_path / "c", tree, "reach", (), 2, series_dir=series_dir)
+    assert unit is not None and unit.selection == "fallback"  # no record: the default files
+    assert unit.tests == list(suite.FALLBACK_TESTS) and unit.reach_why.startswith("reach: no recorded test file in ")
+
+    write_record(
+        series_dir,
+        base,
+        {},
+        {
+            TEST_ARCH: Entry(frozenset({"s1", "s2"}), 30.0),
+            TEST_PROBE: Entry(frozenset({"s1"}), 5.0),
+            "tests/unit_tests/test_gone.py": Entry(frozenset({"s9", "s8", "s7"}), 1.0),  # not in this tree
+        },
+    )
+    unit, _ = unit_options(settings, base, tmp_path / "c", tree, "reach", (), 2, series_dir=series_dir)
+    assert unit is not None and unit.selection == "reach" and unit.tests == [TEST_PROBE, TEST_ARCH]
+    assert "2 of 3 recorded test files run 2 of the 2 port sites" in unit.reach_why
+    assert "1 recorded test files not in this tree" in unit.reach_why
+    # a budget only the cheaper file fits
+    unit, _ = unit_options(
+        settings, base, tmp_path / "c", tree, "reach", (), 2, series_dir=series_dir, reach_budget=10.0
+    )
+    assert unit is not None and unit.tests == [TEST_PROBE]
+    with pytest.raises(BadInput, match="--unit-reach-budget 10: only with --unit-tests reach"):
+        unit_options(settings, base, tmp_path / "c", tree, "default", (), 2, series_dir=series_dir, reach_budget=10.0)
+
+
+@pytest.mark.torch
+def test_reach_cases_picks_the_tree_s_recorded_cases_and_says_when_the_recipe_changed(tmp_path):
+    tree, series_dir, base = ported_tree(tmp_path)
+    assert reach.reach_cases(series_dir, tree) is None  # no record
+    write_record(
+        series_dir,
+        base,
+        {CASE: Entry(frozenset({"s1"}), 40.0), "gpt3_not_here": Entry(frozenset({"s2", "s3"}), 10.0)},
+        {},
+    )
+    names, why = reach.reach_cases(series_dir, tree) or ([], "")
+    assert names == [CASE] and "recorded on another recipe" not in why
+    (series_dir / "series").write_text((series_dir / "series").read_text() + "# changed\n")
+    _, why = reach.reach_cases(series_dir, tree) or ([], "")
+    assert "recorded on another recipe" in why
+
+
+# --- every site run or explained ---------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_each_unreached_site_is_classified_and_the_share_of_non_gpu_sites_counted(tmp_path):
+    tree, series_dir, base = ported_tree(tmp_path)
+    key = keys_of(tree, base)
+    # the record: a case ran probe(); nothing recorded ran arch() or the legacy module
+    write_record(series_dir, base, {CASE: Entry(frozenset({key["megatron/core/a.py:11 is_hip"]}), 30.0)}, {})
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    records = tmp_path / "sites"
+    (records / "gpt-training").mkdir(parents=True)
+    # this run imports a.py (and calls arch()): probe() is left to the case reach did not select
+    run_in(
+        tree,
+        boot,
+        protocol.PORT_SITES.entry(str(records / "gpt-training")),
+        "from megatron.core import a\ntry:\n    a.arch()\nexcept Exception:\n    pass",
+    )
+
+    def explain(coverage, sites):
+        reach.classify(coverage, sites, series_dir, case_plan.gpu_only_reasons(tree))
+
+    cov = port_sites.tree_coverage(tree, records, ("gpt-training",), explain=explain)
+    gates, fa = cov["capability-gates"], cov["flash-attention-hooks"]
+    assert gates.classified["megatron/core/a.py:11 is_hip"] == f"reachable, not selected (ran by {CASE} when recorded)"
+    legacy = gates.classified["megatron/legacy/b.py:5 nvidia_arch_major"]
+    assert legacy.startswith("not-on-proxy (module never imported: legacy model code") and "no recorded case" in legacy
+    assert fa.classified["megatron/core/fa.py:5 is_hip"].startswith("gpu-only (--use-flash-attn")
+    assert gates.by_class == {"gpu-only": 0, "not-on-proxy": 1, "reachable, not selected": 1}
+    assert reach.share_run(cov) == (1, 3)  # arch() ran; 4 sites, 1 gpu-only
+    # with a GPU-only case in the tree, its case_plan reason is the one given
+    flash_case = tree / "tests/functional_tests/test_cases/gpt/gpt3_flash/model_config.yaml"
+    flash_case.parent.mkdir()
+    flash_case.write_text("MODEL_ARGS:\n  --use-flash-attn: true\n")
+    cov = port_sites.tree_coverage(tree, records, ("gpt-training",), explain=explain)
+    assert cov["flash-attention-hooks"].classified["megatron/core/fa.py:5 is_hip"] == (
+        "gpu-only (--use-flash-attn: the flash-attn package's CUDA kernels (e.g. case gpt3_flash))"
+    )
+
+
+# --- a refresh hop's cases ---------------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_a_hop_runs_the_recorded_cases_its_upstream_change_reaches(tmp_path):
+    from rocmport.refresh.report import hop_functional
+
+    tree, series_dir, base = ported_tree(tmp_path)
+    key = keys_of(tree, base)
+    write_record(
+        series_dir,
+        base,
+        {
+            CASE: Entry(frozenset(), 30.0, frozenset({"megatron/core/a.py", "megatron/core/__init__.py"})),
+            "gpt3_legacy": Entry(frozenset({key["megatron/legacy/b.py:5 nvidia_arch_major"]}), 30.0),
+        },
+        {},
+    )
+    # upstream moves on from the old pin: a.py changes (the hop's new pin), b.py does not
+    g(tree, "checkout", "-q", "-b", "upstream-next", base)
+    (tree / "megatron/core/a.py").write_text((tree / "megatron/core/a.py").read_text() + "\nX = 1\n")
+    new = commit(tree, "upstream: a.py changed")
+    g(tree, "checkout", "-q", "main")
+    state = wt.read_state(tree)
+    assert state is not None
+    wt.write_state(tree, wt.ApplyState(status="done", base=new, series=state.series, codemods=state.codemods))
+    assert reach.hop_cases(series_dir, ["megatron/core/a.py"]) == (
+        [CASE],
+        "1 of 2 recorded cases import a file or run a port site of the 1 files this hop changed",
+    )
+    assert reach.hop_cases(series_dir, ["megatron/legacy/b.py"])[0] == ["gpt3_legacy"]  # type: ignore[index]
+    given, why = hop_functional(tree, base, ())
+    assert given["with_functional"] is True and CASE in why and "gpt3_legacy" not in why
+    assert given.get("cases", given.get("case")) == CASE
+    given, why = hop_functional(tree, new, ())  # nothing changed since: stage 4 does not run
+    assert given == {"with_functional": False} and why.endswith("stage 4 not run")
+
+
+@pytest.mark.torch
+def test_record_reach_writes_the_line_s_record_and_needs_a_series(tmp_path, capsys):
+    tree, series_dir, base = ported_tree(tmp_path)
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach"]) == 0
+    record = reach.read_record(series_dir)
+    assert record is not None and record.upstream == base and record.recipe == reach.recipe_digest(series_dir)
+    # stage 1 runs no case and no test file: an empty, partial record of this tree's 1 case and 2 files
+    assert (record.cases, record.unit_tests, record.partial) == ({}, {}, True)
+    assert record.holds.startswith("0 of 1 GPT cases and 0 of 2 unit-test files")
+    out, err = capsys.readouterr()
+    assert f"reach record: {series_dir / 'reach.json'}" in err
+    # the summary: each codemod's unreached sites by class, and the share of the non-GPU-only ones that ran
+    assert "capability-gates: 0 of 3 rewritten sites ran" in out and "[unreached: 3 not-on-proxy]" in out
+    assert "[unreached: 1 gpu-only]" in out and "0 of the 3 sites that are not gpu-only ran (0%)" in out
+    # a tree `rocmport apply` did not make has no series to record beside
+    state = wt.read_state(tree)
+    assert state is not None
+    wt.write_state(tree, wt.ApplyState(status="done", base=base, codemods=state.codemods))
+    code = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--record-reach needs a tree made by `rocmport apply`" in err and len(err.splitlines()) == 1
