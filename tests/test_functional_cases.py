@@ -365,3 +365,28 @@ def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
     assert failure_of(rerun, tmp_path, "run").message.startswith(
         "a rank exited 17 without a Python exception (megatron's rerun state machine, EXIT_CODE_FAILED_ON_RESULT_VALIDATION"
     )
+
+
+def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):
+    """A record made with TE's layer picks TE cases; a run without TE must not select them (they
+    would stop at TE's import): the record's local cases run, or today's default case."""
+    te_case = "gpt3_mcore_te_tp1_pp1"
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, te_case: CONFIG.replace("  --transformer-impl: local\n", "")})
+    picked: list[list[str]] = []
+    fake = types.ModuleType("rocmport.verify.analyses.reach")
+    fake.reach_cases = lambda series_dir, t: (picked[-1], "reach record")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rocmport.verify.analyses.reach", fake)
+    import rocmport.verify.analyses as analyses
+
+    monkeypatch.setattr(analyses, "reach", fake, raising=False)
+    picked.append([te_case])
+    opts, _ = functional_options(tree, tmp_path / "series", None, "reach", 1, 1, None, False, 4, option="--cases")
+    assert opts is not None and opts.cases == (GOOD,) and opts.defaulted
+    assert (
+        opts.note
+        == f"the reach record's cases ({te_case}) need Transformer Engine, not usable here (--te): today's default case"
+    )
+    picked.append([te_case, GOOD])
+    opts, _ = functional_options(tree, tmp_path / "series", None, "reach", 1, 1, None, False, 4, option="--cases")
+    assert opts is not None and opts.cases == (GOOD,) and not opts.defaulted
+    assert opts.note == f"reach record (without Transformer Engine here, not: {te_case})"

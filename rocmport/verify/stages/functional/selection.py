@@ -22,6 +22,7 @@ from rocmport.verify.stages.functional.case_args import CASES, cases_near, check
 
 REACH, ALL, NAMED = "reach", "all", "named"
 NO_REACH_RECORD = "no reach record for this line: today's default case"
+NO_TE_FOR_RECORD = "the reach record's cases ({}) need Transformer Engine, not usable here (--te): today's default case"
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,20 @@ def select(
         names, line = recorded
         there = tuple(n for n in names if (tree / CASES / n / "model_config.yaml").is_file())
         gone = [n for n in names if n not in there]
+        runnable = there if te_usable else tuple(n for n in there if not _needs_te(tree, n))
+        if runnable:
+            line += f" ({len(gone)} recorded cases not in this tree: {', '.join(gone)})" if gone else ""
+            dropped = [n for n in there if n not in runnable]
+            line += f" (without Transformer Engine here, not: {', '.join(dropped)})" if dropped else ""
+            return Selection(REACH, runnable, line)
+        # A record made with TE's layer picks TE cases; a run without TE keeps today's default case.
         return Selection(
-            REACH, there, line + (f" ({len(gone)} recorded cases not in this tree: {', '.join(gone)})" if gone else "")
+            REACH, (default_case(tp, pp, te_usable, tree),), NO_TE_FOR_RECORD.format(", ".join(there)), defaulted=True
         )
     return Selection(REACH, (default_case(tp, pp, te_usable, tree),), NO_REACH_RECORD, defaulted=True)
+
+
+def _needs_te(tree: Path, case: str) -> bool:
+    """The case builds Transformer Engine's layers (upstream's default --transformer-impl)."""
+    args = case_plan.load_config(tree, case).get("MODEL_ARGS") or {}
+    return str(args.get("--transformer-impl") or "transformer_engine") == "transformer_engine"
