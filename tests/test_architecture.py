@@ -496,3 +496,26 @@ def test_verify_rooms_import_only_downward():
         for n in rooms
     }
     assert {n: d for n, d in upward.items() if d} == {}
+
+
+# Stage 3 and stage 4 were split by concern (#40, #38): each function small enough to read whole.
+FUNCTION_LINES = 80
+
+
+def long_functions(folder: Path, limit: int = FUNCTION_LINES) -> list[str]:
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                found.append(f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    return found
+
+
+@pytest.mark.parametrize("room", ["unit_tests", "functional"])
+def test_stage_3_and_4_have_no_function_over_80_lines(room):
+    assert long_functions(PACKAGE / "verify" / "stages" / room) == []
+
+
+def test_the_length_rule_sees_a_long_function(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * FUNCTION_LINES)
+    assert long_functions(tmp_path) == [f"m.py:1 f ({FUNCTION_LINES + 1} lines)"]

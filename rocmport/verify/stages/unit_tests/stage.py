@@ -251,21 +251,7 @@ def unit_options(
     --unit-test paths; ``since``: the upstream commit an impacted selection diffs from (with
     ``impact_extra``, more changed files: those whose port rewrite changed in a refresh hop);
     ``series_dir``: where the line's reach record is (`reach`), ``reach_budget`` its seconds."""
-    if since is not None and wanted != "impacted":
-        raise BadInput(f"--since {since[:80]}: only with --unit-tests impacted (the selection it diffs from)")
-    if wanted == "impacted" and since is None:
-        raise BadInput(
-            "--unit-tests impacted: give --since COMMIT, the upstream commit the port was last verified at "
-            "(the tests that reach what changed since then run)"
-        )
-    if wanted == "impacted" and tests:
-        raise BadInput("--unit-test: not with --unit-tests impacted (it selects the files itself); give one of them")
-    if reach_budget is not None and wanted != "reach":
-        raise BadInput(
-            f"--unit-reach-budget {reach_budget:g}: only with --unit-tests reach (the budget of its selection)"
-        )
-    if wanted == "reach" and tests:
-        raise BadInput("--unit-test: not with --unit-tests reach (it selects the files itself); give one of them")
+    _check_pairs(wanted, tests, since, reach_budget)
     if wanted is False:
         return None, "--no-unit-tests"
     if not (tree / "tests" / "unit_tests").is_dir():
@@ -308,17 +294,7 @@ def unit_options(
         chosen, reasons, how = list(suite.FALLBACK_TESTS), dict(suite.FALLBACK_TESTS), "fallback"
     reach_why = ""
     if wanted == "reach":
-        from rocmport.verify.analyses import reach
-
-        budget = reach.UNIT_TESTS_BUDGET_S if reach_budget is None else reach_budget
-        by_reach = reach.reach_unit_tests(series_dir, tree, budget)
-        if by_reach is None:  # the default files above, saying so
-            where = reach.record_path(series_dir) if series_dir else "this tree (not made by `rocmport apply`)"
-            reach_why = f"reach: no recorded test file in {where}: the default {len(chosen)} files (--record-reach records them)"
-        else:
-            names, reach_why = by_reach
-            chosen, how = names, "reach"
-            reasons = {n: "reach: runs port sites the other chosen files do not" for n in names}
+        chosen, reasons, how, reach_why = _by_reach(series_dir, tree, reach_budget, chosen, reasons, how)
     return UnitOptions(
         tests=chosen,
         nproc=nproc,
@@ -329,6 +305,51 @@ def unit_options(
         selection=how,
         reach_why=reach_why,
     ), ""
+
+
+def _check_pairs(wanted: str | bool | None, tests, since: str | None, reach_budget: float | None) -> None:
+    """The options stage 3 takes only together, or never together (exit 2 naming both)."""
+    if since is not None and wanted != "impacted":
+        raise BadInput(f"--since {since[:80]}: only with --unit-tests impacted (the selection it diffs from)")
+    if wanted == "impacted" and since is None:
+        raise BadInput(
+            "--unit-tests impacted: give --since COMMIT, the upstream commit the port was last verified at "
+            "(the tests that reach what changed since then run)"
+        )
+    if wanted == "impacted" and tests:
+        raise BadInput("--unit-test: not with --unit-tests impacted (it selects the files itself); give one of them")
+    if reach_budget is not None and wanted != "reach":
+        raise BadInput(
+            f"--unit-reach-budget {reach_budget:g}: only with --unit-tests reach (the budget of its selection)"
+        )
+    if wanted == "reach" and tests:
+        raise BadInput("--unit-test: not with --unit-tests reach (it selects the files itself); give one of them")
+
+
+def _by_reach(
+    series_dir: Path | None,
+    tree: Path,
+    reach_budget: float | None,
+    chosen: list[str],
+    reasons: dict[str, str],
+    how: str,
+) -> tuple[list[str], dict[str, str], str, str]:
+    """`--unit-tests reach`: the line's recorded files the set cover picks, or the default files
+    (``chosen``) where the line has no record, with the one line that says which."""
+    from rocmport.verify.analyses import reach
+
+    budget = reach.UNIT_TESTS_BUDGET_S if reach_budget is None else reach_budget
+    by_reach = reach.reach_unit_tests(series_dir, tree, budget)
+    if by_reach is None:  # the default files, saying so
+        where = reach.record_path(series_dir) if series_dir else "this tree (not made by `rocmport apply`)"
+        return (
+            chosen,
+            reasons,
+            how,
+            f"reach: no recorded test file in {where}: the default {len(chosen)} files (--record-reach records them)",
+        )
+    names, why = by_reach
+    return names, {n: "reach: runs port sites the other chosen files do not" for n in names}, "reach", why
 
 
 def check_unit_test(tree: Path, test: str) -> None:
