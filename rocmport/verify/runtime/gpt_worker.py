@@ -249,11 +249,20 @@ def train(args):
             losses.append(float(torch.stack([r["lm loss"] for r in reduced]).mean()))
     tied_end = _tied_ok(model, ps)
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    casts: dict[str, int] = {}
+    if fp8:  # the casts TE's layer made through the CPU kernels, by the encoding they wrote
+        from rocmport.verify.runtime import te_fp8
+
+        casts = dict(te_fp8.CASTS)
     torch.distributed.all_gather_object(
-        gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank()}
+        gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank(), "casts": casts}
     )
     if torch.distributed.get_rank() == 0:
         reporter = next(g for g in gathered if g["last"] and g["tp_rank"] == 0)
+        fp8_casts: dict[str, int] = {}  # every rank's FP8 casts by encoding: the FP8 that ran
+        for g in gathered:
+            for name, n in g["casts"].items():
+                fp8_casts[name] = fp8_casts.get(name, 0) + n
         redirects = {}
         if proxy:
             from rocmport.verify.runtime.proxy_shim import REDIRECTS
@@ -267,6 +276,7 @@ def train(args):
                 "tied_start": tied_start,
                 "tied_end": tied_end,
                 "redirects": redirects,
+                **({"fp8_casts": fp8_casts} if fp8 else {}),
             },
         )
     torch.distributed.barrier()

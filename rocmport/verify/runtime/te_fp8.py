@@ -28,6 +28,9 @@ import torch
 
 ENV = protocol.TE_FP8.name
 MX_BLOCK = 32  # MXFP8: one E8M0 scale per 32 consecutive values (along a row, or a column)
+# This process's casts by the encoding they wrote (e4m3fnuz: 120, ...): what the run's report shows
+# as the FP8 that ran, the evidence that gfx942 cast FNUZ and not OCP (te_flavour.fp8_casts_differ).
+CASTS: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: tor
         return output
     src = tensor.detach().float()
     fmt = fp8_format(quantizer.dtype)
+    CASTS[fmt.name] = CASTS.get(fmt.name, 0) + 1
     if which == "MXFP8Quantizer":
         _mx_quantize(src, quantizer, output, fmt)
         return output
