@@ -489,6 +489,44 @@ def _failure(
     return StageResult(NAME, FAIL, f"{what} exited {proc.returncode}: {tail[0][:300]}", seconds, details)
 
 
+def _fp8_refusal(
+    fp8: case_plan.Fp8Plan,
+    proc: subprocess.CompletedProcess,
+    case: str,
+    losses: list[float],
+    seconds: float,
+    details: FunctionalRun,
+) -> StageResult:
+    """An FP8 case whose recipe the simulated GPU cannot run: the port's argument validation must refuse
+    it, naming the arch and the recipe, before any iteration (that is the check passing); a run that
+    trains, or stops anywhere else (a TE assert, a kernel), fails the stage."""
+    said = case_plan.refusal_in(fp8, proc.stderr)
+    if proc.returncode != 0 and said and not losses:
+        if details.fp8 is not None:
+            details.fp8["refused"] = said
+        return StageResult(
+            NAME,
+            PASS,
+            f"{case}: refused in argument validation as planned ({fp8.recipe} on {fp8.device}, the port's "
+            f"fp8-arch-check): {said}",
+            seconds,
+            details,
+        )
+    got = (
+        f"it trained ({len(losses)} iterations logged)"
+        if proc.returncode == 0 or losses
+        else f"it stopped elsewhere: {(exception_line(proc.stderr) or f'exit {proc.returncode}')[:300]}"
+    )
+    return StageResult(
+        NAME,
+        FAIL,
+        f"{case}: {fp8.device} cannot run the {fp8.recipe} recipe, so argument validation must refuse it "
+        f"('{fp8.refusal} ...'); {got}",
+        seconds,
+        details,
+    )
+
+
 @dataclass
 class ResumeCheck:
     """The checkpoint round trip (`resume` of stage 4): the iteration saved and the one the resumed
@@ -571,6 +609,7 @@ class FunctionalRun:
     resume: ResumeCheck | ResumeSkipped | None = None
     golden: GoldenComparison | None = None
     upstream_golden_a100: UpstreamGolden | None = None
+    fp8: dict[str, Any] | None = None  # an FP8 case: its plan (case_plan.Fp8Plan) and the casts or the refusal seen
 
     def report_entries(self) -> dict[str, Any]:
         return {"functional": self.to_dict()}
@@ -589,6 +628,8 @@ class FunctionalRun:
             out["redirects"] = self.redirects
         if self.resume_log_tail is not None:
             out["resume_log_tail"] = self.resume_log_tail
+        if self.fp8 is not None:
+            out["fp8"] = self.fp8
         for key, part in (
             ("resume", self.resume),
             ("golden", self.golden),
@@ -616,6 +657,7 @@ def stage_functional(
     resume: bool = True,
     hip: str | None = None,
     rocm: bool = False,
+    te: case_plan.ProxyTE | None = None,
 ) -> tuple[StageResult, FunctionalRun | None]:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
@@ -633,7 +675,7 @@ def stage_functional(
     config = load_case(tree, case)
     plan: CasePlan | None = None
     if proxy:
-        planned = case_plan.plan_case(case, config, data_path=bool(data_path))
+        planned = case_plan.plan_case(case, config, data_path=bool(data_path), te=te)
         if isinstance(planned, case_plan.Unsupported):
             return StageResult(NAME, UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}"), None
         plan = planned
@@ -661,6 +703,7 @@ def stage_functional(
             (work / "shim").mkdir()
             run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
             run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
+            run_env.update(dict(plan.fp8.env) if plan and plan.fp8 else {})  # the CUDA control's simulated H100
             swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
         cmd = functional_command(launcher, world, args)
         proc = _launch(cmd, tree, run_env)
@@ -690,6 +733,13 @@ def stage_functional(
                 time.monotonic() - start,
                 run,
             ), run
+        if plan is not None and plan.fp8 is not None:
+            run.fp8 = plan.fp8.to_dict()
+            if plan.fp8.refusal:
+                return _fp8_refusal(plan.fp8, proc, case, losses, time.monotonic() - start, run), run
+            from rocmport.verify.runtime.proxy_shim import read_fp8_casts
+
+            run.fp8["casts"] = read_fp8_casts(work / "shim")  # the first run's alone: the resumed run adds its own
         if proc.returncode != 0 or len(losses) < iters:
             what = f"pretrain_gpt.py (after {len(losses)} of {iters} iterations)"
             res = _failure(proc, tree, proxy, hip, what, time.monotonic() - start, run)
@@ -698,6 +748,13 @@ def stage_functional(
         problems = []
         if losses[-1] >= losses[0]:
             problems.append(f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
+        if plan is not None and plan.fp8 is not None and run.fp8 is not None:
+            from rocmport.verify.runtime.te_flavour import fp8_casts_differ
+
+            wrong = fp8_casts_differ(run.fp8["casts"], plan.fp8.encoding)
+            problems += [f"{plan.fp8.describe()}: {wrong}"] if wrong else []
+            casts = ", ".join(f"{k} ×{v}" for k, v in sorted(run.fp8["casts"].items()))
+            reason += f"; {plan.fp8.describe()} ({casts or 'none'})"
         if resume and half >= 1 and support.ckpt_step:
             again = {
                 **save,
@@ -896,15 +953,19 @@ class FunctionalStage(Stage[FunctionalOptions]):
             return []
         config = load_case(opts.tree, f.case)
         proxy = not probe.probe().has_gpu
-        plan = case_plan.plan_case(f.case, config, data_path=bool(f.data_path)) if proxy else None
+        arch = opts.hip_arch if opts.hip_version else None
+        te = case_plan.ProxyTE.of(opts.te, arch)
+        plan = case_plan.plan_case(f.case, config, data_path=bool(f.data_path), te=te) if proxy else None
         if isinstance(plan, case_plan.Unsupported):
             return []
         args = build_args(config, iters=f.iters, proxy=proxy, data_path=f.data_path, work=tmp, plan=plan)
+        env = dict(plan.fp8.env) if isinstance(plan, CasePlan) and plan.fp8 else {}
         return [
             {
                 "stage": self.name,
                 "command": functional_command(opts.launcher, world_size(config, opts.dp, plan), args),
                 "cwd": str(opts.tree),
+                **({"env": env} if env else {}),
             }
         ]
 
@@ -933,6 +994,7 @@ class FunctionalStage(Stage[FunctionalOptions]):
                 resume=f.resume,
                 hip=ctx.hip_version,
                 rocm=bool(ctx.hip_version or ctx.machine.hip),
+                te=case_plan.ProxyTE.of(ctx.opts.te, ctx.device_arch if ctx.hip_version else None),
             )
         return StageRun(result, details)
 
