@@ -297,6 +297,9 @@ def test_context_parallel_with_te_s_attention_is_not_on_the_proxy():
     assert isinstance(p, cp.Unsupported) and "context parallelism (cp2) with TE's attention" in p.reason, p
     local = dict(mx, MODEL_ARGS={**mx["MODEL_ARGS"], "--fp8-format": None, "--transformer-impl": "local"})
     assert isinstance(cp.plan_case("c", local, te=GFX950), cp.CasePlan)  # not TE's attention: not this reason
+    # on gfx942 the port refuses MXFP8 in argument validation, before any attention: planned as that refusal
+    refused = cp.plan_case("c", mx, te=GFX942)
+    assert isinstance(refused, cp.CasePlan) and refused.fp8.refusal == "--fp8-recipe mxfp8: gfx942 cannot run"
 
 
 @pytest.mark.torch
@@ -334,7 +337,7 @@ V016_FP8_ON_GFX942 = {
     "gpt3_weekly_dgx_h100_mcore_tp4_pp2_fp8_tp_pp": "runs",
     "gpt3_weekly_dgx_h100_mcore_tp4_cp2_current_scaling_native_fp8_tp_fsdp": "runs",
     "gpt3_weekly_dgx_b200_mcore_tp4_cp2_current_scaling_native_fp8_tp_fsdp": "runs",
-    "gpt3_weekly_dgx_b200_mcore_tp4_cp2_mxfp8_tp_sp_cp": "context parallelism",
+    "gpt3_weekly_dgx_b200_mcore_tp4_cp2_mxfp8_tp_sp_cp": "refused",
     "gpt3_weekly_dgx_b200_mcore_tp4_cp2_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
     "gpt3_weekly_dgx_h100_mcore_tp4_cp2_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
     "gpt3_weekly_dgx_b200_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
@@ -364,6 +367,10 @@ def test_v016_fp8_cases_per_flavour_and_gpu(tmp_path):
     on = {te: cp.plan_tree(tmp_path / "tree", te=te) for te in (None, GFX942, GFX950, CUDA_CONTROL)}
     for name, outcome in V016_FP8_ON_GFX942.items():
         p = on[GFX942][name]
+        if outcome == "refused":  # MXFP8: the port's check on gfx942; runs nowhere else on the proxy (cp2 with TE)
+            assert p.fp8.refusal == "--fp8-recipe mxfp8: gfx942 cannot run" and p.layout.world == 8, (name, p)
+            assert "context parallelism" in on[GFX950][name].reason and "Blackwell" in on[CUDA_CONTROL][name].reason
+            continue
         if outcome != "runs":
             assert isinstance(p, cp.Unsupported) and outcome in p.reason, (name, p)
             continue

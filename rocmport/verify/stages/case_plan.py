@@ -568,9 +568,10 @@ def plan_case(
             f"needs {lay.world} ranks ({lay.describe()}); the proxy runs at most {max_ranks} on one machine",
         )
     te_impl = str(args.get("--transformer-impl") or "transformer_engine") == "transformer_engine"
-    if te is not None and te_impl and lay.cp > 1:
+    if te is not None and te_impl and lay.cp > 1 and not (fp8 and fp8.refusal):
         # TE's get_attention_backend (attention/dot_product_attention/utils.py): "Disabling
-        # UnfusedDotProductAttention as it does not support context parallelism".
+        # UnfusedDotProductAttention as it does not support context parallelism". (A case the port
+        # must refuse stops in argument validation, before any attention: it runs.)
         return Unsupported(
             name,
             "not-on-proxy",
