@@ -218,14 +218,17 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: tor
         slot.copy_(torch.maximum(slot.float(), a).to(slot.dtype))
     else:  # current scaling: this tensor's amax (over the group), its scale
         a = _reduce_amax(amax(src), quantizer)
-        quantizer.amax.reshape(-1)[:1].copy_(a)
         scale = compute_scale(
             a,
             fmt,
             float(getattr(quantizer, "amax_epsilon", 0.0)),
             bool(getattr(quantizer, "force_pow_2_scales", False)),
         )
-        quantizer.scale.reshape(-1)[:1].copy_(scale)
+        # TE keeps this cast's amax and scale on the quantizer up to 2.16; 2.17's holds neither
+        # (AttributeError: 'Float8CurrentScalingQuantizer' object has no attribute 'amax').
+        for name, value in (("amax", a), ("scale", scale)):
+            if getattr(quantizer, name, None) is not None:
+                getattr(quantizer, name).reshape(-1)[:1].copy_(value)
     bits = encode(src * scale, fmt)
     scale_inv = (1.0 / scale).reshape(1)
     if getattr(output, "_scale_inv", None) is not None and output._scale_inv.numel() == 1:
