@@ -155,7 +155,7 @@ def test_expert_tensor_parallel_is_ignored_where_the_case_has_no_experts():
         ({"--tp-comm-overlap": True}, "gpu-only", "userbuffers"),
         ({"--attention-backend": "flash", "--context-parallel-size": 2}, "gpu-only", "flash-attn"),
         ({"--attention-backend": "fused"}, "gpu-only", "cuDNN"),
-        ({"--fp8-format": "hybrid"}, "not-on-proxy", "fp8_gemm"),
+        ({"--fp8-format": "hybrid"}, "not-on-proxy", "needs --te"),
         ({"--experimental-attention-variant": "gated_delta_net"}, "not-on-proxy", "flash-linear-attention"),
         ({"--export-kd-teacher-load": "/x"}, "needs-nvidia-only", "nvidia-modelopt"),
         ({"TEST_TYPE": "frozen-start"}, "not-on-proxy", "stored checkpoint"),
@@ -221,3 +221,159 @@ def test_every_case_of_every_line_is_a_plan_or_a_specific_reason(ref, tmp_path):
     # Most of upstream's GPT training cases run on the proxy; the rest each have their reason.
     training = len(plans) - len(summary.unsupported.get("not-training", []))
     assert len(summary.runnable) >= 0.6 * training, (len(summary.runnable), training)
+
+
+# --- FP8 cases: per TE flavour and simulated GPU ---------------------------------------------------
+
+GFX942 = cp.ProxyTE("rocm", "fnuz", "gfx942")
+GFX950 = cp.ProxyTE("rocm", "ocp", "gfx950")
+CUDA_CONTROL = cp.ProxyTE("nvidia", "ocp", None)
+FP8_RECIPES = {  # each recipe as upstream's FP8 cases spell it (the delayed ones name no recipe)
+    "delayed": {"--fp8-format": "hybrid", "--fp8-amax-history-len": 1024, "--fp8-amax-compute-algo": "max"},
+    "tensorwise": {"--fp8-format": "hybrid", "--fp8-recipe": "tensorwise", "--fp8-param-gather": True},
+    "mxfp8": {"--fp8-format": "hybrid", "--fp8-recipe": "mxfp8"},
+    "blockwise": {"--fp8-format": "e4m3", "--fp8-recipe": "blockwise"},
+}
+# (recipe, TE) -> runs in this encoding on this device | refused with this text | unsupported with these words
+EXPECTED_FP8 = [
+    ("delayed", GFX942, ("runs", "fnuz", "gfx942")),
+    ("tensorwise", GFX942, ("runs", "fnuz", "gfx942")),
+    ("mxfp8", GFX942, ("refused", "--fp8-recipe mxfp8: gfx942 cannot run")),
+    ("blockwise", GFX942, ("refused", "--fp8-recipe blockwise: gfx942 cannot run")),
+    ("delayed", GFX950, ("runs", "ocp", "gfx950")),
+    ("tensorwise", GFX950, ("runs", "ocp", "gfx950")),
+    ("mxfp8", GFX950, ("runs", "ocp", "gfx950")),
+    ("blockwise", GFX950, ("refused", "--fp8-recipe blockwise: gfx950 cannot run")),
+    ("delayed", CUDA_CONTROL, ("runs", "ocp", "sm_90")),
+    ("tensorwise", CUDA_CONTROL, ("runs", "ocp", "sm_90")),
+    ("mxfp8", CUDA_CONTROL, ("unsupported", "Blackwell")),
+    ("blockwise", CUDA_CONTROL, ("unsupported", "no CPU kernel")),
+    ("delayed", cp.ProxyTE("rocm", "ocp", "gfx90a"), ("refused", "--fp8-recipe delayed: gfx90a cannot run")),
+    (
+        "mxfp8",
+        cp.ProxyTE("nvidia", "ocp", "gfx950"),
+        ("refused", "--fp8-recipe mxfp8: the installed Transformer Engine cannot run it on gfx950"),
+    ),
+]
+
+
+@pytest.mark.parametrize("recipe, te, expected", EXPECTED_FP8, ids=lambda v: getattr(v, "arch", None) or str(v)[:12])
+def test_an_fp8_case_is_planned_by_its_recipe_the_te_flavour_and_the_simulated_gpu(recipe, te, expected):
+    p = cp.plan_case("c", case(**FP8_RECIPES[recipe]), te=te)
+    if expected[0] == "unsupported":
+        assert isinstance(p, cp.Unsupported) and p.kind == "not-on-proxy" and expected[1] in p.reason, p
+        assert f"--fp8-recipe {recipe}" in p.reason
+        return
+    assert isinstance(p, cp.CasePlan) and p.fp8 is not None, p
+    assert (p.fp8.format, p.fp8.recipe) == (FP8_RECIPES[recipe]["--fp8-format"], recipe)
+    assert "fp8" in p.features
+    if expected[0] == "refused":  # the port's argument validation must refuse it: nothing trains, nothing resumes
+        assert p.fp8.refusal == expected[1] and not p.resume, p.fp8
+        return
+    assert p.fp8.refusal is None and (p.fp8.encoding, p.fp8.device) == expected[1:] and p.resume
+    # the CUDA control's ranks see an H100 (NVIDIA's TE runs FP8 from compute capability 8.9); nothing else is added
+    assert dict(p.fp8.env) == ({"ROCMPORT_CUDA_SIM_ARCH": "sm_90"} if te.arch is None else {})
+    assert ("NVTE_ROCM_ENABLE_MXFP8=1" in " ".join(p.notes)) == (recipe == "mxfp8")
+
+
+@pytest.mark.parametrize("recipe", list(FP8_RECIPES))
+def test_without_te_an_fp8_case_says_it_needs_te(recipe):
+    p = cp.plan_case("c", case(**FP8_RECIPES[recipe]))
+    assert isinstance(p, cp.Unsupported) and p.kind == "not-on-proxy", p
+    assert p.reason.startswith(f"--fp8-format {FP8_RECIPES[recipe]['--fp8-format']} --fp8-recipe {recipe}: ")
+    assert "TE's FP8 path" in p.reason and "needs --te" in p.reason
+
+
+def test_a_recipe_without_a_format_trains_without_fp8_as_megatron_does():
+    p = runnable(case(**{"--fp8-recipe": "mxfp8"}))
+    assert p.fp8 is None and "fp8" not in p.features
+
+
+def test_context_parallel_with_te_s_attention_is_not_on_the_proxy():
+    # upstream's only MXFP8 case is tp4×cp2: TE's unfused attention, the proxy's, refuses cp > 1
+    mx = case(**FP8_RECIPES["mxfp8"], **{"--tensor-model-parallel-size": 4, "--pipeline-model-parallel-size": 1})
+    mx["MODEL_ARGS"]["--context-parallel-size"] = 2
+    p = cp.plan_case("c", mx, te=GFX950)
+    assert isinstance(p, cp.Unsupported) and "context parallelism (cp2) with TE's attention" in p.reason, p
+    local = dict(mx, MODEL_ARGS={**mx["MODEL_ARGS"], "--fp8-format": None, "--transformer-impl": "local"})
+    assert isinstance(cp.plan_case("c", local, te=GFX950), cp.CasePlan)  # not TE's attention: not this reason
+    # on gfx942 the port refuses MXFP8 in argument validation, before any attention: planned as that refusal
+    refused = cp.plan_case("c", mx, te=GFX942)
+    assert isinstance(refused, cp.CasePlan) and refused.fp8.refusal == "--fp8-recipe mxfp8: gfx942 cannot run"
+
+
+@pytest.mark.torch
+def test_the_plans_fp8_table_and_refusal_are_the_ports_own(monkeypatch):
+    """The recipes the plan expects each AMD GPU to run are the port's fp8-arch-check table, and the
+    text it expects a refusal to hold is in the port's own message (found as refusal_in finds it)."""
+    from types import SimpleNamespace
+
+    from rocmport.codemods.runtime import fp8_arch_check
+
+    assert cp.ROCM_FP8_RECIPES == fp8_arch_check.FP8_RECIPES_BY_ARCH
+    monkeypatch.setattr(fp8_arch_check, "is_hip", lambda: True)
+    monkeypatch.setattr(fp8_arch_check, "_te_fp8_answer", lambda recipe: None)
+    for recipe, te, expected in EXPECTED_FP8:
+        if expected[0] != "refused" or te.flavour != "rocm":
+            continue
+        monkeypatch.setattr(fp8_arch_check, "device_arch", lambda arch=te.arch: arch)
+        fp8 = cp.plan_case("c", case(**FP8_RECIPES[recipe]), te=te).fp8
+        with pytest.raises(ValueError) as refused:
+            fp8_arch_check.check_fp8_for_arch(SimpleNamespace(fp8=fp8.format, fp8_recipe=recipe), environ={})
+        message = str(refused.value)
+        assert cp.refusal_in(fp8, f"[rank0]: ValueError: {message}\n") == message, (message, fp8.refusal)
+        # a traceback's source line holding the text is not the refusal
+        assert cp.refusal_in(fp8, f'[rank0]:     raise ValueError(f"{fp8.refusal}")\n') is None
+
+
+# upstream v0.16.1's FP8 GPT cases, as the proxy plans them with the rocm flavour on a simulated gfx942
+V016_FP8_ON_GFX942 = {
+    "gpt3_weekly_dgx_h100_mcore_tp1_pp1_fp8_no_model_parallel": "runs",
+    "gpt3_weekly_dgx_h100_mcore_nondet_tp1_pp1_fp8_no_model_parallel": "runs",
+    "gpt3_weekly_dgx_h100_mcore_tp1_pp2_fp8_pp": "runs",
+    "gpt3_weekly_dgx_h100_mcore_tp2_pp2_fp8_tp_pp": "runs",
+    "gpt3_weekly_dgx_h100_mcore_tp2_pp2_fp8_tp_pp_sp": "runs",
+    "gpt3_weekly_dgx_h100_mcore_tp2_pp2_native_fp8_tp_pp_sp": "runs",
+    "gpt3_weekly_dgx_h100_mcore_tp4_pp2_fp8_tp_pp": "runs",
+    "gpt3_weekly_dgx_h100_mcore_tp4_cp2_current_scaling_native_fp8_tp_fsdp": "runs",
+    "gpt3_weekly_dgx_b200_mcore_tp4_cp2_current_scaling_native_fp8_tp_fsdp": "runs",
+    "gpt3_weekly_dgx_b200_mcore_tp4_cp2_mxfp8_tp_sp_cp": "refused",
+    "gpt3_weekly_dgx_b200_mcore_tp4_cp2_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
+    "gpt3_weekly_dgx_h100_mcore_tp4_cp2_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
+    "gpt3_weekly_dgx_b200_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
+    "gpt3_weekly_dgx_h100_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
+    "gpt3_weekly_dgx_b200_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": "userbuffers",
+    "gpt3_weekly_dgx_h100_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": "userbuffers",
+    "gpt_dynamic_inference_tp1_pp1_583m_cuda_graphs_fp8_logitsmatch": "MODE inference",
+    "gpt_dynamic_inference_tp1_pp1_583m_cuda_graphs_logitsmatch_decode_graphs_only": "MODE inference",
+    "gpt_static_inference_tp1_pp1_583m_fp8_cudagraphs": "MODE inference",
+}
+
+
+@pytest.mark.mirror
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a Megatron-LM mirror")
+def test_v016_fp8_cases_per_flavour_and_gpu(tmp_path):
+    archive = tmp_path / "cases.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", "core_v0.16.1", str(cp.CASES)], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tree", filter="data")
+    fp8 = {
+        n
+        for n in cp.training_cases(tmp_path / "tree")
+        if "--fp8-format" in (cp.load_config(tmp_path / "tree", n).get("MODEL_ARGS") or {})
+    }
+    assert fp8 == set(V016_FP8_ON_GFX942)
+    on = {te: cp.plan_tree(tmp_path / "tree", te=te) for te in (None, GFX942, GFX950, CUDA_CONTROL)}
+    for name, outcome in V016_FP8_ON_GFX942.items():
+        p = on[GFX942][name]
+        if outcome == "refused":  # MXFP8: the port's check on gfx942; runs nowhere else on the proxy (cp2 with TE)
+            assert p.fp8.refusal == "--fp8-recipe mxfp8: gfx942 cannot run" and p.layout.world == 8, (name, p)
+            assert "context parallelism" in on[GFX950][name].reason and "Blackwell" in on[CUDA_CONTROL][name].reason
+            continue
+        if outcome != "runs":
+            assert isinstance(p, cp.Unsupported) and outcome in p.reason, (name, p)
+            continue
+        assert isinstance(p, cp.CasePlan) and p.fp8 and p.fp8.encoding == "fnuz" and not p.fp8.refusal, (name, p)
+        assert isinstance(on[None][name], cp.Unsupported) and "needs --te" in on[None][name].reason
+        assert on[GFX950][name].fp8.encoding == "ocp" and on[CUDA_CONTROL][name].fp8.device == "sm_90"

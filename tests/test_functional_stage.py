@@ -517,3 +517,80 @@ def test_a_failures_reason_is_the_exception_not_its_source_line():
         """)
     assert exception_line(stderr) == "ValueError: 0 middle layers remaining but 2 middle PP stages available"
     assert exception_line("all good\n") is None
+
+
+# An FP8 case's pretrain_gpt.py: megatron's validate_args runs the port's fp8-arch-check first (the
+# tree's generated helper, megatron/core/_rocm.py, where the port wrote it), then it trains.
+FP8_PRETRAIN = (
+    textwrap.dedent("""\
+    import sys
+    from types import SimpleNamespace
+
+    argv = sys.argv[1:]
+
+
+    def value(flag):
+        return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+    try:
+        from megatron.core._rocm import check_fp8_for_arch
+    except ImportError:  # the unported tree: no such check
+        check_fp8_for_arch = None
+    if check_fp8_for_arch is not None:
+        check_fp8_for_arch(SimpleNamespace(fp8=value("--fp8-format"), fp8_recipe=value("--fp8-recipe") or "delayed"))
+    """)
+    + FAKE_PRETRAIN
+)
+
+
+def fp8_tree(root: Path, recipe: str, ported: bool) -> Path:
+    from rocmport.codemods.runner import helper_text
+
+    tree = make_tree(root, FP8_PRETRAIN)
+    cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
+    cfg.write_text(
+        CONFIG.replace("MODEL_ARGS:\n", f"MODEL_ARGS:\n  --fp8-format: hybrid\n  --fp8-recipe: {recipe}\n", 1)
+    )
+    if ported:
+        (tree / "megatron" / "core" / "_rocm.py").write_text(helper_text(["fp8-arch-check"]))
+    return tree
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_an_fp8_recipe_the_gpu_cannot_run_passes_when_argument_validation_refuses_it(tmp_path):
+    """MXFP8 on a simulated gfx942: the port's own check (its generated helper under the HIP simulation
+    and the shim) refuses it before any iteration, naming the arch and the recipe: the stage passes
+    saying so. The unported tree, which has no such check, trains: the stage fails."""
+    from rocmport.verify.stages.case_plan import ProxyTE
+
+    te = ProxyTE("rocm", "fnuz", "gfx942")
+    kwargs = dict(case=CASE, dp=1, iters=4, proxy=True, data_path=None, series_dir=None, record=False)
+    kwargs.update(device_kind=DeviceKind("cpu-proxy"), te=te, hip=hip_sim.DEFAULT_VERSION)
+    tree = fp8_tree(tmp_path / "port", "mxfp8", ported=True)
+    res, data = stage_functional(tree, proxy_env(tmp_path / "p", tree), **kwargs)
+    assert res.status == "pass", res.reason
+    assert "refused in argument validation as planned (mxfp8 on gfx942, the port's fp8-arch-check)" in res.reason
+    assert data.fp8["refused"].startswith("--fp8-format hybrid --fp8-recipe mxfp8: gfx942 cannot run the mxfp8 recipe")
+    assert data.losses == [] and data.resume is None  # nothing trained, nothing resumed
+    unported = fp8_tree(tmp_path / "unported", "mxfp8", ported=False)
+    res, _ = stage_functional(unported, proxy_env(tmp_path / "u", unported), **kwargs)
+    assert res.status == "fail" and "argument validation must refuse it" in res.reason and "it trained" in res.reason
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_an_fp8_case_whose_run_made_no_fp8_cast_fails(tmp_path):
+    """Delayed scaling on gfx942 passes the port's check and trains; a run in which no cast reached TE's
+    FP8 kernels (here a script without TE) is not an FP8 pass."""
+    from rocmport.verify.stages.case_plan import ProxyTE
+
+    tree = fp8_tree(tmp_path / "port", "delayed", ported=True)
+    kwargs = dict(case=CASE, dp=1, iters=4, proxy=True, data_path=None, series_dir=None, record=False, resume=False)
+    kwargs.update(
+        device_kind=DeviceKind("cpu-proxy"), te=ProxyTE("rocm", "fnuz", "gfx942"), hip=hip_sim.DEFAULT_VERSION
+    )
+    res, data = stage_functional(tree, proxy_env(tmp_path / "p", tree), **kwargs)
+    assert res.status == "fail" and "no FP8 cast ran (the FP8 path was not taken)" in res.reason, res.reason
+    assert data.fp8 == {"format": "hybrid", "recipe": "delayed", "encoding": "fnuz", "device": "gfx942", "casts": {}}

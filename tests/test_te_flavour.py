@@ -223,6 +223,7 @@ def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(tmp_path, real
     assert rocm["block_scaling"] == [False, "FP8 block scaled gemm not yet supported for ROCm"]
     assert rocm["mxfp8"] == [False, "MXFP8 support is not enabled."]
     assert rocm["e4m3_max"] == 240 and rocm["fnuz"] and nvidia["e4m3_max"] == 448 and not nvidia["fnuz"]
+    assert rocm["formats_round_trip"] is True and nvidia["formats_round_trip"] is True  # checkpoint resume
     assert rocm["env"] == {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1"}
     assert nvidia["applied"] == []
     applied = {a.split(" ")[0] for a in rocm["applied"]}

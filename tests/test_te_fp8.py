@@ -155,6 +155,18 @@ def test_current_scaling_takes_the_scale_from_this_tensor_s_amax(family):
     assert math.log2(pow2.scale.item()).is_integer() and pow2.scale.item() <= scale
 
 
+def test_current_scaling_casts_with_a_quantizer_that_keeps_no_amax_or_scale(family):
+    """TE 2.17's Float8CurrentScalingQuantizer holds no amax or scale buffer (v0.19's tensorwise FP8
+    stopped on 'object has no attribute amax'): the cast still takes its scale from the tensor's amax."""
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(3))
+    q = Float8CurrentScalingQuantizer(E4M3)
+    del q.amax, q.scale
+    out = tex.quantize(x, q)
+    fmt = te_fp8.fp8_format(E4M3)
+    assert out._scale_inv.item() == pytest.approx(float(x.abs().max()) / fmt.max, rel=1e-6)
+    assert float(out._data.view(fmt.dtype).float().abs().max()) == fmt.max
+
+
 # ---- delayed scaling: amax history and scale update ----
 
 

@@ -235,6 +235,10 @@ def test_te_modules_under_fp8_at_tp2_stay_within_the_fp8_bound(tmp_path, real_in
         for module in ("Linear(column)", "Linear(row)", "LayerNormLinear", "LayerNormMLP"):
             assert 1e-4 < rank[module] <= FP8_BOUND, (module, rank)
         assert rank["kernels"]["generic_gemm(fp8)"] > 0 and rank["kernels"]["quantize"] > 0
+        # the casts wrote the flavour's encodings: FNUZ on gfx942 under rocm (an OCP cast fails this), else OCP
+        encodings = {"fnuz": {"e4m3fnuz", "e5m2fnuz"}, "ocp": {"e4m3fn", "e5m2"}}[layer.flavour.fp8]
+        assert rank["casts"] and set(rank["casts"]) <= encodings, (layer.flavour.fp8, rank["casts"])
+        assert layer.flavour.fp8 == ("fnuz" if arch == "gfx942" else "ocp")
         if recipe == "delayed":
             assert rank["kernels"]["fused_amax_and_scale_update_after_reduction"] > 0
 

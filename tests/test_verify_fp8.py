@@ -87,3 +87,47 @@ def test_the_fp8_setting_reaches_the_worker_as_format_and_recipe(monkeypatch, va
     assert gpt_worker.fp8_setting() == expected
     monkeypatch.delenv(gpt_worker.FP8_ENV)
     assert gpt_worker.fp8_setting() is None
+
+
+def test_fp8_casts_in_an_encoding_other_than_the_flavours_are_named():
+    from rocmport.verify.runtime.te_flavour import fp8_casts_differ
+
+    assert fp8_casts_differ({"e4m3fnuz": 3, "e5m2fnuz": 2}, "fnuz") is None
+    assert fp8_casts_differ({"e4m3fn": 3, "e5m2": 1}, "ocp") is None
+    wrong = fp8_casts_differ({"e4m3fn": 3, "e5m2fnuz": 1}, "fnuz")
+    assert wrong == "FP8 casts in e4m3fn ×3, not the FNUZ encodings (e4m3fnuz, e5m2fnuz) this flavour and GPU use"
+    assert fp8_casts_differ({}, "ocp") == "no FP8 cast ran (the FP8 path was not taken)"
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+def test_fp8_training_on_the_proxy_casts_fnuz_on_gfx942_and_ocp_on_the_cuda_control(tmp_path, real_index):
+    """CI's FP8 training on the proxy (no mirror: the package-index source, megatron-core 0.16.1, ported):
+    stage 2 with TE's Python layer and --fp8-recipe delayed, tp2 against tp1 from the same weights. On a
+    simulated gfx942 under the rocm flavour every cast is FNUZ (an OCP cast fails it); the CUDA control
+    (NVIDIA's flavour, a simulated H100) casts OCP. The loss falls and tp2 stays within the FP8 bound."""
+    import json
+
+    from rocmport.cli import main
+    from tests.helpers.real import project_with
+
+    root = project_with(tmp_path / "project", {"megatron-lm": "v0.16"})
+    assert main(["-C", str(root), "sync", "--ref", "v0.16", "--source", "pypi", "--no-bridge"]) == 0
+    assert main(["-C", str(root), "apply"]) == 0
+    common = ["--stages", "2", "--tp", "2", "--pp", "1", "--iters", "4", "--te", "auto", "--no-moe"]
+    runs = {
+        "fnuz": ["--hip-arch", "gfx942", "--te-flavour", "rocm"],
+        "ocp": ["--no-hip-sim", "--te-flavour", "nvidia"],
+    }
+    for encoding, flavour in runs.items():
+        report = tmp_path / f"{encoding}.json"
+        rc = main(["-C", str(root), "verify", *common, *flavour, "--fp8-recipe", "delayed", "--report", str(report)])
+        data = json.loads(report.read_text())
+        stage = next(s for s in data["stages"] if s["name"] == "gpt-training")
+        assert rc == 0 and stage["status"] == "pass", stage
+        training = data["training"]
+        assert data["te"]["flavour"]["fp8"] == encoding
+        casts = training["fp8_casts"]
+        assert casts and set(casts) <= {"fnuz": {"e4m3fnuz", "e5m2fnuz"}, "ocp": {"e4m3fn", "e5m2"}}[encoding], casts
+        assert training["losses"][-1] < training["losses"][0] and training["max_abs_diff"] <= training["tolerance"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import pickle
 
 
 def _answer(check) -> list | str:
@@ -24,7 +25,7 @@ def main() -> None:
 
     import transformer_engine
     import transformer_engine.pytorch as te
-    from transformer_engine.common.recipe import Format
+    from transformer_engine.common.recipe import DelayedScaling, Format
     from transformer_engine.pytorch import utils
     from transformer_engine.pytorch.cpp_extensions import fused_attn
     from transformer_engine.pytorch.module import base
@@ -52,6 +53,9 @@ def main() -> None:
         "mxfp8": _answer(q.check_mxfp8_support),
         "block_scaling": _answer(q.check_fp8_block_scaling_support),
         "e4m3_max": Format.E4M3.value.max_fwd,
+        # a recipe pickled into a checkpoint (TE's extra state) comes back: Format(value) finds its member
+        "formats_round_trip": all(pickle.loads(pickle.dumps(f)) is f for f in Format)
+        and pickle.loads(pickle.dumps(DelayedScaling(fp8_format=Format.HYBRID))).fp8_format is Format.HYBRID,
         "fnuz": bool(getattr(utils, "is_fp8_fnuz", lambda: False)()),
         "env": {k: os.environ.get(k) for k in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN")},
         "applied": te_rocm.APPLIED,

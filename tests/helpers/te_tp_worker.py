@@ -173,9 +173,10 @@ def main() -> None:
         if type(exc).__name__ != "UnsupportedInProxy":
             raise
         results = {"unsupported": str(exc)}
-    from rocmport.verify.runtime import te_cpu
+    from rocmport.verify.runtime import te_cpu, te_fp8
 
     results["kernels"] = dict(te_cpu.CALLS)
+    results["casts"] = dict(te_fp8.CASTS)  # the FP8 casts by the encoding they wrote
     gathered: list = [None] * tp
     torch.distributed.all_gather_object(gathered, results)
     if rank == 0:

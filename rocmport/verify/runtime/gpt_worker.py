@@ -143,7 +143,7 @@ def train(args):
 
         _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp, args.moe // args.ep if args.moe else 0)
     losses = _train_loop(args, model, config, last, "cuda" if backend == "nccl" else "cpu")
-    _report(args, proxy, losses, last, tied_start, _tied_ok(model, ps), ps)
+    _report(args, proxy, fp8, losses, last, tied_start, _tied_ok(model, ps), ps)
 
 
 def _install_proxy(args) -> bool:
@@ -287,17 +287,36 @@ def _train_loop(args, model, config, last: bool, device: str) -> list[float]:
     return losses
 
 
-def _report(args, proxy: bool, losses: list[float], last: bool, tied_start: bool, tied_end: bool, ps) -> None:
-    """Rank 0 writes the last stage's losses (its tp rank 0's), the tied-embedding checks and the
-    proxy's redirects; then every rank leaves the process group."""
+def _report(
+    args,
+    proxy: bool,
+    fp8: tuple[str, str] | None,
+    losses: list[float],
+    last: bool,
+    tied_start: bool,
+    tied_end: bool,
+    ps,
+) -> None:
+    """Rank 0 writes the last stage's losses (its tp rank 0's), the tied-embedding checks, the
+    proxy's redirects and, with ``fp8``, every rank's FP8 casts by encoding; then every rank leaves
+    the process group."""
     import torch
 
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    casts: dict[str, int] = {}
+    if fp8:  # the casts TE's layer made through the CPU kernels, by the encoding they wrote
+        from rocmport.verify.runtime import te_fp8
+
+        casts = dict(te_fp8.CASTS)
     torch.distributed.all_gather_object(
-        gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank()}
+        gathered, {"losses": losses, "last": last, "tp_rank": ps.get_tensor_model_parallel_rank(), "casts": casts}
     )
     if torch.distributed.get_rank() == 0:
         reporter = next(g for g in gathered if g["last"] and g["tp_rank"] == 0)
+        fp8_casts: dict[str, int] = {}  # every rank's FP8 casts by encoding: the FP8 that ran
+        for g in gathered:
+            for name, n in g["casts"].items():
+                fp8_casts[name] = fp8_casts.get(name, 0) + n
         redirects = {}
         if proxy:
             from rocmport.verify.runtime.proxy_shim import REDIRECTS
@@ -311,6 +330,7 @@ def _report(args, proxy: bool, losses: list[float], last: bool, tied_start: bool
                 "tied_start": tied_start,
                 "tied_end": tied_end,
                 "redirects": redirects,
+                **({"fp8_casts": fp8_casts} if fp8 else {}),
             },
         )
     torch.distributed.barrier()

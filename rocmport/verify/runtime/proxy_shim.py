@@ -636,15 +636,31 @@ def install_for_script() -> None:
 
 
 def write_redirects(directory: str) -> None:
-    """This process's redirect counts, as <directory>/redirects-rank<RANK>-<pid>.json."""
+    """This process's redirect counts, as <directory>/redirects-rank<RANK>-<pid>.json, and where TE's
+    CPU kernels cast to FP8, those casts by encoding as <directory>/fp8-casts-rank<RANK>-<pid>.json."""
     import json
+    import sys
 
-    if not REDIRECTS:  # e.g. a build step's Python that the rank started
-        return
-    path = os.path.join(directory, f"redirects-rank{os.environ.get('RANK', '0')}-{os.getpid()}.json")
     from rocmport.fsutil import write_file
 
-    write_file(path, json.dumps(dict(REDIRECTS.most_common())), durable=False)
+    name = f"rank{os.environ.get('RANK', '0')}-{os.getpid()}.json"
+    casts = getattr(sys.modules.get("rocmport.verify.runtime.te_fp8"), "CASTS", None)
+    if casts:
+        write_file(os.path.join(directory, f"fp8-casts-{name}"), json.dumps(casts), durable=False)
+    if not REDIRECTS:  # e.g. a build step's Python that the rank started
+        return
+    write_file(os.path.join(directory, f"redirects-{name}"), json.dumps(dict(REDIRECTS.most_common())), durable=False)
+
+
+def read_fp8_casts(directory) -> dict[str, int]:
+    """The FP8 casts (encoding -> count) every process of a run wrote to ``directory``, summed."""
+    import json
+    from pathlib import Path
+
+    total: collections.Counter = collections.Counter()
+    for path in sorted(Path(directory).glob("fp8-casts-rank*.json")):
+        total.update(json.loads(path.read_text()))
+    return dict(sorted(total.items()))
 
 
 def read_redirects(directory) -> dict[str, int]:

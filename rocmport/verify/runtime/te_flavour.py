@@ -141,6 +141,23 @@ NVIDIA_BACKENDS = {"NVTE_No_Backend": -1, "NVTE_F16_max512_seqlen": 0, "NVTE_F16
 ROCM_BACKENDS = {"NVTE_No_Backend": -1, "NVTE_AOTriton": 0, "NVTE_CK": 1}
 ROCM_CUDNN = 990000  # (99, 0, 0) as TE's get_cudnn_version() decodes it
 
+# The FP8 encodings of each family, as the CPU kernels name the formats they cast to (te_fp8.CASTS).
+FP8_ENCODINGS = {"ocp": ("e4m3fn", "e5m2"), "fnuz": ("e4m3fnuz", "e5m2fnuz")}
+
+
+def fp8_casts_differ(casts: dict[str, int], family: str) -> str | None:
+    """Why the FP8 casts a run made (encoding -> count, summed over its ranks) are not the run's
+    family's (``ocp`` or ``fnuz``): none made, or some in another encoding; None when they are."""
+    if not casts:
+        return "no FP8 cast ran (the FP8 path was not taken)"
+    other = {name: n for name, n in casts.items() if name not in FP8_ENCODINGS.get(family, ())}
+    if other:
+        return (
+            f"FP8 casts in {', '.join(f'{k} ×{v}' for k, v in sorted(other.items()))}, "
+            f"not the {family.upper()} encodings ({', '.join(FP8_ENCODINGS.get(family, ()))}) this flavour and GPU use"
+        )
+    return None
+
 
 def parse(text: str | None, hip_on: bool) -> str:
     """``--te-flavour``'s value: rocm by default under the HIP simulation, nvidia without it."""

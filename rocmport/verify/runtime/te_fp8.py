@@ -28,6 +28,9 @@ import torch
 
 ENV = protocol.TE_FP8.name
 MX_BLOCK = 32  # MXFP8: one E8M0 scale per 32 consecutive values (along a row, or a column)
+# This process's casts by the encoding they wrote (e4m3fnuz: 120, ...): what the run's report shows
+# as the FP8 that ran, the evidence that gfx942 cast FNUZ and not OCP (te_flavour.fp8_casts_differ).
+CASTS: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: tor
         return output
     src = tensor.detach().float()
     fmt = fp8_format(quantizer.dtype)
+    CASTS[fmt.name] = CASTS.get(fmt.name, 0) + 1
     if which == "MXFP8Quantizer":
         _mx_quantize(src, quantizer, output, fmt)
         return output
@@ -214,14 +218,17 @@ def quantize(tensor: torch.Tensor, quantizer: Any, output: Any = None, noop: tor
         slot.copy_(torch.maximum(slot.float(), a).to(slot.dtype))
     else:  # current scaling: this tensor's amax (over the group), its scale
         a = _reduce_amax(amax(src), quantizer)
-        quantizer.amax.reshape(-1)[:1].copy_(a)
         scale = compute_scale(
             a,
             fmt,
             float(getattr(quantizer, "amax_epsilon", 0.0)),
             bool(getattr(quantizer, "force_pow_2_scales", False)),
         )
-        quantizer.scale.reshape(-1)[:1].copy_(scale)
+        # TE keeps this cast's amax and scale on the quantizer up to 2.16; 2.17's holds neither
+        # (AttributeError: 'Float8CurrentScalingQuantizer' object has no attribute 'amax').
+        for name, value in (("amax", a), ("scale", scale)):
+            if getattr(quantizer, name, None) is not None:
+                getattr(quantizer, name).reshape(-1)[:1].copy_(value)
     bits = encode(src * scale, fmt)
     scale_inv = (1.0 / scale).reshape(1)
     if getattr(output, "_scale_inv", None) is not None and output._scale_inv.numel() == 1:

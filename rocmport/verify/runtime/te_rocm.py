@@ -124,8 +124,14 @@ def _fnuz_formats(module) -> None:
     helper, fmt = getattr(module, "_FormatHelper", None), getattr(module, "Format", None)
     if helper is None or fmt is None:
         raise DeltaNotApplicable("fp8-fnuz-on-gfx942", "transformer_engine.common.recipe has no Format/_FormatHelper")
-    fmt.E4M3._value_ = helper(max_fwd=240, max_bwd=240)
-    fmt.HYBRID._value_ = helper(max_fwd=240, max_bwd=fmt.E5M2.value.max_bwd)
+    for member, value in (
+        (fmt.E4M3, helper(max_fwd=240, max_bwd=240)),
+        (fmt.HYBRID, helper(max_fwd=240, max_bwd=fmt.E5M2.value.max_bwd)),
+    ):
+        member._value_ = value
+        # Format(value) finds the member by its value: a recipe pickled into a checkpoint's TE extra
+        # state (delayed scaling's) comes back as Format(its FNUZ value) when training resumes.
+        fmt._value2member_map_[value] = member
 
 
 def _capability() -> tuple[int, int]:

@@ -15,11 +15,13 @@ upstream's arguments: every plan is read from the tree's own YAML."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from rocmport.errors import BadInput
+from rocmport.verify.runtime import protocol
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
 # The most ranks verify launches for one case (upstream's cases run on one 8-GPU node).
@@ -95,6 +97,7 @@ class CasePlan:
     te: bool
     features: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    fp8: Fp8Plan | None = None  # an FP8 case: its recipe, encoding and device, or the refusal it must meet
 
 
 @dataclass(frozen=True)
@@ -156,13 +159,6 @@ _BLOCKERS: tuple[tuple[str, str | None, UnsupportedKind, str], ...] = (
         "gpu-only",
         "--tp-comm-overlap: TE's userbuffers overlap GEMMs with tensor-parallel communication through "
         "CUDA IPC buffers; the proxy has no userbuffers",
-    ),
-    (
-        "--fp8-format",
-        None,
-        "not-on-proxy",
-        "--fp8-format: FP8 GEMMs and casts are TE kernels (transformer_engine_torch fp8_gemm, cast_to_fp8) "
-        "that the proxy's CPU layer does not emulate",
     ),
     (
         "--fp4-format",
@@ -428,6 +424,122 @@ def features(args: dict, lay: Layout, test_type: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+# --- FP8 cases (TE's FP8 path: verify --te) ----------------------------------------------------
+
+# Megatron's --fp8-recipe when a case names none.
+DEFAULT_FP8_RECIPE = "delayed"
+# The FP8 recipes ROCm TE runs on each AMD GPU (te_flavour's fp8-support-by-gfx, fp8-block-scaling-unsupported
+# and mxfp8-gfx950-behind-env deltas); any other recipe, and FP8 on any other GPU, the port's fp8-arch-check
+# refuses in argument validation. Its table (codemods/runtime/fp8_arch_check.FP8_RECIPES_BY_ARCH) is the same:
+# tests/test_case_plan.py holds the two equal.
+ROCM_FP8_RECIPES: dict[str, tuple[str, ...]] = {
+    "gfx942": ("delayed", "tensorwise", "custom"),
+    "gfx950": ("delayed", "tensorwise", "custom", "mxfp8"),
+}
+# The CUDA control (no HIP simulation): NVIDIA's TE on a simulated H100, where it runs delayed and current
+# scaling. MXFP8 needs a Blackwell GPU (compute capability 10.0); block scaling's casts have no CPU kernel.
+CUDA_CONTROL = "sm_90"
+CUDA_CONTROL_RECIPES = ("delayed", "tensorwise")
+
+
+@dataclass(frozen=True)
+class ProxyTE:
+    """The Transformer Engine a verify run gives its ranks (verify --te): its flavour (nvidia, rocm), the
+    encoding of its FP8 casts (ocp, fnuz: the flavour's ``fp8``) and the simulated AMD GPU (None: the CUDA path)."""
+
+    flavour: str
+    fp8: str
+    arch: str | None
+
+    @classmethod
+    def of(cls, layer: Any, arch: str | None) -> ProxyTE | None:
+        """The TE of a run from its layer (orchestration's TELayer; None: no --te) and its simulated GPU."""
+        return None if layer is None else cls(layer.flavour.name, layer.flavour.fp8, arch)
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """How the proxy runs an FP8 case: its format and recipe, the encoding its casts must have and the
+    GPU the ranks see (gfx942, gfx950, or the CUDA control's sm_90); ``env``: what the ranks'
+    environment adds for it (protocol entries); ``refusal``: set where the GPU cannot run the recipe,
+    the text the port's argument validation (fp8-arch-check) must refuse the case with."""
+
+    format: str
+    recipe: str
+    encoding: str
+    device: str
+    env: tuple[tuple[str, str], ...] = ()
+    refusal: str | None = None
+
+    def describe(self) -> str:
+        head = f"FP8 {self.format}, {self.recipe} scaling on {self.device}"
+        if self.refusal:
+            return f"{head}: expected to be refused in argument validation ('{self.refusal} ...')"
+        return f"{head}, {self.encoding.upper()} casts"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": self.format,
+            "recipe": self.recipe,
+            "encoding": self.encoding,
+            "device": self.device,
+        }
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.refusal:
+            out["refusal"] = self.refusal
+        return out
+
+
+def plan_fp8(name: str, args: dict, te: ProxyTE | None) -> Fp8Plan | Unsupported | None:
+    """An FP8 case (``--fp8-format``; megatron trains without FP8 otherwise, whatever ``--fp8-recipe``
+    says) as the proxy runs it with ``te``: None for a case without FP8."""
+    if not _on(args, "--fp8-format"):
+        return None
+    fmt = str(args["--fp8-format"]).strip()
+    recipe = str(args.get("--fp8-recipe") or DEFAULT_FP8_RECIPE).strip()
+    what = f"--fp8-format {fmt} --fp8-recipe {recipe}"
+    if te is None:
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            f"{what}: FP8 runs through TE's FP8 path (TE's Python layer, its casts and FP8 GEMMs on the proxy's "
+            "CPU kernels); it needs --te VERSION|auto",
+        )
+    if te.arch is not None:  # the HIP simulation: the port's fp8-arch-check judges the recipe first
+        if recipe not in ROCM_FP8_RECIPES.get(te.arch, ()):
+            return Fp8Plan(fmt, recipe, te.fp8, te.arch, refusal=f"--fp8-recipe {recipe}: {te.arch} cannot run")
+        if recipe == "mxfp8" and te.flavour == "nvidia":
+            # NVIDIA's TE runs MXFP8 from compute capability 10.0: the port asks the installed TE, which refuses.
+            refusal = f"--fp8-recipe {recipe}: the installed Transformer Engine cannot run it on {te.arch}"
+            return Fp8Plan(fmt, recipe, te.fp8, te.arch, refusal=refusal)
+        return Fp8Plan(fmt, recipe, te.fp8, te.arch)
+    if recipe not in CUDA_CONTROL_RECIPES:
+        why = (
+            "MXFP8 under NVIDIA's TE needs a Blackwell GPU (compute capability 10.0)"
+            if recipe == "mxfp8"
+            else f"the {recipe} recipe's casts have no CPU kernel in the proxy's TE layer"
+        )
+        return Unsupported(name, "not-on-proxy", f"{what}: {why}; the CUDA control simulates an H100 ({CUDA_CONTROL})")
+    return Fp8Plan(fmt, recipe, te.fp8, CUDA_CONTROL, env=tuple(protocol.CUDA_SIM_ARCH.entry(CUDA_CONTROL).items()))
+
+
+def refusal_in(fp8: Fp8Plan, stderr: str) -> str | None:
+    """The port's refusal of ``fp8`` in a run's output (the exception's message, from ``--fp8-format``
+    on), or None when the run did not meet it."""
+    if not fp8.refusal:
+        return None
+    for line in stderr.splitlines():
+        # the exception's own line ("[rank0]: ValueError: --fp8-format ..."), not a traceback's source line
+        m = _EXCEPTION_LINE.match(line.strip())
+        if m and fp8.refusal in m.group(1):
+            return m.group(1)
+    return None
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): (.*)$")
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 
@@ -439,14 +551,20 @@ def _fewest_dp(lay: Layout) -> Layout:
     return replace(lay, dp=dp)
 
 
-def plan_case(name: str, config: dict, *, data_path: bool = False, max_ranks: int = MAX_RANKS) -> Plan:
-    """The case as the proxy runs it, or the one reason it cannot."""
+def plan_case(
+    name: str, config: dict, *, data_path: bool = False, max_ranks: int = MAX_RANKS, te: ProxyTE | None = None
+) -> Plan:
+    """The case as the proxy runs it, or the one reason it cannot. ``te``: the run's TE (verify --te;
+    None: Megatron's local spec), which decides FP8 cases."""
     stop = blocker(name, config, data_path=data_path)
     if stop:
         return stop
     args = config.get("MODEL_ARGS") or {}
     if not args:
         return Unsupported(name, "not-training", "its MODEL_ARGS is empty: no training command to run")
+    fp8 = plan_fp8(name, args, te)
+    if isinstance(fp8, Unsupported):
+        return fp8
     try:
         lay, why_dp = layout(args)
     except BadInput as e:
@@ -464,6 +582,17 @@ def plan_case(name: str, config: dict, *, data_path: bool = False, max_ranks: in
             "not-on-proxy",
             f"needs {lay.world} ranks ({lay.describe()}); the proxy runs at most {max_ranks} on one machine",
         )
+    te_impl = str(args.get("--transformer-impl") or "transformer_engine") == "transformer_engine"
+    if te is not None and te_impl and lay.cp > 1 and not (fp8 and fp8.refusal):
+        # TE's get_attention_backend (attention/dot_product_attention/utils.py): "Disabling
+        # UnfusedDotProductAttention as it does not support context parallelism". (A case the port
+        # must refuse stops in argument validation, before any attention: it runs.)
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            f"context parallelism (cp{lay.cp}) with TE's attention: TE runs it only through flash-attention or its "
+            "fused attention (CUDA kernels); its unfused path, the one the proxy has, does not support it",
+        )
     overrides, notes = shrink(args, lay)
     test_type = str(config.get("TEST_TYPE") or "regular").split("#")[0].strip()
     notes = [*why_dp, *notes]
@@ -471,7 +600,8 @@ def plan_case(name: str, config: dict, *, data_path: bool = False, max_ranks: in
         notes.append("resumes from its own checkpoint: upstream's frozen checkpoint is not published")
     if any(k.startswith("MODEL_ARGS_") for k in config):
         notes.append("runs MODEL_ARGS only: the later MODEL_ARGS_N runs reshard across other GPU counts")
-    te = str(args.get("--transformer-impl") or "transformer_engine") == "transformer_engine"
+    if fp8 is not None and fp8.recipe == "mxfp8" and fp8.device == "gfx950" and not fp8.refusal:
+        notes.append("NVTE_ROCM_ENABLE_MXFP8=1 from the gfx950 launch profile (ROCm TE runs MXFP8 only with it)")
     return CasePlan(
         case=name,
         test_type=test_type,
@@ -479,15 +609,19 @@ def plan_case(name: str, config: dict, *, data_path: bool = False, max_ranks: in
         case_args=dict(args),
         args=overrides,
         # Every case gets verify's own round trip; upstream's ckpt-resume cases are the ones that ask for it.
-        resume=True,
-        te=te,
-        features=features(args, lay, test_type),
+        # A case the port must refuse never trains: nothing to resume.
+        resume=not (fp8 and fp8.refusal),
+        te=te_impl,
+        features=features(args, lay, test_type) + (("fp8",) if fp8 else ()),
         notes=tuple(notes),
+        fp8=fp8,
     )
 
 
-def plan_tree(tree: Path, *, data_path: bool = False, max_ranks: int = MAX_RANKS) -> dict[str, Plan]:
-    """Every GPT case of the tree, planned."""
+def plan_tree(
+    tree: Path, *, data_path: bool = False, max_ranks: int = MAX_RANKS, te: ProxyTE | None = None
+) -> dict[str, Plan]:
+    """Every GPT case of the tree, planned (``te``: as plan_case)."""
     out: dict[str, Plan] = {}
     for name in training_cases(tree):
         try:
@@ -495,7 +629,7 @@ def plan_tree(tree: Path, *, data_path: bool = False, max_ranks: int = MAX_RANKS
         except BadInput as e:
             out[name] = Unsupported(name, "not-on-proxy", str(e))
             continue
-        out[name] = plan_case(name, config, data_path=data_path, max_ranks=max_ranks)
+        out[name] = plan_case(name, config, data_path=data_path, max_ranks=max_ranks, te=te)
     return out
 
 

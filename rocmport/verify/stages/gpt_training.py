@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from rocmport import output
-from rocmport.verify.runtime import protocol
+from rocmport.verify.runtime import protocol, te_flavour
 from rocmport.machine.cpu_meter import task_limit, threads_running
 from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.orchestration.stage_result import (
@@ -133,6 +133,7 @@ class Training:
     redirects: dict[str, int] = field(default_factory=dict)
     tolerance: float = 0.0
     moe: MoeRun | MoeNotRun | None = None
+    fp8_casts: dict[str, int] | None = None  # with --fp8-recipe: the run's FP8 casts by encoding (e4m3fnuz: n)
 
     def report_entries(self) -> dict[str, Any]:
         return {"training": self.to_dict()}
@@ -148,6 +149,8 @@ class Training:
         }
         if self.moe is not None:
             out["moe"] = self.moe.to_dict()
+        if self.fp8_casts is not None:
+            out["fp8_casts"] = self.fp8_casts
         return out
 
 
@@ -395,8 +398,13 @@ def stage_training(
         tied_embeddings_equal=data["tied_embeddings_equal"],
         redirects=data.get("redirects", {}),
         tolerance=tol,
+        fp8_casts=data.get("fp8_casts") if fp8 else None,
     )
     problems = []
+    if fp8 and te is not None:  # the FP8 that ran is the flavour's (FNUZ on gfx942 under rocm, else OCP)
+        wrong = te_flavour.fp8_casts_differ(training.fp8_casts or {}, te.flavour.fp8)
+        if wrong:
+            problems.append(f"--fp8-recipe {fp8.partition(':')[2]}: {wrong}")
     if not losses or losses[-1] >= losses[0]:
         problems.append(
             f"loss did not decrease ({losses[0]:.4f} -> {losses[-1]:.4f})" if losses else "no losses reported"

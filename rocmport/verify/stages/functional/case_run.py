@@ -54,6 +54,7 @@ from rocmport.verify.stages.functional.case_args import (
 from rocmport.verify.stages.functional.case_log import (
     cause_line,
     _blocker,
+    exception_line,
     expected_resumed,
     failure_of,
     loaded_iteration,
@@ -227,6 +228,7 @@ def stage_functional(
     resume: bool = True,
     hip: str | None = None,
     rocm: bool = False,
+    te: case_plan.ProxyTE | None = None,
 ) -> tuple[StageResult, FunctionalRun | None]:
     """Upstream's case through pretrain_gpt.py (run_case), as a stage result and its details."""
     out = run_case(
@@ -245,6 +247,7 @@ def stage_functional(
         resume=resume,
         hip=hip,
         rocm=rocm,
+        te=te,
     )
     return out.result, out.run
 
@@ -291,6 +294,7 @@ def run_case(
     resume: bool = True,
     hip: str | None = None,
     rocm: bool = False,
+    te: case_plan.ProxyTE | None = None,
 ) -> CaseOutcome:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
@@ -316,6 +320,7 @@ def run_case(
             resume,
             hip,
             rocm,
+            te,
             start,
         )
     finally:
@@ -338,9 +343,10 @@ def _run_case(
     resume: bool,
     hip: str | None,
     rocm: bool,
+    te: case_plan.ProxyTE | None,
     start: float,
 ) -> CaseOutcome:
-    ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted)
+    ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted, te)
     if isinstance(ready, StageResult):
         return CaseOutcome(case, ready)
     config, plan, world = ready
@@ -374,6 +380,7 @@ def _prepare(
     series_dir: Path | None,
     device_kind: str,
     defaulted: bool,
+    te: case_plan.ProxyTE | None = None,
 ) -> StageResult | tuple[dict, CasePlan | None, int]:
     """The case's config, plan and ranks, or why it does not run (before any launch)."""
     cdir = check_case(tree, case)
@@ -387,7 +394,7 @@ def _prepare(
     config = load_case(tree, case)
     plan: CasePlan | None = None
     if proxy:
-        planned = case_plan.plan_case(case, config, data_path=bool(data_path))
+        planned = case_plan.plan_case(case, config, data_path=bool(data_path), te=te)
         if isinstance(planned, case_plan.Unsupported):
             return StageResult(NAME, UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}")
         plan = planned
@@ -420,6 +427,7 @@ def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
     (work / "shim").mkdir(exist_ok=True)
     run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
     run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
+    run_env.update(dict(s.plan.fp8.env) if s.plan and s.plan.fp8 else {})  # the CUDA control's simulated H100
     return run_env, {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
 
 
@@ -448,12 +456,65 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
     if s.proxy and hook.is_file():
         text = f"proxy shim hook missing: {hook.read_text()}"
         return CaseOutcome(s.case, StageResult(NAME, UNSUPPORTED, text, time.monotonic() - start, run), run)
+    fp8 = s.plan.fp8 if s.plan is not None else None
+    if fp8 is not None:
+        run.fp8 = fp8.to_dict()
+        if fp8.refusal:
+            return CaseOutcome(s.case, _fp8_refusal(fp8, proc, s.case, losses, time.monotonic() - start, run), run)
+        from rocmport.verify.runtime.proxy_shim import read_fp8_casts
+
+        run.fp8["casts"] = read_fp8_casts(work / "shim")  # the first run's alone: the resumed run adds its own
     if proc.returncode != 0 or len(losses) < s.iters:
         what = f"pretrain_gpt.py (after {len(losses)} of {s.iters} iterations)"
         return _stopped(s, proc, what, "run", start, run)
     problems = [] if losses[-1] < losses[0] else [f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"]
     reason = f"{s.case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {s.iters} iterations"
+    if fp8 is not None and run.fp8 is not None:
+        from rocmport.verify.runtime.te_flavour import fp8_casts_differ
+
+        wrong = fp8_casts_differ(run.fp8["casts"], fp8.encoding)
+        problems += [f"{fp8.describe()}: {wrong}"] if wrong else []
+        casts = ", ".join(f"{k} ×{v}" for k, v in sorted(run.fp8["casts"].items()))
+        reason += f"; {fp8.describe()} ({casts or 'none'})"
     return _Trained(run, steps, log, reason, problems, recorded_args(args, work), run_env, save)
+
+
+def _fp8_refusal(
+    fp8: case_plan.Fp8Plan,
+    proc: subprocess.CompletedProcess,
+    case: str,
+    losses: list[float],
+    seconds: float,
+    details: FunctionalRun,
+) -> StageResult:
+    """An FP8 case whose recipe the simulated GPU cannot run: the port's argument validation must refuse
+    it, naming the arch and the recipe, before any iteration (that is the check passing); a run that
+    trains, or stops anywhere else (a TE assert, a kernel), fails the stage."""
+    said = case_plan.refusal_in(fp8, proc.stderr)
+    if proc.returncode != 0 and said and not losses:
+        if details.fp8 is not None:
+            details.fp8["refused"] = said
+        return StageResult(
+            NAME,
+            PASS,
+            f"{case}: refused in argument validation as planned ({fp8.recipe} on {fp8.device}, the port's "
+            f"fp8-arch-check): {said}",
+            seconds,
+            details,
+        )
+    got = (
+        f"it trained ({len(losses)} iterations logged)"
+        if proc.returncode == 0 or losses
+        else f"it stopped elsewhere: {(exception_line(proc.stderr) or f'exit {proc.returncode}')[:300]}"
+    )
+    return StageResult(
+        NAME,
+        FAIL,
+        f"{case}: {fp8.device} cannot run the {fp8.recipe} recipe, so argument validation must refuse it "
+        f"('{fp8.refusal} ...'); {got}",
+        seconds,
+        details,
+    )
 
 
 def _stopped(

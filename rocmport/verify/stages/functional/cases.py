@@ -174,7 +174,7 @@ def _unsupported(ctx: VerifyContext, options: FunctionalOptions, case: str) -> C
     """The case's entry when the proxy cannot run it (its plan's kind and reason), before any launch."""
     if ctx.mode != "cpu-proxy" or not (ctx.tree / case_plan.CASES / case / "model_config.yaml").is_file():
         return None
-    plan = case_plan.plan_case(case, load_case(ctx.tree, case), data_path=bool(options.data_path))
+    plan = case_plan.plan_case(case, load_case(ctx.tree, case), data_path=bool(options.data_path), te=proxy_te(ctx))
     if isinstance(plan, case_plan.Unsupported):
         return CaseEntry(case, UNSUPPORTED, f"{case} ({plan.kind}): {plan.reason}", kind=plan.kind)
     return None
@@ -194,7 +194,13 @@ def _run_kwargs(ctx: VerifyContext, options: FunctionalOptions, defaulted: bool)
         resume=options.resume,
         hip=ctx.hip_version,
         rocm=bool(ctx.hip_version or ctx.machine.hip),
+        te=proxy_te(ctx),
     )
+
+
+def proxy_te(ctx: VerifyContext) -> case_plan.ProxyTE | None:
+    """TE's layer on the proxy and the simulated arch, for the FP8 cases' plans."""
+    return case_plan.ProxyTE.of(ctx.opts.te, ctx.device_arch if ctx.hip_version else None)
 
 
 def _run_one(ctx: VerifyContext, options: FunctionalOptions, case: str) -> CaseEntry:

@@ -123,6 +123,7 @@ class FunctionalRun:
     resume: ResumeCheck | ResumeSkipped | None = None
     golden: GoldenComparison | None = None
     upstream_golden_a100: UpstreamGolden | None = None
+    fp8: dict[str, Any] | None = None  # an FP8 case: its plan (case_plan.Fp8Plan) and the casts or the refusal seen
 
     def report_entries(self) -> dict[str, Any]:
         return {"functional": self.to_dict()}
@@ -141,6 +142,8 @@ class FunctionalRun:
             out["redirects"] = self.redirects
         if self.resume_log_tail is not None:
             out["resume_log_tail"] = self.resume_log_tail
+        if self.fp8 is not None:
+            out["fp8"] = self.fp8
         for key, part in (
             ("resume", self.resume),
             ("golden", self.golden),

@@ -17,6 +17,7 @@ from rocmport.verify.orchestration import environment
 from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.stage_result import FAIL, StageResult, tree_lacks
 from rocmport.verify.stages import case_plan
+from rocmport.verify.stages.case_plan import CasePlan
 from rocmport.verify.stages.functional import selection
 from rocmport.verify.stages.functional.selection import FunctionalOptions
 from rocmport.verify.stages.functional.case_args import (
@@ -108,7 +109,8 @@ class FunctionalStage(Stage[FunctionalOptions]):
             if not (case_dir(opts.tree, case) / "model_config.yaml").is_file():
                 continue
             config = load_case(opts.tree, case)
-            plan = case_plan.plan_case(case, config, data_path=bool(options.data_path)) if proxy else None
+            te = case_plan.ProxyTE.of(opts.te, opts.hip_arch if opts.hip_version else None)
+            plan = case_plan.plan_case(case, config, data_path=bool(options.data_path), te=te) if proxy else None
             if isinstance(plan, case_plan.Unsupported):
                 continue
             work = tmp / case
@@ -116,7 +118,8 @@ class FunctionalStage(Stage[FunctionalOptions]):
                 config, iters=options.iters, proxy=proxy, data_path=options.data_path, work=work, plan=plan
             )
             command = functional_command(opts.launcher, world_size(config, opts.dp, plan), args)
-            out.append({"stage": self.name, "command": command, "cwd": str(opts.tree)})
+            env = dict(plan.fp8.env) if isinstance(plan, CasePlan) and plan.fp8 else {}
+            out.append({"stage": self.name, "command": command, "cwd": str(opts.tree), **({"env": env} if env else {})})
         return out
 
     def run(self, ctx: VerifyContext, options: FunctionalOptions) -> StageRun:
