@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rocmport import output
 from rocmport.fsutil import atomic_write_text
@@ -211,44 +212,10 @@ class _Trained:
     save: dict[str, object]
 
 
-def stage_functional(
-    tree: Path,
-    env: dict,
-    *,
-    case: str,
-    dp: int,
-    iters: int,
-    proxy: bool,
-    data_path: str | None,
-    series_dir: Path | None,
-    record: bool,
-    device_kind: DeviceKind,
-    defaulted: bool = False,
-    launcher: Launcher = Launcher(),
-    resume: bool = True,
-    hip: str | None = None,
-    rocm: bool = False,
-    te: case_plan.ProxyTE | None = None,
-) -> tuple[StageResult, FunctionalRun | None]:
-    """Upstream's case through pretrain_gpt.py (run_case), as a stage result and its details."""
-    out = run_case(
-        tree,
-        env,
-        case=case,
-        dp=dp,
-        iters=iters,
-        proxy=proxy,
-        data_path=data_path,
-        series_dir=series_dir,
-        record=record,
-        device_kind=device_kind,
-        defaulted=defaulted,
-        launcher=launcher,
-        resume=resume,
-        hip=hip,
-        rocm=rocm,
-        te=te,
-    )
+def stage_functional(tree: Path, env: dict, **kwargs: Any) -> tuple[StageResult, FunctionalRun | None]:
+    """Upstream's case through pretrain_gpt.py (run_case, the same keywords), as a stage result and
+    its details."""
+    out = run_case(tree, env, **kwargs)
     return out.result, out.run
 
 
