@@ -269,50 +269,6 @@ def run_case(
     (proxy), for the report; ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the
     port picks the async writer."""
     start = time.monotonic()
-    env = case_sites_env(env, case)  # its own port-site records (the report's ran-by, --record-reach)
-    try:
-        return _run_case(
-            tree,
-            env,
-            case,
-            dp,
-            iters,
-            proxy,
-            data_path,
-            series_dir,
-            record,
-            device_kind,
-            defaulted,
-            launcher,
-            resume,
-            hip,
-            rocm,
-            te,
-            start,
-        )
-    finally:
-        note_case_seconds(env, time.monotonic() - start)
-
-
-def _run_case(
-    tree: Path,
-    env: dict,
-    case: str,
-    dp: int,
-    iters: int,
-    proxy: bool,
-    data_path: str | None,
-    series_dir: Path | None,
-    record: bool,
-    device_kind: DeviceKind,
-    defaulted: bool,
-    launcher: Launcher,
-    resume: bool,
-    hip: str | None,
-    rocm: bool,
-    te: case_plan.ProxyTE | None,
-    start: float,
-) -> CaseOutcome:
     ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted, te)
     if isinstance(ready, StageResult):
         return CaseOutcome(case, ready)

@@ -6,6 +6,8 @@ failure nothing could label)."""
 
 from __future__ import annotations
 
+import time
+
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -16,7 +18,7 @@ from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSU
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.functional.case_labels import BaselineRun, label_case, run_baseline
 from rocmport.verify.stages.functional.case_args import load_case
-from rocmport.verify.stages.functional.case_run import CaseOutcome, run_case
+from rocmport.verify.stages.functional.case_run import CaseOutcome, case_sites_env, note_case_seconds, run_case
 from rocmport.verify.stages.functional.details import CaseFailure, FunctionalRun
 
 if TYPE_CHECKING:
@@ -206,7 +208,10 @@ def proxy_te(ctx: VerifyContext) -> case_plan.ProxyTE | None:
 def _run_one(ctx: VerifyContext, options: FunctionalOptions, case: str) -> CaseEntry:
     """One runnable case: its run, and for a failure, the unported tree's run and the label."""
     kwargs = _run_kwargs(ctx, options, options.defaulted)
-    out = run_case(ctx.tree, ctx.env, case=case, **kwargs)
+    env = case_sites_env(ctx.env, case)  # its own port-site records (the report's ran-by, --record-reach)
+    start = time.monotonic()
+    out = run_case(ctx.tree, env, case=case, **kwargs)
+    note_case_seconds(env, time.monotonic() - start)  # the port's run only: the baseline's is not the case's cost
     entry = _entry(out)
     if out.result.status != FAIL or out.failure is None:
         return entry
