@@ -264,6 +264,7 @@ def unit_options(
         raise BadInput(f"--unit-nproc {nproc}: must be at least 1")
     for test in tests:
         check_unit_test(tree, test)
+    picked: Selection | None = None  # the impacted selection's figures
     if tests:
         chosen, reasons, how = list(tests), {t: "--unit-test" for t in tests}, "explicit"
     elif wanted == "all":
@@ -278,16 +279,6 @@ def unit_options(
                 f"{since[:12]}..{until[:12]}, and the tree has none of the smoke set's files"
             )
         chosen, reasons, how = list(picked.selected), dict(picked.selected), "impacted"
-        return UnitOptions(
-            tests=chosen,
-            nproc=nproc,
-            cache_dir=cache_dir,
-            base=base,
-            settings=settings,
-            reasons=reasons,
-            selection=how,
-            impact=picked,
-        ), ""
     elif settings.unit_tests:
         chosen, reasons, how = list(settings.unit_tests), dict(settings.unit_tests), "series"
     else:
@@ -303,6 +294,7 @@ def unit_options(
         settings=settings,
         reasons=reasons,
         selection=how,
+        impact=picked,
         reach_why=reach_why,
     ), ""
 
