@@ -422,3 +422,105 @@ def test_record_reach_writes_the_line_s_record_and_needs_a_series(tmp_path, caps
     code = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach"])
     err = capsys.readouterr().err
     assert code == 2 and "--record-reach needs a tree made by `rocmport apply`" in err and len(err.splitlines()) == 1
+
+
+# --- a record made of several runs -------------------------------------------------------------
+
+
+def record_case(tree: Path, boot: Path, records: Path, case: str, code: str, seconds: float) -> None:
+    """Stage 4's seam for one case: its processes record into the case's own directory under
+    ``records``, its wall seconds beside them."""
+    (records / "functional").mkdir(parents=True, exist_ok=True)
+    env = functional.case_sites_env(protocol.PORT_SITES.entry(str(records / "functional")), case)
+    run_in(tree, boot, env, code)
+    functional.note_case_seconds(env, seconds)
+
+
+@pytest.mark.torch
+def test_recording_again_replaces_the_entries_it_ran_and_keeps_the_others(tmp_path):
+    """A record grown over several runs (one case at a time, as `--cases NAME --record-reach` makes
+    it): what a run recorded replaces its entries, the others stay as they were."""
+    tree, series_dir, base = ported_tree(tmp_path)
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    key = keys_of(tree, base)
+    probe, arch, flash = (
+        key["megatron/core/a.py:11 is_hip"],
+        key["megatron/core/a.py:6 nvidia_arch_major"],
+        key["megatron/core/fa.py:5 is_hip"],
+    )
+    first = tmp_path / "run1"
+    record_case(tree, boot, first, CASE, "from megatron.core import a; a.probe()", 40.0)
+    record_case(tree, boot, first, "gpt3_other", "from megatron.core import a; a.probe()", 30.0)
+    reach.record_run(series_dir, tree, first, {}, "2.12.0", (3, 2))
+    second = tmp_path / "run2"
+    arch_code = "from megatron.core import a\ntry:\n    a.arch()\nexcept Exception:\n    pass\n"
+    record_case(tree, boot, second, "gpt3_other", arch_code, 20.0)
+    record_case(tree, boot, second, "gpt3_third", "from megatron.core import fa; fa.flash()", 10.0)
+    _, record = reach.record_run(series_dir, tree, second, {}, "2.12.0", (3, 2))
+    got = {name: (sorted(e.sites), e.seconds) for name, e in record.cases.items()}
+    assert got == {
+        CASE: ([probe], 40.0),  # not run again: kept
+        "gpt3_other": ([arch], 20.0),  # run again: replaced, its old site and seconds gone
+        "gpt3_third": ([flash], 10.0),  # new
+    }
+    assert reach.read_record(series_dir) == record
+    assert record.holds.startswith("3 of 3 GPT cases and 0 of 2 unit-test files, 3 of the")
+
+
+def port_record(tree: Path, series_dir: Path, base: str) -> bytes:
+    """The line's record of this port with TE 2.12.0, holding one case; its bytes."""
+    reach.write_record(
+        series_dir,
+        reach.ReachRecord(
+            line=series_dir.name,
+            upstream=base,
+            recipe=reach.recipe_digest(series_dir),
+            te="2.12.0",
+            cases={CASE: Entry(frozenset({"s1"}), 40.0)},
+            holds="1 of 1 GPT cases",
+        ),
+    )
+    return reach.record_path(series_dir).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "other, says",
+    [
+        ("upstream", "made on upstream 000000000000 (this run: "),
+        ("recipe", "made on another recipe (the series file or its patches changed since)"),
+        ("te", "made on TE 2.12.0 (this run: 2.17.1)"),
+    ],
+)
+def test_a_record_of_another_port_is_refused_naming_the_file_and_left_as_it_was(tmp_path, other, says):
+    tree, series_dir, base = ported_tree(tmp_path)
+    before = port_record(tree, series_dir, base)
+    te = "2.12.0"
+    if other == "upstream":  # the record was made at another upstream commit
+        data = json.loads(before)
+        data["recorded_on"]["upstream"] = "0" * 40
+        reach.record_path(series_dir).write_text(json.dumps(data))
+        before = reach.record_path(series_dir).read_bytes()
+    elif other == "recipe":  # the series changed since
+        (series_dir / "series").write_text((series_dir / "series").read_text() + "# a new patch\n")
+    else:
+        te = "2.17.1"
+    (tmp_path / "sites" / "functional").mkdir(parents=True)
+    with pytest.raises(BadInput) as err:
+        reach.record_run(series_dir, tree, tmp_path / "sites", {}, te, (1, 2))
+    message = str(err.value)
+    assert message.startswith(f"{series_dir / 'reach.json'}: --record-reach adds to this record, {says}")
+    assert "move reach.json aside" in message and "\n" not in message
+    assert reach.record_path(series_dir).read_bytes() == before  # nothing lost
+
+
+@pytest.mark.torch
+def test_verify_record_reach_refuses_a_record_of_another_port_before_running_anything(tmp_path, capsys):
+    tree, series_dir, base = ported_tree(tmp_path)
+    before = port_record(tree, series_dir, base)
+    # a run without --te would add Megatron's local spec to a record made with TE 2.12.0: refused at
+    # once (--dry-run: before any launch), not after the run's minutes
+    code = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 2 and len(err.splitlines()) == 1 and "made on TE 2.12.0 (this run: none)" in err
+    assert str(series_dir / "reach.json") in err and "python" not in out  # no launch listed
+    assert reach.record_path(series_dir).read_bytes() == before

@@ -8,8 +8,10 @@ file recorded: the port sites it ran (port_sites.Site.stable_key: file, enclosin
 place and codemod, never a line number, so one record serves the line's later trees), its wall
 seconds, and for cases the tree's modules it imported (a refresh hop's selection). The record says
 what it was made on (the upstream commit, a digest of the recipe: the series file and its patches,
-the TE layer) and whether it holds every case and test file (``partial``). Recording again on the
-same recipe adds to the record; on another recipe it starts a new one.
+the TE layer) and whether it holds every case and test file (``partial``). Recording again adds to
+the record: the entries this run recorded are replaced, the others kept. A record is one port's
+(one upstream commit, recipe and TE layer): a run on another is refused, before it starts, naming
+what differs (a record mixing two ports would weigh sites one of them may not have).
 
 The selection. A greedy set cover under a time budget: the entry with the most not-yet-covered
 sites per second first (ties by name), while it fits what is left of the budget; deterministic.
@@ -192,6 +194,29 @@ def read_record(series_dir: Path | None) -> ReachRecord | None:
     if not path.exists():
         return None
     return parse_record(read_json(path, "reach record", fix=FIX), path)
+
+
+def record_to_extend(series_dir: Path, upstream: str, te: str | None) -> ReachRecord | None:
+    """The line's record a --record-reach run at ``upstream`` with TE ``te`` adds to (None: the line
+    has none yet, the run starts it); BadInput, one line naming the file, what differs and what to do,
+    when the record was made on another upstream commit, recipe or TE layer."""
+    old = read_record(series_dir)
+    if old is None:
+        return None
+    path = record_path(series_dir)
+    differs = []
+    if old.upstream != upstream:
+        differs.append(f"upstream {old.upstream[:12]} (this run: {upstream[:12]})")
+    if old.recipe != recipe_digest(series_dir):
+        differs.append("another recipe (the series file or its patches changed since)")
+    if old.te != te:
+        differs.append(f"TE {old.te or 'none'} (this run: {te or 'none'})")
+    if differs:
+        raise BadInput(
+            f"{path}: --record-reach adds to this record, made on {'; '.join(differs)}; record on the port "
+            f"and --te it was made on, or move {RECORD_FILE} aside (git rm) to start a new record"
+        )
+    return old
 
 
 def write_record(series_dir: Path, record: ReachRecord) -> Path:
@@ -423,7 +448,8 @@ def record_run(
     totals: tuple[int, int],
 ) -> tuple[Path, ReachRecord]:
     """Add what this run's cases and test files ran (their records under ``sites_dir``: one
-    subdirectory per stage, one per unit in it) to the line's reach record, and write it.
+    subdirectory per stage, one per unit in it) to the line's reach record, and write it: an entry
+    this run recorded replaces the record's, the others stay (record_to_extend: one port's record).
     ``seconds``: (kind "case"/"test", name) -> wall seconds, where the unit did not note its own;
     ``totals``: the tree's GPT cases and unit-test files (whether the record holds them all)."""
     from rocmport.port import worktree as wt
@@ -434,12 +460,9 @@ def record_run(
         raise BadInput(f"{tree}: --record-reach needs a tree made by `rocmport apply` (the record lives by its series)")
     sites = port_sites.find_sites(tree, state.base)
     units = port_sites.read_units(sites_dir, tree)
-    recipe = recipe_digest(series_dir)
-    old = read_record(series_dir) if record_path(series_dir).exists() else None
-    record = (
-        old
-        if old is not None and old.recipe == recipe and old.upstream == state.base and old.te == te
-        else ReachRecord(line=series_dir.name, upstream=state.base, recipe=recipe, te=te)
+    # checked again here (verify checked it before the run): the series may have changed meanwhile
+    record = record_to_extend(series_dir, state.base, te) or ReachRecord(
+        line=series_dir.name, upstream=state.base, recipe=recipe_digest(series_dir), te=te
     )
     for (kind, name), unit in units.items():
         keys = frozenset(s.stable_key for s in port_sites.sites_ran(sites, unit.calls))

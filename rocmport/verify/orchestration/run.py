@@ -420,18 +420,25 @@ def prepare(settings: Settings, given: Mapping[str, Any]) -> VerifyOptions:
         fp8=f"{values['fp8_format']}:{fp8_recipe}" if fp8_recipe else None,
         pycache=settings.cache_dir / "pycache",
         by_stage=by_stage,
-        record_reach=_record_reach(values["record_reach"], path, series_dir),
+        record_reach=_record_reach(values["record_reach"], path, series_dir, base, setup.te),
     )
 
 
-def _record_reach(wanted: bool, tree: Path, series_dir: Path | None) -> Path | None:
-    """--record-reach: the series directory the record goes to (a tree `rocmport apply` made), else BadInput."""
+def _record_reach(
+    wanted: bool, tree: Path, series_dir: Path | None, base: str | None, te: TELayer | None
+) -> Path | None:
+    """--record-reach: the series directory the record goes to (a tree `rocmport apply` made), else
+    BadInput; a record there made on another port (upstream commit, recipe, TE) is refused now, not
+    after the run."""
     if not wanted:
         return None
-    if series_dir is None:
+    if series_dir is None or not base:
         raise BadInput(
             f"{tree}: --record-reach needs a tree made by `rocmport apply` (the reach record lives beside its series)"
         )
+    from rocmport.verify.analyses import reach
+
+    reach.record_to_extend(series_dir, base, te.version if te else None)
     return series_dir
 
 
