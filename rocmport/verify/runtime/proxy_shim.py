@@ -12,6 +12,7 @@ import collections
 import os
 import sys
 import types
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -631,8 +632,86 @@ def install_for_script() -> None:
     install_device_answers(hip=bool(protocol.HIP_SIM.read()))
     if protocol.TE.read():  # TE's Python layer runs (verify --te)
         install_for_te()
+    _persistent_writer_forked()
     if out:
         atexit.register(write_redirects, out)
+
+
+ASYNC_UTILS = "megatron.core.dist_checkpointing.strategies.async_utils"
+FORKED_WRITER = (
+    "upstream's persistent checkpoint writer (--use-persistent-ckpt-worker; PersistentAsyncCaller) starts by fork "
+    "on the CPU proxy, not spawn: a spawned writer imports torch, megatron and TE again (about 20 s of a case on "
+    "2 cores); what it writes still reaches it through the same queues. A GPU run keeps spawn (a forked CUDA or "
+    "HIP context is unsafe); the port's start method of the per-save writer (TemporalAsyncCaller) is untouched"
+)
+
+
+def _persistent_writer_forked() -> None:
+    """FORKED_WRITER: upstream's PersistentAsyncCaller starts its writer with a fork context in this
+    process (its queues, made with spawn's, carry the requests as before). A tree without the hook
+    (no PersistentAsyncCaller, no module-level ``mp``) keeps spawn."""
+    module = sys.modules.get(ASYNC_UTILS)
+    if module is not None:
+        _fork_persistent_writer(module)
+        return
+    from rocmport.verify.runtime.module_hooks import ModuleHooks
+
+    sys.meta_path.insert(0, ModuleHooks({ASYNC_UTILS: [("after", _fork_persistent_writer)]}))
+
+
+class _ForkContext:
+    """multiprocessing's fork context whose Process runs its target with this process's redirect
+    counts reset and written at the end (a forked child ends by os._exit: no atexit runs)."""
+
+    def __init__(self, ctx) -> None:
+        self._ctx = ctx
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def Process(self, *args, target=None, **kwargs):  # noqa: N802 - multiprocessing's name
+        def run(*a, **k):
+            REDIRECTS.clear()
+            try:
+                return target(*a, **k) if target is not None else None
+            finally:
+                out = protocol.SHIM_OUT.read()
+                if out:
+                    write_redirects(out)
+
+        return self._ctx.Process(*args, target=run, **kwargs)
+
+
+def _fork_persistent_writer(module) -> None:
+    caller = getattr(module, "PersistentAsyncCaller", None)
+    real_mp: Any = getattr(module, "mp", None)
+    real = getattr(caller, "schedule_async_call", None)
+    if caller is None or real_mp is None or real is None or getattr(real, "_rocmport", False):
+        return
+
+    class ForkForSpawn:
+        """The module's ``mp`` while the writer starts: spawn's context asked for is fork's."""
+
+        def __getattr__(self, name):
+            return getattr(real_mp, name)
+
+        def get_context(self, method=None):
+            if method != "spawn":
+                return real_mp.get_context(method)
+            REDIRECTS[f"PersistentAsyncCaller writer: fork (spawn on a GPU) @ {_site()}"] += 1
+            return _ForkContext(real_mp.get_context("fork"))
+
+    def schedule_async_call(self, async_req):
+        if getattr(self, "process", None) is not None or getattr(async_req, "async_fn", None) is None:
+            return real(self, async_req)
+        module.mp = ForkForSpawn()
+        try:
+            return real(self, async_req)
+        finally:
+            module.mp = real_mp
+
+    schedule_async_call._rocmport = True  # type: ignore[attr-defined]
+    caller.schedule_async_call = schedule_async_call
 
 
 def write_redirects(directory: str) -> None:
