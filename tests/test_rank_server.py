@@ -234,3 +234,53 @@ def test_the_server_ends_with_its_stdin(tmp_path, tree):
     if proc.pid:
         with pytest.raises(ProcessLookupError):
             os.kill(proc.pid, 0)
+
+
+# A pretrain_gpt.py-shaped script that trains (the shaped loop of test_functional_stage) unless
+# FAKE_EXIT asks it to end with megatron's exit code first.
+EXITING_PRETRAIN = (
+    "import os, sys\nfrom megatron.training.loop import train\n\n"
+    "if os.environ.get('FAKE_EXIT') and os.environ['RANK'] == '1':\n    sys.exit(int(os.environ['FAKE_EXIT']))\n"
+    "train(sys.argv[1:])\n"
+)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_case_with_forked_ranks_matches_torchruns_and_its_exits_reach_the_stage_alike(tmp_path):
+    """run_case on the proxy (the shim in every rank, the HIP simulation): with the rank server the
+    case passes with torchrun's losses and resume, says how its ranks started, and a rank's exit 17
+    reaches the stage's reason exactly as under torchrun."""
+    from rocmport.verify.orchestration.device_kind import DeviceKind
+    from rocmport.verify.runtime import hip_sim
+    from rocmport.verify.stages.functional.case_run import run_case
+    from tests.test_functional_stage import CASE, make_tree, proxy_env
+
+    tree = make_tree(tmp_path / "tree", EXITING_PRETRAIN)
+    kwargs = dict(
+        case=CASE,
+        dp=1,
+        iters=6,
+        proxy=True,
+        data_path=None,
+        series_dir=None,
+        record=False,
+        device_kind=DeviceKind("cpu-proxy"),
+        hip=hip_sim.DEFAULT_VERSION,
+    )
+    env = proxy_env(tmp_path, tree)
+    forked = run_case(tree, env, fork_ranks=True, **kwargs)
+    started = run_case(tree, env, fork_ranks=False, **kwargs)
+    assert forked.result.status == started.result.status == "pass", forked.result.reason
+    assert forked.run is not None and started.run is not None
+    assert forked.run.losses == started.run.losses and forked.run.resume == started.run.resume
+    assert "ranks forked by a rank server" in (forked.run.proxy_env or {})
+    assert "ranks forked by a rank server" not in (started.run.proxy_env or {})
+    assert "rank_client.py" in forked.run.command and "torch.distributed.run" in started.run.command
+    assert forked.run.redirects == started.run.redirects
+    env = proxy_env(tmp_path, tree, FAKE_EXIT="17")
+    forked = run_case(tree, env, fork_ranks=True, **kwargs)
+    started = run_case(tree, env, fork_ranks=False, **kwargs)
+    assert forked.result.status == started.result.status == "fail"
+    assert "a rank exited 17 without a Python exception (megatron's rerun state machine" in forked.result.reason
+    assert forked.result.reason == started.result.reason

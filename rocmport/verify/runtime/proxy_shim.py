@@ -202,7 +202,10 @@ def _one_gloo_device() -> None:
     base = c10d.ProcessGroupGloo
     if getattr(base, "_rocmport_shared_device", False):
         return
-    device = base.create_default_device()  # what each group would create: GLOO_SOCKET_IFNAME, else the hostname's
+    # What each group would create (GLOO_SOCKET_IFNAME, else the hostname's), made with the first group:
+    # a device starts its event-loop thread, and a rank server (runtime.rank_server) installs this
+    # shim before it forks the ranks, which must find no thread but the main one.
+    shared: list = []
 
     class ProcessGroupGloo(base):  # type: ignore[misc,valid-type]
         _rocmport_shared_device = True
@@ -211,8 +214,10 @@ def _one_gloo_device() -> None:
             if isinstance(timeout, base._Options):
                 options = timeout
             else:
+                if not shared:
+                    shared.append(base.create_default_device())
                 options = base._Options()
-                options._devices = [device]
+                options._devices = [shared[0]]
                 options._threads = 2  # as torch gives each group
                 if timeout is not None:
                     options._timeout = timeout
