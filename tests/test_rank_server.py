@@ -36,8 +36,9 @@ SCRIPT = textwrap.dedent("""\
     import heavy
     rank = int(os.environ["RANK"])
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
-    print(f"rank {rank} pid {os.getpid()} ppid {os.getppid()} cwd {os.getcwd()} argv {sys.argv} "
-          + " ".join(f"{k}={os.environ.get(k)}" for k in keys), flush=True)
+    # one write per line (the ranks share the pipe; torchrun's workers are unbuffered, -u)
+    sys.stdout.write(f"rank {rank} pid {os.getpid()} ppid {os.getppid()} cwd {os.getcwd()} argv {sys.argv} "
+                     + " ".join(f"{k}={os.environ.get(k)}" for k in keys) + "\\n")
     if os.environ.get("TOY_FAIL_RANK") == str(rank):
         code = os.environ["TOY_FAIL_CODE"]
         if code == "raise":
@@ -45,7 +46,7 @@ SCRIPT = textwrap.dedent("""\
         sys.exit(int(code))
     if os.environ.get("TOY_CHILD"):  # what a rank starts (a data-loader worker, a checkpoint writer)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        print(f"rank {rank} child {child.pid}", flush=True)
+        sys.stdout.write(f"rank {rank} child {child.pid}\\n")
     time.sleep(float(os.environ.get("TOY_SLEEP", "0")))
     """)
 
@@ -58,8 +59,7 @@ def toy_tree(root: Path) -> Path:
 
 
 def toy_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    # PYTHONUNBUFFERED off: each rank's line is one write, whole in the shared pipe
-    skip = ("TOY_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONUNBUFFERED")
+    skip = ("TOY_", "RANK", "LOCAL_RANK", "WORLD_SIZE")
     env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
     return {**env, "TOY_IMPORTS": str(tmp_path / "imports.txt"), **extra}
 
@@ -137,7 +137,7 @@ def test_a_ranks_exception_is_its_own_traceback(tmp_path, tree):
     assert proc.returncode == 1
     assert case_log.exception_line(proc.stderr) == "ValueError: boom on purpose"
     assert (
-        f'File "{tree}/pretrain_gpt.py", line 10, in <module>' in proc.stderr and "exitcode  : 1 (pid:" in proc.stderr
+        f'File "{tree}/pretrain_gpt.py", line 11, in <module>' in proc.stderr and "exitcode  : 1 (pid:" in proc.stderr
     )
 
 

@@ -214,6 +214,14 @@ def _reap(live: dict[int, int], failures: list[dict]) -> None:
                 failures.append({"rank": rank, "pid": pid, "code": code, "time": time.time()})
 
 
+def _still_there(conn: socket.socket) -> bool:
+    """Whether the client still holds its end (it sends nothing after its request: readable is its end)."""
+    try:
+        return bool(conn.recv(1, socket.MSG_PEEK))
+    except OSError:
+        return False
+
+
 def watch(conn: socket.socket, live: dict[int, int]) -> list[dict] | None:
     """Wait for a run's ranks (pid -> rank) as torchrun waits for its workers: the first failure
     ends the others (SIGTERM to their process groups, SIGKILL after GRACE_S). The failures, or None
@@ -223,7 +231,7 @@ def watch(conn: socket.socket, live: dict[int, int]) -> list[dict] | None:
     term_at = None
     while live:
         readable, _, _ = select.select([conn], [], [], POLL_S)
-        if readable and not conn.recv(1, socket.MSG_PEEK):
+        if readable and not _still_there(conn):
             _signal_groups(pids, signal.SIGKILL)
             while live:
                 _reap(live, failures)

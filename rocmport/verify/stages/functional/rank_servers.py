@@ -49,7 +49,9 @@ def server_env(env: dict[str, str], world: int) -> dict[str, str]:
 
 
 def server_command(socket_path: str) -> list[str]:
-    return [sys.executable, "-m", SERVER_MODULE, "--socket", socket_path, SCRIPT]
+    # -u: torchrun runs each worker `python -u` (unbuffered stdout and stderr); the forked ranks
+    # inherit the server's streams.
+    return [sys.executable, "-u", "-m", SERVER_MODULE, "--socket", socket_path, SCRIPT]
 
 
 class RankServer:
