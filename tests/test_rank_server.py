@@ -284,3 +284,46 @@ def test_a_case_with_forked_ranks_matches_torchruns_and_its_exits_reach_the_stag
     assert forked.result.status == started.result.status == "fail"
     assert "a rank exited 17 without a Python exception (megatron's rerun state machine" in forked.result.reason
     assert forked.result.reason == started.result.reason
+
+
+@pytest.mark.torch
+def test_the_proxy_starts_upstreams_checkpoint_processes_by_fork_only_while_they_start():
+    """The shim's two fork swaps (proxy_shim.FORKED_WRITER): PersistentAsyncCaller's writer and the
+    write-results Manager get a fork context when they ask for spawn's, counted as redirects; any
+    other spawn of the module (and theirs after the start) stays spawn."""
+    import multiprocessing
+    import types
+
+    from rocmport.verify.runtime import proxy_shim
+
+    asked: list[str] = []
+    module = types.SimpleNamespace(mp=multiprocessing, _results_queue=None)
+
+    def get_queue():  # as filesystem_async._get_write_results_queue asks
+        asked.append(module.mp.get_context("spawn").get_start_method())
+        return "queue"
+
+    module._get_write_results_queue = get_queue
+
+    class Caller:  # as PersistentAsyncCaller.schedule_async_call asks, once per process
+        process = None
+
+        def schedule_async_call(self, req):
+            asked.append(module.mp.get_context("spawn").get_start_method())
+            self.process = "started"
+
+    module.PersistentAsyncCaller = Caller
+    proxy_shim.REDIRECTS.clear()
+    proxy_shim._fork_results_manager(module)
+    proxy_shim._fork_persistent_writer(module)
+    assert module._get_write_results_queue() == "queue"
+    caller = Caller()
+    caller.schedule_async_call(types.SimpleNamespace(async_fn=print))
+    caller.schedule_async_call(types.SimpleNamespace(async_fn=print))  # its process is running: untouched
+    assert asked == ["fork", "fork", "spawn"]
+    assert module.mp is multiprocessing and module.mp.get_context("spawn").get_start_method() == "spawn"
+    assert sorted(k.split(" @ ")[0] for k in proxy_shim.REDIRECTS) == [
+        "PersistentAsyncCaller writer: fork (spawn on a GPU)",
+        "write-results queue's Manager: fork (spawn on a GPU)",
+    ]
+    proxy_shim.REDIRECTS.clear()

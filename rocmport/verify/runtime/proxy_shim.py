@@ -12,7 +12,6 @@ import collections
 import os
 import sys
 import types
-from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -643,25 +642,31 @@ def install_for_script() -> None:
 
 
 ASYNC_UTILS = "megatron.core.dist_checkpointing.strategies.async_utils"
+FILESYSTEM_ASYNC = "megatron.core.dist_checkpointing.strategies.filesystem_async"
 FORKED_WRITER = (
-    "upstream's persistent checkpoint writer (--use-persistent-ckpt-worker; PersistentAsyncCaller) starts by fork "
-    "on the CPU proxy, not spawn: a spawned writer imports torch, megatron and TE again (about 20 s of a case on "
-    "2 cores); what it writes still reaches it through the same queues. A GPU run keeps spawn (a forked CUDA or "
-    "HIP context is unsafe); the port's start method of the per-save writer (TemporalAsyncCaller) is untouched"
+    "two processes of upstream's checkpoint saving start by fork on the CPU proxy, not spawn: the persistent "
+    "writer (--use-persistent-ckpt-worker; PersistentAsyncCaller) and the Manager behind the write-results "
+    "queue (filesystem_async._get_write_results_queue, at each run's first save, async or not). Spawned, each "
+    "imports torch, megatron and TE again (about 13 s per save on 2 cores); what they carry still goes through "
+    "the same queues. A GPU run keeps spawn (a forked CUDA or HIP context is unsafe); the port's start methods "
+    "(TemporalAsyncCaller's per-save writer, the data-loader workers) are untouched"
 )
 
 
 def _persistent_writer_forked() -> None:
-    """FORKED_WRITER: upstream's PersistentAsyncCaller starts its writer with a fork context in this
-    process (its queues, made with spawn's, carry the requests as before). A tree without the hook
-    (no PersistentAsyncCaller, no module-level ``mp``) keeps spawn."""
-    module = sys.modules.get(ASYNC_UTILS)
-    if module is not None:
-        _fork_persistent_writer(module)
-        return
+    """FORKED_WRITER: upstream's PersistentAsyncCaller starts its writer, and filesystem_async its
+    write-results Manager, with a fork context in this process (their queues carry the requests and
+    results as before). A tree without the hook (no such function or class, no module-level ``mp``)
+    keeps spawn."""
     from rocmport.verify.runtime.module_hooks import ModuleHooks
 
-    sys.meta_path.insert(0, ModuleHooks({ASYNC_UTILS: [("after", _fork_persistent_writer)]}))
+    hooks = {ASYNC_UTILS: _fork_persistent_writer, FILESYSTEM_ASYNC: _fork_results_manager}
+    for name, hook in hooks.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            hook(module)
+        else:
+            sys.meta_path.insert(0, ModuleHooks({name: [("after", hook)]}))
 
 
 class _ForkContext:
@@ -687,36 +692,60 @@ class _ForkContext:
         return self._ctx.Process(*args, target=run, **kwargs)
 
 
+class _ForkForSpawn:
+    """A module's ``mp`` while one of its processes starts: spawn's context, asked for, is fork's
+    (counted as a redirect named ``what``)."""
+
+    def __init__(self, real_mp, what: str) -> None:
+        self._real, self._what = real_mp, what
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def get_context(self, method=None):
+        if method != "spawn":
+            return self._real.get_context(method)
+        REDIRECTS[f"{self._what}: fork (spawn on a GPU) @ {_site()}"] += 1
+        return _ForkContext(self._real.get_context("fork"))
+
+
+def _forking(module, call, what: str):
+    """``call`` run with the module's ``mp`` answering spawn with fork."""
+    real_mp = module.mp
+    module.mp = _ForkForSpawn(real_mp, what)
+    try:
+        return call()
+    finally:
+        module.mp = real_mp
+
+
 def _fork_persistent_writer(module) -> None:
     caller = getattr(module, "PersistentAsyncCaller", None)
-    real_mp: Any = getattr(module, "mp", None)
     real = getattr(caller, "schedule_async_call", None)
-    if caller is None or real_mp is None or real is None or getattr(real, "_rocmport", False):
+    if caller is None or getattr(module, "mp", None) is None or real is None or getattr(real, "_rocmport", False):
         return
-
-    class ForkForSpawn:
-        """The module's ``mp`` while the writer starts: spawn's context asked for is fork's."""
-
-        def __getattr__(self, name):
-            return getattr(real_mp, name)
-
-        def get_context(self, method=None):
-            if method != "spawn":
-                return real_mp.get_context(method)
-            REDIRECTS[f"PersistentAsyncCaller writer: fork (spawn on a GPU) @ {_site()}"] += 1
-            return _ForkContext(real_mp.get_context("fork"))
 
     def schedule_async_call(self, async_req):
         if getattr(self, "process", None) is not None or getattr(async_req, "async_fn", None) is None:
             return real(self, async_req)
-        module.mp = ForkForSpawn()
-        try:
-            return real(self, async_req)
-        finally:
-            module.mp = real_mp
+        return _forking(module, lambda: real(self, async_req), "PersistentAsyncCaller writer")
 
     schedule_async_call._rocmport = True  # type: ignore[attr-defined]
     caller.schedule_async_call = schedule_async_call
+
+
+def _fork_results_manager(module) -> None:
+    real = getattr(module, "_get_write_results_queue", None)
+    if not callable(real) or getattr(module, "mp", None) is None or getattr(real, "_rocmport", False):
+        return
+
+    def get_write_results_queue():
+        if getattr(module, "_results_queue", None) is not None:
+            return real()
+        return _forking(module, real, "write-results queue's Manager")
+
+    get_write_results_queue._rocmport = True  # type: ignore[attr-defined]
+    module._get_write_results_queue = get_write_results_queue
 
 
 def write_redirects(directory: str) -> None:
