@@ -237,10 +237,10 @@ def test_the_server_ends_with_its_stdin(tmp_path, tree):
 
 
 # A pretrain_gpt.py-shaped script that trains (the shaped loop of test_functional_stage) unless
-# FAKE_EXIT asks it to end with megatron's exit code first.
+# FAKE_EXIT asks rank 0 to end with megatron's exit code first (the case runs one rank).
 EXITING_PRETRAIN = (
     "import os, sys\nfrom megatron.training.loop import train\n\n"
-    "if os.environ.get('FAKE_EXIT') and os.environ['RANK'] == '1':\n    sys.exit(int(os.environ['FAKE_EXIT']))\n"
+    "if os.environ.get('FAKE_EXIT') and os.environ['RANK'] == '0':\n    sys.exit(int(os.environ['FAKE_EXIT']))\n"
     "train(sys.argv[1:])\n"
 )
 
