@@ -79,12 +79,14 @@ def phases(lines: list[tuple[float, str]], wall: float) -> dict[str, float] | No
     return out
 
 
-def run_case(project: Path, case: str, te: str | None, python: str, env: dict, work: Path, n: int) -> dict:
-    """One `verify --stages 4 --case CASE`: wall, CPU (rocmport and all below it), stage 4's status,
-    seconds and reason from the report, and the wall's phases."""
+def run_case(
+    project: Path, case: str, te: str | None, python: str, env: dict, work: Path, n: int, extra: tuple[str, ...] = ()
+) -> dict:
+    """One `verify --stages 4 --case CASE` (``extra``: more verify options): wall, CPU (rocmport and
+    all below it), stage 4's status, seconds and reason from the report, and the wall's phases."""
     report = work / f"{case}-{n}.json"
     cmd = [python, "-m", "rocmport", "-C", str(project), "verify", "--stages", "4", "--case", case]
-    cmd += ["--report", str(report), "--no-html"] + (["--te", te] if te else [])
+    cmd += ["--report", str(report), "--no-html"] + (["--te", te] if te else []) + list(extra)
     load = os.getloadavg()[0]
     cpu0, start = _children_cpu(), time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -191,6 +193,11 @@ def main() -> int:
     p.add_argument("--python", default=sys.executable, help="the interpreter rocmport runs with (3.12 for v0.17+)")
     p.add_argument("--work", help="keep the reports and logs here (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print every run and each case's medians as JSON")
+    p.add_argument(
+        "--no-fork-ranks",
+        action="store_true",
+        help="verify --no-fork-ranks: each run's ranks started by torchrun (the rank server's baseline)",
+    )
     args = p.parse_args()
     project = Path(args.project).resolve()
     if args.runs < 1:
@@ -213,7 +220,8 @@ def main() -> int:
     for case in cases:
         mine = []
         for n in range(1, args.runs + 1):
-            row = run_case(project, case, args.te, args.python, env, work, n)
+            extra = ("--no-fork-ranks",) if args.no_fork_ranks else ()
+            row = run_case(project, case, args.te, args.python, env, work, n, extra)
             print(
                 f"{case} run {n}: {row['status']} exit {row['exit']}, wall {row['wall_s']} s, cpu {row['cpu_s']} s, "
                 f"stage 4 {row['stage_s']} s (load {row['load_before']} before); phases {row['phases']}",

@@ -76,11 +76,33 @@ class Launcher:
         return not single_node or self.reports
 
     def command(
-        self, world: int, target: list[str], stage: str, port: int | None = None, single_node: bool = False
+        self,
+        world: int,
+        target: list[str],
+        stage: str,
+        port: int | None = None,
+        single_node: bool = False,
+        rank_server: str | None = None,
     ) -> list[str]:
         """The command that starts ``world`` processes of ``target`` (``["-m", module, ...]`` or
         ``["script.py", ...]``) for ``stage``. A world of 1 always runs here alone; ``single_node``
-        keeps every process on one node (under Slurm: one node of the allocation)."""
+        keeps every process on one node (under Slurm: one node of the allocation). ``rank_server``: the
+        socket of a rank server on this node (rocmport.verify.runtime.rank_server) that forks the
+        processes in torchrun's place; the command is its client, torchrun's options spelled alike."""
+        if rank_server is not None and (self.kind == "torchrun" and (single_node or not self.multi_node)):
+            from rocmport.verify.runtime import rank_client
+
+            # -I: the client imports nothing of the run (no bootstrap, no torch); the standard library only.
+            return [
+                sys.executable,
+                "-I",
+                rank_client.__file__,
+                f"--socket={rank_server}",
+                f"--nproc_per_node={world}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port or free_port()}",
+                *target,
+            ]
         if world == 1 or (self.kind == "torchrun" and (single_node or not self.multi_node)):
             return [
                 sys.executable,

@@ -35,11 +35,10 @@ def install() -> None:
         atexit.register(_record_modules, sites)
 
     # Upstream scripts (pretrain_gpt.py) in CPU-proxy mode: the shim goes into each torchrun worker.
-    # (Under Slurm, rocmport.verify.runtime.slurm_task installs it once it has set the rank variables.)
+    # (Under Slurm, rocmport.verify.runtime.slurm_task installs it once it has set the rank variables;
+    # a rank server, rocmport.verify.runtime.rank_server, before the imports its ranks inherit.)
     if protocol.SHIM_WORKERS.read() and "LOCAL_RANK" in os.environ:
-        from rocmport.verify.runtime import proxy_shim
-
-        proxy_shim.install_for_script()
+        install_worker_shim()
     # A child that a unit-test rank (shimmed by the pytest plugin, which sets protocol.SHIM_CHILDREN)
     # starts with multiprocessing's spawn gets the same shim: upstream's persistent async-checkpoint
     # worker begins with torch.cuda.set_device(rank % torch.cuda.device_count()); unshimmed, it dies
@@ -51,6 +50,14 @@ def install() -> None:
             proxy_shim.install_for_upstream_code()
         except proxy_shim.Unsupported:  # the rank that started it has reported the missing hook
             pass
+
+
+def install_worker_shim() -> None:
+    """The proxy shim of a worker of an upstream script, when the run asks for it (protocol.SHIM_WORKERS)."""
+    if protocol.SHIM_WORKERS.read():
+        from rocmport.verify.runtime import proxy_shim
+
+        proxy_shim.install_for_script()
 
 
 def _record_modules(directory: str) -> None:

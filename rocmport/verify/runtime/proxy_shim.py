@@ -201,7 +201,10 @@ def _one_gloo_device() -> None:
     base = c10d.ProcessGroupGloo
     if getattr(base, "_rocmport_shared_device", False):
         return
-    device = base.create_default_device()  # what each group would create: GLOO_SOCKET_IFNAME, else the hostname's
+    # What each group would create (GLOO_SOCKET_IFNAME, else the hostname's), made with the first group:
+    # a device starts its event-loop thread, and a rank server (runtime.rank_server) installs this
+    # shim before it forks the ranks, which must find no thread but the main one.
+    shared: list = []
 
     class ProcessGroupGloo(base):  # type: ignore[misc,valid-type]
         _rocmport_shared_device = True
@@ -210,8 +213,10 @@ def _one_gloo_device() -> None:
             if isinstance(timeout, base._Options):
                 options = timeout
             else:
+                if not shared:
+                    shared.append(base.create_default_device())
                 options = base._Options()
-                options._devices = [device]
+                options._devices = [shared[0]]
                 options._threads = 2  # as torch gives each group
                 if timeout is not None:
                     options._timeout = timeout
@@ -631,8 +636,116 @@ def install_for_script() -> None:
     install_device_answers(hip=bool(protocol.HIP_SIM.read()))
     if protocol.TE.read():  # TE's Python layer runs (verify --te)
         install_for_te()
+    _persistent_writer_forked()
     if out:
         atexit.register(write_redirects, out)
+
+
+ASYNC_UTILS = "megatron.core.dist_checkpointing.strategies.async_utils"
+FILESYSTEM_ASYNC = "megatron.core.dist_checkpointing.strategies.filesystem_async"
+FORKED_WRITER = (
+    "two processes of upstream's checkpoint saving start by fork on the CPU proxy, not spawn: the persistent "
+    "writer (--use-persistent-ckpt-worker; PersistentAsyncCaller) and the Manager behind the write-results "
+    "queue (filesystem_async._get_write_results_queue, at each run's first save, async or not). Spawned, each "
+    "imports torch, megatron and TE again (about 13 s per save on 2 cores); what they carry still goes through "
+    "the same queues. A GPU run keeps spawn (a forked CUDA or HIP context is unsafe); the port's start methods "
+    "(TemporalAsyncCaller's per-save writer, the data-loader workers) are untouched"
+)
+
+
+def _persistent_writer_forked() -> None:
+    """FORKED_WRITER: upstream's PersistentAsyncCaller starts its writer, and filesystem_async its
+    write-results Manager, with a fork context in this process (their queues carry the requests and
+    results as before). A tree without the hook (no such function or class, no module-level ``mp``)
+    keeps spawn."""
+    from rocmport.verify.runtime.module_hooks import ModuleHooks
+
+    hooks = {ASYNC_UTILS: _fork_persistent_writer, FILESYSTEM_ASYNC: _fork_results_manager}
+    for name, hook in hooks.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            hook(module)
+        else:
+            sys.meta_path.insert(0, ModuleHooks({name: [("after", hook)]}))
+
+
+class _ForkContext:
+    """multiprocessing's fork context whose Process runs its target with this process's redirect
+    counts reset and written at the end (a forked child ends by os._exit: no atexit runs)."""
+
+    def __init__(self, ctx) -> None:
+        self._ctx = ctx
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def Process(self, *args, target=None, **kwargs):  # noqa: N802 - multiprocessing's name
+        def run(*a, **k):
+            REDIRECTS.clear()
+            try:
+                return target(*a, **k) if target is not None else None
+            finally:
+                out = protocol.SHIM_OUT.read()
+                if out:
+                    write_redirects(out)
+
+        return self._ctx.Process(*args, target=run, **kwargs)
+
+
+class _ForkForSpawn:
+    """A module's ``mp`` while one of its processes starts: spawn's context, asked for, is fork's
+    (counted as a redirect named ``what``)."""
+
+    def __init__(self, real_mp, what: str) -> None:
+        self._real, self._what = real_mp, what
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def get_context(self, method=None):
+        if method != "spawn":
+            return self._real.get_context(method)
+        REDIRECTS[f"{self._what}: fork (spawn on a GPU) @ {_site()}"] += 1
+        return _ForkContext(self._real.get_context("fork"))
+
+
+def _forking(module, call, what: str):
+    """``call`` run with the module's ``mp`` answering spawn with fork."""
+    real_mp = module.mp
+    module.mp = _ForkForSpawn(real_mp, what)
+    try:
+        return call()
+    finally:
+        module.mp = real_mp
+
+
+def _fork_persistent_writer(module) -> None:
+    caller = getattr(module, "PersistentAsyncCaller", None)
+    real = getattr(caller, "schedule_async_call", None)
+    if caller is None or getattr(module, "mp", None) is None or real is None or getattr(real, "_rocmport", False):
+        return
+
+    def schedule_async_call(self, async_req):
+        if getattr(self, "process", None) is not None or getattr(async_req, "async_fn", None) is None:
+            return real(self, async_req)
+        return _forking(module, lambda: real(self, async_req), "PersistentAsyncCaller writer")
+
+    schedule_async_call._rocmport = True  # type: ignore[attr-defined]
+    caller.schedule_async_call = schedule_async_call
+
+
+def _fork_results_manager(module) -> None:
+    real = getattr(module, "_get_write_results_queue", None)
+    if not callable(real) or getattr(module, "mp", None) is None or getattr(real, "_rocmport", False):
+        return
+
+    def get_write_results_queue():
+        if getattr(module, "_results_queue", None) is not None:
+            return real()
+        return _forking(module, real, "write-results queue's Manager")
+
+    get_write_results_queue._rocmport = True  # type: ignore[attr-defined]
+    module._get_write_results_queue = get_write_results_queue
 
 
 def write_redirects(directory: str) -> None:

@@ -267,8 +267,9 @@ def world_size(config: dict, dp: int, plan: CasePlan | None) -> int:
     return int(margs.get("--tensor-model-parallel-size", 1)) * int(margs.get("--pipeline-model-parallel-size", 1)) * dp
 
 
-def functional_command(launcher: Launcher, world: int, args: list[str]) -> list[str]:
-    return launcher.command(world, ["pretrain_gpt.py", *args], NAME)
+def functional_command(launcher: Launcher, world: int, args: list[str], rank_server: str | None = None) -> list[str]:
+    """pretrain_gpt.py on ``world`` ranks (forked by the rank server at ``rank_server`` when given)."""
+    return launcher.command(world, ["pretrain_gpt.py", *args], NAME, rank_server=rank_server)
 
 
 def load_case(tree: Path, case: str) -> dict:

@@ -63,6 +63,7 @@ from rocmport.verify.stages.functional.case_log import (
     normalise,
     params_norms,
 )
+from rocmport.verify.stages.functional.rank_servers import WHY as FORKED_WHY, RankServer, applies
 from rocmport.verify.stages.functional.details import (
     CaseFailure,
     FunctionalRun,
@@ -180,6 +181,12 @@ class CaseSetup:
     hip: str | None
     rocm: bool
     support: ResumeSupport
+    server: RankServer | None = None  # forks the ranks of the case's runs (--fork-ranks), else torchrun
+
+    def command(self, args: list[str], env: dict) -> list[str]:
+        """The launch of one run: the rank server's client when the server serves ``env``, else torchrun."""
+        socket = self.server.socket_for(env) if self.server is not None else None
+        return functional_command(self.launcher, self.world, args, rank_server=socket)
 
     @property
     def half(self) -> int:
@@ -262,12 +269,14 @@ def run_case(
     hip: str | None = None,
     rocm: bool = False,
     te: case_plan.ProxyTE | None = None,
+    fork_ranks: bool = False,
 ) -> CaseOutcome:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
     the remaining iterations; then this device kind's golden. ``hip``: the simulated ROCm version
     (proxy), for the report; ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the
-    port picks the async writer."""
+    port picks the async writer; ``fork_ranks``: a rank server forks both runs' ranks (on the proxy
+    with torchrun on one node; rank_servers)."""
     start = time.monotonic()
     ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted, te)
     if isinstance(ready, StageResult):
@@ -277,13 +286,18 @@ def run_case(
         tree, env, case, config, plan, world, iters, proxy, data_path, launcher, resume, hip, rocm, resume_support(tree)
     )
     with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
-        trained = _train(s, Path(tmp), start)
-        if isinstance(trained, CaseOutcome):
-            return trained
-        if resume:
-            stopped = _resume(s, Path(tmp), trained, start)
-            if stopped is not None:
-                return stopped
+        s.server = RankServer(tree, Path(tmp), world) if fork_ranks and applies(launcher, proxy) else None
+        try:
+            trained = _train(s, Path(tmp), start)
+            if isinstance(trained, CaseOutcome):
+                return trained
+            if resume:
+                stopped = _resume(s, Path(tmp), trained, start)
+                if stopped is not None:
+                    return stopped
+        finally:
+            if s.server is not None:
+                s.server.close()
     if series_dir is not None:
         _golden(trained, s, golden_path(series_dir, case, str(device_kind)), record, device_kind)
     if data_path:
@@ -351,7 +365,22 @@ def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
     run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
     run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
     run_env.update(dict(s.plan.fp8.env) if s.plan and s.plan.fp8 else {})  # the CUDA control's simulated H100
-    return run_env, {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
+    swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
+    if s.support.async_save:
+        from rocmport.verify.runtime.proxy_shim import FORKED_WRITER
+
+        swaps["persistent checkpoint writer started by fork"] = FORKED_WRITER
+    return run_env, swaps
+
+
+def _note_launch(s: CaseSetup, swaps: dict[str, str]) -> None:
+    """The report's line on how the ranks started: forked by a rank server, or torchrun and why not."""
+    if s.server is None:
+        return
+    if s.server.ready is not None:
+        swaps["ranks forked by a rank server"] = f"{FORKED_WHY} (its imports: {s.server.ready.get('seconds')} s)"
+    elif s.server.refused:
+        swaps["ranks started by torchrun (no rank server)"] = s.server.refused
 
 
 def _tail(stderr: str) -> list[str]:
@@ -363,7 +392,8 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
     save, chosen = _save_args(s, work)
     args = s.args(work, save)
     run_env, swaps = _run_env(s, work)
-    cmd = functional_command(s.launcher, s.world, args)
+    cmd = s.command(args, run_env)
+    _note_launch(s, swaps)
     proc = _launch(cmd, s.tree, run_env)
     log = proc.stdout + proc.stderr
     steps = loss_steps(log)
@@ -464,7 +494,7 @@ def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome 
         "--async-save": None,
         "--use-persistent-ckpt-worker": None,
     }
-    cmd = functional_command(s.launcher, s.world, s.args(work, again))
+    cmd = s.command(s.args(work, again), t.run_env)
     rproc = _launch(cmd, s.tree, t.run_env, what=f"resumed from iteration {s.half}")
     rlog = rproc.stdout + rproc.stderr
     rsteps = loss_steps(rlog)

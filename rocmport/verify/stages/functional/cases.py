@@ -197,6 +197,7 @@ def _run_kwargs(ctx: VerifyContext, options: FunctionalOptions, defaulted: bool)
         hip=ctx.hip_version,
         rocm=bool(ctx.hip_version or ctx.machine.hip),
         te=proxy_te(ctx),
+        fork_ranks=options.fork_ranks,
     )
 
 

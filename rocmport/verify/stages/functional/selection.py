@@ -29,7 +29,8 @@ NO_TE_FOR_RECORD = "the reach record's cases ({}) need Transformer Engine, not u
 class FunctionalOptions:
     """Stage 4: upstream's functional GPT cases through pretrain_gpt.py. ``cases`` in order, how they
     were chosen (``selection``, ``note``); ``base`` and ``cache_dir``: where a failing case's run on
-    the unported tree comes from and is kept (no base: failures are not labelled)."""
+    the unported tree comes from and is kept (no base: failures are not labelled); ``fork_ranks``: on
+    the proxy a rank server forks each case's ranks (rank_servers)."""
 
     cases: tuple[str, ...]
     iters: int
@@ -42,6 +43,7 @@ class FunctionalOptions:
     note: str | None = None
     base: str | None = None
     cache_dir: Path | None = None
+    fork_ranks: bool = True
 
     @property
     def case(self) -> str:

@@ -31,6 +31,7 @@ from rocmport.verify.stages.functional.case_args import (
     world_size,
 )
 from rocmport.verify.stages.functional.cases import run_cases, verdict
+from rocmport.verify.stages.functional.rank_servers import applies, server_command
 
 if TYPE_CHECKING:
     from rocmport.verify.orchestration.te_layer import TELayer
@@ -70,6 +71,13 @@ CLI_OPTIONS = (
         show_default=True,
         help="Stage 4's checkpoint round trip: resume from the mid-run checkpoint and compare the remaining losses.",
     ),
+    click.Option(
+        ["--fork-ranks/--no-fork-ranks"],
+        default=True,
+        show_default=True,
+        help="CPU proxy, torchrun on one node: a case's ranks are forked from one process that imported torch, "
+        "megatron and TE once (for its run and its resumed run), not started by torchrun each importing them.",
+    ),
 )
 
 
@@ -99,6 +107,7 @@ class FunctionalStage(Stage[FunctionalOptions]):
             option=option,
             base=setup.base,
             cache_dir=setup.settings.cache_dir,
+            fork_ranks=given.get("fork_ranks", True),
         )
         return options if options is not None else NotRequested(why)
 
@@ -117,9 +126,20 @@ class FunctionalStage(Stage[FunctionalOptions]):
             args = build_args(
                 config, iters=options.iters, proxy=proxy, data_path=options.data_path, work=work, plan=plan
             )
-            command = functional_command(opts.launcher, world_size(config, opts.dp, plan), args)
+            forked = options.fork_ranks and applies(opts.launcher, proxy)
+            sock = str(tmp / "rank-server" / "ranks.sock") if forked else None
+            command = functional_command(opts.launcher, world_size(config, opts.dp, plan), args, rank_server=sock)
             env = dict(plan.fp8.env) if isinstance(plan, CasePlan) and plan.fp8 else {}
-            out.append({"stage": self.name, "command": command, "cwd": str(opts.tree), **({"env": env} if env else {})})
+            server = {"rank_server": server_command(sock)} if sock else {}
+            out.append(
+                {
+                    "stage": self.name,
+                    "command": command,
+                    "cwd": str(opts.tree),
+                    **server,
+                    **({"env": env} if env else {}),
+                }
+            )
         return out
 
     def run(self, ctx: VerifyContext, options: FunctionalOptions) -> StageRun:
@@ -165,6 +185,7 @@ def functional_options(
     option: str = "--case",
     base: str | None = None,
     cache_dir: Path | None = None,
+    fork_ranks: bool = True,
 ) -> tuple[FunctionalOptions | None, str]:
     """Stage 4's options checked: ``case`` is ``option``'s value (reach, all or names; None: reach)."""
     from rocmport.machine.doctor import for_verify
@@ -202,6 +223,7 @@ def functional_options(
         note=chosen.note,
         base=base,
         cache_dir=cache_dir,
+        fork_ranks=fork_ranks,
     ), ""
 
 

@@ -1,0 +1,329 @@
+"""Stage 4's rank server (rocmport.verify.runtime.rank_server, its client, and the stage's
+RankServer): a case's ranks are forked from one process that imported the script's modules once,
+for each of the case's runs, and they end as torchrun's workers end (a rank's exit code and
+exception in torchrun's summary, a hung run killed with its ranks and what they started).
+
+The scripts here import no torch: a module of the toy tree records each process that imports it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify.stages.functional import case_log
+from rocmport.verify.stages.functional.case_run import _launch
+from rocmport.verify.stages.functional.rank_servers import RankServer, applies
+
+# Each process that imports it appends its pid to $TOY_IMPORTS: the ranks' imports, counted.
+HEAVY = textwrap.dedent("""\
+    import os
+    with open(os.environ["TOY_IMPORTS"], "a") as fh:
+        fh.write(f"{os.getpid()}\\n")
+    if os.environ.get("TOY_THREAD"):  # a module that leaves a thread running: forking would copy one
+        import threading, time
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    """)
+SCRIPT = textwrap.dedent("""\
+    import os, subprocess, sys, time
+    import heavy
+    rank = int(os.environ["RANK"])
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")
+    # one write per line (the ranks share the pipe; torchrun's workers are unbuffered, -u)
+    sys.stdout.write(f"rank {rank} pid {os.getpid()} ppid {os.getppid()} cwd {os.getcwd()} argv {sys.argv} "
+                     + " ".join(f"{k}={os.environ.get(k)}" for k in keys) + "\\n")
+    if os.environ.get("TOY_FAIL_RANK") == str(rank):
+        code = os.environ["TOY_FAIL_CODE"]
+        if code == "raise":
+            raise ValueError("boom on purpose")
+        sys.exit(int(code))
+    if os.environ.get("TOY_CHILD"):  # what a rank starts (a data-loader worker, a checkpoint writer)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        sys.stdout.write(f"rank {rank} child {child.pid}\\n")
+    time.sleep(float(os.environ.get("TOY_SLEEP", "0")))
+    """)
+
+
+def toy_tree(root: Path) -> Path:
+    root.mkdir()
+    (root / "heavy.py").write_text(HEAVY)
+    (root / "pretrain_gpt.py").write_text(SCRIPT)
+    return root
+
+
+def toy_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    skip = ("TOY_", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(skip)}
+    return {**env, "TOY_IMPORTS": str(tmp_path / "imports.txt"), **extra}
+
+
+def launch(server: RankServer, env: dict, world: int, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    sock = server.socket_for(env)
+    assert sock is not None, server.refused
+    cmd = Launcher().command(world, ["pretrain_gpt.py", *args], "functional", port=29555, rank_server=sock)
+    return _launch(cmd, server.tree, env, timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return toy_tree(tmp_path / "tree")
+
+
+def test_the_ranks_of_every_run_are_forked_from_one_import(tmp_path, tree):
+    env = toy_env(tmp_path)
+    server = RankServer(tree, tmp_path, world=2)
+    try:
+        first = launch(server, env, 2, "--train-iters", "4")
+        again = launch(server, env, 2, "--ckpt-step", "2")
+    finally:
+        server.close()
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    ranks = re.findall(r"rank (\d) pid (\d+) ppid (\d+) cwd (\S+) argv (\[.*?\]) (.*)", first.stdout + again.stdout)
+    assert sorted(r[0] for r in ranks) == ["0", "0", "1", "1"]
+    server_pid = server.ready["pid"] if server.ready else None
+    # the script's import ran once, in the server; each rank is its own process, forked by it
+    assert (tmp_path / "imports.txt").read_text().split() == [str(server_pid)]
+    assert len({r[1] for r in ranks}) == 4 and {r[2] for r in ranks} == {str(server_pid)}
+    for rank, _, _, cwd, argv, env_text in ranks:
+        assert cwd == str(tree) and "'pretrain_gpt.py'" in argv
+        assert (
+            f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+            f"MASTER_PORT=29555 OMP_NUM_THREADS=1" == env_text
+        )
+
+
+def test_a_ranks_exit_code_reaches_the_stage_in_torchruns_summary(tmp_path, tree):
+    env = toy_env(tmp_path, TOY_FAIL_RANK="1", TOY_FAIL_CODE="17", TOY_SLEEP="120")
+    server = RankServer(tree, tmp_path, world=2)
+    start = time.monotonic()
+    try:
+        proc = launch(server, env, 2)
+    finally:
+        server.close()
+    # torchrun's exit (1), the failed rank's code as the root cause, the survivor ended by SIGTERM
+    assert proc.returncode == 1 and time.monotonic() - start < 60
+    assert re.search(
+        r"Root Cause \(first observed failure\):\n\[0\]:\n.*\n.*\n  rank      : 1 .*\n  exitcode  : 17 ", proc.stderr
+    )
+    assert "Signal 15 (SIGTERM) received by PID" in proc.stderr
+    assert case_log.cause_line(proc.stderr) == (
+        "a rank exited 17 without a Python exception (megatron's rerun state machine, "
+        "EXIT_CODE_FAILED_ON_RESULT_VALIDATION: a result failed validation (NaN, Inf or a spiky loss) and did so again on rerun)"
+    )
+
+
+def test_a_ranks_exception_is_its_own_traceback(tmp_path, tree):
+    env = toy_env(tmp_path, TOY_FAIL_RANK="0", TOY_FAIL_CODE="raise")
+    server = RankServer(tree, tmp_path, world=2)
+    try:
+        proc = launch(server, env, 2)
+    finally:
+        server.close()
+    assert proc.returncode == 1
+    assert case_log.exception_line(proc.stderr) == "ValueError: boom on purpose"
+    assert (
+        f'File "{tree}/pretrain_gpt.py", line 11, in <module>' in proc.stderr and "exitcode  : 1 (pid:" in proc.stderr
+    )
+
+
+def test_a_hung_run_is_killed_with_its_ranks_and_what_they_started(tmp_path, tree):
+    env = toy_env(tmp_path, TOY_CHILD="1", TOY_SLEEP="600")
+    server = RankServer(tree, tmp_path, world=2)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired) as hung:
+            launch(server, env, 2, timeout=5)
+        out = hung.value.output or ""
+        pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", out) + re.findall(r"rank \d child (\d+)", out)]
+        assert len(pids) == 4, out
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in pids if alive(p)]
+        # the server outlives a killed run and serves the next
+        assert launch(server, toy_env(tmp_path), 2).returncode == 0
+    finally:
+        server.close()
+
+
+def test_a_run_in_another_environment_gets_its_own_server(tmp_path, tree):
+    server = RankServer(tree, tmp_path, world=2)
+    try:
+        launch(server, toy_env(tmp_path), 2)
+        first = server.ready
+        launch(server, toy_env(tmp_path, TOY_OTHER="1"), 2)
+        assert server.ready is not None and first is not None and server.ready["pid"] != first["pid"]
+    finally:
+        server.close()
+    assert (tmp_path / "imports.txt").read_text().split() == [str(first["pid"]), str(server.ready["pid"])]
+
+
+def test_a_client_whose_environment_differs_is_refused_naming_it(tmp_path, tree):
+    server = RankServer(tree, tmp_path, world=2)
+    try:
+        sock = server.socket_for(toy_env(tmp_path))
+        assert sock is not None
+        cmd = Launcher().command(2, ["pretrain_gpt.py"], "functional", rank_server=sock)
+        proc = _launch(cmd, tree, toy_env(tmp_path, TOY_OTHER="1"))
+    finally:
+        server.close()
+    assert proc.returncode == 1 and "differs from the rank server's in TOY_OTHER" in proc.stderr
+    assert not (tmp_path / "imports.txt").read_text().split()[1:]  # no rank ran
+
+
+def test_a_server_with_a_thread_after_its_imports_refuses_and_the_case_keeps_torchrun(tmp_path, tree):
+    server = RankServer(tree, tmp_path, world=2)
+    try:
+        assert server.socket_for(toy_env(tmp_path, TOY_THREAD="1")) is None
+    finally:
+        server.close()
+    assert server.refused and "2 threads after the imports" in server.refused
+
+
+def test_the_rank_server_takes_torchruns_place_on_the_proxy_with_one_node_only():
+    assert applies(Launcher(), proxy=True)
+    assert not applies(Launcher(), proxy=False)
+    assert not applies(Launcher(kind="slurm"), proxy=True)
+    assert not applies(Launcher(nnodes=2, rdzv_endpoint="node0:29500"), proxy=True)
+    cmd = Launcher().command(4, ["pretrain_gpt.py", "--x"], "functional", port=1, rank_server="/tmp/s.sock")
+    assert cmd[:2] == [sys.executable, "-I"] and cmd[2].endswith("rank_client.py")
+    assert cmd[3:] == [
+        "--socket=/tmp/s.sock",
+        "--nproc_per_node=4",
+        "--master_addr=127.0.0.1",
+        "--master_port=1",
+        "pretrain_gpt.py",
+        "--x",
+    ]
+    # multi-node and Slurm launches never name a rank server
+    assert "rank_client" not in " ".join(Launcher(kind="slurm").command(4, ["x.py"], "functional", rank_server="/s"))
+
+
+def test_a_server_gone_before_ready_is_refused_with_its_log(tmp_path):
+    tree = tmp_path / "empty"
+    tree.mkdir()  # no pretrain_gpt.py: the server cannot read the script's imports
+    server = RankServer(tree, tmp_path, world=1)
+    try:
+        assert server.socket_for(toy_env(tmp_path)) is None
+    finally:
+        server.close()
+    assert server.refused and "exited" in server.refused and "pretrain_gpt.py" in server.refused
+
+
+def test_the_server_ends_with_its_stdin(tmp_path, tree):
+    server = RankServer(tree, tmp_path, world=1)
+    assert server.socket_for(toy_env(tmp_path)) is not None
+    proc = server.proc
+    assert proc is not None
+    server.close()
+    assert proc.returncode == 0 and server.dir is None
+    if proc.pid:
+        with pytest.raises(ProcessLookupError):
+            os.kill(proc.pid, 0)
+
+
+# A pretrain_gpt.py-shaped script that trains (the shaped loop of test_functional_stage) unless
+# FAKE_EXIT asks rank 0 to end with megatron's exit code first (the case runs one rank).
+EXITING_PRETRAIN = (
+    "import os, sys\nfrom megatron.training.loop import train\n\n"
+    "if os.environ.get('FAKE_EXIT') and os.environ['RANK'] == '0':\n    sys.exit(int(os.environ['FAKE_EXIT']))\n"
+    "train(sys.argv[1:])\n"
+)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_case_with_forked_ranks_matches_torchruns_and_its_exits_reach_the_stage_alike(tmp_path):
+    """run_case on the proxy (the shim in every rank, the HIP simulation): with the rank server the
+    case passes with torchrun's losses and resume, says how its ranks started, and a rank's exit 17
+    reaches the stage's reason exactly as under torchrun."""
+    from rocmport.verify.orchestration.device_kind import DeviceKind
+    from rocmport.verify.runtime import hip_sim
+    from rocmport.verify.stages.functional.case_run import run_case
+    from tests.test_functional_stage import CASE, make_tree, proxy_env
+
+    tree = make_tree(tmp_path / "tree", EXITING_PRETRAIN)
+    kwargs = dict(
+        case=CASE,
+        dp=1,
+        iters=6,
+        proxy=True,
+        data_path=None,
+        series_dir=None,
+        record=False,
+        device_kind=DeviceKind("cpu-proxy"),
+        hip=hip_sim.DEFAULT_VERSION,
+    )
+    env = proxy_env(tmp_path, tree)
+    forked = run_case(tree, env, fork_ranks=True, **kwargs)
+    started = run_case(tree, env, fork_ranks=False, **kwargs)
+    assert forked.result.status == started.result.status == "pass", forked.result.reason
+    assert forked.run is not None and started.run is not None
+    assert forked.run.losses == started.run.losses and forked.run.resume == started.run.resume
+    assert "ranks forked by a rank server" in (forked.run.proxy_env or {})
+    assert "ranks forked by a rank server" not in (started.run.proxy_env or {})
+    assert "rank_client.py" in forked.run.command and "torch.distributed.run" in started.run.command
+    assert forked.run.redirects == started.run.redirects
+    env = proxy_env(tmp_path, tree, FAKE_EXIT="17")
+    forked = run_case(tree, env, fork_ranks=True, **kwargs)
+    started = run_case(tree, env, fork_ranks=False, **kwargs)
+    assert forked.result.status == started.result.status == "fail"
+    assert "a rank exited 17 without a Python exception (megatron's rerun state machine" in forked.result.reason
+    assert forked.result.reason == started.result.reason
+
+
+@pytest.mark.torch
+def test_the_proxy_starts_upstreams_checkpoint_processes_by_fork_only_while_they_start():
+    """The shim's two fork swaps (proxy_shim.FORKED_WRITER): PersistentAsyncCaller's writer and the
+    write-results Manager get a fork context when they ask for spawn's, counted as redirects; any
+    other spawn of the module (and theirs after the start) stays spawn."""
+    import multiprocessing
+    import types
+
+    from rocmport.verify.runtime import proxy_shim
+
+    asked: list[str] = []
+    module = types.SimpleNamespace(mp=multiprocessing, _results_queue=None)
+
+    def get_queue():  # as filesystem_async._get_write_results_queue asks
+        asked.append(module.mp.get_context("spawn").get_start_method())
+        return "queue"
+
+    module._get_write_results_queue = get_queue
+
+    class Caller:  # as PersistentAsyncCaller.schedule_async_call asks, once per process
+        process = None
+
+        def schedule_async_call(self, req):
+            asked.append(module.mp.get_context("spawn").get_start_method())
+            self.process = "started"
+
+    module.PersistentAsyncCaller = Caller
+    proxy_shim.REDIRECTS.clear()
+    proxy_shim._fork_results_manager(module)
+    proxy_shim._fork_persistent_writer(module)
+    assert module._get_write_results_queue() == "queue"
+    caller = Caller()
+    caller.schedule_async_call(types.SimpleNamespace(async_fn=print))
+    caller.schedule_async_call(types.SimpleNamespace(async_fn=print))  # its process is running: untouched
+    assert asked == ["fork", "fork", "spawn"]
+    assert module.mp is multiprocessing and module.mp.get_context("spawn").get_start_method() == "spawn"
+    assert sorted(k.split(" @ ")[0] for k in proxy_shim.REDIRECTS) == [
+        "PersistentAsyncCaller writer: fork (spawn on a GPU)",
+        "write-results queue's Manager: fork (spawn on a GPU)",
+    ]
+    proxy_shim.REDIRECTS.clear()
