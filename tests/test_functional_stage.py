@@ -467,14 +467,14 @@ def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, caps
 
 
 def test_a_case_the_proxy_cannot_run_is_unsupported_with_its_plans_reason_before_any_launch(tmp_path):
-    """The case's own plan decides (case_plan): a userbuffers case is gpu-only, said before a rank starts."""
+    """The case's own plan decides (case_plan): a CUDA-graph case is gpu-only, said before a rank starts."""
     tree = make_tree(tmp_path / "tree", "raise SystemExit('pretrain_gpt.py must not start')\n")
     cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
-    cfg.write_text(CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --tp-comm-overlap: true\n", 1))
+    cfg.write_text(CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --enable-cuda-graph: true\n", 1))
     kwargs = dict(dp=1, iters=3, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy")
     res, data = stage_functional(tree, {}, case=CASE, proxy=True, **kwargs)
     assert res.status == "unsupported-in-proxy" and data is None
-    assert res.reason.startswith(f"{CASE} (gpu-only): --tp-comm-overlap: TE's userbuffers"), res.reason
+    assert res.reason == f"{CASE} (gpu-only): --enable-cuda-graph: CUDA graph capture", res.reason
 
 
 def test_the_ranks_and_the_model_size_follow_the_cases_plan(tmp_path):
