@@ -624,6 +624,15 @@ def compute_amax(input, amax):
     te_fp8.compute_amax(input, amax)
 
 
+def multi_tensor_compute_scale_and_scale_inv(
+    chunk_size, noop_flag, tensor_lists, max_fp8, force_pow_2_scales=False, epsilon=0.0
+):
+    _count("multi_tensor_compute_scale_and_scale_inv")
+    te_fp8.multi_tensor_compute_scale_and_scale_inv(
+        tensor_lists, float(max_fp8), bool(force_pow_2_scales), float(epsilon)
+    )
+
+
 def fp8_transpose(input, dtype=None, out=None):
     _count("fp8_transpose")
     return te_fp8.fp8_transpose(input, dtype, out)
