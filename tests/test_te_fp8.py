@@ -192,6 +192,21 @@ def test_the_multi_tensor_scale_update_of_fp8_master_weights_follows_te_s_comput
     assert pow2[0].item() == 64.0  # 240 / 3 = 80, down to a power of two
 
 
+def test_an_empty_quantized_tensor_is_made_as_the_quantizer_asks(family):
+    """TE 2.17's Quantizer.make_empty goes through tex.create_empty_quantized_tensor (v0.19's FP8 case
+    stopped there in the sequence-parallel FP8 all-gather): the quantizer's tensor class, its shape and
+    nominal dtype, uint8 data and transpose, on the CPU for a "cuda" device."""
+    q = Float8CurrentScalingQuantizer(E4M3)
+    out = tex.create_empty_quantized_tensor(q, [4, 8], torch.float32, torch.device("cuda"), False)
+    assert type(out) is Float8Tensor and out.shape == (4, 8) and out._fp8_dtype == E4M3
+    assert out._data.shape == (4, 8) and out._data.dtype == torch.uint8 and out._transpose.shape == (8, 4)
+    assert out._data.device.type == "cpu" and out._scale_inv.numel() == 1
+    rows_only = Float8Quantizer(torch.ones(1), torch.zeros(1), E5M2, columnwise=False)
+    assert tex.create_empty_quantized_tensor(rows_only, [2, 16], torch.float32, "cpu")._transpose is None
+    mx = tex.create_empty_quantized_tensor(MXFP8Quantizer(E4M3), [32, 64], torch.float32, "cpu")
+    assert type(mx) is MXFP8Tensor and mx._rowwise_data.shape == (32, 64) and mx._rowwise_scale_inv.shape == (128, 4)
+
+
 # ---- delayed scaling: amax history and scale update ----
 
 

@@ -614,6 +614,12 @@ def split_quantize(tensor, split_sections, quantizer_list, *args, **kwargs):
     return [te_fp8.quantize(part, q) for part, q in zip(torch.split(tensor, list(split_sections)), quantizer_list)]
 
 
+def create_empty_quantized_tensor(quantizer, shape, dtype, device, pin_memory=False):
+    """TE 2.17's Quantizer.make_empty (the FP8 all-gather's output, FP8 weights' buffers)."""
+    _count("create_empty_quantized_tensor")
+    return te_fp8.create_empty(quantizer, shape, dtype, device)
+
+
 def dequantize(input, otype):
     _count("dequantize")
     return te_fp8.dequantize(input, otype)

@@ -201,6 +201,17 @@ def _empty(quantizer: Any, which: str, shape: tuple[int, ...], dtype: torch.dtyp
     return _new(storage if internal else cls, internal, shape, dtype, device, fields)
 
 
+def create_empty(quantizer: Any, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> Any:
+    """``tex.create_empty_quantized_tensor`` (TE 2.17's Quantizer.make_empty for every quantizer): the
+    quantized tensor ``quantizer`` makes, its data uninitialised, as the extension's create_tensor makes
+    it. A CUDA device is the proxy's: where torch itself has no CUDA, the tensor is on the CPU."""
+    try:
+        device = torch.empty(0, device=device).device  # under the proxy's shim, "cuda" lands on the CPU
+    except (RuntimeError, AssertionError):
+        device = torch.device("cpu")
+    return _empty(quantizer, kind(quantizer), tuple(int(n) for n in shape), dtype, device)
+
+
 def _up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
