@@ -152,7 +152,6 @@ def test_expert_tensor_parallel_is_ignored_where_the_case_has_no_experts():
 @pytest.mark.parametrize(
     "extra, kind, words",
     [
-        ({"--tp-comm-overlap": True}, "gpu-only", "userbuffers"),
         ({"--attention-backend": "flash", "--context-parallel-size": 2}, "gpu-only", "flash-attn"),
         ({"--attention-backend": "fused"}, "gpu-only", "cuDNN"),
         ({"--fp8-format": "hybrid"}, "not-on-proxy", "needs --te"),
@@ -166,6 +165,67 @@ def test_each_unsupported_case_names_what_the_proxy_lacks(extra, kind, words):
     p = cp.plan_case("c", case(**extra))
     assert isinstance(p, cp.Unsupported), p
     assert p.kind == kind and words in p.reason, p
+
+
+def test_tp_comm_overlap_is_dropped_with_its_options_and_the_plan_says_why(tmp_path):
+    """--tp-comm-overlap (TE's userbuffers, CUDA IPC) is a GPU-only schedule of the same math: the case runs
+    without it and its --tp-comm-* options, on every line alike, and its plan says so."""
+    from rocmport.verify.stages.functional.case_args import build_args
+
+    config = case(
+        **{
+            "--sequence-parallel": True,
+            "--tp-comm-overlap": True,
+            "--tp-comm-overlap-cfg": "tests/functional_tests/test_cases/gpt/c/tp_comm_overlap_cfg.yaml",
+        }
+    )
+    p = runnable(config)
+    assert p.layout.tp == 2 and p.layout.sequence_parallel  # the rest of the case as it was
+    assert p.dropped == (("--tp-comm-overlap --tp-comm-overlap-cfg", cp.PROXY_DROPPED[0][2]),)
+    assert "userbuffers" in p.dropped[0][1] and "not the arithmetic" in p.dropped[0][1]
+    assert any(n.startswith("--tp-comm-overlap --tp-comm-overlap-cfg dropped: TE's userbuffers") for n in p.notes)
+    argv = build_args(config, iters=4, proxy=True, data_path=None, work=tmp_path, plan=p)
+    assert not [a for a in argv if a.startswith("--tp-comm")] and "--sequence-parallel" in argv
+    # a case without it: nothing dropped, nothing said
+    assert runnable(case()).dropped == ()
+    # what only the option reaches stays a GPU-only feature for reach, quoting the case
+    d = tmp_path / cp.CASES / "overlap"
+    d.mkdir(parents=True)
+    (d / "model_config.yaml").write_text(yaml.safe_dump(config))
+    assert cp.gpu_only_reasons(tmp_path)["--tp-comm-overlap"].endswith("(e.g. case overlap)")
+
+
+# upstream v0.16.1's gpt3_weekly_dgx_h100_mcore_tp2_pp2_fp8_tp_pp ENV_VARS (abridged): from before --attention-backend
+STALE_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": 1, "NVTE_FUSED_ATTN": 0}
+
+
+@pytest.mark.parametrize(
+    "env, backend, unset",
+    [
+        (STALE_ENV, None, ["NVTE_FUSED_ATTN"]),  # auto expects 1: upstream asserts
+        ({"NVTE_FLASH_ATTN": 0, "NVTE_FUSED_ATTN": 0}, None, ["NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN"]),
+        (STALE_ENV, "unfused", []),  # unfused expects NVTE_FUSED_ATTN 0: nothing to unset
+        ({"NVTE_FUSED_ATTN": 1}, None, []),  # what auto expects
+        ({"NVTE_UNFUSED_ATTN": 0}, None, []),  # the proxy's only attention: not unset, the run meets the assertion
+        ({"NVTE_FUSED_ATTN": 1}, "unfused", []),  # asks for a GPU kernel: not unset either
+    ],
+)
+def test_the_cuda_path_unsets_a_stale_attention_variable_upstreams_check_refuses(env, backend, unset):
+    config = case(ENV_VARS=env, **({"--attention-backend": backend} if backend else {}))
+    cuda = runnable_on(config, cuda=True)
+    assert [v for v, _ in cuda.env_unset] == unset
+    for var, why in cuda.env_unset:
+        assert why.startswith(f"{var}=0 (the case's ENV_VARS) unset on the CUDA path: upstream's ")
+        assert "_set_attention_backend asserts" in why and f"--attention-backend {backend or 'auto'}" in why
+        assert why in cuda.notes
+    # on HIP the port's attention-backend-env takes the case's variables: they stay
+    assert runnable_on(config, cuda=False).env_unset == ()
+
+
+def runnable_on(config: dict, cuda: bool) -> cp.CasePlan:
+    p = cp.plan_case("c", config, cuda=cuda)
+    assert isinstance(p, cp.CasePlan), p
+    return p
 
 
 def test_unfused_attention_and_context_parallel_alone_are_planned():
@@ -342,8 +402,8 @@ V016_FP8_ON_GFX942 = {
     "gpt3_weekly_dgx_h100_mcore_tp4_cp2_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
     "gpt3_weekly_dgx_b200_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
     "gpt3_weekly_dgx_h100_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
-    "gpt3_weekly_dgx_b200_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": "userbuffers",
-    "gpt3_weekly_dgx_h100_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": "userbuffers",
+    "gpt3_weekly_dgx_b200_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": "runs",
+    "gpt3_weekly_dgx_h100_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": "runs",
     "gpt_dynamic_inference_tp1_pp1_583m_cuda_graphs_fp8_logitsmatch": "MODE inference",
     "gpt_dynamic_inference_tp1_pp1_583m_cuda_graphs_logitsmatch_decode_graphs_only": "MODE inference",
     "gpt_static_inference_tp1_pp1_583m_fp8_cudagraphs": "MODE inference",
@@ -377,3 +437,58 @@ def test_v016_fp8_cases_per_flavour_and_gpu(tmp_path):
         assert isinstance(p, cp.CasePlan) and p.fp8 and p.fp8.encoding == "fnuz" and not p.fp8.refusal, (name, p)
         assert isinstance(on[None][name], cp.Unsupported) and "needs --te" in on[None][name].reason
         assert on[GFX950][name].fp8.encoding == "ocp" and on[CUDA_CONTROL][name].fp8.device == "sm_90"
+
+
+# upstream v0.19.0's FP8 GPT cases: the one the proxy runs (without --tp-comm-overlap), and why not the rest
+V019_FP8 = {
+    "gpt3_weekly_mcore_tp2_pp2_current_scaling_native_fp8_tp_pp_sp_tp_overlap": "runs",
+    "gpt3_weekly_mcore_tp4_cp2_current_scaling_native_fp8_tp_sp_cp_tp_overlap": "context parallelism",
+    "gpt_dynamic_inference_tp1_pp1_583m_cuda_graphs_fp8_logitsmatch": "MODE inference",
+    "gpt_dynamic_inference_tp1_pp1_583m_cuda_graphs_logitsmatch_decode_graphs_only": "MODE inference",
+    "gpt_static_inference_tp1_pp1_583m_fp8_cudagraphs": "MODE inference",
+}
+
+
+@pytest.mark.mirror
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a Megatron-LM mirror")
+def test_v019_has_an_fp8_case_the_proxy_runs_on_each_gpu_and_the_cuda_control(tmp_path):
+    archive = tmp_path / "cases.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", "core_v0.19.0", str(cp.CASES)], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tree", filter="data")
+    tree = tmp_path / "tree"
+    fp8 = {n for n in cp.training_cases(tree) if "--fp8-format" in (cp.load_config(tree, n).get("MODEL_ARGS") or {})}
+    assert fp8 == set(V019_FP8)
+    on = {te: cp.plan_tree(tree, te=te, cuda=te is CUDA_CONTROL) for te in (GFX942, GFX950, CUDA_CONTROL)}
+    for name, outcome in V019_FP8.items():
+        if outcome != "runs":
+            assert all(isinstance(on[te][name], cp.Unsupported) and outcome in on[te][name].reason for te in on)
+            continue
+        plans = [on[te][name] for te in (GFX942, GFX950, CUDA_CONTROL)]
+        assert all(isinstance(p, cp.CasePlan) and p.fp8 and not p.fp8.refusal for p in plans), plans
+        assert [(p.fp8.recipe, p.fp8.encoding, p.fp8.device) for p in plans] == [
+            ("tensorwise", "fnuz", "gfx942"),
+            ("tensorwise", "ocp", "gfx950"),
+            ("tensorwise", "ocp", "sm_90"),
+        ]
+        # tp2×pp2 with sequence parallelism, the distributed optimizer over dp2; the userbuffers overlap dropped
+        assert plans[0].layout.describe() == "tp2×pp2×dp2 +sp (8 ranks)"
+        assert plans[0].dropped[0][0] == "--tp-comm-overlap --tp-comm-overlap-cfg"
+        assert all(p.env_unset == () for p in plans)  # its ENV_VARS name no attention variable
+
+
+@pytest.mark.mirror
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a Megatron-LM mirror")
+def test_v016_fp8_cases_stale_attention_variable_is_unset_on_the_cuda_control_only(tmp_path):
+    archive = tmp_path / "cases.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", "core_v0.16.1", str(cp.CASES)], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tree", filter="data")
+    name = "gpt3_weekly_dgx_h100_mcore_tp2_pp2_fp8_tp_pp"
+    config = cp.load_config(tmp_path / "tree", name)
+    assert str(config["ENV_VARS"]["NVTE_FUSED_ATTN"]) == "0" and "--attention-backend" not in config["MODEL_ARGS"]
+    control = cp.plan_case(name, config, te=CUDA_CONTROL, cuda=True)
+    assert [v for v, _ in control.env_unset] == ["NVTE_FUSED_ATTN"]
+    assert cp.plan_case(name, config, te=GFX942).env_unset == ()

@@ -22,7 +22,7 @@ from rocmport.verify.stages.functional.selection import NO_REACH_RECORD
 
 GOOD = "gpt3_mcore_tp1_pp1_uninstall_te"
 BREAKS = "gpt3_mcore_tp1_pp1_breaks_uninstall_te"
-GPU_ONLY = "gpt3_mcore_te_tp1_pp1_tp_comm_overlap"
+GPU_ONLY = "gpt3_mcore_te_tp1_pp1_cuda_graphs"
 INFERENCE = "gpt3_mcore_tp1_pp1_inference"
 
 CONFIG = textwrap.dedent("""\
@@ -254,7 +254,7 @@ def test_a_case_that_fails_the_same_way_on_both_trees_is_upstream_known_and_pass
 def test_all_lists_the_cases_the_proxy_cannot_run_with_kind_and_reason(tmp_path, capsys):
     cases = {
         GOOD: CONFIG,
-        GPU_ONLY: CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --tp-comm-overlap: true\n", 1),
+        GPU_ONLY: CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --enable-cuda-graph: true\n", 1),
         INFERENCE: "MODE: inference\n" + CONFIG,
     }
     tree = make_tree(tmp_path / "t", cases)
@@ -269,7 +269,7 @@ def test_all_lists_the_cases_the_proxy_cannot_run_with_kind_and_reason(tmp_path,
     by = {c["case"]: c for c in report["functional"]["cases"]}
     assert list(by) == sorted(cases) and by[GOOD]["status"] == "pass"
     assert (by[GPU_ONLY]["status"], by[GPU_ONLY]["kind"]) == ("unsupported-in-proxy", "gpu-only")
-    assert "--tp-comm-overlap: TE's userbuffers" in by[GPU_ONLY]["reason"]
+    assert "--enable-cuda-graph: CUDA graph capture" in by[GPU_ONLY]["reason"]
     assert (by[INFERENCE]["kind"], by[INFERENCE]["reason"]) == (
         "not-training",
         f"{INFERENCE} (not-training): MODE inference: not a pretraining case (stage 4 runs training)",

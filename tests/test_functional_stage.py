@@ -442,6 +442,39 @@ def test_async_writer_chosen_on_the_cuda_path_left_to_the_port_on_hip(tmp_path):
     assert "max relative drift vs golden 0" in hip.reason  # the same golden: compared, not "other args"
 
 
+@pytest.mark.torch
+@pytest.mark.slow
+def test_the_cuda_path_unsets_the_attention_variable_upstreams_check_refuses_and_says_why(tmp_path):
+    """v0.16's weekly FP8 cases set NVTE_FUSED_ATTN=0 in ENV_VARS, which upstream's
+    LanguageModule._set_attention_backend refuses under --attention-backend auto: the CUDA control's run
+    unsets it (the report's proxy_env says why); on HIP the port's attention-backend-env takes it: it stays."""
+    seen = tmp_path / "seen"
+    # what upstream's check_and_set_env_variable asserts for auto, then the fake's training log
+    check = (
+        "import os\n"
+        "v = os.environ.get('NVTE_FUSED_ATTN')\n"
+        "open(os.environ['FAKE_ATTN_SEEN'], 'a').write(f'{v}\\n')\n"
+        "assert os.environ.get('ROCMPORT_HIP_SIM') or v in (None, '1'), "
+        "f'NVTE_FUSED_ATTN set to {v}, but expected 1 for attention backend type auto'\n"
+    )
+    tree = make_tree(tmp_path / "tree", check + FAKE_PRETRAIN)
+    cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
+    cfg.write_text(CONFIG.replace("ENV_VARS:\n", "ENV_VARS:\n  NVTE_FUSED_ATTN: 0\n", 1))
+    kwargs = dict(case=CASE, dp=1, iters=3, proxy=True, data_path=None, series_dir=None, record=False, resume=False)
+    cuda_env = proxy_env(tmp_path, tree, hip=None, FAKE_ATTN_SEEN=str(seen))
+    cuda, data = stage_functional(tree, cuda_env, device_kind="cpu-proxy", **kwargs)
+    assert cuda.status == "pass", cuda.reason
+    why = data.proxy_env["NVTE_FUSED_ATTN unset (the case's 0)"]
+    assert "_set_attention_backend asserts NVTE_FUSED_ATTN unset or 1 under --attention-backend auto" in why
+    assert seen.read_text() == "None\n"
+    hip_env = proxy_env(tmp_path, tree, FAKE_ATTN_SEEN=str(seen))  # AMD's baked NVTE_FUSED_ATTN=1, the case's 0 over it
+    hip, data = stage_functional(
+        tree, hip_env, device_kind="cpu-proxy", rocm=True, hip=hip_sim.DEFAULT_VERSION, **kwargs
+    )
+    assert hip.status == "pass", hip.reason
+    assert seen.read_text() == "None\n0\n" and not [k for k in data.proxy_env if "unset" in k]
+
+
 def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, capsys):
     """A run of minutes is not silent: a line per logged iteration with the elapsed time; the output is
     still captured whole for the loss parser; the time limit still ends the run."""
@@ -467,14 +500,14 @@ def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, caps
 
 
 def test_a_case_the_proxy_cannot_run_is_unsupported_with_its_plans_reason_before_any_launch(tmp_path):
-    """The case's own plan decides (case_plan): a userbuffers case is gpu-only, said before a rank starts."""
+    """The case's own plan decides (case_plan): a CUDA-graph case is gpu-only, said before a rank starts."""
     tree = make_tree(tmp_path / "tree", "raise SystemExit('pretrain_gpt.py must not start')\n")
     cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
-    cfg.write_text(CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --tp-comm-overlap: true\n", 1))
+    cfg.write_text(CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --enable-cuda-graph: true\n", 1))
     kwargs = dict(dp=1, iters=3, data_path=None, series_dir=None, record=False, device_kind="cpu-proxy")
     res, data = stage_functional(tree, {}, case=CASE, proxy=True, **kwargs)
     assert res.status == "unsupported-in-proxy" and data is None
-    assert res.reason.startswith(f"{CASE} (gpu-only): --tp-comm-overlap: TE's userbuffers"), res.reason
+    assert res.reason == f"{CASE} (gpu-only): --enable-cuda-graph: CUDA graph capture", res.reason
 
 
 def test_the_ranks_and_the_model_size_follow_the_cases_plan(tmp_path):

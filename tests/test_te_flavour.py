@@ -140,6 +140,25 @@ def test_the_fused_attention_rewrite_takes_both_forms_of_the_declaration():
         te_rocm._rewrite_fused_attn("x = 1\n")
 
 
+def test_the_fnuz_delta_scales_fp8_master_weights_to_240_as_rocm_te_does():
+    """NVIDIA's tensor/utils.py hard-codes E4M3's 448 in its cast of master weights to FP8 weights (current
+    and block scaling); ROCm TE's reads 240.0 if is_fp8_fnuz() else 448.0: on gfx942 both become 240."""
+    nvidia = (
+        "    if fp8_dtype == tex.DType.kFloat8E4M3:\n"
+        "        max_fp8 = 448.0\n"
+        "    elif fp8_dtype == tex.DType.kFloat8E5M2:\n"
+        "        max_fp8 = 57344.0\n"
+    )
+    rocm = te_rocm._fnuz_master_weights(nvidia + "\n" + nvidia)
+    assert rocm.count("        max_fp8 = 240.0  # rocm TE on gfx942") == 2 and "max_fp8 = 448.0" not in rocm
+    assert rocm.count("max_fp8 = 57344.0") == 2  # E5M2's maximum is the same in both encodings' pairs here
+    with pytest.raises(te_rocm.DeltaNotApplicable, match="fp8-fnuz-on-gfx942"):
+        te_rocm._fnuz_master_weights("x = 1\n")
+    assert ("transformer_engine.pytorch.tensor.utils", "source", te_rocm._fnuz_master_weights) in te_rocm.HOOKS[
+        "fp8-fnuz-on-gfx942"
+    ]
+
+
 def test_module_hooks_rewrite_the_source_then_change_the_module_recording_each_delta(tmp_path, monkeypatch):
     """module_hooks.ModuleHooks (the one finder for TE's Python layer): a hooked module is found by the
     finders behind it, its source hooks rewrite the text that runs, then its after hooks change the

@@ -167,6 +167,46 @@ def test_current_scaling_casts_with_a_quantizer_that_keeps_no_amax_or_scale(fami
     assert float(out._data.view(fmt.dtype).float().abs().max()) == fmt.max
 
 
+def test_the_multi_tensor_scale_update_of_fp8_master_weights_follows_te_s_compute_scale_from_amax():
+    """tensor/utils.py's cast of master weights to current-scaling FP8 weights (--fp8-param-gather) sets each
+    weight's scale and scale_inv from its amax with the maximum its caller gives: 448 (NVIDIA, OCP) or 240
+    (ROCm TE on gfx942); an amax of 0 keeps scale 1, epsilon bounds the amax from below, pow2 rounds down."""
+    amaxes = [torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([3.0])]
+    for max_fp8 in (448.0, 240.0):
+        scales = [torch.empty(1) for _ in amaxes]
+        invs = [torch.empty(1) for _ in amaxes]
+        noop = torch.zeros(1, dtype=torch.int)
+        tex.multi_tensor_compute_scale_and_scale_inv(2048 * 32, noop, [amaxes, scales, invs], max_fp8, False, 0.0)
+        want = [max_fp8 / 2.0, 1.0, max_fp8 / 3.0]
+        assert [s.item() for s in scales] == pytest.approx(want, rel=1e-6)
+        assert [i.item() for i in invs] == pytest.approx([1 / w for w in want], rel=1e-6)
+    tiny = [torch.empty(1)]  # the kernel raises an amax below epsilon to epsilon (0 included) before dividing
+    tex.multi_tensor_compute_scale_and_scale_inv(
+        0, noop, [[torch.tensor([0.0])], tiny, [torch.empty(1)]], 240.0, False, 1e-3
+    )
+    assert tiny[0].item() == pytest.approx(240.0 / 1e-3, rel=1e-6)
+    pow2 = [torch.empty(1)]
+    tex.multi_tensor_compute_scale_and_scale_inv(
+        0, torch.zeros(1), [[torch.tensor([3.0])], pow2, [torch.empty(1)]], 240.0, True
+    )
+    assert pow2[0].item() == 64.0  # 240 / 3 = 80, down to a power of two
+
+
+def test_an_empty_quantized_tensor_is_made_as_the_quantizer_asks(family):
+    """TE 2.17's Quantizer.make_empty goes through tex.create_empty_quantized_tensor (v0.19's FP8 case
+    stopped there in the sequence-parallel FP8 all-gather): the quantizer's tensor class, its shape and
+    nominal dtype, uint8 data and transpose, on the CPU for a "cuda" device."""
+    q = Float8CurrentScalingQuantizer(E4M3)
+    out = tex.create_empty_quantized_tensor(q, [4, 8], torch.float32, torch.device("cuda"), False)
+    assert type(out) is Float8Tensor and out.shape == (4, 8) and out._fp8_dtype == E4M3
+    assert out._data.shape == (4, 8) and out._data.dtype == torch.uint8 and out._transpose.shape == (8, 4)
+    assert out._data.device.type == "cpu" and out._scale_inv.numel() == 1
+    rows_only = Float8Quantizer(torch.ones(1), torch.zeros(1), E5M2, columnwise=False)
+    assert tex.create_empty_quantized_tensor(rows_only, [2, 16], torch.float32, "cpu")._transpose is None
+    mx = tex.create_empty_quantized_tensor(MXFP8Quantizer(E4M3), [32, 64], torch.float32, "cpu")
+    assert type(mx) is MXFP8Tensor and mx._rowwise_data.shape == (32, 64) and mx._rowwise_scale_inv.shape == (128, 4)
+
+
 # ---- delayed scaling: amax history and scale update ----
 
 

@@ -614,6 +614,12 @@ def split_quantize(tensor, split_sections, quantizer_list, *args, **kwargs):
     return [te_fp8.quantize(part, q) for part, q in zip(torch.split(tensor, list(split_sections)), quantizer_list)]
 
 
+def create_empty_quantized_tensor(quantizer, shape, dtype, device, pin_memory=False):
+    """TE 2.17's Quantizer.make_empty (the FP8 all-gather's output, FP8 weights' buffers)."""
+    _count("create_empty_quantized_tensor")
+    return te_fp8.create_empty(quantizer, shape, dtype, device)
+
+
 def dequantize(input, otype):
     _count("dequantize")
     return te_fp8.dequantize(input, otype)
@@ -622,6 +628,15 @@ def dequantize(input, otype):
 def compute_amax(input, amax):
     _count("compute_amax")
     te_fp8.compute_amax(input, amax)
+
+
+def multi_tensor_compute_scale_and_scale_inv(
+    chunk_size, noop_flag, tensor_lists, max_fp8, force_pow_2_scales=False, epsilon=0.0
+):
+    _count("multi_tensor_compute_scale_and_scale_inv")
+    te_fp8.multi_tensor_compute_scale_and_scale_inv(
+        tensor_lists, float(max_fp8), bool(force_pow_2_scales), float(epsilon)
+    )
 
 
 def fp8_transpose(input, dtype=None, out=None):

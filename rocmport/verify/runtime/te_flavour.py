@@ -90,10 +90,12 @@ DELTAS: tuple[Delta, ...] = (
     Delta(
         "fp8-fnuz-on-gfx942",
         "FP8 is FNUZ on gfx942: E4M3 is float8_e4m3fnuz (max 240, not 448), E5M2 float8_e5m2fnuz; one NaN "
-        "(0x80), no negative zero; casts, scale updates and Format's maxima follow; utils.is_fp8_fnuz() is "
-        "True and get_torch_float8_e4m3_type() returns float8_e4m3fnuz",
+        "(0x80), no negative zero; casts, scale updates and Format's maxima follow, and so does the E4M3 maximum "
+        "tensor/utils.py scales FP8 master weights to (current and block scaling: 240, NVIDIA's hard-codes 448); "
+        "utils.is_fp8_fnuz() is True and get_torch_float8_e4m3_type() returns float8_e4m3fnuz",
         f"{ROCM_TE} transformer_engine/pytorch/utils.py @264fb345 (is_fp8_fnuz); "
-        "transformer_engine/common/recipe/__init__.py @2e633d4c (_FormatHelper: OCP and FNUZ maxima)",
+        "transformer_engine/common/recipe/__init__.py @2e633d4c (_FormatHelper: OCP and FNUZ maxima); "
+        "transformer_engine/pytorch/tensor/utils.py @0861ac56 (max_fp8 = 240.0 if is_fp8_fnuz() else 448.0)",
         ">=1.9",
         archs=("gfx942",),
     ),

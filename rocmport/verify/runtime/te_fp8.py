@@ -91,8 +91,14 @@ def amax(t: torch.Tensor) -> torch.Tensor:
 def compute_scale(amax_value: torch.Tensor, fmt: Fp8Format, epsilon: float = 0.0, pow2: bool = False) -> torch.Tensor:
     """Current scaling's scale from an amax: max / max(amax, epsilon); 1 where that amax is 0 or not
     finite (TE's compute_scale_from_amax); rounded down to a power of two with ``pow2``."""
+    return scale_from_amax(amax_value, fmt.max, epsilon, pow2)
+
+
+def scale_from_amax(amax_value: torch.Tensor, max_fp8: float, epsilon: float = 0.0, pow2: bool = False) -> torch.Tensor:
+    """compute_scale with the format's largest value given as a number (TE's
+    multi_tensor_compute_scale_and_scale_inv takes it from its caller: 448, or 240 under ROCm TE's FNUZ)."""
     a = torch.clamp(amax_value.float(), min=epsilon) if epsilon else amax_value.float()
-    scale = fmt.max / a
+    scale = max_fp8 / a
     scale = torch.where((a > 0) & torch.isfinite(a) & torch.isfinite(scale), scale, torch.ones_like(scale))
     scale = torch.where(
         scale > torch.finfo(torch.float32).max, torch.full_like(scale, torch.finfo(torch.float32).max), scale
@@ -100,6 +106,18 @@ def compute_scale(amax_value: torch.Tensor, fmt: Fp8Format, epsilon: float = 0.0
     if pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
     return scale
+
+
+def multi_tensor_compute_scale_and_scale_inv(
+    tensor_lists: list[list[torch.Tensor]], max_fp8: float, pow2: bool = False, epsilon: float = 0.0
+) -> None:
+    """TE's multi-tensor scale update of current scaling's FP8 weights (tensor/utils.py's cast of the
+    master weights): for each (amax, scale, scale_inv) of ``tensor_lists``, scale = scale_from_amax(amax)
+    and scale_inv = 1 / scale, written in place."""
+    for amax_t, scale_t, scale_inv_t in zip(*tensor_lists):
+        scale = scale_from_amax(amax_t.reshape(-1)[:1], max_fp8, epsilon, pow2)
+        scale_t.reshape(-1)[:1].copy_(scale)
+        scale_inv_t.reshape(-1)[:1].copy_(1.0 / scale)
 
 
 def _transpose_bits(bits: torch.Tensor) -> torch.Tensor:
@@ -181,6 +199,17 @@ def _empty(quantizer: Any, which: str, shape: tuple[int, ...], dtype: torch.dtyp
             "quantizer": quantizer,
         }
     return _new(storage if internal else cls, internal, shape, dtype, device, fields)
+
+
+def create_empty(quantizer: Any, shape: tuple[int, ...], dtype: torch.dtype, device: Any) -> Any:
+    """``tex.create_empty_quantized_tensor`` (TE 2.17's Quantizer.make_empty for every quantizer): the
+    quantized tensor ``quantizer`` makes, its data uninitialised, as the extension's create_tensor makes
+    it. A CUDA device is the proxy's: where torch itself has no CUDA, the tensor is on the CPU."""
+    try:
+        device = torch.empty(0, device=device).device  # under the proxy's shim, "cuda" lands on the CPU
+    except (RuntimeError, AssertionError):
+        device = torch.device("cpu")
+    return _empty(quantizer, kind(quantizer), tuple(int(n) for n in shape), dtype, device)
 
 
 def _up(n: int, multiple: int) -> int:

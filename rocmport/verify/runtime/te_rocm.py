@@ -134,6 +134,17 @@ def _fnuz_formats(module) -> None:
         fmt._value2member_map_[value] = member
 
 
+def _fnuz_master_weights(source: str) -> str:
+    """The FP8 maximum of E4M3 in tensor/utils.py's cast of master weights to current-scaling (and
+    blockwise) FP8 weights (Megatron's --fp8-param-gather): NVIDIA's hard-codes 448, ROCm TE's reads
+    ``240.0 if is_fp8_fnuz() else 448.0``; with 448 a FNUZ cast (max 240) would saturate every weight
+    above 240/448 of the amax."""
+    pattern = re.compile(r"^(?P<indent>[ \t]*)max_fp8 = 448\.0[ \t]*$", re.M)
+    if not pattern.search(source):
+        raise DeltaNotApplicable("fp8-fnuz-on-gfx942", "tensor/utils.py sets no 'max_fp8 = 448.0' for E4M3")
+    return pattern.sub(r"\g<indent>max_fp8 = 240.0  # rocm TE on gfx942: 240.0 if is_fp8_fnuz() else 448.0", source)
+
+
 def _capability() -> tuple[int, int]:
     import torch
 
@@ -215,6 +226,7 @@ HOOKS: dict[str, list[tuple[str, Literal["source", "after"], Callable]]] = {
     "fp8-fnuz-on-gfx942": [
         ("transformer_engine.pytorch.utils", "after", _fnuz_utils),
         ("transformer_engine.common.recipe", "after", _fnuz_formats),
+        ("transformer_engine.pytorch.tensor.utils", "source", _fnuz_master_weights),
     ],
     "fp8-support-by-gfx": [(QUANTIZATION[0], "after", _fp8_support)],
     "fp8-block-scaling-unsupported": [(QUANTIZATION[0], "after", _block_scaling)],

@@ -86,7 +86,9 @@ class Layout:
 class CasePlan:
     """How the proxy runs one case: ``case_args`` its MODEL_ARGS, ``args`` the proxy's overrides on
     top of them (build_args' ``extra``), ``resume`` whether the run checks a checkpoint round trip, ``features``
-    what the case exercises (from its flags), ``notes`` what the proxy changes about it."""
+    what the case exercises (from its flags), ``notes`` what the proxy changes about it; ``dropped``: the
+    options of PROXY_DROPPED the case sets (option, why; ``args`` drops them), ``env_unset``: its ENV_VARS
+    the runs unset (variable, why: stale_attention_env, on the CUDA path)."""
 
     case: str
     test_type: str
@@ -98,6 +100,8 @@ class CasePlan:
     features: tuple[str, ...]
     notes: tuple[str, ...] = ()
     fp8: Fp8Plan | None = None  # an FP8 case: its recipe, encoding and device, or the refusal it must meet
+    dropped: tuple[tuple[str, str], ...] = ()
+    env_unset: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,13 +158,6 @@ def _on(args: dict, key: str) -> bool:
 # first that matches is the case's reason. Each reason names the kernel, backend or artifact.
 _BLOCKERS: tuple[tuple[str, str | None, UnsupportedKind, str], ...] = (
     (
-        "--tp-comm-overlap",
-        None,
-        "gpu-only",
-        "--tp-comm-overlap: TE's userbuffers overlap GEMMs with tensor-parallel communication through "
-        "CUDA IPC buffers; the proxy has no userbuffers",
-    ),
-    (
         "--fp4-format",
         None,
         "not-on-proxy",
@@ -211,6 +208,66 @@ _BLOCKERS: tuple[tuple[str, str | None, UnsupportedKind, str], ...] = (
         "--external-cuda-graph: CUDA graph capture",
     ),
 )
+# Options the proxy drops from every case of every line, each a GPU-only schedule that does not change
+# what the case computes: (the option, the prefix of the options that go with it, why). A case with one
+# is no GPU-only case: it runs without them, and says so (its plan's ``dropped``, stage 4's report among
+# the arguments verify chose). What the option alone reaches stays unrun (gpu_only_reasons: reach).
+PROXY_DROPPED: tuple[tuple[str, str, str], ...] = (
+    (
+        "--tp-comm-overlap",
+        "--tp-comm-",
+        "--tp-comm-overlap: TE's userbuffers overlap the tensor-parallel all-gather and reduce-scatter with "
+        "the GEMMs through CUDA IPC buffers, which the proxy has none of; the proxy runs the case without it "
+        "(and its --tp-comm-* options): the same GEMMs on the same operands and the same collectives, not "
+        "overlapped (the overlap splits and schedules the communication, not the arithmetic), so the "
+        "userbuffers path itself is not exercised",
+    ),
+)
+# The NVTE_* attention variables upstream's LanguageModule._set_attention_backend (megatron/core/models/
+# common/language_module/language_module.py, check_and_set_env_variable) checks as it builds the model, by
+# --attention-backend: each unset or this value, else it asserts ("NVTE_FUSED_ATTN set to 0, but expected 1
+# for attention backend type auto").
+ATTENTION_ENV_EXPECTED: dict[str, dict[str, str]] = {
+    "auto": {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "1"},
+    "flash": {"NVTE_FLASH_ATTN": "1", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "0"},
+    "fused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1", "NVTE_UNFUSED_ATTN": "0"},
+    "unfused": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"},
+    "local": {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "0"},
+}
+# The variables that switch a GPU attention kernel off (flash-attention, cuDNN's fused attention): the
+# proxy's TE has neither, so unsetting one changes no attention the proxy runs. NVTE_UNFUSED_ATTN is not
+# here: it switches off the unfused attention, the proxy's only one.
+_GPU_ATTENTION_ENV = ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN")
+
+
+def stale_attention_env(config: dict) -> tuple[tuple[str, str], ...]:
+    """The case's ENV_VARS that switch a GPU attention kernel off (NVTE_FLASH_ATTN, NVTE_FUSED_ATTN = 0)
+    where upstream's own _set_attention_backend asserts them for the case's --attention-backend, each with
+    why the CUDA path unsets it. They are the way cases chose TE's attention before --attention-backend
+    (upstream moved its cases' NVTE_*_ATTN to it in fa0dcc4872, "Attention as a config option in mcore",
+    2024-12, and left its weekly FP8 cases as they were): on an NVIDIA GPU such a case stops in that
+    assertion before its first iteration. On HIP the port's attention-backend-env keeps the variables
+    for auto (AMD's images bake NVTE_FUSED_ATTN=1): they stay, and the run checks the port takes them."""
+    env = {k: str(v).strip() for k, v in (config.get("ENV_VARS") or {}).items()}
+    args = config.get("MODEL_ARGS") or {}
+    backend = str(args.get("--attention-backend") or "auto").strip()
+    expected = ATTENTION_ENV_EXPECTED.get(backend, {})
+    out = []
+    for var in _GPU_ATTENTION_ENV:
+        if var in env and var in expected and env[var] != expected[var] and env[var] == "0":
+            out.append(
+                (
+                    var,
+                    f"{var}={env[var]} (the case's ENV_VARS) unset on the CUDA path: upstream's "
+                    f"LanguageModule._set_attention_backend asserts {var} unset or {expected[var]} under "
+                    f"--attention-backend {backend}, so the case stops there on an NVIDIA GPU too; the variable "
+                    "chose TE's attention before --attention-backend did, and only switches off a GPU kernel the "
+                    "proxy's TE does not have (it runs TE's unfused attention either way)",
+                )
+            )
+    return tuple(out)
+
+
 # Attention backends that are GPU kernels (--attention-backend), and which kernel each is.
 _GPU_ATTENTION = {
     "flash": "flash-attn's CUDA kernels",
@@ -254,16 +311,21 @@ def blocker(name: str, config: dict, *, data_path: bool = False) -> Unsupported 
 
 def gpu_only_reasons(tree: Path) -> dict[str, str]:
     """The flag of each GPU-only case of the tree -> the reason its blocker gives (the first case by
-    name quoted): what reach.classify says of a port site only that feature reaches."""
+    name quoted), and of each option the proxy drops (PROXY_DROPPED) that a case of the tree sets -> why:
+    what reach.classify says of a port site only that feature reaches."""
     out: dict[str, str] = {}
     for name in training_cases(tree):
         try:
-            planned = blocker(name, load_config(tree, name))
+            config = load_config(tree, name)
         except BadInput:
             continue
+        planned = blocker(name, config)
         if planned is not None and planned.kind == "gpu-only":
             flag = planned.reason.split(":")[0].split()[0]
             out.setdefault(flag, f"{planned.reason} (e.g. case {name})")
+        for flag, _, why in PROXY_DROPPED:  # the proxy runs such a case without the option: what it reaches, never
+            if _on(config.get("MODEL_ARGS") or {}, flag):
+                out.setdefault(flag, f"{why} (e.g. case {name})")
     return out
 
 
@@ -552,10 +614,17 @@ def _fewest_dp(lay: Layout) -> Layout:
 
 
 def plan_case(
-    name: str, config: dict, *, data_path: bool = False, max_ranks: int = MAX_RANKS, te: ProxyTE | None = None
+    name: str,
+    config: dict,
+    *,
+    data_path: bool = False,
+    max_ranks: int = MAX_RANKS,
+    te: ProxyTE | None = None,
+    cuda: bool = False,
 ) -> Plan:
     """The case as the proxy runs it, or the one reason it cannot. ``te``: the run's TE (verify --te;
-    None: Megatron's local spec), which decides FP8 cases."""
+    None: Megatron's local spec), which decides FP8 cases; ``cuda``: the runs take the CUDA path (no HIP
+    simulation), where upstream's attention-backend check meets the case's ENV_VARS unported."""
     stop = blocker(name, config, data_path=data_path)
     if stop:
         return stop
@@ -594,6 +663,15 @@ def plan_case(
             "fused attention (CUDA kernels); its unfused path, the one the proxy has, does not support it",
         )
     overrides, notes = shrink(args, lay)
+    dropped = []
+    for flag, prefix, why in PROXY_DROPPED:
+        if _on(args, flag):
+            gone = sorted(k for k in args if k == flag or k.startswith(prefix))
+            overrides.update(dict.fromkeys(gone, None))
+            dropped.append((" ".join(gone), why))
+            notes.append(f"{' '.join(gone)} dropped: {why.split(': ', 1)[1]}")
+    env_unset = stale_attention_env(config) if cuda else ()
+    notes += [why for _, why in env_unset]
     test_type = str(config.get("TEST_TYPE") or "regular").split("#")[0].strip()
     notes = [*why_dp, *notes]
     if test_type == "frozen-resume":
@@ -615,13 +693,15 @@ def plan_case(
         features=features(args, lay, test_type) + (("fp8",) if fp8 else ()),
         notes=tuple(notes),
         fp8=fp8,
+        dropped=tuple(dropped),
+        env_unset=env_unset,
     )
 
 
 def plan_tree(
-    tree: Path, *, data_path: bool = False, max_ranks: int = MAX_RANKS, te: ProxyTE | None = None
+    tree: Path, *, data_path: bool = False, max_ranks: int = MAX_RANKS, te: ProxyTE | None = None, cuda: bool = False
 ) -> dict[str, Plan]:
-    """Every GPT case of the tree, planned (``te``: as plan_case)."""
+    """Every GPT case of the tree, planned (``te``, ``cuda``: as plan_case)."""
     out: dict[str, Plan] = {}
     for name in training_cases(tree):
         try:
@@ -629,7 +709,7 @@ def plan_tree(
         except BadInput as e:
             out[name] = Unsupported(name, "not-on-proxy", str(e))
             continue
-        out[name] = plan_case(name, config, data_path=data_path, max_ranks=max_ranks, te=te)
+        out[name] = plan_case(name, config, data_path=data_path, max_ranks=max_ranks, te=te, cuda=cuda)
     return out
 
 

@@ -278,7 +278,7 @@ def run_case(
     port picks the async writer; ``fork_ranks``: a rank server forks both runs' ranks (on the proxy
     with torchrun on one node; rank_servers)."""
     start = time.monotonic()
-    ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted, te)
+    ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted, te, cuda=not rocm)
     if isinstance(ready, StageResult):
         return CaseOutcome(case, ready)
     config, plan, world = ready
@@ -318,8 +318,10 @@ def _prepare(
     device_kind: str,
     defaulted: bool,
     te: case_plan.ProxyTE | None = None,
+    cuda: bool = False,
 ) -> StageResult | tuple[dict, CasePlan | None, int]:
-    """The case's config, plan and ranks, or why it does not run (before any launch)."""
+    """The case's config, plan and ranks, or why it does not run (before any launch). ``cuda``: the runs
+    take the CUDA path (the plan's env_unset)."""
     cdir = check_case(tree, case)
     if series_dir is not None:  # a golden that cannot be named is bad input now, not after minutes of training
         golden_path(series_dir, case, device_kind)
@@ -331,7 +333,7 @@ def _prepare(
     config = load_case(tree, case)
     plan: CasePlan | None = None
     if proxy:
-        planned = case_plan.plan_case(case, config, data_path=bool(data_path), te=te)
+        planned = case_plan.plan_case(case, config, data_path=bool(data_path), te=te, cuda=cuda)
         if isinstance(planned, case_plan.Unsupported):
             return StageResult(NAME, UNSUPPORTED, f"{case} ({planned.kind}): {planned.reason}")
         plan = planned
@@ -357,15 +359,18 @@ def _save_args(s: CaseSetup, work: Path) -> tuple[dict[str, object], dict[str, s
 
 def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
     """The runs' environment (the case's ENV_VARS; in proxy mode the shim in every worker and
-    PROXY_ENV), and the proxy's swaps with why."""
+    PROXY_ENV, less what the plan unsets), and the proxy's swaps with why."""
     run_env = {**s.env, **{k: str(v) for k, v in (s.config.get("ENV_VARS") or {}).items()}}
     if not s.proxy:
         return run_env, {}
+    unset = {
+        f"{var} unset (the case's {run_env.pop(var, '')})": why for var, why in (s.plan.env_unset if s.plan else ())
+    }
     (work / "shim").mkdir(exist_ok=True)
     run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
     run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
     run_env.update(dict(s.plan.fp8.env) if s.plan and s.plan.fp8 else {})  # the CUDA control's simulated H100
-    swaps = {f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}
+    swaps = {**{f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}, **unset}
     if s.support.async_save:
         from rocmport.verify.runtime.proxy_shim import FORKED_WRITER
 
@@ -390,6 +395,7 @@ def _tail(stderr: str) -> list[str]:
 def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
     """The uninterrupted run, saving its checkpoint half way: trained, or the outcome it stopped with."""
     save, chosen = _save_args(s, work)
+    chosen.update({f"{flags} dropped": why for flags, why in (s.plan.dropped if s.plan else ())})
     args = s.args(work, save)
     run_env, swaps = _run_env(s, work)
     cmd = s.command(args, run_env)
