@@ -253,6 +253,24 @@ def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(tmp_path, real
 @pytest.mark.network
 @pytest.mark.torch
 @pytest.mark.slow
+def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float8tensor(tmp_path, real_index):
+    """TE 2.14+ dequantizes a Float8Tensor whose data is on the CPU by reading its bits as NVIDIA's OCP dtypes,
+    a fallback a GPU run never takes; the proxy's device tensors are CPU tensors, so under the rocm flavour on
+    gfx942 (FNUZ bits) every weight came back doubled and E4M3's maximum as NaN, and Megatron's --fp8-param-gather
+    made NaN master weights from them. To TE's own code a tensor on the simulated device is not on the CPU
+    (proxy_shim), so TE asks tex.dequantize, which decodes in the flavour's encoding."""
+    version = "2.17.1"  # v0.19's line; the fallback is in TE's float8_tensor_storage.py from 2.14
+    rocm = _probe(tmp_path, version, "rocm", "gfx942")
+    control = _probe(tmp_path, version, "nvidia", None, {"ROCMPORT_CUDA_SIM_ARCH": "sm_90"})  # NVIDIA's, an H100
+    assert rocm["fnuz"] and not control["fnuz"]
+    for answer in (rocm["dequantized_weight"], control["dequantized_weight"]):
+        assert isinstance(answer, dict), answer
+        assert answer["nan"] == 0 and answer["max_error"] <= 1 / 16, answer
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
 def test_gfx950_runs_mxfp8_only_with_the_variable_and_keeps_ocp_fp8(tmp_path, real_index):
     without = _probe(tmp_path, "2.12.0", "rocm", "gfx950")
     assert without["mxfp8"] == [False, "MXFP8 support is not enabled."]

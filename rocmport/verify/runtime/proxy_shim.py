@@ -521,6 +521,25 @@ def install_for_te() -> None:
 
     torch.Tensor.is_cuda = property(is_cuda)
 
+    # And the same tensor is not on the CPU to TE. TE 2.14+ takes CPU fallbacks for CPU tensors that a GPU
+    # run never takes: Float8Tensor's dequantize reads the uint8 bits as NVIDIA's OCP dtypes
+    # (TE_DType_To_Torch) instead of asking tex.dequantize, the CPU layer's cast, which decodes in the
+    # flavour's encoding (FNUZ on gfx942: read as OCP, every value doubled and ±240 a NaN); 2.14's pickling
+    # dequantizes CPU Float8Tensors. Megatron's --fp8-param-gather makes its fp32 master weights by that
+    # dequantize.
+    real_cpu = torch._C.TensorBase.is_cpu
+
+    def is_cpu(self):
+        if not real_cpu.__get__(self):
+            return False
+        where = _te_caller()
+        if where is not None:
+            REDIRECTS[f"Tensor.is_cpu (on the simulated device) @ {where}"] += 1
+            return False
+        return True
+
+    torch.Tensor.is_cpu = property(is_cpu)
+
     # The autograd engine runs a custom Function's backward without the thread's torch-function
     # modes, so the redirecting mode is not in force there; TE's backward passes allocate on the
     # device (`torch.Tensor().cuda()` in utils._empty_tensor, `device="cuda"` buffers). Re-entered
