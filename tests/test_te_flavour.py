@@ -242,6 +242,10 @@ def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(tmp_path, real
     assert rocm["block_scaling"] == [False, "FP8 block scaled gemm not yet supported for ROCm"]
     assert rocm["mxfp8"] == [False, "MXFP8 support is not enabled."]
     assert rocm["e4m3_max"] == 240 and rocm["fnuz"] and nvidia["e4m3_max"] == 448 and not nvidia["fnuz"]
+    # --fp8-param-gather's master weights cast into current-scaling FP8 weights: ROCm TE's FNUZ maximum
+    assert rocm["master_weight_e4m3_max"] == 240.0
+    control = _probe(tmp_path, version, "nvidia", None, {"ROCMPORT_CUDA_SIM_ARCH": "sm_90"})  # NVIDIA's, an H100
+    assert control["master_weight_e4m3_max"] == 448.0
     assert rocm["formats_round_trip"] is True and nvidia["formats_round_trip"] is True  # checkpoint resume
     assert rocm["env"] == {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1"}
     assert nvidia["applied"] == []

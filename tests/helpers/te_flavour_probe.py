@@ -16,6 +16,31 @@ def _answer(check) -> list | str:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _master_weight_e4m3_max() -> float | str:
+    """The E4M3 maximum TE scales a current-scaling FP8 weight to when it casts the optimizer's master
+    weight into it (tensor/utils.py, Megatron's --fp8-param-gather): amax / the weight's scale_inv."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import Float8CurrentScaling
+    from transformer_engine.pytorch.tensor.utils import cast_master_weights_to_fp8
+
+    try:
+        if not dist.is_initialized():
+            store = tempfile.mktemp(prefix="te-probe-store-")
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        with te.quantized_model_init(enabled=True, recipe=Float8CurrentScaling()):
+            linear = te.Linear(32, 32, params_dtype=torch.float32)
+        weight = linear.weight
+        master = torch.linspace(-3.0, 3.0, weight.numel()).reshape(-1)  # amax 3
+        cast_master_weights_to_fp8([weight], [master], [0], dist.group.WORLD)
+        return round(3.0 / float(weight._scale_inv.reshape(-1)[0]), 3)
+    except Exception as exc:  # noqa: BLE001 - said in the probe's answer
+        return f"{type(exc).__name__}: {exc}"
+
+
 def _dequantized_weight() -> dict | str:
     """A current-scaling FP8 weight read back through TE's own Float8Tensor.dequantize (how Megatron's
     --fp8-param-gather makes its fp32 master weights): NaNs, and the largest error relative to the
@@ -83,6 +108,7 @@ def main() -> None:
         # says it has no CUDA
         "capability": _answer(torch.cuda.get_device_capability),
     }
+    out["master_weight_e4m3_max"] = _master_weight_e4m3_max()
     out["dequantized_weight"] = _dequantized_weight()
     # a ROCm-only keyword reaches the module (and NVIDIA's refuses it)
     try:

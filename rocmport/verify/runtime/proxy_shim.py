@@ -277,6 +277,28 @@ def _subgroups_on_gloo() -> None:
     c10d._new_group_with_tag = _new_group_with_tag
 
 
+def _wrapper_subclasses_on_the_cpu() -> None:
+    """TE's quantized tensors (Float8Tensor and the rest) are wrapper subclasses made on the device TE names:
+    up to 2.12 ``QuantizedTensor.__new__`` gives ``torch.cuda.current_device()`` (0, the simulated device's
+    index) where the caller names none, as ``Float8Tensor.detach`` does when an FP8 weight becomes a
+    Parameter (quantized_model_init, Megatron's --fp8-param-gather). torch takes the index for its
+    accelerator, which the proxy's torch lacks ("Cannot access accelerator device when none is available");
+    _make_wrapper_subclass is a constructor the redirecting mode does not see. Put on the CPU, where the
+    tensor's data already is."""
+    real = torch.Tensor._make_wrapper_subclass
+    if getattr(real, "_rocmport", False):
+        return
+
+    def _make_wrapper_subclass(cls, *args, **kwargs):
+        if _is_cuda(kwargs.get("device")):
+            REDIRECTS[f"Tensor._make_wrapper_subclass(device=cuda) @ {_site()}"] += 1
+            kwargs["device"] = torch.device("cpu")
+        return real(cls, *args, **kwargs)
+
+    _make_wrapper_subclass._rocmport = True  # type: ignore[attr-defined]
+    torch.Tensor._make_wrapper_subclass = staticmethod(_make_wrapper_subclass)
+
+
 def _in_order_streams() -> None:
     """Streams and events on the CPU: one in-order queue, so waits and synchronisation return at
     once. Upstream's tests and training loop make side streams (`torch.cuda.Stream()` in the
@@ -490,6 +512,7 @@ def install_for_te() -> None:
         ("current_device", lambda: 0),
     ):
         _answer_te_frames(name, te_answer)
+    _wrapper_subclasses_on_the_cpu()
     _in_order_streams()  # TE's modules keep side streams for weight-gradient and offload work
     _answer("is_current_stream_capturing", lambda: False)
     torch.cuda.graphs.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
