@@ -261,8 +261,9 @@ def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float
     """TE 2.14+ dequantizes a Float8Tensor whose data is on the CPU by reading its bits as NVIDIA's OCP dtypes,
     a fallback a GPU run never takes; the proxy's device tensors are CPU tensors, so under the rocm flavour on
     gfx942 (FNUZ bits) every weight came back doubled and E4M3's maximum as NaN, and Megatron's --fp8-param-gather
-    made NaN master weights from them. To TE's own code a tensor on the simulated device is not on the CPU
-    (proxy_shim), so TE asks tex.dequantize, which decodes in the flavour's encoding."""
+    made NaN master weights from them. To TE's dequantize a tensor on the simulated device is not on the CPU
+    (proxy_shim), so TE asks tex.dequantize, which decodes in the flavour's encoding; a Float8Tensor staged on
+    the CPU still says it is there (Megatron's checkpoint writer asserts it)."""
     version = "2.17.1"  # v0.19's line; the fallback is in TE's float8_tensor_storage.py from 2.14
     rocm = _probe(tmp_path, version, "rocm", "gfx942")
     control = _probe(tmp_path, version, "nvidia", None, {"ROCMPORT_CUDA_SIM_ARCH": "sm_90"})  # NVIDIA's, an H100
@@ -270,6 +271,7 @@ def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float
     for answer in (rocm["dequantized_weight"], control["dequantized_weight"]):
         assert isinstance(answer, dict), answer
         assert answer["nan"] == 0 and answer["max_error"] <= 1 / 16, answer
+        assert answer["staged_is_cpu"] is True, answer
 
 
 @pytest.mark.network

@@ -56,6 +56,8 @@ def _dequantized_weight() -> dict | str:
         return {
             "nan": int(torch.isnan(back).sum()),
             "max_error": round(float((back - weight).abs().max()) / 3.0, 4),
+            # a copy staged on the CPU (Megatron's checkpoint writer asserts `tensor.is_cpu` of it) is there
+            "staged_is_cpu": quantized.detach().to("cpu").is_cpu,
         }
     except Exception as exc:  # noqa: BLE001 - said in the probe's answer
         return f"{type(exc).__name__}: {exc}"

@@ -544,19 +544,19 @@ def install_for_te() -> None:
 
     torch.Tensor.is_cuda = property(is_cuda)
 
-    # And the same tensor is not on the CPU to TE. TE 2.14+ takes CPU fallbacks for CPU tensors that a GPU
-    # run never takes: Float8Tensor's dequantize reads the uint8 bits as NVIDIA's OCP dtypes
-    # (TE_DType_To_Torch) instead of asking tex.dequantize, the CPU layer's cast, which decodes in the
-    # flavour's encoding (FNUZ on gfx942: read as OCP, every value doubled and ±240 a NaN); 2.14's pickling
-    # dequantizes CPU Float8Tensors. Megatron's --fp8-param-gather makes its fp32 master weights by that
-    # dequantize.
+    # And the same tensor is not on the CPU to TE's dequantize. TE 2.14+ dequantizes a Float8Tensor whose data
+    # is on the CPU by reading the uint8 bits as NVIDIA's OCP dtypes (TE_DType_To_Torch) instead of asking
+    # tex.dequantize, the CPU layer's cast, which decodes in the flavour's encoding (FNUZ on gfx942: read as
+    # OCP, every value doubled and ±240 a NaN). Megatron's --fp8-param-gather makes its fp32 master weights by
+    # that dequantize. Only there: a Float8Tensor really moved to the CPU (a checkpoint's staged copy, which
+    # Megatron's writer asserts `tensor.is_cpu` of, TE's Float8Tensor.is_cpu answering) stays on the CPU.
     real_cpu = torch._C.TensorBase.is_cpu
 
     def is_cpu(self):
         if not real_cpu.__get__(self):
             return False
         where = _te_caller()
-        if where is not None:
+        if where is not None and where.endswith(_TE_DEQUANTIZE_FALLBACK):
             REDIRECTS[f"Tensor.is_cpu (on the simulated device) @ {where}"] += 1
             return False
         return True
@@ -579,6 +579,11 @@ def install_for_te() -> None:
             return backward_apply(self, *args)
 
     BackwardCFunction.apply = apply
+
+
+# The TE file whose CPU fallback decodes FP8 as OCP (Float8TensorStorage's _FromFloat8Func), where a tensor on the
+# simulated device answers is_cpu False.
+_TE_DEQUANTIZE_FALLBACK = "tensor/storage/float8_tensor_storage.py"
 
 
 def _te_caller() -> str | None:
