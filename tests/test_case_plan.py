@@ -195,6 +195,49 @@ def test_tp_comm_overlap_is_dropped_with_its_options_and_the_plan_says_why(tmp_p
     assert cp.gpu_only_reasons(tmp_path)["--tp-comm-overlap"].endswith("(e.g. case overlap)")
 
 
+def test_fp8_weights_keep_the_cases_bf16_for_their_master_weights_and_the_plan_says_why(tmp_path):
+    """--fp8-param-gather (FP8 weights, the optimizer's fp32 master weights cast into them) needs the master weights
+    Megatron makes only for half-precision parameters: such a case keeps its --bf16 on the proxy, declared; any other
+    case trains in fp32 as before."""
+    from rocmport.verify.stages.functional.case_args import build_args
+
+    native = case(
+        **{
+            "--bf16": True,
+            "--fp8-format": "hybrid",
+            "--fp8-recipe": "tensorwise",
+            "--fp8-param-gather": True,
+            "--use-distributed-optimizer": True,
+        }
+    )
+    p = cp.plan_case("c", native, te=GFX942)
+    assert isinstance(p, cp.CasePlan) and p.fp8 is not None and p.fp8.recipe == "tensorwise"
+    assert p.kept == (("--bf16", cp.PROXY_KEEPS_PRECISION[0][1]),)
+    assert "master weights" in p.kept[0][1] and "FusedAdam without master_weights" in p.kept[0][1]
+    assert any(n.startswith("--bf16 kept: --fp8-param-gather keeps the weights in FP8") for n in p.notes)
+    assert not any("--bf16 → fp32" in n for n in p.notes)
+    argv = build_args(native, iters=4, proxy=True, data_path=None, work=tmp_path, plan=p)
+    assert "--bf16" in argv and "--fp8-param-gather" in argv
+    # without a plan (build_args sizes the case itself) the same rule
+    assert "--bf16" in build_args(native, iters=4, proxy=True, data_path=None, work=tmp_path)
+    # an FP8 case without FP8 weights, and a bf16 case without FP8: fp32 on the proxy, as before
+    for other in (
+        case(**{"--bf16": True, "--fp8-format": "hybrid", "--use-distributed-optimizer": True}),
+        case(**{"--bf16": True}),
+    ):
+        q = cp.plan_case("c", other, te=GFX942)
+        assert isinstance(q, cp.CasePlan) and q.kept == ()
+        assert any(n.startswith("--bf16 → fp32") for n in q.notes)
+        assert "--bf16" not in build_args(other, iters=4, proxy=True, data_path=None, work=tmp_path, plan=q)
+    # fp16 the same way; a case without half precision has nothing to keep
+    fp16 = case(
+        **{"--fp16": True, "--fp8-format": "e4m3", "--fp8-param-gather": True, "--use-distributed-optimizer": True}
+    )
+    assert [k for k, _ in cp.plan_case("c", fp16, te=GFX942).kept] == ["--fp16"]
+    no_half = case(**{"--fp8-format": "e4m3", "--fp8-param-gather": True, "--use-distributed-optimizer": True})
+    assert cp.plan_case("c", no_half, te=GFX942).kept == ()
+
+
 # upstream v0.16.1's gpt3_weekly_dgx_h100_mcore_tp2_pp2_fp8_tp_pp ENV_VARS (abridged): from before --attention-backend
 STALE_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": 1, "NVTE_FUSED_ATTN": 0}
 
@@ -476,6 +519,8 @@ def test_v019_has_an_fp8_case_the_proxy_runs_on_each_gpu_and_the_cuda_control(tm
         assert plans[0].layout.describe() == "tp2×pp2×dp2 +sp (8 ranks)"
         assert plans[0].dropped[0][0] == "--tp-comm-overlap --tp-comm-overlap-cfg"
         assert all(p.env_unset == () for p in plans)  # its ENV_VARS name no attention variable
+        # --fp8-param-gather: its --bf16 kept for the master weights, on every GPU and the CUDA control
+        assert all([k for k, _ in p.kept] == ["--bf16"] for p in plans)
 
 
 @pytest.mark.mirror

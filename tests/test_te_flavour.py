@@ -242,12 +242,36 @@ def test_each_delta_is_present_under_rocm_and_absent_under_nvidia(tmp_path, real
     assert rocm["block_scaling"] == [False, "FP8 block scaled gemm not yet supported for ROCm"]
     assert rocm["mxfp8"] == [False, "MXFP8 support is not enabled."]
     assert rocm["e4m3_max"] == 240 and rocm["fnuz"] and nvidia["e4m3_max"] == 448 and not nvidia["fnuz"]
+    # --fp8-param-gather's master weights cast into current-scaling FP8 weights: ROCm TE's FNUZ maximum
+    assert rocm["master_weight_e4m3_max"] == 240.0
+    control = _probe(tmp_path, version, "nvidia", None, {"ROCMPORT_CUDA_SIM_ARCH": "sm_90"})  # NVIDIA's, an H100
+    assert control["master_weight_e4m3_max"] == 448.0
     assert rocm["formats_round_trip"] is True and nvidia["formats_round_trip"] is True  # checkpoint resume
     assert rocm["env"] == {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "1"}
     assert nvidia["applied"] == []
     applied = {a.split(" ")[0] for a in rocm["applied"]}
     hooked = {name for name, hooks in te_rocm.HOOKS.items() if hooks}
     assert applied == hooked & {d.name for d in te_flavour.applicable(version, "gfx942")}
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float8tensor(tmp_path, real_index):
+    """TE 2.14+ dequantizes a Float8Tensor whose data is on the CPU by reading its bits as NVIDIA's OCP dtypes,
+    a fallback a GPU run never takes; the proxy's device tensors are CPU tensors, so under the rocm flavour on
+    gfx942 (FNUZ bits) every weight came back doubled and E4M3's maximum as NaN, and Megatron's --fp8-param-gather
+    made NaN master weights from them. To TE's dequantize a tensor on the simulated device is not on the CPU
+    (proxy_shim), so TE asks tex.dequantize, which decodes in the flavour's encoding; a Float8Tensor staged on
+    the CPU still says it is there (Megatron's checkpoint writer asserts it)."""
+    version = "2.17.1"  # v0.19's line; the fallback is in TE's float8_tensor_storage.py from 2.14
+    rocm = _probe(tmp_path, version, "rocm", "gfx942")
+    control = _probe(tmp_path, version, "nvidia", None, {"ROCMPORT_CUDA_SIM_ARCH": "sm_90"})  # NVIDIA's, an H100
+    assert rocm["fnuz"] and not control["fnuz"]
+    for answer in (rocm["dequantized_weight"], control["dequantized_weight"]):
+        assert isinstance(answer, dict), answer
+        assert answer["nan"] == 0 and answer["max_error"] <= 1 / 16, answer
+        assert answer["staged_is_cpu"] is True, answer
 
 
 @pytest.mark.network

@@ -16,6 +16,53 @@ def _answer(check) -> list | str:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _master_weight_e4m3_max() -> float | str:
+    """The E4M3 maximum TE scales a current-scaling FP8 weight to when it casts the optimizer's master
+    weight into it (tensor/utils.py, Megatron's --fp8-param-gather): amax / the weight's scale_inv."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    import transformer_engine.pytorch as te
+    from transformer_engine.common.recipe import Float8CurrentScaling
+    from transformer_engine.pytorch.tensor.utils import cast_master_weights_to_fp8
+
+    try:
+        if not dist.is_initialized():
+            store = tempfile.mktemp(prefix="te-probe-store-")
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        with te.quantized_model_init(enabled=True, recipe=Float8CurrentScaling()):
+            linear = te.Linear(32, 32, params_dtype=torch.float32)
+        weight = linear.weight
+        master = torch.linspace(-3.0, 3.0, weight.numel()).reshape(-1)  # amax 3
+        cast_master_weights_to_fp8([weight], [master], [0], dist.group.WORLD)
+        return round(3.0 / float(weight._scale_inv.reshape(-1)[0]), 3)
+    except Exception as exc:  # noqa: BLE001 - said in the probe's answer
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _dequantized_weight() -> dict | str:
+    """A current-scaling FP8 weight read back through TE's own Float8Tensor.dequantize (how Megatron's
+    --fp8-param-gather makes its fp32 master weights): NaNs, and the largest error relative to the
+    weight's amax (E4M3 rounds to within 1/16 of a value)."""
+    import torch
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer
+
+    try:
+        weight = torch.linspace(-3.0, 3.0, 1024).reshape(32, 32)  # amax 3: its ends cast to E4M3's maximum
+        quantized = Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, torch.device("cuda"))(weight)
+        back = quantized.dequantize(dtype=torch.float32)
+        return {
+            "nan": int(torch.isnan(back).sum()),
+            "max_error": round(float((back - weight).abs().max()) / 3.0, 4),
+            # a copy staged on the CPU (Megatron's checkpoint writer asserts `tensor.is_cpu` of it) is there
+            "staged_is_cpu": quantized.detach().to("cpu").is_cpu,
+        }
+    except Exception as exc:  # noqa: BLE001 - said in the probe's answer
+        return f"{type(exc).__name__}: {exc}"
+
+
 def main() -> None:
     from rocmport.verify.runtime import proxy_shim
 
@@ -59,8 +106,12 @@ def main() -> None:
         "fnuz": bool(getattr(utils, "is_fp8_fnuz", lambda: False)()),
         "env": {k: os.environ.get(k) for k in ("NVTE_FLASH_ATTN", "NVTE_FUSED_ATTN")},
         "applied": te_rocm.APPLIED,
-        "capability": list(torch.cuda.get_device_capability()),
+        # the CUDA control simulates its GPU to TE's own frames only (ROCMPORT_CUDA_SIM_ARCH): asked from here, torch
+        # says it has no CUDA
+        "capability": _answer(torch.cuda.get_device_capability),
     }
+    out["master_weight_e4m3_max"] = _master_weight_e4m3_max()
+    out["dequantized_weight"] = _dequantized_weight()
     # a ROCm-only keyword reaches the module (and NVIDIA's refuses it)
     try:
         te.Linear(32, 32, keep_fp8_weight_transpose_cache=False, params_dtype=torch.float32)

@@ -277,6 +277,28 @@ def _subgroups_on_gloo() -> None:
     c10d._new_group_with_tag = _new_group_with_tag
 
 
+def _wrapper_subclasses_on_the_cpu() -> None:
+    """TE's quantized tensors (Float8Tensor and the rest) are wrapper subclasses made on the device TE names:
+    up to 2.12 ``QuantizedTensor.__new__`` gives ``torch.cuda.current_device()`` (0, the simulated device's
+    index) where the caller names none, as ``Float8Tensor.detach`` does when an FP8 weight becomes a
+    Parameter (quantized_model_init, Megatron's --fp8-param-gather). torch takes the index for its
+    accelerator, which the proxy's torch lacks ("Cannot access accelerator device when none is available");
+    _make_wrapper_subclass is a constructor the redirecting mode does not see. Put on the CPU, where the
+    tensor's data already is."""
+    real = torch.Tensor._make_wrapper_subclass
+    if getattr(real, "_rocmport", False):
+        return
+
+    def _make_wrapper_subclass(cls, *args, **kwargs):
+        if _is_cuda(kwargs.get("device")):
+            REDIRECTS[f"Tensor._make_wrapper_subclass(device=cuda) @ {_site()}"] += 1
+            kwargs["device"] = torch.device("cpu")
+        return real(cls, *args, **kwargs)
+
+    _make_wrapper_subclass._rocmport = True  # type: ignore[attr-defined]
+    torch.Tensor._make_wrapper_subclass = staticmethod(_make_wrapper_subclass)
+
+
 def _in_order_streams() -> None:
     """Streams and events on the CPU: one in-order queue, so waits and synchronisation return at
     once. Upstream's tests and training loop make side streams (`torch.cuda.Stream()` in the
@@ -490,6 +512,7 @@ def install_for_te() -> None:
         ("current_device", lambda: 0),
     ):
         _answer_te_frames(name, te_answer)
+    _wrapper_subclasses_on_the_cpu()
     _in_order_streams()  # TE's modules keep side streams for weight-gradient and offload work
     _answer("is_current_stream_capturing", lambda: False)
     torch.cuda.graphs.is_current_stream_capturing = torch.cuda.is_current_stream_capturing
@@ -521,6 +544,25 @@ def install_for_te() -> None:
 
     torch.Tensor.is_cuda = property(is_cuda)
 
+    # And the same tensor is not on the CPU to TE's dequantize. TE 2.14+ dequantizes a Float8Tensor whose data
+    # is on the CPU by reading the uint8 bits as NVIDIA's OCP dtypes (TE_DType_To_Torch) instead of asking
+    # tex.dequantize, the CPU layer's cast, which decodes in the flavour's encoding (FNUZ on gfx942: read as
+    # OCP, every value doubled and ±240 a NaN). Megatron's --fp8-param-gather makes its fp32 master weights by
+    # that dequantize. Only there: a Float8Tensor really moved to the CPU (a checkpoint's staged copy, which
+    # Megatron's writer asserts `tensor.is_cpu` of, TE's Float8Tensor.is_cpu answering) stays on the CPU.
+    real_cpu = torch._C.TensorBase.is_cpu
+
+    def is_cpu(self):
+        if not real_cpu.__get__(self):
+            return False
+        where = _te_caller()
+        if where is not None and where.endswith(_TE_DEQUANTIZE_FALLBACK):
+            REDIRECTS[f"Tensor.is_cpu (on the simulated device) @ {where}"] += 1
+            return False
+        return True
+
+    torch.Tensor.is_cpu = property(is_cpu)
+
     # The autograd engine runs a custom Function's backward without the thread's torch-function
     # modes, so the redirecting mode is not in force there; TE's backward passes allocate on the
     # device (`torch.Tensor().cuda()` in utils._empty_tensor, `device="cuda"` buffers). Re-entered
@@ -537,6 +579,11 @@ def install_for_te() -> None:
             return backward_apply(self, *args)
 
     BackwardCFunction.apply = apply
+
+
+# The TE file whose CPU fallback decodes FP8 as OCP (Float8TensorStorage's _FromFloat8Func), where a tensor on the
+# simulated device answers is_cpu False.
+_TE_DEQUANTIZE_FALLBACK = "tensor/storage/float8_tensor_storage.py"
 
 
 def _te_caller() -> str | None:

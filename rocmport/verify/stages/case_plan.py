@@ -88,7 +88,8 @@ class CasePlan:
     top of them (build_args' ``extra``), ``resume`` whether the run checks a checkpoint round trip, ``features``
     what the case exercises (from its flags), ``notes`` what the proxy changes about it; ``dropped``: the
     options of PROXY_DROPPED the case sets (option, why; ``args`` drops them), ``env_unset``: its ENV_VARS
-    the runs unset (variable, why: stale_attention_env, on the CUDA path)."""
+    the runs unset (variable, why: stale_attention_env, on the CUDA path); ``kept``: the case's half precision
+    the proxy keeps (option, why: kept_precision; every other case trains in fp32)."""
 
     case: str
     test_type: str
@@ -102,6 +103,7 @@ class CasePlan:
     fp8: Fp8Plan | None = None  # an FP8 case: its recipe, encoding and device, or the refusal it must meet
     dropped: tuple[tuple[str, str], ...] = ()
     env_unset: tuple[tuple[str, str], ...] = ()
+    kept: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,33 @@ PROXY_DROPPED: tuple[tuple[str, str, str], ...] = (
         "userbuffers path itself is not exercised",
     ),
 )
+# The case's own half precision the proxy keeps, where the fp32 it otherwise trains in (shrink) would change what the
+# case computes: (the option that decides, why). Every line, every flavour; a case with one keeps its --bf16 or --fp16
+# (its plan's ``kept``, stage 4's report among the arguments verify chose).
+PROXY_KEEPS_PRECISION: tuple[tuple[str, str], ...] = (
+    (
+        "--fp8-param-gather",
+        "--fp8-param-gather keeps the weights in FP8 (TE's Float8Tensor) and the optimizer's fp32 master weights "
+        "beside them, cast into the FP8 weights after each step (TE's cast_master_weights_to_fp8); Megatron makes "
+        "master weights only for half-precision parameters (distrib_optimizer.py: 'torch.cuda.HalfTensor', "
+        "'torch.cuda.BFloat16Tensor'), so in fp32 the optimizer would step the FP8 weights themselves, which TE's "
+        "FusedAdam refuses ('FusedAdam without master_weights does not support Float8Tensor parameters'): the case "
+        "keeps its half precision (parameters and activations; TE's CPU kernels compute in fp32 and write it), with "
+        "fp32 master weights and gradient reduction, as on the GPU",
+    ),
+)
+_HALF = ("--fp16", "--bf16")
+
+
+def kept_precision(args: dict) -> tuple[tuple[str, str], ...]:
+    """The case's half-precision options (--fp16, --bf16) the proxy keeps, each with why (PROXY_KEEPS_PRECISION);
+    () where the case trains in fp32 on the proxy."""
+    for flag, why in PROXY_KEEPS_PRECISION:
+        if _on(args, flag):
+            return tuple((key, why) for key in _HALF if _on(args, key))
+    return ()
+
+
 # The NVTE_* attention variables upstream's LanguageModule._set_attention_backend (megatron/core/models/
 # common/language_module/language_module.py, check_and_set_env_variable) checks as it builds the model, by
 # --attention-backend: each unset or this value, else it asserts ("NVTE_FUSED_ATTN set to 0, but expected 1
@@ -430,8 +459,11 @@ def shrink(args: dict, lay: Layout) -> tuple[dict[str, Any], list[str]]:
     if _on(args, "--rampup-batch-size"):
         out["--rampup-batch-size"] = None
         notes.append("--rampup-batch-size dropped: a few proxy iterations never leave the ramp")
-    for key in ("--fp16", "--bf16"):
-        if _on(args, key):
+    kept = dict(kept_precision(args))
+    for key in _HALF:
+        if key in kept:
+            notes.append(f"{key} kept: {kept[key]}")
+        elif _on(args, key):
             notes.append(f"{key} → fp32: the CPU has no half-precision GEMM kernels the case's numerics test")
     return out, notes
 
@@ -695,6 +727,7 @@ def plan_case(
         fp8=fp8,
         dropped=tuple(dropped),
         env_unset=env_unset,
+        kept=kept_precision(args),
     )
 
 

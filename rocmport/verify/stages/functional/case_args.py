@@ -132,8 +132,12 @@ def build_args(
         args.update(PROXY_TRAINING)
         args.update(plan.args if plan is not None else sized)
         args["--distributed-backend"] = "gloo"
-        for key in ("--fp16", "--bf16"):  # no half-precision kernels on the CPU
-            args.pop(key, None)
+        # fp32 (the CPU has no half-precision kernels the case's numerics test), but where the plan keeps the case's
+        # own half precision (case_plan.kept_precision: FP8 weights need the master weights Megatron makes for it).
+        kept = {key for key, _ in (plan.kept if plan is not None else case_plan.kept_precision(args))}
+        for key in ("--fp16", "--bf16"):
+            if key not in kept:
+                args.pop(key, None)
     args.update(extra or {})
     out = []
     for key, value in args.items():
