@@ -1,5 +1,6 @@
 """Stage 1, imports: megatron.core, megatron.training and pretrain_gpt's imports, behind the firewall
-(NVIDIA-only packages removed), each in a fresh interpreter of the tree's environment."""
+(NVIDIA-only packages removed), each in a fresh interpreter of the tree's environment; then each file
+holding a guarded import the port wrote, with its package absent (rocmport.verify.stages.guarded_imports)."""
 
 from __future__ import annotations
 
