@@ -45,6 +45,15 @@ def test_never_runs():
     raise AssertionError("stage 1 imports test files; it never runs their tests")
 """
 
+# An upstream test file that skips itself where the package is absent, before its guard (test_local.py).
+SKIPPING_TEST_FILE = """\
+import pytest
+
+nvidia_resiliency_ext = pytest.importorskip("nvidia_resiliency_ext", reason="nvrx is required")
+
+from nvidia_resiliency_ext.checkpointing.local import base_manager
+"""
+
 # A library module upstream imports only behind a feature probe: the codemod leaves its modelopt import.
 PROBED = "import modelopt.torch.opt as mto\n\n\ndef restore():\n    return mto\n"
 PROBE = (
@@ -106,8 +115,8 @@ def test_a_file_stopping_on_a_missing_dependency_after_its_guard_is_not_a_port_f
     """Its TE guard ran (TE blocked for this probe even where --te lets it through); the import then
     stops on a package that is simply not installed: the stage passes, the file says what stopped it,
     and the guard after that point names it as why it did not run. The test itself never runs."""
-    rel = "tests/unit_tests/test_local.py"
-    proj = ported(tmp_path, monkeypatch, {rel: TEST_FILE})
+    rel, skipping = "tests/unit_tests/test_local.py", "tests/unit_tests/test_replication.py"
+    proj = ported(tmp_path, monkeypatch, {rel: TEST_FILE, skipping: SKIPPING_TEST_FILE})
     code, data = stage_1(proj, capsys)
     imports = data["stages"][0]
     assert code == 0 and imports["status"] == "pass", imports
@@ -116,10 +125,17 @@ def test_a_file_stopping_on_a_missing_dependency_after_its_guard_is_not_a_port_f
     assert found["stopped"].startswith("rocmport_absent_dependency_xyz is not installed here (not NVIDIA-only) at ")
     cov = data["port_sites"]["guard-nvidia-only-imports"]
     assert cov["exercised"] == 1 and all(k.startswith(f"{rel}:") for k in cov["ran"])
-    (why,) = cov["unreached"].values()
-    assert why.startswith(f"stage 1 imported {rel} with the guarded packages absent; it stopped before this site: ")
-    assert "rocmport_absent_dependency_xyz" in why
+    whys = {key.partition(":")[0]: why for key, why in cov["unreached"].items()}
+    assert whys[rel].startswith(
+        f"stage 1 imported {rel} with the guarded packages absent; it stopped before this site: "
+    )
+    assert "rocmport_absent_dependency_xyz" in whys[rel]
     assert "1 stopped on a dependency not installed here" in imports["reason"]
+    # A module-level importorskip before the guard: the guard cannot run where pytest skips the file.
+    found = imports["guarded_imports"]["files"][skipping]
+    assert (found["sites"], found["ran"], found["verdict"]) == (1, 0, "skips-itself")
+    assert found["stopped"].startswith(f"the file skips itself at module level at {skipping}:3 (nvrx is required)")
+    assert whys[skipping].endswith(found["stopped"])
 
 
 @pytest.mark.torch

@@ -69,7 +69,15 @@ def import_file(root: str, entry: dict) -> dict:
     signal.alarm(int(entry.get("seconds", 120)))
     try:
         if entry["package"]:
-            importlib.import_module(entry["module"])
+            found = getattr(importlib.import_module(entry["module"]), "__file__", None)
+            if found is None or os.path.realpath(found) != os.path.realpath(path):
+                # A package of the same name earlier on the path (another project's `tests`): this
+                # file's guards did not run.
+                return {
+                    "path": entry["path"],
+                    "error": f"{entry['module']} was imported from {found}",
+                    "type": "elsewhere",
+                }
         else:
             spec = importlib.util.spec_from_file_location(entry["module"], path)
             assert spec is not None and spec.loader is not None, path
@@ -87,12 +95,19 @@ def import_file(root: str, entry: dict) -> dict:
             "path": entry["path"],
             "error": f"{type(e).__name__}: {e}"[:500],
             "type": type(e).__name__,
+            "skip": _is_pytest_skip(e),
             "missing": getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None,
             "frames": frames[-8:],
         }
     finally:
         signal.alarm(0)
         sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _is_pytest_skip(e: BaseException) -> bool:
+    """A module-level pytest.skip / importorskip (pytest names its outcome classes' module builtins)."""
+    outcomes = sys.modules.get("_pytest.outcomes")
+    return outcomes is not None and isinstance(e, outcomes.Skipped)
 
 
 def guarded_main(root: str, entries: list[dict]) -> None:

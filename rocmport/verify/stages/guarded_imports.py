@@ -20,6 +20,9 @@ What an import failure there means (per file, `guarded_imports` in stage 1's rep
   feature probes, codemods/feature_probes.py); else it is outside the codemod's scope by design (a
   package it does not guard, an import inside a function or block, a probe-only module) and is
   reported as such;
+- a test file that skips itself at module level first (`pytest.importorskip("nvidia_resiliency_ext")`,
+  `if not HAVE_GTP: pytest.skip(...)`), as pytest would here: its guards after that point run only
+  where the skip does not happen; reported per site, the stage passes;
 - anything else (a module-level argparse's exit, a hang, a crash): reported with where it stopped."""
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ IMPORTED = "imported"
 MISSING_DEPENDENCY = "missing-dependency"
 USES_MISSING_PACKAGE = "uses-missing-package"
 OUTSIDE_SCOPE = "unguarded-by-design"
+SKIPS_ITSELF = "skips-itself"
 PORT_BUG = "port-bug"
 STOPPED = "stopped"
 
@@ -111,6 +115,7 @@ class GuardedImports:
 
 VERDICT_WORDS = {
     MISSING_DEPENDENCY: "stopped on a dependency not installed here",
+    SKIPS_ITSELF: "skip themselves at module level before their guards",
     USES_MISSING_PACKAGE: "stopped using the missing package after the guard",
     OUTSIDE_SCOPE: "stopped on an NVIDIA-only import outside the codemod's scope",
     PORT_BUG: "stopped on an unguarded import the codemod should have guarded",
@@ -208,10 +213,14 @@ def run_probe(tree: Path, env: dict, entries: list[dict], timeout: float) -> dic
                 "error": f"{why} during its import: {last}".rstrip(": "),
                 "type": "crash",
             }
-        elif proc.returncode != 0 and not any(e["path"] in results for e in remaining):
+        elif not any(e["path"] in results for e in remaining):
             last = (err.strip().splitlines() or [""])[-1]
-            for e in remaining:  # the probe never started a file: each says why
-                results[e["path"]] = {"path": e["path"], "error": f"the probe crashed: {last}", "type": "crash"}
+            for e in remaining:  # the probe never started a file (it crashed first): each says why
+                results[e["path"]] = {
+                    "path": e["path"],
+                    "error": f"the probe ended (exit {proc.returncode}) before importing it: {last}",
+                    "type": "crash",
+                }
         remaining = [e for e in remaining if e["path"] not in results]
     return results
 
@@ -289,10 +298,15 @@ def judge(
     error, kind, missing = result["error"], result.get("type"), result.get("missing")
     frames = [f for f in result.get("frames") or [] if f[0] not in port_sites.HELPER_FILES]
     where = f" at {frames[-1][0]}:{frames[-1][1]}" if frames else ""
-    if kind == "crash":
+    if kind in ("crash", "elsewhere"):
         return STOPPED, error
     if kind == "FileImportHung":
         return STOPPED, f"its import did not finish in {PER_FILE_SECONDS} s{where} (a module-level wait)"
+    if result.get("skip"):
+        return SKIPS_ITSELF, (
+            f"the file skips itself at module level{where} ({error.removeprefix('Skipped: ')}) before this "
+            f"guard, as pytest would here: the guard runs only where that skip does not happen"
+        )
     helper_frames = [f for f in result.get("frames") or [] if f[0] in port_sites.HELPER_FILES]
     if kind == "ModuleNotFoundError" and missing is None and helper_frames:
         return USES_MISSING_PACKAGE, (
