@@ -295,12 +295,24 @@ class UnitRecord:
     calls: set[tuple[str, int]] = field(default_factory=set)
     modules: set[str] = field(default_factory=set)
     seconds: float | None = None
+    stopped: str | None = None  # an `import` unit: why stage 1's import of its file stopped
 
 
-# A unit's subdirectory of its stage's records: `case=<name>` or `test=<path>`, the name quoted into
-# one path component (a test file's path has slashes).
-UNIT_KINDS = ("case", "test")
+# A unit's subdirectory of its stage's records: `case=<name>`, `test=<path>` or `import=<path>` (stage
+# 1's import of a file holding guarded imports, rocmport.verify.stages.guarded_imports), the name
+# quoted into one path component (a test file's path has slashes).
+UNIT_KINDS = ("case", "test", "import")
 SECONDS_FILE = "seconds.txt"
+STOPPED_FILE = "stopped.txt"  # an import unit: why its file's import stopped (absent: it imported)
+
+
+def write_stopped(unit_dir: Path, why: str) -> None:
+    """Note beside an import unit's records why its file's import stopped (the reason its sites after
+    that point give)."""
+    from rocmport.fsutil import write_file
+
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    write_file(unit_dir / STOPPED_FILE, why + "\n", durable=False)
 
 
 def unit_dir_name(kind: str, name: str) -> str:
@@ -334,6 +346,9 @@ def read_units(directory: Path, tree: Path) -> dict[tuple[str, str], UnitRecord]
             unit = out.setdefault(key, UnitRecord())
             unit.calls |= _site_lines(where, root)
             unit.modules |= _module_lines(where, root)
+            stopped = where / STOPPED_FILE
+            if where != stage_dir and stopped.is_file():
+                unit.stopped = stopped.read_text(encoding="utf-8", errors="replace").strip()
             seconds = where / SECONDS_FILE
             if where != stage_dir and seconds.is_file():
                 try:
@@ -405,6 +420,15 @@ def reasons_once(reasons: list[str]) -> str:
     return "; ".join(reasons)
 
 
+# An unreached site in a file stage 1 imported for its guarded imports, whose import stopped first.
+IMPORT_STOPPED = "stage 1 imported {path} with the guarded packages absent; it stopped before this site: {why}"
+
+
+def _unit_name(kind: str, name: str) -> str:
+    """A unit as ran_by names it: a case or a test file by its name, stage 1's import of a file as such."""
+    return f"imports: {name}" if kind == "import" else name
+
+
 def tree_coverage(
     tree: Path,
     sites_dir: Path,
@@ -431,7 +455,11 @@ def tree_coverage(
         if kind == "stage":
             continue
         for site in sites_ran(sites, unit.calls):
-            out[by_key[site.key].codemod].ran_by.setdefault(site.key, []).append(name)
+            out[by_key[site.key].codemod].ran_by.setdefault(site.key, []).append(_unit_name(kind, name))
+        if kind == "import" and unit.stopped:
+            for site in sites:
+                if site.path == name and site.key in out[site.codemod].unreached:
+                    out[site.codemod].unreached[site.key] = IMPORT_STOPPED.format(path=name, why=unit.stopped)
     if explain is not None:
         explain(out, sites)
     return out

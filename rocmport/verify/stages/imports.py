@@ -1,5 +1,6 @@
 """Stage 1, imports: megatron.core, megatron.training and pretrain_gpt's imports, behind the firewall
-(NVIDIA-only packages removed), each in a fresh interpreter of the tree's environment."""
+(NVIDIA-only packages removed), each in a fresh interpreter of the tree's environment; then each file
+holding a guarded import the port wrote, with its package absent (rocmport.verify.stages.guarded_imports)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from rocmport.upstreams import MEGATRON_LM
 from rocmport.verify.orchestration import environment
 from rocmport.verify.orchestration.contract import RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, StageResult
-from rocmport.verify.runtime import import_probe
+from rocmport.verify.runtime import import_probe, protocol
+from rocmport.verify.stages.guarded_imports import PORT_BUG, GuardedImports, probe_guards
 from rocmport.verify.stages.gpt_training import _last_error
 
 NAME = "imports"
@@ -68,12 +70,17 @@ class ImportProbe:
     failures: dict[str, dict[str, Any]] | None = None
     not_from_tree: dict[str, str] | None = None
     declared_unmet: dict[str, dict[str, str]] | None = None
+    # Stage 1: its import of each file holding a guarded import (None: the tree has none, or the
+    # modules above failed first).
+    guarded_imports: GuardedImports | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"modules": self.modules}
         for key in ("failures", "not_from_tree", "declared_unmet"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.guarded_imports is not None:
+            out["guarded_imports"] = self.guarded_imports.to_dict()
         return out
 
 
@@ -155,13 +162,20 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
             if (tree / "megatron" / "training").is_dir()
             else "; the tree has no megatron/training (a package-index source): not tested"
         )
-        return StageResult(
-            NAME,
-            PASS,
-            f"{modules_import(len(mods))} behind the firewall ({shown}){absent}",
-            time.monotonic() - start,
-            details,
-        )
+        reason = f"{modules_import(len(mods))} behind the firewall ({shown}){absent}"
+        # Then every guard the port wrote, with its package absent (guarded_imports).
+        stage_dir = protocol.PORT_SITES.read(env)
+        guarded = probe_guards(tree, env, blocked, Path(stage_dir) if stage_dir else None)
+        if guarded.files:
+            details.guarded_imports = guarded
+            bugs = guarded.with_verdict(PORT_BUG)
+            if bugs:
+                rel, found = next(iter(bugs.items()))
+                return StageResult(
+                    NAME, FAIL, f"{found.stopped} (imported for its guards: {rel})", time.monotonic() - start, details
+                )
+            reason += f"; {guarded.summary()}"
+        return StageResult(NAME, PASS, reason, time.monotonic() - start, details)
     m, r = next(iter(failed.items()))
     missing = r.get("missing")
     hint = ""
