@@ -363,6 +363,22 @@ def test_each_unreached_site_is_classified_and_the_share_of_non_gpu_sites_counte
     )
 
 
+def test_a_site_taken_only_with_a_gpu_feature_on_is_gpu_only_by_its_condition():
+    """The TE gates under `if self.config.tp_comm_overlap` (TE's userbuffers) were counted not-on-proxy:
+    their condition says the flag, and the flag is GPU-only."""
+    key = "megatron/core/extensions/transformer_engine.py::TELinear.__init__ te_gate#2 [te-version-gates]"
+    args = ("te-version-gates", "megatron/core/extensions/transformer_engine.py", "te_gate", key, "why", {}, {})
+    when = "self.config.tp_comm_overlap and parallel_mode != 'duplicated'"
+    assert reach.site_class(*args, None, when) == (
+        f"gpu-only (--tp-comm-overlap: TE's userbuffers (CUDA IPC); taken only when `{when}`)"
+    )
+    # a field that merely contains the name is not it; no condition: port coverage's reason
+    assert reach.site_class(*args, None, "self.config.tp_comm_overlap_ag") == "not-on-proxy (why)"
+    assert reach.site_class(*args, None) == "not-on-proxy (why)"
+    # ran by a recorded entry: reachable, whatever its condition
+    assert reach.site_class(*args[:5], {key: ["t.py"]}, {}, None, when).startswith("reachable, not selected")
+
+
 # --- a refresh hop's cases ---------------------------------------------------------------------
 
 

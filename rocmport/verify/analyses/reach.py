@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -369,6 +370,13 @@ GPU_FEATURES: tuple[tuple[str | None, str | None, str | None, str, str], ...] = 
 )
 
 
+# A site whose condition (port_sites.Site.when) reads one of these config fields runs only with that
+# GPU feature on: (the field, its flag, what it needs).
+GPU_CONDITIONS: tuple[tuple[str, str, str], ...] = (
+    ("tp_comm_overlap", "--tp-comm-overlap", "TE's userbuffers (CUDA IPC)"),
+)
+
+
 def site_class(
     codemod: str,
     path: str,
@@ -378,6 +386,7 @@ def site_class(
     ran_by: Mapping[str, Sequence[str]],
     gpu_reasons: Mapping[str, str],
     record: ReachRecord | None,
+    when: str = "",
 ) -> str:
     """One unreached site's class and why, as the report writes it: `reachable, not selected (...)`,
     `gpu-only (...)` or `not-on-proxy (...)` (``reason``: port_sites' reason for it)."""
@@ -391,6 +400,9 @@ def site_class(
             and (fn is None or fn == helper)
         ):
             return f"{GPU_ONLY} ({gpu_reasons.get(flag) or (f'{flag}: ' if flag else '') + needs})"
+    for field_name, flag, needs in GPU_CONDITIONS:
+        if re.search(rf"\b{field_name}\b", when):
+            return f"{GPU_ONLY} ({gpu_reasons.get(flag) or f'{flag}: {needs}'}; taken only when `{when}`)"
     why = reason
     if record is not None:
         why += (
@@ -416,7 +428,7 @@ def classify(
             if site is None:
                 continue
             cov.classified[key] = site_class(
-                site.codemod, site.path, site.helper, site.stable_key, reason, ran_by, gpu, record
+                site.codemod, site.path, site.helper, site.stable_key, reason, ran_by, gpu, record, site.when
             )
         counts = {c: 0 for c in CLASSES}
         for text in cov.classified.values():
