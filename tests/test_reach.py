@@ -379,6 +379,23 @@ def test_a_site_taken_only_with_a_gpu_feature_on_is_gpu_only_by_its_condition():
     assert reach.site_class(*args[:5], {key: ["t.py"]}, {}, None, when).startswith("reachable, not selected")
 
 
+def test_a_site_that_needs_a_device_torch_sees_is_gpu_only_and_a_test_file_s_rewrite_is_not_by_its_codemod():
+    """test_module.py's module-level `if torch.cuda.is_available(): nvidia_capability()` ran on no
+    proxy run (the unit-test processes see no device): not-on-proxy, now gpu-only by its condition; a
+    flash-attention-hooks rewrite in a test file (`if is_hip(): HAVE_FA3 = False`) runs when the file is
+    collected, and was counted gpu-only for its codemod."""
+    cap = ("capability-gates", "tests/unit_tests/transformer/test_module.py", "nvidia_capability", "k", "why", {}, {})
+    assert reach.site_class(*cap, None, "torch.cuda.is_available()").startswith(
+        "gpu-only (a device torch sees: the proxy's unit-test processes see none"
+    )
+    assert reach.site_class(*cap, None, "not (torch.cuda.is_available())") == "not-on-proxy (why)"
+    fa = ("flash-attention-hooks", "tests/unit_tests/transformer/test_te_layers_batch_invariant.py", "is_hip")
+    assert reach.site_class(*fa, "k", "why", {}, {}, None) == "not-on-proxy (why)"
+    assert reach.site_class(
+        "flash-attention-hooks", "megatron/core/a.py", "is_hip", "k", "why", {}, {}, None
+    ).startswith("gpu-only (--use-flash-attn")
+
+
 # --- a refresh hop's cases ---------------------------------------------------------------------
 
 

@@ -370,10 +370,16 @@ GPU_FEATURES: tuple[tuple[str | None, str | None, str | None, str, str], ...] = 
 )
 
 
-# A site whose condition (port_sites.Site.when) reads one of these config fields runs only with that
-# GPU feature on: (the field, its flag, what it needs).
+# A site whose condition (port_sites.Site.when) asks for one of these runs only on a GPU:
+# (a pattern of the condition, the flag, what it needs). A negated condition (`not (...)`) is not it.
 GPU_CONDITIONS: tuple[tuple[str, str, str], ...] = (
-    ("tp_comm_overlap", "--tp-comm-overlap", "TE's userbuffers (CUDA IPC)"),
+    (r"\btp_comm_overlap\b", "--tp-comm-overlap", "TE's userbuffers (CUDA IPC)"),
+    (
+        r"torch\.cuda\.is_available\(\)",
+        "",
+        "a device torch sees: the proxy's unit-test processes see none (torch.cuda.is_available() is False "
+        "there; the HIP simulation answers device questions, not availability)",
+    ),
 )
 
 
@@ -395,14 +401,17 @@ def site_class(
         return f"{REACHABLE} (ran by {', '.join(names[:3])}{f' +{len(names) - 3} more' if len(names) > 3 else ''} when recorded)"
     for mod, prefix, fn, flag, needs in GPU_FEATURES:
         if (
-            (mod is None or mod == codemod)
+            # a test file's rewrite runs when the file is collected, whichever codemod made it
+            not path.startswith("tests/")
+            and (mod is None or mod == codemod)
             and (prefix is None or path.startswith(prefix))
             and (fn is None or fn == helper)
         ):
             return f"{GPU_ONLY} ({gpu_reasons.get(flag) or (f'{flag}: ' if flag else '') + needs})"
-    for field_name, flag, needs in GPU_CONDITIONS:
-        if re.search(rf"\b{field_name}\b", when):
-            return f"{GPU_ONLY} ({gpu_reasons.get(flag) or f'{flag}: {needs}'}; taken only when `{when}`)"
+    for pattern, flag, needs in GPU_CONDITIONS:
+        if any(re.search(pattern, part) for part in when.split(" and ") if not part.startswith("not (")):
+            what = gpu_reasons.get(flag) or (f"{flag}: " if flag else "") + needs
+            return f"{GPU_ONLY} ({what}; taken only when `{when}`)"
     why = reason
     if record is not None:
         why += (
