@@ -389,6 +389,9 @@ def test_a_site_that_needs_a_device_torch_sees_is_gpu_only_and_a_test_file_s_rew
         "gpu-only (a device torch sees: the proxy's unit-test processes see none"
     )
     assert reach.site_class(*cap, None, "not (torch.cuda.is_available())") == "not-on-proxy (why)"
+    assert reach.site_class(*cap, None, "device.type == 'cuda'").startswith("gpu-only (a tensor on a GPU")
+    ssm = ("capability-gates", "megatron/core/ssm/ops/mamba_ssm.py", "nvidia_arch_major", "k", "why", {}, {}, None)
+    assert reach.site_class(*ssm) == "gpu-only (Mamba's Triton kernels, launched on a GPU)"
     fa = ("flash-attention-hooks", "tests/unit_tests/transformer/test_te_layers_batch_invariant.py", "is_hip")
     assert reach.site_class(*fa, "k", "why", {}, {}, None) == "not-on-proxy (why)"
     assert reach.site_class(

@@ -367,6 +367,7 @@ GPU_FEATURES: tuple[tuple[str | None, str | None, str | None, str, str], ...] = 
     (None, None, "nccl_ldflags", "--use-nccl-ub", "the NCCL allocator extension built and registered on a GPU"),
     (None, None, "hip_runtime_ldflags", "", "the unified-memory allocator's extension, linked to the GPU runtime"),
     (None, "megatron/legacy/fused_kernels/", None, "", "the legacy fused kernels, CUDA extensions built with nvcc"),
+    (None, "megatron/core/ssm/ops/", None, "", "Mamba's Triton kernels, launched on a GPU"),
 )
 
 
@@ -380,6 +381,7 @@ GPU_CONDITIONS: tuple[tuple[str, str, str], ...] = (
         "a device torch sees: the proxy's unit-test processes see none (torch.cuda.is_available() is False "
         "there; the HIP simulation answers device questions, not availability)",
     ),
+    (r"\.type == 'cuda'", "", "a tensor on a GPU (the proxy's tensors are on the CPU)"),
 )
 
 
