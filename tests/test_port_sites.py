@@ -111,6 +111,14 @@ class TELinear:
 
 if is_hip():
     HAVE = False
+
+
+def supported():
+    if not torch.cuda.is_available():
+        return False
+    if bad:
+        raise ValueError("a bad input: not a condition")
+    return is_hip()
 """
 
 
@@ -127,8 +135,9 @@ def test_each_site_says_the_condition_that_takes_it_and_an_unreached_one_gives_i
         (18, "te_gate"): "not (cp_comm_type == 'a2a+p2p')",
         (19, "te_gate"): "config.fp8 and config.fp8_recipe != 'delayed'",
         (22, "is_hip"): "",
+        (31, "is_hip"): "torch.cuda.is_available()",  # past the guard clause that returns
     }
-    assert {scope for *_, scope, _ in calls} == {"TELinear.__init__", "<module>"}
+    assert {scope for *_, scope, _ in calls} == {"TELinear.__init__", "<module>", "supported"}
     sites = [
         port_sites.Site("te-version-gates", "megatron/core/t.py", first, last, helper, scope, 1, cond)
         for first, last, helper, scope, cond in calls

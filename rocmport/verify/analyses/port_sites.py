@@ -174,11 +174,29 @@ def codemod_commits(tree: Path, base: str) -> dict[str, str]:
 
 
 def _condition(test: ast.expr, negate: bool = False) -> str:
+    if negate and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, negate = test.operand, False  # `if not x: return` guards what follows with x
     text = " ".join(ast.unparse(test).split())
     if _VERSION_CHECK.search(text):
         return ""
     text = text if len(text) <= 100 else text[:97] + "..."
     return f"not ({text})" if negate else text
+
+
+def _guard(stmt: ast.AST) -> ast.expr | None:
+    """The test of a guard clause (`if x: return / continue / pytest.skip(...)`, no else): what
+    follows it in the same block runs only when the test is false. A clause that raises rejects a
+    bad input (argument validation), which no run takes: not a condition worth saying."""
+    if not isinstance(stmt, ast.If) or stmt.orelse or not stmt.body:
+        return None
+    last = stmt.body[-1]
+    if isinstance(last, (ast.Return, ast.Continue)):
+        return stmt.test
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        f = last.value.func
+        if isinstance(f, ast.Attribute) and f.attr in ("skip", "exit"):
+            return stmt.test
+    return None
 
 
 def _calls(text: str, names: set[str]) -> list[tuple[int, int, str, str, str]]:
@@ -206,6 +224,10 @@ def _calls(text: str, names: set[str]) -> list[tuple[int, int, str, str, str]]:
                     held = conds if elif_ else (*conds, _condition(node.test, negate=field_name == "orelse"))
                 elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and field_name == "values":
                     held = (*conds, *(_condition(v) for v in children[:index]))
+                if isinstance(value, list) and isinstance(child, ast.stmt):
+                    # the guard clauses before it in its block: it runs only past them
+                    guards = (_guard(prev) for prev in children[:index])
+                    held = (*held, *(_condition(g, negate=True) for g in guards if g is not None))
                 if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     inner, held = (*scope, child.name), ()
                 if isinstance(child, ast.Call):
