@@ -88,6 +88,69 @@ def test_sites_are_the_helper_calls_each_codemod_commit_wrote(tmp_path):
     }
 
 
+GATED = """from megatron.core._rocm import te_gate, is_hip
+
+
+class TELinear:
+    def __init__(self, config, parallel_mode, cp_comm_type):
+        if config.delay_wgrad_compute:
+            if te_gate(is_te_min_version("2.3.0"), "pytorch.Linear", "delay_wgrad_compute"):
+                pass
+        if is_te_min_version("0.8.0"):
+            if config.tp_comm_overlap and parallel_mode != "duplicated":
+                if te_gate(is_te_min_version("1.5.0"), "pytorch.Linear", "ub_overlap_ag"):
+                    pass
+        if cp_comm_type is None:
+            pass
+        elif cp_comm_type == "a2a+p2p":
+            assert te_gate(is_te_min_version("1.12.0"), "pytorch.DotProductAttention", "cp_comm_type")
+        else:
+            te_gate(True, "x", "y")
+        keep = config.fp8 and config.fp8_recipe != "delayed" and te_gate(True, "pytorch.Linear", "save")
+
+
+if is_hip():
+    HAVE = False
+
+
+def supported():
+    if not torch.cuda.is_available():
+        return False
+    if bad:
+        raise ValueError("a bad input: not a condition")
+    return is_hip()
+"""
+
+
+def test_each_site_says_the_condition_that_takes_it_and_an_unreached_one_gives_it_as_its_reason():
+    """An unreached TE gate said only "a TE version gate on a TE code path" whichever flag takes it
+    (--delay-wgrad-compute, --tp-comm-overlap, --cp-comm-type, FP8 with a non-delayed recipe): its
+    reason names the condition now, as the source spells it, version checks left out."""
+    calls = port_sites._calls(GATED, {"te_gate", "is_hip"})
+    when = {(first, helper): cond for first, _, helper, _, cond in calls}
+    assert when == {
+        (7, "te_gate"): "config.delay_wgrad_compute",
+        (11, "te_gate"): "config.tp_comm_overlap and parallel_mode != 'duplicated'",
+        (16, "te_gate"): "cp_comm_type == 'a2a+p2p'",
+        (18, "te_gate"): "not (cp_comm_type == 'a2a+p2p')",
+        (19, "te_gate"): "config.fp8 and config.fp8_recipe != 'delayed'",
+        (22, "is_hip"): "",
+        (31, "is_hip"): "torch.cuda.is_available()",  # past the guard clause that returns
+    }
+    assert {scope for *_, scope, _ in calls} == {"TELinear.__init__", "<module>", "supported"}
+    sites = [
+        port_sites.Site("te-version-gates", "megatron/core/t.py", first, last, helper, scope, 1, cond)
+        for first, last, helper, scope, cond in calls
+    ]
+    cov = port_sites.coverage(sites, set(), {"megatron/core/t.py"}, {"te-version-gates": 6}, te_version="2.12.0")
+    unreached = cov["te-version-gates"].unreached
+    assert unreached["megatron/core/t.py:7 te_gate"] == (
+        "taken only when `config.delay_wgrad_compute`; a TE version gate on a TE code path: "
+        "not taken by the cases and test files verify ran with TE 2.12.0"
+    )
+    assert unreached["megatron/core/t.py:22 is_hip"] == port_sites.NOT_RUN_DEFAULT  # module level, no condition
+
+
 @pytest.mark.torch
 def test_helper_records_only_when_asked(tmp_path):
     tree, _ = ported_tree(tmp_path / "t")
@@ -167,8 +230,8 @@ def test_verify_reports_port_sites_per_codemod(tmp_path, capsys):
     gates = cov["capability-gates"]
     assert (gates["exercised"], gates["total"], gates["rewrites"]) == (0, 3, 3)
     assert gates["unreached"] == {
-        "megatron/core/a.py:11 is_hip": port_sites.NOT_RUN_DEFAULT,
-        "megatron/core/a.py:6 nvidia_arch_major": port_sites.NOT_RUN_DEFAULT,
+        "megatron/core/a.py:11 is_hip": "its module was imported; its call in probe() did not run in the stages verify ran",
+        "megatron/core/a.py:6 nvidia_arch_major": "its module was imported; its call in arch() did not run in the stages verify ran",
         "megatron/legacy/b.py:5 nvidia_arch_major": "module never imported: legacy model code: "
         "pretrain_gpt.py's mcore path and the selected tests never import it",
     }

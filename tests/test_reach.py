@@ -363,6 +363,42 @@ def test_each_unreached_site_is_classified_and_the_share_of_non_gpu_sites_counte
     )
 
 
+def test_a_site_taken_only_with_a_gpu_feature_on_is_gpu_only_by_its_condition():
+    """The TE gates under `if self.config.tp_comm_overlap` (TE's userbuffers) were counted not-on-proxy:
+    their condition says the flag, and the flag is GPU-only."""
+    key = "megatron/core/extensions/transformer_engine.py::TELinear.__init__ te_gate#2 [te-version-gates]"
+    args = ("te-version-gates", "megatron/core/extensions/transformer_engine.py", "te_gate", key, "why", {}, {})
+    when = "self.config.tp_comm_overlap and parallel_mode != 'duplicated'"
+    assert reach.site_class(*args, None, when) == (
+        f"gpu-only (--tp-comm-overlap: TE's userbuffers (CUDA IPC); taken only when `{when}`)"
+    )
+    # a field that merely contains the name is not it; no condition: port coverage's reason
+    assert reach.site_class(*args, None, "self.config.tp_comm_overlap_ag") == "not-on-proxy (why)"
+    assert reach.site_class(*args, None) == "not-on-proxy (why)"
+    # ran by a recorded entry: reachable, whatever its condition
+    assert reach.site_class(*args[:5], {key: ["t.py"]}, {}, None, when).startswith("reachable, not selected")
+
+
+def test_a_site_that_needs_a_device_torch_sees_is_gpu_only_and_a_test_file_s_rewrite_is_not_by_its_codemod():
+    """test_module.py's module-level `if torch.cuda.is_available(): nvidia_capability()` ran on no
+    proxy run (the unit-test processes see no device): not-on-proxy, now gpu-only by its condition; a
+    flash-attention-hooks rewrite in a test file (`if is_hip(): HAVE_FA3 = False`) runs when the file is
+    collected, and was counted gpu-only for its codemod."""
+    cap = ("capability-gates", "tests/unit_tests/transformer/test_module.py", "nvidia_capability", "k", "why", {}, {})
+    assert reach.site_class(*cap, None, "torch.cuda.is_available()").startswith(
+        "gpu-only (a device torch sees: the proxy's unit-test processes see none"
+    )
+    assert reach.site_class(*cap, None, "not (torch.cuda.is_available())") == "not-on-proxy (why)"
+    assert reach.site_class(*cap, None, "device.type == 'cuda'").startswith("gpu-only (a tensor on a GPU")
+    ssm = ("capability-gates", "megatron/core/ssm/ops/mamba_ssm.py", "nvidia_arch_major", "k", "why", {}, {}, None)
+    assert reach.site_class(*ssm) == "gpu-only (Mamba's Triton kernels, launched on a GPU)"
+    fa = ("flash-attention-hooks", "tests/unit_tests/transformer/test_te_layers_batch_invariant.py", "is_hip")
+    assert reach.site_class(*fa, "k", "why", {}, {}, None) == "not-on-proxy (why)"
+    assert reach.site_class(
+        "flash-attention-hooks", "megatron/core/a.py", "is_hip", "k", "why", {}, {}, None
+    ).startswith("gpu-only (--use-flash-attn")
+
+
 # --- a refresh hop's cases ---------------------------------------------------------------------
 
 

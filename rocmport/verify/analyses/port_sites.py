@@ -52,12 +52,19 @@ NOT_RUN = {
     "te_accepts": "a TE call-site probe on a TE code path: {te}",
     "save_original_input_ok": "only with FP8 on Transformer Engine layers: {te}",
     "nccl_ldflags": "only with --use-nccl-ub (the NCCL allocator extension is built then): verify does not use it",
+    "nvidia_hopper_or_newer": (
+        "only in the inference-optimized layers' symmetric-memory collectives (--transformer-impl "
+        "inference_optimized, tensor parallel): verify trains"
+    ),
+    "empty_cache_on_interval": "only with --empty-unused-memory-level 1 or 2 (upstream's RL cases set it)",
     "async_start_method": (
         "only in TemporalAsyncCaller: --async-save without the persistent checkpoint worker "
         "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"
     ),
 }
 NOT_RUN_DEFAULT = "its module was imported; this branch did not run in the stages verify ran"
+# A site's condition (Site.when) leaves out what only asks for a version: the flag is what takes it.
+_VERSION_CHECK = re.compile(r"\b(?:is_te_min_version|is_torch_min_version|te_gate|te_has|te_accepts)\(")
 
 
 def moe_why(te_version: str | None) -> str:
@@ -73,7 +80,7 @@ def moe_why(te_version: str | None) -> str:
 def te_why(te_version: str | None) -> str:
     """Why a TE code path did not run: TE absent (the local spec), or not taken with the TE that ran."""
     if te_version:
-        return f"not taken by verify's cases with TE {te_version} (bf16/fp32, dense, no FP8)"
+        return f"not taken by the cases and test files verify ran with TE {te_version}"
     return "Transformer Engine is not installed here (verify --te runs TE's Python layer; a ROCm image with ROCm TE runs them)"
 
 
@@ -86,6 +93,9 @@ class Site:
     helper: str  # the helper's own name in _rocm.py
     scope: str = "<module>"  # the qualified name of the function or class the call is in
     nth: int = 1  # its place among the same codemod's calls of the same helper in that scope
+    # What must hold for the call to run, as the source says it (the enclosing `if` tests and the
+    # operands before it in an `and`, within its function; version checks left out): its flag.
+    when: str = ""
 
     @property
     def key(self) -> str:
@@ -163,9 +173,35 @@ def codemod_commits(tree: Path, base: str) -> dict[str, str]:
     return commits
 
 
-def _calls(text: str, names: set[str]) -> list[tuple[int, int, str, str]]:
-    """(first line, last line, helper, enclosing scope) of each call of a helper name, or of an alias
-    imported from a helper module, in ``text``."""
+def _condition(test: ast.expr, negate: bool = False) -> str:
+    if negate and isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test, negate = test.operand, False  # `if not x: return` guards what follows with x
+    text = " ".join(ast.unparse(test).split())
+    if _VERSION_CHECK.search(text):
+        return ""
+    text = text if len(text) <= 100 else text[:97] + "..."
+    return f"not ({text})" if negate else text
+
+
+def _guard(stmt: ast.AST) -> ast.expr | None:
+    """The test of a guard clause (`if x: return / continue / pytest.skip(...)`, no else): what
+    follows it in the same block runs only when the test is false. A clause that raises rejects a
+    bad input (argument validation), which no run takes: not a condition worth saying."""
+    if not isinstance(stmt, ast.If) or stmt.orelse or not stmt.body:
+        return None
+    last = stmt.body[-1]
+    if isinstance(last, (ast.Return, ast.Continue)):
+        return stmt.test
+    if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call):
+        f = last.value.func
+        if isinstance(f, ast.Attribute) and f.attr in ("skip", "exit"):
+            return stmt.test
+    return None
+
+
+def _calls(text: str, names: set[str]) -> list[tuple[int, int, str, str, str]]:
+    """(first line, last line, helper, enclosing scope, condition) of each call of a helper name, or
+    of an alias imported from a helper module, in ``text``; the condition: Site.when."""
     tree = ast.parse(text)
     alias = {n: n for n in names}
     for node in ast.walk(tree):
@@ -175,20 +211,35 @@ def _calls(text: str, names: set[str]) -> list[tuple[int, int, str, str]]:
                     alias[a.asname or a.name] = a.name
     out = []
 
-    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
-        for child in ast.iter_child_nodes(node):
-            inner = scope
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                inner = (*scope, child.name)
-            if isinstance(child, ast.Call):
-                f = child.func
-                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-                if name in alias:
-                    where = ".".join(scope) or "<module>"
-                    out.append((child.lineno, child.end_lineno or child.lineno, alias[name], where))
-            visit(child, inner)
+    def visit(node: ast.AST, scope: tuple[str, ...], conds: tuple[str, ...]) -> None:
+        for field_name, value in ast.iter_fields(node):
+            children = value if isinstance(value, list) else [value]
+            for index, child in enumerate(children):
+                if not isinstance(child, ast.AST):
+                    continue
+                inner, held = scope, conds
+                if isinstance(node, (ast.If, ast.While, ast.IfExp)) and field_name in ("body", "orelse"):
+                    # an `elif` says its own test; the tests before it are not the site's flag
+                    elif_ = field_name == "orelse" and len(children) == 1 and isinstance(child, ast.If)
+                    held = conds if elif_ else (*conds, _condition(node.test, negate=field_name == "orelse"))
+                elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and field_name == "values":
+                    held = (*conds, *(_condition(v) for v in children[:index]))
+                if isinstance(value, list) and isinstance(child, ast.stmt):
+                    # the guard clauses before it in its block: it runs only past them
+                    guards = (_guard(prev) for prev in children[:index])
+                    held = (*held, *(_condition(g, negate=True) for g in guards if g is not None))
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    inner, held = (*scope, child.name), ()
+                if isinstance(child, ast.Call):
+                    f = child.func
+                    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                    if name in alias:
+                        where = ".".join(scope) or "<module>"
+                        when = " and ".join(dict.fromkeys(c for c in held if c))
+                        out.append((child.lineno, child.end_lineno or child.lineno, alias[name], where, when))
+                visit(child, inner, held)
 
-    visit(tree, ())
+    visit(tree, (), ())
     return sorted(out)
 
 
@@ -229,11 +280,11 @@ def find_sites(tree: Path, base: str) -> list[Site]:
             continue
         blame = _blame(tree, rel, [c[0] for c in calls])
         places: dict[tuple[str, str, str], int] = {}
-        for first, last, helper, scope in calls:
+        for first, last, helper, scope, when in calls:
             codemod = commits.get(blame.get(first, ""))
             if codemod:
                 nth = places[codemod, scope, helper] = places.get((codemod, scope, helper), 0) + 1
-                sites.append(Site(codemod, rel, first, last, helper, scope, nth))
+                sites.append(Site(codemod, rel, first, last, helper, scope, nth, when))
     return sites
 
 
@@ -373,6 +424,20 @@ def _not_imported(rel: str, te_version: str | None = None) -> str:
     return "module never imported by verify's stages"
 
 
+def _not_run(site: Site, te_version: str | None) -> str:
+    """Why a site in an imported module did not run: what takes it (its condition), by its helper."""
+    why = NOT_RUN.get(site.helper)
+    if why is None and not site.when:
+        called = site.scope.rpartition(".")[2]
+        why = (
+            NOT_RUN_DEFAULT
+            if site.scope == "<module>"
+            else f"its module was imported; its call in {called}() did not run in the stages verify ran"
+        )
+    why = (why or NOT_RUN_DEFAULT).format(te=te_why(te_version))
+    return f"taken only when `{site.when}`; {why}" if site.when else why
+
+
 def coverage(
     sites: list[Site],
     calls: Mapping[tuple[str, int], Sequence[str]] | Collection[tuple[str, int]],
@@ -399,7 +464,7 @@ def coverage(
         elif site.path not in modules:
             cov.unreached[site.key] = _not_imported(site.path, te_version)
         else:
-            cov.unreached[site.key] = NOT_RUN.get(site.helper, NOT_RUN_DEFAULT).format(te=te_why(te_version))
+            cov.unreached[site.key] = _not_run(site, te_version)
     for name, cov in out.items():
         if cov.total == 0 and cov.rewrites == 0:
             cov.explanation = "nothing to rewrite at this release"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,6 +367,21 @@ GPU_FEATURES: tuple[tuple[str | None, str | None, str | None, str, str], ...] = 
     (None, None, "nccl_ldflags", "--use-nccl-ub", "the NCCL allocator extension built and registered on a GPU"),
     (None, None, "hip_runtime_ldflags", "", "the unified-memory allocator's extension, linked to the GPU runtime"),
     (None, "megatron/legacy/fused_kernels/", None, "", "the legacy fused kernels, CUDA extensions built with nvcc"),
+    (None, "megatron/core/ssm/ops/", None, "", "Mamba's Triton kernels, launched on a GPU"),
+)
+
+
+# A site whose condition (port_sites.Site.when) asks for one of these runs only on a GPU:
+# (a pattern of the condition, the flag, what it needs). A negated condition (`not (...)`) is not it.
+GPU_CONDITIONS: tuple[tuple[str, str, str], ...] = (
+    (r"\btp_comm_overlap\b", "--tp-comm-overlap", "TE's userbuffers (CUDA IPC)"),
+    (
+        r"torch\.cuda\.is_available\(\)",
+        "",
+        "a device torch sees: the proxy's unit-test processes see none (torch.cuda.is_available() is False "
+        "there; the HIP simulation answers device questions, not availability)",
+    ),
+    (r"\.type == 'cuda'", "", "a tensor on a GPU (the proxy's tensors are on the CPU)"),
 )
 
 
@@ -378,6 +394,7 @@ def site_class(
     ran_by: Mapping[str, Sequence[str]],
     gpu_reasons: Mapping[str, str],
     record: ReachRecord | None,
+    when: str = "",
 ) -> str:
     """One unreached site's class and why, as the report writes it: `reachable, not selected (...)`,
     `gpu-only (...)` or `not-on-proxy (...)` (``reason``: port_sites' reason for it)."""
@@ -386,11 +403,17 @@ def site_class(
         return f"{REACHABLE} (ran by {', '.join(names[:3])}{f' +{len(names) - 3} more' if len(names) > 3 else ''} when recorded)"
     for mod, prefix, fn, flag, needs in GPU_FEATURES:
         if (
-            (mod is None or mod == codemod)
+            # a test file's rewrite runs when the file is collected, whichever codemod made it
+            not path.startswith("tests/")
+            and (mod is None or mod == codemod)
             and (prefix is None or path.startswith(prefix))
             and (fn is None or fn == helper)
         ):
             return f"{GPU_ONLY} ({gpu_reasons.get(flag) or (f'{flag}: ' if flag else '') + needs})"
+    for pattern, flag, needs in GPU_CONDITIONS:
+        if any(re.search(pattern, part) for part in when.split(" and ") if not part.startswith("not (")):
+            what = gpu_reasons.get(flag) or (f"{flag}: " if flag else "") + needs
+            return f"{GPU_ONLY} ({what}; taken only when `{when}`)"
     why = reason
     if record is not None:
         why += (
@@ -416,7 +439,7 @@ def classify(
             if site is None:
                 continue
             cov.classified[key] = site_class(
-                site.codemod, site.path, site.helper, site.stable_key, reason, ran_by, gpu, record
+                site.codemod, site.path, site.helper, site.stable_key, reason, ran_by, gpu, record, site.when
             )
         counts = {c: 0 for c in CLASSES}
         for text in cov.classified.values():
