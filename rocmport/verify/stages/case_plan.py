@@ -152,6 +152,38 @@ def _on(args: dict, key: str) -> bool:
     return args.get(key) not in (None, False, "false", "False")
 
 
+# --- upstream CI's variables --------------------------------------------------------------------
+
+# The variables upstream's CI puts into a case's MODEL_ARGS. Its launcher
+# (tests/functional_tests/shell_test_utils/_run_training.sh) runs the YAML through envsubst with every
+# variable of its environment, which run_ci_test.sh sets: the paths (build_args gives verify's own) and
+# REPEAT, the repeat's number (run_ci_test.sh runs a case N_REPEAT times, exporting REPEAT=1, 2, ...;
+# gpt3_mcore_reruns_resume_check_grads seeds with it). Verify runs one repeat: the first.
+CI_VARIABLES = (
+    "TENSORBOARD_PATH",
+    "CHECKPOINT_SAVE_PATH",
+    "CHECKPOINT_LOAD_PATH",
+    "DATA_CACHE_PATH",
+    "DATA_PATH",
+    "REPEAT",
+)
+FIRST_REPEAT = "1"
+# A shell variable as envsubst reads one: ${NAME} or $NAME.
+SHELL_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+
+
+def unresolved_variables(args: dict) -> list[tuple[str, str, str]]:
+    """(flag, value, variable) for each variable in MODEL_ARGS that is not one of CI_VARIABLES: upstream's
+    launcher gives it a value from its own environment, verify has none to give."""
+    out = []
+    for flag, value in args.items():
+        for m in SHELL_VARIABLE.finditer(str(value)):
+            var = m.group(1) or m.group(2)
+            if var not in CI_VARIABLES:
+                out.append((flag, str(value), var))
+    return out
+
+
 # --- what the proxy cannot provide -------------------------------------------------------------
 
 # (flag, value predicate or None for "present", kind, the specific reason). Checked in order; the
@@ -631,6 +663,15 @@ def plan_case(
     args = config.get("MODEL_ARGS") or {}
     if not args:
         return Unsupported(name, "not-training", "its MODEL_ARGS is empty: no training command to run")
+    unknown = unresolved_variables(args)
+    if unknown:
+        flag, value, var = unknown[0]
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            f"{flag} {value}: ${var} is set by upstream CI's launcher environment (envsubst over the YAML), "
+            f"and verify has no value for it (it gives only {', '.join(CI_VARIABLES)})",
+        )
     fp8 = plan_fp8(name, args, te)
     if isinstance(fp8, Unsupported):
         return fp8
