@@ -19,27 +19,12 @@ from rocmport.cli import main
 from rocmport.port import worktree as wt
 from rocmport.verify.stages.functional import CASES, functional_options
 from rocmport.verify.stages.functional.selection import NO_REACH_RECORD
+from tests.helpers.canned_case import CASE, CONFIG
 
-GOOD = "gpt3_mcore_tp1_pp1_uninstall_te"
+GOOD = CASE
 BREAKS = "gpt3_mcore_tp1_pp1_breaks_uninstall_te"
 GPU_ONLY = "gpt3_mcore_te_tp1_pp1_cuda_graphs"
 INFERENCE = "gpt3_mcore_tp1_pp1_inference"
-
-CONFIG = textwrap.dedent("""\
-    ENV_VARS:
-      CUDA_DEVICE_MAX_CONNECTIONS: 1
-    MODEL_ARGS:
-      --num-layers: 4
-      --hidden-size: 512
-      --num-attention-heads: 8
-      --micro-batch-size: 4
-      --global-batch-size: 32
-      --seq-length: 1024
-      --max-position-embeddings: 1024
-      --transformer-impl: local
-      --tensor-model-parallel-size: 1
-      --pipeline-model-parallel-size: 1
-    """)
 
 # Megatron's training log line per iteration; a case with --fake-break calls megatron.core.thing.step().
 PRETRAIN = textwrap.dedent("""\

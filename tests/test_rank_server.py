@@ -325,23 +325,12 @@ def test_a_case_with_forked_ranks_matches_torchruns_and_its_exits_reach_the_stag
     """run_case on the proxy (the shim in every rank, the HIP simulation): with the rank server the
     case passes with torchrun's losses and resume, says how its ranks started, and a rank's exit 17
     reaches the stage's reason exactly as under torchrun."""
-    from rocmport.verify.orchestration.device_kind import DeviceKind
-    from rocmport.verify.runtime import hip_sim
     from rocmport.verify.stages.functional.case_run import run_case
-    from tests.test_functional_stage import CASE, make_tree, proxy_env
+    from tests.helpers.canned_case import proxy_case_kwargs
+    from tests.test_functional_stage import make_tree, proxy_env
 
     tree = make_tree(tmp_path / "tree", EXITING_PRETRAIN)
-    kwargs = dict(
-        case=CASE,
-        dp=1,
-        iters=6,
-        proxy=True,
-        data_path=None,
-        series_dir=None,
-        record=False,
-        device_kind=DeviceKind("cpu-proxy"),
-        hip=hip_sim.DEFAULT_VERSION,
-    )
+    kwargs = proxy_case_kwargs()
     env = proxy_env(tmp_path, tree)
     forked = run_case(tree, env, fork_ranks=True, **kwargs)
     started = run_case(tree, env, fork_ranks=False, **kwargs)
