@@ -155,7 +155,7 @@ def test_reach_takes_the_lines_record_through_the_seam(tmp_path, monkeypatch):
     tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG})
     seen = []
 
-    def reach_cases(series_dir, t):
+    def reach_cases(series_dir, t, golden=()):
         seen.append((series_dir, t))
         return [BREAKS, "gpt3_gone"], "reach record: 2 cases, 14 of 20 sites"
 
@@ -352,6 +352,31 @@ def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
     )
 
 
+def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_kind(tmp_path):
+    """The real reach record through stage 4's options: the case with a golden for this run's device
+    kind (cpu-proxy-te<version> with --te) first; a case whose recorded run failed not at all."""
+    from rocmport.verify.analyses import reach
+
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG, GPU_ONLY: CONFIG})
+    series = tmp_path / "series"
+    (series / "goldens").mkdir(parents=True)
+    cases = {
+        GOOD: reach.Entry(frozenset({"s1", "s2"}), 100.0, outcome="pass"),
+        BREAKS: reach.Entry(frozenset({"s1", "s2", "s3"}), 10.0, outcome="fail"),  # most sites per second, fails
+        GPU_ONLY: reach.Entry(frozenset({"s1", "s4"}), 20.0, outcome="pass"),
+    }
+    reach.write_record(series, reach.ReachRecord("v0.16", "c0ffee", reach.recipe_digest(series), "2.12.0", cases))
+    te = types.SimpleNamespace(version="2.12.0")  # the run's TE layer (only its version is read)
+    opts, _ = functional_options(tree, series, None, "reach", 1, 1, None, False, 4, te=te, option="--cases")
+    assert opts is not None and opts.cases == (GPU_ONLY, GOOD)  # no golden: the cover, without the failing case
+    (series / "goldens" / f"{GOOD}.cpu-proxy-te2.12.0.json").write_text("{}")
+    (series / "goldens" / f"{GPU_ONLY}.cpu-proxy.json").write_text("{}")  # another device kind's
+    opts, _ = functional_options(tree, series, None, "reach", 1, 1, None, False, 4, te=te, option="--cases")
+    assert opts is not None and opts.cases == (GOOD, GPU_ONLY)
+    assert opts.note and f"{GOOD} first: it has a golden for this run's device kind" in opts.note
+    assert f"1 recorded case did not pass when recorded ({BREAKS}: fail): not selected" in opts.note
+
+
 def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):
     """A record made with TE's layer picks TE cases; a run without TE must not select them (they
     would stop at TE's import): the record's local cases run, or today's default case."""
@@ -359,7 +384,7 @@ def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_pa
     tree = make_tree(tmp_path / "t", {GOOD: CONFIG, te_case: CONFIG.replace("  --transformer-impl: local\n", "")})
     picked: list[list[str]] = []
     fake = types.ModuleType("rocmport.verify.analyses.reach")
-    fake.reach_cases = lambda series_dir, t: (picked[-1], "reach record")  # type: ignore[attr-defined]
+    fake.reach_cases = lambda series_dir, t, golden=(): (picked[-1], "reach record")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "rocmport.verify.analyses.reach", fake)
     import rocmport.verify.analyses as analyses
 

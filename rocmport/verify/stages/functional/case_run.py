@@ -241,14 +241,15 @@ def case_sites_env(env: Mapping[str, str], case: str) -> dict[str, str]:
     return out
 
 
-def note_case_seconds(case_env: Mapping[str, str], seconds: float) -> None:
-    """Beside a case's site records (``case_env``: case_sites_env's), its wall seconds: what the reach
-    selection weighs the case by."""
-    from rocmport.verify.analyses.port_sites import SECONDS_FILE
+def note_case_seconds(case_env: Mapping[str, str], seconds: float, outcome: str) -> None:
+    """Beside a case's site records (``case_env``: case_sites_env's), its wall seconds, what the reach
+    selection weighs the case by, and its outcome (its status): a case that did not pass is not selected."""
+    from rocmport.verify.analyses.port_sites import OUTCOME_FILE, SECONDS_FILE
 
     own = protocol.PORT_SITES.read(case_env)
     if own and Path(own).is_dir():
         atomic_write_text(Path(own) / SECONDS_FILE, f"{seconds:.2f}\n")
+        atomic_write_text(Path(own) / OUTCOME_FILE, f"{outcome}\n")
 
 
 def run_case(
