@@ -223,6 +223,23 @@ def test_the_cuda_path_unsets_a_stale_attention_variable_upstreams_check_refuses
     assert runnable_on(config, cuda=False).env_unset == ()
 
 
+@pytest.mark.parametrize("flag", ["--use-megatron-fsdp", "--use-torch-fsdp2", "--use-custom-fsdp"])
+def test_an_fsdp_case_runs_without_the_launch_profiles_cuda_device_max_connections(flag):
+    """verify's launch profile (`rocmport env`: AMD's launcher default) sets CUDA_DEVICE_MAX_CONNECTIONS=1
+    for every run; upstream's validate_args asserts it is not 1 under FSDP, and upstream's CI launch gives
+    such a case none (the port's launch-env leaves it unset too): the plan unsets it, on every path."""
+    for cuda in (False, True):
+        p = runnable_on(case(**{flag: True}), cuda=cuda)
+        assert [v for v, _ in p.launch_env_unset] == ["CUDA_DEVICE_MAX_CONNECTIONS"]
+        why = p.launch_env_unset[0][1]
+        assert why.startswith(f"{flag}: upstream's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1")
+        assert "'FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one'" in why
+        assert "verify's launch profile" in why and why in p.notes
+    # the case's own value is the case's: it stays (v0.16's gpt3_mcore_te_tp2_pp1_fsdp2_resume_torch_dist sets 8)
+    assert runnable_on(case(**{flag: True}, ENV_VARS={"CUDA_DEVICE_MAX_CONNECTIONS": 8}), False).launch_env_unset == ()
+    assert runnable_on(case(), False).launch_env_unset == ()  # no FSDP: tp > 1 needs the 1
+
+
 def runnable_on(config: dict, cuda: bool) -> cp.CasePlan:
     p = cp.plan_case("c", config, cuda=cuda)
     assert isinstance(p, cp.CasePlan), p

@@ -434,6 +434,40 @@ def test_the_cuda_path_unsets_the_attention_variable_upstreams_check_refuses_and
     assert seen.read_text() == "None\n0\n" and not [k for k in data.proxy_env if "unset" in k]
 
 
+@pytest.mark.torch
+@pytest.mark.slow
+def test_an_fsdp_case_runs_without_the_launch_profiles_cuda_device_max_connections_and_says_why(tmp_path):
+    """The HIP simulation gives every run the launch profile's CUDA_DEVICE_MAX_CONNECTIONS=1, which
+    upstream's validate_args refuses under FSDP: an FSDP case's runs leave it unset (the report's
+    proxy_env says why), as upstream's CI launch and the port's launch-env leave it."""
+    seen = tmp_path / "seen"
+    check = (  # upstream's assertion (arguments.py, v0.16), then the fake's training log
+        "import os\n"
+        "v = os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS')\n"
+        "open(os.environ['FAKE_SEEN_CONNECTIONS'], 'a').write(f'{v}\\n')\n"
+        "assert v != '1', 'FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one'\n"
+    )
+    tree = make_tree(
+        tmp_path / "tree",
+        check
+        + FAKE_PRETRAIN.replace(
+            'assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the case\'s ENV_VARS reach the script\n', ""
+        ),
+    )
+    cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
+    cfg.write_text(
+        CONFIG.replace("  CUDA_DEVICE_MAX_CONNECTIONS: 1\n", "").replace(
+            "MODEL_ARGS:\n", "MODEL_ARGS:\n  --use-torch-fsdp2: true\n", 1
+        )
+    )
+    kwargs = proxy_case_kwargs(iters=3, resume=False)
+    res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_SEEN_CONNECTIONS=str(seen)), **kwargs)
+    assert res.status == "pass", res.reason
+    assert seen.read_text() == "None\nNone\n"  # both ranks (FSDP shards over dp2)
+    why = data.proxy_env["CUDA_DEVICE_MAX_CONNECTIONS unset (it was 1)"]
+    assert why.startswith("--use-torch-fsdp2: upstream's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1")
+
+
 def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, capsys):
     """A run of minutes is not silent: a line per logged iteration with the elapsed time; the output is
     still captured whole for the loss parser; the time limit still ends the run."""

@@ -88,7 +88,8 @@ class CasePlan:
     top of them (build_args' ``extra``), ``resume`` whether the run checks a checkpoint round trip, ``features``
     what the case exercises (from its flags), ``notes`` what the proxy changes about it; ``dropped``: the
     options of PROXY_DROPPED the case sets (option, why; ``args`` drops them), ``env_unset``: its ENV_VARS
-    the runs unset (variable, why: stale_attention_env, on the CUDA path)."""
+    the runs unset (variable, why: stale_attention_env, on the CUDA path), ``launch_env_unset``: verify's
+    own launch environment the runs leave out (variable, why: fsdp_launch_env)."""
 
     case: str
     test_type: str
@@ -102,6 +103,7 @@ class CasePlan:
     fp8: Fp8Plan | None = None  # an FP8 case: its recipe, encoding and device, or the refusal it must meet
     dropped: tuple[tuple[str, str], ...] = ()
     env_unset: tuple[tuple[str, str], ...] = ()
+    launch_env_unset: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,32 @@ def stale_attention_env(config: dict) -> tuple[tuple[str, str], ...]:
                 )
             )
     return tuple(out)
+
+
+# Megatron's FSDP flags: under each, upstream's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1
+# (the port's launch-env codemod keeps the same list, _FSDP_FLAGS, and sets no 1 under them).
+FSDP_FLAGS = ("--use-megatron-fsdp", "--use-torch-fsdp2", "--use-custom-fsdp")
+CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+def fsdp_launch_env(config: dict) -> tuple[tuple[str, str], ...]:
+    """What an FSDP case's runs leave out of verify's launch environment, with why: the launch profile's
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (`rocmport env`, AMD's launcher default, which verify gives every run
+    on ROCm and under the HIP simulation), where the case's ENV_VARS set none. Upstream asserts it is not
+    1 under FSDP, its CI launch gives such a case no value, AMD's launchers and the port's launch-env set
+    none under FSDP: left in, every FSDP case stops at that assertion on both trees, a failure of
+    verify's own making."""
+    args = config.get("MODEL_ARGS") or {}
+    flag = next((f for f in FSDP_FLAGS if _on(args, f)), None)
+    if flag is None or CONNECTIONS in (config.get("ENV_VARS") or {}):
+        return ()
+    why = (
+        f"{flag}: upstream's validate_args asserts {CONNECTIONS} is not 1 under FSDP ('FSDP always requires "
+        f"{CONNECTIONS} value large than one'); the 1 is verify's launch profile's (`rocmport env`: AMD's "
+        "launcher default for every run), which AMD's launchers and the port's launch-env leave unset under "
+        "FSDP, and upstream's CI launch gives the case none: its runs leave it unset"
+    )
+    return ((CONNECTIONS, why),)
 
 
 # Attention backends that are GPU kernels (--attention-backend), and which kernel each is.
@@ -713,6 +741,8 @@ def plan_case(
             notes.append(f"{' '.join(gone)} dropped: {why.split(': ', 1)[1]}")
     env_unset = stale_attention_env(config) if cuda else ()
     notes += [why for _, why in env_unset]
+    launch_env_unset = fsdp_launch_env(config)
+    notes += [why for _, why in launch_env_unset]
     test_type = str(config.get("TEST_TYPE") or "regular").split("#")[0].strip()
     notes = [*why_dp, *notes]
     if test_type == "frozen-resume":
@@ -736,6 +766,7 @@ def plan_case(
         fp8=fp8,
         dropped=tuple(dropped),
         env_unset=env_unset,
+        launch_env_unset=launch_env_unset,
     )
 
 

@@ -359,14 +359,22 @@ def _save_args(s: CaseSetup, work: Path) -> tuple[dict[str, object], dict[str, s
 
 
 def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
-    """The runs' environment (the case's ENV_VARS; in proxy mode the shim in every worker and
-    PROXY_ENV, less what the plan unsets), and the proxy's swaps with why."""
+    """The runs' environment (the case's ENV_VARS, less the launch profile's variables an FSDP case must
+    not have; in proxy mode the shim in every worker and PROXY_ENV, less what the plan unsets), and the
+    swaps with why."""
     run_env = {**s.env, **{k: str(v) for k, v in (s.config.get("ENV_VARS") or {}).items()}}
+    # verify's own launch environment an FSDP case must not have, on a GPU as on the proxy
+    launch = {
+        f"{var} unset (it was {run_env.pop(var)})": why
+        for var, why in case_plan.fsdp_launch_env(s.config)
+        if var in run_env
+    }
     if not s.proxy:
-        return run_env, {}
+        return run_env, launch
     unset = {
         f"{var} unset (the case's {run_env.pop(var, '')})": why for var, why in (s.plan.env_unset if s.plan else ())
     }
+    unset.update(launch)
     (work / "shim").mkdir(exist_ok=True)
     run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
     run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
