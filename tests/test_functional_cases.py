@@ -377,6 +377,40 @@ def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_k
     assert f"1 recorded case did not pass when recorded ({BREAKS}: fail): not selected" in opts.note
 
 
+@pytest.mark.torch
+def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_environment(tmp_path):
+    """The unported tree's run is cached by the run's args, torch, TE...; an FSDP case that ran under
+    the launch profile's CUDA_DEVICE_MAX_CONNECTIONS=1 (stopping at upstream's assertion) must not stand
+    in for the same case run without it (the plan unsets it now): what verify unset is in the key."""
+    from rocmport.verify.orchestration.stage_result import FAIL, StageResult
+    from rocmport.verify.stages.functional.case_labels import run_baseline
+    from rocmport.verify.stages.functional.case_run import CaseOutcome
+    from rocmport.verify.stages.functional.details import FunctionalRun
+
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG})
+    base = port(tree, THING_UPSTREAM_BUG)
+    ran: list[str] = []
+
+    def run(checkout: Path, env: dict) -> CaseOutcome:
+        ran.append(str(checkout))
+        return CaseOutcome(GOOD, StageResult("functional", FAIL, f"stopped, run {len(ran)}"))
+
+    def outcome(proxy_env: dict) -> CaseOutcome:
+        return CaseOutcome(
+            GOOD,
+            StageResult("functional", FAIL, "x"),
+            FunctionalRun(GOOD, "torchrun pretrain_gpt.py --a 1", [], 4, proxy_env),
+        )
+
+    before = outcome({"TORCHDYNAMO_DISABLE=1": "why"})
+    after = outcome({"TORCHDYNAMO_DISABLE=1": "why", "CUDA_DEVICE_MAX_CONNECTIONS unset (it was 1)": "why"})
+    env = {"PYTHONPATH": str(tree)}  # the runs' environment: the tree first on the path
+    first = run_baseline(tree, base, before, env, tmp_path / "cache", run)
+    assert not first.cached and run_baseline(tree, base, before, env, tmp_path / "cache", run).cached
+    again = run_baseline(tree, base, after, env, tmp_path / "cache", run)
+    assert not again.cached and again.reason == "stopped, run 2" and len(ran) == 2
+
+
 def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):
     """A record made with TE's layer picks TE cases; a run without TE must not select them (they
     would stop at TE's import): the record's local cases run, or today's default case."""
