@@ -180,19 +180,26 @@ def held() -> Iterator[None]:
         raise Stop(arrived[0])
 
 
-def _die_with(parent: int) -> None:
-    """A pool worker's initializer: end with the process that started it (Linux: PR_SET_PDEATHSIG),
-    so that after a kill -9 of apply or refresh no worker finishes its task and then blocks forever
-    writing the result into a pipe nobody reads."""
+def die_with_parent(parent: int) -> None:
+    """End this process with ``parent``, the process that forked it (Linux: PR_SET_PDEATHSIG): a pool
+    worker after a kill -9 of apply or refresh, a rank after its rank server died. A parent that died
+    between the fork and the prctl never sends the signal, so a parent already gone ends it here."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
         except (OSError, AttributeError):  # no prctl to call: the check below still catches a parent already gone
             pass
-    if os.getppid() != parent:  # it died before the prctl took effect
+    if os.getppid() != parent:  # it died before the prctl took effect: re-parented already
         os._exit(1)
+
+
+def _die_with(parent: int) -> None:
+    """A pool worker's initializer: end with the process that started it, so that after a kill -9 of
+    apply or refresh no worker finishes its task and then blocks forever writing the result into a
+    pipe nobody reads."""
+    die_with_parent(parent)
     # Forked inside a run scope, it inherited the scope's handlers: a Stop raised in a worker cannot
     # even be sent back whole. A signal ends a worker as it ends any process; the parent handles the run.
     signal.signal(signal.SIGINT, signal.default_int_handler)

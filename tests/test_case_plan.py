@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rocmport.verify.stages import case_plan as cp
+from rocmport.verify.stages.functional.case_args import build_args
 
 BASE = {
     "--num-layers": 12,
@@ -265,6 +266,23 @@ def test_the_cuda_path_unsets_a_stale_attention_variable_upstreams_check_refuses
     assert runnable_on(config, cuda=False).env_unset == ()
 
 
+@pytest.mark.parametrize("flag", ["--use-megatron-fsdp", "--use-torch-fsdp2", "--use-custom-fsdp"])
+def test_an_fsdp_case_runs_without_the_launch_profiles_cuda_device_max_connections(flag):
+    """verify's launch profile (`rocmport env`: AMD's launcher default) sets CUDA_DEVICE_MAX_CONNECTIONS=1
+    for every run; upstream's validate_args asserts it is not 1 under FSDP, and upstream's CI launch gives
+    such a case none (the port's launch-env leaves it unset too): the plan unsets it, on every path."""
+    for cuda in (False, True):
+        p = runnable_on(case(**{flag: True}), cuda=cuda)
+        assert [v for v, _ in p.launch_env_unset] == ["CUDA_DEVICE_MAX_CONNECTIONS"]
+        why = p.launch_env_unset[0][1]
+        assert why.startswith(f"{flag}: upstream's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1")
+        assert "'FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one'" in why
+        assert "verify's launch profile" in why and why in p.notes
+    # the case's own value is the case's: it stays (v0.16's gpt3_mcore_te_tp2_pp1_fsdp2_resume_torch_dist sets 8)
+    assert runnable_on(case(**{flag: True}, ENV_VARS={"CUDA_DEVICE_MAX_CONNECTIONS": 8}), False).launch_env_unset == ()
+    assert runnable_on(case(), False).launch_env_unset == ()  # no FSDP: tp > 1 needs the 1
+
+
 def runnable_on(config: dict, cuda: bool) -> cp.CasePlan:
     p = cp.plan_case("c", config, cuda=cuda)
     assert isinstance(p, cp.CasePlan), p
@@ -296,6 +314,25 @@ def test_a_case_file_that_is_not_yaml_is_planned_as_unsupported_naming_the_file(
     assert "broken/model_config.yaml" in plans["broken"].reason
 
 
+def test_a_case_seeded_by_its_repeat_gets_the_first_repeat_as_upstreams_launcher_gives_it(tmp_path):
+    """run_ci_test.sh exports REPEAT=1..N_REPEAT and _run_training.sh envsubsts the YAML with it
+    (gpt3_mcore_reruns_resume_check_grads: --seed ${REPEAT}); verify runs the first repeat."""
+    config = case(**{"--seed": "${REPEAT}", "--tensorboard-dir": "$TENSORBOARD_PATH/tb"})
+    p = runnable(config)
+    args = build_args(config, iters=4, proxy=True, data_path=None, work=tmp_path, plan=p)
+    pairs = dict(zip(args, args[1:]))
+    assert pairs["--seed"] == "1" and pairs["--tensorboard-dir"] == f"{tmp_path / 'tensorboard'}/tb"
+    assert not [a for a in args if "$" in a]
+
+
+@pytest.mark.parametrize("value", ["${WANDB_SAVE_PATH}", "$DATA_BLEND", "x/${N_REPEAT}/y"])
+def test_a_variable_verify_has_no_value_for_is_unsupported_naming_the_flag_and_the_variable(value):
+    p = cp.plan_case("c", case(**{"--wandb-save-dir": value}))
+    assert isinstance(p, cp.Unsupported) and p.kind == "not-on-proxy", p
+    var = value.split("$")[1].strip("{}").split("}")[0]
+    assert p.reason.startswith(f"--wandb-save-dir {value}: ${var} is set by upstream CI's launcher"), p.reason
+
+
 # --- every line's own cases (the mirror) --------------------------------------------------------
 
 MIRROR = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
@@ -321,6 +358,10 @@ def test_every_case_of_every_line_is_a_plan_or_a_specific_reason(ref, tmp_path):
         assert p.layout.world <= cp.MAX_RANKS, (name, p.layout)
         assert min(stages_of(p)) >= 1, (name, p.args)
         assert p.args["--hidden-size"] == 64
+        # every CI variable resolved, as upstream's launcher resolves it (no `${REPEAT}` left for argparse)
+        config = cp.load_config(tmp_path / "tree", name)
+        args = build_args(config, iters=4, proxy=True, data_path=None, work=tmp_path / "work", plan=p)
+        assert not [a for a in args if "$" in a], (name, [a for a in args if "$" in a])
     # Most of upstream's GPT training cases run on the proxy; the rest each have their reason.
     training = len(plans) - len(summary.unsupported.get("not-training", []))
     assert len(summary.runnable) >= 0.6 * training, (len(summary.runnable), training)

@@ -19,27 +19,12 @@ from rocmport.cli import main
 from rocmport.port import worktree as wt
 from rocmport.verify.stages.functional import CASES, functional_options
 from rocmport.verify.stages.functional.selection import NO_REACH_RECORD
+from tests.helpers.canned_case import CASE, CONFIG
 
-GOOD = "gpt3_mcore_tp1_pp1_uninstall_te"
+GOOD = CASE
 BREAKS = "gpt3_mcore_tp1_pp1_breaks_uninstall_te"
 GPU_ONLY = "gpt3_mcore_te_tp1_pp1_cuda_graphs"
 INFERENCE = "gpt3_mcore_tp1_pp1_inference"
-
-CONFIG = textwrap.dedent("""\
-    ENV_VARS:
-      CUDA_DEVICE_MAX_CONNECTIONS: 1
-    MODEL_ARGS:
-      --num-layers: 4
-      --hidden-size: 512
-      --num-attention-heads: 8
-      --micro-batch-size: 4
-      --global-batch-size: 32
-      --seq-length: 1024
-      --max-position-embeddings: 1024
-      --transformer-impl: local
-      --tensor-model-parallel-size: 1
-      --pipeline-model-parallel-size: 1
-    """)
 
 # Megatron's training log line per iteration; a case with --fake-break calls megatron.core.thing.step().
 PRETRAIN = textwrap.dedent("""\
@@ -170,7 +155,7 @@ def test_reach_takes_the_lines_record_through_the_seam(tmp_path, monkeypatch):
     tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG})
     seen = []
 
-    def reach_cases(series_dir, t):
+    def reach_cases(series_dir, t, golden=()):
         seen.append((series_dir, t))
         return [BREAKS, "gpt3_gone"], "reach record: 2 cases, 14 of 20 sites"
 
@@ -367,6 +352,65 @@ def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
     )
 
 
+def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_kind(tmp_path):
+    """The real reach record through stage 4's options: the case with a golden for this run's device
+    kind (cpu-proxy-te<version> with --te) first; a case whose recorded run failed not at all."""
+    from rocmport.verify.analyses import reach
+
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, BREAKS: CONFIG, GPU_ONLY: CONFIG})
+    series = tmp_path / "series"
+    (series / "goldens").mkdir(parents=True)
+    cases = {
+        GOOD: reach.Entry(frozenset({"s1", "s2"}), 100.0, outcome="pass"),
+        BREAKS: reach.Entry(frozenset({"s1", "s2", "s3"}), 10.0, outcome="fail"),  # most sites per second, fails
+        GPU_ONLY: reach.Entry(frozenset({"s1", "s4"}), 20.0, outcome="pass"),
+    }
+    reach.write_record(series, reach.ReachRecord("v0.16", "c0ffee", reach.recipe_digest(series), "2.12.0", cases))
+    te = types.SimpleNamespace(version="2.12.0")  # the run's TE layer (only its version is read)
+    opts, _ = functional_options(tree, series, None, "reach", 1, 1, None, False, 4, te=te, option="--cases")
+    assert opts is not None and opts.cases == (GPU_ONLY, GOOD)  # no golden: the cover, without the failing case
+    (series / "goldens" / f"{GOOD}.cpu-proxy-te2.12.0.json").write_text("{}")
+    (series / "goldens" / f"{GPU_ONLY}.cpu-proxy.json").write_text("{}")  # another device kind's
+    opts, _ = functional_options(tree, series, None, "reach", 1, 1, None, False, 4, te=te, option="--cases")
+    assert opts is not None and opts.cases == (GOOD, GPU_ONLY)
+    assert opts.note and f"{GOOD} first: it has a golden for this run's device kind" in opts.note
+    assert f"1 recorded case did not pass when recorded ({BREAKS}: fail): not selected" in opts.note
+
+
+@pytest.mark.torch
+def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_environment(tmp_path):
+    """The unported tree's run is cached by the run's args, torch, TE...; an FSDP case that ran under
+    the launch profile's CUDA_DEVICE_MAX_CONNECTIONS=1 (stopping at upstream's assertion) must not stand
+    in for the same case run without it (the plan unsets it now): what verify unset is in the key."""
+    from rocmport.verify.orchestration.stage_result import FAIL, StageResult
+    from rocmport.verify.stages.functional.case_labels import run_baseline
+    from rocmport.verify.stages.functional.case_run import CaseOutcome
+    from rocmport.verify.stages.functional.details import FunctionalRun
+
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG})
+    base = port(tree, THING_UPSTREAM_BUG)
+    ran: list[str] = []
+
+    def run(checkout: Path, env: dict) -> CaseOutcome:
+        ran.append(str(checkout))
+        return CaseOutcome(GOOD, StageResult("functional", FAIL, f"stopped, run {len(ran)}"))
+
+    def outcome(proxy_env: dict) -> CaseOutcome:
+        return CaseOutcome(
+            GOOD,
+            StageResult("functional", FAIL, "x"),
+            FunctionalRun(GOOD, "torchrun pretrain_gpt.py --a 1", [], 4, proxy_env),
+        )
+
+    before = outcome({"TORCHDYNAMO_DISABLE=1": "why"})
+    after = outcome({"TORCHDYNAMO_DISABLE=1": "why", "CUDA_DEVICE_MAX_CONNECTIONS unset (it was 1)": "why"})
+    env = {"PYTHONPATH": str(tree)}  # the runs' environment: the tree first on the path
+    first = run_baseline(tree, base, before, env, tmp_path / "cache", run)
+    assert not first.cached and run_baseline(tree, base, before, env, tmp_path / "cache", run).cached
+    again = run_baseline(tree, base, after, env, tmp_path / "cache", run)
+    assert not again.cached and again.reason == "stopped, run 2" and len(ran) == 2
+
+
 def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):
     """A record made with TE's layer picks TE cases; a run without TE must not select them (they
     would stop at TE's import): the record's local cases run, or today's default case."""
@@ -374,7 +418,7 @@ def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_pa
     tree = make_tree(tmp_path / "t", {GOOD: CONFIG, te_case: CONFIG.replace("  --transformer-impl: local\n", "")})
     picked: list[list[str]] = []
     fake = types.ModuleType("rocmport.verify.analyses.reach")
-    fake.reach_cases = lambda series_dir, t: (picked[-1], "reach record")  # type: ignore[attr-defined]
+    fake.reach_cases = lambda series_dir, t, golden=(): (picked[-1], "reach record")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "rocmport.verify.analyses.reach", fake)
     import rocmport.verify.analyses as analyses
 

@@ -16,38 +16,7 @@ from rocmport.verify.orchestration import firewall
 from rocmport.verify.runtime import hip_sim
 from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.stages.functional import build_args, default_case, golden_path, parse_losses, stage_functional
-
-CASE = "gpt3_mcore_tp1_pp1_uninstall_te"
-# Shaped like upstream's gpt3_mcore_tp2_pp2_uninstall_te/model_config.yaml (abridged).
-CONFIG = textwrap.dedent("""\
-    ENV_VARS:
-      CUDA_DEVICE_MAX_CONNECTIONS: 1
-      NVTE_ALLOW_NONDETERMINISTIC_ALGO: 0
-    MODEL_ARGS:
-      --num-layers: 12
-      --hidden-size: 512
-      --num-attention-heads: 8
-      --micro-batch-size: 4
-      --global-batch-size: 32
-      --seq-length: 1024
-      --max-position-embeddings: 1024
-      --train-iters: 50
-      --tensorboard-dir: ${TENSORBOARD_PATH}
-      --save: ${CHECKPOINT_SAVE_PATH}
-      --load: ${CHECKPOINT_LOAD_PATH}
-      --data-path: ${DATA_PATH}/my-gpt3_00_text_document
-      --vocab-file: ${DATA_PATH}/bpe/vocab.json
-      --merge-file: ${DATA_PATH}/bpe/merges.txt
-      --split: 949,50,1
-      --distributed-backend: nccl
-      --eval-interval: 1000
-      --transformer-impl: local
-      --tensor-model-parallel-size: 1
-      --pipeline-model-parallel-size: 1
-      --no-gradient-accumulation-fusion: true
-      --fp16: true
-      --use-mcore-models: true
-    """)
+from tests.helpers.canned_case import CASE, CONFIG, proxy_case_kwargs
 
 # Prints Megatron's training log line for each iteration; FAKE_SHIFT moves the curve.
 FAKE_PRETRAIN = textwrap.dedent("""\
@@ -312,17 +281,7 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     equal the uninterrupted run's."""
     tree = make_tree(tmp_path / "tree", SHAPED_PRETRAIN)
     seen = tmp_path / "seen.json"
-    kwargs = dict(
-        case=CASE,
-        dp=1,
-        iters=6,
-        proxy=True,
-        data_path=None,
-        series_dir=None,
-        record=False,
-        device_kind=DeviceKind("cpu-proxy"),
-        hip=hip_sim.DEFAULT_VERSION,
-    )
+    kwargs = proxy_case_kwargs()
     res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_SEEN=str(seen)), **kwargs)
     assert res.status == "pass", res.reason
     assert json.loads(seen.read_text()) == {
@@ -473,6 +432,40 @@ def test_the_cuda_path_unsets_the_attention_variable_upstreams_check_refuses_and
     )
     assert hip.status == "pass", hip.reason
     assert seen.read_text() == "None\n0\n" and not [k for k in data.proxy_env if "unset" in k]
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_an_fsdp_case_runs_without_the_launch_profiles_cuda_device_max_connections_and_says_why(tmp_path):
+    """The HIP simulation gives every run the launch profile's CUDA_DEVICE_MAX_CONNECTIONS=1, which
+    upstream's validate_args refuses under FSDP: an FSDP case's runs leave it unset (the report's
+    proxy_env says why), as upstream's CI launch and the port's launch-env leave it."""
+    seen = tmp_path / "seen"
+    check = (  # upstream's assertion (arguments.py, v0.16), then the fake's training log
+        "import os\n"
+        "v = os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS')\n"
+        "open(os.environ['FAKE_SEEN_CONNECTIONS'], 'a').write(f'{v}\\n')\n"
+        "assert v != '1', 'FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one'\n"
+    )
+    tree = make_tree(
+        tmp_path / "tree",
+        check
+        + FAKE_PRETRAIN.replace(
+            'assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the case\'s ENV_VARS reach the script\n', ""
+        ),
+    )
+    cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
+    cfg.write_text(
+        CONFIG.replace("  CUDA_DEVICE_MAX_CONNECTIONS: 1\n", "").replace(
+            "MODEL_ARGS:\n", "MODEL_ARGS:\n  --use-torch-fsdp2: true\n", 1
+        )
+    )
+    kwargs = proxy_case_kwargs(iters=3, resume=False)
+    res, data = stage_functional(tree, proxy_env(tmp_path, tree, FAKE_SEEN_CONNECTIONS=str(seen)), **kwargs)
+    assert res.status == "pass", res.reason
+    assert seen.read_text() == "None\nNone\n"  # both ranks (FSDP shards over dp2)
+    why = data.proxy_env["CUDA_DEVICE_MAX_CONNECTIONS unset (it was 1)"]
+    assert why.startswith("--use-torch-fsdp2: upstream's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1")
 
 
 def test_stage_4_says_each_training_iteration_as_megatron_logs_it(tmp_path, capsys):

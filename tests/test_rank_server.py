@@ -236,6 +236,80 @@ def test_the_server_ends_with_its_stdin(tmp_path, tree):
             os.kill(proc.pid, 0)
 
 
+# A process whose parent is already gone when it asks to die with it (the parent exited between the
+# fork and PR_SET_PDEATHSIG, which then never fires): it must end itself. The grandchild writes to the
+# pipe if it lives on; the top process reads until every holder of the pipe has exited.
+ORPHANED = """
+import os, time
+r, w = os.pipe()
+middle = os.fork()
+if middle == 0:
+    os.close(r)
+    parent = os.getpid()
+    if os.fork() == 0:
+        deadline = time.monotonic() + 10
+        while os.getppid() == parent and time.monotonic() < deadline:  # until the middle one has exited
+            time.sleep(0.01)
+        try:
+            {call}
+            os.write(w, b"survived")
+        except BaseException as exc:
+            os.write(w, f"error {{exc!r}}".encode())
+    os._exit(0)
+os.close(w)
+os.waitpid(middle, 0)
+print(os.read(r, 256).decode() or "ended")
+"""
+ASK_TO_DIE_WITH = {
+    "procs.die_with_parent": "from rocmport.procs import die_with_parent; die_with_parent(parent)",
+    "a forked rank": "from rocmport.verify.runtime.rank_server import Rank, _become_rank; "
+    "_become_rank(Rank([], {{}}, '/', b'', b''), os.dup(1), os.dup(2), [], parent)",
+}
+
+
+@pytest.mark.parametrize("caller", sorted(ASK_TO_DIE_WITH))
+def test_a_process_whose_parent_died_before_it_asked_to_die_with_it_exits(tmp_path, caller):
+    """The server dying between a rank's fork and its prctl orphans the rank unless it checks getppid()."""
+    script = ORPHANED.format(call=ASK_TO_DIE_WITH[caller].replace("{{}}", "{}"))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ended", out.stderr
+
+
+# One that asked while its parent lived is killed when the parent exits (PR_SET_PDEATHSIG).
+WATCHED = """
+import os, time
+r, w = os.pipe()
+ready_r, ready_w = os.pipe()
+middle = os.fork()
+if middle == 0:
+    os.close(r)
+    parent = os.getpid()
+    if os.fork() == 0:
+        try:
+            from rocmport.procs import die_with_parent
+            die_with_parent(parent)
+            os.write(ready_w, b"x")
+            time.sleep(10)
+            os.write(w, b"survived")
+        except BaseException as exc:
+            os.write(w, f"error {exc!r}".encode())
+        os._exit(0)
+    os.close(ready_w)
+    os.read(ready_r, 1)  # the grandchild has asked (or ended)
+    os._exit(0)
+os.close(w)
+os.close(ready_w)
+os.waitpid(middle, 0)
+print(os.read(r, 256).decode() or "ended")
+"""
+
+
+def test_a_process_that_asked_to_die_with_its_parent_dies_with_it(tmp_path):
+    out = subprocess.run([sys.executable, "-c", WATCHED], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.strip() == "ended", out.stderr
+
+
 # A pretrain_gpt.py-shaped script that trains (the shaped loop of test_functional_stage) unless
 # FAKE_EXIT asks rank 0 to end with megatron's exit code first (the case runs one rank).
 EXITING_PRETRAIN = (
@@ -251,23 +325,12 @@ def test_a_case_with_forked_ranks_matches_torchruns_and_its_exits_reach_the_stag
     """run_case on the proxy (the shim in every rank, the HIP simulation): with the rank server the
     case passes with torchrun's losses and resume, says how its ranks started, and a rank's exit 17
     reaches the stage's reason exactly as under torchrun."""
-    from rocmport.verify.orchestration.device_kind import DeviceKind
-    from rocmport.verify.runtime import hip_sim
     from rocmport.verify.stages.functional.case_run import run_case
-    from tests.test_functional_stage import CASE, make_tree, proxy_env
+    from tests.helpers.canned_case import proxy_case_kwargs
+    from tests.test_functional_stage import make_tree, proxy_env
 
     tree = make_tree(tmp_path / "tree", EXITING_PRETRAIN)
-    kwargs = dict(
-        case=CASE,
-        dp=1,
-        iters=6,
-        proxy=True,
-        data_path=None,
-        series_dir=None,
-        record=False,
-        device_kind=DeviceKind("cpu-proxy"),
-        hip=hip_sim.DEFAULT_VERSION,
-    )
+    kwargs = proxy_case_kwargs()
     env = proxy_env(tmp_path, tree)
     forked = run_case(tree, env, fork_ranks=True, **kwargs)
     started = run_case(tree, env, fork_ranks=False, **kwargs)

@@ -126,6 +126,68 @@ def test_greedy_breaks_ties_by_name_and_is_deterministic():
     assert picks == {("alpha", "zeta", "mid")}  # 0.2/s each for alpha and zeta: alpha first, by name
 
 
+def test_the_cases_given_first_are_picked_first_while_they_fit_then_the_greedy_cover():
+    spec = entries(golden=(120.0, "s1 s2"), fast=(10.0, "s1 s2 s3"), mid=(20.0, "s4"))
+    # the golden case first (it fits), then what adds sites per second
+    assert reach.greedy_cover(spec, 200.0, first=["golden"]) == ["golden", "fast", "mid"]
+    # one that does not fit the budget is not forced in
+    assert reach.greedy_cover(spec, 100.0, first=["golden"]) == ["fast", "mid"]
+
+
+# The v0.16 record's three cases as measured (docs/reach.md): the tensorwise FSDP case stops in argument
+# validation on both trees (8 sites in 14 s), the FP8 delayed case passes (18 in 81 s, one of them new),
+# the default case passes and has the line's golden (18 in 121 s).
+V016_SITES = {
+    "fsdp": " ".join(f"v{i}" for i in range(8)),
+    "fp8": " ".join([*(f"v{i}" for i in range(8)), *(f"d{i}" for i in range(9)), "delayed"]),
+    "default": " ".join([*(f"v{i}" for i in range(8)), *(f"d{i}" for i in range(9)), "arch"]),
+}
+
+
+def v016_record(series_dir: Path, outcomes: dict[str, str | None]) -> None:
+    seconds = {"fsdp": 14.0, "fp8": 81.0, "default": 121.0}
+    cases = {n: Entry(frozenset(V016_SITES[n].split()), seconds[n], outcome=outcomes.get(n)) for n in seconds}
+    write_record(series_dir, "c0ffee", cases, {})
+
+
+def test_a_case_whose_recorded_run_failed_is_not_selected_but_its_sites_still_explain(tmp_path):
+    v016_record(tmp_path, {"fsdp": "fail", "fp8": "pass", "default": "pass"})
+    names, why = reach.select(tmp_path, "cases", 720.0) or ([], "")
+    assert "fsdp" not in names and names == ["fp8", "default"]
+    assert "1 recorded case did not pass when recorded (fsdp: fail): not selected" in why
+    assert reach.read_record(tmp_path).ran_by()["v0"] == ["default", "fp8", "fsdp"]  # still the explanation's
+
+
+def test_the_case_with_a_golden_for_the_runs_device_kind_is_picked_first(tmp_path):
+    v016_record(tmp_path, {"fsdp": "fail", "fp8": "pass", "default": "pass"})
+    names, why = reach.select(tmp_path, "cases", 720.0, golden=["default"]) or ([], "")
+    assert names == ["default", "fp8"] and "default first: it has a golden for this run's device kind" in why
+    # a budget the golden case does not fit: the cover as before, the line says why
+    names, why = reach.select(tmp_path, "cases", 100.0, golden=["default"]) or ([], "")
+    assert names == ["fp8"] and "default has a golden but does not fit the budget" in why
+
+
+def test_a_record_without_outcomes_treats_them_as_unknown_and_says_so(tmp_path):
+    v016_record(tmp_path, {})  # written before outcomes were recorded
+    data = json.loads((tmp_path / "reach.json").read_text())
+    assert "outcome" not in data["cases"]["fsdp"]
+    names, why = reach.select(tmp_path, "cases", 720.0, golden=["default"]) or ([], "")
+    # the golden case first; the FSDP case then adds no site: v0.16's record picks default and fp8
+    assert names == ["default", "fp8"]
+    assert "3 recorded cases have no recorded outcome (recorded before outcomes were): treated as unknown" in why
+
+
+def test_an_outcome_round_trips_and_a_bad_one_is_named(tmp_path):
+    v016_record(tmp_path, {"fsdp": "fail", "fp8": "pass"})
+    record = reach.read_record(tmp_path)
+    assert record is not None and record.cases["fsdp"].outcome == "fail" and record.cases["default"].outcome is None
+    data = json.loads((tmp_path / "reach.json").read_text())
+    data["cases"]["fp8"]["outcome"] = 3
+    (tmp_path / "reach.json").write_text(json.dumps(data))
+    with pytest.raises(BadInput, match=r"cases\['fp8'\].outcome is not a stage status"):
+        reach.read_record(tmp_path)
+
+
 # --- the record's schema -----------------------------------------------------------------------
 
 
@@ -190,7 +252,7 @@ def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them
     # stage 4's seam: the case's processes record into the case's own directory, its seconds beside them
     case_env = functional.case_sites_env(protocol.PORT_SITES.entry(str(records / "functional")), CASE)
     run_in(tree, boot, case_env, "from megatron.core import a; a.probe()")
-    functional.note_case_seconds(case_env, 42.5)
+    functional.note_case_seconds(case_env, 42.5, "pass")
     # stage 3: verify's pytest plugin points the records at each test file's directory in turn
     (records / "unit-tests").mkdir()
     env = environment.child_env(tree, boot, protocol.PORT_SITES.entry(str(records / "unit-tests")))
@@ -218,6 +280,7 @@ def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them
     units = port_sites.read_units(records, tree)
     assert {k for k in units if k[0] != "stage"} == {("case", CASE), ("test", TEST_ARCH), ("test", TEST_PROBE)}
     assert units["case", CASE].seconds == 42.5 and "megatron/core/a.py" in units["case", CASE].modules
+    assert units["case", CASE].outcome == "pass" and units["test", TEST_ARCH].outcome is None
     assert units["test", TEST_ARCH].calls == {("megatron/core/a.py", 6)}  # arch() only: probe() is the other file's
     assert units["test", TEST_PROBE].calls == {("megatron/core/a.py", 11)}
 
@@ -230,6 +293,7 @@ def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them
         "sites": [key["megatron/core/a.py:11 is_hip"]],
         "seconds": 42.5,
         "modules": sorted(units["case", CASE].modules),
+        "outcome": "pass",
     }
     assert data["unit_tests"][TEST_ARCH] == {"sites": [key["megatron/core/a.py:6 nvidia_arch_major"]], "seconds": 3.0}
     assert (
@@ -465,11 +529,11 @@ def test_record_reach_writes_the_line_s_record_and_needs_a_series(tmp_path, caps
 
 def record_case(tree: Path, boot: Path, records: Path, case: str, code: str, seconds: float) -> None:
     """Stage 4's seam for one case: its processes record into the case's own directory under
-    ``records``, its wall seconds beside them."""
+    ``records``, its wall seconds and outcome beside them."""
     (records / "functional").mkdir(parents=True, exist_ok=True)
     env = functional.case_sites_env(protocol.PORT_SITES.entry(str(records / "functional")), case)
     run_in(tree, boot, env, code)
-    functional.note_case_seconds(env, seconds)
+    functional.note_case_seconds(env, seconds, "pass")
 
 
 @pytest.mark.torch

@@ -341,12 +341,13 @@ def _module_lines(where_dir: Path, root: str) -> set[str]:
 @dataclass
 class UnitRecord:
     """What one case or test file ran (its own subdirectory of its stage's records): the helper call
-    lines, the tree's modules imported, and its wall seconds where the stage noted them."""
+    lines, the tree's modules imported, and its wall seconds and outcome where the stage noted them."""
 
     calls: set[tuple[str, int]] = field(default_factory=set)
     modules: set[str] = field(default_factory=set)
     seconds: float | None = None
     stopped: str | None = None  # an `import` unit: why stage 1's import of its file stopped
+    outcome: str | None = None  # a case's status in the run (stage 4 notes it beside its seconds)
 
 
 # A unit's subdirectory of its stage's records: `case=<name>`, `test=<path>` or `import=<path>` (stage
@@ -354,6 +355,7 @@ class UnitRecord:
 # quoted into one path component (a test file's path has slashes).
 UNIT_KINDS = ("case", "test", "import")
 SECONDS_FILE = "seconds.txt"
+OUTCOME_FILE = "outcome.txt"  # a case: its status in the run
 STOPPED_FILE = "stopped.txt"  # an import unit: why its file's import stopped (absent: it imported)
 
 
@@ -406,6 +408,9 @@ def read_units(directory: Path, tree: Path) -> dict[tuple[str, str], UnitRecord]
                     unit.seconds = (unit.seconds or 0.0) + float(seconds.read_text(encoding="utf-8").strip())
                 except ValueError:
                     pass  # a torn write: the unit's seconds come from the stage's report instead
+            outcome = where / OUTCOME_FILE
+            if where != stage_dir and outcome.is_file():
+                unit.outcome = outcome.read_text(encoding="utf-8").strip() or None
     return out
 
 

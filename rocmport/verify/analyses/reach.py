@@ -13,10 +13,12 @@ the record: the entries this run recorded are replaced, the others kept. A recor
 (one upstream commit, recipe and TE layer): a run on another is refused, before it starts, naming
 what differs (a record mixing two ports would weigh sites one of them may not have).
 
-The selection. A greedy set cover under a time budget: the entry with the most not-yet-covered
-sites per second first (ties by name), while it fits what is left of the budget; deterministic.
-Sites every run of the stage reaches anyway (a pytest session's start) count as covered from the
-start.
+The selection. A greedy set cover under a time budget: the cases with a golden for the run's device
+kind first (by name) while they fit, then the entry with the most not-yet-covered sites per second
+(ties by name), while it fits what is left of the budget; deterministic. Sites every run of the stage
+reaches anyway (a pytest session's start) count as covered from the start. A case whose recorded run
+did not pass is not selected (its sites still explain); one recorded without an outcome (a record
+made before outcomes were) is unknown, selectable, and the selection's line says so.
 
 Every site run or explained (classify). A rewritten site no stage of a run ran is `reachable, not
 selected` when some recorded case or test file ran it, `gpu-only` when only a GPU feature reaches it
@@ -54,19 +56,28 @@ NOT_ON_PROXY = "not-on-proxy"
 CLASSES = (GPU_ONLY, NOT_ON_PROXY, REACHABLE)
 
 
+# A recorded run's outcome that lets the selection pick the entry (a stage result's status: stage_result.PASS).
+PASSED = "pass"
+
+
 @dataclass(frozen=True)
 class Entry:
-    """One recorded case or unit-test file: the port sites it ran (stable keys), its wall seconds, and
-    (cases) the tree's module files it imported."""
+    """One recorded case or unit-test file: the port sites it ran (stable keys), its wall seconds,
+    (cases) the tree's module files it imported and the case's outcome in the recording run (its
+    status: pass, fail, unsupported-in-proxy; None: not recorded, as in records made before outcomes
+    were, and for test files, whose failures stage 3 labels test by test)."""
 
     sites: frozenset[str]
     seconds: float
     modules: frozenset[str] = frozenset()
+    outcome: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"sites": sorted(self.sites), "seconds": round(self.seconds, 2)}
         if self.modules:
             out["modules"] = sorted(self.modules)
+        if self.outcome is not None:
+            out["outcome"] = self.outcome
         return out
 
 
@@ -147,13 +158,17 @@ def _entries(data: Any, path: Path, kind: str) -> dict[str, Entry]:
         seconds = raw.get("seconds")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise _problem(path, f"{where}.seconds is not a number of seconds")
-        unknown = set(raw) - {"sites", "seconds", "modules"}
+        unknown = set(raw) - {"sites", "seconds", "modules", "outcome"}
         if unknown:
             raise _problem(path, f"{where} has unknown keys {sorted(unknown)}")
+        outcome = raw.get("outcome")  # absent in records made before outcomes were: unknown
+        if outcome is not None and not (isinstance(outcome, str) and outcome):
+            raise _problem(path, f"{where}.outcome is not a stage status (pass, fail, ...)")
         out[name] = Entry(
             _str_list(raw.get("sites"), path, f"{where}.sites"),
             float(seconds),
             _str_list(raw.get("modules", []), path, f"{where}.modules"),
+            outcome,
         )
     return out
 
@@ -229,13 +244,21 @@ def write_record(series_dir: Path, record: ReachRecord) -> Path:
 # --- the selection -----------------------------------------------------------------------------
 
 
-def greedy_cover(entries: Mapping[str, Entry], budget: float, covered: Collection[str] = ()) -> list[str]:
-    """The entries a greedy set cover picks within ``budget`` seconds: at each step the one with
-    the most sites not yet covered per second (ties: the first name), among those that still fit;
-    ``covered``: sites covered before any pick. Entries that add no site are never picked."""
+def greedy_cover(
+    entries: Mapping[str, Entry], budget: float, covered: Collection[str] = (), first: Sequence[str] = ()
+) -> list[str]:
+    """The entries a greedy set cover picks within ``budget`` seconds: ``first`` (in order, each while
+    it fits: the cases with a golden), then at each step the one with the most sites not yet covered
+    per second (ties: the first name), among those that still fit; ``covered``: sites covered before
+    any pick. Entries that add no site are never picked by the cover."""
     have = set(covered)
     chosen: list[str] = []
     spent = 0.0
+    for name in first:
+        if name in entries and name not in chosen and spent + entries[name].seconds <= budget:
+            chosen.append(name)
+            spent += entries[name].seconds
+            have |= entries[name].sites
     while True:
         best: tuple[float, str] | None = None
         for name in sorted(entries):
@@ -267,21 +290,32 @@ def _stale(record: ReachRecord, series_dir: Path, tree: Path | None) -> str:
 
 
 def select(
-    series_dir: Path | None, kind: str, budget: float, have: Collection[str] | None = None
+    series_dir: Path | None,
+    kind: str,
+    budget: float,
+    have: Collection[str] | None = None,
+    golden: Collection[str] = (),
 ) -> tuple[list[str], str] | None:
     """The ``kind`` ("cases" or "unit_tests") entries reach selects within ``budget`` seconds, and a
     one-line why; None when the line has no record of that kind. ``have``: the names that exist here
-    (the tree's cases or test files); recorded ones that do not are left out."""
+    (the tree's cases or test files); recorded ones that do not are left out. ``golden``: the cases with
+    a golden for this run's device kind, picked first (by name) while they fit: comparing with a golden
+    is the strongest check a case gives. An entry whose recorded run did not pass is not selected (a
+    selection that rests on a case that always stops, at argument validation say, proves nothing); its
+    sites still count among those the record ran (the explanation of an unreached site names it)."""
     record = read_record(series_dir)
     if record is None or not record.entries(kind):
         return None
     assert series_dir is not None
-    entries = {n: e for n, e in record.entries(kind).items() if have is None or n in have}
+    present = {n: e for n, e in record.entries(kind).items() if have is None or n in have}
+    failed = {n: e.outcome for n, e in sorted(present.items()) if e.outcome not in (None, PASSED)}
+    entries = {n: e for n, e in present.items() if n not in failed}
     shared = record.shared.get(kind, frozenset())
-    chosen = greedy_cover(entries, budget, shared)
+    first = sorted(n for n in golden if n in entries)
+    chosen = greedy_cover(entries, budget, shared, first)
     if not chosen and entries:  # nothing adds a site (or nothing fits): the cheapest still runs, as a smoke test
         chosen = [min(entries, key=lambda n: (entries[n].seconds, n))]
-    every = set(shared).union(*(e.sites for e in entries.values())) if entries else set(shared)
+    every = set(shared).union(*(e.sites for e in present.values())) if present else set(shared)
     got = set(shared).union(*(entries[n].sites for n in chosen))
     seconds = sum(entries[n].seconds for n in chosen)
     what = "cases" if kind == "cases" else "test files"
@@ -289,9 +323,26 @@ def select(
         f"reach: {len(chosen)} of {len(record.entries(kind))} recorded {what} run {len(got)} of the "
         f"{len(every)} port sites they ran when recorded, in {seconds:.0f} s recorded (budget {budget:.0f} s)"
     )
-    gone = len(record.entries(kind)) - len(entries)
+    gone = len(record.entries(kind)) - len(present)
     if gone:
         why += f"; {gone} recorded {what} not in this tree"
+    for name in first:
+        if name in chosen:
+            why += f"; {name} first: it has a golden for this run's device kind"
+        else:
+            why += f"; {name} has a golden but does not fit the budget"
+    if failed:
+        shown = ", ".join(f"{n}: {o}" for n, o in list(failed.items())[:3]) + (" ..." if len(failed) > 3 else "")
+        why += (
+            f"; {len(failed)} recorded {what[:-1] if len(failed) == 1 else what} did not pass when recorded "
+            f"({shown}): not selected"
+        )
+    unknown = [n for n, e in present.items() if e.outcome is None]
+    if kind == "cases" and unknown:
+        why += (
+            f"; {len(unknown)} recorded {'case has' if len(unknown) == 1 else 'cases have'} no recorded outcome "
+            "(recorded before outcomes were): treated as unknown, selectable; re-record to know"
+        )
     if record.partial:
         why += f"; partial record ({record.holds or 'not every case and test file'})"
     stale = _stale(record, series_dir, None)
@@ -302,12 +353,15 @@ def select(
 GPT_CASES = Path("tests/functional_tests/test_cases/gpt")
 
 
-def reach_cases(series_dir: Path | None, tree: Path, budget: float = CASES_BUDGET_S) -> tuple[list[str], str] | None:
+def reach_cases(
+    series_dir: Path | None, tree: Path, budget: float = CASES_BUDGET_S, golden: Collection[str] = ()
+) -> tuple[list[str], str] | None:
     """Stage 4's `reach` cases: the recorded GPT cases the set cover picks within ``budget`` seconds
-    (those the tree has), and a one-line why; None when the line has no case in its record."""
+    (those the tree has; ``golden``: those with a golden for the run's device kind, first), and a
+    one-line why; None when the line has no case in its record."""
     recorded = read_record(series_dir)
     have = {n for n in (recorded.cases if recorded else {}) if (tree / GPT_CASES / n / "model_config.yaml").is_file()}
-    return _with_tree_note(select(series_dir, "cases", budget, have), series_dir, tree)
+    return _with_tree_note(select(series_dir, "cases", budget, have, golden), series_dir, tree)
 
 
 def reach_unit_tests(
@@ -494,11 +548,14 @@ def record_run(
             if target is not None:
                 record.shared[target] = record.shared.get(target, frozenset()) | keys
             continue
+        if kind not in ("case", "test"):
+            continue  # stage 1's import units run every time (not selected): the report counts them, the record does not
         secs = unit.seconds if unit.seconds is not None else seconds.get((kind, name))
         if secs is None:
             continue  # a unit that never finished has no cost to weigh: not recorded
         modules = frozenset(unit.modules) if kind == "case" else frozenset()
-        record.entries("cases" if kind == "case" else "unit_tests")[name] = Entry(keys, float(secs), modules)
+        outcome = unit.outcome if kind == "case" else None
+        record.entries("cases" if kind == "case" else "unit_tests")[name] = Entry(keys, float(secs), modules, outcome)
     all_cases, all_files = totals
     record.partial = len(record.cases) < all_cases or len(record.unit_tests) < all_files
     record.holds = (

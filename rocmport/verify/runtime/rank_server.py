@@ -17,7 +17,8 @@ captured import output written first; it ends the run as torchrun does (a rank t
 SIGTERM to the others' process groups, SIGKILL after a grace period) and answers the exits. A client
 that goes away (killed by stage 4's time limit) takes its run's ranks with it (SIGKILL to their
 process groups); the server ends when its stdin closes (stage 4 is done with it, or died), and each
-rank dies with the server (PR_SET_PDEATHSIG).
+rank dies with the server (rocmport.procs.die_with_parent: PR_SET_PDEATHSIG, and a server already gone
+before that took effect ends the rank at once).
 
 No torch thread pool, process group or CUDA-like state exists before a fork: the server only imports.
 It checks that the environment a run asks for is the one it imported with (less the per-rank
@@ -36,6 +37,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+from rocmport.procs import die_with_parent
 
 # torchrun's per-worker variables (torch.distributed.elastic's local agent), set in each rank here.
 RANK_VARS = (
@@ -247,17 +250,12 @@ def watch(conn: socket.socket, live: dict[int, int]) -> list[dict] | None:
     return failures
 
 
-def _become_rank(job: Rank, out_fd: int, err_fd: int, closing: list[socket.socket]) -> Rank:
-    """In the forked child: a session of its own, death with the server, the client's output."""
+def _become_rank(job: Rank, out_fd: int, err_fd: int, closing: list[socket.socket], server: int) -> Rank:
+    """In the forked child: a session of its own, death with the server (pid ``server``), the client's output."""
     for sock in closing:
         sock.close()
     os.setsid()
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(server)
     with open(os.devnull, "rb") as null:  # no stdin, as torchrun's workers read none
         os.dup2(null.fileno(), 0)
     os.dup2(out_fd, 1)
@@ -285,11 +283,12 @@ def serve_one(conn: socket.socket, listener: socket.socket, imported_with: dict,
     sys.stdout.flush()
     sys.stderr.flush()
     live: dict[int, int] = {}
+    server = os.getpid()
     for r, env in enumerate(envs):
         pid = os.fork()
         if pid == 0:
             job = Rank(list(req["argv"]), {**env, **added}, str(req["cwd"]), *early)
-            return _become_rank(job, fds[0], fds[1], [conn, listener])
+            return _become_rank(job, fds[0], fds[1], [conn, listener], server)
         live[pid] = r
     for fd in fds:
         os.close(fd)

@@ -89,7 +89,8 @@ class CasePlan:
     what the case exercises (from its flags), ``notes`` what the proxy changes about it; ``dropped``: the
     options of PROXY_DROPPED the case sets (option, why; ``args`` drops them), ``env_unset``: its ENV_VARS
     the runs unset (variable, why: stale_attention_env, on the CUDA path); ``kept``: the case's half precision
-    the proxy keeps (option, why: kept_precision; every other case trains in fp32)."""
+    the proxy keeps (option, why: kept_precision; every other case trains in fp32), ``launch_env_unset``: verify's
+    own launch environment the runs leave out (variable, why: fsdp_launch_env)."""
 
     case: str
     test_type: str
@@ -104,6 +105,7 @@ class CasePlan:
     dropped: tuple[tuple[str, str], ...] = ()
     env_unset: tuple[tuple[str, str], ...] = ()
     kept: tuple[tuple[str, str], ...] = ()
+    launch_env_unset: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,38 @@ def _int(args: dict, key: str, default: int) -> int:
 
 def _on(args: dict, key: str) -> bool:
     return args.get(key) not in (None, False, "false", "False")
+
+
+# --- upstream CI's variables --------------------------------------------------------------------
+
+# The variables upstream's CI puts into a case's MODEL_ARGS. Its launcher
+# (tests/functional_tests/shell_test_utils/_run_training.sh) runs the YAML through envsubst with every
+# variable of its environment, which run_ci_test.sh sets: the paths (build_args gives verify's own) and
+# REPEAT, the repeat's number (run_ci_test.sh runs a case N_REPEAT times, exporting REPEAT=1, 2, ...;
+# gpt3_mcore_reruns_resume_check_grads seeds with it). Verify runs one repeat: the first.
+CI_VARIABLES = (
+    "TENSORBOARD_PATH",
+    "CHECKPOINT_SAVE_PATH",
+    "CHECKPOINT_LOAD_PATH",
+    "DATA_CACHE_PATH",
+    "DATA_PATH",
+    "REPEAT",
+)
+FIRST_REPEAT = "1"
+# A shell variable as envsubst reads one: ${NAME} or $NAME.
+SHELL_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+
+
+def unresolved_variables(args: dict) -> list[tuple[str, str, str]]:
+    """(flag, value, variable) for each variable in MODEL_ARGS that is not one of CI_VARIABLES: upstream's
+    launcher gives it a value from its own environment, verify has none to give."""
+    out = []
+    for flag, value in args.items():
+        for m in SHELL_VARIABLE.finditer(str(value)):
+            var = m.group(1) or m.group(2)
+            if var not in CI_VARIABLES:
+                out.append((flag, str(value), var))
+    return out
 
 
 # --- what the proxy cannot provide -------------------------------------------------------------
@@ -295,6 +329,32 @@ def stale_attention_env(config: dict) -> tuple[tuple[str, str], ...]:
                 )
             )
     return tuple(out)
+
+
+# Megatron's FSDP flags: under each, upstream's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1
+# (the port's launch-env codemod keeps the same list, _FSDP_FLAGS, and sets no 1 under them).
+FSDP_FLAGS = ("--use-megatron-fsdp", "--use-torch-fsdp2", "--use-custom-fsdp")
+CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+def fsdp_launch_env(config: dict) -> tuple[tuple[str, str], ...]:
+    """What an FSDP case's runs leave out of verify's launch environment, with why: the launch profile's
+    CUDA_DEVICE_MAX_CONNECTIONS=1 (`rocmport env`, AMD's launcher default, which verify gives every run
+    on ROCm and under the HIP simulation), where the case's ENV_VARS set none. Upstream asserts it is not
+    1 under FSDP, its CI launch gives such a case no value, AMD's launchers and the port's launch-env set
+    none under FSDP: left in, every FSDP case stops at that assertion on both trees, a failure of
+    verify's own making."""
+    args = config.get("MODEL_ARGS") or {}
+    flag = next((f for f in FSDP_FLAGS if _on(args, f)), None)
+    if flag is None or CONNECTIONS in (config.get("ENV_VARS") or {}):
+        return ()
+    why = (
+        f"{flag}: upstream's validate_args asserts {CONNECTIONS} is not 1 under FSDP ('FSDP always requires "
+        f"{CONNECTIONS} value large than one'); the 1 is verify's launch profile's (`rocmport env`: AMD's "
+        "launcher default for every run), which AMD's launchers and the port's launch-env leave unset under "
+        "FSDP, and upstream's CI launch gives the case none: its runs leave it unset"
+    )
+    return ((CONNECTIONS, why),)
 
 
 # Attention backends that are GPU kernels (--attention-backend), and which kernel each is.
@@ -663,6 +723,15 @@ def plan_case(
     args = config.get("MODEL_ARGS") or {}
     if not args:
         return Unsupported(name, "not-training", "its MODEL_ARGS is empty: no training command to run")
+    unknown = unresolved_variables(args)
+    if unknown:
+        flag, value, var = unknown[0]
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            f"{flag} {value}: ${var} is set by upstream CI's launcher environment (envsubst over the YAML), "
+            f"and verify has no value for it (it gives only {', '.join(CI_VARIABLES)})",
+        )
     fp8 = plan_fp8(name, args, te)
     if isinstance(fp8, Unsupported):
         return fp8
@@ -704,6 +773,8 @@ def plan_case(
             notes.append(f"{' '.join(gone)} dropped: {why.split(': ', 1)[1]}")
     env_unset = stale_attention_env(config) if cuda else ()
     notes += [why for _, why in env_unset]
+    launch_env_unset = fsdp_launch_env(config)
+    notes += [why for _, why in launch_env_unset]
     test_type = str(config.get("TEST_TYPE") or "regular").split("#")[0].strip()
     notes = [*why_dp, *notes]
     if test_type == "frozen-resume":
@@ -728,6 +799,7 @@ def plan_case(
         dropped=tuple(dropped),
         env_unset=env_unset,
         kept=kept_precision(args),
+        launch_env_unset=launch_env_unset,
     )
 
 

@@ -107,17 +107,23 @@ def build_args(
     extra: dict[str, object] | None = None,
     plan: CasePlan | None = None,
 ) -> list[str]:
-    """MODEL_ARGS as a command line, with CI's paths replaced, (in proxy mode) the model scaled
+    """MODEL_ARGS as a command line, with upstream CI's variables filled in (its paths, REPEAT), (in proxy mode) the model scaled
     down by the case's plan (``plan``, or the one its MODEL_ARGS give), and ``extra`` on top (a value
     of None drops the flag)."""
     args: dict[str, Any] = dict(config.get("MODEL_ARGS") or {})  # YAML values: str, int, float, bool
-    paths = {
-        "TENSORBOARD_PATH": work / "tensorboard",
-        "CHECKPOINT_SAVE_PATH": work / "ckpt",
-        "CHECKPOINT_LOAD_PATH": work / "ckpt",
-        "DATA_CACHE_PATH": work / "data-cache",
-        "DATA_PATH": Path(data_path) if data_path else work / "data",
+    # upstream CI's variables (case_plan.CI_VARIABLES), as its launcher's envsubst fills them in
+    ci_values = {
+        "TENSORBOARD_PATH": str(work / "tensorboard"),
+        "CHECKPOINT_SAVE_PATH": str(work / "ckpt"),
+        "CHECKPOINT_LOAD_PATH": str(work / "ckpt"),
+        "DATA_CACHE_PATH": str(work / "data-cache"),
+        "DATA_PATH": str(Path(data_path) if data_path else work / "data"),
+        "REPEAT": case_plan.FIRST_REPEAT,
     }
+
+    def resolved(word: str) -> str:  # a variable verify has no value for stays, as envsubst leaves it
+        return case_plan.SHELL_VARIABLE.sub(lambda m: ci_values.get(m.group(1) or m.group(2), m.group(0)), word)
+
     if not data_path:
         for key in _DATA_ARGS:
             args.pop(key, None)
@@ -149,9 +155,7 @@ def build_args(
             # Megatron's --data-path takes several words (a blend: [weight] prefix ...): split the case's
             # value before the paths go in, so a data root with a space stays one word.
             words = str(value).split() if key == "--data-path" else [str(value)]
-            for var, path in paths.items():
-                words = [w.replace("${" + var + "}", str(path)) for w in words]
-            out += [key, *words]
+            out += [key, *(resolved(w) for w in words)]
     return out
 
 

@@ -121,9 +121,18 @@ def baseline_overlay(tree: Path, base: str) -> list[str]:
     return sorted(set(overlay_files(tree, base)) | {f for f in START_OVERLAY if f in changed and (tree / f).is_file()})
 
 
-def cache_path(cache_dir: Path, base: str, case: str, port_command: str, env: dict, overlay_digest: str) -> Path:
+def cache_path(
+    cache_dir: Path,
+    base: str,
+    case: str,
+    port_command: str,
+    env: dict,
+    overlay_digest: str,
+    env_unset: list[str] | None = None,
+) -> Path:
     """Where the unported tree's run of ``case`` is kept: keyed by what makes a run differ (the
-    port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay)."""
+    port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay, and the
+    variables verify left out of the case's runs, ``env_unset``: the port run's proxy_env says which)."""
     import torch
 
     args = re.sub(r"\S*/rocmport-func-[^/\s]+", "${WORK}", port_command.split("pretrain_gpt.py", 1)[-1])
@@ -139,6 +148,9 @@ def cache_path(cache_dir: Path, base: str, case: str, port_command: str, env: di
             protocol.TE.raw(env),
             overlay_digest,
             sorted(START_ENV_UNSET),  # what the unported tree's runs leave out of the environment
+            # and what the case's plan left out (an FSDP case's launch-profile CUDA_DEVICE_MAX_CONNECTIONS):
+            # a run made before, with it, stopped at upstream's assertion and is no baseline for one without
+            *([sorted(env_unset)] if env_unset else []),
         ]
     )
     return cache_dir / "functional-baselines" / f"{base[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
@@ -156,7 +168,8 @@ def run_baseline(
     with the baseline overlay, from the cache when it has it."""
     overlay = baseline_overlay(tree, base)
     digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
-    cached = cache_path(cache_dir, base, port.case, port.run.command if port.run else "", env, digest)
+    unset = sorted(k for k in (port.run.proxy_env if port.run else {}) if " unset (" in k)
+    cached = cache_path(cache_dir, base, port.case, port.run.command if port.run else "", env, digest, unset)
     if cached.is_file():
         got = BaselineRun.from_dict(json.loads(cached.read_text()))
         got.cached = True

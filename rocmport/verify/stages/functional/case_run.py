@@ -241,14 +241,15 @@ def case_sites_env(env: Mapping[str, str], case: str) -> dict[str, str]:
     return out
 
 
-def note_case_seconds(case_env: Mapping[str, str], seconds: float) -> None:
-    """Beside a case's site records (``case_env``: case_sites_env's), its wall seconds: what the reach
-    selection weighs the case by."""
-    from rocmport.verify.analyses.port_sites import SECONDS_FILE
+def note_case_seconds(case_env: Mapping[str, str], seconds: float, outcome: str) -> None:
+    """Beside a case's site records (``case_env``: case_sites_env's), its wall seconds, what the reach
+    selection weighs the case by, and its outcome (its status): a case that did not pass is not selected."""
+    from rocmport.verify.analyses.port_sites import OUTCOME_FILE, SECONDS_FILE
 
     own = protocol.PORT_SITES.read(case_env)
     if own and Path(own).is_dir():
         atomic_write_text(Path(own) / SECONDS_FILE, f"{seconds:.2f}\n")
+        atomic_write_text(Path(own) / OUTCOME_FILE, f"{outcome}\n")
 
 
 def run_case(
@@ -358,14 +359,22 @@ def _save_args(s: CaseSetup, work: Path) -> tuple[dict[str, object], dict[str, s
 
 
 def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
-    """The runs' environment (the case's ENV_VARS; in proxy mode the shim in every worker and
-    PROXY_ENV, less what the plan unsets), and the proxy's swaps with why."""
+    """The runs' environment (the case's ENV_VARS, less the launch profile's variables an FSDP case must
+    not have; in proxy mode the shim in every worker and PROXY_ENV, less what the plan unsets), and the
+    swaps with why."""
     run_env = {**s.env, **{k: str(v) for k, v in (s.config.get("ENV_VARS") or {}).items()}}
+    # verify's own launch environment an FSDP case must not have, on a GPU as on the proxy
+    launch = {
+        f"{var} unset (it was {run_env.pop(var)})": why
+        for var, why in case_plan.fsdp_launch_env(s.config)
+        if var in run_env
+    }
     if not s.proxy:
-        return run_env, {}
+        return run_env, launch
     unset = {
         f"{var} unset (the case's {run_env.pop(var, '')})": why for var, why in (s.plan.env_unset if s.plan else ())
     }
+    unset.update(launch)
     (work / "shim").mkdir(exist_ok=True)
     run_env.update({**protocol.SHIM_WORKERS.entry(True), **protocol.SHIM_OUT.entry(str(work / "shim"))})
     run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})

@@ -212,7 +212,8 @@ def _run_one(ctx: VerifyContext, options: FunctionalOptions, case: str) -> CaseE
     env = case_sites_env(ctx.env, case)  # its own port-site records (the report's ran-by, --record-reach)
     start = time.monotonic()
     out = run_case(ctx.tree, env, case=case, **kwargs)
-    note_case_seconds(env, time.monotonic() - start)  # the port's run only: the baseline's is not the case's cost
+    # the port's run only: the baseline's is not the case's cost; its status: reach selects passing cases only
+    note_case_seconds(env, time.monotonic() - start, out.result.status)
     entry = _entry(out)
     if out.result.status != FAIL or out.failure is None:
         return entry

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,14 +64,26 @@ class Selection:
     defaulted: bool = False
 
 
-def reach_cases(series_dir: Path | None, tree: Path) -> tuple[list[str], str] | None:
+def reach_cases(
+    series_dir: Path | None, tree: Path, device_kind: Callable[[], str] | None = None
+) -> tuple[list[str], str] | None:
     """The line's recorded reach set and a line on it (rocmport.verify.analyses.reach); None where the
-    tree has no series or the line no recorded case (the caller falls back)."""
+    tree has no series or the line no recorded case (the caller falls back). ``device_kind``: the
+    run's (asked only where the series has goldens): its cases with a golden are picked first."""
     if series_dir is None:
         return None
     from rocmport.verify.analyses import reach
 
-    return reach.reach_cases(series_dir, tree)
+    return reach.reach_cases(series_dir, tree, golden=with_golden(series_dir, device_kind))
+
+
+def with_golden(series_dir: Path, device_kind: Callable[[], str] | None) -> list[str]:
+    """The cases with a golden for the run's device kind in the series' goldens/ (golden_path's names)."""
+    goldens = sorted((series_dir / "goldens").glob("*.json")) if device_kind is not None else []
+    if not goldens or device_kind is None:
+        return []
+    suffix = f".{device_kind()}.json"
+    return sorted(p.name[: -len(suffix)] for p in goldens if p.name.endswith(suffix) and p.is_file())
 
 
 def near(tree: Path, name: str) -> list[str]:
@@ -94,16 +107,24 @@ def _named(tree: Path, given: str, option: str) -> tuple[str, ...]:
 
 
 def select(
-    tree: Path, series_dir: Path | None, given: str | None, option: str, tp: int, pp: int, te_usable: bool
+    tree: Path,
+    series_dir: Path | None,
+    given: str | None,
+    option: str,
+    tp: int,
+    pp: int,
+    te_usable: bool,
+    device_kind: Callable[[], str] | None = None,
 ) -> Selection:
-    """The cases ``given`` (``option``'s value: reach, all or names; None is reach) selects."""
+    """The cases ``given`` (``option``'s value: reach, all or names; None is reach) selects
+    (``device_kind``: the run's, for reach's cases with a golden)."""
     word = REACH if given is None else given.strip()
     if word == ALL:
         cases = tuple(case_plan.training_cases(tree))
         return Selection(ALL, cases, f"all {len(cases)} GPT cases of the tree")
     if word != REACH:
         return Selection(NAMED, _named(tree, word, option))
-    recorded = reach_cases(series_dir, tree)
+    recorded = reach_cases(series_dir, tree, device_kind)
     if recorded:
         names, line = recorded
         there = tuple(n for n in names if (tree / CASES / n / "model_config.yaml").is_file())

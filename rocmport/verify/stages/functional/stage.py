@@ -14,6 +14,7 @@ from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.machine import probe
 from rocmport.verify.orchestration import environment
+from rocmport.verify.orchestration.device_kind import PROXY, DeviceKind
 from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.stage_result import FAIL, StageResult, tree_lacks
 from rocmport.verify.stages import case_plan
@@ -162,6 +163,15 @@ class FunctionalStage(Stage[FunctionalOptions]):
 STAGE = FunctionalStage()
 
 
+def run_device_kind(te: TELayer | None) -> DeviceKind:
+    """The device kind this run's goldens are kept for (DeviceKind.of_run, before the run): TE's layer
+    runs on the CPU proxy only (--te); without it, the proxy unless this machine has a GPU."""
+    if te is not None:
+        return DeviceKind(PROXY, te=te.version)
+    machine = probe.probe()
+    return DeviceKind.of_run("gpu" if machine.has_gpu else PROXY, machine, None)
+
+
 def given_cases(cases: str | None, case: str | None) -> tuple[str | None, str]:
     """The cases asked for and the option that asked (``--case NAME`` is ``--cases NAME``)."""
     if cases is not None and case is not None and cases != case:
@@ -208,7 +218,7 @@ def functional_options(
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
     # or where TE's Python layer runs on the CPU proxy (--te).
     te_usable = te is not None or for_verify(series_dir / "series" if series_dir else None).te_usable
-    chosen = selection.select(tree, series_dir, case, option, tp, pp, te_usable)
+    chosen = selection.select(tree, series_dir, case, option, tp, pp, te_usable, lambda: str(run_device_kind(te)))
     if data_path is not None:
         data_path = _data_root(tree, data_path, chosen.cases)
     return FunctionalOptions(
