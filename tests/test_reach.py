@@ -443,15 +443,16 @@ def test_a_site_taken_only_with_a_gpu_feature_on_is_gpu_only_by_its_condition():
     assert reach.site_class(*args[:5], {key: ["t.py"]}, {}, None, when).startswith("reachable, not selected")
 
 
-def test_a_site_that_needs_a_device_torch_sees_is_gpu_only_and_a_test_file_s_rewrite_is_not_by_its_codemod():
+def test_a_site_that_needs_a_device_torch_sees_is_not_on_proxy_saying_why_and_a_test_file_s_rewrite_is_not_gpu_only():
     """test_module.py's module-level `if torch.cuda.is_available(): nvidia_capability()` ran on no
-    proxy run (the unit-test processes see no device): not-on-proxy, now gpu-only by its condition; a
-    flash-attention-hooks rewrite in a test file (`if is_hip(): HAVE_FA3 = False`) runs when the file is
-    collected, and was counted gpu-only for its codemod."""
+    proxy run (the unit-test processes see no device): not-on-proxy, its reason the condition and why
+    stage 3 does not take it; not gpu-only (no GPU feature: a ROCm GPU takes it, and stage 4's shim answers
+    it). A flash-attention-hooks rewrite in a test file (`if is_hip(): HAVE_FA3 = False`) runs when the
+    file is collected, and was counted gpu-only for its codemod."""
     cap = ("capability-gates", "tests/unit_tests/transformer/test_module.py", "nvidia_capability", "k", "why", {}, {})
-    assert reach.site_class(*cap, None, "torch.cuda.is_available()").startswith(
-        "gpu-only (a device torch sees: the proxy's unit-test processes see none"
-    )
+    cls = reach.site_class(*cap, None, "torch.cuda.is_available()")
+    assert cls.startswith("not-on-proxy (stage 3's processes see no device: torch.cuda.is_available() is False")
+    assert cls.endswith("taken only when `torch.cuda.is_available()`)")
     assert reach.site_class(*cap, None, "not (torch.cuda.is_available())") == "not-on-proxy (why)"
     assert reach.site_class(*cap, None, "device.type == 'cuda'").startswith("gpu-only (a tensor on a GPU")
     ssm = ("capability-gates", "megatron/core/ssm/ops/mamba_ssm.py", "nvidia_arch_major", "k", "why", {}, {}, None)

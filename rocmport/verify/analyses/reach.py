@@ -429,13 +429,18 @@ GPU_FEATURES: tuple[tuple[str | None, str | None, str | None, str, str], ...] = 
 # (a pattern of the condition, the flag, what it needs). A negated condition (`not (...)`) is not it.
 GPU_CONDITIONS: tuple[tuple[str, str, str], ...] = (
     (r"\btp_comm_overlap\b", "--tp-comm-overlap", "TE's userbuffers (CUDA IPC)"),
+    (r"\.type == 'cuda'", "", "a tensor on a GPU (the proxy's tensors are on the CPU)"),
+)
+
+# A site whose condition asks what the proxy could answer but does not where the site lies: not a GPU
+# feature, so not gpu-only (a ROCm GPU takes it, and so could a proxy run that answered it): (a pattern
+# of the condition, why the proxy's runs do not take it).
+PROXY_CONDITIONS: tuple[tuple[str, str], ...] = (
     (
         r"torch\.cuda\.is_available\(\)",
-        "",
-        "a device torch sees: the proxy's unit-test processes see none (torch.cuda.is_available() is False "
-        "there; the HIP simulation answers device questions, not availability)",
+        "stage 3's processes see no device: torch.cuda.is_available() is False there (stage 4's shim answers "
+        "True; upstream's unit tests run without it, so a module-level check takes its CPU branch)",
     ),
-    (r"\.type == 'cuda'", "", "a tensor on a GPU (the proxy's tensors are on the CPU)"),
 )
 
 
@@ -468,7 +473,9 @@ def site_class(
         if any(re.search(pattern, part) for part in when.split(" and ") if not part.startswith("not (")):
             what = gpu_reasons.get(flag) or (f"{flag}: " if flag else "") + needs
             return f"{GPU_ONLY} ({what}; taken only when `{when}`)"
-    why = reason
+    parts = [part for part in when.split(" and ") if not part.startswith("not (")]
+    proxy_why = next((why for pattern, why in PROXY_CONDITIONS if any(re.search(pattern, p) for p in parts)), None)
+    why = f"{proxy_why}; taken only when `{when}`" if proxy_why else reason
     if record is not None:
         why += (
             f"; no recorded case or test file ran it ({len(record.cases)} cases, {len(record.unit_tests)} "
