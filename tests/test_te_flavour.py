@@ -262,8 +262,9 @@ def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float
     a fallback a GPU run never takes; the proxy's device tensors are CPU tensors, so under the rocm flavour on
     gfx942 (FNUZ bits) every weight came back doubled and E4M3's maximum as NaN, and Megatron's --fp8-param-gather
     made NaN master weights from them. To TE's dequantize a tensor on the simulated device is not on the CPU
-    (proxy_shim), so TE asks tex.dequantize, which decodes in the flavour's encoding; a Float8Tensor staged on
-    the CPU still says it is there (Megatron's checkpoint writer asserts it)."""
+    (proxy_shim), so TE asks tex.dequantize, which decodes in the flavour's encoding; to TE asking through its own
+    Float8Tensor.is_cpu it is not either, while to others asking that property (Megatron's checkpoint writer
+    asserts it of a staged tensor) it is where it really is."""
     version = "2.17.1"  # v0.19's line; the fallback is in TE's float8_tensor_storage.py from 2.14
     rocm = _probe(tmp_path, version, "rocm", "gfx942")
     control = _probe(tmp_path, version, "nvidia", None, {"ROCMPORT_CUDA_SIM_ARCH": "sm_90"})  # NVIDIA's, an H100
@@ -272,6 +273,7 @@ def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float
         assert isinstance(answer, dict), answer
         assert answer["nan"] == 0 and answer["max_error"] <= 1 / 16, answer
         assert answer["staged_is_cpu"] is True, answer
+        assert answer["te_asks_is_cpu"] is False and answer["te_asks_data_is_cpu"] is False, answer
 
 
 @pytest.mark.network

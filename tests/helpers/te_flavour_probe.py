@@ -58,6 +58,12 @@ def _dequantized_weight() -> dict | str:
             "max_error": round(float((back - weight).abs().max()) / 3.0, 4),
             # a copy staged on the CPU (Megatron's checkpoint writer asserts `tensor.is_cpu` of it) is there
             "staged_is_cpu": quantized.detach().to("cpu").is_cpu,
+            # ...while TE asking its own Float8Tensor.is_cpu (code compiled under a TE file name) sees the
+            # simulated device, as its is_cuda does
+            "te_asks_is_cpu": eval(compile("quantized.is_cpu", "/site/transformer_engine/pytorch/probe.py", "eval")),
+            "te_asks_data_is_cpu": eval(
+                compile("quantized._data.is_cpu", "/site/transformer_engine/pytorch/probe.py", "eval")
+            ),
         }
     except Exception as exc:  # noqa: BLE001 - said in the probe's answer
         return f"{type(exc).__name__}: {exc}"

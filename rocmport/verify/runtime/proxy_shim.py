@@ -544,19 +544,24 @@ def install_for_te() -> None:
 
     torch.Tensor.is_cuda = property(is_cuda)
 
-    # And the same tensor is not on the CPU to TE's dequantize. TE 2.14+ dequantizes a Float8Tensor whose data
-    # is on the CPU by reading the uint8 bits as NVIDIA's OCP dtypes (TE_DType_To_Torch) instead of asking
+    # And the same tensor is not on the CPU to TE. TE 2.14+ dequantizes a Float8Tensor whose data is on the
+    # CPU by reading the uint8 bits as NVIDIA's OCP dtypes (TE_DType_To_Torch) instead of asking
     # tex.dequantize, the CPU layer's cast, which decodes in the flavour's encoding (FNUZ on gfx942: read as
-    # OCP, every value doubled and ±240 a NaN). Megatron's --fp8-param-gather makes its fp32 master weights by
-    # that dequantize. Only there: a Float8Tensor really moved to the CPU (a checkpoint's staged copy, which
-    # Megatron's writer asserts `tensor.is_cpu` of, TE's Float8Tensor.is_cpu answering) stays on the CPU.
+    # OCP, every value doubled and ±240 a NaN); Megatron's --fp8-param-gather makes its fp32 master weights
+    # from FP8 parameters. Answered as is_cuda is: from TE's frames, a tensor is on the simulated device,
+    # including through TE's own `Float8Tensor.is_cpu` property when TE asks it; when Megatron or torch ask
+    # that property (Megatron's checkpoint writer asserts `tensor.is_cpu` of each staged tensor, which on the
+    # proxy may be the parameter itself: its bytes already lie on the CPU), the tensor is where it really is.
     real_cpu = torch._C.TensorBase.is_cpu
 
     def is_cpu(self):
         if not real_cpu.__get__(self):
             return False
-        where = _te_caller()
-        if where is not None and where.endswith(_TE_DEQUANTIZE_FALLBACK):
+        asker = sys._getframe(1)
+        if asker.f_code.co_name == "is_cpu" and asker.f_back is not None:  # a tensor subclass's own is_cpu property
+            asker = asker.f_back
+        where = _te_file(asker.f_code.co_filename)
+        if where is not None:
             REDIRECTS[f"Tensor.is_cpu (on the simulated device) @ {where}"] += 1
             return False
         return True
@@ -581,16 +586,15 @@ def install_for_te() -> None:
     BackwardCFunction.apply = apply
 
 
-# The TE file whose CPU fallback decodes FP8 as OCP (Float8TensorStorage's _FromFloat8Func), where a tensor on the
-# simulated device answers is_cpu False.
-_TE_DEQUANTIZE_FALLBACK = "tensor/storage/float8_tensor_storage.py"
-
-
 def _te_caller() -> str | None:
     """When the function that calls this was called from TE's own code: that file
     (transformer_engine/...); else None."""
-    caller = sys._getframe(2).f_code.co_filename
-    return caller[caller.index("/transformer_engine/") + 1 :] if "/transformer_engine/" in caller else None
+    return _te_file(sys._getframe(2).f_code.co_filename)
+
+
+def _te_file(filename: str) -> str | None:
+    """``filename`` as transformer_engine/... when it is TE's own code; else None."""
+    return filename[filename.index("/transformer_engine/") + 1 :] if "/transformer_engine/" in filename else None
 
 
 def _answer_te_frames(name: str, answer) -> None:
