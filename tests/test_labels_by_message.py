@@ -253,3 +253,18 @@ def test_a_cut_message_is_compared_before_its_site():
     assert same_message(here, there)
     assert not same_message(here, there.replace("m.py:9", "n.py:9"))
     assert not same_message(here, there.replace("w w w", "w v w", 1))
+
+
+def test_a_failure_raised_through_rocmport_s_own_shim_compares_without_the_relative_path_to_it():
+    """Measured on v0.16 (--unit-tests reach): test_multi_latent_attention.py failed on both trees with the
+    same pin_memory error raised in proxy_shim.py, its site written relative to each tree's working
+    directory at another depth; labelled port-regression for the path alone."""
+    msg = (
+        "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator "
+        "is available on this system. at {}rocmport/verify/runtime/proxy_shim.py:116"
+    )
+    assert same_message(msg.format("../../../../main/"), msg.format("../../../../work/main/"))
+    assert same_message(msg.format("/site/lib/python3.12/site-packages/"), msg.format("../../"))
+    assert not same_message(
+        msg.format("../../"), msg.format("../../").replace("proxy_shim.py", "hip_sim.py")
+    )  # another file of rocmport's is another site

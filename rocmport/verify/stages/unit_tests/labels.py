@@ -265,7 +265,10 @@ def _names_package(text: str, blocked: tuple[str, ...]) -> str | None:
 # tensor([[[[-1.0840e-02, ...` here and `tensor([[[[-8.0444e-04, ...` there): its words, names and
 # site are compared. An import error's message carries no such values and is compared whole.
 _PATH_TOKEN = re.compile(r"""[^\s'"()\[\],]*/[^\s'"()\[\],]*""")
-_TREE_DIR = re.compile(r"(?:^|.*/)((?:megatron|tests|examples|tools|site-packages|dist-packages)/.*)$")
+# rocmport's own files (the proxy shim a failure is raised through) are written relative to each tree's
+# working directory too, at another depth for the unported tree's checkout ("../../../../main/rocmport/..."
+# here, "../../../../work/main/rocmport/..." there): they keep what follows rocmport/.
+_TREE_DIR = re.compile(r"(?:^|.*/)((?:megatron|tests|examples|tools|site-packages|dist-packages|rocmport)/.*)$")
 _LINE = re.compile(r"""(\.pyx?"?)(?::\d+|, line \d+)""")
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
 _TEMP_NAME = re.compile(r"\b(pytest-|tmp|rocmport-[a-z]+-)(?:\d+\b|[a-z0-9_]{8}\b)")
