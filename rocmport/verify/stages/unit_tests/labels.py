@@ -185,6 +185,13 @@ def _label_failed_on_both(nodeid: str, port: SuiteRun, base: SuiteRun, blocked: 
         return _label_other_message(nodeid, port, base, blocked)
     if nodeid in set(port.local_spec):
         return "proxy-artifact", "fails the same way on the unported tree, running with the local spec in place of TE's"
+    if _raised_in_shim(port.details.get(nodeid, "")) and _raised_in_shim(base.details.get(nodeid, "")):
+        return (
+            "proxy-artifact",
+            "fails the same way on the unported tree, raised in the CPU proxy's shim "
+            f"(rocmport/verify/runtime/proxy_shim.py): what the proxy does not provide, not upstream's failure "
+            f"({_message_and_site(port.details[nodeid])[0][:160]})",
+        )
     if needs := _names_blocked(nodeid, port, blocked):
         return (
             "needs-nvidia-only",
@@ -289,6 +296,11 @@ def _normalised(text: str, numbers: bool = True) -> str:
     if not numbers:  # with its sign, or the space torch pads a positive value with (`[ 6.7e-03`, `... 3.4e-03`)
         text = re.sub(r"([\[(.])\s+#", r"\1#", _NUMBER.sub("#", text))
     return " ".join(text.removeprefix("E ").split())
+
+
+def _raised_in_shim(line: str) -> bool:
+    """Whether a failure line's site (pytest_plugin._failure_line's innermost frame) is the CPU proxy's shim."""
+    return _message_and_site(line)[1].endswith("rocmport/verify/runtime/proxy_shim.py")
 
 
 def _message_and_site(line: str) -> tuple[str, str]:
