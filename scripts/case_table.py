@@ -8,13 +8,17 @@ features) or the unsupported kind and its reason.
     python scripts/case_table.py --mlm MIRROR --pin main=COMMIT            # main at a given commit
     python scripts/case_table.py --mlm MIRROR --report v0.16=verify.json --out cases.md
                                                                            # with stage 4's results
+    python scripts/case_table.py --mlm MIRROR --report v0.16=a.json --report v0.16=b.json
+                                                                           # a sweep run in chunks
 
 A line's cases are its tag's tests/functional_tests/test_cases/gpt (git archive into a temporary
 directory, removed after). `main` is the mirror's main branch: the page records the commit it read,
 and the mirror test pins main to that commit, so only the release tags and the planner decide the
 page. With --report LINE=FILE (a `rocmport verify` JSON report) each case that the report's stage 4
 ran shows its status (and label) before its plan; a report without per-case data leaves the plan
-alone. The page holds upstream's case names and the planner's reasons, no upstream file."""
+alone. A line may take several reports (a `--cases all` sweep run a few cases at a time, so that each
+chunk has the machine to itself): their cases are merged in the order given, a later report's entry
+for a case replacing an earlier one's. The page holds upstream's case names and the planner's reasons, no upstream file."""
 
 from __future__ import annotations
 
@@ -64,7 +68,7 @@ class Line:
     commit: str
     plans: dict[str, cp.Plan]
     results: dict[str, CaseResult] | None = None  # None: no report given for the line
-    report: str | None = None  # the report file the results came from
+    reports: list[str] = field(default_factory=list)  # the report files the results came from
 
     @property
     def summary(self) -> cp.PlanSummary:
@@ -146,11 +150,19 @@ def case_results(report: reader.RunReport) -> dict[str, CaseResult]:
     return out
 
 
-def load_report(line: str, path: Path) -> tuple[dict[str, CaseResult], str]:
+def load_report(line: str, path: Path) -> dict[str, CaseResult]:
     report = reader.load(path)
     if line in LINES and line != "main" and report.line in LINES and report.line != line:
         raise BadInput(f"--report {line}={path}: the report is of line {report.line}, not {line}")
-    return case_results(report), str(path)
+    return case_results(report)
+
+
+def load_reports(line: str, paths: list[str]) -> dict[str, CaseResult]:
+    """The cases of ``line``'s reports merged in order: a later report's entry for a case wins."""
+    results: dict[str, CaseResult] = {}
+    for path in paths:
+        results.update(load_report(line, Path(path)))
+    return results
 
 
 # --- the page ---------------------------------------------------------------------------------
@@ -219,7 +231,7 @@ def render(lines: list[Line]) -> str:
             f"| {line.name} | `{line.ref}` | `{line.commit[:12]}` | {len(line.plans)} | {len(s.runnable)} | {counts} "
             f"| {result_counts(line)} |"
         )
-    reports = [f"{line.name}: `{line.report}`" for line in lines if line.report]
+    reports = [f"{line.name}: {', '.join(f'`{r}`' for r in line.reports)}" for line in lines if line.reports]
     out += [
         "",
         "Verify results: stage 4's status per case from a `rocmport verify` report, given per line with",
@@ -266,7 +278,15 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
     return out
 
 
-def build(mirror: Path, pins: dict[str, str], reports: dict[str, str]) -> list[Line]:
+def _report_lists(values: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for value in values:
+        name, path = next(iter(_pairs([value], "--report").items()))
+        out.setdefault(name, []).append(path)
+    return out
+
+
+def build(mirror: Path, pins: dict[str, str], reports: dict[str, list[str]]) -> list[Line]:
     if not mirror.is_dir() or _git(mirror, "rev-parse", "--git-dir").returncode != 0:
         raise BadInput(f"--mlm {mirror}: not a git directory; give a Megatron-LM mirror (a bare clone)")
     lines = []
@@ -278,7 +298,7 @@ def build(mirror: Path, pins: dict[str, str], reports: dict[str, str]) -> list[L
             lines.append(Line(name, ref, commit, read_cases(mirror, commit, where)))
     for line in lines:
         if line.name in reports:
-            line.results, line.report = load_report(line.name, Path(reports[line.name]))
+            line.results, line.reports = load_reports(line.name, reports[line.name]), reports[line.name]
     return lines
 
 
@@ -286,12 +306,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="case_table.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--mlm", required=True, type=Path, help="a Megatron-LM mirror (bare git directory)")
     p.add_argument("--pin", action="append", default=[], metavar="LINE=COMMIT", help="read LINE at COMMIT")
-    p.add_argument("--report", action="append", default=[], metavar="LINE=FILE", help="a verify report of LINE")
+    p.add_argument(
+        "--report",
+        action="append",
+        default=[],
+        metavar="LINE=FILE",
+        help="a verify report of LINE (several for one line: merged in order)",
+    )
     p.add_argument("--out", type=Path, default=DOC, help=f"the page to write (default {DOC.relative_to(REPO)})")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when --out differs")
     args = p.parse_args(argv)
     try:
-        text = render(build(args.mlm, _pairs(args.pin, "--pin"), _pairs(args.report, "--report")))
+        text = render(build(args.mlm, _pairs(args.pin, "--pin"), _report_lists(args.report)))
     except BadInput as e:
         print(f"case_table.py: error: {e}", file=sys.stderr)
         return 2

@@ -154,6 +154,35 @@ def test_stage_4_results_fill_the_cells_of_the_line_whose_report_is_given(tmp_pa
     assert "v0.16: `" in text and str(tmp_path / "several.json") in text
 
 
+def test_a_line_takes_several_reports_merged_in_order(tmp_path):
+    """A sweep run in chunks: two reports of v0.16, each with some of the cases; both chunks' cases fill
+    the line, and a case in both takes the later report's entry."""
+    mlm, _ = mirror(tmp_path)
+    chunks = []
+    for i, cases in enumerate(
+        [
+            [{"case": REPORTED, "status": "fail", "label": "unverified", "reason": "first chunk"}],
+            [
+                {"case": REPORTED, "status": "pass"},
+                {"case": "gpt3_flash", "status": "unsupported-in-proxy", "reason": "--attention-backend flash"},
+            ],
+        ]
+    ):
+        report = json.loads((REPORTS / "v0.16-pass.json").read_text())
+        next(s for s in report["stages"] if s["name"] == "functional")["cases"] = cases
+        chunks.append(tmp_path / f"chunk-{i}.json")
+        chunks[-1].write_text(json.dumps(report))
+    out = tmp_path / "cases.md"
+    proc = run("--mlm", str(mlm), *(a for c in chunks for a in ("--report", f"v0.16={c}")), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert by_first(table(text, "Counts"))["v0.16"][-1] == "1 pass, 1 unsupported-in-proxy"
+    cells = by_first(table(text, "Cases"))
+    assert cells[REPORTED][1].startswith("**pass**<br>")
+    assert cells["gpt3_flash"][1].startswith("**unsupported-in-proxy**: --attention-backend flash")
+    assert f"`{chunks[0]}`, `{chunks[1]}`" in text
+
+
 def test_bad_input_is_one_line_and_exit_2_and_check_writes_nothing(tmp_path):
     mlm, _ = mirror(tmp_path)
     cases = [
