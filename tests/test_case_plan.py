@@ -223,7 +223,7 @@ def test_fp8_weights_keep_the_cases_bf16_for_their_master_weights_and_the_plan_s
     assert "--bf16" in build_args(native, iters=4, proxy=True, data_path=None, work=tmp_path)
     # an FP8 case without FP8 weights, and a bf16 case without FP8: fp32 on the proxy, as before
     for other in (
-        case(**{"--bf16": True, "--fp8-format": "hybrid", "--use-distributed-optimizer": True}),
+        case(**{"--bf16": True, "--fp8-format": "hybrid"}),
         case(**{"--bf16": True}),
     ):
         q = cp.plan_case("c", other, te=GFX942)
@@ -237,6 +237,28 @@ def test_fp8_weights_keep_the_cases_bf16_for_their_master_weights_and_the_plan_s
     assert [k for k, _ in cp.plan_case("c", fp16, te=GFX942).kept] == ["--fp16"]
     no_half = case(**{"--fp8-format": "e4m3", "--fp8-param-gather": True, "--use-distributed-optimizer": True})
     assert cp.plan_case("c", no_half, te=GFX942).kept == ()
+
+
+def test_distributed_optimizer_cases_keep_their_half_precision_and_the_plan_says_why(tmp_path):
+    """The distributed optimizer's fp32 path (views of the model's own parameters, no fp32 main copies) is another
+    path than a bf16 case tests, and it cannot resume from a dp-reshardable checkpoint on any device (measured on
+    both trees of v0.16): such a case keeps its --bf16 or --fp16, declared; without the distributed optimizer, fp32."""
+    from rocmport.verify.stages.functional.case_args import build_args
+
+    why = dict(cp.PROXY_KEEPS_PRECISION)["--use-distributed-optimizer"]
+    for half in ("--bf16", "--fp16"):
+        dist = case(**{half: True, "--use-distributed-optimizer": True, "--overlap-param-gather": True})
+        p = cp.plan_case("c", dist)
+        assert isinstance(p, cp.CasePlan) and p.kept == ((half, why),)
+        assert "a view of a leaf Variable that requires grad" in why and "float16 branch" in why
+        assert any(n.startswith(f"{half} kept: the distributed optimizer keeps fp32 main copies") for n in p.notes)
+        assert half in build_args(dist, iters=4, proxy=True, data_path=None, work=tmp_path, plan=p)
+    plain = case(**{"--bf16": True, "--overlap-grad-reduce": True})
+    q = cp.plan_case("c", plain)
+    assert isinstance(q, cp.CasePlan) and q.kept == ()
+    assert "--bf16" not in build_args(plain, iters=4, proxy=True, data_path=None, work=tmp_path, plan=q)
+    # a distributed-optimizer case without half precision has nothing to keep
+    assert cp.plan_case("c", case(**{"--use-distributed-optimizer": True})).kept == ()
 
 
 # upstream v0.16.1's gpt3_weekly_dgx_h100_mcore_tp2_pp2_fp8_tp_pp ENV_VARS (abridged): from before --attention-backend

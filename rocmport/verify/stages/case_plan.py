@@ -273,6 +273,16 @@ PROXY_KEEPS_PRECISION: tuple[tuple[str, str], ...] = (
         "keeps its half precision (parameters and activations; TE's CPU kernels compute in fp32 and write it), with "
         "fp32 master weights and gradient reduction, as on the GPU",
     ),
+    (
+        "--use-distributed-optimizer",
+        "the distributed optimizer keeps fp32 main copies of a half-precision model's parameter shards and gathers "
+        "the stepped shards back into the model (distrib_optimizer.py's float16 branch), while in fp32 it steps views "
+        "of the model's own parameters, another code path than the case tests; and that fp32 path cannot resume from "
+        "a dp-reshardable checkpoint on any device (load_parameter_state_from_dp_reshardable, not under "
+        "torch.no_grad, copies into a view of a leaf that requires grad: 'a view of a leaf Variable that requires "
+        "grad is being used in an in-place operation', measured on both trees): the case keeps its half precision, "
+        "with fp32 main weights, as on the GPU",
+    ),
 )
 _HALF = ("--fp16", "--bf16")
 
