@@ -417,11 +417,21 @@ SPAWNING = textwrap.dedent("""\
     if os.environ.get("TOY_TEARDOWN_S"):
         slow_teardown = SlowTeardown()
 
+    def last_of_pipes(queue, word, ends):  # the child of TOY_SPAWN_PIPES: many fds in its pickle
+        queue.put((os.getpid(), os.getppid(), os.environ.get("RANK"), os.environ.get("TOY_SET_BY_RANK"),
+                   ends[-1].recv() + word + str(len(ends)), os.getcwd(), __name__))
+        sys.exit(3)
+
     if __name__ == "__main__":
         os.environ["TOY_SET_BY_RANK"] = "yes"  # a fresh interpreter gets the rank's environment as it is now
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        proc = ctx.Process(target=child, args=(queue, "hello"))
+        if os.environ.get("TOY_SPAWN_PIPES"):  # as a checkpoint writer gets a storage's fd per tensor
+            pipes = [ctx.Pipe(duplex=False) for _ in range(int(os.environ["TOY_SPAWN_PIPES"]))]
+            pipes[-1][1].send("last")
+            proc = ctx.Process(target=last_of_pipes, args=(queue, "-", [r for r, _ in pipes]))
+        else:
+            proc = ctx.Process(target=child, args=(queue, "hello"))
         proc.start()
         got = queue.get(timeout=60)
         sys.stdout.write(f"rank {os.environ['RANK']} got {got} child-pid {proc.pid}\\n")
@@ -507,3 +517,18 @@ def test_a_served_child_ends_as_a_forked_child_does_after_its_exit_handlers(tmp_
     assert proc.returncode == 0 and took, proc.stdout + proc.stderr
     assert float(took.group(1)) < 4
     assert marker.read_text() == "ran\n"  # the child's (the server's own exit and the rank's os._exit run none)
+
+
+def test_a_child_whose_pickle_names_more_fds_than_one_message_carries_still_starts(tmp_path, spawning_tree):
+    """A spawn start passing more descriptors than a socket message carries (a process object with
+    hundreds of pipes, or of tensors shared by fd) starts as a fresh interpreter, as before."""
+    env = toy_env(tmp_path, TOY_SPAWN_PIPES="300")
+    server = RankServer(spawning_tree, tmp_path, world=1)
+    try:
+        proc = launch(server, env, 1)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = re.search(r"rank 0 got \((\d+), (\d+), '0', 'yes', 'last-300', ", proc.stdout)
+    assert got and "rank 0 child exit 3 after" in proc.stdout, proc.stdout + proc.stderr
+    assert got.group(2) != str(server.ready["pid"] if server.ready else None)  # the rank's own child

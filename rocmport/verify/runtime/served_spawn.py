@@ -40,7 +40,9 @@ from rocmport.procs import die_with_parent
 _SIGNED = struct.Struct("q")
 # what a request carries over the socket: its JSON's length, then the JSON; the fds ride on the length
 _HEADER = struct.Struct("!Q")
-_MAX_FDS = 64
+# what one SCM_RIGHTS message carries (Linux's SCM_MAX_FD); a start that passes more (a process object
+# with hundreds of pipes, or of tensors shared by fd) is a fresh interpreter's, as without the server
+_MAX_FDS = 253
 # the redirect the rank's shim counts per served start (the report's redirects)
 REDIRECT = "multiprocessing spawn: forked from the rank server (a fresh interpreter on a GPU)"
 END_GRACE_S = 5.0
@@ -80,6 +82,7 @@ class ServedPopen(popen_spawn_posix.Popen):
     same fd numbers in the child; pid and exit code from the server's status pipe (the sentinel)."""
 
     _fds: list[int]  # spawn's Popen: the fds the child gets at the same numbers
+    _served = False
 
     def _launch(self, process_obj) -> None:
         from multiprocessing import reduction, resource_tracker, spawn, util
@@ -96,6 +99,11 @@ class ServedPopen(popen_spawn_posix.Popen):
             reduction.dump(process_obj, buf)
         finally:
             set_spawning_popen(None)
+        if len(set(self._fds) | {0, 1, 2}) + 2 > _MAX_FDS:  # with the pipe's end and the status pipe's
+            self._fds = []
+            super()._launch(process_obj)  # type: ignore[misc]
+            return
+        self._served = True
         child_r, parent_w = os.pipe()
         status_r, status_w = os.pipe()
         try:
@@ -122,6 +130,8 @@ class ServedPopen(popen_spawn_posix.Popen):
             shim.REDIRECTS[f"{REDIRECT} @ {shim._site()}"] += 1
 
     def poll(self, flag: int = os.WNOHANG) -> int | None:
+        if not self._served:  # a fresh interpreter's, its own child
+            return super().poll(flag)
         if self.returncode is None:
             from multiprocessing.connection import wait
 
