@@ -22,22 +22,20 @@ accepts requests, forks, reaps and reports exits, and ends what a run left behin
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import os
+import re
 import signal
 import socket
 import struct
 import sys
 import time
 from dataclasses import dataclass
-
 from multiprocessing import popen_spawn_posix
+from multiprocessing.forkserver import read_signed, write_signed
 
 from rocmport.procs import die_with_parent
 
-# the exit code and pid on the status pipe: multiprocessing.forkserver's encoding
-_SIGNED = struct.Struct("q")
 # what a request carries over the socket: its JSON's length, then the JSON; the fds ride on the length
 _HEADER = struct.Struct("!Q")
 # what one SCM_RIGHTS message carries (Linux's SCM_MAX_FD); a start that passes more (a process object
@@ -56,89 +54,64 @@ WHY = (
 )
 
 
-def _write_signed(fd: int, n: int) -> None:
-    data = _SIGNED.pack(n)
-    while data:
-        data = data[os.write(fd, data) :]
-
-
-def _read_signed(fd: int) -> int:
-    data = b""
-    while len(data) < _SIGNED.size:
-        chunk = os.read(fd, _SIGNED.size - len(data))
-        if not chunk:
-            raise EOFError("the rank server closed the status pipe")
-        data += chunk
-    return _SIGNED.unpack(data)[0]
-
-
 # ---- rank side ------------------------------------------------------------------------------------
 
 _SOCKET: str | None = None
+# spawn's command line for the child: spawn_main(tracker_fd=N, pipe_handle=M)
+_SPAWN_MAIN = re.compile(r"spawn_main\(tracker_fd=(\d+), pipe_handle=(\d+)\)")
 
 
 class ServedPopen(popen_spawn_posix.Popen):
-    """spawn's Popen whose child the rank server forks: the same pickles through the same pipe, the
-    same fd numbers in the child; pid and exit code from the server's status pipe (the sentinel)."""
+    """spawn's own Popen (its pickling, pipes, fds and the write of the pickles), with the one step
+    that starts a fresh interpreter (multiprocessing.util.spawnv_passfds) replaced, for this start
+    only, by a request to the rank server, which forks the child; the child's pid and exit code
+    come back on a status pipe (popen_forkserver's way: the child is not this process's)."""
 
-    _fds: list[int]  # spawn's Popen: the fds the child gets at the same numbers
-    _served = False
+    _status_r: int | None = None
 
     def _launch(self, process_obj) -> None:
-        from multiprocessing import reduction, resource_tracker, spawn, util
-        from multiprocessing.context import set_spawning_popen
+        from multiprocessing import resource_tracker, util
 
-        tracker_fd = resource_tracker.getfd()
-        assert tracker_fd is not None  # getfd starts the tracker
-        self._fds.append(tracker_fd)
-        prep_data = spawn.get_preparation_data(process_obj._name)
-        buf = io.BytesIO()
-        set_spawning_popen(self)
+        resource_tracker.ensure_running()  # the tracker's own start stays a fresh interpreter's
+        fresh = util.spawnv_passfds
+        util.spawnv_passfds = lambda path, args, passfds: self._start(fresh, path, args, passfds)
         try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            set_spawning_popen(None)
-        if len(set(self._fds) | {0, 1, 2}) + 2 > _MAX_FDS:  # with the pipe's end and the status pipe's
-            self._fds = []
             super()._launch(process_obj)  # type: ignore[misc]
-            return
-        self._served = True
-        child_r, parent_w = os.pipe()
-        status_r, status_w = os.pipe()
-        try:
-            fds = sorted(set(self._fds) | {child_r, 0, 1, 2})
-            _request(
-                _SOCKET or "",
-                {"fds": fds, "env": dict(os.environ), "tracker_fd": tracker_fd, "pipe": child_r},
-                status_w,
-                fds,
-            )
-            os.close(status_w)
-            status_w = -1
-            self.sentinel = status_r
-            self.pid = _read_signed(status_r)
-            with open(parent_w, "wb", closefd=False) as f:
-                f.write(buf.getbuffer())
         finally:
-            self.finalizer = util.Finalize(self, util.close_fds, [status_r, parent_w])  # type: ignore[attr-defined]
-            for fd in (child_r, status_w):
-                if fd >= 0:
-                    os.close(fd)
+            util.spawnv_passfds = fresh
         shim = sys.modules.get("rocmport.verify.runtime.proxy_shim")
-        if shim is not None:
+        if shim is not None and self._status_r is not None:
             shim.REDIRECTS[f"{REDIRECT} @ {shim._site()}"] += 1
 
+    def _start(self, fresh, path, args, passfds) -> int:
+        """The child's pid: forked by the server, or (more fds than one message carries, a command
+        that is not spawn's) a fresh interpreter as spawn starts it."""
+        from multiprocessing import util
+
+        fds = sorted(set(passfds) | {0, 1, 2})
+        called = _SPAWN_MAIN.search(" ".join(map(str, args)))
+        if called is None or len(fds) + 1 > _MAX_FDS:
+            return fresh(path, args, passfds)
+        status_r, status_w = os.pipe()
+        try:
+            message = {"fds": fds, "env": dict(os.environ), "tracker_fd": int(called[1]), "pipe": int(called[2])}
+            _request(_SOCKET or "", message, status_w, fds)
+        finally:
+            os.close(status_w)
+        util.Finalize(self, util.close_fds, (status_r,))  # type: ignore[attr-defined]
+        self._status_r = status_r
+        return read_signed(status_r)
+
     def poll(self, flag: int = os.WNOHANG) -> int | None:
-        if not self._served:  # a fresh interpreter's, its own child
+        if self._status_r is None:  # a fresh interpreter's: this process's own child
             return super().poll(flag)
         if self.returncode is None:
             from multiprocessing.connection import wait
 
-            if not wait([self.sentinel], 0 if flag == os.WNOHANG else None):
+            if not wait([self._status_r], 0 if flag == os.WNOHANG else None):
                 return None
             try:
-                self.returncode = _read_signed(self.sentinel)
+                self.returncode = read_signed(self._status_r)
             except (OSError, EOFError):  # the server is gone, and its children with it
                 self.returncode = 255
         return self.returncode
@@ -265,7 +238,7 @@ class SpawnServer:
         for fd in passed:
             os.close(fd)
         try:
-            _write_signed(status_w, pid)
+            write_signed(status_w, pid)
         except OSError:  # the rank went away mid-start
             pass
         self.children[pid] = status_w
@@ -278,7 +251,7 @@ class SpawnServer:
             if done:
                 status_w = self.children.pop(pid)
                 try:
-                    _write_signed(status_w, os.waitstatus_to_exitcode(status))
+                    write_signed(status_w, os.waitstatus_to_exitcode(status))
                 except OSError:  # the rank is gone
                     pass
                 os.close(status_w)
