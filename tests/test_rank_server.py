@@ -390,3 +390,145 @@ def test_the_proxy_starts_upstreams_checkpoint_processes_by_fork_only_while_they
         "write-results queue's Manager: fork (spawn on a GPU)",
     ]
     proxy_shim.REDIRECTS.clear()
+
+
+# A rank that starts processes with multiprocessing's spawn (as the port starts upstream's data-loader
+# workers on HIP): the child reports through a Queue (its fds pickled, as a DataLoader's are) and exits
+# with a code of its own; TOY_SPAWN_HANG: a child that never ends (the rank exits without it).
+SPAWNING = textwrap.dedent("""\
+    import multiprocessing as mp, os, sys
+    import heavy
+
+    def child(queue, word):
+        queue.put((os.getpid(), os.getppid(), os.environ.get("RANK"), os.environ.get("TOY_SET_BY_RANK"),
+                   word, os.getcwd(), __name__))
+        sys.stdout.write(f"child of rank {os.environ.get('RANK')} says {word}\\n")
+        sys.stdout.flush()
+        if os.environ.get("TOY_SPAWN_HANG"):
+            import time
+            time.sleep(600)
+        sys.exit(3)
+
+    class SlowTeardown:  # a world whose interpreter teardown takes long (torch, megatron and TE: ~3 s on 2 cores)
+        import time  # bound now: the interpreter's teardown imports nothing
+        def __del__(self, sleep=time.sleep, seconds=float(os.environ.get("TOY_TEARDOWN_S", "0"))):
+            sleep(seconds)
+
+    if os.environ.get("TOY_TEARDOWN_S"):
+        slow_teardown = SlowTeardown()
+
+    def last_of_pipes(queue, word, ends):  # the child of TOY_SPAWN_PIPES: many fds in its pickle
+        queue.put((os.getpid(), os.getppid(), os.environ.get("RANK"), os.environ.get("TOY_SET_BY_RANK"),
+                   ends[-1].recv() + word + str(len(ends)), os.getcwd(), __name__))
+        sys.exit(3)
+
+    if __name__ == "__main__":
+        os.environ["TOY_SET_BY_RANK"] = "yes"  # a fresh interpreter gets the rank's environment as it is now
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        if os.environ.get("TOY_SPAWN_PIPES"):  # as a checkpoint writer gets a storage's fd per tensor
+            pipes = [ctx.Pipe(duplex=False) for _ in range(int(os.environ["TOY_SPAWN_PIPES"]))]
+            pipes[-1][1].send("last")
+            proc = ctx.Process(target=last_of_pipes, args=(queue, "-", [r for r, _ in pipes]))
+        else:
+            proc = ctx.Process(target=child, args=(queue, "hello"))
+        proc.start()
+        got = queue.get(timeout=60)
+        sys.stdout.write(f"rank {os.environ['RANK']} got {got} child-pid {proc.pid}\\n")
+        if not os.environ.get("TOY_SPAWN_HANG"):
+            import time
+            start = time.monotonic()
+            proc.join(60)
+            sys.stdout.write(f"rank {os.environ['RANK']} child exit {proc.exitcode} "
+                             f"after {time.monotonic() - start:.1f} s\\n")
+            if os.environ.get("TOY_TEARDOWN_S"):
+                os._exit(0)  # the rank's own teardown is not the question
+        else:
+            assert proc.is_alive()
+            sys.stdout.write(f"rank {os.environ['RANK']} leaves child {proc.pid}\\n")
+            sys.stdout.flush()
+            os._exit(0)  # without multiprocessing's exit handlers: the child is left behind
+    """)
+
+
+@pytest.fixture
+def spawning_tree(tmp_path):
+    root = tmp_path / "spawning"
+    root.mkdir()
+    (root / "heavy.py").write_text(HEAVY)
+    (root / "pretrain_gpt.py").write_text(SPAWNING)
+    return root
+
+
+def test_what_a_rank_spawns_is_forked_from_the_server_with_spawns_pickles_environment_and_exit(tmp_path, spawning_tree):
+    env = toy_env(tmp_path)
+    server = RankServer(spawning_tree, tmp_path, world=2)
+    try:
+        proc = launch(server, env, 2)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr
+    server_pid = str(server.ready["pid"]) if server.ready else None
+    # the script's imports ran once, in the server: neither the ranks nor their spawned children import again
+    assert (tmp_path / "imports.txt").read_text().split() == [server_pid]
+    got = re.findall(
+        r"rank (\d) got \((\d+), (\d+), '(\d)', '(\w+)', '(\w+)', '([^']+)', '(\w+)'\) child-pid (\d+)", proc.stdout
+    )
+    assert sorted(g[0] for g in got) == ["0", "1"], proc.stdout + proc.stderr
+    for rank, pid, ppid, child_rank, set_by_rank, word, cwd, name, child_pid in got:
+        # the server's child, with the rank's environment as the rank had it, its pickles, its working
+        # directory and its script as spawn's __mp_main__
+        assert pid == child_pid and ppid == server_pid
+        assert (child_rank, set_by_rank, word, cwd, name) == (rank, "yes", "hello", str(spawning_tree), "__mp_main__")
+        assert f"child of rank {rank} says hello" in proc.stdout  # the rank's stdout
+        assert f"rank {rank} child exit 3 after" in proc.stdout  # its exit code, to the rank's Popen
+
+
+def test_a_spawned_child_left_behind_ends_with_its_run(tmp_path, spawning_tree):
+    env = toy_env(tmp_path, TOY_SPAWN_HANG="1")
+    server = RankServer(spawning_tree, tmp_path, world=1)
+    start = time.monotonic()
+    try:
+        proc = launch(server, env, 1, timeout=60)
+        left = [int(p) for p in re.findall(r"leaves child (\d+)", proc.stdout)]
+        assert proc.returncode == 0 and len(left) == 1, proc.stdout + proc.stderr
+        assert time.monotonic() - start < 30 and not alive(left[0])
+        # the server serves the next run
+        assert launch(server, toy_env(tmp_path), 1).returncode == 0
+    finally:
+        server.close()
+
+
+def test_a_served_child_ends_as_a_forked_child_does_after_its_exit_handlers(tmp_path, spawning_tree):
+    """Its process done, a served child runs its exit handlers (the shim's redirects, the port-site
+    record) and ends (os._exit, as multiprocessing's fork and forkserver children end): not through
+    the interpreter's teardown of torch, megatron and TE, which took ~3 s per data-loader worker on
+    2 cores, one worker after another at each run's end."""
+    marker = tmp_path / "atexit.txt"
+    handler = f"import atexit; atexit.register(lambda: open({str(marker)!r}, 'a').write('ran\\n'))\n"
+    (spawning_tree / "heavy.py").write_text(HEAVY + handler)
+    env = toy_env(tmp_path, TOY_TEARDOWN_S="8")
+    server = RankServer(spawning_tree, tmp_path, world=1)
+    try:
+        proc = launch(server, env, 1)
+    finally:
+        server.close()
+    took = re.search(r"rank 0 child exit 3 after ([\d.]+) s", proc.stdout)
+    assert proc.returncode == 0 and took, proc.stdout + proc.stderr
+    assert float(took.group(1)) < 4
+    assert marker.read_text() == "ran\n"  # the child's (the server's own exit and the rank's os._exit run none)
+
+
+def test_a_child_whose_pickle_names_more_fds_than_one_message_carries_still_starts(tmp_path, spawning_tree):
+    """A spawn start passing more descriptors than a socket message carries (a process object with
+    hundreds of pipes, or of tensors shared by fd) starts as a fresh interpreter, as before."""
+    env = toy_env(tmp_path, TOY_SPAWN_PIPES="300")
+    server = RankServer(spawning_tree, tmp_path, world=1)
+    try:
+        proc = launch(server, env, 1)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = re.search(r"rank 0 got \((\d+), (\d+), '0', 'yes', 'last-300', ", proc.stdout)
+    assert got and "rank 0 child exit 3 after" in proc.stdout, proc.stdout + proc.stderr
+    assert got.group(2) != str(server.ready["pid"] if server.ready else None)  # the rank's own child

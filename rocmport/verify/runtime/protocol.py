@@ -163,6 +163,13 @@ SHIM_OUT = text(
     "runtime.proxy_shim",
     kind="path",
 )
+SPAWN_SERVER = text(
+    "ROCMPORT_SPAWN_SERVER",
+    "The socket of the rank server that forks what a rank starts with multiprocessing's spawn (stage 4, --fork-ranks).",
+    "runtime.rank_server (in each rank it forks)",
+    "runtime.rank_server, runtime.served_spawn",
+    kind="path",
+)
 SHIM_CHILDREN = flag(
     "ROCMPORT_SHIM_CHILDREN",
     "A child a unit-test rank spawns (multiprocessing spawn) installs the proxy shim too.",
@@ -249,6 +256,7 @@ VARIABLES: tuple[Var, ...] = (
     PORT_SITES,
     SHIM_WORKERS,
     SHIM_OUT,
+    SPAWN_SERVER,
     SHIM_CHILDREN,
     UNIT_OUT,
     UNIT_TEST_TIMEOUT,

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 
 from rocmport.procs import die_with_parent
+from rocmport.verify.runtime import protocol
+from rocmport.verify.runtime.served_spawn import SpawnJob, SpawnServer, run_spawned
 
 # torchrun's per-worker variables (torch.distributed.elastic's local agent), set in each rank here.
 RANK_VARS = (
@@ -225,17 +227,26 @@ def _still_there(conn: socket.socket) -> bool:
         return False
 
 
-def watch(conn: socket.socket, live: dict[int, int]) -> list[dict] | None:
+def watch(
+    conn: socket.socket, live: dict[int, int], spawner: SpawnServer, listener: socket.socket
+) -> list[dict] | SpawnJob | None:
     """Wait for a run's ranks (pid -> rank) as torchrun waits for its workers: the first failure
-    ends the others (SIGTERM to their process groups, SIGKILL after GRACE_S). The failures, or None
-    when the client went away (its ranks killed)."""
+    ends the others (SIGTERM to their process groups, SIGKILL after GRACE_S); meanwhile fork what
+    the ranks start with spawn (``spawner``; in such a child, the SpawnJob it runs). The failures,
+    or None when the client went away (its ranks killed)."""
     pids = list(live)
     failures: list[dict] = []
     term_at = None
     while live:
-        readable, _, _ = select.select([conn], [], [], POLL_S)
-        if readable and not _still_there(conn):
+        readable, _, _ = select.select([conn, spawner.listener], [], [], POLL_S)
+        if spawner.listener in readable:
+            job = spawner.accept([conn, listener])
+            if job is not None:
+                return job
+        spawner.reap()
+        if conn in readable and not _still_there(conn):
             _signal_groups(pids, signal.SIGKILL)
+            spawner.end_run()
             while live:
                 _reap(live, failures)
                 time.sleep(POLL_S)
@@ -247,6 +258,7 @@ def watch(conn: socket.socket, live: dict[int, int]) -> list[dict] | None:
         elif term_at is not None and live and time.monotonic() - term_at > GRACE_S:
             _signal_groups(live, signal.SIGKILL)
     _signal_groups(pids, signal.SIGTERM)  # what the ranks started and left behind, as torchrun's close does
+    spawner.end_run()
     return failures
 
 
@@ -265,8 +277,11 @@ def _become_rank(job: Rank, out_fd: int, err_fd: int, closing: list[socket.socke
     return job
 
 
-def serve_one(conn: socket.socket, listener: socket.socket, imported_with: dict, added: dict, early) -> Rank | None:
-    """One run: fork its ranks (returns the Rank in each child) and answer their exits (None here)."""
+def serve_one(
+    conn: socket.socket, listener: socket.socket, spawner: SpawnServer, imported_with: dict, added: dict, early
+) -> Rank | SpawnJob | None:
+    """One run: fork its ranks (returns the Rank in each child) and what they spawn (the SpawnJob in
+    each such child), and answer their exits (None here)."""
     try:
         req, fds = _receive(conn)
     except (ConnectionError, ValueError, OSError):
@@ -288,11 +303,13 @@ def serve_one(conn: socket.socket, listener: socket.socket, imported_with: dict,
         pid = os.fork()
         if pid == 0:
             job = Rank(list(req["argv"]), {**env, **added}, str(req["cwd"]), *early)
-            return _become_rank(job, fds[0], fds[1], [conn, listener], server)
+            return _become_rank(job, fds[0], fds[1], [conn, listener, spawner.listener], server)
         live[pid] = r
     for fd in fds:
         os.close(fd)
-    failures = watch(conn, live)
+    failures = watch(conn, live, spawner, listener)
+    if isinstance(failures, SpawnJob):
+        return failures
     if failures is not None:
         _answer(conn, {"failures": failures})
     return None
@@ -305,8 +322,9 @@ def _answer(conn: socket.socket, message: dict) -> None:
         pass
 
 
-def serve(argv: list[str]) -> Rank | None:
-    """The server's life; returns only in a forked rank (the Rank it runs)."""
+def serve(argv: list[str]) -> Rank | SpawnJob | None:
+    """The server's life; returns only in a forked rank (the Rank it runs) or a child a rank spawned
+    (the SpawnJob it runs)."""
     if len(argv) != 3 or argv[0] != "--socket":
         print("usage: python -m rocmport.verify.runtime.rank_server --socket PATH SCRIPT", file=sys.stderr)
         os._exit(2)
@@ -315,9 +333,11 @@ def serve(argv: list[str]) -> Rank | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(4)
+    spawner = SpawnServer(path + ".spawn")
     started = time.monotonic()
     early = preload(script)
     added = {k: v for k, v in os.environ.items() if imported_with.get(k) != v}  # the bootstrap's own settings
+    added.update(protocol.SPAWN_SERVER.entry(spawner.path))
     count = threads()
     state = {"seconds": round(time.monotonic() - started, 2), "threads": count, "pid": os.getpid()}
     if count > 1:
@@ -332,7 +352,7 @@ def serve(argv: list[str]) -> Rank | None:
         if listener in readable:
             conn, _ = listener.accept()
             with conn:
-                job = serve_one(conn, listener, imported_with, added, early)
+                job = serve_one(conn, listener, spawner, imported_with, added, early)
             if job is not None:
                 return job
 
@@ -349,6 +369,11 @@ def run_rank(job: Rank) -> None:
         import multiprocessing
 
         multiprocessing.current_process().authkey = os.urandom(32)
+    spawn_socket = protocol.SPAWN_SERVER.read()
+    if spawn_socket:  # what the rank starts with spawn, the server forks (served_spawn)
+        from rocmport.verify.runtime import served_spawn
+
+        served_spawn.install(spawn_socket)
     for stream, data in ((sys.stdout, job.early_out), (sys.stderr, job.early_err)):
         if data:  # what the imports printed, first, as in a rank that imported them itself
             stream.buffer.write(data)
@@ -377,6 +402,8 @@ def run_as_main(script: str) -> None:
 
 
 if __name__ == "__main__":
-    rank = serve(sys.argv[1:])
-    if rank is not None:
-        run_rank(rank)
+    job = serve(sys.argv[1:])
+    if isinstance(job, Rank):
+        run_rank(job)
+    elif job is not None:
+        run_spawned(job)

@@ -392,7 +392,10 @@ def _note_launch(s: CaseSetup, swaps: dict[str, str]) -> None:
     if s.server is None:
         return
     if s.server.ready is not None:
+        from rocmport.verify.runtime.served_spawn import WHY as SPAWN_WHY
+
         swaps["ranks forked by a rank server"] = f"{FORKED_WHY} (its imports: {s.server.ready.get('seconds')} s)"
+        swaps["what the ranks start with spawn forked by the rank server"] = SPAWN_WHY
     elif s.server.refused:
         swaps["ranks started by torchrun (no rank server)"] = s.server.refused
 
