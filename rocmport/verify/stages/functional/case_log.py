@@ -107,9 +107,24 @@ _MEGATRON_EXITS = {
 }
 
 
+# What the rerun state machine logs when a result fails validation, and what its rerun in place found
+# (megatron/core/rerun_state_machine.py validate_result): the result, the check's message, reproducible or not.
+_RERUN_LOG = re.compile(r"(Unexpected result .*?\(message=.*?\)|First rerun: unexpected result is .*?(?:\)|$))")
+
+
+def rerun_story(stderr: str) -> str:
+    """The rerun state machine's own account of why it stopped: its first "Unexpected result ...
+    (message='...')" and its first "First rerun: ..." line, joined; "" where it logged neither."""
+    found: dict[str, str] = {}
+    for m in _RERUN_LOG.finditer(stderr):
+        found.setdefault("first" if m.group(1).startswith("First rerun") else "unexpected", m.group(1).strip())
+    return "; ".join(found[k] for k in ("unexpected", "first") if k in found)
+
+
 def death_line(stderr: str) -> str | None:
     """How torchrun says a worker died when it printed no exception: a signal other than SIGTERM, an
-    exit code (megatron's own named), else SIGTERM (what torchrun sends the survivors of a failure)."""
+    exit code (megatron's own named, with the rerun state machine's account), else SIGTERM (what
+    torchrun sends the survivors of a failure)."""
     signals = _SIGNAL.findall(stderr)
     killed = [m for m in signals if m[1] != "SIGTERM"]
     if killed:
@@ -117,6 +132,9 @@ def death_line(stderr: str) -> str | None:
     codes = [c for c in _EXITCODE.findall(stderr) if not c.startswith("-")]
     if codes:
         why = _MEGATRON_EXITS.get(codes[0])
+        story = rerun_story(stderr) if why else ""
+        if story and why:  # its own account says what failed validation: the exit's name, then the account
+            return f"a rank exited {codes[0]} without a Python exception ({why.split(':')[0]}): {story}"
         return f"a rank exited {codes[0]} without a Python exception" + (f" ({why})" if why else "")
     return f"{DIED} {signals[0][0]} ({signals[0][1]})" if signals else None
 

@@ -147,7 +147,7 @@ def _failure(
                 details,
             )
     return StageResult(
-        NAME, FAIL, f"{what} exited {proc.returncode}: {cause_line(proc.stderr)[:300]}", seconds, details
+        NAME, FAIL, f"{what} exited {proc.returncode}: {cause_line(proc.stderr)[:500]}", seconds, details
     )
 
 
