@@ -1,5 +1,7 @@
 """The launcher environment recommended for Megatron on AMD GPUs: one list, used by
-`rocmport env`, by verify (applied to the processes it starts on ROCm) and by the container recipe."""
+`rocmport env`, by verify (applied to the processes it starts on ROCm) and by the container recipe;
+and Megatron's FSDP switches, under which its one hardware queue is left out (the port's launch-env
+helper and verify's FSDP cases)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,21 @@ DETERMINISTIC_ENV: list[tuple[str, str, str]] = [
     ("NCCL_ALGO", "Ring", "a fixed collective algorithm gives run-to-run identical reductions"),
     ("ROCBLAS_DEFAULT_ATOMICS_MODE", "0", "rocBLAS without atomics: bitwise reproducible GEMMs"),
 ]
+
+
+# Megatron's FSDP switches, as validate_args reads them (args.use_torch_fsdp2 ...): under each, upstream
+# asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1, so LAUNCH_ENV's 1 is left out. One list for the port's
+# launch-env helper (written into megatron/core/_rocm.py from it, in this order: the ports' bytes) and
+# verify's FSDP cases (which spell them as options: FSDP_OPTIONS).
+FSDP_ARGS: tuple[str, ...] = ("use_torch_fsdp2", "use_megatron_fsdp", "use_custom_fsdp")
+
+
+def option(dest: str) -> str:
+    """The command-line option argparse stores under ``dest`` (use_torch_fsdp2 -> --use-torch-fsdp2)."""
+    return "--" + dest.replace("_", "-")
+
+
+FSDP_OPTIONS: tuple[str, ...] = tuple(option(dest) for dest in FSDP_ARGS)
 
 
 def launch_env(deterministic: bool = False) -> dict[str, str]:

@@ -525,6 +525,28 @@ def test_record_reach_writes_the_line_s_record_and_needs_a_series(tmp_path, caps
     assert code == 2 and "--record-reach needs a tree made by `rocmport apply`" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.torch
+def test_a_verify_run_finds_the_port_s_sites_once_for_its_three_readers(tmp_path, capsys, monkeypatch):
+    """Stage 1's guard probe, --record-reach's record and the report's coverage read the same sites:
+    one run parses and blames the files the codemods touched once (find_sites), not once per reader."""
+    tree, series_dir, base = ported_tree(tmp_path)
+    searched: list[Path] = []
+    find_sites = port_sites.find_sites
+
+    def counted(tree: Path, base: str) -> list[port_sites.Site]:
+        searched.append(tree)
+        return find_sites(tree, base)
+
+    monkeypatch.setattr(port_sites, "find_sites", counted)
+    # --no-html: the report's page, rendered from the written JSON, finds the sites' extents on its own
+    code = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach", "--no-html"])
+    out = capsys.readouterr().out
+    assert code == 0 and searched == [tree.resolve()]
+    # and each reader had them: the record counts the tree's 4 sites, the report's coverage each codemod's
+    assert reach.read_record(series_dir).holds.endswith("of the 4 port sites run")
+    assert "capability-gates: 0 of 3 rewritten sites ran" in out and "flash-attention-hooks: 0 of 1" in out
+
+
 # --- a record made of several runs -------------------------------------------------------------
 
 

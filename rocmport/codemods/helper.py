@@ -5,7 +5,7 @@ pieces those import. A piece is Python the type checker reads; what goes into th
 the text between its `# >>> helper part N` and `# <<< helper part N` markers, all pieces' parts in N
 order, after one header line naming the codemods. `NAME = rendered.ATTR` is written out as the value
 of rocmport/launch_env.py's ATTR (the launcher environment `rocmport env`, verify and the container
-recipe use: one source)."""
+recipe use, Megatron's FSDP switches verify's FSDP cases use: one source)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,15 @@ def pieces_for(codemods: Iterable[str]) -> list[str]:
     return chosen
 
 
-def _literal(rows: list[tuple[str, str, str]]) -> str:
-    return "[\n" + "".join(f"    {row!r},\n" for row in rows) + "]"
+def _literal(value: object) -> str:
+    """A value of rocmport/launch_env.py as the generated helper writes it: a list of rows one row a line;
+    a tuple of names on one line, double-quoted (as the helper's FSDP switches were written by hand before
+    they were rendered: every port's bytes unchanged)."""
+    if isinstance(value, list):
+        return "[\n" + "".join(f"    {row!r},\n" for row in value) + "]"
+    if isinstance(value, tuple) and value and all(isinstance(v, str) and v.isidentifier() for v in value):
+        return "(" + ", ".join(f'"{v}"' for v in value) + ("," if len(value) == 1 else "") + ")"
+    raise TypeError(f"rocmport/launch_env.py: no helper spelling for {value!r} (a list of rows or a tuple of names)")
 
 
 def _render(text: str) -> str:

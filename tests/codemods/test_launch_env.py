@@ -107,3 +107,37 @@ def test_the_helper_renders_rocmports_one_launcher_list():
     namespace: dict = {}
     exec(compile(helper_text(["launch-env", "deterministic-env"]), "megatron/core/_rocm.py", "exec"), namespace)
     assert namespace["LAUNCH_ENV"] == LAUNCH_ENV and namespace["DETERMINISTIC_ENV"] == DETERMINISTIC_ENV
+
+
+def test_the_fsdp_switches_are_written_into_the_helper_as_they_were_by_hand():
+    """The switches come from rocmport/launch_env.py now; the port's _rocm.py keeps the bytes it had when
+    the piece spelled them itself (every port's tree hash is compared across checkouts)."""
+    from rocmport.codemods.runner import helper_text
+
+    line = '\n_FSDP_FLAGS = ("use_torch_fsdp2", "use_megatron_fsdp", "use_custom_fsdp")\n'
+    assert line in helper_text(["launch-env"])
+
+
+@pytest.mark.torch  # the generated helper imports torch (is_hip)
+def test_the_port_leaves_one_queue_unset_under_exactly_verify_s_fsdp_flags():
+    """One list of FSDP switches: under each one the port's generated helper (on HIP) leaves
+    CUDA_DEVICE_MAX_CONNECTIONS unset, verify's plan of a case with its option leaves the launch
+    profile's 1 out too, and neither side knows a switch the other does not."""
+    from types import SimpleNamespace
+
+    from rocmport.codemods.runner import helper_text
+    from rocmport.verify.stages import case_plan
+
+    namespace: dict = {}
+    exec(compile(helper_text(["launch-env"]), "megatron/core/_rocm.py", "exec"), namespace)
+    namespace["is_hip"] = lambda: True  # apply_launch_env sets nothing on CUDA
+    helpers = set(namespace["_FSDP_FLAGS"])
+    verifys = {flag.removeprefix("--").replace("-", "_") for flag in case_plan.FSDP_FLAGS}
+    assert helpers and verifys
+    for dest in sorted(helpers | verifys):
+        env: dict = {}
+        namespace["apply_launch_env"](SimpleNamespace(rank=1, **{dest: True}), env)
+        unset_by_the_port = "CUDA_DEVICE_MAX_CONNECTIONS" not in env and "GPU_MAX_HW_QUEUES" in env
+        option = "--" + dest.replace("_", "-")
+        unset_by_verify = [v for v, _ in case_plan.fsdp_launch_env({"MODEL_ARGS": {option: True}})]
+        assert (unset_by_the_port, unset_by_verify) == (True, ["CUDA_DEVICE_MAX_CONNECTIONS"]), dest

@@ -10,6 +10,9 @@ import os
 from rocmport import launch_env as rendered
 from rocmport.codemods.runtime.core import is_hip
 
+# Part 120's _FSDP_FLAGS is rendered from rocmport/launch_env.py's FSDP_ARGS, the list verify's FSDP cases
+# read too, written out as the line was when the piece spelled it (the ports' bytes unchanged).
+
 # >>> helper part 100
 # ---- launcher environment and deterministic mode ----------------------------------------------------
 # Rendered from rocmport/launch_env.py, the one list `rocmport env`, verify and the container recipe
@@ -19,7 +22,7 @@ LAUNCH_ENV = rendered.LAUNCH_ENV
 
 # >>> helper part 120
 # FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS != 1: with it, that default is not set.
-_FSDP_FLAGS = ("use_torch_fsdp2", "use_megatron_fsdp", "use_custom_fsdp")
+_FSDP_FLAGS = rendered.FSDP_ARGS
 
 
 def _say(args, message: str) -> None:

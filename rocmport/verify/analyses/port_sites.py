@@ -288,6 +288,14 @@ def find_sites(tree: Path, base: str) -> list[Site]:
     return sites
 
 
+def tree_sites(tree: Path) -> list[Site]:
+    """find_sites for a tree `rocmport apply` made (from its state's base commit); [] for any other tree."""
+    from rocmport.port import worktree as wt
+
+    state = wt.read_state(tree)
+    return find_sites(tree, state.base) if state is not None and state.base else []
+
+
 def read_records(
     directory: Path, tree: Path, order: Sequence[str] = ()
 ) -> tuple[dict[tuple[str, int], list[str]], set[str]]:
@@ -505,18 +513,21 @@ def tree_coverage(
     stages: Sequence[str] = (),
     te_version: str | None = None,
     explain: Callable[[dict[str, Coverage], list[Site]], None] | None = None,
+    sites: list[Site] | None = None,
 ) -> dict[str, Coverage]:
     """The report's port_sites of ``tree``: per codemod of the tree's port, the rewritten helper call sites
     that ran in this verify run ({} for a tree `rocmport apply` did not make); ``stages``: the run's
     stage names in order (read_records' order of the stages that ran each site); each site that ran
     with the cases and test files that ran it; ``explain``: given the coverage and the sites, it
-    classifies each unreached site (rocmport.verify.analyses.reach.classify)."""
+    classifies each unreached site (rocmport.verify.analyses.reach.classify); ``sites``: the tree's
+    sites as the run found them (tree_sites; None: found here)."""
     from rocmport.port import worktree as wt
 
     state = wt.read_state(tree)
     if state is None or not state.base:
         return {}
-    sites = find_sites(tree, state.base)
+    if sites is None:
+        sites = find_sites(tree, state.base)
     calls, modules = read_records(sites_dir, tree, stages)
     codemods = {c["name"]: c.get("sites") for c in state.codemods}
     out = coverage(sites, calls, modules, codemods, te_version)

@@ -33,11 +33,14 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
 from rocmport.inputs import read_json
+
+if TYPE_CHECKING:
+    from rocmport.verify.analyses.port_sites import Site
 
 SCHEMA = 1
 RECORD_FILE = "reach.json"
@@ -530,19 +533,22 @@ def record_run(
     seconds: Mapping[tuple[str, str], float],
     te: str | None,
     totals: tuple[int, int],
+    sites: list[Site] | None = None,
 ) -> tuple[Path, ReachRecord]:
     """Add what this run's cases and test files ran (their records under ``sites_dir``: one
     subdirectory per stage, one per unit in it) to the line's reach record, and write it: an entry
     this run recorded replaces the record's, the others stay (record_to_extend: one port's record).
     ``seconds``: (kind "case"/"test", name) -> wall seconds, where the unit did not note its own;
-    ``totals``: the tree's GPT cases and unit-test files (whether the record holds them all)."""
+    ``totals``: the tree's GPT cases and unit-test files (whether the record holds them all); ``sites``:
+    the tree's port sites as the run found them (port_sites.tree_sites; None: found here)."""
     from rocmport.port import worktree as wt
     from rocmport.verify.analyses import port_sites
 
     state = wt.read_state(tree)
     if state is None or not state.base:
         raise BadInput(f"{tree}: --record-reach needs a tree made by `rocmport apply` (the record lives by its series)")
-    sites = port_sites.find_sites(tree, state.base)
+    if sites is None:
+        sites = port_sites.find_sites(tree, state.base)
     units = port_sites.read_units(sites_dir, tree)
     # checked again here (verify checked it before the run): the series may have changed meanwhile
     record = record_to_extend(series_dir, state.base, te) or ReachRecord(

@@ -32,6 +32,7 @@ from rocmport.verify.orchestration.stage_result import StageResult
 if TYPE_CHECKING:
     from rocmport.config import Settings
     from rocmport.machine.probe import Environment
+    from rocmport.verify.analyses.port_sites import Site
     from rocmport.verify.orchestration.te_layer import TELayer
 
 Mode = Literal["gpu", "cpu-proxy"]
@@ -106,7 +107,8 @@ class RunSetup:
 @dataclass(frozen=True)
 class VerifyContext:
     """What every stage of one run shares, computed once: the mode and backend, the machine (probed
-    once), the simulated ROCm, the firewall's list and the started processes' environment."""
+    once), the simulated ROCm, the firewall's list, the started processes' environment and the port's
+    sites (found on first use)."""
 
     opts: VerifyOptions
     mode: Mode
@@ -119,6 +121,16 @@ class VerifyContext:
     env: dict[str, str]  # the started processes' environment
     tmp: Path  # the run's own temporary directory (removed at its end)
     sites_dir: Path | None = None  # where the started processes record the port's helper call sites
+
+    @functools.cached_property
+    def port_sites(self) -> list[Site]:
+        """The port's helper call sites in the tree (port_sites.tree_sites: every file the codemods touched
+        parsed and blamed), found once per run when first asked, for its readers: stage 1's guard probe,
+        --record-reach's record and the report's coverage. Not cached beyond the run: a tree edited
+        between two runs is read again."""
+        from rocmport.verify.analyses.port_sites import tree_sites
+
+        return tree_sites(self.tree)
 
     @property
     def tree(self) -> Path:

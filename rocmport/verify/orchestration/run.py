@@ -23,7 +23,7 @@ from rocmport.patches.series import load_series
 from rocmport.port import worktree as wt
 from rocmport.machine import probe, python
 from rocmport.verify.runtime import hip_sim, protocol
-from rocmport.verify.analyses.port_sites import tree_coverage
+from rocmport.verify.analyses.port_sites import Site, tree_coverage
 from rocmport.verify.orchestration import environment, firewall, options, te_layer
 from rocmport.verify.orchestration.contract import Mode, NotRequested, RunSetup, VerifyContext, VerifyOptions
 from rocmport.verify.runtime.gpt_worker import HEADS, LAYERS  # imports no torch at module level
@@ -206,8 +206,10 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         _run_stages(ctx, report)
         te_version = opts.te.version if opts.te else None
         if opts.record_reach is not None:
-            _write_reach(opts.tree, opts.record_reach, sites_dir, report, te_version)
-        report.port_sites = tree_coverage(opts.tree, sites_dir, registry.NAMES, te_version, _explain(opts.tree))
+            _write_reach(opts.tree, opts.record_reach, sites_dir, report, te_version, ctx.port_sites)
+        report.port_sites = tree_coverage(
+            opts.tree, sites_dir, registry.NAMES, te_version, _explain(opts.tree), ctx.port_sites
+        )
     return report
 
 
@@ -220,7 +222,9 @@ def _explain(tree: Path):
     return lambda coverage, sites: reach.classify(coverage, sites, series_dir, gpu_only_reasons(tree))
 
 
-def _write_reach(tree: Path, series_dir: Path, sites_dir: Path, report: VerifyReport, te: str | None) -> None:
+def _write_reach(
+    tree: Path, series_dir: Path, sites_dir: Path, report: VerifyReport, te: str | None, sites: list[Site]
+) -> None:
     """--record-reach: add this run's cases and test files to the line's reach record (their seconds:
     what each noted beside its records, else the stage's figures: stage 3's per-file seconds, stage
     4's one case)."""
@@ -237,7 +241,7 @@ def _write_reach(tree: Path, series_dir: Path, sites_dir: Path, report: VerifyRe
     if isinstance(case, functional.FunctionalRun) and ran is not None and ran.seconds:
         seconds[("case", case.case)] = ran.seconds
     totals = (len(training_cases(tree)), len(suite.test_files(tree, [suite.ALL])) if (tree / suite.ALL).is_dir() else 0)
-    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals)
+    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals, sites)
     output.info(f"reach record: {path} ({record.holds})")
 
 

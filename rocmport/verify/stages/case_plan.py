@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rocmport.errors import BadInput
+from rocmport.launch_env import FSDP_OPTIONS
 from rocmport.verify.runtime import protocol
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
@@ -342,8 +343,8 @@ def stale_attention_env(config: dict) -> tuple[tuple[str, str], ...]:
 
 
 # Megatron's FSDP flags: under each, upstream's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS is not 1
-# (the port's launch-env codemod keeps the same list, _FSDP_FLAGS, and sets no 1 under them).
-FSDP_FLAGS = ("--use-megatron-fsdp", "--use-torch-fsdp2", "--use-custom-fsdp")
+# (rocmport/launch_env.py's one list: the port's launch-env helper is written from it and sets no 1 under them).
+FSDP_FLAGS = FSDP_OPTIONS
 CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
 
 

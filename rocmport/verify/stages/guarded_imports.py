@@ -123,15 +123,10 @@ VERDICT_WORDS = {
 }
 
 
-def guard_sites(tree: Path) -> dict[str, list[port_sites.Site]]:
-    """The port's guard-nvidia-only-imports sites by file ({} for a tree `rocmport apply` did not make)."""
-    from rocmport.port import worktree as wt
-
-    state = wt.read_state(tree)
-    if state is None or not state.base:
-        return {}
+def guard_sites(sites: list[port_sites.Site]) -> dict[str, list[port_sites.Site]]:
+    """The port's guard-nvidia-only-imports sites by file, of the port's ``sites`` (port_sites.tree_sites)."""
     out: dict[str, list[port_sites.Site]] = {}
-    for site in port_sites.find_sites(tree, state.base):
+    for site in sites:
         if site.codemod == CODEMOD:
             out.setdefault(site.path, []).append(site)
     return out
@@ -226,12 +221,17 @@ def run_probe(tree: Path, env: dict, entries: list[dict], timeout: float) -> dic
 
 
 def probe_guards(
-    tree: Path, env: Mapping[str, str], blocked: tuple[str, ...], stage_dir: Path | None
+    tree: Path,
+    env: Mapping[str, str],
+    blocked: tuple[str, ...],
+    stage_dir: Path | None,
+    port: list[port_sites.Site] | None = None,
 ) -> GuardedImports:
     """Import every file holding a guard site behind the firewall (guarded packages and TE blocked),
     each with its records in its own directory under ``stage_dir`` (stage 1's records; None: a
-    temporary directory, removed after)."""
-    sites = guard_sites(tree)
+    temporary directory, removed after). ``port``: the tree's port sites as the run found them
+    (port_sites.tree_sites; None: found here)."""
+    sites = guard_sites(port_sites.tree_sites(tree) if port is None else port)
     if not sites:
         return GuardedImports()
     if stage_dir is None:

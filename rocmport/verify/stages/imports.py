@@ -16,6 +16,7 @@ from typing import Any
 
 from rocmport import output
 from rocmport.upstreams import MEGATRON_LM
+from rocmport.verify.analyses.port_sites import Site
 from rocmport.verify.orchestration import environment
 from rocmport.verify.orchestration.contract import RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, StageResult
@@ -48,7 +49,7 @@ class ImportsStage(Stage[ImportsOptions]):
             cmd = f"python -m pip install {' '.join(sorted(set(missing.values())))}"
             return StageRun(StageResult(self.name, FAIL, f"missing dependencies {', '.join(sorted(missing))}: `{cmd}`"))
         with output.progress("stage 1: imports behind the firewall"):
-            return StageRun(stage_imports(ctx.tree, ctx.env, ctx.blocked))
+            return StageRun(stage_imports(ctx.tree, ctx.env, ctx.blocked, ctx.port_sites))
 
 
 STAGE = ImportsStage()
@@ -126,7 +127,9 @@ def has_code(package: Path) -> bool:
     )
 
 
-def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResult:
+def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...], port_sites: list[Site] | None = None) -> StageResult:
+    """Stage 1 on ``tree``; ``port_sites``: the tree's port sites as the run found them (None: found
+    when the guard probe needs them)."""
     start = time.monotonic()
     if not has_code(tree / "megatron" / "core"):  # it would import, and prove nothing
         return StageResult(
@@ -165,7 +168,7 @@ def stage_imports(tree: Path, env: dict, blocked: tuple[str, ...]) -> StageResul
         reason = f"{modules_import(len(mods))} behind the firewall ({shown}){absent}"
         # Then every guard the port wrote, with its package absent (guarded_imports).
         stage_dir = protocol.PORT_SITES.read(env)
-        guarded = probe_guards(tree, env, blocked, Path(stage_dir) if stage_dir else None)
+        guarded = probe_guards(tree, env, blocked, Path(stage_dir) if stage_dir else None, port_sites)
         if guarded.files:
             details.guarded_imports = guarded
             bugs = guarded.with_verdict(PORT_BUG)
