@@ -359,8 +359,9 @@ def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
         "unexpected result is reproducible within the tolerance (nan = nan). Need to rerun on a different GPU to "
         "verify correctness.!\n"
     )
-    assert "): Unexpected result nan on rank 2 at iteration #3" in failure_of(told + rerun, tmp_path, "run").message
-    proc = subprocess.CompletedProcess([], 1, "", told + rerun)
+    assert "): Unexpected result nan on rank 2 at iteration #3" in failure_of(rerun, tmp_path, "run", told).message
+    # as a real run writes them: megatron's log lines among the ranks' output, torchrun's summary on stderr
+    proc = subprocess.CompletedProcess([], 1, told, rerun)
     message = _failure(proc, tmp_path, True, None, "pretrain_gpt.py", 1.0, None).reason
     assert message.endswith(
         "(megatron's rerun state machine, EXIT_CODE_FAILED_ON_RESULT_VALIDATION): "
