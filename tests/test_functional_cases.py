@@ -350,6 +350,25 @@ def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
     assert failure_of(rerun, tmp_path, "run").message.startswith(
         "a rank exited 17 without a Python exception (megatron's rerun state machine, EXIT_CODE_FAILED_ON_RESULT_VALIDATION"
     )
+    # the rerun state machine's own account (megatron's log lines, as its logger writes them) names what failed
+    told = (
+        "[rank2]:ERROR:megatron.core.rerun_state_machine:Unexpected result nan on rank 2 at iteration #3 "
+        "invocation #1 (message='found NaN in local grad norm for bucket #0 in backward pass before data-parallel "
+        "communication collective')\n"
+        "[rank2]:ERROR:megatron.core.rerun_state_machine:Rank 2, node h, device 0, iteration #3: First rerun: "
+        "unexpected result is reproducible within the tolerance (nan = nan). Need to rerun on a different GPU to "
+        "verify correctness.!\n"
+    )
+    assert "): Unexpected result nan on rank 2 at iteration #3" in failure_of(rerun, tmp_path, "run", told).message
+    # as a real run writes them: megatron's log lines among the ranks' output, torchrun's summary on stderr
+    proc = subprocess.CompletedProcess([], 1, told, rerun)
+    message = _failure(proc, tmp_path, True, None, "pretrain_gpt.py", 1.0, None).reason
+    assert message.endswith(
+        "(megatron's rerun state machine, EXIT_CODE_FAILED_ON_RESULT_VALIDATION): "
+        "Unexpected result nan on rank 2 at iteration #3 invocation #1 (message='found "
+        "NaN in local grad norm for bucket #0 in backward pass before data-parallel communication collective'); "
+        "First rerun: unexpected result is reproducible within the tolerance (nan = nan)"
+    ), message
 
 
 def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_kind(tmp_path):

@@ -388,6 +388,14 @@ def blocker(name: str, config: dict, *, data_path: bool = False) -> Unsupported 
             "TEST_TYPE frozen-start: starts from upstream CI's stored checkpoint (${CHECKPOINT_LOAD_PATH}), "
             "which is not published",
         )
+    if test_type == "checkpoint-consistency":
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            "TEST_TYPE checkpoint-consistency: each of its MODEL_ARGS runs starts from upstream CI's stored "
+            "checkpoint (${CHECKPOINT_LOAD_PATH}), which is not published, for one step whose gradients "
+            "upstream's harness compares across the runs",
+        )
     if test_type == "release":
         return Unsupported(
             name,

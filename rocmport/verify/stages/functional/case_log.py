@@ -107,9 +107,24 @@ _MEGATRON_EXITS = {
 }
 
 
-def death_line(stderr: str) -> str | None:
+# What the rerun state machine logs when a result fails validation, and what its rerun in place found
+# (megatron/core/rerun_state_machine.py validate_result): the result, the check's message, reproducible or not.
+_RERUN_LOG = re.compile(r"(Unexpected result .*?\(message=.*?\)|First rerun: unexpected result is .*?(?:\)|$))")
+
+
+def rerun_story(stderr: str) -> str:
+    """The rerun state machine's own account of why it stopped: its first "Unexpected result ...
+    (message='...')" and its first "First rerun: ..." line, joined; "" where it logged neither."""
+    found: dict[str, str] = {}
+    for m in _RERUN_LOG.finditer(stderr):
+        found.setdefault("first" if m.group(1).startswith("First rerun") else "unexpected", m.group(1).strip())
+    return "; ".join(found[k] for k in ("unexpected", "first") if k in found)
+
+
+def death_line(stderr: str, stdout: str = "") -> str | None:
     """How torchrun says a worker died when it printed no exception: a signal other than SIGTERM, an
-    exit code (megatron's own named), else SIGTERM (what torchrun sends the survivors of a failure)."""
+    exit code (megatron's own named, with the rerun state machine's account, which megatron's logger
+    may write to either stream), else SIGTERM (what torchrun sends the survivors of a failure)."""
     signals = _SIGNAL.findall(stderr)
     killed = [m for m in signals if m[1] != "SIGTERM"]
     if killed:
@@ -117,13 +132,16 @@ def death_line(stderr: str) -> str | None:
     codes = [c for c in _EXITCODE.findall(stderr) if not c.startswith("-")]
     if codes:
         why = _MEGATRON_EXITS.get(codes[0])
+        story = rerun_story(f"{stdout}\n{stderr}") if why else ""
+        if story and why:  # its own account says what failed validation: the exit's name, then the account
+            return f"a rank exited {codes[0]} without a Python exception ({why.split(':')[0]}): {story}"
         return f"a rank exited {codes[0]} without a Python exception" + (f" ({why})" if why else "")
     return f"{DIED} {signals[0][0]} ({signals[0][1]})" if signals else None
 
 
-def cause_line(stderr: str) -> str:
+def cause_line(stderr: str, stdout: str = "") -> str:
     """Why a run stopped, in one line: its first exception, how torchrun says a worker died, or its last line."""
-    return exception_line(stderr) or death_line(stderr) or (stderr.strip().splitlines() or ["no output"])[-1]
+    return exception_line(stderr) or death_line(stderr, stdout) or (stderr.strip().splitlines() or ["no output"])[-1]
 
 
 # A traceback's start, and the rank prefix torchrun puts before each worker's line ("[rank3]: ").
@@ -141,7 +159,7 @@ def normalise(text: str, tree: Path, figures: bool = False) -> str:
     return _NUMBER.sub("#", text) if figures else text
 
 
-def failure_of(stderr: str, tree: Path, phase: str) -> CaseFailure:
+def failure_of(stderr: str, tree: Path, phase: str, stdout: str = "") -> CaseFailure:
     """The first exception a run raised, with the innermost frames of its own rank's traceback inside
     the tree and inside the proxy shim."""
     lines = stderr.splitlines()
@@ -163,5 +181,5 @@ def failure_of(stderr: str, tree: Path, phase: str) -> CaseFailure:
             site = f"{path[len(root) :]} ({m.group(3)})"
         if shim is None and path.endswith("verify/runtime/proxy_shim.py"):
             shim = f"{m.group(3)} (proxy_shim.py:{m.group(2)})"
-    text = message or cause_line(stderr)
+    text = message or cause_line(stderr, stdout)
     return CaseFailure(phase, normalise(text, tree)[:300], site, shim)

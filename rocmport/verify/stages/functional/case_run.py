@@ -147,7 +147,11 @@ def _failure(
                 details,
             )
     return StageResult(
-        NAME, FAIL, f"{what} exited {proc.returncode}: {cause_line(proc.stderr)[:300]}", seconds, details
+        NAME,
+        FAIL,
+        f"{what} exited {proc.returncode}: {cause_line(proc.stderr, proc.stdout or '')[:500]}",
+        seconds,
+        details,
     )
 
 
@@ -494,7 +498,9 @@ def _stopped(
 ) -> CaseOutcome:
     """A run that did not log every iteration: its result (_failure) and, when it failed, how."""
     res = _failure(proc, s.tree, s.proxy, s.hip, what, time.monotonic() - start, run)
-    return CaseOutcome(s.case, res, run, failure_of(proc.stderr, s.tree, phase) if res.status == FAIL else None)
+    return CaseOutcome(
+        s.case, res, run, failure_of(proc.stderr, s.tree, phase, proc.stdout or "") if res.status == FAIL else None
+    )
 
 
 def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome | None:
