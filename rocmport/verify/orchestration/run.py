@@ -228,6 +228,8 @@ def _write_reach(tree: Path, series_dir: Path, sites_dir: Path, report: VerifyRe
     from rocmport.verify.stages import functional
     from rocmport.verify.stages.case_plan import training_cases
 
+    from rocmport.verify.stages.unit_tests.results import BLOCKING
+
     seconds: dict[tuple[str, str], float] = {}
     unit = report.unit_run()
     if unit is not None:
@@ -237,7 +239,9 @@ def _write_reach(tree: Path, series_dir: Path, sites_dir: Path, report: VerifyRe
     if isinstance(case, functional.FunctionalRun) and ran is not None and ran.seconds:
         seconds[("case", case.case)] = ran.seconds
     totals = (len(training_cases(tree)), len(suite.test_files(tree, [suite.ALL])) if (tree / suite.ALL).is_dir() else 0)
-    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals)
+    # each test file's outcome: its tests' labels (a file stage 3 did not label has none recorded)
+    file_labels = unit.labels_by_file() if unit is not None else None
+    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals, file_labels, BLOCKING)
     output.info(f"reach record: {path} ({record.holds})")
 
 
