@@ -17,8 +17,9 @@ The selection. A greedy set cover under a time budget: the cases with a golden f
 kind first (by name) while they fit, then the entry with the most not-yet-covered sites per second
 (ties by name), while it fits what is left of the budget; deterministic. Sites every run of the stage
 reaches anyway (a pytest session's start) count as covered from the start. A case whose recorded run
-did not pass is not selected (its sites still explain); one recorded without an outcome (a record
-made before outcomes were) is unknown, selectable, and the selection's line says so.
+did not pass, or a test file some of whose tests stage 3 labelled to fail it (its outcome `blocks`),
+is not selected (its sites still explain); one recorded without an outcome (a record made before
+outcomes were) is unknown, selectable, and the selection's line says so.
 
 Every site run or explained (classify). A rewritten site no stage of a run ran is `reachable, not
 selected` when some recorded case or test file ran it, `gpu-only` when only a GPU feature reaches it
