@@ -297,6 +297,21 @@ def test_a_bad_test_file_outcome_is_one_line_naming_the_file(tmp_path, entry, sa
     assert says in message and "\n" not in message
 
 
+def test_a_test_file_run_in_part_is_not_recorded_as_the_whole_file():
+    """`--unit-test FILE::test` runs some of a file's tests: its sites and seconds are not the file's,
+    which is what `--unit-tests reach` would run for them."""
+    a2a = "tests/unit_tests/a2a_overlap/test_schedule_layer_1f1b.py"
+    selected = [
+        f"{a2a}::TestA2AOverlap::test_transformer_layer_overlap",
+        f"{GPT_MODEL}::TestGPTModel::test_constructor",
+        GPT_MODEL,  # named whole too: recorded
+        f"{ATTENTION}::test_x",
+        "tests/unit_tests/transformer/",  # a directory named whole: its files are whole
+    ]
+    assert reach.files_run_in_part(selected) == {a2a}
+    assert reach.files_run_in_part([GPT_MODEL, UPCYCLING]) == set()
+
+
 # --- the record's schema -----------------------------------------------------------------------
 
 
@@ -426,6 +441,9 @@ def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them
     # stay, and the record says it is partial
     _, again = reach.record_run(series_dir, tree, records, seconds, None, (5, 2))
     assert again.cases == record.cases and again.partial and again.holds.startswith("1 of 5 GPT cases")
+    # a run that ran test_arch.py in part (a test id): its entry stays as the whole file's run left it
+    _, part = reach.record_run(series_dir, tree, records, {("test", TEST_ARCH): 0.5}, None, (5, 2), in_part=[TEST_ARCH])
+    assert part.unit_tests[TEST_ARCH] == record.unit_tests[TEST_ARCH] and part.unit_tests[TEST_ARCH].seconds == 3.0
 
 
 def test_stable_keys_survive_lines_moving(tmp_path):

@@ -604,6 +604,15 @@ def share_run(coverage: Mapping[str, Any]) -> tuple[int, int]:
 # --- making the record -------------------------------------------------------------------------
 
 
+def files_run_in_part(selected: Sequence[str]) -> set[str]:
+    """The test files stage 3 ran only some tests of: named by a test id (`file::Class::test`) and
+    neither named whole nor under a directory named whole. A record's entry is a whole file's (its
+    sites and seconds are what `--unit-tests reach` runs it for), so these are not recorded."""
+    whole = [t.rstrip("/") for t in selected if "::" not in t]
+    ids = {t.split("::", 1)[0] for t in selected if "::" in t}
+    return {f for f in ids if not any(f == w or f.startswith(w + "/") for w in whole)}
+
+
 # The stages whose units the record holds, and which entries their records outside any unit's
 # directory are shared by (stages 1, 2 and 5 run whatever reach selects: not recorded).
 SHARED_BY_STAGE = {"unit-tests": "unit_tests", "functional": "cases"}
@@ -618,6 +627,7 @@ def record_run(
     totals: tuple[int, int],
     file_labels: Mapping[str, Mapping[str, int]] | None = None,
     blocking: Collection[str] = (),
+    in_part: Collection[str] = (),
 ) -> tuple[Path, ReachRecord]:
     """Add what this run's cases and test files ran (their records under ``sites_dir``: one
     subdirectory per stage, one per unit in it) to the line's reach record, and write it: an entry
@@ -626,7 +636,8 @@ def record_run(
     ``totals``: the tree's GPT cases and unit-test files (whether the record holds them all);
     ``file_labels``: each test file stage 3 labelled -> its tests' label counts (a file with none:
     empty), which with ``blocking`` (the labels that fail stage 3) gives its outcome; None, or a file
-    not in it: stage 3 did not label its tests, its outcome is not recorded."""
+    not in it: stage 3 did not label its tests, its outcome is not recorded; ``in_part``: test files
+    the run ran only some tests of (files_run_in_part): not recorded, their entries kept as they were."""
     from rocmport.port import worktree as wt
     from rocmport.verify.analyses import port_sites
 
@@ -646,7 +657,7 @@ def record_run(
             if target is not None:
                 record.shared[target] = record.shared.get(target, frozenset()) | keys
             continue
-        if kind not in ("case", "test"):
+        if kind not in ("case", "test") or (kind == "test" and name in in_part):
             continue  # stage 1's import units run every time (not selected): the report counts them, the record does not
         secs = unit.seconds if unit.seconds is not None else seconds.get((kind, name))
         if secs is None:

@@ -241,8 +241,11 @@ def _write_reach(tree: Path, series_dir: Path, sites_dir: Path, report: VerifyRe
     totals = (len(training_cases(tree)), len(suite.test_files(tree, [suite.ALL])) if (tree / suite.ALL).is_dir() else 0)
     # each test file's outcome: its tests' labels (a file stage 3 did not label has none recorded)
     file_labels = unit.labels_by_file() if unit is not None else None
-    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals, file_labels, BLOCKING)
+    in_part = sorted(reach.files_run_in_part(unit.tests)) if unit is not None else []
+    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals, file_labels, BLOCKING, in_part)
     output.info(f"reach record: {path} ({record.holds})")
+    if in_part:
+        output.info(f"reach record: not recorded, run in part (a test id selected, not the file): {', '.join(in_part)}")
 
 
 def _child_extra(
