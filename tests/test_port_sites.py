@@ -291,6 +291,50 @@ def test_one_site_count_per_codemod_in_apply_verify_and_status(tmp_path, monkeyp
     assert not re.search(r"te-version-gates\D+\d+ (rewritten )?sites", capsys.readouterr().err)
 
 
+def test_a_site_whose_function_says_what_takes_it_is_explained_by_that_flag_not_its_helper():
+    """Measured on v0.16 (docs/reach.md): set_ideal_affinity_for_current_gpu's is_hip, validate_yaml's
+    nvidia_capability and get_fp4_recipe's te_has were unreached with their helper's generic reason
+    ("its call in ...() did not run", "a TE feature probe on a TE code path"), not the flag that calls them."""
+    te = port_sites.te_why("2.12.0")
+    sites = [
+        port_sites.Site(
+            "device-probes",
+            "megatron/core/pipeline_parallel/utils.py",
+            89,
+            89,
+            "is_hip",
+            scope="set_ideal_affinity_for_current_gpu",
+        ),
+        port_sites.Site(
+            "capability-gates",
+            "megatron/training/yaml_arguments.py",
+            261,
+            261,
+            "nvidia_capability",
+            scope="validate_yaml",
+            when="args.language_model.moe_grouped_gemm",
+        ),
+        port_sites.Site("te-version-gates", "megatron/core/fp4_utils.py", 97, 97, "te_has", scope="get_fp4_recipe"),
+        # the same helper elsewhere keeps its helper's reason
+        port_sites.Site("te-version-gates", "megatron/core/fp8_utils.py", 40, 40, "te_has", scope="get_fp8_recipe"),
+    ]
+    modules = {s.path for s in sites}
+    cov = port_sites.coverage(
+        sites, set(), modules, {"device-probes": 1, "capability-gates": 1, "te-version-gates": 2}, "2.12.0"
+    )
+    assert cov["device-probes"].unreached == {
+        "megatron/core/pipeline_parallel/utils.py:89 is_hip": "only with --fine-grained-activation-offloading "
+        "(training.py pins each rank's CPU affinity to its GPU then)"
+    }
+    assert cov["capability-gates"].unreached["megatron/training/yaml_arguments.py:261 nvidia_capability"] == (
+        "taken only when `args.language_model.moe_grouped_gemm`; only with --yaml-cfg (initialize.py validates "
+        "a YAML config's arguments there instead of validate_args)"
+    )
+    gates = cov["te-version-gates"].unreached
+    assert gates["megatron/core/fp4_utils.py:97 te_has"].startswith("only with FP4 (--fp4-format")
+    assert gates["megatron/core/fp8_utils.py:40 te_has"] == port_sites.NOT_RUN["te_has"].format(te=te)
+
+
 def test_coverage_lines_say_each_reason_once_and_fold_the_codemods_with_nothing_to_count():
     """The te-version-gates line said Transformer Engine's absence three times in one line, and each
     codemod without a helper-calling site took a "0 of 0" line of its own."""

@@ -188,6 +188,130 @@ def test_an_outcome_round_trips_and_a_bad_one_is_named(tmp_path):
         reach.read_record(tmp_path)
 
 
+# The v0.16 record's unit-test files as measured (docs/reach.md): test_upcycling.py and
+# test_te_layers_batch_invariant.py each had 3 tests `unverified` (the unported tree raised another
+# exception type), which fails stage 3; test_gpt_model.py was clean; test_attention.py recorded before
+# outcomes were.
+UPCYCLING = "tests/unit_tests/transformer/moe/test_upcycling.py"
+INVARIANT = "tests/unit_tests/transformer/test_te_layers_batch_invariant.py"
+GPT_MODEL = "tests/unit_tests/models/test_gpt_model.py"
+ATTENTION = "tests/unit_tests/transformer/test_attention.py"
+
+
+def v016_unit_record(series_dir: Path) -> None:
+    blocking = ("port-regression", "unverified", "missing-dependency", "not-run")
+    tests = {
+        UPCYCLING: reach.unit_entry(frozenset({"v0", "grouped", "u1"}), 110.0, {"unverified": 3}, blocking),
+        INVARIANT: reach.unit_entry(
+            frozenset({"v0", "gemm", "own"}), 11.0, {"unverified": 3, "upstream-known": 11}, blocking
+        ),
+        GPT_MODEL: reach.unit_entry(frozenset({"v0", "v1"}), 20.0, {}, blocking),
+        ATTENTION: Entry(frozenset({"v0", "v1", "cp"}), 86.0),
+    }
+    write_record(series_dir, "c0ffee", {}, tests)
+
+
+def test_a_test_file_whose_recorded_run_had_blocking_labels_is_not_selected_and_the_line_names_it(tmp_path):
+    v016_unit_record(tmp_path)
+    data = json.loads((tmp_path / "reach.json").read_text())
+    assert data["unit_tests"][INVARIANT] == {
+        "sites": ["gemm", "own", "v0"],
+        "seconds": 11.0,
+        "outcome": "blocks",
+        "labels": {"unverified": 3, "upstream-known": 11},
+        "blocking": ["unverified"],
+    }
+    assert data["unit_tests"][GPT_MODEL]["outcome"] == "clean" and data["unit_tests"][GPT_MODEL]["blocking"] == []
+    assert "outcome" not in data["unit_tests"][ATTENTION]  # as a record made before outcomes were
+    names, why = reach.select(tmp_path, "unit_tests", 480.0) or ([], "")
+    # by the cover alone the two blocking files came first (new sites per second); left out, they are not run
+    assert reach.greedy_cover(reach.read_record(tmp_path).unit_tests, 480.0)[0] == INVARIANT
+    assert names == [GPT_MODEL, ATTENTION]
+    assert (
+        f"; 2 recorded test files had tests labelled to fail stage 3 when recorded ({UPCYCLING}: 3 unverified; "
+        f"{INVARIANT}: 3 unverified): not selected"
+    ) in why
+    assert "1 recorded test file has no recorded outcome (recorded before outcomes were): treated as unknown" in why
+    # their sites still explain an unreached site (reachable, not selected)
+    assert reach.read_record(tmp_path).ran_by()["grouped"] == [UPCYCLING]
+
+
+def test_a_test_file_s_outcome_is_made_from_stage_3_s_labels_of_its_tests():
+    from rocmport.verify.stages.unit_tests.results import BLOCKING, FileRun, UnitTestsRun
+
+    run = UnitTestsRun(
+        labels={
+            f"{UPCYCLING}::TestTEUpcycling::test_a[2]": "unverified",
+            f"{UPCYCLING}::TestTEUpcycling::test_b[2]": "unverified",
+            f"{INVARIANT}::test_c": "upstream-known",
+            "tests/unit_tests/test_broken.py": "port-regression",  # its module does not import
+        },
+        files={
+            UPCYCLING: FileRun("ran"),
+            INVARIANT: FileRun("ran"),
+            GPT_MODEL: FileRun("ran"),
+            "tests/unit_tests/test_broken.py": FileRun("collection-error"),
+            "tests/unit_tests/test_left.py": FileRun("not-collected"),
+        },
+    )
+    by_file = run.labels_by_file()
+    assert by_file == {
+        UPCYCLING: {"unverified": 2},
+        INVARIANT: {"upstream-known": 1},
+        GPT_MODEL: {},
+        "tests/unit_tests/test_broken.py": {"port-regression": 1},
+    }
+    outcomes = {f: reach.unit_entry(frozenset(), 1.0, c, BLOCKING) for f, c in by_file.items()}
+    assert {f: (e.outcome, e.blocking) for f, e in outcomes.items()} == {
+        UPCYCLING: ("blocks", ("unverified",)),
+        INVARIANT: ("clean", ()),  # upstream-known does not fail stage 3
+        GPT_MODEL: ("clean", ()),
+        "tests/unit_tests/test_broken.py": ("blocks", ("port-regression",)),
+    }
+    # stage 3 did not label its tests (it stopped): no outcome, as before
+    assert reach.unit_entry(frozenset(), 1.0, None, BLOCKING).outcome is None
+
+
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        ({"outcome": "pass", "labels": {}, "blocking": []}, "outcome is 'pass', a test file's is clean or blocks"),
+        ({"outcome": "blocks", "labels": {"unverified": True}, "blocking": ["unverified"]}, ".labels is not a mapping"),
+        ({"outcome": "blocks", "labels": {"unverified": 0}, "blocking": ["unverified"]}, ".labels is not a mapping"),
+        ({"outcome": "clean", "labels": {}}, ".blocking is not a list of labels among its labels"),
+        ({"outcome": "blocks", "labels": {"flaky": 1}, "blocking": ["unverified"]}, ".blocking is not a list of"),
+        ({"outcome": "clean", "labels": {"unverified": 1}, "blocking": ["unverified"]}, "outcome clean disagrees"),
+        ({"outcome": "blocks", "labels": {"flaky": 1}, "blocking": []}, "outcome blocks disagrees"),
+        ({"labels": {"flaky": 1}}, "has labels or blocking but no outcome"),
+    ],
+)
+def test_a_bad_test_file_outcome_is_one_line_naming_the_file(tmp_path, entry, says):
+    v016_unit_record(tmp_path)
+    data = json.loads((tmp_path / "reach.json").read_text())
+    data["unit_tests"][UPCYCLING] = {"sites": ["v0"], "seconds": 1.0, **entry}
+    (tmp_path / "reach.json").write_text(json.dumps(data))
+    with pytest.raises(BadInput) as err:
+        reach.read_record(tmp_path)
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'reach.json'}: not a reach record (unit_tests[{UPCYCLING!r}]")
+    assert says in message and "\n" not in message
+
+
+def test_a_test_file_run_in_part_is_not_recorded_as_the_whole_file():
+    """`--unit-test FILE::test` runs some of a file's tests: its sites and seconds are not the file's,
+    which is what `--unit-tests reach` would run for them."""
+    a2a = "tests/unit_tests/a2a_overlap/test_schedule_layer_1f1b.py"
+    selected = [
+        f"{a2a}::TestA2AOverlap::test_transformer_layer_overlap",
+        f"{GPT_MODEL}::TestGPTModel::test_constructor",
+        GPT_MODEL,  # named whole too: recorded
+        f"{ATTENTION}::test_x",
+        "tests/unit_tests/transformer/",  # a directory named whole: its files are whole
+    ]
+    assert reach.files_run_in_part(selected) == {a2a}
+    assert reach.files_run_in_part([GPT_MODEL, UPCYCLING]) == set()
+
+
 # --- the record's schema -----------------------------------------------------------------------
 
 
@@ -285,7 +409,11 @@ def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them
     assert units["test", TEST_PROBE].calls == {("megatron/core/a.py", 11)}
 
     seconds = {("test", TEST_ARCH): 3.0, ("test", TEST_PROBE): 2.0}
-    path, record = reach.record_run(series_dir, tree, records, seconds, None, (1, 2))
+    # stage 3 labelled test_probe.py's test unverified (its own label counts; test_arch.py's: none)
+    labels = {TEST_PROBE: {"unverified": 1}}
+    path, record = reach.record_run(
+        series_dir, tree, records, seconds, None, (1, 2), file_labels=labels, blocking=("unverified",)
+    )
     key = keys_of(tree, base)
     data = json.loads(path.read_text())
     assert path == series_dir / "reach.json" and data["recorded_on"]["upstream"] == base
@@ -295,7 +423,15 @@ def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them
         "modules": sorted(units["case", CASE].modules),
         "outcome": "pass",
     }
+    # test_arch.py: no labels given for it (stage 3 did not label it): no outcome recorded
     assert data["unit_tests"][TEST_ARCH] == {"sites": [key["megatron/core/a.py:6 nvidia_arch_major"]], "seconds": 3.0}
+    assert data["unit_tests"][TEST_PROBE] == {
+        "sites": [key["megatron/core/a.py:11 is_hip"]],
+        "seconds": 2.0,
+        "outcome": "blocks",
+        "labels": {"unverified": 1},
+        "blocking": ["unverified"],
+    }
     assert (
         key["megatron/core/a.py:6 nvidia_arch_major"]
         == "megatron/core/a.py::arch nvidia_arch_major#1 [capability-gates]"
@@ -307,6 +443,9 @@ def test_each_case_and_test_file_records_its_own_sites_and_the_record_names_them
     # stay, and the record says it is partial
     _, again = reach.record_run(series_dir, tree, records, seconds, None, (5, 2))
     assert again.cases == record.cases and again.partial and again.holds.startswith("1 of 5 GPT cases")
+    # a run that ran test_arch.py in part (a test id): its entry stays as the whole file's run left it
+    _, part = reach.record_run(series_dir, tree, records, {("test", TEST_ARCH): 0.5}, None, (5, 2), in_part=[TEST_ARCH])
+    assert part.unit_tests[TEST_ARCH] == record.unit_tests[TEST_ARCH] and part.unit_tests[TEST_ARCH].seconds == 3.0
 
 
 def test_stable_keys_survive_lines_moving(tmp_path):

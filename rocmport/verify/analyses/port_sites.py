@@ -62,6 +62,17 @@ NOT_RUN = {
         "(v0.16+ turn --async-save off without it) or a direct dist-checkpointing caller"
     ),
 }
+# Why a site did not run, by the function it is in, where the function says what takes it better than
+# its helper does (a generic device probe, a TE probe): (file, function) -> the flag that calls it.
+NOT_RUN_IN = {
+    ("megatron/core/pipeline_parallel/utils.py", "set_ideal_affinity_for_current_gpu"): (
+        "only with --fine-grained-activation-offloading (training.py pins each rank's CPU affinity to its GPU then)"
+    ),
+    ("megatron/training/yaml_arguments.py", "validate_yaml"): (
+        "only with --yaml-cfg (initialize.py validates a YAML config's arguments there instead of validate_args)"
+    ),
+    ("megatron/core/fp4_utils.py", "get_fp4_recipe"): "only with FP4 (--fp4-format: config.fp4), its recipe made then",
+}
 NOT_RUN_DEFAULT = "its module was imported; this branch did not run in the stages verify ran"
 # A site's condition (Site.when) leaves out what only asks for a version: the flag is what takes it.
 _VERSION_CHECK = re.compile(r"\b(?:is_te_min_version|is_torch_min_version|te_gate|te_has|te_accepts)\(")
@@ -439,7 +450,7 @@ def _not_imported(rel: str, te_version: str | None = None) -> str:
 
 def _not_run(site: Site, te_version: str | None) -> str:
     """Why a site in an imported module did not run: what takes it (its condition), by its helper."""
-    why = NOT_RUN.get(site.helper)
+    why = NOT_RUN_IN.get((site.path, site.scope)) or NOT_RUN.get(site.helper)
     if why is None and not site.when:
         called = site.scope.rpartition(".")[2]
         why = (

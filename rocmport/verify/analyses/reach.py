@@ -17,8 +17,9 @@ The selection. A greedy set cover under a time budget: the cases with a golden f
 kind first (by name) while they fit, then the entry with the most not-yet-covered sites per second
 (ties by name), while it fits what is left of the budget; deterministic. Sites every run of the stage
 reaches anyway (a pytest session's start) count as covered from the start. A case whose recorded run
-did not pass is not selected (its sites still explain); one recorded without an outcome (a record
-made before outcomes were) is unknown, selectable, and the selection's line says so.
+did not pass, or a test file some of whose tests stage 3 labelled to fail it (its outcome `blocks`),
+is not selected (its sites still explain); one recorded without an outcome (a record made before
+outcomes were) is unknown, selectable, and the selection's line says so.
 
 Every site run or explained (classify). A rewritten site no stage of a run ran is `reachable, not
 selected` when some recorded case or test file ran it, `gpu-only` when only a GPU feature reaches it
@@ -61,19 +62,28 @@ CLASSES = (GPU_ONLY, NOT_ON_PROXY, REACHABLE)
 
 # A recorded run's outcome that lets the selection pick the entry (a stage result's status: stage_result.PASS).
 PASSED = "pass"
+# A test file's outcome in the recording run, from stage 3's labels of its tests: `clean` (no label
+# that fails the stage) or `blocks` (some did: its `blocking` labels). Only a clean file is selected.
+CLEAN = "clean"
+BLOCKS = "blocks"
+UNIT_OUTCOMES = (CLEAN, BLOCKS)
+SELECTABLE = (None, PASSED, CLEAN)
 
 
 @dataclass(frozen=True)
 class Entry:
     """One recorded case or unit-test file: the port sites it ran (stable keys), its wall seconds,
-    (cases) the tree's module files it imported and the case's outcome in the recording run (its
-    status: pass, fail, unsupported-in-proxy; None: not recorded, as in records made before outcomes
-    were, and for test files, whose failures stage 3 labels test by test)."""
+    (cases) the tree's module files it imported, and its outcome in the recording run. A case's is
+    its status (pass, fail, unsupported-in-proxy); a test file's is `clean` or `blocks`, with
+    ``labels`` (stage 3's label -> how many of its tests got it) and ``blocking`` (those of them that
+    fail the stage). None: not recorded (records made before outcomes were): unknown, selectable."""
 
     sites: frozenset[str]
     seconds: float
     modules: frozenset[str] = frozenset()
     outcome: str | None = None
+    labels: tuple[tuple[str, int], ...] = ()  # sorted (label, count) pairs: hashable, as the entry is frozen
+    blocking: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"sites": sorted(self.sites), "seconds": round(self.seconds, 2)}
@@ -81,7 +91,32 @@ class Entry:
             out["modules"] = sorted(self.modules)
         if self.outcome is not None:
             out["outcome"] = self.outcome
+        if self.outcome in UNIT_OUTCOMES:
+            out["labels"] = dict(self.labels)
+            out["blocking"] = list(self.blocking)
         return out
+
+    def blocked_by(self) -> str:
+        """The blocking labels with their counts, in words ('3 unverified, 1 port-regression')."""
+        counts = dict(self.labels)
+        return ", ".join(f"{counts.get(b, 0)} {b}" for b in self.blocking)
+
+
+def unit_entry(
+    sites: frozenset[str], seconds: float, labels: Mapping[str, int] | None, blocking: Collection[str]
+) -> Entry:
+    """A test file's entry: its outcome from stage 3's ``labels`` of its tests (None: stage 3 did not
+    label them, the outcome is unknown); ``blocking``: the labels that fail the stage."""
+    if labels is None:
+        return Entry(sites, seconds)
+    blocked = tuple(sorted(k for k, n in labels.items() if n and k in blocking))
+    return Entry(
+        sites,
+        seconds,
+        outcome=BLOCKS if blocked else CLEAN,
+        labels=tuple(sorted((k, n) for k, n in labels.items() if n)),
+        blocking=blocked,
+    )
 
 
 @dataclass
@@ -161,19 +196,55 @@ def _entries(data: Any, path: Path, kind: str) -> dict[str, Entry]:
         seconds = raw.get("seconds")
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise _problem(path, f"{where}.seconds is not a number of seconds")
-        unknown = set(raw) - {"sites", "seconds", "modules", "outcome"}
+        unknown = set(raw) - {"sites", "seconds", "modules", "outcome", *(UNIT_KEYS if kind == "unit_tests" else ())}
         if unknown:
             raise _problem(path, f"{where} has unknown keys {sorted(unknown)}")
         outcome = raw.get("outcome")  # absent in records made before outcomes were: unknown
         if outcome is not None and not (isinstance(outcome, str) and outcome):
             raise _problem(path, f"{where}.outcome is not a stage status (pass, fail, ...)")
-        out[name] = Entry(
-            _str_list(raw.get("sites"), path, f"{where}.sites"),
-            float(seconds),
-            _str_list(raw.get("modules", []), path, f"{where}.modules"),
-            outcome,
-        )
+        sites = _str_list(raw.get("sites"), path, f"{where}.sites")
+        modules = _str_list(raw.get("modules", []), path, f"{where}.modules")
+        if kind == "unit_tests":
+            out[name] = _unit_outcome(raw, sites, float(seconds), modules, path, where)
+        else:
+            out[name] = Entry(sites, float(seconds), modules, outcome)
     return out
+
+
+# A test file's outcome keys (Entry.to_dict); its modules are not recorded.
+UNIT_KEYS = ("labels", "blocking")
+
+
+def _unit_outcome(
+    raw: dict[str, Any], sites: frozenset[str], seconds: float, modules: frozenset[str], path: Path, where: str
+) -> Entry:
+    """A test file's entry with its outcome checked: none at all (recorded before outcomes were), or
+    `clean` / `blocks` with its label counts and the blocking labels among them, consistent."""
+    outcome = raw.get("outcome")
+    if outcome is None:
+        if any(k in raw for k in UNIT_KEYS):
+            raise _problem(path, f"{where} has labels or blocking but no outcome")
+        return Entry(sites, seconds, modules)
+    if outcome not in UNIT_OUTCOMES:
+        raise _problem(path, f"{where}.outcome is {outcome!r}, a test file's is {' or '.join(UNIT_OUTCOMES)}")
+    labels = raw.get("labels")
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and k and isinstance(n, int) and not isinstance(n, bool) and n > 0 for k, n in labels.items()
+    ):
+        raise _problem(path, f"{where}.labels is not a mapping of stage 3's labels to test counts (above 0)")
+    blocking = raw.get("blocking")
+    if not isinstance(blocking, list) or not all(isinstance(b, str) and b in labels for b in blocking):
+        raise _problem(path, f"{where}.blocking is not a list of labels among its labels")
+    if (outcome == BLOCKS) != bool(blocking):
+        raise _problem(path, f"{where}.outcome {outcome} disagrees with its blocking labels {blocking}")
+    return Entry(
+        sites,
+        seconds,
+        modules,
+        outcome=outcome,
+        labels=tuple(sorted(labels.items())),
+        blocking=tuple(sorted(set(blocking))),
+    )
 
 
 def parse_record(data: Any, path: Path) -> ReachRecord:
@@ -311,7 +382,7 @@ def select(
         return None
     assert series_dir is not None
     present = {n: e for n, e in record.entries(kind).items() if have is None or n in have}
-    failed = {n: e.outcome for n, e in sorted(present.items()) if e.outcome not in (None, PASSED)}
+    failed = {n: e for n, e in sorted(present.items()) if e.outcome not in SELECTABLE}
     entries = {n: e for n, e in present.items() if n not in failed}
     shared = record.shared.get(kind, frozenset())
     first = sorted(n for n in golden if n in entries)
@@ -335,21 +406,36 @@ def select(
         else:
             why += f"; {name} has a golden but does not fit the budget"
     if failed:
-        shown = ", ".join(f"{n}: {o}" for n, o in list(failed.items())[:3]) + (" ..." if len(failed) > 3 else "")
-        why += (
-            f"; {len(failed)} recorded {what[:-1] if len(failed) == 1 else what} did not pass when recorded "
-            f"({shown}): not selected"
-        )
+        why += _left_out_phrase(failed, what)
     unknown = [n for n, e in present.items() if e.outcome is None]
-    if kind == "cases" and unknown:
+    if unknown:
+        one = what[:-1] if len(unknown) == 1 else what
         why += (
-            f"; {len(unknown)} recorded {'case has' if len(unknown) == 1 else 'cases have'} no recorded outcome "
+            f"; {len(unknown)} recorded {one} {'has' if len(unknown) == 1 else 'have'} no recorded outcome "
             "(recorded before outcomes were): treated as unknown, selectable; re-record to know"
         )
     if record.partial:
         why += f"; partial record ({record.holds or 'not every case and test file'})"
     stale = _stale(record, series_dir, None)
     return chosen, why + (f"; {stale}" if stale else "")
+
+
+# How many left-out entries the selection's line names (the rest counted).
+SHOWN_LEFT_OUT = 5
+
+
+def _left_out_phrase(failed: Mapping[str, Entry], what: str) -> str:
+    """The selection line's part on the entries left out for their recorded outcome: a case that did
+    not pass (its status), a test file whose tests got labels that fail stage 3 (those labels)."""
+    one = what[:-1] if len(failed) == 1 else what
+    if what == "cases":
+        shown = ", ".join(f"{n}: {e.outcome}" for n, e in list(failed.items())[:SHOWN_LEFT_OUT])
+        said = f"did not pass when recorded ({shown}"
+    else:
+        shown = "; ".join(f"{n}: {e.blocked_by()}" for n, e in list(failed.items())[:SHOWN_LEFT_OUT])
+        said = f"had tests labelled to fail stage 3 when recorded ({shown}"
+    more = len(failed) - SHOWN_LEFT_OUT
+    return f"; {len(failed)} recorded {one} {said}{f' +{more} more' if more > 0 else ''}): not selected"
 
 
 # Where a tree's GPT cases are (case_plan.CASES; an analysis reads no stage's module).
@@ -521,6 +607,15 @@ def share_run(coverage: Mapping[str, Any]) -> tuple[int, int]:
 # --- making the record -------------------------------------------------------------------------
 
 
+def files_run_in_part(selected: Sequence[str]) -> set[str]:
+    """The test files stage 3 ran only some tests of: named by a test id (`file::Class::test`) and
+    neither named whole nor under a directory named whole. A record's entry is a whole file's (its
+    sites and seconds are what `--unit-tests reach` runs it for), so these are not recorded."""
+    whole = [t.rstrip("/") for t in selected if "::" not in t]
+    ids = {t.split("::", 1)[0] for t in selected if "::" in t}
+    return {f for f in ids if not any(f == w or f.startswith(w + "/") for w in whole)}
+
+
 # The stages whose units the record holds, and which entries their records outside any unit's
 # directory are shared by (stages 1, 2 and 5 run whatever reach selects: not recorded).
 SHARED_BY_STAGE = {"unit-tests": "unit_tests", "functional": "cases"}
@@ -534,13 +629,20 @@ def record_run(
     te: str | None,
     totals: tuple[int, int],
     sites: list[Site] | None = None,
+    file_labels: Mapping[str, Mapping[str, int]] | None = None,
+    blocking: Collection[str] = (),
+    in_part: Collection[str] = (),
 ) -> tuple[Path, ReachRecord]:
     """Add what this run's cases and test files ran (their records under ``sites_dir``: one
     subdirectory per stage, one per unit in it) to the line's reach record, and write it: an entry
     this run recorded replaces the record's, the others stay (record_to_extend: one port's record).
     ``seconds``: (kind "case"/"test", name) -> wall seconds, where the unit did not note its own;
     ``totals``: the tree's GPT cases and unit-test files (whether the record holds them all); ``sites``:
-    the tree's port sites as the run found them (port_sites.tree_sites; None: found here)."""
+    the tree's port sites as the run found them (port_sites.tree_sites; None: found here);
+    ``file_labels``: each test file stage 3 labelled -> its tests' label counts (a file with none:
+    empty), which with ``blocking`` (the labels that fail stage 3) gives its outcome; None, or a file
+    not in it: stage 3 did not label its tests, its outcome is not recorded; ``in_part``: test files
+    the run ran only some tests of (files_run_in_part): not recorded, their entries kept as they were."""
     from rocmport.port import worktree as wt
     from rocmport.verify.analyses import port_sites
 
@@ -561,14 +663,16 @@ def record_run(
             if target is not None:
                 record.shared[target] = record.shared.get(target, frozenset()) | keys
             continue
-        if kind not in ("case", "test"):
+        if kind not in ("case", "test") or (kind == "test" and name in in_part):
             continue  # stage 1's import units run every time (not selected): the report counts them, the record does not
         secs = unit.seconds if unit.seconds is not None else seconds.get((kind, name))
         if secs is None:
             continue  # a unit that never finished has no cost to weigh: not recorded
-        modules = frozenset(unit.modules) if kind == "case" else frozenset()
-        outcome = unit.outcome if kind == "case" else None
-        record.entries("cases" if kind == "case" else "unit_tests")[name] = Entry(keys, float(secs), modules, outcome)
+        if kind == "case":
+            record.cases[name] = Entry(keys, float(secs), frozenset(unit.modules), unit.outcome)
+        else:
+            labels = file_labels.get(name) if file_labels is not None else None
+            record.unit_tests[name] = unit_entry(keys, float(secs), labels, blocking)
     all_cases, all_files = totals
     record.partial = len(record.cases) < all_cases or len(record.unit_tests) < all_files
     record.holds = (

@@ -232,6 +232,8 @@ def _write_reach(
     from rocmport.verify.stages import functional
     from rocmport.verify.stages.case_plan import training_cases
 
+    from rocmport.verify.stages.unit_tests.results import BLOCKING
+
     seconds: dict[tuple[str, str], float] = {}
     unit = report.unit_run()
     if unit is not None:
@@ -241,8 +243,15 @@ def _write_reach(
     if isinstance(case, functional.FunctionalRun) and ran is not None and ran.seconds:
         seconds[("case", case.case)] = ran.seconds
     totals = (len(training_cases(tree)), len(suite.test_files(tree, [suite.ALL])) if (tree / suite.ALL).is_dir() else 0)
-    path, record = reach.record_run(series_dir, tree, sites_dir, seconds, te, totals, sites)
+    # each test file's outcome: its tests' labels (a file stage 3 did not label has none recorded)
+    file_labels = unit.labels_by_file() if unit is not None else None
+    in_part = sorted(reach.files_run_in_part(unit.tests)) if unit is not None else []
+    path, record = reach.record_run(
+        series_dir, tree, sites_dir, seconds, te, totals, sites, file_labels, BLOCKING, in_part
+    )
     output.info(f"reach record: {path} ({record.holds})")
+    if in_part:
+        output.info(f"reach record: not recorded, run in part (a test id selected, not the file): {', '.join(in_part)}")
 
 
 def _child_extra(

@@ -220,6 +220,15 @@ class UnitTestsRun:
     machine: dict[str, Any] | None = field(default_factory=dict)  # the port's run's MachineShare (None: unread)
     impact: ImpactFigures | None = None
 
+    def labels_by_file(self) -> dict[str, dict[str, int]]:
+        """Each test file that ran here (not left out by pytest's configuration) -> how many of its
+        tests (or the file itself: a collection error, not-run) got each label; a clean file: {}."""
+        out: dict[str, dict[str, int]] = {f: {} for f, a in self.files.items() if a.status != "not-collected"}
+        for nodeid, lab in self.labels.items():
+            counts = out.setdefault(nodeid.split("::")[0], {})
+            counts[lab] = counts.get(lab, 0) + 1
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "tests": self.tests,
