@@ -107,6 +107,15 @@ _MEGATRON_EXITS = {
 }
 
 
+_RESULT_VALIDATION = re.compile(r"^a rank exited (16|17) without a Python exception")
+
+
+def fails_result_validation(message: str) -> bool:
+    """Whether a failure (death_line's words) is megatron's rerun state machine stopping on a result that
+    failed validation: a NaN, Inf or spiky loss, the run's own numerics."""
+    return bool(_RESULT_VALIDATION.match(message))
+
+
 def death_line(stderr: str) -> str | None:
     """How torchrun says a worker died when it printed no exception: a signal other than SIGTERM, an
     exit code (megatron's own named), else SIGTERM (what torchrun sends the survivors of a failure)."""
