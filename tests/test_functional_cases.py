@@ -371,6 +371,52 @@ def test_a_rank_that_dies_without_an_exception_is_named_by_its_signal(tmp_path):
     ), message
 
 
+RERUN_EXIT = textwrap.dedent("""\
+    torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+    ============================================================
+    pretrain_gpt.py FAILED
+    ------------------------------------------------------------
+    Root Cause (first observed failure):
+    [0]:
+      time      : 2026-11-28_00:57:01
+      rank      : 6 (local_rank: 6)
+      exitcode  : {code} (pid: 4251)
+      error_file: <N/A>
+      traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+    ============================================================
+    """)
+NO_NVRX = textwrap.dedent("""\
+    [rank0]: Traceback (most recent call last):
+    [rank0]:   File "{tree}/megatron/core/dist_checkpointing/strategies/torch.py", line 80, in get_async_strategy
+    [rank0]: ModuleNotFoundError: No module named 'nvidia_resiliency_ext'
+    """)
+
+
+def test_an_unverified_case_stopped_on_a_nan_loss_blocks_the_stage(tmp_path):
+    """v0.19's FP8 case on the proxy stopped at iteration 2 on a NaN loss (a rank exits 16, Megatron's rerun
+    state machine) while the unported tree stopped earlier (nvidia_resiliency_ext): labelled unverified, which
+    let stage 4 pass on numerics that are the port's or the proxy's own emulation's. It blocks now; an
+    unverified failure of another kind still does not."""
+    from rocmport.verify.stages.functional import CaseOutcome, failure_of
+    from rocmport.verify.stages.functional.case_labels import NUMERICS_BLOCK, BaselineRun, label_case
+    from rocmport.verify.stages.functional.cases import CaseEntry, FunctionalCases, verdict
+    from rocmport.verify.orchestration.stage_result import FAIL, PASS, StageResult
+
+    base_tree = tmp_path / "base"
+    base = BaselineRun("a" * 40, FAIL, "y", 20.0, failure=failure_of(NO_NVRX.format(tree=base_tree), base_tree, "run"))
+    for code, blocks in (("16", True), ("17", True), ("1", False)):
+        pf = failure_of(RERUN_EXIT.format(code=code), tmp_path, "run")
+        assert pf.message.startswith(f"a rank exited {code} without a Python exception")
+        label, why = label_case(CaseOutcome("c", StageResult("functional", FAIL, "x"), None, pf), base)
+        assert label == "unverified" and (NUMERICS_BLOCK in why) is blocks, why
+        entry = CaseEntry("c", FAIL, "pretrain_gpt.py (after 1 of 6 iterations) exited 1", failure=pf, baseline=base)
+        entry.label, entry.label_reason = label, why
+        assert entry.blocks is blocks
+        status, reason = verdict(FunctionalCases("named", None, [entry]))
+        assert status == (FAIL if blocks else PASS), reason
+        assert reason.startswith("unverified: pretrain_gpt.py (after 1 of 6 iterations)")
+
+
 def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_kind(tmp_path):
     """The real reach record through stage 4's options: the case with a golden for this run's device
     kind (cpu-proxy-te<version> with --te) first; a case whose recorded run failed not at all."""

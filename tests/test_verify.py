@@ -686,3 +686,65 @@ def test_a_report_path_that_cannot_be_written_loses_nothing_else(tmp_path, capsy
     # All written: exit 0.
     assert main(["-C", str(tmp_path / "project"), "verify", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"].startswith("v0.19 port")
+
+
+COALESCED_ALL_GATHER = r"""
+import json, sys, threading
+from datetime import timedelta
+import torch, torch.distributed as dist
+if sys.argv[1] == "proxy":
+    from rocmport.verify.runtime import proxy_shim
+    proxy_shim._coalesced_all_gather_by_dtype()  # what install() installs
+store, out = dist.HashStore(), {}
+
+
+def rank(r, method, n=2):
+    # two ranks of one gloo group, each a thread: the ProcessGroup Megatron's _coalescing_manager calls
+    prefixed = dist.PrefixStore(method, store)
+    pg = dist.ProcessGroup(prefixed, r, n)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                         dist.ProcessGroupGloo(prefixed, r, n, timedelta(seconds=30)))
+    # a bucket group's buckets, as the distributed optimizer gathers them with --fp8-param-gather: the FP8
+    # weights' uint8 bytes and the bf16 parameters, each rank holding its shard in place
+    fp8 = torch.zeros(8, dtype=torch.uint8)
+    fp8[4 * r : 4 * r + 4] = torch.tensor([0x3C, 0xB4, 0x01, 0x7F], dtype=torch.uint8) + r
+    bf16 = torch.zeros(4, dtype=torch.bfloat16)
+    bf16[2 * r : 2 * r + 2] = torch.tensor([0.5, -2.0]) * (r + 1)
+    opts = dist.distributed_c10d.AllgatherOptions()
+    getattr(pg, method)([fp8, bf16], [fp8[4 * r : 4 * r + 4], bf16[2 * r : 2 * r + 2]], opts).wait()
+    out[f"{method} {r}"] = [fp8.tolist(), bf16.float().tolist()]
+
+
+for method in ("allgather_into_tensor_coalesced", "all_gather_single_coalesced"):
+    threads = [threading.Thread(target=rank, args=(r, method)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+if sys.argv[1] == "proxy":
+    out["redirects"] = sorted(proxy_shim.REDIRECTS)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_gathers_a_coalesced_all_gather_of_mixed_dtypes_in_each_dtype(tmp_path, mode):
+    """gloo's coalesced all-gather flattens its inputs into one buffer: a uint8 and a bf16 shard gathered in one
+    call come back as each other's bytes. Megatron's distributed optimizer gathers the FP8 weights' uint8 bucket
+    and the bf16 one so with --fp8-param-gather (v0.19's FP8 case: NaN at iteration 2, FNUZ's 0x80 among the
+    bytes). The proxy gathers each dtype in its own call, as NCCL does."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", COALESCED_ALL_GATHER, mode], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = [[0x3C, 0xB4, 0x01, 0x7F, 0x3D, 0xB5, 0x02, 0x80], [0.5, -2.0, 1.0, -4.0]]
+    for method in ("allgather_into_tensor_coalesced", "all_gather_single_coalesced"):
+        for r in range(2):
+            if mode == "plain":  # gloo's own: the uint8 output holds other bytes than were gathered
+                assert got[f"{method} {r}"][0] != want[0], got
+            else:
+                assert got[f"{method} {r}"] == want, got
+    if mode == "proxy":
+        assert any(k.startswith("ProcessGroup.") and "mixed dtypes" in k for k in got["redirects"]), got

@@ -130,7 +130,8 @@ def command(obj, dry_run, as_json, report_path, html_path, no_html, junit, **giv
     Stage 4 functional: upstream's GPT cases (--cases reach|all|NAME,...; pretrain_gpt.py with their
             MODEL_ARGS; mock data), each with a checkpoint saved half way and resumed with equal
             losses and this device kind's golden; a failing case runs again on the unported tree and
-            is labelled (only a port-regression fails the stage).
+            is labelled (only a port-regression, or an unverified run stopped on
+            a NaN, Inf or spiky loss, fails the stage).
     Stage 5 bridge: Megatron-Bridge's modules import; a GPT built by its GPTModelProvider trains.
     Without a GPU every stage runs on the CPU proxy with the HIP simulation (torch built for ROCm,
     an MI300X; --hip-arch another GPU): --no-hip-sim for the CUDA path. Stages that do not apply are listed as skipped.

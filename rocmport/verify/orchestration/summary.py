@@ -66,7 +66,11 @@ def _functional_blocking(data: FunctionalCases) -> list[str]:
         lines.append(f"functional: {e.label or 'fail'}: {e.case}")
         lines.append(
             "    why it blocks: "
-            + (WHY_IT_BLOCKS["port-regression"] if e.label else (e.label_reason or "it failed and nothing labelled it"))
+            + (
+                WHY_IT_BLOCKS["port-regression"]
+                if e.label == "port-regression"
+                else (e.label_reason or "it failed and nothing labelled it")
+            )
         )
         lines.append(f"    what happened: {e.reason}")
         if e.baseline is not None:

@@ -161,6 +161,7 @@ def install(megatron: bool = True) -> None:
         mrandom._get_cuda_rng_state = lambda *a, **k: DEVICE_RNG.get_state()
         mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
     _one_gloo_device()
+    _coalesced_all_gather_by_dtype()
     _split_sizes_as_lists()
     CudaToCpu().__enter__()
 
@@ -185,6 +186,62 @@ def _split_sizes_as_lists() -> None:
 
     all_to_all_single._rocmport = True  # type: ignore[attr-defined]
     torch.distributed.all_to_all_single = all_to_all_single
+
+
+class _Works:
+    """The works of one coalesced collective issued as several calls: waiting waits for each."""
+
+    def __init__(self, works: list) -> None:
+        self.works = works
+
+    def wait(self, timeout=None) -> bool:
+        for work in self.works:
+            if work is not None:
+                work.wait() if timeout is None else work.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work is None or work.is_completed() for work in self.works)
+
+    def is_success(self) -> bool:
+        return all(work is None or work.is_success() for work in self.works)
+
+
+# torch's names of the coalesced all-gather into one tensor per input (2.13: allgather_into_tensor_coalesced;
+# 2.14 also all_gather_single_coalesced, which its _coalescing_manager calls).
+_COALESCED_ALL_GATHERS = ("allgather_into_tensor_coalesced", "all_gather_single_coalesced")
+
+
+def _coalesced_all_gather_by_dtype() -> None:
+    """gloo's coalesced all-gather (ProcessGroupGloo's allgather_into_tensor_coalesced, what torch's
+    _coalescing_manager issues for all_gather_into_tensor calls made inside it) flattens every input into one
+    buffer and unflattens the result into the outputs: inputs of different dtypes come back as each other's
+    bytes (measured, torch 2.13 and 2.14: a uint8 and a bf16 shard gathered together give the uint8 output
+    the bf16 bytes). Megatron's distributed optimizer gathers each bucket group's buckets in one coalesced
+    call, and with --fp8-param-gather a group holds the FP8 weights' uint8 bucket beside the bf16 one: the
+    FP8 weights came back as bf16 bytes, some of them FNUZ's NaN (0x80), and the next iteration's loss was
+    NaN. NCCL gathers each tensor in its own dtype, and so does gloo given one dtype: here inputs of mixed
+    dtypes are gathered one coalesced call per dtype (in the order the dtypes first appear: the same on
+    every rank). Inputs of one dtype take gloo's path unchanged."""
+    cls = torch.distributed.ProcessGroup
+    for name in _COALESCED_ALL_GATHERS:
+        real = getattr(cls, name, None)
+        if real is None or getattr(real, "_rocmport", False):
+            continue
+
+        def coalesced(self, outputs, inputs, *args, _real=real, _name=name, **kwargs):
+            dtypes = list(dict.fromkeys(t.dtype for t in inputs))
+            if len(dtypes) <= 1:
+                return _real(self, outputs, inputs, *args, **kwargs)
+            REDIRECTS[f"ProcessGroup.{_name} (mixed dtypes: one call per dtype) @ {_site()}"] += 1
+            works = []
+            for dtype in dtypes:
+                picked = [i for i, t in enumerate(inputs) if t.dtype == dtype]
+                works.append(_real(self, [outputs[i] for i in picked], [inputs[i] for i in picked], *args, **kwargs))
+            return _Works(works)
+
+        coalesced._rocmport = True  # type: ignore[attr-defined]
+        setattr(cls, name, coalesced)
 
 
 def _one_gloo_device() -> None:

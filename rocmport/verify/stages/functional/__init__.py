@@ -3,7 +3,8 @@ test_cases/gpt/<case>/model_config.yaml`), each run with `pretrain_gpt.py` under
 parsed from the log, compared with this machine's recorded golden (per case and device kind), and
 a checkpoint round trip: the run saves part way, a second run resumes from that checkpoint and must
 log the same losses for the remaining iterations. A failing case runs again on the unported tree and
-is labelled as stage 3 labels a test; only a port-regression fails the stage.
+is labelled as stage 3 labels a test; only a port-regression (or an unverified run stopped on a NaN,
+Inf or spiky loss) fails the stage.
 
 In CPU-proxy mode every worker gets the proxy shim (`proxy_shim.install_for_script`): torch.cuda's
 answers for a CPU, each counted by its call site, plus the HIP simulation when it is on.

@@ -11,7 +11,9 @@ gets stage 3's labels by comparing the two failures:
 - needs-nvidia-only: as upstream-known, where the failure names a package the firewall removes;
 - unverified: the unported tree cannot run it for a reason of its own (it stops earlier, elsewhere,
   or the proxy cannot run it there), or both trees drift from the golden (the golden is in question);
-  the reason says which.
+  the reason says which. It passes the stage, except where the port's run stopped on a loss that
+  failed Megatron's result validation (NaN, Inf or a spike): those numerics are the port's or the
+  proxy's own emulation's, and nothing shows them upstream's, so such a case blocks (NUMERICS_BLOCK).
 
 The unported tree's runs are cached like stage 3's (by commit, case, args, torch, Python, the mode
 and the overlay's bytes)."""
@@ -30,7 +32,7 @@ from typing import Any
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import run_git
 from rocmport.verify.runtime import protocol
-from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY
+from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY, fails_result_validation
 from rocmport.verify.stages.functional.case_run import CaseOutcome
 from rocmport.verify.stages.functional.details import CaseFailure
 from rocmport.verify.stages.gpt_training import exhausted
@@ -205,8 +207,22 @@ def _where(f: CaseFailure) -> str:
     return f"{phase}" + (f" at {f.site}" if f.site else "") + f": {f.message[:200]}"
 
 
+# Said of an unverified case whose run stopped on a loss that failed Megatron's result validation.
+NUMERICS_BLOCK = (
+    "its loss failed Megatron's result validation (NaN, Inf or a spike) on the port: numerics of the port or of "
+    "the proxy's own emulation (TE's CPU kernels, the shim) that nothing shows to be upstream's, so it blocks"
+)
+
+
 def label_case(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...] = ()) -> tuple[str, str]:
     """A failing case's label and why, by what the unported tree did with it (the module docstring)."""
+    label, why = _label(port, base, blocked)
+    if label == "unverified" and port.failure is not None and fails_result_validation(port.failure.message):
+        return label, f"{why}; {NUMERICS_BLOCK}"
+    return label, why
+
+
+def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]) -> tuple[str, str]:
     if base is None:
         return "unverified", "no unported commit to compare with (the tree was not made by rocmport apply)"
     if base.status == PASS:

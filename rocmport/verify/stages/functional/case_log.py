@@ -121,6 +121,15 @@ def rerun_story(stderr: str) -> str:
     return "; ".join(found[k] for k in ("unexpected", "first") if k in found)
 
 
+_RESULT_VALIDATION = re.compile(r"^a rank exited (16|17) without a Python exception")
+
+
+def fails_result_validation(message: str) -> bool:
+    """Whether a failure (death_line's words) is megatron's rerun state machine stopping on a result that
+    failed validation: a NaN, Inf or spiky loss, the run's own numerics."""
+    return bool(_RESULT_VALIDATION.match(message))
+
+
 def death_line(stderr: str, stdout: str = "") -> str | None:
     """How torchrun says a worker died when it printed no exception: a signal other than SIGTERM, an
     exit code (megatron's own named, with the rerun state machine's account, which megatron's logger

@@ -1,8 +1,9 @@
 """Stage 4 over many cases: each selected case planned (an unsupported one listed with its kind and
 reason, never skipped silently), run one after another as run_case runs one (its own ranks,
 checkpoint round trip and golden), a failing one run again on the unported tree and labelled
-(case_labels), and the stage's verdict from them all: it fails only on a port-regression (or a
-failure nothing could label)."""
+(case_labels), and the stage's verdict from them all: it fails only on a port-regression, an
+unverified run stopped on a NaN, Inf or spiky loss (case_labels.NUMERICS_BLOCK), or a failure nothing
+could label."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSU
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.functional.case_labels import BaselineRun, label_case, run_baseline
 from rocmport.verify.stages.functional.case_args import load_case
+from rocmport.verify.stages.functional.case_log import fails_result_validation
 from rocmport.verify.stages.functional.case_run import CaseOutcome, case_sites_env, note_case_seconds, run_case
 from rocmport.verify.stages.functional.details import CaseFailure, FunctionalRun
 
@@ -56,7 +58,12 @@ class CaseEntry:
 
     @property
     def blocks(self) -> bool:
-        return self.status == FAIL and self.label in (None, "port-regression")
+        """A failure fails the stage when unlabelled, a port-regression, or unverified where its loss failed
+        Megatron's result validation (case_labels.NUMERICS_BLOCK)."""
+        if self.status != FAIL:
+            return False
+        numerics = self.failure is not None and fails_result_validation(self.failure.message)
+        return self.label in (None, "port-regression") or (self.label == "unverified" and numerics)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {**(self.run.to_dict() if self.run else {}), "case": self.case}

@@ -51,7 +51,7 @@ CLI_OPTIONS = (
         help="Stage 4's cases: the line's recorded reach set (reach, the default; today's case by tp/pp and TE "
         "until the line has a record), every GPT case of the tree (all), or directory names under "
         "tests/functional_tests/test_cases/gpt. A failing case runs again on the unported tree and is labelled; "
-        "only a port-regression fails the stage.",
+        "only a port-regression (or an unverified run stopped on a NaN, Inf or spiky loss) fails the stage.",
     ),
     click.Option(["--case"], default=None, metavar="NAME", hidden=True, help="--cases NAME (kept for scripts)."),
     click.Option(
