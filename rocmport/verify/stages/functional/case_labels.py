@@ -68,6 +68,9 @@ _SHIM_MECHANISMS = {
     "init_process_group": "nccl made gloo",
     "_new_group_with_tag": "subgroups made on gloo",
     "all_to_all_single": "all_to_all_single's split sizes as lists (gloo)",
+    # a failed upstream check (after_script.PROXY_LINES): a line the proxy prints otherwise than a GPU
+    "current_device": "torch.cuda.current_device() answered 'cpu' (a GPU answers the rank's device index), "
+    "which megatron prints where upstream's check expects a number",
 }
 
 
