@@ -210,3 +210,21 @@ def test_a_check_only_the_proxys_device_answer_fails_is_the_proxys_doing():
     # nor is a line the code never printed
     (missing,) = af.evaluate(by_device, "Rank 1, node vm, device cpu: nothing else\n")
     assert not missing.passed and missing.proxy_cause is None
+
+
+def test_each_check_shows_the_line_it_matched_or_the_nearest_the_run_printed():
+    transient = script(TRANSIENT)
+    line = (
+        "ERROR:megatron.core.rerun_state_machine:Rank 1, node vm, device cpu, iteration #2: Possible transient error!!"
+    )
+    log = "noise\nWARNING:megatron.core.rerun_state_machine:Result validation enabled\n" + line + "\n"
+    first, second = af.evaluate(transient, log)
+    assert first.to_dict()["line"] == "WARNING:megatron.core.rerun_state_machine:Result validation enabled"
+    # the regex's longest literal run is its prefix: the line holding it is what the run printed instead
+    assert second.to_dict()["nearest_line"] == line
+    assert af.longest_literal(transient.checks[1]) == "ERROR:megatron.core.rerun_state_machine:Rank "
+    (disable_not, disable) = af.evaluate(
+        script(DISABLE), "Overwriting rerun_state_machine.current_iteration from 0 to 5...\n"
+    )
+    assert disable.to_dict()["nearest_line"] == "Overwriting rerun_state_machine.current_iteration from 0 to 5..."
+    assert "line" not in disable_not.to_dict() and "nearest_line" not in disable_not.to_dict()

@@ -322,6 +322,9 @@ class CheckResult:
     found: bool
     proxy_cause: str | None = None
     shim_function: str | None = None  # the proxy shim's function behind proxy_cause
+    # evidence: the first line that matched, or for a check_log that found nothing the first line holding the
+    # pattern's longest literal text (what the run printed instead; None when no line holds it)
+    line: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -333,6 +336,8 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, object]:
         out: dict[str, object] = {"check": self.check.describe(), "found": self.found, "passed": self.passed}
+        if self.line is not None:
+            out["line" if self.found else "nearest_line"] = self.line
         if self.proxy_cause:
             out["proxy_cause"] = self.proxy_cause
         return out
@@ -367,6 +372,43 @@ def proxy_cause(check: LogCheck, lines: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def longest_literal(check: LogCheck) -> str:
+    """The longest text a line matching ``check`` contains as it is: an -F pattern's longest word, an -E
+    pattern's longest run of literal characters (escapes undone; a character a quantifier follows left out)."""
+    if check.mode == "-F":
+        return max(check.pattern.split(), key=len, default="")
+    runs, run, i, p = [], "", 0, check.pattern
+    while i < len(p):
+        c = p[i]
+        if c == "\\" and i + 1 < len(p):
+            run, i = run + p[i + 1], i + 2
+        elif c in "*?{":
+            runs.append(run[:-1])
+            run, i = "", i + 1
+        elif c in ".[]()+|^$":
+            runs.append(run)
+            run, i = "", i + 1
+        else:
+            run, i = run + c, i + 1
+    return max([*runs, run], key=len)
+
+
+# The shortest literal text worth pointing at a line by (shorter ones match lines at random).
+_NEAR_MIN = 8
+
+
+def _evidence(check: LogCheck, found: bool, lines: list[str]) -> str | None:
+    """The first matching line (found), else the first line holding the pattern's longest literal text."""
+    if found:
+        rx = check.matcher()
+        hit = next(ln for ln in lines if (rx.search(ln) if rx else check.pattern in ln))
+        return hit[:300]
+    text = longest_literal(check)
+    if len(text) < _NEAR_MIN:
+        return None
+    return next((ln[:300] for ln in lines if text in ln), None)
+
+
 def evaluate(script: AfterScript, log: str) -> list[CheckResult]:
     """Every check over ``log`` (upstream's script stops at the first failure; all are reported here)."""
     lines = log_lines(log)
@@ -374,5 +416,6 @@ def evaluate(script: AfterScript, log: str) -> list[CheckResult]:
     for check in script.checks:
         found = check.found(lines)
         cause = None if found == check.wanted else proxy_cause(check, lines)
-        out.append(CheckResult(check, found, cause[1] if cause else None, cause[0] if cause else None))
+        line = _evidence(check, found, lines)
+        out.append(CheckResult(check, found, cause[1] if cause else None, cause[0] if cause else None, line))
     return out
