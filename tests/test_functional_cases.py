@@ -417,6 +417,12 @@ def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_enviro
     assert not first.cached and run_baseline(tree, base, before, env, tmp_path / "cache", run).cached
     again = run_baseline(tree, base, after, env, tmp_path / "cache", run)
     assert not again.cached and again.reason == "stopped, run 2" and len(ran) == 2
+    # a case decided by upstream's checks: a run cached before verify decided them is no baseline for one that does
+    assert after.run is not None
+    after.run.upstream_checks = {"exit_status_decides": False, "checks": [{"check": "check_log -F 'x'"}]}
+    checked = run_baseline(tree, base, after, env, tmp_path / "cache", run)
+    assert not checked.cached and len(ran) == 3
+    assert run_baseline(tree, base, after, env, tmp_path / "cache", run).cached
 
 
 def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):

@@ -132,10 +132,13 @@ def cache_path(
     env: dict,
     overlay_digest: str,
     env_unset: list[str] | None = None,
+    checks: list[str] | None = None,
 ) -> Path:
     """Where the unported tree's run of ``case`` is kept: keyed by what makes a run differ (the
     port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay, and the
-    variables verify left out of the case's runs, ``env_unset``: the port run's proxy_env says which)."""
+    variables verify left out of the case's runs, ``env_unset``: the port run's proxy_env says which),
+    and by what decides it: upstream's AFTER_SCRIPT checks, ``checks`` (a run kept before verify decided
+    them was judged otherwise)."""
     import torch
 
     args = re.sub(r"\S*/rocmport-func-[^/\s]+", "${WORK}", port_command.split("pretrain_gpt.py", 1)[-1])
@@ -154,6 +157,7 @@ def cache_path(
             # and what the case's plan left out (an FSDP case's launch-profile CUDA_DEVICE_MAX_CONNECTIONS):
             # a run made before, with it, stopped at upstream's assertion and is no baseline for one without
             *([sorted(env_unset)] if env_unset else []),
+            *([["decided by upstream's checks", checks]] if checks else []),
         ]
     )
     return cache_dir / "functional-baselines" / f"{base[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
@@ -172,7 +176,13 @@ def run_baseline(
     overlay = baseline_overlay(tree, base)
     digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
     unset = sorted(k for k in (port.run.proxy_env if port.run else {}) if " unset (" in k)
-    cached = cache_path(cache_dir, base, port.case, port.run.command if port.run else "", env, digest, unset)
+    decided = port.run.upstream_checks if port.run else None
+    checks = (
+        [str(c["check"]) for c in decided["checks"]] + [f"exit status decides: {decided['exit_status_decides']}"]
+        if decided
+        else None
+    )
+    cached = cache_path(cache_dir, base, port.case, port.run.command if port.run else "", env, digest, unset, checks)
     if cached.is_file():
         got = BaselineRun.from_dict(json.loads(cached.read_text()))
         got.cached = True
