@@ -516,6 +516,8 @@ def test_a_check_failing_on_both_trees_is_labelled_naming_it_and_the_proxys_own_
     assert first["failure"]["phase"] == "check"
     assert "check_log -F 'Setting rerun_state_machine.current_iteration to" in first["reason"]
     assert first["baseline"]["commit"] == base and first["baseline"]["status"] == "fail"
+    # the label's reason names the check as the YAML has it (its figures are the YAML's, not a run's)
+    assert "check_log -F 'Setting rerun_state_machine.current_iteration to 0...'" in first["label_reason"]
     assert second["label"] == "proxy-artifact", second
     assert "current_device" in second["label_reason"] and "answered 'cpu'" in second["label_reason"]
     assert second["upstream_checks"]["checks"][0]["proxy_cause"].startswith("the CPU proxy's shim answers")

@@ -451,7 +451,7 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
     problems = [] if losses[-1] < losses[0] else [f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"]
     reason = f"{s.case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {s.iters} iterations"
     failed = [r for r in checked if not r.passed]
-    problems = [f"upstream's check failed: {r.describe()}" for r in failed] + problems
+    problems = [f"{CHECK_FAILED}{r.describe()}" for r in failed] + problems
     if checked:
         reason += f"; upstream's checks: {len(checked) - len(failed)} of {len(checked)} pass on the run's log"
     if fp8 is not None and run.fp8 is not None:
@@ -462,6 +462,16 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
         casts = ", ".join(f"{k} ×{v}" for k, v in sorted(run.fp8["casts"].items()))
         reason += f"; {fp8.describe()} ({casts or 'none'})"
     return _Trained(run, steps, log, reason, problems, recorded_args(args, work), run_env, save, _shim_of(failed))
+
+
+# How a failed upstream check reads among a case's problems.
+CHECK_FAILED = "upstream's check failed: "
+
+
+def _compared(problems: list[str], tree: Path) -> str:
+    """The problems as two trees' failures compare (normalise): a check of verify's with its measured figures
+    as #, upstream's checks as they are (their text is the YAML's, the same on every run)."""
+    return "; ".join(normalise(p, tree, figures=not p.startswith(CHECK_FAILED)) for p in problems)
 
 
 def _upstream_checks(
@@ -517,8 +527,8 @@ def _decided_by_checks(
     res = _failure(proc, s.tree, s.proxy, s.hip, "pretrain_gpt.py", seconds, run)
     if res.status == UNSUPPORTED:
         return CaseOutcome(s.case, res, run)
-    problems = "; ".join(f"upstream's check failed: {r.describe()}" for r in failed)
-    failure = CaseFailure("check", normalise(problems, s.tree, figures=True), None, _shim_of(failed))
+    problems = "; ".join(f"{CHECK_FAILED}{r.describe()}" for r in failed)
+    failure = CaseFailure("check", _compared([problems], s.tree), None, _shim_of(failed))
     return CaseOutcome(s.case, StageResult(NAME, FAIL, f"{problems} [{how}]", seconds, run), run, failure)
 
 
@@ -669,5 +679,5 @@ def _finish(s: CaseSetup, t: _Trained, seconds: float) -> CaseOutcome:
     if not t.problems:
         return CaseOutcome(s.case, StageResult(NAME, PASS, t.reason, seconds, t.run), t.run)
     reason = "; ".join(t.problems) + f" [{t.reason}]"
-    failure = CaseFailure("check", normalise("; ".join(t.problems), s.tree, figures=True), None, t.shim)
+    failure = CaseFailure("check", _compared(t.problems, s.tree), None, t.shim)
     return CaseOutcome(s.case, StageResult(NAME, FAIL, reason, seconds, t.run), t.run, failure)
