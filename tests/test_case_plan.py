@@ -601,3 +601,66 @@ def test_v016_fp8_cases_stale_attention_variable_is_unset_on_the_cuda_control_on
     control = cp.plan_case(name, config, te=CUDA_CONTROL, cuda=True)
     assert [v for v, _ in control.env_unset] == ["NVTE_FUSED_ATTN"]
     assert cp.plan_case(name, config, te=GFX942).env_unset == ()
+
+
+# --- upstream's own checks (AFTER_SCRIPT) ------------------------------------------------------------
+
+# Shaped like upstream's gpt3_mcore_reruns_persistent_1 (core_v0.16.1 to main).
+PERSISTENT_AFTER_SCRIPT = """\
+check_log() { if [[ -z $(grep -r $1 "$2" $LOG_DIR) ]]; then exit 1; else echo OK; fi }
+check_log -F "Result validation enabled"
+check_log -F "Injecting error type Persistent error"
+EXIT_CODE=0
+"""
+
+
+def test_a_case_with_upstreams_checks_is_planned_as_decided_by_them():
+    config = yaml.safe_load(
+        "MODEL_ARGS:\n  --num-layers: 4\n  --rerun-mode: validate_results\n"
+        "AFTER_SCRIPT: |\n"
+        + "".join(f"  {line}\n" for line in PERSISTENT_AFTER_SCRIPT.splitlines())
+        + "TEST_TYPE: regular\n"
+    )
+    p = runnable(config)
+    assert p.after_script is not None and p.after_script.exit_zero
+    assert [c.pattern for c in p.after_script.checks] == [
+        "Result validation enabled",
+        "Injecting error type Persistent error",
+    ]
+    assert cp.UPSTREAM_CHECKS in p.features
+    assert any("decided by upstream's AFTER_SCRIPT checks (2 checks" in n for n in p.notes)
+    assert runnable(case()).after_script is None
+
+
+def test_an_after_script_statement_verify_does_not_read_makes_the_case_unsupported_naming_it():
+    p = cp.plan_case("c", case(AFTER_SCRIPT=PERSISTENT_AFTER_SCRIPT + "python check_more.py\n"))
+    assert isinstance(p, cp.Unsupported) and p.kind == "not-on-proxy"
+    assert "AFTER_SCRIPT" in p.reason and "'python check_more.py'" in p.reason
+
+
+def test_an_after_script_in_a_case_of_several_runs_is_unsupported():
+    p = cp.plan_case("c", case(AFTER_SCRIPT=PERSISTENT_AFTER_SCRIPT, TEST_TYPE="ckpt-resume"))
+    assert isinstance(p, cp.Unsupported) and "TEST_TYPE ckpt-resume" in p.reason
+
+
+@pytest.mark.mirror
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a Megatron-LM mirror")
+@pytest.mark.parametrize("ref", ["core_v0.16.1", "core_v0.19.0", "main"])
+def test_every_regular_case_with_an_after_script_is_decided_by_its_checks(ref, tmp_path):
+    archive = tmp_path / "cases.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", ref, str(cp.CASES)], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "tree", filter="data")
+    with_script = {}
+    for name in cp.training_cases(tmp_path / "tree"):
+        config = cp.load_config(tmp_path / "tree", name)
+        if config.get("AFTER_SCRIPT") is not None:
+            with_script[name] = (config, cp.plan_case(name, config))
+    assert len(with_script) >= 7, sorted(with_script)
+    for name, (config, p) in with_script.items():
+        if config.get("TEST_TYPE") == "frozen-start":
+            assert isinstance(p, cp.Unsupported) and "frozen-start" in p.reason, (name, p)
+            continue
+        assert isinstance(p, cp.CasePlan) and p.after_script is not None, (name, p)
+        assert p.after_script.exit_zero and p.after_script.checks, name

@@ -27,15 +27,23 @@ GPU_ONLY = "gpt3_mcore_te_tp1_pp1_cuda_graphs"
 INFERENCE = "gpt3_mcore_tp1_pp1_inference"
 
 # Megatron's training log line per iteration; a case with --fake-break calls megatron.core.thing.step().
+# --fake-log TEXT: a line megatron's logging prints after iteration 1; --fake-exit N: the run stops after
+# iteration N with exit 16, as megatron's rerun state machine does (EXIT_CODE_RESUME_TO_DISAMBIGUATE).
 PRETRAIN = textwrap.dedent("""\
     import sys
     iters = int(sys.argv[sys.argv.index("--train-iters") + 1])
+    def arg(name):
+        return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
     if "--fake-break" in sys.argv:
         from megatron.core import thing
         thing.step()
     for i in range(1, iters + 1):
         print(f" [2026-11-27 07:00:00] iteration {i:8d}/{iters:8d} | consumed samples: {8 * i:10d} | "
               f"lm loss: {10.9 - 0.25 * i:.6E} | loss scale: 1.0 |", flush=True)
+        if i == 1 and arg("--fake-log"):
+            print(arg("--fake-log"), flush=True)
+        if arg("--fake-exit") and i == int(arg("--fake-exit")):
+            sys.exit(16)
     """)
 # Upstream asserts the attention variables unset (language_module.check_and_set_env_variable), which
 # verify's HIP simulation sets as AMD's images do: the unported tree's runs leave them out.
@@ -474,6 +482,12 @@ def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_enviro
     assert not first.cached and run_baseline(tree, base, before, env, tmp_path / "cache", run).cached
     again = run_baseline(tree, base, after, env, tmp_path / "cache", run)
     assert not again.cached and again.reason == "stopped, run 2" and len(ran) == 2
+    # a case decided by upstream's checks: a run cached before verify decided them is no baseline for one that does
+    assert after.run is not None
+    after.run.upstream_checks = {"exit_status_decides": False, "checks": [{"check": "check_log -F 'x'"}]}
+    checked = run_baseline(tree, base, after, env, tmp_path / "cache", run)
+    assert not checked.cached and len(ran) == 3
+    assert run_baseline(tree, base, after, env, tmp_path / "cache", run).cached
 
 
 def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):
@@ -499,3 +513,85 @@ def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_pa
     opts, _ = functional_options(tree, tmp_path / "series", None, "reach", 1, 1, None, False, 4, option="--cases")
     assert opts is not None and opts.cases == (GOOD,) and not opts.defaulted
     assert opts.note == f"reach record (without Transformer Engine here, not: {te_case})"
+
+
+# --- upstream's AFTER_SCRIPT checks decide the cases that carry them ---------------------------------
+
+CHECKED = "gpt3_mcore_tp1_pp1_reruns_uninstall_te"
+PORTED_OK = "# rocmport: a guarded import\n\n" + THING_OK  # a port that changes nothing the case runs
+CHECK_LOG = 'check_log() { if [[ -z $(grep -r $1 "$2" $LOG_DIR) ]]; then exit 1; else echo OK; fi }'
+
+
+def checked_case(log: str, *checks: str, exit_after: int | None = None, exit_zero: bool = True) -> str:
+    """CONFIG with upstream's check idioms (as in gpt3_mcore_reruns_persistent_1) and the canned run's own line."""
+    args = f"  --fake-log: '{log}'\n" + (f"  --fake-exit: {exit_after}\n" if exit_after else "")
+    script = [CHECK_LOG, *checks, *(["EXIT_CODE=0"] if exit_zero else [])]
+    return (
+        CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n" + args, 1)
+        + "AFTER_SCRIPT: |\n"
+        + "".join(f"  {line}\n" for line in script)
+    )
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_run_that_stops_on_purpose_passes_by_upstreams_checks_with_nothing_to_resume(tmp_path, capsys):
+    config = checked_case(
+        "Saving a checkpoint and exiting now. Please resume the job",
+        'check_log -F "Saving a checkpoint and exiting now"',
+        'check_log -E "exiting (now|later)\\. Please"',
+        exit_after=2,
+    )
+    tree = make_tree(tmp_path / "t", {CHECKED: config})
+    port(tree, PORTED_OK)
+    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", CHECKED, "--resume")
+    assert rc == 0, err
+    entry = report["functional"]["cases"][0]
+    assert entry["status"] == "pass", entry
+    assert entry["upstream_checks"]["exit_status_decides"] is False
+    assert [c["passed"] for c in entry["upstream_checks"]["checks"]] == [True, True]
+    assert "upstream's checks pass on the run's log (2 of 2)" in entry["reason"]
+    assert "stopped after 2 of 4 iterations, exit" in entry["reason"]
+    assert "stopped at iteration 2" in entry["resume"]["skipped"]
+    # without EXIT_CODE=0 the exit status decides, as upstream's launcher has it
+    tree2 = make_tree(tmp_path / "t2", {CHECKED: config.replace("  EXIT_CODE=0\n", "")})
+    port(tree2, PORTED_OK)
+    rc, report, err = verify_json(tmp_path, capsys, tree2, "--cases", CHECKED)
+    assert report["functional"]["cases"][0]["status"] == "fail"
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_check_failing_on_both_trees_is_labelled_naming_it_and_the_proxys_own_is_a_proxy_artifact(tmp_path, capsys):
+    stale = checked_case(
+        "Overwriting rerun_state_machine.current_iteration from 0 to 1...",
+        'check_log -F "Setting rerun_state_machine.current_iteration to 0..."',
+    )
+    # megatron's rerun state machine prints torch.cuda.current_device(), which the proxy answers 'cpu'
+    device = checked_case(
+        "ERROR:megatron.core.rerun_state_machine:Rank 0, node vm, device cpu, iteration #2: Possible error!!",
+        'check_log -E "Rank [0-9]+, node [a-z]+, device [0-9]+, iteration"',
+    )
+    tree = make_tree(tmp_path / "t", {CHECKED: stale, CHECKED + "_device": device})
+    base = port(tree, PORTED_OK)
+    rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", f"{CHECKED},{CHECKED}_device")
+    assert rc == 0, err
+    first, second = report["functional"]["cases"]
+    assert first["status"] == "fail" and first["label"] == "upstream-known", first
+    assert first["failure"]["phase"] == "check"
+    assert "check_log -F 'Setting rerun_state_machine.current_iteration to" in first["reason"]
+    assert first["baseline"]["commit"] == base and first["baseline"]["status"] == "fail"
+    # the label's reason names the check as the YAML has it (its figures are the YAML's, not a run's)
+    assert "check_log -F 'Setting rerun_state_machine.current_iteration to 0...'" in first["label_reason"]
+    assert second["label"] == "proxy-artifact", second
+    assert "current_device" in second["label_reason"] and "answered 'cpu'" in second["label_reason"]
+    assert second["upstream_checks"]["checks"][0]["proxy_cause"].startswith("the CPU proxy's shim answers")
+
+
+def test_dry_run_says_a_case_is_decided_by_upstreams_checks(tmp_path, capsys):
+    config = checked_case("x", 'check_log -F "Result validation enabled"')
+    tree = make_tree(tmp_path / "t", {CHECKED: config, GOOD: CONFIG})
+    assert main(["verify", "--tree", str(tree), "--stages", "4", "--cases", f"{CHECKED},{GOOD}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("# decided by upstream's AFTER_SCRIPT checks (1 check of the run's log, EXIT_CODE=0") == 1
+    assert "check_log -F 'Result validation enabled'" in out

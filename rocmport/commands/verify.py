@@ -157,6 +157,8 @@ def command(obj, dry_run, as_json, report_path, html_path, no_html, junit, **giv
         else:
             for step in plan:
                 click.echo(f"# {step['stage']} (in {step['cwd']})\n{shlex.join(step['command'])}")
+                if step.get("decided_by"):
+                    click.echo(f"# {step['decided_by']}")
         return EXIT_OK
     html = None if no_html else (html_path or "")
     return _finish(run_verify(opts), obj["project"], report_path, junit, as_json, html)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 from rocmport.errors import BadInput
 from rocmport.launch_env import FSDP_OPTIONS
 from rocmport.verify.runtime import protocol
+from rocmport.verify.stages import after_script
 
 CASES = Path("tests/functional_tests/test_cases/gpt")
 # The most ranks verify launches for one case (upstream's cases run on one 8-GPU node).
@@ -107,6 +108,7 @@ class CasePlan:
     env_unset: tuple[tuple[str, str], ...] = ()
     kept: tuple[tuple[str, str], ...] = ()
     launch_env_unset: tuple[tuple[str, str], ...] = ()
+    after_script: after_script.AfterScript | None = None
 
 
 @dataclass(frozen=True)
@@ -713,6 +715,41 @@ def refusal_in(fp8: Fp8Plan, stderr: str) -> str | None:
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): (.*)$")
 
 
+# --- upstream's own checks (AFTER_SCRIPT) -------------------------------------------------------
+
+# The feature a case decided by upstream's checks shows (its plan, docs/cases.md).
+UPSTREAM_CHECKS = "upstream-checks"
+
+
+def upstream_checks(name: str, config: dict) -> after_script.AfterScript | Unsupported | None:
+    """The case's AFTER_SCRIPT as checks that decide it (None: it has none), or unsupported naming the
+    statement verify does not read: a check verify cannot decide is never silently left out."""
+    text = config.get("AFTER_SCRIPT")
+    if text is None:
+        return None
+    test_type = str(config.get("TEST_TYPE") or "regular").split("#")[0].strip()
+    if not isinstance(text, str):
+        return Unsupported(name, "not-on-proxy", f"AFTER_SCRIPT is a {type(text).__name__}, not a script")
+    if test_type != "regular":
+        # upstream evaluates it after each of the case's runs, over the logs they leave together; verify maps
+        # the one run of a regular case only (every case with AFTER_SCRIPT, v0.15 to main, is regular or frozen-start)
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            f"AFTER_SCRIPT in a TEST_TYPE {test_type} case: upstream runs it after each of the case's runs over "
+            "their logs together; verify decides upstream's checks for a regular case's one run only",
+        )
+    try:
+        return after_script.parse(text)
+    except after_script.NotTranslated as e:
+        return Unsupported(
+            name,
+            "not-on-proxy",
+            f"AFTER_SCRIPT: {e}; the case is decided by upstream's checks, which verify runs only when it reads "
+            "every statement",
+        )
+
+
 # --- the plan ----------------------------------------------------------------------------------
 
 
@@ -751,6 +788,9 @@ def plan_case(
             f"{flag} {value}: ${var} is set by upstream CI's launcher environment (envsubst over the YAML), "
             f"and verify has no value for it (it gives only {', '.join(CI_VARIABLES)})",
         )
+    checks = upstream_checks(name, config)
+    if isinstance(checks, Unsupported):
+        return checks
     fp8 = plan_fp8(name, args, te)
     if isinstance(fp8, Unsupported):
         return fp8
@@ -800,6 +840,8 @@ def plan_case(
         notes.append("resumes from its own checkpoint: upstream's frozen checkpoint is not published")
     if any(k.startswith("MODEL_ARGS_") for k in config):
         notes.append("runs MODEL_ARGS only: the later MODEL_ARGS_N runs reshard across other GPU counts")
+    if checks is not None:
+        notes.append(checks.describe())
     if fp8 is not None and fp8.recipe == "mxfp8" and fp8.device == "gfx950" and not fp8.refusal:
         notes.append("NVTE_ROCM_ENABLE_MXFP8=1 from the gfx950 launch profile (ROCm TE runs MXFP8 only with it)")
     return CasePlan(
@@ -812,13 +854,14 @@ def plan_case(
         # A case the port must refuse never trains: nothing to resume.
         resume=not (fp8 and fp8.refusal),
         te=te_impl,
-        features=features(args, lay, test_type) + (("fp8",) if fp8 else ()),
+        features=features(args, lay, test_type) + (("fp8",) if fp8 else ()) + ((UPSTREAM_CHECKS,) if checks else ()),
         notes=tuple(notes),
         fp8=fp8,
         dropped=tuple(dropped),
         env_unset=env_unset,
         kept=kept_precision(args),
         launch_env_unset=launch_env_unset,
+        after_script=checks,
     )
 
 

@@ -70,6 +70,9 @@ _SHIM_MECHANISMS = {
     "init_process_group": "nccl made gloo",
     "_new_group_with_tag": "subgroups made on gloo",
     "all_to_all_single": "all_to_all_single's split sizes as lists (gloo)",
+    # a failed upstream check (after_script.PROXY_LINES): a line the proxy prints otherwise than a GPU
+    "current_device": "torch.cuda.current_device() answered 'cpu' (a GPU answers the rank's device index), "
+    "which megatron prints where upstream's check expects a number",
 }
 
 
@@ -131,10 +134,13 @@ def cache_path(
     env: dict,
     overlay_digest: str,
     env_unset: list[str] | None = None,
+    checks: list[str] | None = None,
 ) -> Path:
     """Where the unported tree's run of ``case`` is kept: keyed by what makes a run differ (the
     port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay, and the
-    variables verify left out of the case's runs, ``env_unset``: the port run's proxy_env says which)."""
+    variables verify left out of the case's runs, ``env_unset``: the port run's proxy_env says which),
+    and by what decides it: upstream's AFTER_SCRIPT checks, ``checks`` (a run kept before verify decided
+    them was judged otherwise)."""
     import torch
 
     args = re.sub(r"\S*/rocmport-func-[^/\s]+", "${WORK}", port_command.split("pretrain_gpt.py", 1)[-1])
@@ -153,6 +159,7 @@ def cache_path(
             # and what the case's plan left out (an FSDP case's launch-profile CUDA_DEVICE_MAX_CONNECTIONS):
             # a run made before, with it, stopped at upstream's assertion and is no baseline for one without
             *([sorted(env_unset)] if env_unset else []),
+            *([[CHECKS_COMPARED_AS, checks]] if checks else []),
         ]
     )
     return cache_dir / "functional-baselines" / f"{base[:12]}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
@@ -171,7 +178,13 @@ def run_baseline(
     overlay = baseline_overlay(tree, base)
     digest = hashlib.sha256(b"".join((tree / f).read_bytes() for f in overlay)).hexdigest()[:16]
     unset = sorted(k for k in (port.run.proxy_env if port.run else {}) if " unset (" in k)
-    cached = cache_path(cache_dir, base, port.case, port.run.command if port.run else "", env, digest, unset)
+    decided = port.run.upstream_checks if port.run else None
+    checks = (
+        [str(c["check"]) for c in decided["checks"]] + [f"exit status decides: {decided['exit_status_decides']}"]
+        if decided
+        else None
+    )
+    cached = cache_path(cache_dir, base, port.case, port.run.command if port.run else "", env, digest, unset, checks)
     if cached.is_file():
         got = BaselineRun.from_dict(json.loads(cached.read_text()))
         got.cached = True
@@ -185,6 +198,11 @@ def run_baseline(
     )
     atomic_write_text(cached, json.dumps(got.to_dict(), indent=1, sort_keys=True))
     return got
+
+
+# How a case decided by upstream's checks is kept in the cache: a failed check's message as the YAML writes it.
+# Say otherwise here when that changes, so runs kept the old way are not compared with new ones.
+CHECKS_COMPARED_AS = "decided by upstream's checks, a failed one quoted as the YAML writes it"
 
 
 # --- the labels -------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from rocmport.verify.orchestration.stage_result import (
     tree_lacks,
 )
 from rocmport.verify.runtime import protocol
-from rocmport.verify.stages import case_plan
+from rocmport.verify.stages import after_script, case_plan
 from rocmport.verify.stages.case_plan import CasePlan
 from rocmport.verify.stages.gpt_training import took_part
 
@@ -186,6 +186,7 @@ class CaseSetup:
     rocm: bool
     support: ResumeSupport
     server: RankServer | None = None  # forks the ranks of the case's runs (--fork-ranks), else torchrun
+    checks: after_script.AfterScript | None = None  # upstream's AFTER_SCRIPT, which decides the case
 
     def command(self, args: list[str], env: dict) -> list[str]:
         """The launch of one run: the rank server's client when the server serves ``env``, else torchrun."""
@@ -221,6 +222,7 @@ class _Trained:
     recorded: list[str]
     run_env: dict
     save: dict[str, object]
+    shim: str | None = None  # a failed upstream check's cause in the proxy shim ("function (proxy_shim.py)")
 
 
 def stage_functional(tree: Path, env: dict, **kwargs: Any) -> tuple[StageResult, FunctionalRun | None]:
@@ -287,9 +289,14 @@ def run_case(
     if isinstance(ready, StageResult):
         return CaseOutcome(case, ready)
     config, plan, world = ready
+    # upstream's own checks: the plan's on the proxy; on a GPU (no plan) read from the YAML the same way
+    checks = plan.after_script if plan is not None else case_plan.upstream_checks(case, config)
+    if isinstance(checks, case_plan.Unsupported):
+        return CaseOutcome(case, StageResult(NAME, UNSUPPORTED, f"{case} ({checks.kind}): {checks.reason}"))
     s = CaseSetup(
         tree, env, case, config, plan, world, iters, proxy, data_path, launcher, resume, hip, rocm, resume_support(tree)
     )
+    s.checks = checks
     with tempfile.TemporaryDirectory(prefix="rocmport-func-") as tmp:
         s.server = RankServer(tree, Path(tmp), world) if fork_ranks and applies(launcher, proxy) else None
         try:
@@ -440,11 +447,20 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
         from rocmport.verify.runtime.proxy_shim import read_fp8_casts
 
         run.fp8["casts"] = read_fp8_casts(work / "shim")  # the first run's alone: the resumed run adds its own
-    if proc.returncode != 0 or len(losses) < s.iters:
+    checked = _upstream_checks(s, run, proc, log)
+    complete = len(losses) >= s.iters
+    exit_zero = s.checks is not None and s.checks.exit_zero  # upstream's launcher sets the exit status aside
+    if not complete and exit_zero:
+        return _decided_by_checks(s, proc, checked, losses, start, run)
+    if not complete or (proc.returncode != 0 and not exit_zero):
         what = f"pretrain_gpt.py (after {len(losses)} of {s.iters} iterations)"
         return _stopped(s, proc, what, "run", start, run)
     problems = [] if losses[-1] < losses[0] else [f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"]
     reason = f"{s.case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {s.iters} iterations"
+    failed = [r for r in checked if not r.passed]
+    problems = [f"{CHECK_FAILED}{r.describe()}" for r in failed] + problems
+    if checked:
+        reason += f"; upstream's checks: {len(checked) - len(failed)} of {len(checked)} pass on the run's log"
     if fp8 is not None and run.fp8 is not None:
         from rocmport.verify.runtime.te_flavour import fp8_casts_differ
 
@@ -452,7 +468,75 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
         problems += [f"{fp8.describe()}: {wrong}"] if wrong else []
         casts = ", ".join(f"{k} ×{v}" for k, v in sorted(run.fp8["casts"].items()))
         reason += f"; {fp8.describe()} ({casts or 'none'})"
-    return _Trained(run, steps, log, reason, problems, recorded_args(args, work), run_env, save)
+    return _Trained(run, steps, log, reason, problems, recorded_args(args, work), run_env, save, _shim_of(failed))
+
+
+# How a failed upstream check reads among a case's problems.
+CHECK_FAILED = "upstream's check failed: "
+
+
+def _compared(problems: list[str], tree: Path) -> str:
+    """The problems as two trees' failures compare (normalise): a check of verify's with its measured figures
+    as #, upstream's checks as they are (their text is the YAML's, the same on every run)."""
+    return "; ".join(normalise(p, tree, figures=not p.startswith(CHECK_FAILED)) for p in problems)
+
+
+def _upstream_checks(
+    s: CaseSetup, run: FunctionalRun, proc: subprocess.CompletedProcess, log: str
+) -> list[after_script.CheckResult]:
+    """Upstream's AFTER_SCRIPT checks over the uninterrupted run's log (into ``run``): the run upstream's
+    regular case is, whose ranks' logs are all its $LOG_DIR holds. Verify's resumed run is verify's own
+    round trip, not upstream's: its log is not theirs to check. [] for a case without checks."""
+    if s.checks is None:
+        return []
+    results = after_script.evaluate(s.checks, log)
+    run.upstream_checks = {
+        "exit_status_decides": not s.checks.exit_zero,
+        "exit_status": proc.returncode,
+        "checks": [r.to_dict() for r in results],
+    }
+    return results
+
+
+def _shim_of(failed: list[after_script.CheckResult]) -> str | None:
+    """The proxy shim's function behind the first failed check the proxy fails by itself, as a frame."""
+    fn = next((r.shim_function for r in failed if r.shim_function), None)
+    return f"{fn} (proxy_shim.py)" if fn else None
+
+
+def _decided_by_checks(
+    s: CaseSetup,
+    proc: subprocess.CompletedProcess,
+    checked: list[after_script.CheckResult],
+    losses: list[float],
+    start: float,
+    run: FunctionalRun,
+) -> CaseOutcome:
+    """A run that stopped early in a case whose AFTER_SCRIPT sets EXIT_CODE=0: upstream's launcher exits 0
+    when every check passes whatever the training's exit status (gpt3_mcore_reruns_persistent_1 exits 16 on
+    purpose), so the checks decide. A stopped run has no losses past the point it stopped at to compare a
+    resumed run with: verify's round trip is not checked. A check that fails where the proxy could not run
+    the case (a CUDA-only blocker, the HIP simulation) is that unsupported; else the case fails, naming it."""
+    seconds = time.monotonic() - start
+    how = (
+        f"pretrain_gpt.py stopped after {len(losses)} of {s.iters} iterations, exit {proc.returncode}: "
+        f"{cause_line(proc.stderr)[:300]}"
+    )
+    failed = [r for r in checked if not r.passed]
+    if not failed:
+        why = f"the run stopped at iteration {len(losses)} as the case has it: no losses past it for a resumed run to match"
+        run.resume = ResumeSkipped(why)
+        reason = (
+            f"{s.case}: upstream's checks pass on the run's log ({len(checked)} of {len(checked)}); {how}, which the "
+            f"case's EXIT_CODE=0 leaves to the checks; checkpoint resume not checked ({why})"
+        )
+        return CaseOutcome(s.case, StageResult(NAME, PASS, reason, seconds, run), run)
+    res = _failure(proc, s.tree, s.proxy, s.hip, "pretrain_gpt.py", seconds, run)
+    if res.status == UNSUPPORTED:
+        return CaseOutcome(s.case, res, run)
+    problems = "; ".join(f"{CHECK_FAILED}{r.describe()}" for r in failed)
+    failure = CaseFailure("check", _compared([problems], s.tree), None, _shim_of(failed))
+    return CaseOutcome(s.case, StageResult(NAME, FAIL, f"{problems} [{how}]", seconds, run), run, failure)
 
 
 def _fp8_refusal(
@@ -604,5 +688,5 @@ def _finish(s: CaseSetup, t: _Trained, seconds: float) -> CaseOutcome:
     if not t.problems:
         return CaseOutcome(s.case, StageResult(NAME, PASS, t.reason, seconds, t.run), t.run)
     reason = "; ".join(t.problems) + f" [{t.reason}]"
-    failure = CaseFailure("check", normalise("; ".join(t.problems), s.tree, figures=True))
+    failure = CaseFailure("check", _compared(t.problems, s.tree), None, t.shim)
     return CaseOutcome(s.case, StageResult(NAME, FAIL, reason, seconds, t.run), t.run, failure)

@@ -124,6 +124,8 @@ class FunctionalRun:
     golden: GoldenComparison | None = None
     upstream_golden_a100: UpstreamGolden | None = None
     fp8: dict[str, Any] | None = None  # an FP8 case: its plan (case_plan.Fp8Plan) and the casts or the refusal seen
+    # a case decided by upstream's AFTER_SCRIPT: whether the exit status decides, the run's exit, each check's result
+    upstream_checks: dict[str, Any] | None = None
 
     def report_entries(self) -> dict[str, Any]:
         return {"functional": self.to_dict()}
@@ -144,6 +146,8 @@ class FunctionalRun:
             out["resume_log_tail"] = self.resume_log_tail
         if self.fp8 is not None:
             out["fp8"] = self.fp8
+        if self.upstream_checks is not None:
+            out["upstream_checks"] = self.upstream_checks
         for key, part in (
             ("resume", self.resume),
             ("golden", self.golden),

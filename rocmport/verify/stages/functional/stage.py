@@ -18,6 +18,7 @@ from rocmport.verify.orchestration.device_kind import PROXY, DeviceKind
 from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.stage_result import FAIL, StageResult, tree_lacks
 from rocmport.verify.stages import case_plan
+from rocmport.verify.stages.after_script import AfterScript
 from rocmport.verify.stages.case_plan import CasePlan
 from rocmport.verify.stages.functional import selection
 from rocmport.verify.stages.functional.selection import FunctionalOptions
@@ -132,6 +133,12 @@ class FunctionalStage(Stage[FunctionalOptions]):
             command = functional_command(opts.launcher, world_size(config, opts.dp, plan), args, rank_server=sock)
             env = dict(plan.fp8.env) if isinstance(plan, CasePlan) and plan.fp8 else {}
             server = {"rank_server": server_command(sock)} if sock else {}
+            checks = plan.after_script if isinstance(plan, CasePlan) else case_plan.upstream_checks(case, config)
+            decided = (
+                {"decided_by": f"{checks.describe()}: " + "; ".join(c.describe() for c in checks.checks)}
+                if isinstance(checks, AfterScript)
+                else {}
+            )
             out.append(
                 {
                     "stage": self.name,
@@ -139,6 +146,7 @@ class FunctionalStage(Stage[FunctionalOptions]):
                     "cwd": str(opts.tree),
                     **server,
                     **({"env": env} if env else {}),
+                    **decided,
                 }
             )
         return out
