@@ -32,14 +32,13 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 
 from rocmport.procs import die_with_parent
-from rocmport.verify.runtime import protocol
+from rocmport.verify.runtime import fd_messages, protocol
 from rocmport.verify.runtime.served_spawn import SpawnJob, SpawnServer, run_spawned
 
 # torchrun's per-worker variables (torch.distributed.elastic's local agent), set in each rank here.
@@ -182,24 +181,6 @@ def threads() -> int:
         return threading.active_count()
 
 
-def _recv_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the client closed the connection mid-request")
-        data += chunk
-    return data
-
-
-def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    header, fds, _, _ = socket.recv_fds(conn, 8, 2)
-    if len(header) < 8:
-        header += _recv_exactly(conn, 8 - len(header))
-    (length,) = struct.unpack("!Q", header)
-    return json.loads(_recv_exactly(conn, length)), fds
-
-
 def _signal_groups(pids, sig: int) -> None:
     for pid in pids:
         try:
@@ -283,7 +264,7 @@ def serve_one(
     """One run: fork its ranks (returns the Rank in each child) and what they spawn (the SpawnJob in
     each such child), and answer their exits (None here)."""
     try:
-        req, fds = _receive(conn)
+        req, fds = fd_messages.receive(conn, 2)  # rank_client's stdout and stderr
     except (ConnectionError, ValueError, OSError):
         return None
     nproc, addr, port = int(req["nproc"]), str(req["master_addr"]), int(req["master_port"])

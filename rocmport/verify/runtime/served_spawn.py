@@ -22,12 +22,10 @@ accepts requests, forks, reaps and reports exits, and ends what a run left behin
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import signal
 import socket
-import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -35,9 +33,8 @@ from multiprocessing import popen_spawn_posix
 from multiprocessing.forkserver import read_signed, write_signed
 
 from rocmport.procs import die_with_parent
+from rocmport.verify.runtime import fd_messages
 
-# what a request carries over the socket: its JSON's length, then the JSON; the fds ride on the length
-_HEADER = struct.Struct("!Q")
 # what one SCM_RIGHTS message carries (Linux's SCM_MAX_FD); a start that passes more (a process object
 # with hundreds of pipes, or of tensors shared by fd) is a fresh interpreter's, as without the server
 _MAX_FDS = 253
@@ -118,11 +115,9 @@ class ServedPopen(popen_spawn_posix.Popen):
 
 
 def _request(path: str, message: dict, status_w: int, fds: list[int]) -> None:
-    body = json.dumps(message).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(path)
-        socket.send_fds(sock, [_HEADER.pack(len(body))], [status_w, *fds])
-        sock.sendall(body)
+        fd_messages.send(sock, message, [status_w, *fds])
 
 
 def install(path: str) -> None:
@@ -166,16 +161,6 @@ def run_spawned(job: SpawnJob) -> None:
     os._exit(code if isinstance(code, int) else 1)
 
 
-def _recv_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = conn.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("the rank closed the connection mid-request")
-        data += chunk
-    return data
-
-
 def _place(received: list[int], targets: list[int]) -> None:
     """Each received fd at its target number (the rank's), whatever was there closed; the received
     copies closed."""
@@ -208,11 +193,7 @@ class SpawnServer:
         conn, _ = self.listener.accept()
         with conn:
             try:
-                header, fds, _, _ = socket.recv_fds(conn, _HEADER.size, _MAX_FDS)
-                if len(header) < _HEADER.size:
-                    header += _recv_exactly(conn, _HEADER.size - len(header))
-                (length,) = _HEADER.unpack(header)
-                req = json.loads(_recv_exactly(conn, length))
+                req, fds = fd_messages.receive(conn, _MAX_FDS)
             except (ConnectionError, ValueError, OSError):
                 return None
         if len(fds) != len(req["fds"]) + 1:
