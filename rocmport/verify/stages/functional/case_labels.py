@@ -232,12 +232,15 @@ NUMERICS_BLOCK = (
 )
 
 
+def blocks_on_numerics(label: str | None, failure: CaseFailure | None) -> bool:
+    """An unverified case whose run stopped on a loss that failed Megatron's result validation (NUMERICS_BLOCK)."""
+    return label == "unverified" and failure is not None and fails_result_validation(failure.message)
+
+
 def label_case(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...] = ()) -> tuple[str, str]:
     """A failing case's label and why, by what the unported tree did with it (the module docstring)."""
     label, why = _label(port, base, blocked)
-    if label == "unverified" and port.failure is not None and fails_result_validation(port.failure.message):
-        return label, f"{why}; {NUMERICS_BLOCK}"
-    return label, why
+    return (label, f"{why}; {NUMERICS_BLOCK}") if blocks_on_numerics(label, port.failure) else (label, why)
 
 
 def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]) -> tuple[str, str]:

@@ -17,9 +17,8 @@ from rocmport import output
 from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSUPPORTED
 from rocmport.verify.stages import case_plan
-from rocmport.verify.stages.functional.case_labels import BaselineRun, label_case, run_baseline
+from rocmport.verify.stages.functional.case_labels import BaselineRun, blocks_on_numerics, label_case, run_baseline
 from rocmport.verify.stages.functional.case_args import load_case
-from rocmport.verify.stages.functional.case_log import fails_result_validation
 from rocmport.verify.stages.functional.case_run import CaseOutcome, case_sites_env, note_case_seconds, run_case
 from rocmport.verify.stages.functional.details import CaseFailure, FunctionalRun
 
@@ -62,8 +61,7 @@ class CaseEntry:
         Megatron's result validation (case_labels.NUMERICS_BLOCK)."""
         if self.status != FAIL:
             return False
-        numerics = self.failure is not None and fails_result_validation(self.failure.message)
-        return self.label in (None, "port-regression") or (self.label == "unverified" and numerics)
+        return self.label in (None, "port-regression") or blocks_on_numerics(self.label, self.failure)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {**(self.run.to_dict() if self.run else {}), "case": self.case}
