@@ -520,7 +520,7 @@ def _decided_by_checks(
     seconds = time.monotonic() - start
     how = (
         f"pretrain_gpt.py stopped after {len(losses)} of {s.iters} iterations, exit {proc.returncode}: "
-        f"{cause_line(proc.stderr)[:300]}"
+        f"{cause_line(proc.stderr, proc.stdout or '')[:300]}"
     )
     failed = [r for r in checked if not r.passed]
     if not failed:
