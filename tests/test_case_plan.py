@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -362,15 +363,20 @@ MIRROR = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
 LINES = ["core_v0.15.3", "core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.0", "main"]
 
 
+def cases_at(ref: str, tree: Path) -> None:
+    """The mirror's GPT functional cases at ``ref``, extracted under ``tree``."""
+    archive = tree.parent / "cases.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", ref, str(cp.CASES)], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+
+
 @pytest.mark.mirror
 @pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a Megatron-LM mirror")
 @pytest.mark.parametrize("ref", LINES)
 def test_every_case_of_every_line_is_a_plan_or_a_specific_reason(ref, tmp_path):
-    archive = tmp_path / "cases.tar"
-    with archive.open("wb") as out:
-        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", ref, str(cp.CASES)], stdout=out, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "tree", filter="data")
+    cases_at(ref, tmp_path / "tree")
     plans = cp.plan_tree(tmp_path / "tree")
     assert len(plans) > 100, len(plans)
     summary = cp.PlanSummary.of(plans)
@@ -647,11 +653,7 @@ def test_an_after_script_in_a_case_of_several_runs_is_unsupported():
 @pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a Megatron-LM mirror")
 @pytest.mark.parametrize("ref", ["core_v0.16.1", "core_v0.19.0", "main"])
 def test_every_regular_case_with_an_after_script_is_decided_by_its_checks(ref, tmp_path):
-    archive = tmp_path / "cases.tar"
-    with archive.open("wb") as out:
-        subprocess.run(["git", f"--git-dir={MIRROR}", "archive", ref, str(cp.CASES)], stdout=out, check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path / "tree", filter="data")
+    cases_at(ref, tmp_path / "tree")
     with_script = {}
     for name in cp.training_cases(tmp_path / "tree"):
         config = cp.load_config(tmp_path / "tree", name)
