@@ -5,6 +5,7 @@ blocker reported as unsupported-in-proxy with its upstream site."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -51,6 +52,8 @@ TRAIN_LOOP = textwrap.dedent("""\
         p.add_argument("--save")
         p.add_argument("--load")
         p.add_argument("--lr", type=float, default=1e-4)
+        p.add_argument("--ckpt-format", default="torch_dist")
+        p.add_argument("--async-save", action="store_true")
         args, _ = p.parse_known_args(argv)
         assert torch.cuda.is_available(), "Megatron requires CUDA."
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -76,14 +79,23 @@ TRAIN_LOOP = textwrap.dedent("""\
             print(f" iteration {it:8d}/{args.train_iters:8d} | elapsed time per iteration (ms): {begin.elapsed_time(end):.1f} | "
                   f"lm loss: {float(loss):.6E} | mem {stats['allocated_bytes.all.current'] > 0} |", flush=True)
             if args.save and (it % args.save_interval == 0 or it == args.train_iters):
-                os.makedirs(args.save, exist_ok=True)
-                json.dump({"state": state}, open(os.path.join(args.save, f"iter_{it}.json"), "w"))
-                open(os.path.join(args.save, "latest"), "w").write(str(it))
+                save_checkpoint(args, it, state)
         torch.cuda.check_error(torch.cuda.cudart().cudaProfilerStop())
         # megatron's samplers ask for pinned batches (DataLoader(pin_memory=True)), and the async checkpoint preload pins.
         loader = torch.utils.data.DataLoader(torch.arange(4.0), batch_size=2, pin_memory=True)
         assert [b.tolist() for b in loader] == [[0.0, 1.0], [2.0, 3.0]] and torch.ones(1).pin_memory().device.type == "cpu"
         assert torch.accelerator.current_accelerator() is None  # torch's own view (the loader's pinning, optimizers' graph-capture check)
+
+
+    def save_checkpoint(args, iteration, state):
+        # megatron/training/checkpointing.py's save_checkpoint: only torch_dist has an async writer
+        if args.async_save and args.ckpt_format == "torch":
+            raise NotImplementedError("Async checkpoint save not implemented for legacy checkpoints")
+        if args.async_save and args.ckpt_format != "torch_dist":
+            raise NotImplementedError(f"Async checkpoint save not implemented for {args.ckpt_format} distributed checkpoint format")
+        os.makedirs(args.save, exist_ok=True)
+        json.dump({"state": state}, open(os.path.join(args.save, f"iter_{iteration}.json"), "w"))
+        open(os.path.join(args.save, "latest"), "w").write(str(iteration))
     """)
 SHAPED_PRETRAIN = "import sys\nfrom megatron.training.loop import train\n\ntrain(sys.argv[1:])\n"
 # A CUDA call the shim has no CPU answer for: the CPU build lacks its binding, a CUDA build without a
@@ -302,18 +314,18 @@ def test_shim_answers_training_loop_and_resume_matches(tmp_path):
     assert "resumed from the iteration-3 checkpoint (async torch_dist): max |Δ| 0 over iterations 4-6" in res.reason
     redirects = data.redirects
     for call in (
-        "cuda.is_available @ megatron/training/loop.py:15",
-        "cuda.get_device_properties @ megatron/training/loop.py:16",
-        "cuda.memory_stats @ megatron/training/loop.py:34",
-        "cuda.synchronize @ megatron/training/loop.py:32",
-        "cuda.stream @ megatron/training/loop.py:30",
+        "cuda.is_available @ megatron/training/loop.py:17",
+        "cuda.get_device_properties @ megatron/training/loop.py:18",
+        "cuda.memory_stats @ megatron/training/loop.py:36",
+        "cuda.synchronize @ megatron/training/loop.py:34",
+        "cuda.stream @ megatron/training/loop.py:32",
         "cuda.cudart @ megatron/training/loop.py:42",
-        "tensor(device=cuda) @ megatron/training/loop.py:31",
+        "tensor(device=cuda) @ megatron/training/loop.py:33",
         "Tensor.pin_memory @ megatron/training/loop.py:45",
         "accelerator.current_accelerator (none) @ megatron/training/loop.py:46",
     ):
         assert redirects.get(call, 0) >= 1, (call, redirects)
-    assert redirects["cuda.synchronize @ megatron/training/loop.py:32"] == 6  # the uninterrupted run's (the report's)
+    assert redirects["cuda.synchronize @ megatron/training/loop.py:34"] == 6  # the uninterrupted run's (the report's)
     assert data.proxy_env and "TORCHDYNAMO_DISABLE=1" in data.proxy_env
     # The CUDA path (--no-hip-sim) runs the same loop with an A100's answers.
     res, data = stage_functional(
@@ -365,6 +377,46 @@ def test_resume_support_reads_the_training_loop(tmp_path):
     )
     (tmp_path / "megatron" / "training" / "async_utils.py").write_text('async_strategy = "nvrx"\n')
     assert resume_support(tmp_path).async_strategy is True
+    assert resume_support(tmp_path).async_formats == ("torch_dist",)  # no guard read: the one every line has
+    (tmp_path / "megatron" / "training" / "checkpointing.py").write_text(
+        "    if args.async_save:\n        if ckpt_type == CheckpointType.LEGACY:\n"
+        "            raise NotImplementedError('Async checkpoint save not implemented for legacy checkpoints')\n"
+        "        elif ckpt_type == CheckpointType.GLOBAL and args.ckpt_format not in [\n"
+        "            'torch_dist',\n            'fsdp_dtensor',\n        ]:\n"
+        "            raise NotImplementedError(\n"
+        "                f'Async checkpoint save not implemented for {args.ckpt_format} distributed checkpoint format'\n"
+    )
+    assert resume_support(tmp_path).async_formats == ("torch_dist", "fsdp_dtensor")
+
+
+@pytest.mark.mirror
+@pytest.mark.skipif(not os.environ.get("ROCMPORT_TEST_MLM_MIRROR"), reason="set ROCMPORT_TEST_MLM_MIRROR")
+@pytest.mark.parametrize(
+    "ref, formats",
+    [
+        ("core_v0.15.3", ("torch_dist",)),
+        ("core_v0.16.1", ("torch_dist",)),
+        ("core_v0.17.1", ("torch_dist", "torch_dcp", "fsdp_dtensor")),
+        ("core_v0.19.0", ("torch_dist", "torch_dcp", "fsdp_dtensor")),
+    ],
+)
+def test_the_async_checkpoint_formats_are_read_from_upstreams_save_checkpoint(ref, formats, tmp_path):
+    """The formats each line's save_checkpoint writes with --async-save, read from its own guard: what
+    decides whether verify's round trip saves a case async (never the legacy torch format)."""
+    import subprocess
+
+    from rocmport.verify.stages.functional import resume_support
+
+    path = "megatron/training/checkpointing.py"
+    text = subprocess.run(
+        ["git", f"--git-dir={os.environ['ROCMPORT_TEST_MLM_MIRROR']}", "show", f"{ref}:{path}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (tmp_path / "megatron" / "training").mkdir(parents=True)
+    (tmp_path / path).write_text(text)
+    assert resume_support(tmp_path).async_formats == formats
 
 
 @pytest.mark.torch
@@ -399,6 +451,27 @@ def test_async_writer_chosen_on_the_cuda_path_left_to_the_port_on_hip(tmp_path):
     hip, data = stage_functional(tree, env, record=False, rocm=True, hip=hip_sim.DEFAULT_VERSION, **kwargs)
     assert hip.status == "pass" and "--async-strategy" not in data.command and data.chosen_args == {}
     assert "max relative drift vs golden 0" in hip.reason  # the same golden: compared, not "other args"
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_legacy_checkpoint_case_is_saved_synchronously(tmp_path):
+    """Verify's async save (its persistent worker) is torch_dist's alone: megatron's save_checkpoint refuses
+    it for `--ckpt-format torch` ("Async checkpoint save not implemented for legacy checkpoints"; v0.16's
+    gpt3_mcore_tp4_pp1_resume_torch and gpt3_mcore_te_tp1_pp4_vp1_resume_torch_decoupled_lr stopped there on
+    both trees and were labelled upstream-known). Such a case saves synchronously, resumes from that
+    checkpoint, and the reason names its format; the default format's async round trip is
+    test_shim_answers_training_loop_and_resume_matches's."""
+    tree = make_tree(tmp_path / "tree", SHAPED_PRETRAIN)
+    cfg = tree / "tests" / "functional_tests" / "test_cases" / "gpt" / CASE / "model_config.yaml"
+    cfg.write_text(CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --ckpt-format: torch\n", 1))
+    res, data = stage_functional(tree, proxy_env(tmp_path, tree), **proxy_case_kwargs())
+    assert res.status == "pass", res.reason
+    assert "--ckpt-format torch" in data.command and "--async-save" not in data.command
+    assert "--use-persistent-ckpt-worker" not in data.command
+    assert "persistent checkpoint writer started by fork" not in (data.proxy_env or {})  # no writer to fork
+    assert data.resume.loaded_iteration == 3 and data.resume.async_save is False
+    assert "resumed from the iteration-3 checkpoint (torch): max |Δ| 0 over iterations 4-6" in res.reason
 
 
 @pytest.mark.torch

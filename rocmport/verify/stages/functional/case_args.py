@@ -193,6 +193,16 @@ class ResumeSupport:
     async_save: bool
     async_strategy: bool
     first_two_logged_together: bool
+    # the checkpoint formats save_checkpoint writes asynchronously (never the legacy `torch`)
+    async_formats: tuple[str, ...] = ("torch_dist",)
+
+
+# megatron/training/checkpointing.py's save_checkpoint refuses --async-save for a distributed format outside these:
+# v0.15/v0.16 `args.ckpt_format != 'torch_dist'`, v0.17+ `args.ckpt_format not in ['torch_dist', 'torch_dcp', ...]`.
+_ASYNC_FORMATS = re.compile(
+    r"ckpt_format\s*(?:!=|not\s+in)\s*(\[[^\]]*\]|'\w+'|\"\w+\")\s*\)?\s*:\s*"
+    r"raise\s+NotImplementedError\(\s*f?['\"]Async checkpoint save not implemented"
+)
 
 
 def resume_support(tree: Path) -> ResumeSupport:
@@ -201,15 +211,19 @@ def resume_support(tree: Path) -> ResumeSupport:
     chosen writer (`--async-strategy`, v0.17+), and
     whether it logs the first two iterations after a start as one interval: its training log keeps
     the first iteration's loss in the running total (`should_reset = not is_first_iteration`), so
-    the second logged `lm loss` of any run is the mean of its first two iterations."""
+    the second logged `lm loss` of any run is the mean of its first two iterations; and which
+    checkpoint formats its save_checkpoint writes asynchronously (the guard that refuses the others)."""
     text = "".join(
         p.read_text(encoding="utf-8", errors="replace") for p in sorted((tree / "megatron" / "training").rglob("*.py"))
     )
+    guard = _ASYNC_FORMATS.search(text)
     return ResumeSupport(
         ckpt_step="ckpt_step" in text,
         async_save="async_save" in text and "use_persistent_ckpt_worker" in text,
         async_strategy="async_strategy" in text,
         first_two_logged_together="should_reset = not is_first_iteration" in text,
+        # without the guard (a tree that words it otherwise): torch_dist, the one format every line writes async
+        async_formats=tuple(re.findall(r"['\"](\w+)['\"]", guard.group(1))) if guard else ("torch_dist",),
     )
 
 

@@ -197,6 +197,19 @@ class CaseSetup:
     def half(self) -> int:
         return self.iters // 2
 
+    @property
+    def ckpt_format(self) -> str:
+        """The case's checkpoint format (megatron's default, torch_dist, where it names none)."""
+        return str((self.config.get("MODEL_ARGS") or {}).get("--ckpt-format") or "torch_dist")
+
+    @property
+    def async_save(self) -> bool:
+        """Whether verify saves the case's checkpoint asynchronously with a persistent worker: where the tree
+        can, in a format its save_checkpoint writes async (torch_dist; from v0.17 torch_dcp and fsdp_dtensor too).
+        Megatron refuses it for the others, the legacy `--ckpt-format torch` always ("Async checkpoint save not
+        implemented for legacy checkpoints"): both trees would stop there, verify's defect, not upstream's."""
+        return self.support.async_save and self.ckpt_format in self.support.async_formats
+
     def args(self, work: Path, extra: dict[str, object]) -> list[str]:
         return build_args(
             self.config,
@@ -356,7 +369,7 @@ def _save_args(s: CaseSetup, work: Path) -> tuple[dict[str, object], dict[str, s
     """The checkpoint flags of the uninterrupted run, and the arguments verify chose, with why."""
     save: dict[str, object] = {"--save": str(work / "ckpt"), "--load": str(work / "ckpt"), "--save-interval": s.half}
     chosen: dict[str, str] = {}
-    if s.support.async_save:
+    if s.async_save:
         save.update({"--async-save": True, "--use-persistent-ckpt-worker": True})
         if s.support.async_strategy and not s.rocm and not nvrx_usable(s.env):
             # Upstream's default writer (nvrx) is nvidia-resiliency-ext's: on HIP the port switches to mcore by itself
@@ -391,7 +404,7 @@ def _run_env(s: CaseSetup, work: Path) -> tuple[dict, dict[str, str]]:
     run_env.update({k: v for k, (v, _) in PROXY_ENV.items()})
     run_env.update(dict(s.plan.fp8.env) if s.plan and s.plan.fp8 else {})  # the CUDA control's simulated H100
     swaps = {**{f"{k}={v}": why for k, (v, why) in PROXY_ENV.items()}, **unset}
-    if s.support.async_save:
+    if s.async_save:
         from rocmport.verify.runtime.proxy_shim import FORKED_WRITER
 
         swaps["persistent checkpoint writer started by fork"] = FORKED_WRITER
@@ -628,13 +641,13 @@ def _compare_resumed(s: CaseSetup, t: _Trained, rlog: str, rsteps: dict[int, flo
         loaded_iteration=loaded_iteration(rlog),
         max_abs_diff=diff,
         tolerance=tol,
-        async_save=s.support.async_save,
+        async_save=s.async_save,
         losses=[rsteps[i] for i in wanted],
         params_norm_max_abs_diff=norm_diff,
         averaged_iteration=half + 2 if s.support.first_two_logged_together and half + 2 <= iters else None,
     )
     t.reason += (
-        f"; resumed from the iteration-{half} checkpoint ({'async ' if s.support.async_save else ''}torch_dist): "
+        f"; resumed from the iteration-{half} checkpoint ({'async ' if s.async_save else ''}{s.ckpt_format}): "
         f"max |Δ| {diff:.2g} over iterations {half + 1}-{iters} (≤ {tol:g})"
     )
     if norm_diff is not None:
