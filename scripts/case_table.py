@@ -56,6 +56,8 @@ LINES: dict[str, str] = {
     "main": "main",
 }
 KINDS: tuple[str, ...] = ("gpu-only", "not-on-proxy", "needs-nvidia-only", "not-training")
+# The --cases option behind stage 4's selection as a report records it (`functional.selection`).
+SELECTED_BY = {"named": "--cases NAME,...", "all": "--cases all", "reach": "--cases reach"}
 REGENERATE = "python scripts/case_table.py --mlm MIRROR --record LINE=REPORT@COMMIT ..."
 
 
@@ -176,9 +178,9 @@ def _commits(record: cr.CaseResults) -> str:
 def _when(record: cr.CaseResults) -> str:
     started = sorted(r.started for r in record.reports if r.started)
     if not started:
-        return "at a time not recorded"
+        return "at times not recorded"
     first, last = (s.replace("T", " ").removesuffix("Z") for s in (started[0], started[-1]))
-    return f"from {first} to {last} UTC" if first != last else f"at {first} UTC"
+    return f"between {first} and {last} UTC" if first != last else f"at {first} UTC"
 
 
 def results_section(lines: list[Line]) -> list[str]:
@@ -204,15 +206,15 @@ def results_section(lines: list[Line]) -> list[str]:
         assert record is not None
         held = {n: c for n, c in record.cases.items() if n in line.plans}
         trees = sorted({r.tree_commit[:12] for r in record.reports if r.tree_commit})
-        selections = sorted({r.selection for r in record.reports if r.selection})
+        options = sorted({f"`{SELECTED_BY.get(r.selection, r.selection)}`" for r in record.reports if r.selection})
         out += [
             f"### {line.name}",
             "",
             f"{len(held)} of its {len(line.plans)} cases ran: "
             + ", ".join(f"{n} {word}" for word, n in _outcomes(line).items())
             + f"; {round(sum(c.seconds for c in held.values()))} s of stage 4 (the port's runs). From "
-            + f"{len(record.reports)} report{'s' if len(record.reports) != 1 else ''} (stage 4's selection: "
-            + f"{', '.join(selections) or 'not recorded'}), run {_when(record)} at {_commits(record)} on the port "
+            + f"{len(record.reports)} report{'s' if len(record.reports) != 1 else ''} of `rocmport verify` "
+            + f"({', '.join(options) or 'cases chosen as not recorded'}) started {_when(record)}, at {_commits(record)} on the port "
             + "tree "
             + (", ".join(f"`{t}`" for t in trees) or "(commit not recorded)")
             + f" of upstream `{record.upstream[:12]}`, with TE {record.te or 'none'}"
