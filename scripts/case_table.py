@@ -1,28 +1,33 @@
 """Generate docs/cases.md: upstream's GPT functional cases per release line, as the CPU proxy plans
 them (rocmport/verify/stages/case_plan.py), read straight from a Megatron-LM mirror: each line's
 counts (runnable, and unsupported by kind) and a case × line table with the plan (layout, ranks,
-features) or the unsupported kind and its reason.
+features) or the unsupported kind and its reason, and stage 4's result per case where the line has
+a committed record of them (patchsets/megatron-lm/<line>/case-results.json).
 
     python scripts/case_table.py --mlm /path/to/Megatron-LM.git            # write docs/cases.md
     python scripts/case_table.py --mlm MIRROR --check                      # exit 1 when it is stale
     python scripts/case_table.py --mlm MIRROR --pin main=COMMIT            # main at a given commit
-    python scripts/case_table.py --mlm MIRROR --report v0.16=verify.json --out cases.md
-                                                                           # with stage 4's results
-    python scripts/case_table.py --mlm MIRROR --report v0.16=a.json --report v0.16=b.json
-                                                                           # a sweep run in chunks
+    python scripts/case_table.py --mlm MIRROR --record v0.16=a.json@COMMIT --record v0.16=b.json@COMMIT
+                          # v0.16's record made anew from a sweep's reports, in order; then the page
 
 A line's cases are its tag's tests/functional_tests/test_cases/gpt (git archive into a temporary
 directory, removed after). `main` is the mirror's main branch: the page records the commit it read,
-and the mirror test pins main to that commit, so only the release tags and the planner decide the
-page. With --report LINE=FILE (a `rocmport verify` JSON report) each case that the report's stage 4
-ran shows its status (and label) before its plan; a report without per-case data leaves the plan
-alone. A line may take several reports (a `--cases all` sweep run a few cases at a time, so that each
-chunk has the machine to itself): their cases are merged in the order given, a later report's entry
-for a case replacing an earlier one's. The page holds upstream's case names and the planner's reasons, no upstream file."""
+and the mirror test pins main to that commit, so only the release tags, the planner and the
+committed records decide the page.
+
+Results (rocmport/report/case_results.py). Each line's case-results.json is read by default:
+the cases it holds show their status (and label) before their plan, and the counts and a section of
+the page say what ran, from which run. `--record LINE=REPORT[@COMMIT]` (repeatable) writes LINE's
+record anew from `rocmport verify --json` reports (a `--cases all` sweep runs a few cases per report,
+so that each chunk has the machine to itself), merged in the order given, a later report's entry for
+a case replacing an earlier one's; COMMIT is the rocmport commit the report's run used (a report does
+not record it). A record made at another upstream commit than the page reads the line at is refused.
+The page holds upstream's case names and the planner's reasons, no upstream file."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import tarfile
@@ -35,10 +40,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from rocmport.errors import BadInput  # noqa: E402
-from rocmport.report import reader  # noqa: E402
+from rocmport.report import case_results as cr  # noqa: E402
+from rocmport.report.case_results import FAIL, PASS  # noqa: E402
 from rocmport.verify.stages import case_plan as cp  # noqa: E402
 
 DOC = REPO / "docs" / "cases.md"
+SERIES = REPO / "patchsets" / "megatron-lm"  # a directory per line: its series, reach.json, case-results.json
 # Each line's cases are read at its newest final release tag; main at the head of upstream's main.
 LINES: dict[str, str] = {
     "v0.15": "core_v0.15.3",
@@ -49,16 +56,9 @@ LINES: dict[str, str] = {
     "main": "main",
 }
 KINDS: tuple[str, ...] = ("gpu-only", "not-on-proxy", "needs-nvidia-only", "not-training")
-STAGE_FOUR = "functional"
-
-
-@dataclass
-class CaseResult:
-    """One case as a verify report's stage 4 recorded it."""
-
-    status: str
-    label: str | None = None
-    reason: str = ""
+# The --cases option behind stage 4's selection as a report records it (`functional.selection`).
+SELECTED_BY = {"named": "--cases NAME,...", "all": "--cases all", "reach": "--cases reach"}
+REGENERATE = "python scripts/case_table.py --mlm MIRROR --record LINE=REPORT@COMMIT ..."
 
 
 @dataclass
@@ -67,8 +67,7 @@ class Line:
     ref: str
     commit: str
     plans: dict[str, cp.Plan]
-    results: dict[str, CaseResult] | None = None  # None: no report given for the line
-    reports: list[str] = field(default_factory=list)  # the report files the results came from
+    results: cr.CaseResults | None = None  # None: the line has no record
 
     @property
     def summary(self) -> cp.PlanSummary:
@@ -117,54 +116,6 @@ def read_cases(mirror: Path, commit: str, dest: Path) -> dict[str, cp.Plan]:
     return cp.plan_tree(dest / "tree")
 
 
-# --- reading stage 4's results --------------------------------------------------------------------
-
-
-def case_results(report: reader.RunReport) -> dict[str, CaseResult]:
-    """Stage 4's cases in a verify report, read defensively: a ``cases`` mapping (name -> entry) or
-    list (entries naming their ``case``), or the single ``case`` the stage ran; an entry without a
-    status is left out (its cell keeps the plan alone)."""
-    stage = next(
-        (s for s in report.raw.get("stages") or [] if isinstance(s, dict) and s.get("name") == STAGE_FOUR), None
-    )
-    if stage is None:
-        return {}
-    cases = stage.get("cases")
-    entries: list[tuple[Any, Any]]
-    if isinstance(cases, dict):
-        entries = list(cases.items())
-    elif isinstance(cases, list):
-        entries = [(c.get("case") or c.get("name"), c) for c in cases if isinstance(c, dict)]
-    else:
-        entries = [(stage.get("case"), stage)]
-    out: dict[str, CaseResult] = {}
-    for name, entry in entries:
-        if not isinstance(name, str) or not name or not isinstance(entry, dict):
-            continue
-        status, label, reason = entry.get("status"), entry.get("label"), entry.get("reason")
-        if not isinstance(status, str) or not status:
-            continue
-        out[name] = CaseResult(
-            status, label if isinstance(label, str) and label else None, reason if isinstance(reason, str) else ""
-        )
-    return out
-
-
-def load_report(line: str, path: Path) -> dict[str, CaseResult]:
-    report = reader.load(path)
-    if line in LINES and line != "main" and report.line in LINES and report.line != line:
-        raise BadInput(f"--report {line}={path}: the report is of line {report.line}, not {line}")
-    return case_results(report)
-
-
-def load_reports(line: str, paths: list[str]) -> dict[str, CaseResult]:
-    """The cases of ``line``'s reports merged in order: a later report's entry for a case wins."""
-    results: dict[str, CaseResult] = {}
-    for path in paths:
-        results.update(load_report(line, Path(path)))
-    return results
-
-
 # --- the page ---------------------------------------------------------------------------------
 
 
@@ -188,22 +139,103 @@ def plan_cell(plan: cp.Plan | None, reasons: Reasons) -> str:
     return f"{plan.layout.describe()}{impl}" + (f" · {features}" if features else "")
 
 
-def result_cell(result: CaseResult | None) -> str:
+def result_words(result: cr.CaseResult) -> str:
+    return f"**{result.status}**" + (f" ({result.label})" if result.label else "")
+
+
+def result_cell(result: cr.CaseResult | None) -> str:
     if result is None:
         return ""
-    words = f"**{result.status}**" + (f" ({result.label})" if result.label else "")
-    if result.status not in ("pass", "fail") and result.reason:
+    words = result_words(result)
+    if result.status not in (PASS, FAIL) and result.reason:
         words += f": {_cell(_head(result.reason))}"
     return words + "<br>"
 
 
+def _outcomes(line: Line) -> dict[str, int]:
+    return line.results.counts(list(line.plans)) if line.results else {}
+
+
 def result_counts(line: Line) -> str:
+    """'35 ran: 24 pass, 6 unverified, ...' over the line's cases its record holds; — without a record."""
     if line.results is None:
         return "—"
-    seen = [line.results[c].status for c in line.plans if c in line.results]
-    if not seen:
+    counts = _outcomes(line)
+    if not counts:
         return "none of its cases"
-    return ", ".join(f"{seen.count(s)} {s}" for s in sorted(set(seen)))
+    return f"{sum(counts.values())} ran: " + ", ".join(f"{n} {word}" for word, n in counts.items())
+
+
+def _commits(record: cr.CaseResults) -> str:
+    """The rocmport commits the reports ran at, with how many reports when there are several."""
+    commits = record.rocmport_commits()
+    named = [f"`{c[:12]}`" if c else "a commit not recorded" for c in commits]
+    if len(commits) == 1:
+        return f"rocmport {named[0]}"
+    return "rocmport " + ", ".join(f"{name} ({n} reports)" for name, n in zip(named, commits.values()))
+
+
+def _when(record: cr.CaseResults) -> str:
+    started = sorted(r.started for r in record.reports if r.started)
+    if not started:
+        return "at times not recorded"
+    first, last = (s.replace("T", " ").removesuffix("Z") for s in (started[0], started[-1]))
+    return f"between {first} and {last} UTC" if first != last else f"at {first} UTC"
+
+
+def results_section(lines: list[Line]) -> list[str]:
+    out = [
+        "## Verify results",
+        "",
+        "Stage 4's status per case, from the line's committed record",
+        "`patchsets/megatron-lm/<line>/case-results.json` (`rocmport/report/case_results.py`): the",
+        "`rocmport verify --json` reports of a sweep of the line's cases, a few cases per report, merged in",
+        "order (a later report's entry for a case replaces an earlier one's). They are CPU-proxy results",
+        "(simulated HIP, gloo ranks), not a GPU's; a failed case's label says how the unported tree ran it",
+        "([stage 4's cases](commands/verify.md#stage-4s-cases)). Regenerate a line's record and this page",
+        "with the sweep's reports in order, each with the rocmport commit it ran at:",
+        "",
+        f"    {REGENERATE}",
+        "",
+    ]
+    recorded = [line for line in lines if line.results is not None]
+    if not recorded:
+        return out + ["No line has a record yet.", ""]
+    for line in recorded:
+        record = line.results
+        assert record is not None
+        held = {n: c for n, c in record.cases.items() if n in line.plans}
+        trees = sorted({r.tree_commit[:12] for r in record.reports if r.tree_commit})
+        options = sorted({f"`{SELECTED_BY.get(r.selection, r.selection)}`" for r in record.reports if r.selection})
+        out += [
+            f"### {line.name}",
+            "",
+            f"{len(held)} of its {len(line.plans)} cases ran: "
+            + ", ".join(f"{n} {word}" for word, n in _outcomes(line).items())
+            + f"; {round(sum(c.seconds for c in held.values()))} s of stage 4 (the port's runs). From "
+            + f"{len(record.reports)} report{'s' if len(record.reports) != 1 else ''} of `rocmport verify` "
+            + f"({', '.join(options) or 'cases chosen as not recorded'}) started {_when(record)}, at {_commits(record)} on the port "
+            + "tree "
+            + (", ".join(f"`{t}`" for t in trees) or "(commit not recorded)")
+            + f" of upstream `{record.upstream[:12]}`, with TE {record.te or 'none'}"
+            + (" (its Python layer)" if record.te else "")
+            + f", device kind `{record.device_kind}`.",
+            "",
+        ]
+        others = {n: c for n, c in sorted(held.items()) if c.status != PASS}
+        if others:
+            out += [
+                "The cases that did not pass:",
+                "",
+                "| case | result | unported tree | seconds | reason |",
+                "|---|---|---|---|---|",
+                *(
+                    f"| `{n}` | {result_words(c)} | {c.unported or '—'} | {c.seconds:.0f} | {_cell(c.reason)} |"
+                    for n, c in others.items()
+                ),
+                "",
+            ]
+    return out
 
 
 def render(lines: list[Line]) -> str:
@@ -216,8 +248,9 @@ def render(lines: list[Line]) -> str:
         "Generated by `python scripts/case_table.py --mlm MIRROR` (see its docstring) from each line's own",
         "`tests/functional_tests/test_cases/gpt/*/model_config.yaml`, planned for the CPU proxy by",
         "`rocmport/verify/stages/case_plan.py`: a case is **runnable** (its layout shrunk to proxy sizes by",
-        "one rule, at most 8 ranks) or unsupported, with its kind and the specific reason. Do not edit by",
-        "hand: `tests/test_case_table.py` regenerates it from the mirror and compares.",
+        "one rule, at most 8 ranks) or unsupported, with its kind and the specific reason; and stage 4's",
+        "results where the line has a record of them ([Verify results](#verify-results)). Do not edit by",
+        "hand: `tests/test_case_table.py` regenerates it from the mirror and the records and compares.",
         "",
         "## Counts",
         "",
@@ -231,12 +264,9 @@ def render(lines: list[Line]) -> str:
             f"| {line.name} | `{line.ref}` | `{line.commit[:12]}` | {len(line.plans)} | {len(s.runnable)} | {counts} "
             f"| {result_counts(line)} |"
         )
-    reports = [f"{line.name}: {', '.join(f'`{r}`' for r in line.reports)}" for line in lines if line.reports]
     out += [
         "",
-        "Verify results: stage 4's status per case from a `rocmport verify` report, given per line with",
-        "`--report LINE=FILE`" + (f" (here: {'; '.join(reports)})." if reports else " (none given for this page)."),
-        "",
+        *results_section(lines),
         "## Cases",
         "",
         "Each cell: the layout on the proxy (`tp`·`pp`·`vp`·`cp`·`ep`·`etp`·`dp`, `+sp` with sequence",
@@ -244,7 +274,7 @@ def render(lines: list[Line]) -> str:
         "Transformer Engine's, then the features it exercises (`upstream-checks`: the case is decided by",
         "upstream's own AFTER_SCRIPT checks of its log, [stage 4](commands/verify.md#upstreams-own-checks-after_script));",
         "or the unsupported kind and the cause, with its full reason under [Reasons](#reasons); `—` where the",
-        "line has no such case. A case a report ran shows its status first.",
+        "line has no such case. A case the line's record holds shows its result first.",
         "",
         "| case | " + " | ".join(line.name for line in lines) + " |",
         "|---|" + "---|" * len(lines),
@@ -261,7 +291,9 @@ def render(lines: list[Line]) -> str:
 
 
 def _case_cell(line: Line, case: str, reasons: Reasons) -> str:
-    return result_cell((line.results or {}).get(case)) + plan_cell(line.plans.get(case), reasons)
+    return result_cell((line.results.cases if line.results else {}).get(case)) + plan_cell(
+        line.plans.get(case), reasons
+    )
 
 
 # --- the command ------------------------------------------------------------------------------
@@ -279,15 +311,42 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
     return out
 
 
-def _report_lists(values: list[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+_AT_COMMIT = re.compile(r"(?P<path>.+)@(?P<commit>[0-9a-fA-F]{7,40})")
+
+
+def _code_commit(value: str, commit: str) -> str:
+    """``commit`` as this rocmport checkout names it in full (BadInput naming the option when it has none)."""
+    proc = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise BadInput(
+            f"--record {value}: no commit {commit} in this rocmport checkout ({REPO}); give the commit the run used"
+        )
+    return proc.stdout.strip()
+
+
+def _records(values: list[str], series_root: Path) -> dict[str, list[tuple[Path, str | None]]]:
+    """Each --record LINE=REPORT[@COMMIT], by line in the order given, the commit in full."""
+    out: dict[str, list[tuple[Path, str | None]]] = {}
     for value in values:
-        name, path = next(iter(_pairs([value], "--report").items()))
-        out.setdefault(name, []).append(path)
+        name, rest = next(iter(_pairs([value], "--record").items()))
+        if not (series_root / name).is_dir():
+            raise BadInput(
+                f"--record {value}: {series_root / name} is not a line's series directory; record a release line"
+            )
+        at = _AT_COMMIT.fullmatch(rest)
+        path, commit = (at["path"], _code_commit(value, at["commit"])) if at else (rest, None)
+        out.setdefault(name, []).append((Path(path), commit))
     return out
 
 
-def build(mirror: Path, pins: dict[str, str], reports: dict[str, list[str]]) -> list[Line]:
+def build(
+    mirror: Path, pins: dict[str, str], series_root: Path, records: dict[str, list[tuple[Path, str | None]]]
+) -> list[Line]:
+    """The lines read from the mirror; the records given written anew, then every line's record read back."""
     if not mirror.is_dir() or _git(mirror, "rev-parse", "--git-dir").returncode != 0:
         raise BadInput(f"--mlm {mirror}: not a git directory; give a Megatron-LM mirror (a bare clone)")
     lines = []
@@ -297,9 +356,19 @@ def build(mirror: Path, pins: dict[str, str], reports: dict[str, list[str]]) -> 
             where = Path(tmp) / name
             where.mkdir()
             lines.append(Line(name, ref, commit, read_cases(mirror, commit, where)))
+    made = {
+        line.name: cr.from_reports(line.name, line.commit, records[line.name]) for line in lines if line.name in records
+    }
+    for name, record in made.items():  # every record made before any is written: a bad report writes none
+        cr.write_record(series_root / name, record)
     for line in lines:
-        if line.name in reports:
-            line.results, line.reports = load_reports(line.name, reports[line.name]), reports[line.name]
+        line.results = cr.read_record(series_root / line.name) if (series_root / line.name).is_dir() else None
+        if line.results is not None and (line.results.line, line.results.upstream) != (line.name, line.commit):
+            raise BadInput(
+                f"{cr.record_path(series_root / line.name)}: results of {line.results.line} at upstream "
+                f"{line.results.upstream[:12]}, and the page reads {line.name} at {line.commit[:12]} ({line.ref}); "
+                f"record the line's reports again (--record {line.name}=REPORT@COMMIT) or git rm it"
+            )
     return lines
 
 
@@ -308,17 +377,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlm", required=True, type=Path, help="a Megatron-LM mirror (bare git directory)")
     p.add_argument("--pin", action="append", default=[], metavar="LINE=COMMIT", help="read LINE at COMMIT")
     p.add_argument(
-        "--report",
+        "--record",
         action="append",
         default=[],
-        metavar="LINE=FILE",
-        help="a verify report of LINE (several for one line: merged in order)",
+        metavar="LINE=REPORT[@COMMIT]",
+        help="make LINE's case-results.json anew from this verify report and the others given for LINE, in "
+        "order (COMMIT: the rocmport commit the run used)",
+    )
+    p.add_argument(
+        "--series-root",
+        type=Path,
+        default=SERIES,
+        help=f"the lines' series directories, where the records are (default {SERIES.relative_to(REPO)})",
     )
     p.add_argument("--out", type=Path, default=DOC, help=f"the page to write (default {DOC.relative_to(REPO)})")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when --out differs")
     args = p.parse_args(argv)
+    if args.check and args.record:
+        print("case_table.py: error: --check writes nothing and --record writes a record: give one", file=sys.stderr)
+        return 2
     try:
-        text = render(build(args.mlm, _pairs(args.pin, "--pin"), _report_lists(args.report)))
+        text = render(
+            build(args.mlm, _pairs(args.pin, "--pin"), args.series_root, _records(args.record, args.series_root))
+        )
     except BadInput as e:
         print(f"case_table.py: error: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ name (`rocm-amd-instinct-mi300x`, `cuda-nvidia-a100-sxm4-80gb`)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -35,10 +36,16 @@ class DeviceKind:
     @classmethod
     def of_run(cls, mode: str, machine: Environment, te: TELayer | None) -> DeviceKind:
         """The kind of a run: the CPU proxy (with its TE layer's version), or the platform and its first GPU."""
-        if mode == PROXY or not machine.devices:
-            return cls(PROXY, te=te.version if te else None)
-        name = re.sub(r"[^a-z0-9]+", "-", machine.devices[0].lower()).strip("-")
-        return cls("rocm" if machine.hip else "cuda", gpu=name)
+        return cls.of_parts(mode, machine.devices, machine.hip, te.version if te else None)
+
+    @classmethod
+    def of_parts(cls, mode: str, devices: Sequence[str], hip: str | None, te: str | None) -> DeviceKind:
+        """The kind from a run's facts as a verify report keeps them (its mode, env.devices, env.hip and
+        te.version): a report read back names the kind its run had."""
+        if mode == PROXY or not devices:
+            return cls(PROXY, te=te)
+        name = re.sub(r"[^a-z0-9]+", "-", devices[0].lower()).strip("-")
+        return cls("rocm" if hip else "cuda", gpu=name)
 
     @classmethod
     def parse(cls, text: str) -> DeviceKind:
