@@ -273,6 +273,7 @@ def test_all_lists_the_cases_the_proxy_cannot_run_with_kind_and_reason(tmp_path,
 
 # --- the comparison, on canned logs ------------------------------------------------------------------
 
+# A failure where the shim acted: its mode redirected the call (device='cuda' made cpu) that raised.
 SHIM_TRACE = textwrap.dedent("""\
     [rank1]: Traceback (most recent call last):
     [rank1]:   File "{tree}/megatron/core/optimizer/other.py", line 9, in elsewhere
@@ -280,9 +281,18 @@ SHIM_TRACE = textwrap.dedent("""\
     [rank0]:   File "{tree}/pretrain_gpt.py", line 3, in <module>
     [rank0]:   File "{tree}/megatron/core/optimizer/distrib_optimizer.py", line {line}, in _set_main_param_and_optimizer_states
     [rank0]:   File "/opt/rocmport/rocmport/verify/runtime/proxy_shim.py", line 115, in __torch_function__
-    [rank0]: RuntimeError: a view of a leaf Variable that requires grad is being used in an in-place operation ({tree}/x at 0x7f00aa)
+    [rank0]: RuntimeError: Trying to create tensor with negative dimension -1 ({tree}/x at 0x7f00aa)
     [rank1]: RuntimeError: something else
     """)
+# The same place handing a call on unchanged (the shim's pass-through), raising upstream's own failure.
+PASS_THROUGH_TRACE = SHIM_TRACE.replace(
+    "line 115, in __torch_function__\n",
+    "line 115, in __torch_function__\n"
+    '    [rank0]:   File "/opt/rocmport/rocmport/verify/runtime/proxy_shim.py", line 124, in passed_through_unchanged\n',
+).replace(
+    "Trying to create tensor with negative dimension -1",
+    "a view of a leaf Variable that requires grad is being used in an in-place operation",
+)
 
 
 def test_failures_compare_by_place_and_message_and_name_the_proxy_mechanism(tmp_path):
@@ -300,6 +310,14 @@ def test_failures_compare_by_place_and_message_and_name_the_proxy_mechanism(tmp_
     base = BaselineRun("a" * 40, FAIL, "y", 1.0, failure=bf)
     lab, why = label_case(out, base)
     assert lab == "proxy-artifact" and "TorchFunctionMode" in why and "proxy_shim.py:115" in why
+    # through the shim's pass-through only: not the shim (the leaf-view failure is upstream's, on a GPU too)
+    passed = [failure_of(PASS_THROUGH_TRACE.format(tree=t, line=1210), t, "resume") for t in (port_tree, base_tree)]
+    assert passed[0].shim is None and passed[0].site == pf.site
+    lab, why = label_case(
+        CaseOutcome("c", StageResult("functional", FAIL, "x"), None, passed[0]),
+        BaselineRun("a" * 40, FAIL, "y", 1.0, failure=passed[1]),
+    )
+    assert lab == "upstream-known" and "leaf Variable" in why and "shim" not in why
     elsewhere = failure_of(
         SHIM_TRACE.format(tree=base_tree, line=1).replace("_set_main", "_get_main"), base_tree, "resume"
     )

@@ -272,18 +272,23 @@ def test_a_failure_raised_through_rocmport_s_own_shim_compares_without_the_relat
 
 def test_a_failure_raised_in_the_proxy_shim_on_both_trees_is_a_proxy_artifact_not_upstream_known():
     """Measured on v0.16 (--unit-tests reach): the context-parallel MLA tests fail on both trees with the
-    same pin_memory error raised in proxy_shim.py (the CPU proxy has no pinned-memory allocator): the
-    proxy's, not upstream's; a failure raised in megatron's own code stays upstream-known."""
+    same pin_memory error (the CPU proxy has no pinned-memory allocator): the proxy's, not upstream's,
+    whether sited in proxy_shim.py (where the shim acted) or in megatron's own code (the plugin sites a
+    failure past the shim's pass-through there: the message names the CPU backend's lack); a failure
+    raised in megatron's own code with no such message stays upstream-known."""
     from rocmport.verify.stages.unit_tests.results import SuiteRun
 
     test = "tests/unit_tests/transformer/test_multi_latent_attention.py::test_forward"
     shim = "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend at {}rocmport/verify/runtime/proxy_shim.py:116"
     own = "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend at megatron/core/x.py:{}"
+    upstreams = "RuntimeError: a view of a leaf Variable that requires grad is being used in an in-place operation. at megatron/core/x.py:{}"
 
     def run(detail: str) -> SuiteRun:
         return SuiteRun(outcomes={test: "failed"}, details={test: detail}, kinds={test: "RuntimeError"})
 
     labels, why = label(run(shim.format("../../main/")), run(shim.format("../../work/main/")), {})
     assert labels[test] == "proxy-artifact" and "proxy_shim.py" in why[test] and "pin_memory" in why[test]
-    labels, _ = label(run(own.format(12)), run(own.format(10)), {})
+    labels, why = label(run(own.format(12)), run(own.format(10)), {})
+    assert labels[test] == "proxy-artifact" and "through the CPU backend (RuntimeError: pin_memory" in why[test]
+    labels, _ = label(run(upstreams.format(12)), run(upstreams.format(10)), {})
     assert labels[test] == "upstream-known"

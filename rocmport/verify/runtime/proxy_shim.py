@@ -107,13 +107,23 @@ class CudaToCpu(TorchFunctionMode):
                 REDIRECTS[f"Tensor.type @ {_site()}"] += 1
                 return out.replace("torch.", "torch.cuda.", 1)
             return out
+        redirected = False
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             REDIRECTS[f"{getattr(func, '__name__', func)}(device=cuda) @ {_site()}"] += 1
-            kwargs["device"] = "cpu"
+            kwargs["device"], redirected = "cpu", True
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             REDIRECTS[f"Tensor.to(cuda) @ {_site()}"] += 1
-            args = (args[0], "cpu", *args[2:])
-        return func(*args, **kwargs)
+            args, redirected = (args[0], "cpu", *args[2:]), True
+        if redirected:
+            return func(*args, **kwargs)
+        return passed_through_unchanged(func, args, kwargs)
+
+
+def passed_through_unchanged(func, args, kwargs):
+    """``func(*args, **kwargs)``, called as the caller got it: the shim's wrappers hand on through this
+    function the calls they did not change, so that a traceback tells the shim's pass-through (this
+    frame and its caller's) from a frame where it acted (proxy_causes.PASS_THROUGH names it)."""
+    return func(*args, **kwargs)
 
 
 def _answer(name: str, answer) -> None:
@@ -176,12 +186,14 @@ def _split_sizes_as_lists() -> None:
         return
 
     def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
-        sizes = []
+        sizes, changed = [], False
         for split in (output_split_sizes, input_split_sizes):
             if isinstance(split, torch.Tensor):
                 REDIRECTS[f"all_to_all_single(split sizes: tensor -> list) @ {_site()}"] += 1
-                split = split.tolist()
+                split, changed = split.tolist(), True
             sizes.append(split)
+        if not changed:
+            return passed_through_unchanged(real, (output, input, *sizes, *args), kwargs)
         return real(output, input, *sizes, *args, **kwargs)
 
     all_to_all_single._rocmport = True  # type: ignore[attr-defined]
@@ -326,9 +338,10 @@ def _subgroups_on_gloo() -> None:
     real = c10d._new_group_with_tag
 
     def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=None, *args, **kwargs):
-        if backend is not None and "nccl" in str(backend).lower():
-            REDIRECTS[f"new_group(backend={str(backend).lower()}) -> gloo @ {_site()}"] += 1
-            backend, backend_options = "gloo", None  # NCCL's options mean nothing to gloo
+        if backend is None or "nccl" not in str(backend).lower():
+            return passed_through_unchanged(real, (ranks, timeout, backend, backend_options, *args), kwargs)
+        REDIRECTS[f"new_group(backend={str(backend).lower()}) -> gloo @ {_site()}"] += 1
+        backend, backend_options = "gloo", None  # NCCL's options mean nothing to gloo
         return real(ranks, timeout, backend, backend_options, *args, **kwargs)
 
     c10d._new_group_with_tag = _new_group_with_tag
@@ -636,7 +649,7 @@ def install_for_te() -> None:
 
     def apply(self, *args):
         if any(isinstance(m, CudaToCpu) for m in _get_current_function_mode_stack()):
-            return backward_apply(self, *args)
+            return passed_through_unchanged(backward_apply, (self, *args), {})
         with CudaToCpu():
             return backward_apply(self, *args)
 
@@ -662,7 +675,7 @@ def _answer_te_frames(name: str, answer) -> None:
         if _te_caller() is not None:
             REDIRECTS[f"cuda.{name} (asked by TE) @ {_site()}"] += 1
             return answer(*args, **kwargs)
-        return previous(*args, **kwargs)
+        return passed_through_unchanged(previous, args, kwargs)
 
     redirected.__name__ = name
     setattr(torch.cuda, name, redirected)

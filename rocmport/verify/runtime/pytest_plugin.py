@@ -63,6 +63,8 @@ _PEAK = {"threads": 0, "rss_mb": 0.0, "released_groups": 0}
 _GROUPS_BEFORE: set[int] = set()
 _DESELECTED: dict[str, str] = {}  # nodeid -> the marker for which upstream's CI deselects it
 _MODULES: dict[str, str] = {}  # test file -> how its collection went: passed | skipped | failed
+# (nodeid, phase) of a failure raised through the proxy shim's pass-through -> where, past it
+_SITE_PAST_SHIM: dict[tuple[str, str], str | None] = {}
 
 # What upstream's CI deselects in its development environment (latest PyTorch, the one verify
 # resembles): tests/unit_tests/run_ci_test.sh runs pytest with -m "not flaky_in_dev" there.
@@ -475,6 +477,24 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed and call.excinfo is not None and item.nodeid not in _KIND:
         _KIND[item.nodeid] = call.excinfo.typename  # the exception's type, as raised (setup, call or teardown)
+    if report.failed and call.excinfo is not None:
+        _SITE_PAST_SHIM[(item.nodeid, report.when)] = _site_past_hand_ons(call.excinfo.tb)
+
+
+def _site_past_hand_ons(tb) -> str | None:
+    """Where an exception was raised ("path:line"), when its innermost frame is the proxy shim handing a
+    call on unchanged: the innermost frame past the shim's hand-ons (proxy_causes.without_hand_ons),
+    where a GPU run, without the shim, would have raised it. None when the innermost frame is another."""
+    import traceback
+
+    from rocmport.verify.runtime.proxy_causes import without_hand_ons
+
+    frames = [(f.filename, f.name, f.lineno) for f in reversed(traceback.extract_tb(tb))]
+    kept = without_hand_ons(frames)
+    if not frames or not kept or kept[0] == frames[0]:
+        return None
+    path, _, line = kept[0]
+    return f"{os.path.relpath(path) if os.path.isabs(path) else path}:{line}"
 
 
 def pytest_runtest_logreport(report):
@@ -483,7 +503,7 @@ def pytest_runtest_logreport(report):
         state = _STATE.setdefault(key, "passed")
         if report.outcome == "failed":
             _STATE[key] = "failed" if report.when == "call" else "error"
-            _DETAIL[key] = _failure_line(report.longrepr)
+            _DETAIL[key] = _failure_line(report.longrepr, _SITE_PAST_SHIM.pop((key, report.when), None))
         elif report.outcome == "skipped" and state == "passed":
             _STATE[key] = "skipped"
 
@@ -515,15 +535,16 @@ def _missing_module(longrepr) -> str | None:
     return m.group(1) if m else None
 
 
-def _failure_line(longrepr) -> str:
+def _failure_line(longrepr, site: str | None = None) -> str:
     """The exception and where it was raised ("AssertionError: global memory buffer is not
-    initialized at megatron/core/parallel_state.py:2048"); pytest's last line alone drops the message."""
+    initialized at megatron/core/parallel_state.py:2048"); pytest's last line alone drops the message.
+    ``site``: where, in place of pytest's innermost frame (_site_past_hand_ons)."""
     if not longrepr:
         return ""
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None and crash.message:
         path = os.path.relpath(crash.path) if os.path.isabs(crash.path) else crash.path
-        return f"{' '.join(crash.message.split())[:240]} at {path}:{crash.lineno}"
+        return f"{' '.join(crash.message.split())[:240]} at {site or f'{path}:{crash.lineno}'}"
     lines = [ln for ln in str(longrepr).strip().splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("E ")]
     return (errors[-1] if errors else lines[-1])[:300] if lines else ""

@@ -5,9 +5,12 @@ gets stage 3's labels by comparing the two failures:
 - port-regression: the unported tree passes it (the only label that fails the stage);
 - upstream-known: both fail at the same place (the innermost frame inside the tree, by path and
   function) with the same message (tree paths, addresses and a check's figures normalised);
-- proxy-artifact: as upstream-known, where the failure passes through the CPU proxy's shim
-  (rocmport/verify/runtime/proxy_shim.py), naming the shim's mechanism; or where the machine ran out
-  of a resource on both;
+- proxy-artifact: as upstream-known, where both failures pass through a frame where the CPU proxy's
+  shim (rocmport/verify/runtime/proxy_shim.py) acted, naming the shim's mechanism (its pass-through,
+  a call it handed on unchanged, is not one: runtime.proxy_causes); or where the message says the CPU
+  backend lacks something a GPU has (proxy_causes.CPU_BACKEND_LACKS: "Torch not compiled with CUDA
+  enabled", pin_memory's "requires a CUDA or other accelerator backend", ...), naming it; or where the
+  machine ran out of a resource on both;
 - needs-nvidia-only: as upstream-known, where the failure names a package the firewall removes;
 - unverified: the unported tree cannot run it for a reason of its own (it stops earlier, elsewhere,
   or the proxy cannot run it there), or both trees drift from the golden (the golden is in question);
@@ -32,6 +35,7 @@ from typing import Any
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import run_git
 from rocmport.verify.runtime import protocol
+from rocmport.verify.runtime.proxy_causes import cpu_backend_mechanism
 from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY, fails_result_validation
 from rocmport.verify.stages.functional.case_run import CaseOutcome
 from rocmport.verify.stages.functional.details import CaseFailure
@@ -61,7 +65,8 @@ START_ENV_UNSET = {
     "NVTE_FUSED_ATTN": "AMD's images set it; upstream asserts it unset with --attention-backend (attention-backend-env)",
 }
 
-# The proxy shim's functions, by the mechanism each is (the innermost shim frame of a traceback).
+# The proxy shim's functions, by the mechanism each is (the innermost frame of a traceback where the
+# shim acted: proxy_causes.acting_shim_frame; __torch_function__ there redirected the call it got).
 _SHIM_MECHANISMS = {
     "__torch_function__": "its TorchFunctionMode (CudaToCpu: device='cuda' made cpu, .cuda() a no-op, device RNG)",
     "on_device_rng": "its device RNG (random ops drawn from a CPU generator standing in for the GPU's)",
@@ -258,11 +263,13 @@ def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]
             "unverified",
             "both trees drift from the golden the same way: the golden, not the port, is in question (--record-golden)",
         )
-    if pf.shim or bf.shim:
+    if pf.shim and bf.shim:  # both through a frame where the shim acted (a cached run's may name its pass-through)
         return (
             "proxy-artifact",
-            f"fails the same way on the unported tree ({_where(pf)}), through {shim_mechanism(pf.shim or bf.shim or '')}",
+            f"fails the same way on the unported tree ({_where(pf)}), through {shim_mechanism(pf.shim)}",
         )
+    if cpu := cpu_backend_mechanism(pf.message):
+        return "proxy-artifact", f"fails the same way on the unported tree ({_where(pf)}), through {cpu}"
     if "signal 9 (SIGKILL)" in pf.message:
         return "proxy-artifact", f"fails the same way on the unported tree: {SIGKILL_WHY}"
     if pf.message.startswith(DIED) or "without a Python exception" in pf.message:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 
+from rocmport.verify.runtime.proxy_causes import acting_shim_frame
 from rocmport.verify.stages.functional.details import CaseFailure
 
 _LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?lm loss: ([0-9.eE+-]+)")
@@ -170,25 +171,22 @@ def normalise(text: str, tree: Path, figures: bool = False) -> str:
 
 def failure_of(stderr: str, tree: Path, phase: str, stdout: str = "") -> CaseFailure:
     """The first exception a run raised, with the innermost frames of its own rank's traceback inside
-    the tree and inside the proxy shim."""
+    the tree and where the proxy shim acted (proxy_causes.acting_shim_frame: not its pass-through)."""
     lines = stderr.splitlines()
     message = exception_line(stderr)
     at = next((i for i, ln in enumerate(lines) if message and ln.strip().endswith(message)), len(lines))
     prefix = _RANK_PREFIX.match(lines[at].strip()) if at < len(lines) else None
     root = str(tree.resolve()) + "/"
-    site = shim = None
+    frames: list[tuple[str, str, str]] = []  # (path, function, line), innermost first
     for line in reversed(lines[:at]):
         if prefix and not line.strip().startswith(prefix.group(1)):
             continue  # another rank's lines, interleaved
         if "Traceback (most recent call last)" in line:
             break
-        m = _FRAME.search(line)
-        if not m:
-            continue
-        path = m.group(1)
-        if site is None and path.startswith(root):
-            site = f"{path[len(root) :]} ({m.group(3)})"
-        if shim is None and path.endswith("verify/runtime/proxy_shim.py"):
-            shim = f"{m.group(3)} (proxy_shim.py:{m.group(2)})"
+        if m := _FRAME.search(line):
+            frames.append((m.group(1), m.group(3), m.group(2)))
+    site = next((f"{p[len(root) :]} ({fn})" for p, fn, _ in frames if p.startswith(root)), None)
+    acted = acting_shim_frame(frames)
+    shim = f"{acted[1]} (proxy_shim.py:{acted[2]})" if acted else None
     text = message or cause_line(stderr, stdout)
     return CaseFailure(phase, normalise(text, tree)[:300], site, shim)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from rocmport.verify.runtime.proxy_causes import cpu_backend_mechanism, in_shim
 from rocmport.verify.stages.unit_tests import suite
 from rocmport.verify.stages.unit_tests.command import _file
 from rocmport.verify.stages.unit_tests.results import SuiteRun, _share_phrase
@@ -192,6 +193,8 @@ def _label_failed_on_both(nodeid: str, port: SuiteRun, base: SuiteRun, blocked: 
             f"(rocmport/verify/runtime/proxy_shim.py): what the proxy does not provide, not upstream's failure "
             f"({_message_and_site(port.details[nodeid])[0][:160]})",
         )
+    if cpu := cpu_backend_mechanism(_message_and_site(port.details.get(nodeid, ""))[0]):
+        return "proxy-artifact", f"fails the same way on the unported tree, through {cpu}: not upstream's failure"
     if needs := _names_blocked(nodeid, port, blocked):
         return (
             "needs-nvidia-only",
@@ -299,8 +302,9 @@ def _normalised(text: str, numbers: bool = True) -> str:
 
 
 def _raised_in_shim(line: str) -> bool:
-    """Whether a failure line's site (pytest_plugin._failure_line's innermost frame) is the CPU proxy's shim."""
-    return _message_and_site(line)[1].endswith("rocmport/verify/runtime/proxy_shim.py")
+    """Whether a failure line's site (pytest_plugin._failure_line's innermost frame, past the shim's
+    pass-through: proxy_causes.without_hand_ons) is the CPU proxy's shim, acting."""
+    return in_shim(_message_and_site(line)[1])
 
 
 def _message_and_site(line: str) -> tuple[str, str]:
