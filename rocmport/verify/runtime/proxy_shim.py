@@ -311,6 +311,7 @@ def install_for_upstream_code() -> list[str]:
 
     dist.init_process_group = init_process_group
     _subgroups_on_gloo()
+    _meshes_on_the_cpu()
     _name_groups_by_members()
     _in_order_streams()
     return _UPSTREAM_SWAPS
@@ -336,6 +337,29 @@ def _subgroups_on_gloo() -> None:
         return real(ranks, timeout, backend, backend_options, *args, **kwargs)
 
     c10d._new_group_with_tag = _new_group_with_tag
+
+
+def _meshes_on_the_cpu() -> None:
+    """A device mesh asked for on 'cuda' is made on 'cpu'. Its groups are the proxy's gloo ones, and what
+    runs over it asks the mesh's device type for its device: torch-FSDP2 (megatron's
+    `DeviceMesh.from_group(group, "cuda")` for --use-torch-fsdp2) builds its device from
+    `torch.cuda.current_device()`, which the proxy answers 'cpu', not an index. from_group,
+    init_device_mesh and slicing all construct through DeviceMesh.__init__; counted by its call site."""
+    from torch.distributed import device_mesh as dm
+
+    mesh = dm.DeviceMesh
+    if getattr(mesh, "_rocmport_on_cpu", False):
+        return
+    real = mesh.__init__
+
+    def __init__(self, device_type, *args, **kwargs):
+        if device_type == "cuda":
+            REDIRECTS[f"DeviceMesh('cuda') -> cpu @ {_site()}"] += 1
+            device_type = "cpu"
+        real(self, device_type, *args, **kwargs)
+
+    mesh.__init__ = __init__
+    mesh._rocmport_on_cpu = True
 
 
 class _NcclOptions:
@@ -748,6 +772,7 @@ _UPSTREAM_SWAPS = [
     "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
     "init_process_group nccl -> gloo",
     "new_group/new_subgroups nccl -> gloo",
+    "device meshes asked for on cuda made on the cpu",
     "NCCL group options dropped for gloo (ProcessGroupNCCL.Options stood in where torch's CPU build lacks it)",
     "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)",
     "cuda.Stream/Event/stream in order on the CPU (waits return at once)",
