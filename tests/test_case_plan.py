@@ -159,6 +159,7 @@ def test_expert_tensor_parallel_is_ignored_where_the_case_has_no_experts():
         ({"--fp8-format": "hybrid"}, "not-on-proxy", "needs --te"),
         ({"--experimental-attention-variant": "gated_delta_net"}, "not-on-proxy", "flash-linear-attention"),
         ({"--export-kd-teacher-load": "/x"}, "needs-nvidia-only", "nvidia-modelopt"),
+        ({"--defer-embedding-wgrad-compute": True}, "gpu-only", "fused_weight_gradient_mlp_cuda"),
         ({"TEST_TYPE": "frozen-start"}, "not-on-proxy", "stored checkpoint"),
         ({"TEST_TYPE": "checkpoint-consistency"}, "not-on-proxy", "stored checkpoint"),
         ({"MODE": "inference"}, "not-training", "MODE inference"),

@@ -467,7 +467,7 @@ def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_k
 
 
 @pytest.mark.torch
-def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_environment(tmp_path):
+def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_environment(tmp_path, monkeypatch):
     """The unported tree's run is cached by the run's args, torch, TE...; an FSDP case that ran under
     the launch profile's CUDA_DEVICE_MAX_CONNECTIONS=1 (stopping at upstream's assertion) must not stand
     in for the same case run without it (the plan unsets it now): what verify unset is in the key."""
@@ -504,6 +504,11 @@ def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_enviro
     checked = run_baseline(tree, base, after, env, tmp_path / "cache", run)
     assert not checked.cached and len(ran) == 3
     assert run_baseline(tree, base, after, env, tmp_path / "cache", run).cached
+    # the proxy itself changed (a shim fix changes what both trees' runs do): the kept run is no baseline
+    from rocmport.verify import runtime
+
+    monkeypatch.setattr(runtime, "source_digest", lambda: "another-proxy")
+    assert not run_baseline(tree, base, after, env, tmp_path / "cache", run).cached and len(ran) == 4
 
 
 def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):

@@ -218,6 +218,19 @@ def test_the_stage_labels_against_a_baseline_cached_in_the_earlier_layout(tmp_pa
     assert cache.read_text() == OLD_CACHE.read_text()  # read, not rewritten
 
 
+def test_a_baseline_made_on_another_proxy_is_kept_apart(tmp_path, child_env, monkeypatch):
+    """The unported tree's run stood on the proxy (shim, plugin, TE's CPU layer): once those sources change,
+    its kept run answers for another proxy, and the cache looks elsewhere."""
+    from rocmport.verify import runtime
+
+    tree, base = upstream_repo(tmp_path / "up")
+    overlay = unit_baseline.overlay_files(tree, base)
+    here = unit_baseline.baseline_cache(tree, base, FILES, child_env(tree), 2, tmp_path, overlay)
+    assert unit_baseline.baseline_cache(tree, base, FILES, child_env(tree), 2, tmp_path, overlay) == here
+    monkeypatch.setattr(runtime, "source_digest", lambda: "another-proxy")
+    assert unit_baseline.baseline_cache(tree, base, FILES, child_env(tree), 2, tmp_path, overlay) != here
+
+
 def test_label_rules():
     port = {
         "outcomes": {

@@ -404,6 +404,99 @@ def test_proxy_puts_subgroups_asked_for_on_nccl_on_gloo(tmp_path, mode):
     assert all(any(k.startswith("new_group(backend=nccl) -> gloo") for k in r["redirects"]) for r in ranks), ranks
 
 
+NCCL_OPTIONS = r"""
+import json, sys
+import torch, torch.distributed as dist
+if sys.argv[1] == "proxy":
+    from rocmport.verify.runtime import proxy_shim
+    proxy_shim._subgroups_on_gloo()  # what install_for_upstream_code installs for the subgroups
+dist.init_process_group("gloo")
+r = dist.get_rank()
+result = {"rank": r}
+try:
+    # As megatron's parallel_state.get_nccl_options builds them (torch-FSDP2's high-priority dp_cp group).
+    opts = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+    opts.config.max_ctas = 32
+    pair = dist.new_group([0, 1], pg_options=opts)
+    t = torch.tensor([float(r + 1)])
+    dist.all_reduce(t, group=pair)
+    result.update(sum=t.item(), backend=dist.get_backend(pair))
+except Exception as exc:
+    result["error"] = f"{type(exc).__name__}: {exc}"
+if sys.argv[1] == "proxy":
+    result["redirects"] = sorted(proxy_shim.REDIRECTS)
+open(f"rank{r}.json", "w").write(json.dumps(result))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_takes_nccl_group_options_and_gives_gloo_none(tmp_path, mode):
+    """megatron builds ProcessGroupNCCL.Options for the groups it streams at high priority (every
+    --use-torch-fsdp2 case: dp_cp). A CPU build of torch has no ProcessGroupNCCL (the v0.16 sweep's fsdp2
+    case stopped on both trees with its AttributeError, labelled upstream-known) and gloo takes no NCCL
+    options: the proxy stands in for the class where torch lacks it, drops the options, and counts it."""
+    _torchrun_script(tmp_path, NCCL_OPTIONS, 2, mode)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if mode == "plain":
+        if hasattr(__import__("torch").distributed, "ProcessGroupNCCL"):
+            return  # a CUDA build of torch has the class; what gloo does with its options is the proxy's case
+        assert all("ProcessGroupNCCL" in r.get("error", "") for r in ranks), ranks
+        return
+    assert [r.get("sum") for r in ranks] == [3.0, 3.0], ranks
+    assert all(r["backend"] == "gloo" for r in ranks), ranks
+    assert all(any(k.startswith("new_group(pg_options=NCCL) -> none for gloo") for k in r["redirects"]) for r in ranks)
+
+
+FSDP2_ON_A_CUDA_MESH = r"""
+import json, sys
+import torch, torch.distributed as dist
+if sys.argv[1] == "proxy":
+    from rocmport.verify.runtime import proxy_shim
+    proxy_shim.install(megatron=False)
+    proxy_shim._subgroups_on_gloo()
+    proxy_shim._meshes_on_the_cpu()  # what install_for_upstream_code installs for device meshes
+dist.init_process_group("gloo")
+r = dist.get_rank()
+result = {"rank": r}
+try:
+    from torch.distributed import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    # as megatron's TorchFullyShardedDataParallel shards a module for --use-torch-fsdp2
+    fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cuda"))
+    loss = model(torch.full((2, 4), float(r + 1))).sum()
+    loss.backward()
+    result.update(loss=loss.item(), grad=model.weight.grad.full_tensor().sum().item())
+except Exception as exc:
+    result["error"] = f"{type(exc).__name__}: {exc}"
+if sys.argv[1] == "proxy":
+    result["redirects"] = sorted(proxy_shim.REDIRECTS)
+open(f"rank{r}.json", "w").write(json.dumps(result))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_makes_a_mesh_asked_for_on_cuda_on_the_cpu(tmp_path, mode):
+    """torch-FSDP2 over megatron's `DeviceMesh.from_group(group, "cuda")`: without a GPU it cannot take its
+    device from the mesh (the v0.16 fsdp2 cases stopped there); on the proxy the mesh is the CPU's, the
+    module shards over gloo and trains (its gradient reduced across the ranks), counted."""
+    _torchrun_script(tmp_path, FSDP2_ON_A_CUDA_MESH, 2, mode)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if mode == "plain":
+        assert all("error" in r and "loss" not in r for r in ranks), ranks
+        return
+    assert all("error" not in r for r in ranks), ranks
+    assert ranks[0]["grad"] == ranks[1]["grad"] != 0, ranks  # one gradient: reduced over both ranks
+    assert all(any(k.startswith("DeviceMesh('cuda') -> cpu") for k in r["redirects"]) for r in ranks), ranks
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["plain", "proxy"])

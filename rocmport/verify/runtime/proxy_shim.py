@@ -323,6 +323,7 @@ def install_for_upstream_code() -> list[str]:
 
     dist.init_process_group = init_process_group
     _subgroups_on_gloo()
+    _meshes_on_the_cpu()
     _name_groups_by_members()
     _in_order_streams()
     return _UPSTREAM_SWAPS
@@ -335,16 +336,67 @@ def _subgroups_on_gloo() -> None:
     both create through _new_group_with_tag; each swap is counted by its megatron call site."""
     from torch.distributed import distributed_c10d as c10d
 
+    nccl_options = _nccl_options_class()
     real = c10d._new_group_with_tag
 
     def _new_group_with_tag(ranks=None, timeout=None, backend=None, backend_options=None, *args, **kwargs):
-        if backend is None or "nccl" not in str(backend).lower():
+        if backend is not None and "nccl" in str(backend).lower():
+            REDIRECTS[f"new_group(backend={str(backend).lower()}) -> gloo @ {_site()}"] += 1
+            backend, backend_options = "gloo", None  # NCCL's options mean nothing to gloo
+        elif isinstance(backend_options, nccl_options):  # the group gets the default backend: gloo
+            REDIRECTS[f"new_group(pg_options=NCCL) -> none for gloo @ {_site()}"] += 1
+            backend_options = None
+        else:
             return passed_through_unchanged(real, (ranks, timeout, backend, backend_options, *args), kwargs)
-        REDIRECTS[f"new_group(backend={str(backend).lower()}) -> gloo @ {_site()}"] += 1
-        backend, backend_options = "gloo", None  # NCCL's options mean nothing to gloo
         return real(ranks, timeout, backend, backend_options, *args, **kwargs)
 
     c10d._new_group_with_tag = _new_group_with_tag
+
+
+def _meshes_on_the_cpu() -> None:
+    """A device mesh asked for on 'cuda' is made on 'cpu'. Its groups are the proxy's gloo ones, and what
+    runs over it asks the mesh's device type for its device: torch-FSDP2 (megatron's
+    `DeviceMesh.from_group(group, "cuda")` for --use-torch-fsdp2) builds its device from
+    `torch.cuda.current_device()`, which the proxy answers 'cpu', not an index. from_group,
+    init_device_mesh and slicing all construct through DeviceMesh.__init__; counted by its call site."""
+    from torch.distributed import device_mesh as dm
+
+    mesh = dm.DeviceMesh
+    if getattr(mesh, "_rocmport_on_cpu", False):
+        return
+    real = mesh.__init__
+
+    def __init__(self, device_type, *args, **kwargs):
+        if device_type == "cuda":
+            REDIRECTS[f"DeviceMesh('cuda') -> cpu @ {_site()}"] += 1
+            device_type = "cpu"
+        real(self, device_type, *args, **kwargs)
+
+    mesh.__init__ = __init__
+    mesh._rocmport_on_cpu = True
+
+
+class _NcclOptions:
+    """What megatron's parallel_state.get_nccl_options sets on ProcessGroupNCCL.Options (the stream
+    priority, the communicator's CTA and network settings), where torch's CPU build has no
+    ProcessGroupNCCL: every --use-torch-fsdp2 case asks for a high-priority dp_cp group. The proxy's
+    groups are gloo, which takes none of it; _subgroups_on_gloo drops it, counted."""
+
+    def __init__(self, is_high_priority_stream: bool = False) -> None:
+        import types
+
+        self.is_high_priority_stream = is_high_priority_stream
+        self.config = types.SimpleNamespace(cga_cluster_size=None, max_ctas=None, min_ctas=None, net_name=None)
+
+
+def _nccl_options_class() -> type:
+    """torch's ProcessGroupNCCL.Options, or the stand-in given to a build without NCCL (a ROCm build has
+    it: RCCL), so that upstream code building NCCL options runs on the proxy."""
+    import torch.distributed as dist
+
+    if not hasattr(dist, "ProcessGroupNCCL"):
+        dist.ProcessGroupNCCL = type("ProcessGroupNCCL", (), {"Options": _NcclOptions})
+    return dist.ProcessGroupNCCL.Options
 
 
 def _wrapper_subclasses_on_the_cpu() -> None:
@@ -734,6 +786,8 @@ _UPSTREAM_SWAPS = [
     "cuda.device_count = the node's ranks (LOCAL_WORLD_SIZE)",
     "init_process_group nccl -> gloo",
     "new_group/new_subgroups nccl -> gloo",
+    "device meshes asked for on cuda made on the cpu",
+    "NCCL group options dropped for gloo (ProcessGroupNCCL.Options stood in where torch's CPU build lacks it)",
     "subgroup rendezvous named by members (gloo connects at creation, NCCL at first use)",
     "cuda.Stream/Event/stream in order on the CPU (waits return at once)",
 ]

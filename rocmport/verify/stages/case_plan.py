@@ -246,6 +246,15 @@ _BLOCKERS: tuple[tuple[str, str | None, UnsupportedKind, str], ...] = (
         "gpu-only",
         "--external-cuda-graph: CUDA graph capture",
     ),
+    (
+        "--defer-embedding-wgrad-compute",
+        None,
+        "gpu-only",
+        "--defer-embedding-wgrad-compute: megatron defers the output layer's weight gradient only with "
+        "gradient accumulation fusion, APEX's fused_weight_gradient_mlp_cuda GPU extension (the unported tree "
+        "stops without it; the port turns the fusion off where it is missing, and megatron then refuses the "
+        "deferral)",
+    ),
 )
 # Options the proxy drops from every case of every line, each a GPU-only schedule that does not change
 # what the case computes: (the option, the prefix of the options that go with it, why). A case with one

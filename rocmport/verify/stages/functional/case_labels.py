@@ -34,6 +34,7 @@ from typing import Any
 
 from rocmport.fsutil import atomic_write_text
 from rocmport.gitutil import run_git
+from rocmport.verify import runtime
 from rocmport.verify.runtime import protocol
 from rocmport.verify.runtime.proxy_causes import cpu_backend_mechanism
 from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY, fails_result_validation
@@ -142,7 +143,8 @@ def cache_path(
     checks: list[str] | None = None,
 ) -> Path:
     """Where the unported tree's run of ``case`` is kept: keyed by what makes a run differ (the
-    port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay, and the
+    port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay, the proxy's
+    own sources (runtime.source_digest), and the
     variables verify left out of the case's runs, ``env_unset``: the port run's proxy_env says which),
     and by what decides it: upstream's AFTER_SCRIPT checks, ``checks`` (a run kept before verify decided
     them was judged otherwise)."""
@@ -160,6 +162,7 @@ def cache_path(
             protocol.HIP_SIM.raw(env),
             protocol.TE.raw(env),
             overlay_digest,
+            runtime.source_digest(),  # the proxy both trees' runs stood on
             sorted(START_ENV_UNSET),  # what the unported tree's runs leave out of the environment
             # and what the case's plan left out (an FSDP case's launch-profile CUDA_DEVICE_MAX_CONNECTIONS):
             # a run made before, with it, stopped at upstream's assertion and is no baseline for one without

@@ -21,6 +21,7 @@ from rocmport.verify.stages.unit_tests.command import PLUGIN_VERSION
 from rocmport.verify.stages.unit_tests.results import SuiteRun
 from rocmport.verify.stages.unit_tests.runner import Progress, rerun_alone, run_tests
 from rocmport.verify.orchestration.launcher import Launcher
+from rocmport.verify import runtime
 from rocmport.verify.runtime import protocol
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def baseline_cache(
     tree: Path, base: str, tests: list[str], env: dict, nproc: int, cache_dir: Path, overlay: list[str]
 ) -> Path:
     """Where `baseline` keeps the unported tree's run of ``tests`` at ``base`` (a SuiteRun's to_dict()):
-    keyed by what makes a run differ (the plugin, torch, Python, the mode, the bytes of ``overlay``:
+    keyed by what makes a run differ (the plugin, torch, Python, the mode, the proxy's sources, the bytes of ``overlay``:
     overlay_files(tree, base), TE)."""
     import torch
 
@@ -87,6 +88,7 @@ def baseline_cache(
                 protocol.PROXY.raw(env),
                 protocol.HIP_SIM.raw(env),
                 digest,
+                runtime.source_digest(),  # the proxy and plugin both trees' runs stood on
             ]
             # TE's Python layer (verify --te): a baseline run with another TE, or none, is not reused
             + ([protocol.TE.raw(env)] if protocol.TE.raw(env) else [])
