@@ -367,10 +367,10 @@ def _meshes_on_the_cpu() -> None:
     real = mesh.__init__
 
     def __init__(self, device_type, *args, **kwargs):
-        if device_type == "cuda":
-            REDIRECTS[f"DeviceMesh('cuda') -> cpu @ {_site()}"] += 1
-            device_type = "cpu"
-        real(self, device_type, *args, **kwargs)
+        if device_type != "cuda":
+            return passed_through_unchanged(real, (self, device_type, *args), kwargs)
+        REDIRECTS[f"DeviceMesh('cuda') -> cpu @ {_site()}"] += 1
+        real(self, "cpu", *args, **kwargs)
 
     mesh.__init__ = __init__
     mesh._rocmport_on_cpu = True
