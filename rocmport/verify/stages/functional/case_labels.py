@@ -126,6 +126,18 @@ def baseline_overlay(tree: Path, base: str) -> list[str]:
     return sorted(set(overlay_files(tree, base)) | {f for f in START_OVERLAY if f in changed and (tree / f).is_file()})
 
 
+# The code the proxy's ranks run besides the tree (the shim, TE's CPU layer, the rank server): a baseline
+# run under another version of it is not reused. A shim fix changes what the unported tree computes too:
+# the virtual-pipeline cases' NaN (gloo sending an output freed in flight) was a cached baseline's after
+# the proxy held the memory, and labelled the port's run against that.
+RUNTIME_DIR = Path(protocol.__file__).parent
+
+
+def runtime_digest() -> str:
+    """A digest of the Python sources under RUNTIME_DIR."""
+    return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(RUNTIME_DIR.glob("*.py")))).hexdigest()[:16]
+
+
 def cache_path(
     cache_dir: Path,
     base: str,
@@ -137,7 +149,8 @@ def cache_path(
     checks: list[str] | None = None,
 ) -> Path:
     """Where the unported tree's run of ``case`` is kept: keyed by what makes a run differ (the
-    port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay, and the
+    port's args, its temporary directory as ${WORK}; torch, Python, the mode, TE, the overlay, the proxy's
+    runtime code (runtime_digest), and the
     variables verify left out of the case's runs, ``env_unset``: the port run's proxy_env says which),
     and by what decides it: upstream's AFTER_SCRIPT checks, ``checks`` (a run kept before verify decided
     them was judged otherwise)."""
@@ -155,6 +168,7 @@ def cache_path(
             protocol.HIP_SIM.raw(env),
             protocol.TE.raw(env),
             overlay_digest,
+            runtime_digest(),
             sorted(START_ENV_UNSET),  # what the unported tree's runs leave out of the environment
             # and what the case's plan left out (an FSDP case's launch-profile CUDA_DEVICE_MAX_CONNECTIONS):
             # a run made before, with it, stopped at upstream's assertion and is no baseline for one without
