@@ -467,7 +467,7 @@ def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_k
 
 
 @pytest.mark.torch
-def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_environment(tmp_path, monkeypatch):
+def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_environment(tmp_path):
     """The unported tree's run is cached by the run's args, torch, TE...; an FSDP case that ran under
     the launch profile's CUDA_DEVICE_MAX_CONNECTIONS=1 (stopping at upstream's assertion) must not stand
     in for the same case run without it (the plan unsets it now): what verify unset is in the key."""
@@ -504,11 +504,43 @@ def test_the_unported_trees_cached_run_is_not_reused_for_a_run_in_another_enviro
     checked = run_baseline(tree, base, after, env, tmp_path / "cache", run)
     assert not checked.cached and len(ran) == 3
     assert run_baseline(tree, base, after, env, tmp_path / "cache", run).cached
-    # the proxy itself changed (a shim fix changes what both trees' runs do): the kept run is no baseline
-    from rocmport.verify import runtime
 
-    monkeypatch.setattr(runtime, "source_digest", lambda: "another-proxy")
-    assert not run_baseline(tree, base, after, env, tmp_path / "cache", run).cached and len(ran) == 4
+
+@pytest.mark.torch
+def test_the_unported_trees_cached_run_is_not_reused_under_another_proxy_shim(tmp_path, monkeypatch):
+    """The proxy's ranks run verify's runtime code beside the tree: the virtual-pipeline cases' NaN (gloo
+    sending a stage's output freed in flight) was the shim's, and after the shim held that memory the
+    port's run was still labelled against the unported tree's cached NaN. A changed runtime source is a
+    new key; the same sources elsewhere are the same key."""
+    import shutil
+
+    from rocmport.verify import runtime
+    from rocmport.verify.orchestration.stage_result import FAIL, StageResult
+    from rocmport.verify.stages.functional import case_labels
+    from rocmport.verify.stages.functional.case_run import CaseOutcome
+    from rocmport.verify.stages.functional.details import FunctionalRun
+
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG})
+    base = port(tree, THING_UPSTREAM_BUG)
+    ran: list[str] = []
+
+    def run(checkout: Path, env: dict) -> CaseOutcome:
+        ran.append(str(checkout))
+        return CaseOutcome(GOOD, StageResult("functional", FAIL, f"stopped, run {len(ran)}"))
+
+    failed = CaseOutcome(
+        GOOD, StageResult("functional", FAIL, "x"), FunctionalRun(GOOD, "torchrun pretrain_gpt.py --a 1", [], 4, {})
+    )
+    env = {"PYTHONPATH": str(tree)}
+    assert not case_labels.run_baseline(tree, base, failed, env, tmp_path / "cache", run).cached
+    copy = tmp_path / "runtime"
+    shutil.copytree(runtime.SOURCES, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(runtime, "SOURCES", copy)
+    assert case_labels.run_baseline(tree, base, failed, env, tmp_path / "cache", run).cached  # same sources
+    shim = copy / "proxy_shim.py"
+    shim.write_text(shim.read_text() + "\n# a fix\n")
+    again = case_labels.run_baseline(tree, base, failed, env, tmp_path / "cache", run)
+    assert not again.cached and again.reason == "stopped, run 2" and len(ran) == 2
 
 
 def test_reach_without_te_keeps_the_records_local_cases_or_todays_default(tmp_path, monkeypatch):

@@ -841,3 +841,68 @@ def test_proxy_gathers_a_coalesced_all_gather_of_mixed_dtypes_in_each_dtype(tmp_
                 assert got[f"{method} {r}"] == want, got
     if mode == "proxy":
         assert any(k.startswith("ProcessGroup.") and "mixed dtypes" in k for k in got["redirects"]), got
+
+
+ISEND_THEN_FREE = r"""
+import gc, json, sys, threading, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+if sys.argv[1] == "proxy":
+    from rocmport.verify.runtime import proxy_shim
+    proxy_shim._p2p_buffers_held_until_released()  # what install() installs
+store, out, outputs = dist.HashStore(), {}, []
+N = 128 * 2 * 64  # one micro-batch's activations on the proxy (seq 128, micro-batch 2, hidden 64)
+
+
+def rank(r, n=2):
+    pg = dist.ProcessGroup(store, r, n)
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                         dist.ProcessGroupGloo(store, r, n, timedelta(seconds=30)))
+    if r == 0:  # the interleaved schedule's stage: isend its output, free its memory, wait later
+        output = torch.full((N,), 1.5)
+        outputs.append(output)  # kept for its grad_fn, as the schedule keeps it
+        send = pg.send([output], 1, 0)
+        output.data = torch.empty((1,))  # schedules.deallocate_output_tensor
+        others = [torch.full((N,), -7.0) for _ in range(4)]  # the next allocations
+        send.wait()
+    else:  # the next stage posts its recv later
+        time.sleep(0.5)
+        got = torch.zeros(N)
+        pg.recv([got], 0, 0).wait()
+        out["received 1.5"] = int((got == 1.5).sum())
+
+
+threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+gc.collect()
+if sys.argv[1] == "proxy":
+    out["redirects"] = sorted(proxy_shim.REDIRECTS)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_holds_an_isend_s_memory_until_its_request_is_let_go(mode):
+    """Megatron's interleaved schedule (--overlap-p2p-communication) isends a stage's output and frees its
+    memory before the send is done (deallocate_output_tensor); on a GPU the caching allocator does not reuse
+    the block before NCCL's stream is done with it. gloo sends from the freed memory once the receiver posts
+    its recv: the next stage got allocator bookkeeping and other tensors' bytes (every
+    gpt3_mcore_te_tp1_pp4_vp1* case: NaN loss at iteration 2). The proxy holds the memory until the
+    request is let go."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", ISEND_THEN_FREE, mode], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if mode == "plain":  # gloo with the CPU allocator: the receiver gets other bytes than were sent
+        assert got["received 1.5"] < 128 * 2 * 64, got
+    else:
+        assert got["received 1.5"] == 128 * 2 * 64, got
+        assert got["redirects"] == [
+            "ProcessGroup.send @ <outside megatron> (its tensor's memory freed while in flight: held until the"
+            " request was let go)"
+        ], got
