@@ -313,6 +313,40 @@ def test_proxy_answers_current_stream_for_v019_grad_sync(tmp_path, shim):
     )
 
 
+# Megatron-LM v0.19's pipeline_parallel/utils.py ScheduleNode.stream_acquire_context, in miniature: a
+# node's stream is the current one unless it was given a side stream.
+STREAM_CONTEXT_V019 = """
+import torch
+def run(stream=None):
+    stream = stream or torch.cuda.current_stream()
+    event = torch.cuda.Event()
+    event.wait(stream)
+    with torch.cuda.stream(stream):
+        out = torch.ones(2) * 2
+    event.record(stream)
+    return out.sum().item()
+"""
+
+
+@pytest.mark.torch
+def test_proxy_enters_the_current_stream_as_a_context(tmp_path):
+    """v0.19's schedule nodes run their work in `with torch.cuda.stream(stream)`, the current stream when
+    no side stream was given. The proxy answered current_stream with torch's CPU stream, which is no
+    context manager: v0.19's stage 3 failed 'Stream' object does not support the context manager
+    protocol (labelled upstream-known on both trees). On the CPU every stream is the one in-order queue."""
+    (tmp_path / "node.py").write_text(STREAM_CONTEXT_V019)
+    code = (
+        "import torch\nfrom rocmport.verify.runtime import proxy_shim\n"
+        "proxy_shim.install(megatron=False)\nproxy_shim._in_order_streams()\n"
+        "from node import run\nprint('ran', run(), run(torch.cuda.Stream()))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.strip().splitlines()[-1:] == ["ran 4.0 4.0"], out.stderr[-2000:]
+
+
 PER_VIEW_GROUPS = """
 import json, sys
 import torch, torch.distributed as dist

@@ -480,7 +480,9 @@ def _in_order_streams() -> None:
     _answer("synchronize", lambda device=None: None)
     _answer("default_stream", lambda device=None: torch.cpu.current_stream())
     _answer("set_stream", lambda stream: None)
-    _answer("stream", lambda stream=None: _DEFAULT_STREAM if stream is None else stream)
+    # `with torch.cuda.stream(s)`: s may be the CPU stream current_stream answers, which is no context
+    # manager (v0.19's schedule nodes enter the current stream); on the CPU every stream is the one queue
+    _answer("stream", lambda stream=None: stream if hasattr(stream, "__enter__") else _DEFAULT_STREAM)
     setattr(torch.cuda, "Stream", _Stream)
     setattr(torch.cuda, "Event", _Event)
 
