@@ -532,3 +532,113 @@ def test_a_child_whose_pickle_names_more_fds_than_one_message_carries_still_star
     got = re.search(r"rank 0 got \((\d+), (\d+), '0', 'yes', 'last-300', ", proc.stdout)
     assert got and "rank 0 child exit 3 after" in proc.stdout, proc.stdout + proc.stderr
     assert got.group(2) != str(server.ready["pid"] if server.ready else None)  # the rank's own child
+
+
+# Upstream's persistent checkpoint writer as megatron's async_utils has it (core_v0.16.1): a spawn-context,
+# non-daemon process looping on a JoinableQueue until close() sends DONE; __del__ closes (DONE, join).
+TOY_ASYNC_UTILS = textwrap.dedent("""\
+    import collections
+    import multiprocessing as mp
+
+    AsyncRequest = collections.namedtuple("AsyncRequest", "async_fn async_fn_args call_idx")
+
+
+    def write_marker(path):
+        with open(path, "w") as fh:
+            fh.write("written")
+
+
+    class PersistentAsyncCaller:
+        def __init__(self):
+            self.process = None
+            ctx = mp.get_context("spawn")
+            self.queue = ctx.JoinableQueue()
+            self.comp_q = ctx.Queue()
+
+        def schedule_async_call(self, async_req):
+            if async_req.async_fn is None:
+                return
+            if self.process is None:
+                ctx = mp.get_context("spawn")
+                self.process = ctx.Process(target=PersistentAsyncCaller.async_loop, args=(self.queue, self.comp_q))
+                self.process.start()
+            self.queue.put(async_req)
+
+        def close(self, abort=False):
+            if self.process:
+                if abort:
+                    self.process.kill()
+                else:
+                    self.queue.put("DONE")
+                    self.queue.join()
+                    self.process.join()
+                self.process = None
+
+        def __del__(self):
+            self.close()
+
+        @staticmethod
+        def async_loop(queue, comp_q):
+            while True:
+                item = queue.get()
+                if isinstance(item, str) and item == "DONE":
+                    queue.task_done()
+                    break
+                item.async_fn(*item.async_fn_args)
+                comp_q.put(item.call_idx)
+                queue.task_done()
+    """)
+# A rank that saves once through the writer, then stops on an exception (as v0.16's native FP8 cases did
+# at the save's finalization: CheckpointException), without closing it (upstream's exception path).
+SAVE_THEN_RAISE = textwrap.dedent("""\
+    import os, sys
+    from megatron.core.dist_checkpointing.strategies import async_utils
+    rank = os.environ["RANK"]
+    caller = async_utils.PersistentAsyncCaller()
+    caller.schedule_async_call(async_utils.AsyncRequest(async_utils.write_marker, (os.environ["TOY_MARK"] + rank,), 0))
+    sys.stdout.write(f"rank {rank} writer {caller.process.pid} saved {caller.comp_q.get(timeout=60)}\\n")
+    sys.stdout.flush()
+    if os.environ.get("TOY_NO_RAISE"):
+        caller.close()
+        sys.exit(0)
+    raise RuntimeError("the save failed on purpose")
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("forked_ranks", [True, False])
+def test_a_rank_that_raises_with_the_forked_checkpoint_writer_alive_ends_promptly_with_its_exception(
+    tmp_path, forked_ranks
+):
+    """v0.16's native FP8 cases hung 30 minutes after a failed save: each rank raised, then multiprocessing's
+    exit handler joined the persistent writer (the proxy's fork, FORKED_WRITER), which waits on its queue
+    for a DONE that upstream's exception path never sends. The proxy aborts that writer when its rank ends
+    on an exception (under the rank server and torchrun alike); a rank that closes it exits as before."""
+    from rocmport.verify.runtime import proxy_shim
+    from tests.test_functional_stage import make_tree, proxy_env
+
+    tree = make_tree(tmp_path / "tree", SAVE_THEN_RAISE)
+    strategies = tree / "megatron" / "core" / "dist_checkpointing" / "strategies"
+    strategies.mkdir(parents=True)
+    (strategies.parent / "__init__.py").write_text("")
+    (strategies / "__init__.py").write_text("")
+    (strategies / "async_utils.py").write_text(TOY_ASYNC_UTILS)
+    env = proxy_env(tmp_path, tree, TOY_MARK=str(tmp_path / "saved-"))
+    server = RankServer(tree, tmp_path, world=2) if forked_ranks else None
+    try:
+        sock = server.socket_for(env) if server else None
+        cmd = Launcher().command(2, ["pretrain_gpt.py"], "functional", port=29556, rank_server=sock)
+        start = time.monotonic()
+        proc = _launch(cmd, tree, env, timeout=120)
+        took = time.monotonic() - start
+        closed = _launch(cmd, tree, {**env, "TOY_NO_RAISE": "1"}, timeout=120)
+    finally:
+        if server:
+            server.close()
+    writers = [int(p) for p in re.findall(r"rank \d writer (\d+) saved 0", proc.stdout)]
+    assert len(writers) == 2 and (tmp_path / "saved-0").exists(), proc.stdout + proc.stderr
+    assert proc.returncode == 1 and took < 60, (took, proc.stderr[-3000:])
+    assert case_log.exception_line(proc.stderr) == "RuntimeError: the save failed on purpose"
+    assert proxy_shim.WRITER_ABORTED in proc.stderr
+    assert not [p for p in writers if alive(p)]
+    assert closed.returncode == 0 and proxy_shim.WRITER_ABORTED not in closed.stderr, closed.stderr[-3000:]

@@ -279,6 +279,21 @@ def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float
 @pytest.mark.network
 @pytest.mark.torch
 @pytest.mark.slow
+def test_a_te_2_12_fp8_weight_is_staged_for_the_checkpoint_writer_as_a_gpu_stages_it(tmp_path, real_index):
+    """v0.16's native FP8 cases (TE 2.12) failed their async save: the writer's `assert tensor.is_cpu` of the
+    staged weight raised an empty AssertionError ("Worker failure: "). Megatron's staging `.to("cpu")` returned
+    the Float8Tensor itself (already on the CPU), and its is_cpu, asked by Megatron, came back through TE's
+    __torch_function__ as if TE asked: False. On a GPU the staging is a copy through TE's _to_copy (2.12: the
+    dequantized values in a plain tensor); the proxy makes that copy, and answers is_cpu where it really is."""
+    answer = _probe(tmp_path, "2.12.0", "rocm", "gfx942")["dequantized_weight"]
+    assert isinstance(answer, dict), answer
+    assert answer["megatron_asks_is_cpu"] is True and answer["te_asks_is_cpu"] is False, answer
+    assert answer["staged_type"] == "Tensor" and answer["staged_max_error"] == 0, answer
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
 def test_gfx950_runs_mxfp8_only_with_the_variable_and_keeps_ocp_fp8(tmp_path, real_index):
     without = _probe(tmp_path, "2.12.0", "rocm", "gfx950")
     assert without["mxfp8"] == [False, "MXFP8 support is not enabled."]

@@ -61,6 +61,13 @@ def _dequantized_weight() -> dict | str:
             # ...while TE asking its own Float8Tensor.is_cpu (code compiled under a TE file name) sees the
             # simulated device, as its is_cuda does
             "te_asks_is_cpu": eval(compile("quantized.is_cpu", "/site/transformer_engine/pytorch/probe.py", "eval")),
+            # Megatron's checkpoint writer asking is_cpu of the weight itself (TE 2.12 has no is_cpu of its own:
+            # its __torch_function__ hands the question back from a TE frame)
+            "megatron_asks_is_cpu": quantized.is_cpu,
+            # Megatron's staging (filesystem_async.preload_tensors: `.to("cpu", non_blocking=True)`) takes TE's
+            # own device-to-host copy: a plain tensor with the weight's values under TE 2.12, as on a GPU
+            "staged_type": type(staged := quantized.to("cpu", non_blocking=True)).__name__,
+            "staged_max_error": round(float((staged.float() - back).abs().max()), 6),
             "te_asks_data_is_cpu": eval(
                 compile("quantized._data.is_cpu", "/site/transformer_engine/pytorch/probe.py", "eval")
             ),

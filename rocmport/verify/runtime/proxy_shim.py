@@ -111,12 +111,33 @@ class CudaToCpu(TorchFunctionMode):
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             REDIRECTS[f"{getattr(func, '__name__', func)}(device=cuda) @ {_site()}"] += 1
             kwargs["device"], redirected = "cpu", True
+        if func is torch.Tensor.to and _staged_from_the_device(args, kwargs):
+            # The device-to-host copy a GPU makes of TE's quantized tensor (Megatron's checkpoint staging,
+            # `tensor.to("cpu")`): on the proxy it already says cpu and torch would return it as is; copied,
+            # it takes TE's own _to_copy, as on the GPU (TE 2.12: dequantized; 2.17: a Float8Tensor on the CPU).
+            REDIRECTS[f"Tensor.to(cpu) of a TE quantized tensor: copied as from the device @ {_site()}"] += 1
+            return func(*args, **{**kwargs, "copy": True})
         if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
             REDIRECTS[f"Tensor.to(cuda) @ {_site()}"] += 1
             args, redirected = (args[0], "cpu", *args[2:]), True
         if redirected:
             return func(*args, **kwargs)
         return passed_through_unchanged(func, args, kwargs)
+
+
+def _staged_from_the_device(args, kwargs) -> bool:
+    """``Tensor.to(args, kwargs)`` asks for the CPU copy of one of TE's quantized tensors (Float8Tensor and
+    the rest: on a GPU always on the device)."""
+    if (
+        not args
+        or kwargs.get("copy")
+        or not any(c.__module__.startswith("transformer_engine.") for c in type(args[0]).__mro__)
+    ):
+        return False
+    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+    if isinstance(target, str):
+        return target.split(":")[0] == "cpu"
+    return isinstance(target, torch.device) and target.type == "cpu"
 
 
 def passed_through_unchanged(func, args, kwargs):
@@ -727,8 +748,12 @@ def install_for_te() -> None:
     real_cpu = torch._C.TensorBase.is_cpu
 
     def is_cpu(self):
-        if not real_cpu.__get__(self):
-            return False
+        # Read without torch-function dispatch: TE 2.12's QuantizedTensor.__torch_function__ would hand the
+        # question back to this property from a TE frame, and Megatron's `assert tensor.is_cpu` of a staged
+        # Float8Tensor got False (the writer's empty AssertionError, "Worker failure: ").
+        with torch._C.DisableTorchFunction():
+            if not real_cpu.__get__(self):
+                return False
         asker = sys._getframe(1)
         if asker.f_code.co_name == "is_cpu" and asker.f_back is not None:  # a tensor subclass's own is_cpu property
             asker = asker.f_back
@@ -953,10 +978,39 @@ def _fork_persistent_writer(module) -> None:
     def schedule_async_call(self, async_req):
         if getattr(self, "process", None) is not None or getattr(async_req, "async_fn", None) is None:
             return real(self, async_req)
-        return _forking(module, lambda: real(self, async_req), "PersistentAsyncCaller writer")
+        out = _forking(module, lambda: real(self, async_req), "PersistentAsyncCaller writer")
+        import atexit
+
+        # Registered after multiprocessing's own exit handler: runs before it joins the writer.
+        atexit.register(_abort_writer_on_exception, self)
+        return out
 
     schedule_async_call._rocmport = True  # type: ignore[attr-defined]
     caller.schedule_async_call = schedule_async_call
+
+
+WRITER_ABORTED = (
+    "the proxy aborted the persistent checkpoint writer (PersistentAsyncCaller.close(abort=True)) as its rank "
+    "ended on an exception: upstream's exception path leaves it waiting on its queue, and multiprocessing's exit "
+    "handler would join it for ever (so would upstream's spawned writer on a GPU)"
+)
+
+
+def _abort_writer_on_exception(caller) -> None:
+    """At the rank's exit, when it ends on an uncaught exception (the interpreter set sys.last_value before the
+    exit handlers): the forked writer still alive is ended by upstream's own abort (kill, then no
+    DONE/join in close or __del__). A rank that exits normally keeps upstream's behaviour."""
+    process = getattr(caller, "process", None)
+    if getattr(sys, "last_value", None) is None or process is None or not process.is_alive():
+        return
+    REDIRECTS["PersistentAsyncCaller writer aborted at an exception's exit"] += 1
+    sys.stderr.write(f"rocmport proxy: {WRITER_ABORTED}\n")
+    try:
+        caller.close(abort=True)
+    except Exception:  # noqa: BLE001 - its log needs the process group, which may be gone
+        process.kill()
+        caller.process = None
+    process.join(10)
 
 
 def _fork_results_manager(module) -> None:
