@@ -978,39 +978,10 @@ def _fork_persistent_writer(module) -> None:
     def schedule_async_call(self, async_req):
         if getattr(self, "process", None) is not None or getattr(async_req, "async_fn", None) is None:
             return real(self, async_req)
-        out = _forking(module, lambda: real(self, async_req), "PersistentAsyncCaller writer")
-        import atexit
-
-        # Registered after multiprocessing's own exit handler: runs before it joins the writer.
-        atexit.register(_abort_writer_on_exception, self)
-        return out
+        return _forking(module, lambda: real(self, async_req), "PersistentAsyncCaller writer")
 
     schedule_async_call._rocmport = True  # type: ignore[attr-defined]
     caller.schedule_async_call = schedule_async_call
-
-
-WRITER_ABORTED = (
-    "the proxy aborted the persistent checkpoint writer (PersistentAsyncCaller.close(abort=True)) as its rank "
-    "ended on an exception: upstream's exception path leaves it waiting on its queue, and multiprocessing's exit "
-    "handler would join it for ever (so would upstream's spawned writer on a GPU)"
-)
-
-
-def _abort_writer_on_exception(caller) -> None:
-    """At the rank's exit, when it ends on an uncaught exception (the interpreter set sys.last_value before the
-    exit handlers): the forked writer still alive is ended by upstream's own abort (kill, then no
-    DONE/join in close or __del__). A rank that exits normally keeps upstream's behaviour."""
-    process = getattr(caller, "process", None)
-    if getattr(sys, "last_value", None) is None or process is None or not process.is_alive():
-        return
-    REDIRECTS["PersistentAsyncCaller writer aborted at an exception's exit"] += 1
-    sys.stderr.write(f"rocmport proxy: {WRITER_ABORTED}\n")
-    try:
-        caller.close(abort=True)
-    except Exception:  # noqa: BLE001 - its log needs the process group, which may be gone
-        process.kill()
-        caller.process = None
-    process.join(10)
 
 
 def _fork_results_manager(module) -> None:
