@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -397,29 +398,39 @@ def _torchrun_script(tmp_path: Path, script: str, nproc: int, mode: str) -> None
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-NCCL_SUBGROUPS = r"""
-import json, sys
-import torch, torch.distributed as dist
-if sys.argv[1] == "proxy":
-    from rocmport.verify.runtime import proxy_shim
-    proxy_shim._subgroups_on_gloo()  # what install_for_upstream_code installs for the subgroups
-dist.init_process_group("gloo")
-r = dist.get_rank()
-result = {"rank": r}
-try:
-    # As upstream main's HyperCommGrid(..., backend="nccl") and its tests ask for groups.
-    pair = dist.new_group([0, 1], backend="nccl")
-    mine, _ = dist.new_subgroups_by_enumeration([[0], [1]], backend="nccl")
-    t = torch.tensor([float(r + 1)])
-    dist.all_reduce(t, group=pair)
-    result.update(sum=t.item(), backends=[dist.get_backend(pair), dist.get_backend(mine)])
-except Exception as exc:
-    result["error"] = f"{type(exc).__name__}: {exc}"
-if sys.argv[1] == "proxy":
-    result["redirects"] = sorted(proxy_shim.REDIRECTS)
-open(f"rank{r}.json", "w").write(json.dumps(result))
-dist.destroy_process_group()
-"""
+def _gloo_rank_script(shim: str, body: str) -> str:
+    """A rank's script for _torchrun_script: in `proxy` mode the shim pieces ``shim`` (lines run with
+    proxy_shim imported), then gloo, then ``body`` (which sets ``result``'s fields) with its exception kept
+    in ``result["error"]``; each rank writes rankN.json with the proxy's redirects."""
+
+    def indent(text: str, pad: str) -> str:
+        return "".join(pad + line + "\n" for line in textwrap.dedent(text).strip().splitlines())
+
+    return (
+        "import json, sys\nimport torch, torch.distributed as dist\n"
+        'if sys.argv[1] == "proxy":\n    from rocmport.verify.runtime import proxy_shim\n'
+        + indent(shim, "    ")
+        + 'dist.init_process_group("gloo")\nr = dist.get_rank()\nresult = {"rank": r}\ntry:\n'
+        + indent(body, "    ")
+        + 'except Exception as exc:\n    result["error"] = f"{type(exc).__name__}: {exc}"\n'
+        + 'if sys.argv[1] == "proxy":\n    result["redirects"] = sorted(proxy_shim.REDIRECTS)\n'
+        + 'open(f"rank{r}.json", "w").write(json.dumps(result))\ndist.destroy_process_group()\n'
+    )
+
+
+NCCL_SUBGROUPS = _gloo_rank_script(
+    """\
+proxy_shim._subgroups_on_gloo()  # what install_for_upstream_code installs for the subgroups
+""",
+    """\
+# As upstream main's HyperCommGrid(..., backend="nccl") and its tests ask for groups.
+pair = dist.new_group([0, 1], backend="nccl")
+mine, _ = dist.new_subgroups_by_enumeration([[0], [1]], backend="nccl")
+t = torch.tensor([float(r + 1)])
+dist.all_reduce(t, group=pair)
+result.update(sum=t.item(), backends=[dist.get_backend(pair), dist.get_backend(mine)])
+""",
+)
 
 
 @pytest.mark.torch
@@ -438,30 +449,20 @@ def test_proxy_puts_subgroups_asked_for_on_nccl_on_gloo(tmp_path, mode):
     assert all(any(k.startswith("new_group(backend=nccl) -> gloo") for k in r["redirects"]) for r in ranks), ranks
 
 
-NCCL_OPTIONS = r"""
-import json, sys
-import torch, torch.distributed as dist
-if sys.argv[1] == "proxy":
-    from rocmport.verify.runtime import proxy_shim
-    proxy_shim._subgroups_on_gloo()  # what install_for_upstream_code installs for the subgroups
-dist.init_process_group("gloo")
-r = dist.get_rank()
-result = {"rank": r}
-try:
-    # As megatron's parallel_state.get_nccl_options builds them (torch-FSDP2's high-priority dp_cp group).
-    opts = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
-    opts.config.max_ctas = 32
-    pair = dist.new_group([0, 1], pg_options=opts)
-    t = torch.tensor([float(r + 1)])
-    dist.all_reduce(t, group=pair)
-    result.update(sum=t.item(), backend=dist.get_backend(pair))
-except Exception as exc:
-    result["error"] = f"{type(exc).__name__}: {exc}"
-if sys.argv[1] == "proxy":
-    result["redirects"] = sorted(proxy_shim.REDIRECTS)
-open(f"rank{r}.json", "w").write(json.dumps(result))
-dist.destroy_process_group()
-"""
+NCCL_OPTIONS = _gloo_rank_script(
+    """\
+proxy_shim._subgroups_on_gloo()  # what install_for_upstream_code installs for the subgroups
+""",
+    """\
+# As megatron's parallel_state.get_nccl_options builds them (torch-FSDP2's high-priority dp_cp group).
+opts = dist.ProcessGroupNCCL.Options(is_high_priority_stream=True)
+opts.config.max_ctas = 32
+pair = dist.new_group([0, 1], pg_options=opts)
+t = torch.tensor([float(r + 1)])
+dist.all_reduce(t, group=pair)
+result.update(sum=t.item(), backend=dist.get_backend(pair))
+""",
+)
 
 
 @pytest.mark.torch
@@ -484,34 +485,24 @@ def test_proxy_takes_nccl_group_options_and_gives_gloo_none(tmp_path, mode):
     assert all(any(k.startswith("new_group(pg_options=NCCL) -> none for gloo") for k in r["redirects"]) for r in ranks)
 
 
-FSDP2_ON_A_CUDA_MESH = r"""
-import json, sys
-import torch, torch.distributed as dist
-if sys.argv[1] == "proxy":
-    from rocmport.verify.runtime import proxy_shim
-    proxy_shim.install(megatron=False)
-    proxy_shim._subgroups_on_gloo()
-    proxy_shim._meshes_on_the_cpu()  # what install_for_upstream_code installs for device meshes
-dist.init_process_group("gloo")
-r = dist.get_rank()
-result = {"rank": r}
-try:
-    from torch.distributed import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 4)
-    # as megatron's TorchFullyShardedDataParallel shards a module for --use-torch-fsdp2
-    fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cuda"))
-    loss = model(torch.full((2, 4), float(r + 1))).sum()
-    loss.backward()
-    result.update(loss=loss.item(), grad=model.weight.grad.full_tensor().sum().item())
-except Exception as exc:
-    result["error"] = f"{type(exc).__name__}: {exc}"
-if sys.argv[1] == "proxy":
-    result["redirects"] = sorted(proxy_shim.REDIRECTS)
-open(f"rank{r}.json", "w").write(json.dumps(result))
-dist.destroy_process_group()
-"""
+FSDP2_ON_A_CUDA_MESH = _gloo_rank_script(
+    """\
+proxy_shim.install(megatron=False)
+proxy_shim._subgroups_on_gloo()
+proxy_shim._meshes_on_the_cpu()  # what install_for_upstream_code installs for device meshes
+""",
+    """\
+from torch.distributed import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 4)
+# as megatron's TorchFullyShardedDataParallel shards a module for --use-torch-fsdp2
+fully_shard(model, mesh=DeviceMesh.from_group(dist.group.WORLD, "cuda"))
+loss = model(torch.full((2, 4), float(r + 1))).sum()
+loss.backward()
+result.update(loss=loss.item(), grad=model.weight.grad.full_tensor().sum().item())
+""",
+)
 
 
 @pytest.mark.torch
