@@ -18,6 +18,7 @@ from rocmport.cli import main
 from rocmport.errors import BadInput
 from rocmport.verify.orchestration.launcher import Launcher, free_port
 from rocmport.verify.runtime.slurm_task import first_host, torch_env
+from tests.helpers.gloo_ranks import LEAVE_WITHOUT_FINALIZING
 
 PY = sys.executable
 WORKER = ["-m", "rocmport.verify.runtime.gpt_worker", "--tp", "2"]
@@ -211,14 +212,17 @@ def test_verify_rejects_bad_launch_flags(tmp_path, capsys):
     assert "--rdzv-endpoint" in capsys.readouterr().err
 
 
-ALLREDUCE = """\
-import os, torch, torch.distributed as dist
+ALLREDUCE = (
+    """\
+import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank())])
 dist.all_reduce(t)
 print(f"RESULT rank={dist.get_rank()} world={dist.get_world_size()} local={os.environ['LOCAL_RANK']} sum={int(t.item())}")
 dist.destroy_process_group()
 """
+    + LEAVE_WITHOUT_FINALIZING
+)
 
 
 @pytest.mark.torch

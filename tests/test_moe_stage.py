@@ -14,6 +14,7 @@ import pytest
 from rocmport.verify.stages import gpt_training as stages
 from rocmport.verify.orchestration.launcher import Launcher
 from rocmport.verify.orchestration.te_layer import PYTHON_LAYER, TELayer
+from tests.helpers.gloo_ranks import LEAVE_WITHOUT_FINALIZING
 
 TE = TELayer("2.12.0", Path("/te"), PYTHON_LAYER, "a wheel")  # the run's TE choice, typed end to end
 
@@ -97,7 +98,8 @@ def test_stage_2_reports_the_moe_case_typed_and_its_json_keeps_its_keys(tmp_path
     assert "; MoE case not run: --no-moe" in result.reason
 
 
-ALL_TO_ALL = textwrap.dedent("""\
+ALL_TO_ALL = (
+    textwrap.dedent("""\
     import os, sys
     import torch
     import torch.distributed as dist
@@ -117,6 +119,8 @@ ALL_TO_ALL = textwrap.dedent("""\
         fh.write(f"OUT {rank} {out.tolist()}")
     dist.destroy_process_group()
     """)
+    + LEAVE_WITHOUT_FINALIZING
+)
 
 
 @pytest.mark.torch

@@ -20,6 +20,7 @@ from rocmport.verify.orchestration import report
 from rocmport.verify.runtime import hip_sim
 from rocmport.verify.orchestration.launcher import free_port
 from rocmport.verify.stages.gpt_training import StageResult
+from tests.helpers.gloo_ranks import LEAVE_WITHOUT_FINALIZING
 
 
 def fake_package(root: Path, name: str) -> None:
@@ -348,7 +349,8 @@ def test_proxy_enters_the_current_stream_as_a_context(tmp_path):
     assert out.stdout.strip().splitlines()[-1:] == ["ran 4.0 4.0"], out.stderr[-2000:]
 
 
-PER_VIEW_GROUPS = """
+PER_VIEW_GROUPS = (
+    """
 import json, sys
 import torch, torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
@@ -371,6 +373,8 @@ if sys.argv[1] == "proxy":
 open(f"rank{r}.json", "w").write(json.dumps(result))  # files: ranks' prints interleave
 dist.destroy_process_group()
 """
+    + LEAVE_WITHOUT_FINALIZING
+)
 
 
 def _torchrun_script(tmp_path: Path, script: str, nproc: int, mode: str) -> None:
@@ -395,7 +399,9 @@ def _torchrun_script(tmp_path: Path, script: str, nproc: int, mode: str) -> None
         text=True,
         timeout=120,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    # the ranks' own last words first: torchrun's summary after them fills the tail
+    said = [line for line in out.stderr.splitlines() if "terminate called" in line or "what():" in line]
+    assert out.returncode == 0, "\n".join(said + [out.stderr[-2000:]])
 
 
 def _gloo_rank_script(shim: str, body: str) -> str:
@@ -415,6 +421,7 @@ def _gloo_rank_script(shim: str, body: str) -> str:
         + 'except Exception as exc:\n    result["error"] = f"{type(exc).__name__}: {exc}"\n'
         + 'if sys.argv[1] == "proxy":\n    result["redirects"] = sorted(proxy_shim.REDIRECTS)\n'
         + 'open(f"rank{r}.json", "w").write(json.dumps(result))\ndist.destroy_process_group()\n'
+        + LEAVE_WITHOUT_FINALIZING
     )
 
 
