@@ -103,6 +103,26 @@ def test_virtual_pipeline_keeps_its_chunks_per_stage():
     assert "virtual-pipeline" in p.features
 
 
+def test_micro_batches_per_step_fit_the_cases_virtual_pipeline_groups():
+    """gpt3_mcore_te_tp1_pp4_vp1_tunable_overlap groups 5 micro-batches per virtual stage (40 / 4 = 10
+    per step upstream); megatron refuses a step whose remainder M mod N is neither 0 nor at least pp, so
+    the proxy's 8 micro-batches (8 mod 5 = 3 < 4) stopped the case before iteration 1, on both trees."""
+    p = runnable(
+        case(
+            **{
+                "--tensor-model-parallel-size": 1,
+                "--pipeline-model-parallel-size": 4,
+                "--num-layers-per-virtual-pipeline-stage": 1,
+                "--microbatch-group-size-per-virtual-pipeline-stage": 5,
+            }
+        )
+    )
+    m = p.args["--global-batch-size"] // p.args["--micro-batch-size"]
+    assert m >= 8 and (m % 5 == 0 or m % 5 >= 4), m
+    assert m == 9  # the fewest that fit: 9 mod 5 = 4, a remainder of at least pp
+    assert any("--microbatch-group-size-per-virtual-pipeline-stage 5" in n for n in p.notes), p.notes
+
+
 def test_the_distributed_optimizer_gets_two_data_parallel_ranks_to_shard_over():
     p = runnable(case(**{"--use-distributed-optimizer": True, "--overlap-param-gather": True}))
     assert p.layout.dp == 2 and p.layout.world == 8

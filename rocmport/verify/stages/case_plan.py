@@ -545,6 +545,18 @@ def shrink(args: dict, lay: Layout) -> tuple[dict[str, Any], list[str]]:
 
     micro = out["--micro-batch-size"]
     steps = max(4, lay.pp * (2 if lay.vp > 1 else 1))
+    group = _int(args, "--microbatch-group-size-per-virtual-pipeline-stage", 0)
+    if lay.vp > 1 and group:
+        # Megatron's interleaved schedule refuses a step whose micro-batches leave a remainder modulo the
+        # case's group size that is neither 0 nor at least pp (a dependency bubble): take the fewest that do.
+        fewest = steps
+        while steps % group and steps % group < lay.pp:
+            steps += 1
+        if steps != fewest:
+            notes.append(
+                f"{steps} micro-batches per step, not {fewest}: the case's "
+                f"--microbatch-group-size-per-virtual-pipeline-stage {group} at pp {lay.pp}"
+            )
     out["--global-batch-size"] = micro * lay.dp * steps
     if _on(args, "--rampup-batch-size"):
         out["--rampup-batch-size"] = None
