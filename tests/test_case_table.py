@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.sync import commit, g, init
+from tests.helpers.sync import g
+from tests.helpers.upstream_cases import case_dir, case_repo, commit_cases, stage_four
 from tests.test_case_plan import BASE
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "case_table.py"
 DOC = REPO / "docs" / "cases.md"
 REPORTS = REPO / "tests" / "data" / "reports"
-CASES = "tests/functional_tests/test_cases/gpt"
 RELEASES = ["core_v0.15.3", "core_v0.16.1", "core_v0.17.1", "core_v0.18.2", "core_v0.19.0"]
 # The real report's stage 4 case (tests/data/reports/v0.16-pass.json): the mirror holds a case of that name.
 REPORTED = "gpt3_mcore_tp2_pp2_uninstall_te"
@@ -39,27 +39,21 @@ def mirror(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A Megatron-LM-shaped repository: the release tags v0.15-v0.18 on a commit with two cases
     (tp2×pp2 with local layers, and flash attention), v0.19 on one that drops flash and adds a
     distributed-optimizer case, and main one commit later with an inference case."""
-    repo = init(tmp_path / "mlm")
-    first = commit(
+    repo = tmp_path / "mlm"
+    first = case_repo(
         repo,
         {
-            f"{CASES}/{REPORTED}/model_config.yaml": case_yaml(2, 2, **{"--transformer-impl": "local"}),
-            f"{CASES}/gpt3_flash/model_config.yaml": case_yaml(**{"--attention-backend": "flash"}),
+            REPORTED: case_yaml(2, 2, **{"--transformer-impl": "local"}),
+            "gpt3_flash": case_yaml(**{"--attention-backend": "flash"}),
         },
         "two cases",
     )
     for tag in RELEASES[:4]:
         g(repo, "tag", tag, first)
-    g(repo, "rm", "-q", "-r", f"{CASES}/gpt3_flash")
-    second = commit(
-        repo, {f"{CASES}/gpt3_dist_opt/model_config.yaml": case_yaml(**{"--use-distributed-optimizer": True})}, "dist"
-    )
+    g(repo, "rm", "-q", "-r", case_dir("gpt3_flash"))
+    second = commit_cases(repo, {"gpt3_dist_opt": case_yaml(**{"--use-distributed-optimizer": True})}, "dist")
     g(repo, "tag", RELEASES[4], second)
-    head = commit(
-        repo,
-        {f"{CASES}/gpt3_infer/model_config.yaml": yaml.safe_dump({"MODE": "inference", "MODEL_ARGS": BASE})},
-        "inference",
-    )
+    head = commit_cases(repo, {"gpt3_infer": yaml.safe_dump({"MODE": "inference", "MODEL_ARGS": BASE})}, "inference")
     return repo / ".git", {"first": first, "second": second, "head": head}
 
 
@@ -182,7 +176,7 @@ def sweep_report(path: Path, cases: list[dict], line: str = "v0.16", te: str | N
     report = json.loads((REPORTS / "v0.16-pass.json").read_text())
     report["line"] = line
     report["te"] = {"version": te, "python_layer": "NVIDIA's Python layer", "source": "a wheel"} if te else None
-    next(s for s in report["stages"] if s["name"] == "functional")["cases"] = cases
+    stage_four(report)["cases"] = cases
     report["functional"]["selection"] = "named"
     path.write_text(json.dumps(report))
     return path

@@ -17,9 +17,11 @@ import pytest
 
 from rocmport.cli import main
 from rocmport.port import worktree as wt
-from rocmport.verify.stages.functional import CASES, functional_options
+from rocmport.verify.stages.functional import functional_options
 from rocmport.verify.stages.functional.selection import NO_REACH_RECORD
 from tests.helpers.canned_case import CASE, CONFIG
+from tests.helpers.sync import g
+from tests.helpers.upstream_cases import case_repo, stage_four
 
 GOOD = CASE
 BREAKS = "gpt3_mcore_tp1_pp1_breaks_uninstall_te"
@@ -51,10 +53,6 @@ THING_OK = "import os\n\n\ndef step():\n    assert 'NVTE_FUSED_ATTN' not in os.e
 THING_UPSTREAM_BUG = "def step():\n    raise RuntimeError('the schedule lost a micro-batch')\n"
 
 
-def git(tree: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=tree, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def make_tree(root: Path, cases: dict[str, str]) -> Path:
     """A Megatron-LM-shaped tree with ``cases`` (name -> model_config.yaml), committed as the base."""
     files = {
@@ -67,22 +65,16 @@ def make_tree(root: Path, cases: dict[str, str]) -> Path:
             "def _get_cuda_rng_state():\n    pass\n\n\ndef _set_cuda_rng_state(state):\n    pass\n\n\n"
             "class CudaRNGStatesTracker:\n    pass\n"
         ),
-        **{f"{CASES}/{name}/model_config.yaml": text for name, text in cases.items()},
     }
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    git(root, "init", "-q")
-    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-    git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "upstream")
+    case_repo(root, cases, "upstream", files)
     return root
 
 
 def port(tree: Path, thing: str) -> str:
     """Commit the 'port' of megatron/core/thing.py over the base; the state names the base commit."""
-    base = git(tree, "rev-parse", "HEAD")
+    base = g(tree, "rev-parse", "HEAD")
     (tree / "megatron" / "core" / "thing.py").write_text(thing)
-    git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "port")
+    g(tree, "commit", "-qam", "port")
     wt.write_state(tree, wt.ApplyState(status="done", base=base))
     return base
 
@@ -111,10 +103,6 @@ def verify_json(tmp_path: Path, capsys, tree: Path, *args: str) -> tuple[int, di
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))  # the unported tree's runs are cached there
-
-
-def stage4(report: dict) -> dict:
-    return next(s for s in report["stages"] if s["name"] == "functional")
 
 
 # --- selection, without a launch -------------------------------------------------------------------
@@ -190,7 +178,7 @@ def test_two_named_cases_run_and_are_reported_each(tmp_path, capsys):
     cases = report["functional"]["cases"]
     assert [(c["case"], c["status"]) for c in cases] == [(GOOD, "pass"), (BREAKS, "pass")]
     assert all(c["losses"] == [10.65, 10.4, 10.15, 9.9] for c in cases)
-    assert stage4(report)["reason"] == "2 cases: 2 pass"
+    assert stage_four(report)["reason"] == "2 cases: 2 pass"
     assert report["functional"]["case"] == GOOD and report["functional"]["version"] == 2  # version 1's keys stay
     assert "stage 4 case 1/2: " + GOOD in err and "stage 4 case 2/2: " + BREAKS in err
 
@@ -211,7 +199,7 @@ def test_a_case_that_fails_only_on_the_port_is_a_port_regression_and_fails_the_s
         "message": "RuntimeError: the schedule lost a micro-batch",
         "site": "megatron/core/thing.py (step)",
     }
-    assert stage4(report)["status"] == "fail" and stage4(report)["reason"] == (
+    assert stage_four(report)["status"] == "fail" and stage_four(report)["reason"] == (
         f"2 cases: 1 pass, 1 port-regression; blocking: {BREAKS}"
     )
     # the summary names the blocking case, why it blocks and what the unported tree did (its run now cached)
@@ -228,15 +216,15 @@ def test_a_case_that_fails_the_same_way_on_both_trees_is_upstream_known_and_pass
     broken = CONFIG.replace("MODEL_ARGS:\n", "MODEL_ARGS:\n  --fake-break: true\n", 1)
     tree = make_tree(tmp_path / "t", {BREAKS: broken})
     (tree / "megatron" / "core" / "thing.py").write_text(THING_UPSTREAM_BUG)
-    git(tree, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "upstream's bug")
+    g(tree, "commit", "-qam", "upstream's bug")
     # the port moves the failing line (a codemod's import above it): the same place is the same function
     base = port(tree, "# rocmport: a guarded import\n\n" + THING_UPSTREAM_BUG)
     rc, report, err = verify_json(tmp_path, capsys, tree, "--cases", BREAKS)
     assert rc == 0, err
     entry = report["functional"]["cases"][0]
     assert entry["label"] == "upstream-known" and entry["baseline"]["commit"] == base, entry
-    assert stage4(report)["status"] == "pass"
-    assert stage4(report)["reason"].startswith("upstream-known: pretrain_gpt.py (after 0 of 4 iterations) exited 1")
+    assert stage_four(report)["status"] == "pass"
+    assert stage_four(report)["reason"].startswith("upstream-known: pretrain_gpt.py (after 0 of 4 iterations) exited 1")
     # the unported tree's run is cached: the next verify does not run it again
     rc, again, err = verify_json(tmp_path, capsys, tree, "--cases", BREAKS)
     assert rc == 0 and again["functional"]["cases"][0]["baseline"]["cached"] is True
@@ -267,7 +255,7 @@ def test_all_lists_the_cases_the_proxy_cannot_run_with_kind_and_reason(tmp_path,
         "not-training",
         f"{INFERENCE} (not-training): MODE inference: not a pretraining case (stage 4 runs training)",
     )
-    assert stage4(report)["reason"] == "1 case: 1 pass; 2 unsupported (1 gpu-only, 1 not-training)"
+    assert stage_four(report)["reason"] == "1 case: 1 pass; 2 unsupported (1 gpu-only, 1 not-training)"
     assert report["functional"]["selection"] == "all"
 
 

@@ -18,28 +18,29 @@ report records no upstream commit of its own)."""
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text
-from rocmport.inputs import read_json
+from rocmport.line_records import FULL_COMMIT, LineRecordFile, opt_str
 from rocmport.report import reader
 from rocmport.verify.orchestration.device_kind import DeviceKind
 
 # A case's statuses as the JSON spells them (verify's stage_result): the record is read from the JSON alone.
 PASS, FAIL, SKIPPED, UNSUPPORTED = "pass", "fail", "skipped", "unsupported-in-proxy"
-SCHEMA = 1
-RECORD_FILE = "case-results.json"
 STATUSES = (PASS, FAIL, UNSUPPORTED, SKIPPED)
 # A reason longer than this is cut at a word and ends in '…': the record is a summary, the report has it all.
 REASON_CHARS = 160
-FIX = "record the line's reports again (scripts/case_table.py --record) or restore it from git"
-_COMMIT = re.compile(r"[0-9a-f]{40}")
+# The file (rocmport/line_records.py reads and writes it, as it does reach.json): the page names the
+# upstream commit it reads the cases at, so the record's is a full one.
+RECORD = LineRecordFile(
+    "case-results.json",
+    "case-results record",
+    fix="record the line's reports again (scripts/case_table.py --record) or restore it from git",
+    full_commit=True,
+)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class CaseResults:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA,
+            "schema": RECORD.schema,
             "line": self.line,
             "recorded_on": {"upstream": self.upstream, "te": self.te, "device_kind": self.device_kind},
             "reports": [r.to_dict() for r in self.reports],
@@ -253,28 +254,24 @@ def from_reports(line: str, upstream: str, reports: Sequence[tuple[Path, str | N
 
 
 def record_path(series_dir: Path) -> Path:
-    return series_dir / RECORD_FILE
-
-
-def _problem(path: Path, what: str) -> BadInput:
-    return BadInput(f"{path}: not a case-results record ({what}); {FIX}")
-
-
-def _opt_str(raw: dict[str, Any], key: str) -> bool:
-    return raw.get(key) is None or (isinstance(raw.get(key), str) and bool(raw[key]))
+    return RECORD.path(series_dir)
 
 
 def _source(raw: Any, path: Path, where: str) -> SourceReport:
     if not isinstance(raw, dict) or set(raw) != {"file", "started", "tree_commit", "rocmport", "selection", "cases"}:
-        raise _problem(path, f"{where} is not a mapping of file, started, tree_commit, rocmport, selection, cases")
-    if not isinstance(raw["file"], str) or not all(_opt_str(raw, k) for k in ("started", "tree_commit", "selection")):
-        raise _problem(
+        raise RECORD.problem(
+            path, f"{where} is not a mapping of file, started, tree_commit, rocmport, selection, cases"
+        )
+    if not isinstance(raw["file"], str) or not all(opt_str(raw, k) for k in ("started", "tree_commit", "selection")):
+        raise RECORD.problem(
             path, f"{where}: file is not a string, or started, tree_commit or selection not a string or null"
         )
-    if raw["rocmport"] is not None and not (isinstance(raw["rocmport"], str) and _COMMIT.fullmatch(raw["rocmport"])):
-        raise _problem(path, f"{where}.rocmport is not a full commit (40 hex digits) or null")
+    if raw["rocmport"] is not None and not (
+        isinstance(raw["rocmport"], str) and FULL_COMMIT.fullmatch(raw["rocmport"])
+    ):
+        raise RECORD.problem(path, f"{where}.rocmport is not a full commit (40 hex digits) or null")
     if isinstance(raw["cases"], bool) or not isinstance(raw["cases"], int) or raw["cases"] < 1:
-        raise _problem(path, f"{where}.cases is not a number of cases (1 or more)")
+        raise RECORD.problem(path, f"{where}.cases is not a number of cases (1 or more)")
     return SourceReport(
         raw["file"], raw["started"], raw["tree_commit"], raw["rocmport"], raw["selection"], raw["cases"]
     )
@@ -284,57 +281,41 @@ CASE_KEYS = {"status", "label", "kind", "reason", "seconds", "report", "unported
 
 
 def _case(raw: Any, path: Path, where: str, reports: int) -> CaseResult:
-    if not isinstance(raw, dict):
-        raise _problem(path, f"{where} is not a mapping")
-    if set(raw) - CASE_KEYS:
-        raise _problem(path, f"{where} has unknown keys {sorted(set(raw) - CASE_KEYS)}")
+    raw = RECORD.mapping(raw, path, where)
+    RECORD.known_keys(raw, CASE_KEYS, path, where)
     if raw.get("status") not in STATUSES:
-        raise _problem(path, f"{where}.status is {raw.get('status')!r}, not one of {', '.join(STATUSES)}")
+        raise RECORD.problem(path, f"{where}.status is {raw.get('status')!r}, not one of {', '.join(STATUSES)}")
     if not isinstance(raw.get("reason"), str) or len(raw["reason"]) > REASON_CHARS or "\n" in raw["reason"]:
-        raise _problem(path, f"{where}.reason is not one line of at most {REASON_CHARS} characters")
-    seconds = raw.get("seconds")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
-        raise _problem(path, f"{where}.seconds is not a number of seconds")
+        raise RECORD.problem(path, f"{where}.reason is not one line of at most {REASON_CHARS} characters")
+    seconds = RECORD.seconds(raw.get("seconds"), path, where)
     index = raw.get("report")
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < reports:
-        raise _problem(path, f"{where}.report is not the index of one of its {reports} reports")
-    if not all(_opt_str(raw, k) for k in ("label", "kind", "unported")):
-        raise _problem(path, f"{where}: label, kind and unported are strings when present")
+        raise RECORD.problem(path, f"{where}.report is not the index of one of its {reports} reports")
+    if not all(opt_str(raw, k) for k in ("label", "kind", "unported")):
+        raise RECORD.problem(path, f"{where}: label, kind and unported are strings when present")
     return CaseResult(
-        raw["status"], raw["reason"], float(seconds), index, raw.get("label"), raw.get("kind"), raw.get("unported")
+        raw["status"], raw["reason"], seconds, index, raw.get("label"), raw.get("kind"), raw.get("unported")
     )
 
 
 def parse_record(data: Any, path: Path) -> CaseResults:
     """A record from its JSON, or BadInput naming ``path`` and the first thing wrong."""
-    if not isinstance(data, dict):
-        raise _problem(path, "not a JSON object")
-    if data.get("schema") != SCHEMA:
-        raise _problem(path, f"schema {data.get('schema')!r}, this rocmport reads schema {SCHEMA}")
-    on = data.get("recorded_on")
-    if not isinstance(on, dict) or not isinstance(on.get("upstream"), str) or not _COMMIT.fullmatch(on["upstream"]):
-        raise _problem(path, "recorded_on.upstream is not a full commit (40 hex digits)")
-    if not _opt_str(on, "te") or not isinstance(on.get("device_kind"), str):
-        raise _problem(path, "recorded_on needs device_kind (a string) and te (a version string or null)")
-    if not isinstance(data.get("line"), str) or not data["line"]:
-        raise _problem(path, "line is not a string")
+    head = RECORD.header(data, path)
+    if not isinstance(head.recorded_on.get("device_kind"), str):
+        raise RECORD.problem(path, "recorded_on.device_kind is not a device kind (a string)")
     raw_reports, raw_cases = data.get("reports"), data.get("cases")
     if not isinstance(raw_reports, list) or not raw_reports or not isinstance(raw_cases, dict):
-        raise _problem(path, "reports (a list, not empty) and cases (a mapping) are required")
+        raise RECORD.problem(path, "reports (a list, not empty) and cases (a mapping) are required")
     reports = [_source(r, path, f"reports[{i}]") for i, r in enumerate(raw_reports)]
     cases = {name: _case(c, path, f"cases[{name[:80]!r}]", len(reports)) for name, c in raw_cases.items()}
-    return CaseResults(data["line"], on["upstream"], on.get("te"), on["device_kind"], reports, cases)
+    return CaseResults(head.line, head.upstream, head.te, head.recorded_on["device_kind"], reports, cases)
 
 
 def read_record(series_dir: Path) -> CaseResults | None:
     """The line's record (None: the series has none); a broken one is BadInput naming the file."""
-    path = record_path(series_dir)
-    if not path.exists():
-        return None
-    return parse_record(read_json(path, "case-results record", fix=FIX), path)
+    loaded = RECORD.load(series_dir)
+    return None if loaded is None else parse_record(loaded[1], loaded[0])
 
 
 def write_record(series_dir: Path, record: CaseResults) -> Path:
-    path = record_path(series_dir)
-    atomic_write_text(path, json.dumps(record.to_dict(), indent=1, ensure_ascii=False) + "\n")
-    return path
+    return RECORD.write(series_dir, record.to_dict())

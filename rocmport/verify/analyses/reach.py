@@ -29,7 +29,6 @@ reason (the module, the branch)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,13 +36,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text
-from rocmport.inputs import read_json
+from rocmport.line_records import LineRecordFile
 
 if TYPE_CHECKING:
     from rocmport.verify.analyses.port_sites import Site
 
-SCHEMA = 1
 RECORD_FILE = "reach.json"
 KINDS = ("cases", "unit_tests")
 # The issue's target: `--cases reach --unit-tests reach` with TE within 20 minutes on 2 cores. The
@@ -52,7 +49,13 @@ CASES_BUDGET_S = 720.0
 UNIT_TESTS_BUDGET_S = 480.0
 # An entry recorded at under a second still costs its launch: per-second scores divide by at least this.
 MIN_SECONDS = 1.0
-FIX = f"re-record it (`rocmport verify --record-reach`) or restore it from git ({RECORD_FILE})"
+# The file (rocmport/line_records.py reads and writes it, as it does case-results.json). Its upstream
+# commit is any string: it is only compared with the tree's (a hand-made record may give a short one).
+RECORD = LineRecordFile(
+    RECORD_FILE,
+    "reach record",
+    fix=f"re-record it (`rocmport verify --record-reach`) or restore it from git ({RECORD_FILE})",
+)
 
 REACHABLE = "reachable, not selected"
 GPU_ONLY = "gpu-only"
@@ -150,7 +153,7 @@ class ReachRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA,
+            "schema": RECORD.schema,
             "line": self.line,
             "recorded_on": {"upstream": self.upstream, "recipe": self.recipe, "te": self.te},
             "partial": self.partial,
@@ -162,7 +165,7 @@ class ReachRecord:
 
 
 def record_path(series_dir: Path) -> Path:
-    return series_dir / RECORD_FILE
+    return RECORD.path(series_dir)
 
 
 def recipe_digest(series_dir: Path) -> str:
@@ -175,39 +178,31 @@ def recipe_digest(series_dir: Path) -> str:
     return h.hexdigest()
 
 
-def _problem(path: Path, what: str) -> BadInput:
-    return BadInput(f"{path}: not a reach record ({what}); {FIX}")
-
-
 def _str_list(value: Any, path: Path, where: str) -> frozenset[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _problem(path, f"{where} is not a list of strings")
+        raise RECORD.problem(path, f"{where} is not a list of strings")
     return frozenset(value)
 
 
 def _entries(data: Any, path: Path, kind: str) -> dict[str, Entry]:
-    if not isinstance(data, dict):
-        raise _problem(path, f"{kind} is not a mapping")
+    data = RECORD.mapping(data, path, kind)
     out = {}
     for name, raw in data.items():
         where = f"{kind}[{name[:80]!r}]"
-        if not isinstance(raw, dict):
-            raise _problem(path, f"{where} is not a mapping")
-        seconds = raw.get("seconds")
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
-            raise _problem(path, f"{where}.seconds is not a number of seconds")
-        unknown = set(raw) - {"sites", "seconds", "modules", "outcome", *(UNIT_KEYS if kind == "unit_tests" else ())}
-        if unknown:
-            raise _problem(path, f"{where} has unknown keys {sorted(unknown)}")
+        raw = RECORD.mapping(raw, path, where)
+        seconds = RECORD.seconds(raw.get("seconds"), path, where)
+        RECORD.known_keys(
+            raw, {"sites", "seconds", "modules", "outcome", *(UNIT_KEYS if kind == "unit_tests" else ())}, path, where
+        )
         outcome = raw.get("outcome")  # absent in records made before outcomes were: unknown
         if outcome is not None and not (isinstance(outcome, str) and outcome):
-            raise _problem(path, f"{where}.outcome is not a stage status (pass, fail, ...)")
+            raise RECORD.problem(path, f"{where}.outcome is not a stage status (pass, fail, ...)")
         sites = _str_list(raw.get("sites"), path, f"{where}.sites")
         modules = _str_list(raw.get("modules", []), path, f"{where}.modules")
         if kind == "unit_tests":
-            out[name] = _unit_outcome(raw, sites, float(seconds), modules, path, where)
+            out[name] = _unit_outcome(raw, sites, seconds, modules, path, where)
         else:
-            out[name] = Entry(sites, float(seconds), modules, outcome)
+            out[name] = Entry(sites, seconds, modules, outcome)
     return out
 
 
@@ -223,20 +218,20 @@ def _unit_outcome(
     outcome = raw.get("outcome")
     if outcome is None:
         if any(k in raw for k in UNIT_KEYS):
-            raise _problem(path, f"{where} has labels or blocking but no outcome")
+            raise RECORD.problem(path, f"{where} has labels or blocking but no outcome")
         return Entry(sites, seconds, modules)
     if outcome not in UNIT_OUTCOMES:
-        raise _problem(path, f"{where}.outcome is {outcome!r}, a test file's is {' or '.join(UNIT_OUTCOMES)}")
+        raise RECORD.problem(path, f"{where}.outcome is {outcome!r}, a test file's is {' or '.join(UNIT_OUTCOMES)}")
     labels = raw.get("labels")
     if not isinstance(labels, dict) or not all(
         isinstance(k, str) and k and isinstance(n, int) and not isinstance(n, bool) and n > 0 for k, n in labels.items()
     ):
-        raise _problem(path, f"{where}.labels is not a mapping of stage 3's labels to test counts (above 0)")
+        raise RECORD.problem(path, f"{where}.labels is not a mapping of stage 3's labels to test counts (above 0)")
     blocking = raw.get("blocking")
     if not isinstance(blocking, list) or not all(isinstance(b, str) and b in labels for b in blocking):
-        raise _problem(path, f"{where}.blocking is not a list of labels among its labels")
+        raise RECORD.problem(path, f"{where}.blocking is not a list of labels among its labels")
     if (outcome == BLOCKS) != bool(blocking):
-        raise _problem(path, f"{where}.outcome {outcome} disagrees with its blocking labels {blocking}")
+        raise RECORD.problem(path, f"{where}.outcome {outcome} disagrees with its blocking labels {blocking}")
     return Entry(
         sites,
         seconds,
@@ -249,25 +244,19 @@ def _unit_outcome(
 
 def parse_record(data: Any, path: Path) -> ReachRecord:
     """A reach record from its JSON, or BadInput naming ``path`` and the first thing wrong."""
-    if not isinstance(data, dict):
-        raise _problem(path, "not a JSON object")
-    if data.get("schema") != SCHEMA:
-        raise _problem(path, f"schema {data.get('schema')!r}, this rocmport reads schema {SCHEMA}")
-    on = data.get("recorded_on")
-    if not isinstance(on, dict) or not all(isinstance(on.get(k), str) for k in ("upstream", "recipe")):
-        raise _problem(path, "recorded_on needs upstream and recipe strings")
-    if on.get("te") is not None and not isinstance(on.get("te"), str):
-        raise _problem(path, "recorded_on.te is not a version string")
-    if not isinstance(data.get("line"), str) or not isinstance(data.get("partial"), bool):
-        raise _problem(path, "line (a string) and partial (true/false) are required")
+    head = RECORD.header(data, path)
+    if not isinstance(head.recorded_on.get("recipe"), str):
+        raise RECORD.problem(path, "recorded_on.recipe is not a recipe digest (a string)")
+    if not isinstance(data.get("partial"), bool):
+        raise RECORD.problem(path, "partial is not true or false")
     shared = data.get("shared", {})
     if not isinstance(shared, dict) or set(shared) - set(KINDS):
-        raise _problem(path, f"shared is not a mapping of {' / '.join(KINDS)}")
+        raise RECORD.problem(path, f"shared is not a mapping of {' / '.join(KINDS)}")
     return ReachRecord(
-        line=data["line"],
-        upstream=on["upstream"],
-        recipe=on["recipe"],
-        te=on.get("te"),
+        line=head.line,
+        upstream=head.upstream,
+        recipe=head.recorded_on["recipe"],
+        te=head.te,
         cases=_entries(data.get("cases", {}), path, "cases"),
         unit_tests=_entries(data.get("unit_tests", {}), path, "unit_tests"),
         shared={k: _str_list(v, path, f"shared.{k}") for k, v in shared.items()},
@@ -280,10 +269,8 @@ def read_record(series_dir: Path | None) -> ReachRecord | None:
     """The line's reach record (None: the series has none); a broken one is BadInput naming the file."""
     if series_dir is None:
         return None
-    path = record_path(series_dir)
-    if not path.exists():
-        return None
-    return parse_record(read_json(path, "reach record", fix=FIX), path)
+    loaded = RECORD.load(series_dir)
+    return None if loaded is None else parse_record(loaded[1], loaded[0])
 
 
 def record_to_extend(series_dir: Path, upstream: str, te: str | None) -> ReachRecord | None:
@@ -310,9 +297,7 @@ def record_to_extend(series_dir: Path, upstream: str, te: str | None) -> ReachRe
 
 
 def write_record(series_dir: Path, record: ReachRecord) -> Path:
-    path = record_path(series_dir)
-    atomic_write_text(path, json.dumps(record.to_dict(), indent=1) + "\n")
-    return path
+    return RECORD.write(series_dir, record.to_dict())
 
 
 # --- the selection -----------------------------------------------------------------------------
