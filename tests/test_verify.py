@@ -529,6 +529,41 @@ def test_proxy_makes_a_mesh_asked_for_on_cuda_on_the_cpu(tmp_path, mode):
     assert all(any(k.startswith("DeviceMesh('cuda') -> cpu") for k in r["redirects"]) for r in ranks), ranks
 
 
+DEVICE_OF_CURRENT_DEVICE = _gloo_rank_script(
+    """\
+proxy_shim.install(megatron=False)
+""",
+    """\
+# As Megatron-FSDP names its device (core_v0.16.1 mcore_fsdp_adapter.py and megatron_fsdp.py __init__).
+device = torch.device(f"cuda:{torch.cuda.current_device()}")
+buffer = torch.full((4,), float(r + 1), device=device)
+dist.all_reduce(buffer)
+same = device == torch.device(f"cuda:{torch.cuda.current_device()}")  # megatron_fsdp.py checks it so
+result.update(device=str(device), buffer_device=str(buffer.device), sum=buffer.sum().item(), same=same)
+""",
+)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_makes_the_device_named_by_the_current_device_the_cpu(tmp_path, mode):
+    """Megatron-FSDP names its device torch.device(f"cuda:{torch.cuda.current_device()}"); the proxy answers
+    current_device 'cpu', and 'cuda:cpu' is no device string to torch (the v0.16 sweep's fsdp_dtensor case
+    stopped there on both trees, labelled proxy-artifact). On the proxy it is the CPU, counted; without the
+    proxy a CPU build of torch has no current device at all."""
+    _torchrun_script(tmp_path, DEVICE_OF_CURRENT_DEVICE, 2, mode)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if mode == "plain":
+        if __import__("torch").cuda.is_available():
+            return  # a GPU has a current device: what the proxy stands in for
+        assert all("error" in r and "sum" not in r for r in ranks), ranks
+        return
+    assert all("error" not in r for r in ranks), ranks
+    assert [(r["device"], r["buffer_device"], r["sum"], r["same"]) for r in ranks] == [("cpu", "cpu", 12.0, True)] * 2
+    assert all(any(k.startswith("torch.device('cuda:cpu') -> cpu") for k in r["redirects"]) for r in ranks), ranks
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["plain", "proxy"])

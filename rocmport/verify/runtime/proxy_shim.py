@@ -92,6 +92,12 @@ class CudaToCpu(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func is torch.device and args == (_CURRENT_DEVICE_STRING,) and not kwargs:
+            # Megatron-FSDP names its device f"cuda:{torch.cuda.current_device()}" (mcore_fsdp_adapter's and
+            # megatron_fsdp's __init__), which the proxy's answer 'cpu' makes 'cuda:cpu': torch has no such
+            # device string. It is the CPU, the device that answer stands for.
+            REDIRECTS[f"torch.device('{_CURRENT_DEVICE_STRING}') -> cpu @ {_site()}"] += 1
+            return func("cpu")
         device_random = func in _DEVICE_RANDOM or (func in _FACTORIES and _is_cuda(kwargs.get("device")))
         if device_random and kwargs.get("generator") is None:
             if "device" in kwargs and _is_cuda(kwargs["device"]):
@@ -147,6 +153,12 @@ def passed_through_unchanged(func, args, kwargs):
     return func(*args, **kwargs)
 
 
+# What torch.cuda.current_device() answers megatron on the proxy (install), and so what its
+# f"cuda:{torch.cuda.current_device()}" is.
+_CURRENT_DEVICE = "cpu"
+_CURRENT_DEVICE_STRING = f"cuda:{_CURRENT_DEVICE}"
+
+
 def _answer(name: str, answer) -> None:
     """torch.cuda.<name> answers with ``answer`` on the CPU; each call is counted by its megatron call site."""
 
@@ -162,7 +174,7 @@ def _answer(name: str, answer) -> None:
 def install(megatron: bool = True) -> None:
     """Patch torch.cuda and megatron's RNG hooks; enter the redirecting mode for this process.
     ``megatron=False``: torch only (a process that runs TE's modules without megatron)."""
-    _answer("current_device", lambda: "cpu")
+    _answer("current_device", lambda: _CURRENT_DEVICE)
     _answer("synchronize", lambda device=None: None)
     # DDP's start_grad_sync (v0.19+) waits through torch.cuda.current_stream() for events a CUDA graph
     # replay recorded; on the CPU everything runs in order: torch's CPU stream answers (its waits return).
