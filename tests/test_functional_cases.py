@@ -718,3 +718,26 @@ def test_a_run_that_exits_0_short_of_its_iterations_says_which_it_logged(tmp_pat
         _stopped(setup, crashed, "x", "run", 0.0, None, {}, range(1, 11)).result.reason
         == "x exited 1: ValueError: boom"
     )
+
+
+def test_the_resumed_run_loads_from_a_directory_whose_tracker_names_the_half_way_iteration(tmp_path):
+    """Upstream's load_checkpoint reads the checkpoint tracker again for the legacy format's distributed-optimizer
+    state and takes its iteration, whatever --ckpt-step says: the v0.16 sweep's resumed run of
+    gpt3_mcore_te_tp1_pp4_vp1_..._overlap_optimizer (--ckpt-format torch) loaded iteration 10 beside --ckpt-step 5
+    and exited 0 without training. The resumed run loads from a directory whose tracker names iteration 5,
+    the uninterrupted run's iteration-5 checkpoint in it, and nothing of iteration 10."""
+    from rocmport.verify.stages.functional.case_run import TRACKER, checkpoint_at
+
+    saved = tmp_path / "ckpt"
+    for it in (5, 10):
+        (saved / f"iter_{it:07d}" / "mp_rank_00_000").mkdir(parents=True)
+        (saved / f"iter_{it:07d}" / "mp_rank_00_000" / "distrib_optim.pt").write_text(f"state at {it}")
+    (saved / TRACKER).write_text("10")
+    at = checkpoint_at(saved, 5, tmp_path / "ckpt-at-5")
+    assert at == tmp_path / "ckpt-at-5"
+    assert (at / TRACKER).read_text().strip() == "5"
+    assert (at / "iter_0000005" / "mp_rank_00_000" / "distrib_optim.pt").read_text() == "state at 5"
+    assert sorted(p.name for p in at.iterdir()) == ["iter_0000005", TRACKER]
+    assert (saved / TRACKER).read_text() == "10"  # the uninterrupted run's directory as it was
+    # no iteration-5 checkpoint: the uninterrupted run's directory, whose load then fails naming it
+    assert checkpoint_at(saved, 7, tmp_path / "ckpt-at-7") == saved and not (tmp_path / "ckpt-at-7").exists()

@@ -631,6 +631,7 @@ def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome 
         return None
     again = {
         **t.save,
+        "--load": str(checkpoint_at(work / "ckpt", s.half, work / f"ckpt-at-{s.half}")),
         "--ckpt-step": s.half,
         "--save": str(work / "ckpt-resumed"),
         "--async-save": None,
@@ -646,6 +647,28 @@ def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome 
         return _stopped(s, rproc, f"the run resumed from iteration {s.half}", "resume", start, t.run, rsteps, wanted)
     _compare_resumed(s, t, rlog, rsteps, wanted)
     return None
+
+
+# megatron's checkpoint tracker (checkpointing.get_checkpoint_tracker_filename) and its iteration directories.
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def checkpoint_at(saved: Path, iteration: int, where: Path) -> Path:
+    """A load directory whose tracker names ``iteration``: ``where``, holding a link to ``saved``'s iteration
+    directory and a tracker of its own; ``saved`` itself where it has no such directory (the load then
+    fails naming it, as before). --ckpt-step alone does not decide what a run loads: upstream's
+    load_checkpoint reads the tracker again for the legacy format's distributed-optimizer state
+    (core_v0.16.1 checkpointing.py: "NOTE: this is a manual read of the tracker file") and takes its
+    iteration, so a run resumed with --ckpt-step 5 beside the tracker's 10 loaded iteration 10's optimizer
+    state, began at iteration 10 and exited 0 without training. Upstream's own resume loads the latest
+    checkpoint; so does this directory's."""
+    name = f"iter_{iteration:07d}"
+    if not (saved / name).is_dir():
+        return saved
+    where.mkdir(parents=True, exist_ok=True)
+    (where / name).symlink_to((saved / name).resolve(), target_is_directory=True)
+    atomic_write_text(where / TRACKER, f"{iteration}\n")
+    return where
 
 
 def _compare_resumed(s: CaseSetup, t: _Trained, rlog: str, rsteps: dict[int, float], wanted: list[int]) -> None:
