@@ -438,6 +438,7 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
     save, chosen = _save_args(s, work)
     chosen.update({f"{flags} dropped": why for flags, why in (s.plan.dropped if s.plan else ())})
     chosen.update({f"{flag} kept": why for flag, why in (s.plan.kept if s.plan else ())})
+    chosen.update({f"{option} set": why for option, why in (s.plan.set_args if s.plan else ())})
     args = s.args(work, save)
     run_env, swaps = _run_env(s, work)
     cmd = s.command(args, run_env)
