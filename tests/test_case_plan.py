@@ -284,6 +284,33 @@ def test_distributed_optimizer_cases_keep_their_half_precision_and_the_plan_says
     assert cp.plan_case("c", case(**{"--use-distributed-optimizer": True})).kept == ()
 
 
+def test_an_fp16_case_kept_in_fp16_starts_its_loss_scale_where_every_proxy_iteration_steps(tmp_path):
+    """fp16's dynamic loss scale starts at 2^32 and skips iterations while it falls (upstream's H100 run skips 17):
+    the proxy's 10 iterations logged no loss, and its checkpoint at 5 came before the optimizer's first step
+    (gpt3_mcore_tp1_pp1_resume_torch_dist_dist_optimizer_overlap_grad_reduce_param_gather: KeyError 'exp_avg' in
+    upstream's get_parameter_state_dp_zero). A case the proxy keeps in fp16 starts at 2^12, declared; bf16, fp32 and a case's own scale not."""
+    from rocmport.verify.stages.functional.case_args import build_args
+
+    fp16 = case(**{"--fp16": True, "--use-distributed-optimizer": True, "--dist-ckpt-optim-fully-reshardable": True})
+    p = runnable(fp16)
+    assert p.args["--initial-loss-scale"] == 4096
+    assert [o for o, _ in p.set_args] == ["--initial-loss-scale 4096"] and "KeyError 'exp_avg'" in p.set_args[0][1]
+    built = build_args(fp16, iters=10, proxy=True, data_path=None, work=tmp_path, plan=p)
+    assert built[built.index("--initial-loss-scale") + 1] == "4096" and "--fp16" in built
+    assert any(n.startswith("--initial-loss-scale 4096: fp16's dynamic loss scale") for n in p.notes)
+    for other in (
+        case(**{"--bf16": True, "--use-distributed-optimizer": True}),  # bf16 has no loss scale
+        case(**{"--fp16": True}),  # trains in fp32 on the proxy
+        case(**{"--fp16": True, "--use-distributed-optimizer": True, "--loss-scale": 1024}),  # its own, static
+        case(**{"--fp16": True, "--use-distributed-optimizer": True, "--initial-loss-scale": 65536}),
+    ):
+        q = runnable(other)
+        assert q.set_args == () and "--initial-loss-scale" not in q.args, other
+    own_config = case(**{"--fp16": True, "--use-distributed-optimizer": True, "--initial-loss-scale": 65536})
+    built = build_args(own_config, iters=10, proxy=True, data_path=None, work=tmp_path, plan=runnable(own_config))
+    assert built[built.index("--initial-loss-scale") + 1] == "65536"
+
+
 # upstream v0.16.1's gpt3_weekly_dgx_h100_mcore_tp2_pp2_fp8_tp_pp ENV_VARS (abridged): from before --attention-backend
 STALE_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": 1, "NVTE_FUSED_ATTN": 0}
 

@@ -636,3 +636,96 @@ def test_dry_run_says_a_case_is_decided_by_upstreams_checks(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("# decided by upstream's AFTER_SCRIPT checks (1 check of the run's log, EXIT_CODE=0") == 1
     assert "check_log -F 'Result validation enabled'" in out
+
+
+# What the v0.16 sweep's resumed run of gpt3_mcore_te_tp1_pp4_vp1_..._overlap_optimizer left: exit 0, a
+# DataLoader warning's source line last on stderr, iterations 6 and 7 of 6-10 in the log.
+EXIT_0_SHORT_STDERR = textwrap.dedent("""\
+    /venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py:1118: UserWarning: This DataLoader will create 1 worker processes
+      super().__init__(loader)
+    """)
+EXIT_0_SHORT_STDOUT = "".join(
+    f" [2026-11-28 02:50:0{i}] iteration        {i}/      10 | consumed samples: {32 * i} | lm loss: 6.{i}00000E+00 |\n"
+    for i in (6, 7)
+)
+
+
+def test_a_run_that_exits_0_short_of_its_iterations_says_which_it_logged(tmp_path):
+    """A run that exits 0 without logging every wanted iteration fails by that, naming the iterations it did
+    log, never by a stray stderr line (the sweep's reason was "exited 0:   super().__init__(loader)"); the two
+    trees' failures compare by those words."""
+    from rocmport.verify.orchestration.launcher import Launcher
+    from rocmport.verify.stages.functional.case_args import ResumeSupport
+    from rocmport.verify.stages.functional.case_log import loss_steps, short_of_iterations
+    from rocmport.verify.stages.functional.case_run import CaseSetup, _stopped
+
+    assert short_of_iterations([6, 7], range(6, 11)) == "exited 0 having logged iterations 6-7 of 6-10"
+    assert short_of_iterations([], range(6, 11)) == "exited 0 having logged none of 6-10"
+    assert short_of_iterations([6, 8, 9], range(6, 11)) == "exited 0 having logged iterations 6, 8-9 of 6-10"
+    assert (
+        short_of_iterations([1, 2, 3], range(6, 11))
+        == "exited 0 having logged none of 6-10 (and iterations 1-3, outside them)"
+    )
+    setup = CaseSetup(
+        tmp_path,
+        {},
+        "c",
+        {},
+        None,
+        8,
+        10,
+        True,
+        None,
+        Launcher(),
+        True,
+        None,
+        False,
+        ResumeSupport(True, True, True, False),
+    )
+    proc = subprocess.CompletedProcess([], 0, EXIT_0_SHORT_STDOUT, EXIT_0_SHORT_STDERR)
+    logged = loss_steps(EXIT_0_SHORT_STDOUT)
+    out = _stopped(setup, proc, "the run resumed from iteration 5", "resume", 0.0, None, logged, range(6, 11))
+    assert out.result.status == "fail"
+    assert out.result.reason == "the run resumed from iteration 5 exited 0 having logged iterations 6-7 of 6-10"
+    assert out.failure is not None and out.failure.phase == "resume"
+    assert out.failure.message == "exited 0 having logged iterations 6-7 of 6-10"
+    # the uninterrupted run the same way, over 1-10; a run that exits non-zero keeps its exception
+    first = _stopped(
+        setup,
+        subprocess.CompletedProcess([], 0, "", EXIT_0_SHORT_STDERR),
+        "pretrain_gpt.py",
+        "run",
+        0.0,
+        None,
+        {},
+        range(1, 11),
+    )
+    assert first.result.reason == "pretrain_gpt.py exited 0 having logged none of 1-10"
+    crashed = subprocess.CompletedProcess([], 1, "", "[rank0]: ValueError: boom\n")
+    assert (
+        _stopped(setup, crashed, "x", "run", 0.0, None, {}, range(1, 11)).result.reason
+        == "x exited 1: ValueError: boom"
+    )
+
+
+def test_the_resumed_run_loads_from_a_directory_whose_tracker_names_the_half_way_iteration(tmp_path):
+    """Upstream's load_checkpoint reads the checkpoint tracker again for the legacy format's distributed-optimizer
+    state and takes its iteration, whatever --ckpt-step says: the v0.16 sweep's resumed run of
+    gpt3_mcore_te_tp1_pp4_vp1_..._overlap_optimizer (--ckpt-format torch) loaded iteration 10 beside --ckpt-step 5
+    and exited 0 without training. The resumed run loads from a directory whose tracker names iteration 5,
+    the uninterrupted run's iteration-5 checkpoint in it, and nothing of iteration 10."""
+    from rocmport.verify.stages.functional.case_run import TRACKER, checkpoint_at
+
+    saved = tmp_path / "ckpt"
+    for it in (5, 10):
+        (saved / f"iter_{it:07d}" / "mp_rank_00_000").mkdir(parents=True)
+        (saved / f"iter_{it:07d}" / "mp_rank_00_000" / "distrib_optim.pt").write_text(f"state at {it}")
+    (saved / TRACKER).write_text("10")
+    at = checkpoint_at(saved, 5, tmp_path / "ckpt-at-5")
+    assert at == tmp_path / "ckpt-at-5"
+    assert (at / TRACKER).read_text().strip() == "5"
+    assert (at / "iter_0000005" / "mp_rank_00_000" / "distrib_optim.pt").read_text() == "state at 5"
+    assert sorted(p.name for p in at.iterdir()) == ["iter_0000005", TRACKER]
+    assert (saved / TRACKER).read_text() == "10"  # the uninterrupted run's directory as it was
+    # no iteration-5 checkpoint: the uninterrupted run's directory, whose load then fails naming it
+    assert checkpoint_at(saved, 7, tmp_path / "ckpt-at-7") == saved and not (tmp_path / "ckpt-at-7").exists()

@@ -529,6 +529,83 @@ def test_proxy_makes_a_mesh_asked_for_on_cuda_on_the_cpu(tmp_path, mode):
     assert all(any(k.startswith("DeviceMesh('cuda') -> cpu") for k in r["redirects"]) for r in ranks), ranks
 
 
+DEVICE_OF_CURRENT_DEVICE = _gloo_rank_script(
+    """\
+proxy_shim.install(megatron=False)
+""",
+    """\
+# As Megatron-FSDP names its device (core_v0.16.1 mcore_fsdp_adapter.py and megatron_fsdp.py __init__).
+device = torch.device(f"cuda:{torch.cuda.current_device()}")
+buffer = torch.full((4,), float(r + 1), device=device)
+dist.all_reduce(buffer)
+same = device == torch.device(f"cuda:{torch.cuda.current_device()}")  # megatron_fsdp.py checks it so
+result.update(device=str(device), buffer_device=str(buffer.device), sum=buffer.sum().item(), same=same)
+""",
+)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_makes_the_device_named_by_the_current_device_the_cpu(tmp_path, mode):
+    """Megatron-FSDP names its device torch.device(f"cuda:{torch.cuda.current_device()}"); the proxy answers
+    current_device 'cpu', and 'cuda:cpu' is no device string to torch (the v0.16 sweep's fsdp_dtensor case
+    stopped there on both trees, labelled proxy-artifact). On the proxy it is the CPU, counted; without the
+    proxy a CPU build of torch has no current device at all."""
+    _torchrun_script(tmp_path, DEVICE_OF_CURRENT_DEVICE, 2, mode)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if mode == "plain":
+        if __import__("torch").cuda.is_available():
+            return  # a GPU has a current device: what the proxy stands in for
+        assert all("error" in r and "sum" not in r for r in ranks), ranks
+        return
+    assert all("error" not in r for r in ranks), ranks
+    assert [(r["device"], r["buffer_device"], r["sum"], r["same"]) for r in ranks] == [("cpu", "cpu", 12.0, True)] * 2
+    assert all(any(k.startswith("torch.device('cuda:cpu') -> cpu") for k in r["redirects"]) for r in ranks), ranks
+
+
+DCP_SAVE_ON_THE_DEVICES_STREAM = _gloo_rank_script(
+    """\
+# what pretrain_gpt.py's ranks get (without megatron): the streams, and a device that exists
+proxy_shim.install(megatron=False)
+proxy_shim._in_order_streams()
+proxy_shim.install_device_answers(False)
+""",
+    """\
+import torch.distributed.checkpoint as dcp
+# As Megatron's fsdp_dtensor save writes (torch's FileSystemWriter, one thread): where torch.cuda.is_available(),
+# its loader stages the tensors on torch.cuda.current_stream() and synchronizes it before writing.
+state = {f"w{r}": torch.full((4,), float(r + 1)), "shared": torch.arange(4.0)}
+back = {f"w{r}": torch.zeros(4), "shared": torch.zeros(4)}
+try:
+    dcp.save(state, checkpoint_id=sys.argv[2])
+    dcp.load(back, checkpoint_id=sys.argv[2])
+except BaseException as exc:  # torch's CheckpointException is no Exception
+    raise RuntimeError(f"{type(exc).__name__}: {exc}") from None
+result.update(cuda=torch.cuda.is_available(), mine=back[f"w{r}"].tolist(), shared=back["shared"].tolist())
+""",
+)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_lets_torchs_checkpoint_writer_synchronize_the_current_stream(tmp_path, mode):
+    """torch's distributed checkpoint writer synchronizes torch.cuda.current_stream() where CUDA is available;
+    on the proxy (a device exists) that is torch's CPU stream stand-in, which had no synchronize: v0.16's
+    gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor stopped at its first save on both trees. Plain (no device:
+    the serial loader) and proxy both write and read the checkpoint back; the proxy counts the synchronize."""
+    _torchrun_script(
+        tmp_path, DCP_SAVE_ON_THE_DEVICES_STREAM.replace("sys.argv[2]", repr(str(tmp_path / "ckpt"))), 2, mode
+    )
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all("error" not in r for r in ranks), ranks
+    assert [(r["mine"], r["shared"]) for r in ranks] == [([float(i + 1)] * 4, [0.0, 1.0, 2.0, 3.0]) for i in range(2)]
+    if mode == "proxy":
+        assert all(r["cuda"] for r in ranks), ranks  # the device answers: the loader that synchronizes
+        assert all(any(k.startswith("cpu.Stream.synchronize") for k in r["redirects"]) for r in ranks), ranks
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["plain", "proxy"])

@@ -92,6 +92,12 @@ class CudaToCpu(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func is torch.device and args == (_CURRENT_DEVICE_STRING,) and not kwargs:
+            # Megatron-FSDP names its device f"cuda:{torch.cuda.current_device()}" (mcore_fsdp_adapter's and
+            # megatron_fsdp's __init__), which the proxy's answer 'cpu' makes 'cuda:cpu': torch has no such
+            # device string. It is the CPU, the device that answer stands for.
+            REDIRECTS[f"torch.device('{_CURRENT_DEVICE_STRING}') -> cpu @ {_site()}"] += 1
+            return func("cpu")
         device_random = func in _DEVICE_RANDOM or (func in _FACTORIES and _is_cuda(kwargs.get("device")))
         if device_random and kwargs.get("generator") is None:
             if "device" in kwargs and _is_cuda(kwargs["device"]):
@@ -140,11 +146,34 @@ def _staged_from_the_device(args, kwargs) -> bool:
     return isinstance(target, torch.device) and target.type == "cpu"
 
 
+def _cpu_stream_synchronizes() -> None:
+    """torch's CPU stream (what torch.cuda.current_stream() answers on the proxy) synchronizes at once: the
+    CPU runs in order. torch's stand-in has no synchronize, and torch's distributed checkpoint writer calls
+    it where torch.cuda.is_available() (which the proxy's device answers make True): FileSystemWriter's
+    _OverlappingCpuLoader stages the tensors on the current stream and synchronizes it before writing
+    (Megatron's fsdp_dtensor save: "'Stream' object has no attribute 'synchronize'" on every rank, v0.16's
+    gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor at its iteration-5 checkpoint). Counted by call site."""
+    stream = torch.cpu.Stream
+    if hasattr(stream, "synchronize"):
+        return
+
+    def synchronize(self) -> None:
+        REDIRECTS[f"cpu.Stream.synchronize (the CPU runs in order) @ {_site()}"] += 1
+
+    setattr(stream, "synchronize", synchronize)
+
+
 def passed_through_unchanged(func, args, kwargs):
     """``func(*args, **kwargs)``, called as the caller got it: the shim's wrappers hand on through this
     function the calls they did not change, so that a traceback tells the shim's pass-through (this
     frame and its caller's) from a frame where it acted (proxy_causes.PASS_THROUGH names it)."""
     return func(*args, **kwargs)
+
+
+# What torch.cuda.current_device() answers megatron on the proxy (install), and so what its
+# f"cuda:{torch.cuda.current_device()}" is.
+_CURRENT_DEVICE = "cpu"
+_CURRENT_DEVICE_STRING = f"cuda:{_CURRENT_DEVICE}"
 
 
 def _answer(name: str, answer) -> None:
@@ -162,11 +191,12 @@ def _answer(name: str, answer) -> None:
 def install(megatron: bool = True) -> None:
     """Patch torch.cuda and megatron's RNG hooks; enter the redirecting mode for this process.
     ``megatron=False``: torch only (a process that runs TE's modules without megatron)."""
-    _answer("current_device", lambda: "cpu")
+    _answer("current_device", lambda: _CURRENT_DEVICE)
     _answer("synchronize", lambda device=None: None)
     # DDP's start_grad_sync (v0.19+) waits through torch.cuda.current_stream() for events a CUDA graph
     # replay recorded; on the CPU everything runs in order: torch's CPU stream answers (its waits return).
     _answer("current_stream", lambda device=None: torch.cpu.current_stream())
+    _cpu_stream_synchronizes()
     _answer("get_rng_state", lambda device="cuda": DEVICE_RNG.get_state())
     torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
     _answer("set_rng_state", lambda state, device="cuda": DEVICE_RNG.set_state(state))

@@ -92,7 +92,8 @@ class CasePlan:
     options of PROXY_DROPPED the case sets (option, why; ``args`` drops them), ``env_unset``: its ENV_VARS
     the runs unset (variable, why: stale_attention_env, on the CUDA path); ``kept``: the case's half precision
     the proxy keeps (option, why: kept_precision; every other case trains in fp32), ``launch_env_unset``: verify's
-    own launch environment the runs leave out (variable, why: fsdp_launch_env)."""
+    own launch environment the runs leave out (variable, why: fsdp_launch_env); ``set_args``: options the proxy
+    sets that the case does not (option and value, why: proxy_loss_scale)."""
 
     case: str
     test_type: str
@@ -108,6 +109,7 @@ class CasePlan:
     env_unset: tuple[tuple[str, str], ...] = ()
     kept: tuple[tuple[str, str], ...] = ()
     launch_env_unset: tuple[tuple[str, str], ...] = ()
+    set_args: tuple[tuple[str, str], ...] = ()  # options the proxy sets that the case does not (option, why)
     after_script: after_script.AfterScript | None = None
 
 
@@ -297,6 +299,31 @@ PROXY_KEEPS_PRECISION: tuple[tuple[str, str], ...] = (
     ),
 )
 _HALF = ("--fp16", "--bf16")
+
+# The loss scale an fp16 case kept on the proxy starts from. Megatron's dynamic scaler starts at 2^32 and skips
+# every iteration whose fp16 gradients overflow, halving the scale (after 2, its hysteresis): upstream's H100 run
+# of gpt3_mcore_tp1_pp1_resume_torch_dist_dist_optimizer_overlap_grad_reduce_param_gather skips iterations 1-17
+# and first steps at 2^16, then saves at 50. The proxy's 10 iterations would all be skips, logging no loss, and
+# its checkpoint at 5 would come before the optimizer's first step, whose Adam states a fully reshardable save
+# reads (upstream's distrib_optimizer.get_parameter_state_dp_zero: KeyError 'exp_avg', v0.16 port; the unported
+# tree stops earlier on the proxy, without apex). From 2^12, well
+# below the scale upstream first stepped at, the small model's gradients do not overflow: every iteration steps.
+FP16_INITIAL_LOSS_SCALE = 4096
+FP16_LOSS_SCALE_WHY = (
+    "fp16's dynamic loss scale starts at 2^32 and skips each iteration whose gradients overflow while it falls "
+    "(upstream's H100 run of this kind skips 17 and first steps at 2^16); the proxy's 10 iterations would all be "
+    "skips, with no loss logged and its checkpoint half way saved before the optimizer's first step (a fully "
+    "reshardable distributed-optimizer save then fails in upstream's get_parameter_state_dp_zero: KeyError 'exp_avg'); it starts at 2^12, "
+    "below the scale upstream first stepped at, so every iteration steps"
+)
+
+
+def proxy_loss_scale(args: dict) -> tuple[tuple[str, str], ...]:
+    """The --initial-loss-scale the proxy gives an fp16 case it keeps in fp16 (FP16_INITIAL_LOSS_SCALE), as
+    (option and value, why); () for any other case, or one that sets its own scale."""
+    if "--fp16" not in dict(kept_precision(args)) or _on(args, "--loss-scale") or _on(args, "--initial-loss-scale"):
+        return ()
+    return ((f"--initial-loss-scale {FP16_INITIAL_LOSS_SCALE}", FP16_LOSS_SCALE_WHY),)
 
 
 def kept_precision(args: dict) -> tuple[tuple[str, str], ...]:
@@ -567,6 +594,9 @@ def shrink(args: dict, lay: Layout) -> tuple[dict[str, Any], list[str]]:
             notes.append(f"{key} kept: {kept[key]}")
         elif _on(args, key):
             notes.append(f"{key} → fp32: the CPU has no half-precision GEMM kernels the case's numerics test")
+    for option, why in proxy_loss_scale(args):
+        out["--initial-loss-scale"] = FP16_INITIAL_LOSS_SCALE
+        notes.append(f"{option}: {why}")
     return out, notes
 
 
@@ -882,6 +912,7 @@ def plan_case(
         env_unset=env_unset,
         kept=kept_precision(args),
         launch_env_unset=launch_env_unset,
+        set_args=proxy_loss_scale(args),
         after_script=checks,
     )
 

@@ -5,6 +5,7 @@ failed (CaseFailure), normalised so that two trees' failures compare."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -152,6 +153,27 @@ def death_line(stderr: str, stdout: str = "") -> str | None:
 def cause_line(stderr: str, stdout: str = "") -> str:
     """Why a run stopped, in one line: its first exception, how torchrun says a worker died, or its last line."""
     return exception_line(stderr) or death_line(stderr, stdout) or (stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def iteration_span(iterations: Iterable[int]) -> str:
+    """Iterations as runs of consecutive numbers: [6, 7, 9] -> "6-7, 9"."""
+    runs: list[list[int]] = []
+    for i in sorted(set(iterations)):
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def short_of_iterations(logged: Iterable[int], wanted: Iterable[int]) -> str:
+    """Why a run that exited 0 failed: it did not log every ``wanted`` iteration; which ones it did log
+    (a stray stderr line, a warning's source line, says nothing of it). Iterations logged outside
+    ``wanted`` (a resumed run that loaded another checkpoint) are named too."""
+    want = set(wanted)
+    got, other = sorted(set(logged) & want), sorted(set(logged) - want)
+    text = f"exited 0 having logged {f'iterations {iteration_span(got)}' if got else 'none'} of {iteration_span(want)}"
+    return text + (f" (and iterations {iteration_span(other)}, outside them)" if other else "")
 
 
 # A traceback's start, and the rank prefix torchrun puts before each worker's line ("[rank3]: ").

@@ -9,7 +9,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ from rocmport.verify.stages.functional.case_log import (
     loss_steps,
     normalise,
     params_norms,
+    short_of_iterations,
 )
 from rocmport.verify.stages.functional.rank_servers import WHY as FORKED_WHY, RankServer, applies
 from rocmport.verify.stages.functional.details import (
@@ -123,9 +124,11 @@ def _failure(
     what: str,
     seconds: float,
     details: FunctionalRun,
+    short: str | None = None,
 ) -> StageResult:
     """Why a run of pretrain_gpt.py did not log every iteration: a CPU blocker or a break the HIP
-    simulation made (unsupported-in-proxy, naming the site), else a failure."""
+    simulation made (unsupported-in-proxy, naming the site), else a failure. ``short``: for a run that
+    exited 0, which of its iterations it logged (short_of_iterations), the reason in place of a stderr line."""
     blocker = _blocker(proc.stderr, tree) if proxy else None
     te_kernel = re.search(r"unsupported-in-proxy: transformer_engine_torch\.\w+[^\n]*", proc.stderr) if proxy else None
     if te_kernel:  # TE's Python layer reached a kernel the CPU proxy has no reference implementation for (verify --te)
@@ -146,6 +149,8 @@ def _failure(
                 seconds,
                 details,
             )
+    if proc.returncode == 0 and short:
+        return StageResult(NAME, FAIL, f"{what} {short}", seconds, details)
     return StageResult(
         NAME,
         FAIL,
@@ -433,6 +438,7 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
     save, chosen = _save_args(s, work)
     chosen.update({f"{flags} dropped": why for flags, why in (s.plan.dropped if s.plan else ())})
     chosen.update({f"{flag} kept": why for flag, why in (s.plan.kept if s.plan else ())})
+    chosen.update({f"{option} set": why for option, why in (s.plan.set_args if s.plan else ())})
     args = s.args(work, save)
     run_env, swaps = _run_env(s, work)
     cmd = s.command(args, run_env)
@@ -466,8 +472,12 @@ def _train(s: CaseSetup, work: Path, start: float) -> _Trained | CaseOutcome:
     if not complete and exit_zero:
         return _decided_by_checks(s, proc, checked, losses, start, run)
     if not complete or (proc.returncode != 0 and not exit_zero):
-        what = f"pretrain_gpt.py (after {len(losses)} of {s.iters} iterations)"
-        return _stopped(s, proc, what, "run", start, run)
+        what = (
+            "pretrain_gpt.py"
+            if proc.returncode == 0
+            else f"pretrain_gpt.py (after {len(losses)} of {s.iters} iterations)"
+        )
+        return _stopped(s, proc, what, "run", start, run, steps, range(1, s.iters + 1))
     problems = [] if losses[-1] < losses[0] else [f"loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})"]
     reason = f"{s.case}: lm loss {losses[0]:.4f} -> {losses[-1]:.4f} in {s.iters} iterations"
     failed = [r for r in checked if not r.passed]
@@ -591,13 +601,24 @@ def _fp8_refusal(
 
 
 def _stopped(
-    s: CaseSetup, proc: subprocess.CompletedProcess, what: str, phase: str, start: float, run: FunctionalRun
+    s: CaseSetup,
+    proc: subprocess.CompletedProcess,
+    what: str,
+    phase: str,
+    start: float,
+    run: FunctionalRun,
+    logged: Iterable[int],
+    wanted: Iterable[int],
 ) -> CaseOutcome:
-    """A run that did not log every iteration: its result (_failure) and, when it failed, how."""
-    res = _failure(proc, s.tree, s.proxy, s.hip, what, time.monotonic() - start, run)
-    return CaseOutcome(
-        s.case, res, run, failure_of(proc.stderr, s.tree, phase, proc.stdout or "") if res.status == FAIL else None
-    )
+    """A run that did not log every ``wanted`` iteration (it logged ``logged``): its result (_failure)
+    and, when it failed, how. One that exited 0 failed by what it did not log, the same words on both
+    trees (a warning's source line on its stderr is no cause)."""
+    short = short_of_iterations(logged, wanted) if proc.returncode == 0 else None
+    res = _failure(proc, s.tree, s.proxy, s.hip, what, time.monotonic() - start, run, short)
+    if res.status != FAIL:
+        return CaseOutcome(s.case, res, run)
+    failure = CaseFailure(phase, short) if short else failure_of(proc.stderr, s.tree, phase, proc.stdout or "")
+    return CaseOutcome(s.case, res, run, failure)
 
 
 def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome | None:
@@ -611,6 +632,7 @@ def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome 
         return None
     again = {
         **t.save,
+        "--load": str(checkpoint_at(work / "ckpt", s.half, work / f"ckpt-at-{s.half}")),
         "--ckpt-step": s.half,
         "--save": str(work / "ckpt-resumed"),
         "--async-save": None,
@@ -623,9 +645,31 @@ def _resume(s: CaseSetup, work: Path, t: _Trained, start: float) -> CaseOutcome 
     wanted = list(range(s.half + 1, s.iters + 1))
     t.run.resume_log_tail = _tail(rproc.stderr)
     if rproc.returncode != 0 or any(i not in rsteps for i in wanted):
-        return _stopped(s, rproc, f"the run resumed from iteration {s.half}", "resume", start, t.run)
+        return _stopped(s, rproc, f"the run resumed from iteration {s.half}", "resume", start, t.run, rsteps, wanted)
     _compare_resumed(s, t, rlog, rsteps, wanted)
     return None
+
+
+# megatron's checkpoint tracker (checkpointing.get_checkpoint_tracker_filename) and its iteration directories.
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def checkpoint_at(saved: Path, iteration: int, where: Path) -> Path:
+    """A load directory whose tracker names ``iteration``: ``where``, holding a link to ``saved``'s iteration
+    directory and a tracker of its own; ``saved`` itself where it has no such directory (the load then
+    fails naming it, as before). --ckpt-step alone does not decide what a run loads: upstream's
+    load_checkpoint reads the tracker again for the legacy format's distributed-optimizer state
+    (core_v0.16.1 checkpointing.py: "NOTE: this is a manual read of the tracker file") and takes its
+    iteration, so a run resumed with --ckpt-step 5 beside the tracker's 10 loaded iteration 10's optimizer
+    state, began at iteration 10 and exited 0 without training. Upstream's own resume loads the latest
+    checkpoint; so does this directory's."""
+    name = f"iter_{iteration:07d}"
+    if not (saved / name).is_dir():
+        return saved
+    where.mkdir(parents=True, exist_ok=True)
+    (where / name).symlink_to((saved / name).resolve(), target_is_directory=True)
+    atomic_write_text(where / TRACKER, f"{iteration}\n")
+    return where
 
 
 def _compare_resumed(s: CaseSetup, t: _Trained, rlog: str, rsteps: dict[int, float], wanted: list[int]) -> None:
