@@ -172,7 +172,9 @@ def _commits(record: cr.CaseResults) -> str:
     named = [f"`{c[:12]}`" if c else "a commit not recorded" for c in commits]
     if len(commits) == 1:
         return f"rocmport {named[0]}"
-    return "rocmport " + ", ".join(f"{name} ({n} reports)" for name, n in zip(named, commits.values()))
+    return "rocmport " + ", ".join(
+        f"{name} ({n} report{'s' if n != 1 else ''})" for name, n in zip(named, commits.values())
+    )
 
 
 def _when(record: cr.CaseResults) -> str:
