@@ -192,8 +192,10 @@ def status_paths(tree: str | os.PathLike, untracked: str = "normal") -> list[str
     return out
 
 
-# Lock files git creates while it writes (never under objects/): a killed git leaves them behind.
+# Lock files git creates while it writes: a killed git leaves them behind. Under objects/ only the
+# auto maintenance's lock (a commit starts `git maintenance run --auto`, which takes it).
 _TOP_LOCKS = (
+    "objects/maintenance.lock",
     "index.lock",
     "HEAD.lock",
     "ORIG_HEAD.lock",
@@ -208,7 +210,7 @@ _TOP_LOCKS = (
 
 
 def git_lock_files(git_dir: Path) -> list[Path]:
-    """git's own *.lock files in ``git_dir`` (top level, refs/, info/, logs/)."""
+    """git's own *.lock files in ``git_dir`` (top level, objects/maintenance.lock, refs/, info/, logs/)."""
     found = [git_dir / n for n in _TOP_LOCKS if (git_dir / n).is_file()]
     for sub in ("refs", "info", "logs"):
         base = git_dir / sub

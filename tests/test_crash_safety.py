@@ -66,6 +66,19 @@ def test_a_lock_a_live_git_holds_is_left_alone(tmp_path):
     assert clear_stale_locks(repo / ".git", repo) == [repo / ".git" / "index.lock"]
 
 
+def test_a_killed_auto_maintenances_lock_is_stale_too(tmp_path):
+    """git's auto maintenance after a commit holds objects/maintenance.lock; CI killed an apply there
+    (test_kill_apply_at_random_points, seed 1) and the next apply left the lock behind."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    g(repo, "init", "-q")
+    (repo / ".git" / "objects" / "maintenance.lock").write_text("")
+    (repo / ".git" / "objects" / "pack" / "pack-x.keep").write_text("")  # not a lock: left alone
+    assert clear_stale_locks(repo / ".git", repo) == [repo / ".git" / "objects" / "maintenance.lock"]
+    assert not (repo / ".git" / "objects" / "maintenance.lock").exists()
+    assert (repo / ".git" / "objects" / "pack" / "pack-x.keep").exists()
+
+
 def test_a_killed_syncs_ref_lock_in_the_shared_cache_is_removed(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ROCMPORT_CACHE_DIR", str(tmp_path / "cache"))
     up = tmp_path / "Megatron-LM"
