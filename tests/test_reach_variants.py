@@ -113,6 +113,9 @@ def test_a_variant_ends_pass_unsupported_not_applicable_or_fail_never_silently()
     stop = variants.outcome(fp4, 1, None, stderr, 3)
     assert stop[0] == "unsupported-in-proxy" and stop[1].startswith("TE's CPU layer has no NVFP4")
     assert "RuntimeError: NVFP4 quantization needs a GPU" in stop[1]
+    # the declared text elsewhere than in the exception's own line (a flag, a log line) is no stop
+    logged = "[rank0]: building NVFP4 recipe\n[rank0]: RuntimeError: Output 0 of _Linear is a view\n"
+    assert variants.outcome(fp4, 1, None, logged, 3) == ("fail", "RuntimeError: Output 0 of _Linear is a view", [])
     # the same stop in a variant that does not declare it is a failure, naming the exception
     assert variants.outcome(softmax, 1, None, stderr, 3) == ("fail", "RuntimeError: NVFP4 quantization needs a GPU", [])
     # a run that exits 0 with a NaN loss or too few iterations did not pass

@@ -257,6 +257,10 @@ def train_variant(args) -> None:
     )
     if backend == "nccl":
         model.cuda()
+    if margs.bf16:  # as Megatron's get_model: bf16 parameters, the inputs cast at the first stage, fp32 outputs
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(config, model)
     losses = _train_loop(args, model, config, last, "cuda" if backend == "nccl" else "cpu", bf16=bool(margs.bf16))
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last})
@@ -381,17 +385,21 @@ def _train_loop(args, model, config, last: bool, device: str, bf16: bool = False
             tokens = torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=g)
             yield tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
-    def forward_step(data_iterator, model):
+    def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         tokens, labels = next(data_iterator)
         positions = torch.arange(SEQ, device=device).unsqueeze(0).expand(MBS, -1)
-        out = model(tokens, positions, attention_mask=None, labels=labels)
 
         def loss_func(output):
             loss = output.float().mean()
             # Trap G2: the schedule divides the returned loss in place; report a clone.
             return loss, {"lm loss": loss.detach().clone()}
 
-        return out, loss_func
+        if return_schedule_plan:  # the EP-overlap schedule (--overlap-moe-expert-parallel-comm) runs the model's plan
+            gpt = model
+            while hasattr(gpt, "module"):  # DDP, then Float16Module around the GPTModel
+                gpt = gpt.module
+            return gpt.build_schedule_plan(tokens, positions, None, labels=labels), loss_func
+        return model(tokens, positions, attention_mask=None, labels=labels), loss_func
 
     losses = []
     for _ in range(args.iters):

@@ -116,12 +116,13 @@ def outcome(
     losses = [float(x) for x in data.get("losses", [])]
     if returncode == 0 and len(losses) == iters and all(math.isfinite(x) for x in losses):
         return PASS, f"{iters} iterations, loss {losses[0]:.4f} -> {losses[-1]:.4f}", losses
+    raised = _last_error_text(stderr)
     for text, why in variant.stops:
-        if text in stderr:
-            return UNSUPPORTED, f"{why} ({_last_error_text(stderr)})", losses
+        if text in raised:  # the exception's own line: a flag or a log line naming the text is not the stop
+            return UNSUPPORTED, f"{why} ({raised})", losses
     if returncode == 0 and losses:
         return FAIL, f"losses not finite or too few: {losses}", losses
-    return FAIL, _last_error_text(stderr), losses
+    return FAIL, raised, losses
 
 
 def _last_error_text(stderr: str) -> str:
