@@ -155,7 +155,7 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert rc == 0, data
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
-    imports, training, unit, functional, bridge = data["stages"]
+    imports, training, unit, functional, bridge = data["stages"][:5]  # the variants after them
     assert imports["status"] == "pass"
     assert imports["reason"] == (
         "1 module imports behind the firewall (megatron.core); "
@@ -172,16 +172,17 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     assert bridge["status"] == "skipped" and "--tree given" in bridge["reason"]
     # "skipped" as before in the JSON; what the tree cannot have (a package-index source) is not
     # applicable, apart from a stage the run left out, and the verdict says how to get all five.
-    assert [s["applicable"] for s in data["stages"]] == [True, True, False, False, True]
+    assert [s["applicable"] for s in data["stages"]] == [True, True, False, False, True, True]
     assert data["verdict"] == (
-        f"tree {tree} (CPU proxy, not a GPU result): 1 of 3 applicable stages pass; unsupported on the CPU proxy: gpt-training (proxy shim "
-        "hook missing: megatron.core.tensor_parallel.random._get_cu…); not run here: bridge (--tree given); "
+        f"tree {tree} (CPU proxy, not a GPU result): 1 of 4 applicable stages pass; unsupported on the CPU proxy: gpt-training (proxy shim "
+        "hook missing: megatron.core.tensor_parallel.random._get_cu…); not run here: bridge (--tree given), "
+        "variants (the reach variants take Transformer Engine's sites: pass --te); "
         "not applicable to the package-index source (megatron/core only): unit-tests, functional "
         "(a git source runs all five: rocmport sync --ref REF --source git)"
     )
     assert data["hip_sim"]["version"] == hip_sim.DEFAULT_VERSION and data["hip_sim"]["arch"] == "gfx942"
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
-    assert suite.get("tests") == "5" and suite.get("skipped") == "4" and suite.get("failures") == "0"
+    assert suite.get("tests") == "6" and suite.get("skipped") == "5" and suite.get("failures") == "0"
     # Without --report the report is written all the same: build/verify/<tree's name, no line>-<UTC time>.json, and last.json.
     written = json.loads((tmp_path / "build" / "verify" / "last.json").read_text())["report"]
     assert Path(written).parent == tmp_path / "build" / "verify" and Path(written).name.startswith("t-20")

@@ -372,7 +372,7 @@ class UnitRecord:
 # A unit's subdirectory of its stage's records: `case=<name>`, `test=<path>` or `import=<path>` (stage
 # 1's import of a file holding guarded imports, rocmport.verify.stages.guarded_imports), the name
 # quoted into one path component (a test file's path has slashes).
-UNIT_KINDS = ("case", "test", "import")
+UNIT_KINDS = ("case", "test", "import", "variant")
 SECONDS_FILE = "seconds.txt"
 OUTCOME_FILE = "outcome.txt"  # a case: its status in the run
 STOPPED_FILE = "stopped.txt"  # an import unit: why its file's import stopped (absent: it imported)
@@ -515,7 +515,7 @@ IMPORT_STOPPED = "stage 1 imported {path} with the guarded packages absent; it s
 
 def _unit_name(kind: str, name: str) -> str:
     """A unit as ran_by names it: a case or a test file by its name, stage 1's import of a file as such."""
-    return f"imports: {name}" if kind == "import" else name
+    return f"imports: {name}" if kind == "import" else f"variant: {name}" if kind == "variant" else name
 
 
 def tree_coverage(

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from rocmport.verify.analyses.port_sites import Site
 
 RECORD_FILE = "reach.json"
-KINDS = ("cases", "unit_tests")
+KINDS = ("cases", "unit_tests", "variants")
 # The issue's target: `--cases reach --unit-tests reach` with TE within 20 minutes on 2 cores. The
 # budgets are the entries' recorded wall seconds: 12 minutes of cases, 8 of unit-test files.
 CASES_BUDGET_S = 720.0
@@ -134,11 +134,13 @@ class ReachRecord:
     unit_tests: dict[str, Entry] = field(default_factory=dict)
     # Sites every run of a kind reaches whichever entries run (the pytest session's start: conftest.py).
     shared: dict[str, frozenset[str]] = field(default_factory=dict)
+    # Reach variants (stages/variant_list.py): stage 2's small GPT with a few Megatron flags each.
+    variants: dict[str, Entry] = field(default_factory=dict)
     partial: bool = True
     holds: str = ""  # what the record holds, in words
 
     def entries(self, kind: str) -> dict[str, Entry]:
-        return self.cases if kind == "cases" else self.unit_tests
+        return self.cases if kind == "cases" else self.variants if kind == "variants" else self.unit_tests
 
     def ran_by(self) -> dict[str, list[str]]:
         """Each recorded site -> the cases and test files that ran it (sorted; shared ones: the stage)."""
@@ -146,7 +148,7 @@ class ReachRecord:
         for kind in KINDS:
             for name, entry in sorted(self.entries(kind).items()):
                 for site in entry.sites:
-                    out.setdefault(site, []).append(name)
+                    out.setdefault(site, []).append(f"variant: {name}" if kind == "variants" else name)
             for site in self.shared.get(kind, ()):
                 out.setdefault(site, []).append(f"every {kind.replace('_', '-')[:-1]} run")
         return out
@@ -161,6 +163,7 @@ class ReachRecord:
             "shared": {k: sorted(v) for k, v in sorted(self.shared.items())},
             "cases": {n: e.to_dict() for n, e in sorted(self.cases.items())},
             "unit_tests": {n: e.to_dict() for n, e in sorted(self.unit_tests.items())},
+            **({"variants": {n: e.to_dict() for n, e in sorted(self.variants.items())}} if self.variants else {}),
         }
 
 
@@ -260,6 +263,7 @@ def parse_record(data: Any, path: Path) -> ReachRecord:
         cases=_entries(data.get("cases", {}), path, "cases"),
         unit_tests=_entries(data.get("unit_tests", {}), path, "unit_tests"),
         shared={k: _str_list(v, path, f"shared.{k}") for k, v in shared.items()},
+        variants=_entries(data.get("variants", {}), path, "variants"),
         partial=data["partial"],
         holds=str(data.get("holds", "")),
     )
@@ -421,6 +425,49 @@ def _left_out_phrase(failed: Mapping[str, Entry], what: str) -> str:
         said = f"had tests labelled to fail stage 3 when recorded ({shown}"
     more = len(failed) - SHOWN_LEFT_OUT
     return f"; {len(failed)} recorded {one} {said}{f' +{more} more' if more > 0 else ''}): not selected"
+
+
+# --- reach variants ------------------------------------------------------------------------------
+
+# `--variants reach`: the variants' recorded seconds within this budget (a variant is one short run of
+# stage 2's small GPT: about 20-40 s on 2 cores).
+VARIANTS_BUDGET_S = 240.0
+# A variant's outcomes that keep it selectable: it passed, or it ran its sites and then stopped where
+# its declaration says the proxy stops (the FP4 kernel TE's CPU layer lacks: stage_result.UNSUPPORTED).
+VARIANT_SELECTABLE = (None, PASSED, "unsupported-in-proxy")
+
+
+def reach_variants(
+    series_dir: Path | None,
+    declared: Sequence[str],
+    covered: Collection[str],
+    budget: float = VARIANTS_BUDGET_S,
+) -> tuple[list[str], str]:
+    """`--variants reach`: of the ``declared`` variants (their order), each never recorded (its sites
+    unknown: it runs, and a --record-reach run records them), then the recorded ones the greedy cover
+    picks within what is left of ``budget`` for the sites not in ``covered`` (the sites of the cases
+    and test files the run's reach selection runs, and the shared ones); a variant whose recorded run
+    was refused by the parser (not-applicable) or failed is not selected. With a one-line why."""
+    record = read_record(series_dir)
+    recorded = record.variants if record else {}
+    unknown = [n for n in declared if n not in recorded]
+    left_out = {n: recorded[n] for n in declared if n in recorded and recorded[n].outcome not in VARIANT_SELECTABLE}
+    entries = {n: recorded[n] for n in declared if n in recorded and n not in left_out}
+    have = set(covered)
+    chosen = greedy_cover(entries, budget, have)
+    got = set().union(*(entries[n].sites for n in chosen)) - have if chosen else set()
+    seconds = sum(entries[n].seconds for n in chosen)
+    picked = set(chosen) | set(unknown)
+    why = (
+        f"reach: {len(picked)} of {len(declared)} variants; {len(chosen)} recorded run {len(got)} port sites the "
+        f"selected cases and test files do not, in {seconds:.0f} s recorded (budget {budget:.0f} s)"
+    )
+    if unknown:
+        why += f"; {len(unknown)} never recorded (their sites unknown): run ({', '.join(unknown)})"
+    if left_out:
+        shown = ", ".join(f"{n}: {e.outcome}" for n, e in left_out.items())
+        why += f"; {len(left_out)} did not run their sites when recorded ({shown}): not selected"
+    return [n for n in declared if n in picked], why
 
 
 # Where a tree's GPT cases are (case_plan.CASES; an analysis reads no stage's module).
@@ -648,6 +695,10 @@ def record_run(
             if target is not None:
                 record.shared[target] = record.shared.get(target, frozenset()) | keys
             continue
+        if kind == "variant":
+            if unit.seconds is not None:  # a variant notes its seconds and outcome beside its records
+                record.variants[name] = Entry(keys, unit.seconds, frozenset(), unit.outcome)
+            continue
         if kind not in ("case", "test") or (kind == "test" and name in in_part):
             continue  # stage 1's import units run every time (not selected): the report counts them, the record does not
         secs = unit.seconds if unit.seconds is not None else seconds.get((kind, name))
@@ -660,9 +711,10 @@ def record_run(
             record.unit_tests[name] = unit_entry(keys, float(secs), labels, blocking)
     all_cases, all_files = totals
     record.partial = len(record.cases) < all_cases or len(record.unit_tests) < all_files
+    every = set().union(*(e.sites for k in KINDS for e in record.entries(k).values()), *record.shared.values())
+    variants = f", {len(record.variants)} reach variants" if record.variants else ""
     record.holds = (
         f"{len(record.cases)} of {all_cases} GPT cases and {len(record.unit_tests)} of {all_files} "
-        f"unit-test files, {len(set().union(*(e.sites for k in KINDS for e in record.entries(k).values()), *record.shared.values()))} "
-        f"of the {len(sites)} port sites run"
+        f"unit-test files{variants}, {len(every)} of the {len(sites)} port sites run"
     )
     return write_record(series_dir, record), record

@@ -5,7 +5,7 @@ contract (contract.py) and exposes its STAGE; adding a stage is its module plus 
 from __future__ import annotations
 
 from rocmport.verify.orchestration.contract import Stage
-from rocmport.verify.stages import bridge, functional, gpt_training, imports
+from rocmport.verify.stages import bridge, functional, gpt_training, imports, variants
 from rocmport.verify.stages.unit_tests import stage as unit_tests
 
 STAGES: tuple[Stage, ...] = (
@@ -14,5 +14,6 @@ STAGES: tuple[Stage, ...] = (
     unit_tests.STAGE,
     functional.STAGE,
     bridge.STAGE,
+    variants.STAGE,
 )
 NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)

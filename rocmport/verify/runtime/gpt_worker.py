@@ -65,13 +65,21 @@ def parse():
     p.add_argument(
         "--ep", type=int, default=1, help="expert-parallel size (with --moe; experts are not tensor-parallel)"
     )
+    p.add_argument(
+        "--megatron-flags",
+        help="a reach variant (JSON list of Megatron command-line flags): this small GPT's sizes and these flags "
+        "go through the tree's own argument parser and validate_args, the model is built from the config they give",
+    )
     return p.parse_args()
 
 
 def main():
     args = parse()
     try:
-        train(args)
+        if args.megatron_flags is not None:
+            train_variant(args)
+        else:
+            train(args)
     except Exception as exc:
         # A kernel TE's Python reached that the CPU proxy lacks: reported as unsupported-in-proxy,
         # naming the transformer_engine_torch function (never a silent pass).
@@ -144,6 +152,122 @@ def train(args):
         _load_split(model, torch.load(args.load_init), ps, LAYERS // args.pp, args.moe // args.ep if args.moe else 0)
     losses = _train_loop(args, model, config, last, "cuda" if backend == "nccl" else "cpu")
     _report(args, proxy, fp8, losses, last, tied_start, _tied_ok(model, ps), ps)
+
+
+# --- reach variants: the same small GPT, configured by Megatron's own argument parser ---------------
+
+
+def variant_base_flags(tp: int, pp: int, dp: int, iters: int) -> list[str]:
+    """This small GPT's sizes as Megatron's command line spells them (the dense model's, stage 2's),
+    before a variant's own flags (which come after, so a variant may override any of them)."""
+    return [
+        *("--num-layers", str(LAYERS), "--hidden-size", str(HIDDEN), "--num-attention-heads", str(HEADS)),
+        *("--seq-length", str(SEQ), "--max-position-embeddings", str(SEQ), "--vocab-size", str(VOCAB)),
+        *("--micro-batch-size", str(MBS), "--global-batch-size", str(MBS * MICROBATCHES * dp)),
+        *("--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp)),
+        *("--hidden-dropout", "0", "--attention-dropout", "0", "--train-iters", str(iters)),
+        *("--lr", "3e-3", "--clip-grad", "1.0", "--seed", "1234", "--position-embedding-type", "learned_absolute"),
+        # TransformerConfig's defaults for these (stage 2's model), where the parser's are the fused GPU kernels
+        *("--no-gradient-accumulation-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion"),
+        *("--no-masked-softmax-fusion", "--transformer-impl", "transformer_engine"),
+    ]
+
+
+# What a variant's worker writes when the tree's argument parser refuses a flag (its Megatron lacks it).
+NOT_APPLICABLE = "not_applicable"
+
+
+def _variant_args(flags: list[str], world: int, iters: int):
+    """Megatron's args for a variant: the tree's parse_args over this GPT's sizes and ``flags``, then
+    its validate_args (the port's sites there run), set as megatron's global args. SystemExit 2 from
+    the parser (an unrecognized flag, a choice it lacks) is raised as LookupError with its message."""
+    import contextlib
+    import io
+
+    from megatron.training import arguments
+    from megatron.training.global_vars import set_args
+
+    argv, err = sys.argv, io.StringIO()
+    sys.argv = [argv[0], *variant_base_flags(1, 1, world, iters), *flags]
+    try:
+        with contextlib.redirect_stderr(err):
+            args = arguments.parse_args()
+    except SystemExit as exc:
+        said = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        raise LookupError(said[-1] if said else f"the argument parser exited {exc.code}") from None
+    finally:
+        sys.argv = argv
+    arguments.validate_args(args, {})
+    set_args(args)
+    return args
+
+
+def train_variant(args) -> None:
+    """A reach variant's run (``args.megatron_flags``): the small GPT with Megatron's args from the
+    tree's parser and validate_args, its TransformerConfig from core_transformer_config_from_args, its
+    layer spec as the flags ask (TE or local, experts, MLA, the legacy grouped GEMM), trained
+    ``args.iters`` iterations; rank 0 writes the losses, or why the parser refused a flag."""
+    proxy = bool(protocol.PROXY.read())
+    if proxy and not _install_proxy(args):
+        return
+    import torch
+
+    flags = json.loads(args.megatron_flags)
+    backend = _init_process_group()
+    try:
+        margs = _variant_args(flags, torch.distributed.get_world_size(), args.iters)
+    except LookupError as exc:
+        _write(args.out, {NOT_APPLICABLE: str(exc)})
+        torch.distributed.destroy_process_group()
+        return
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.training.arguments import core_transformer_config_from_args
+
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=margs.tensor_model_parallel_size,
+        pipeline_model_parallel_size=margs.pipeline_model_parallel_size,
+        expert_model_parallel_size=margs.expert_model_parallel_size,
+    )
+    model_parallel_cuda_manual_seed(margs.seed)
+    config = core_transformer_config_from_args(margs)
+    make_spec = (
+        gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
+        if margs.transformer_impl == "transformer_engine"
+        else gpt_layer_specs.get_gpt_layer_local_spec
+    )
+    spec = make_spec(
+        num_experts=margs.num_experts,
+        moe_grouped_gemm=margs.moe_grouped_gemm,
+        qk_layernorm=margs.qk_layernorm,
+        multi_latent_attention=margs.multi_latent_attention,
+        moe_use_legacy_grouped_gemm=getattr(margs, "moe_use_legacy_grouped_gemm", False),
+    )
+    first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=VOCAB,
+        max_sequence_length=SEQ,
+        pre_process=first,
+        post_process=last,
+        **EMBEDDINGS,
+    )
+    if backend == "nccl":
+        model.cuda()
+    if margs.bf16:  # as Megatron's get_model: bf16 parameters, the inputs cast at the first stage, fp32 outputs
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(config, model)
+    losses = _train_loop(args, model, config, last, "cuda" if backend == "nccl" else "cpu", bf16=bool(margs.bf16))
+    gathered: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last})
+    reporter = next(g for g in gathered if g["last"])
+    _write(args.out, {"losses": reporter["losses"]})
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 def _install_proxy(args) -> bool:
@@ -228,7 +352,7 @@ def _build_model(args, proxy: bool, fp8: tuple[str, str] | None, ps):
     return model, config, last
 
 
-def _train_loop(args, model, config, last: bool, device: str) -> list[float]:
+def _train_loop(args, model, config, last: bool, device: str, bf16: bool = False) -> list[float]:
     """DDP, megatron's optimizer and schedule over the same micro-batches each iteration; the last
     stage's mean lm loss per iteration."""
     import torch
@@ -243,7 +367,12 @@ def _train_loop(args, model, config, last: bool, device: str) -> list[float]:
     config.no_sync_func = ddp.no_sync
     optimizer = get_megatron_optimizer(
         OptimizerConfig(
-            optimizer="adam", lr=3e-3, clip_grad=1.0, params_dtype=torch.float32, use_distributed_optimizer=False
+            optimizer="adam",
+            lr=3e-3,
+            clip_grad=1.0,
+            params_dtype=config.params_dtype if bf16 else torch.float32,
+            bf16=bf16,
+            use_distributed_optimizer=False,
         ),
         [ddp],
     )
@@ -256,17 +385,21 @@ def _train_loop(args, model, config, last: bool, device: str) -> list[float]:
             tokens = torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=g)
             yield tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
-    def forward_step(data_iterator, model):
+    def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         tokens, labels = next(data_iterator)
         positions = torch.arange(SEQ, device=device).unsqueeze(0).expand(MBS, -1)
-        out = model(tokens, positions, attention_mask=None, labels=labels)
 
         def loss_func(output):
             loss = output.float().mean()
             # Trap G2: the schedule divides the returned loss in place; report a clone.
             return loss, {"lm loss": loss.detach().clone()}
 
-        return out, loss_func
+        if return_schedule_plan:  # the EP-overlap schedule (--overlap-moe-expert-parallel-comm) runs the model's plan
+            gpt = model
+            while hasattr(gpt, "module"):  # DDP, then Float16Module around the GPTModel
+                gpt = gpt.module
+            return gpt.build_schedule_plan(tokens, positions, None, labels=labels), loss_func
+        return model(tokens, positions, attention_mask=None, labels=labels), loss_func
 
     losses = []
     for _ in range(args.iters):

@@ -1,0 +1,111 @@
+"""Reach variants, declared: short runs of stage 2's own small GPT (runtime/gpt_worker.py's sizes)
+with a few extra Megatron flags each, for the port sites no upstream GPT case or unit test takes
+although the CPU proxy could run them. Each names its flags (what the tree's own argument parser
+and validate_args get after the small GPT's sizes), the port sites it aims at (their stable keys,
+port_sites.Site.stable_key, as the reach record names them) and why, in one line naming the flag.
+Never a copy of an upstream case's arguments: verify's model, plus the flag that takes the site.
+
+A variant may also declare where it is expected to stop after its sites ran, and why that is the
+proxy's (``stops``: a text of the exception's own line -> the reason): e.g. the NVFP4 kernels TE's CPU layer
+lacks. Such a stop is `unsupported-in-proxy` with that reason; any other is a failure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TE_PY = "megatron/core/extensions/transformer_engine.py"
+
+# A small MoE for the variants that need experts: 4 experts, top-2, TE's grouped GEMM.
+MOE = ("--num-experts", "4", "--moe-router-topk", "2", "--moe-grouped-gemm", "--moe-aux-loss-coeff", "0")
+# Multi-latent attention at the small GPT's sizes (4 heads of 16).
+MLA = (
+    *("--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "32"),
+    *("--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16"),
+)
+# Megatron's shared experts take no bias: the small GPT's linears lose theirs in these variants.
+SHARED_EXPERTS = ("--moe-shared-expert-intermediate-size", "64", "--disable-bias-linear")
+# TE's CPU layer has no NVFP4 kernel: an FP4 run stops at its first quantization, after the model
+# (and the sites in its constructors) was built.
+FP4_STOP = ("NVFP4", "TE's CPU layer has no NVFP4 (FP4) kernel: the model was built, the first FP4 quantization stops")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One reach variant: its ``name`` (`--variants NAME`, the record's entry), the Megatron ``flags``
+    it adds, the port ``sites`` it aims at, ``why`` (one line naming the flag or feature), its
+    ``ranks`` (data parallel; tp1/pp1) and the stops that are the proxy's (``stops``: (a text of the
+    exception, the reason))."""
+
+    name: str
+    flags: tuple[str, ...]
+    sites: tuple[str, ...]
+    why: str
+    ranks: int = 1
+    stops: tuple[tuple[str, str], ...] = ()
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant(
+        "delay-wgrad-compute",
+        (
+            *MOE,
+            *("--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--bf16"),
+            *("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"),
+        ),
+        (
+            f"{TE_PY}::TELinear.__init__ te_gate#1 [te-version-gates]",
+            f"{TE_PY}::TELayerNormColumnParallelLinear.__init__ te_gate#1 [te-version-gates]",
+            f"{TE_PY}::TEGroupedLinear.__init__ te_gate#1 [te-version-gates]",
+        ),
+        "--delay-wgrad-compute (with the EP overlap it requires): the TE linears' split weight-gradient gate",
+        ranks=2,
+    ),
+    Variant(
+        "softmax-off-by-one",
+        ("--softmax-type", "off-by-one"),
+        (f"{TE_PY}::TEDotProductAttention.__init__ te_gate#7 [te-version-gates]",),
+        "--softmax-type off-by-one: TE attention's softmax_type gate",
+    ),
+    Variant(
+        "fp8-tensorwise-shared-experts",
+        (*MOE, *SHARED_EXPERTS, "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"),
+        (
+            "megatron/core/transformer/attention.py::Attention.__init__ te_gate#1 [te-version-gates]",
+            "megatron/core/transformer/moe/shared_experts.py::SharedExpertMLP.__init__ te_gate#1 [te-version-gates]",
+        ),
+        "--fp8-recipe tensorwise with --moe-shared-expert-intermediate-size: FP8 other than delayed in attention "
+        "and shared experts",
+    ),
+    Variant(
+        "fp8-tensorwise-mla",
+        (*MLA, "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"),
+        (
+            "megatron/core/transformer/multi_latent_attention.py::MultiLatentAttention.__init__ te_gate#1 [te-version-gates]",
+        ),
+        "--multi-latent-attention with --fp8-recipe tensorwise: MLA's FP8 (not delayed) gate",
+    ),
+    Variant(
+        "fp4-shared-experts",
+        (*MOE, *SHARED_EXPERTS, "--fp4-format", "e2m1"),
+        (
+            "megatron/training/arguments.py::validate_args te_has#1 [te-version-gates]",
+            "megatron/core/transformer/attention.py::Attention.__init__ te_gate#2 [te-version-gates]",
+            "megatron/core/transformer/moe/shared_experts.py::SharedExpertMLP.__init__ te_gate#2 [te-version-gates]",
+            "megatron/core/fp4_utils.py::get_fp4_recipe te_has#1 [te-version-gates]",
+        ),
+        "--fp4-format e2m1 with shared experts: validate_args' NVFP4 check, the FP4 gates of attention and shared "
+        "experts, the FP4 recipe",
+        stops=(FP4_STOP,),
+    ),
+    Variant(
+        "fp4-mla",
+        (*MLA, "--fp4-format", "e2m1"),
+        (
+            "megatron/core/transformer/multi_latent_attention.py::MultiLatentAttention.__init__ te_gate#2 [te-version-gates]",
+        ),
+        "--multi-latent-attention with --fp4-format e2m1: MLA's FP4 gate",
+        stops=(FP4_STOP,),
+    ),
+)
+
+BY_NAME = {v.name: v for v in VARIANTS}

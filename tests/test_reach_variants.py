@@ -1,0 +1,250 @@
+"""Reach variants (stage 6): the declared list's flags on a line's own argument parser, each
+variant's outcome from its run, its sites recorded in its own directory and into the reach record as
+a third kind of entry, and `--variants reach`'s selection from that record."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocmport.errors import BadInput
+from rocmport.verify.analyses import port_sites, reach
+from rocmport.verify.analyses.reach import Entry
+from rocmport.verify.orchestration import firewall
+from rocmport.verify.runtime import protocol
+from rocmport.verify.stages import variants
+from rocmport.verify.stages.variant_list import BY_NAME, VARIANTS
+from tests.test_reach import keys_of, ported_tree, run_in
+
+MIRROR = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
+
+
+def record_with(series_dir: Path, upstream: str, cases: dict, tests: dict, variant_entries: dict) -> None:
+    reach.write_record(
+        series_dir,
+        reach.ReachRecord(
+            line=series_dir.name,
+            upstream=upstream,
+            recipe=reach.recipe_digest(series_dir),
+            cases=cases,
+            unit_tests=tests,
+            variants=variant_entries,
+            partial=True,
+            holds="a hand-made record",
+        ),
+    )
+
+
+# --- the declared list -------------------------------------------------------------------------
+
+
+def test_every_variant_names_flags_sites_and_why_and_its_sites_are_stable_keys():
+    assert len({v.name for v in VARIANTS}) == len(VARIANTS)
+    for v in VARIANTS:
+        assert v.flags and v.sites and v.why, v.name
+        # a stable key: file::function helper#n [codemod]
+        assert all("::" in s and "#" in s and s.endswith("]") for s in v.sites), v.name
+        assert any(f in v.why for f in v.flags if f.startswith("--")), f"{v.name}: why names no flag of its own"
+
+
+@pytest.mark.mirror
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
+def test_the_declared_flags_parse_on_v0_16_s_own_argument_parser(tmp_path):
+    """Each variant's flags, after the small GPT's sizes, through core_v0.16.1's parse_args (exported
+    from the mirror): none refused. A flag the line lacks is refused by the same parser (the
+    worker's not-applicable)."""
+    tree = tmp_path / "mlm"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "--git-dir", str(MIRROR), "archive", "core_v0.16.1", "megatron"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    flags = {v.name: list(v.flags) for v in VARIANTS} | {"absent": ["--no-such-flag-in-v0-16"]}
+    code = (
+        "import json, sys\n"
+        "from rocmport.verify.runtime.gpt_worker import variant_base_flags\n"
+        "from megatron.training.arguments import parse_args\n"
+        "out = {}\n"
+        f"for name, flags in json.loads({json.dumps(json.dumps(flags))}).items():\n"
+        "    sys.argv = ['x', *variant_base_flags(1, 1, 1, 3), *flags]\n"
+        "    try:\n"
+        "        a = parse_args()\n"
+        "        out[name] = 'parsed'\n"
+        "    except SystemExit as e:\n"
+        "        out[name] = f'refused {e.code}'\n"
+        "print(json.dumps(out))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).resolve().parents[1])])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out.pop("absent") == "refused 2"
+    assert out == {v.name: "parsed" for v in VARIANTS}
+
+
+def test_variants_option_takes_reach_all_none_and_names_and_refuses_unknown_ones():
+    assert variants.parse_variants("reach") == ("reach", ())
+    assert variants.parse_variants("all") == ("all", ())
+    assert variants.parse_variants("fp4-mla, softmax-off-by-one") == ("names", ("fp4-mla", "softmax-off-by-one"))
+    with pytest.raises(BadInput, match=r"--variants: no variant nope; give reach, all, none or names among"):
+        variants.parse_variants("fp4-mla,nope")
+
+
+# --- a variant's outcome -----------------------------------------------------------------------
+
+
+def test_a_variant_ends_pass_unsupported_not_applicable_or_fail_never_silently():
+    fp4, softmax = BY_NAME["fp4-mla"], BY_NAME["softmax-off-by-one"]
+    ok = variants.outcome(softmax, 0, {"losses": [4.9, 4.8, 4.7]}, "", 3)
+    assert ok[0] == "pass" and ok[2] == [4.9, 4.8, 4.7]
+    refused = variants.outcome(softmax, 0, {"not_applicable": "error: unrecognized arguments: --softmax-type"}, "", 3)
+    assert refused[0] == "not-applicable" and "--softmax-type" in refused[1]
+    kernel = variants.outcome(fp4, 3, {"unsupported": "unsupported-in-proxy: transformer_engine_torch.x"}, "", 3)
+    assert kernel == ("unsupported-in-proxy", "unsupported-in-proxy: transformer_engine_torch.x", [])
+    # the declared stop: after the sites ran, the NVFP4 quantization TE's CPU layer lacks
+    stderr = "[rank0]: Traceback ...\n[rank0]: RuntimeError: NVFP4 quantization needs a GPU\n"
+    stop = variants.outcome(fp4, 1, None, stderr, 3)
+    assert stop[0] == "unsupported-in-proxy" and stop[1].startswith("TE's CPU layer has no NVFP4")
+    assert "RuntimeError: NVFP4 quantization needs a GPU" in stop[1]
+    # the declared text elsewhere than in the exception's own line (a flag, a log line) is no stop
+    logged = "[rank0]: building NVFP4 recipe\n[rank0]: RuntimeError: Output 0 of _Linear is a view\n"
+    assert variants.outcome(fp4, 1, None, logged, 3) == ("fail", "RuntimeError: Output 0 of _Linear is a view", [])
+    # the same stop in a variant that does not declare it is a failure, naming the exception
+    assert variants.outcome(softmax, 1, None, stderr, 3) == ("fail", "RuntimeError: NVFP4 quantization needs a GPU", [])
+    # a run that exits 0 with a NaN loss or too few iterations did not pass
+    assert variants.outcome(softmax, 0, {"losses": [4.9, float("nan"), 4.7]}, "", 3)[0] == "fail"
+    assert variants.outcome(softmax, 0, {"losses": [4.9]}, "", 3)[0] == "fail"
+
+
+# --- recording ---------------------------------------------------------------------------------
+
+
+def test_a_variant_records_its_sites_in_its_own_directory_and_the_record_keeps_them_apart(tmp_path):
+    tree, series_dir, base = ported_tree(tmp_path)
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    records = tmp_path / "sites"
+    (records / "variants").mkdir(parents=True)
+    stage_env = protocol.PORT_SITES.entry(str(records / "variants"))
+    env = variants._unit_env(stage_env, "softmax-off-by-one")
+    assert protocol.PORT_SITES.read(env) == str(records / "variants" / "variant=softmax-off-by-one")
+    run_in(tree, boot, env, "from megatron.core import a; a.probe()")  # a real process records the site
+    variants.note_variant(env, 12.5, "pass")
+    units = port_sites.read_units(records, tree)
+    assert units["variant", "softmax-off-by-one"].seconds == 12.5
+    assert units["variant", "softmax-off-by-one"].outcome == "pass"
+
+    path, record = reach.record_run(series_dir, tree, records, {}, None, (1, 2))
+    key = keys_of(tree, base)["megatron/core/a.py:11 is_hip"]
+    data = json.loads(path.read_text())
+    assert data["variants"] == {"softmax-off-by-one": {"sites": [key], "seconds": 12.5, "outcome": "pass"}}
+    assert data["cases"] == {} and data["unit_tests"] == {}  # a variant is neither
+    assert ", 1 reach variants, 1 of the" in data["holds"]
+    again = reach.read_record(series_dir)
+    assert again == record and again.ran_by()[key] == ["variant: softmax-off-by-one"]
+    # an unreached site that only a variant ran is explained by it
+    why = reach.site_class(
+        "capability-gates", "megatron/core/a.py", "nvidia_arch_major", key, "", again.ran_by(), {}, again
+    )
+    assert why == "reachable, not selected (ran by variant: softmax-off-by-one when recorded)"
+
+
+def test_a_broken_variant_entry_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "series").write_text("x\n")
+    record_with(tmp_path, "c0ffee", {}, {}, {"v": Entry(frozenset({"s"}), 3.0, outcome="pass")})
+    data = json.loads((tmp_path / "reach.json").read_text())
+    data["variants"]["v"]["seconds"] = "soon"
+    (tmp_path / "reach.json").write_text(json.dumps(data))
+    with pytest.raises(BadInput, match=r"reach\.json: not a reach record \(variants\['v'\]\.seconds is not a number"):
+        reach.read_record(tmp_path)
+
+
+# --- --variants reach --------------------------------------------------------------------------
+
+
+def test_variants_reach_runs_the_unrecorded_and_those_adding_sites_the_selection_does_not_run(tmp_path):
+    (tmp_path / "series").write_text("x\n")
+    declared = ["a", "b", "c", "d", "never", "refused", "broke"]
+    record_with(
+        tmp_path,
+        "c0ffee",
+        {"case": Entry(frozenset({"s1", "s2"}), 100.0, outcome="pass")},
+        {},
+        {
+            "a": Entry(frozenset({"s1"}), 20.0, outcome="pass"),  # covered by the selected case: not needed
+            "b": Entry(frozenset({"s3", "s4"}), 30.0, outcome="pass"),
+            "c": Entry(frozenset({"s5"}), 25.0, outcome="unsupported-in-proxy"),  # ran its site, then the kernel
+            "d": Entry(frozenset({"s6"}), 500.0, outcome="pass"),  # over the budget
+            "refused": Entry(frozenset(), 5.0, outcome="not-applicable"),
+            "broke": Entry(frozenset({"s7"}), 5.0, outcome="fail"),
+        },
+    )
+    names, why = reach.reach_variants(tmp_path, declared, covered={"s1", "s2"})
+    assert names == ["b", "c", "never"]
+    assert why.startswith(
+        "reach: 3 of 7 variants; 2 recorded run 3 port sites the selected cases and test files do not, in 55 s"
+    )
+    assert "1 never recorded (their sites unknown): run (never)" in why
+    assert "2 did not run their sites when recorded (refused: not-applicable, broke: fail): not selected" in why
+    # no record at all: every declared variant runs (none recorded)
+    (tmp_path / "reach.json").unlink()
+    assert reach.reach_variants(tmp_path, declared, set())[0] == declared
+
+
+def test_the_stage_s_reach_selection_counts_the_record_s_selected_cases_and_test_files(tmp_path):
+    """stage 6 with `--variants reach`: the covered sites are the record's shared ones and those of the
+    cases and test files reach selects for this tree (here the one recorded test file)."""
+    tree, series_dir, _ = ported_tree(tmp_path)
+    record_with(
+        series_dir,
+        "c0ffee",
+        {},
+        {"tests/unit_tests/test_arch.py": Entry(frozenset({"s1"}), 3.0)},
+        {
+            "softmax-off-by-one": Entry(frozenset({"s1"}), 20.0, outcome="pass"),
+            "fp4-mla": Entry(frozenset({"s9"}), 20.0, outcome="unsupported-in-proxy"),
+        },
+    )
+    names, why = variants._selected(variants.VariantsOptions("reach", (), series_dir), tree)
+    assert "softmax-off-by-one" not in names and "fp4-mla" in names
+    assert set(names) == {"fp4-mla"} | {v.name for v in VARIANTS} - {"softmax-off-by-one", "fp4-mla"}
+    assert variants._selected(variants.VariantsOptions("all", (), series_dir), tree)[0] == [v.name for v in VARIANTS]
+
+
+# --- one real variant on the proxy ----------------------------------------------------------------
+
+
+@pytest.mark.mirror
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
+def test_a_variant_run_on_the_proxy_records_its_site_as_run(tmp_path, real_index):
+    """v0.16's port of the mirror, TE's Python layer: `--stages variants --variants softmax-off-by-one
+    --record-reach` runs the small GPT with --softmax-type off-by-one, and the record's variant entry
+    holds TEDotProductAttention's softmax_type gate, the site no upstream case or unit test takes."""
+    from rocmport.cli import main
+    from tests.helpers.real import project_with
+
+    root = project_with(tmp_path / "project", {"megatron-lm": "v0.16"})
+    remote = ["--remote", f"megatron-lm={MIRROR}", "--no-bridge"]
+    assert main(["-C", str(root), "sync", "--ref", "v0.16", *remote]) == 0
+    assert main(["-C", str(root), "apply"]) == 0
+    report = tmp_path / "report.json"
+    rc = main(
+        ["-C", str(root), "verify", "--te", "auto", "--stages", "variants", "--variants", "softmax-off-by-one"]
+        + ["--record-reach", "--report", str(report)]
+    )
+    data = json.loads(report.read_text())
+    run = data["variants"]["runs"]["softmax-off-by-one"]
+    site = BY_NAME["softmax-off-by-one"].sites[0]
+    assert run["aimed_ran"] == [site], run
+    record = json.loads((root / "patchsets/megatron-lm/v0.16/reach.json").read_text())
+    assert site in record["variants"]["softmax-off-by-one"]["sites"]
+    assert rc in (0, 1) and run["status"] in ("pass", "fail", "unsupported-in-proxy"), run
