@@ -167,6 +167,33 @@ def test_the_case_with_a_golden_for_the_runs_device_kind_is_picked_first(tmp_pat
     assert names == ["fp8"] and "default has a golden but does not fit the budget" in why
 
 
+def test_of_many_cases_with_goldens_only_the_one_running_most_sites_per_second_is_picked_first(tmp_path):
+    # A line whose sweep recorded goldens for dozens of cases (v0.19: 34): taking them all first, by name,
+    # filled the budget with cases that add no site (11 cases, the first ones alphabetically) and left
+    # out the cases the cover is for. One golden case is the check a golden gives; the rest are picked
+    # only for the sites they add.
+    cases = {
+        "a_dup": Entry(frozenset("s1 s2".split()), 100.0, outcome="pass"),
+        "b_dup": Entry(frozenset("s1 s2".split()), 100.0, outcome="pass"),
+        "default": Entry(frozenset("s1 s2 s3".split()), 100.0, outcome="pass"),
+        "fp8": Entry(frozenset("s1 s4".split()), 100.0, outcome="pass"),
+    }
+    write_record(tmp_path, "c0ffee", cases, {})
+    names, why = reach.select(tmp_path, "cases", 720.0, golden=["a_dup", "b_dup", "default"]) or ([], "")
+    assert names == ["default", "fp8"]
+    assert (
+        "default first: of the 3 cases with a golden for this run's device kind, it runs the most port sites per second"
+        in why
+    )
+    # the best golden case does not fit: the next best that does
+    names, why = reach.select(tmp_path, "cases", 100.0, golden=["a_dup", "default"]) or ([], "")
+    assert names == ["default"]
+    cases["default"] = Entry(frozenset("s1 s2 s3".split()), 150.0, outcome="pass")
+    write_record(tmp_path, "c0ffee", cases, {})
+    names, why = reach.select(tmp_path, "cases", 120.0, golden=["a_dup", "default"]) or ([], "")
+    assert names == ["a_dup"] and "a_dup first" in why
+
+
 def test_a_record_without_outcomes_treats_them_as_unknown_and_says_so(tmp_path):
     v016_record(tmp_path, {})  # written before outcomes were recorded
     data = json.loads((tmp_path / "reach.json").read_text())

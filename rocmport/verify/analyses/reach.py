@@ -13,8 +13,8 @@ the record: the entries this run recorded are replaced, the others kept. A recor
 (one upstream commit, recipe and TE layer): a run on another is refused, before it starts, naming
 what differs (a record mixing two ports would weigh sites one of them may not have).
 
-The selection. A greedy set cover under a time budget: the cases with a golden for the run's device
-kind first (by name) while they fit, then the entry with the most not-yet-covered sites per second
+The selection. A greedy set cover under a time budget: one case with a golden for the run's device
+kind first (of those that fit, the one running the most sites per second), then the entry with the most not-yet-covered sites per second
 (ties by name), while it fits what is left of the budget; deterministic. Sites every run of the stage
 reaches anyway (a pytest session's start) count as covered from the start. A case whose recorded run
 did not pass, or a test file some of whose tests stage 3 labelled to fail it (its outcome `blocks`),
@@ -339,6 +339,20 @@ def greedy_cover(
         have |= entries[best[1]].sites
 
 
+def _first_golden(
+    entries: Mapping[str, Entry], goldens: Sequence[str], budget: float, covered: Collection[str]
+) -> list[str]:
+    """The one case with a golden that the selection takes first: of those that fit the budget, the one
+    running the most not-yet-covered sites per second (ties: the first name). One, not all: on a line
+    whose sweep recorded goldens for dozens of cases, taking them all (by name) filled the budget with
+    cases that add no site; comparing one case with its golden is the check a golden gives."""
+    fits = [n for n in goldens if entries[n].seconds <= budget]
+    if not fits:
+        return []
+    have = set(covered)
+    return [max(fits, key=lambda n: len(entries[n].sites - have) / max(entries[n].seconds, MIN_SECONDS))]
+
+
 def _stale(record: ReachRecord, series_dir: Path, tree: Path | None) -> str:
     """Why the record may not match this port (another recipe, another upstream commit), or ''."""
     from rocmport.port import worktree as wt
@@ -362,8 +376,8 @@ def select(
     """The ``kind`` ("cases" or "unit_tests") entries reach selects within ``budget`` seconds, and a
     one-line why; None when the line has no record of that kind. ``have``: the names that exist here
     (the tree's cases or test files); recorded ones that do not are left out. ``golden``: the cases with
-    a golden for this run's device kind, picked first (by name) while they fit: comparing with a golden
-    is the strongest check a case gives. An entry whose recorded run did not pass is not selected (a
+    a golden for this run's device kind; one of them is picked first (_first_golden): comparing with a
+    golden is the strongest check a case gives. An entry whose recorded run did not pass is not selected (a
     selection that rests on a case that always stops, at argument validation say, proves nothing); its
     sites still count among those the record ran (the explanation of an unreached site names it)."""
     record = read_record(series_dir)
@@ -374,7 +388,8 @@ def select(
     failed = {n: e for n, e in sorted(present.items()) if e.outcome not in SELECTABLE}
     entries = {n: e for n, e in present.items() if n not in failed}
     shared = record.shared.get(kind, frozenset())
-    first = sorted(n for n in golden if n in entries)
+    goldens = sorted(n for n in golden if n in entries)
+    first = _first_golden(entries, goldens, budget, shared)
     chosen = greedy_cover(entries, budget, shared, first)
     if not chosen and entries:  # nothing adds a site (or nothing fits): the cheapest still runs, as a smoke test
         chosen = [min(entries, key=lambda n: (entries[n].seconds, n))]
@@ -389,11 +404,17 @@ def select(
     gone = len(record.entries(kind)) - len(present)
     if gone:
         why += f"; {gone} recorded {what} not in this tree"
-    for name in first:
-        if name in chosen:
-            why += f"; {name} first: it has a golden for this run's device kind"
-        else:
-            why += f"; {name} has a golden but does not fit the budget"
+    if first and len(goldens) == 1:
+        why += f"; {first[0]} first: it has a golden for this run's device kind"
+    elif first:
+        why += (
+            f"; {first[0]} first: of the {len(goldens)} cases with a golden for this run's device kind, it runs "
+            "the most port sites per second (the others only for the sites they add)"
+        )
+    elif len(goldens) == 1:
+        why += f"; {goldens[0]} has a golden but does not fit the budget"
+    elif goldens:
+        why += f"; none of the {len(goldens)} cases with a golden fits the budget"
     if failed:
         why += _left_out_phrase(failed, what)
     unknown = [n for n, e in present.items() if e.outcome is None]
