@@ -7,10 +7,11 @@ case takes (docs/reach.md, "Injected port bugs").
     python scripts/inject_port_bug.py --tree build/megatron-lm --revert BUG   # the file as the tree's HEAD has it
 
 Each bug is one small, plausible edit of the ported tree's code: a site a codemod rewrote, or the
-helper the codemods generate (megatron/core/_rocm.py). All three lie on the path of upstream's FP8
-cases with delayed scaling, which on v0.16 are the only runnable cases that reach a port site the
-default case (gpt3_mcore_te_tp2_pp2) does not: the default case never builds TE's DelayedScaling
-recipe and never gets past check_fp8_for_arch's first line (no --fp8-format).
+helper the codemods generate (megatron/core/_rocm.py). They lie on the path of upstream's FP8 cases,
+the only runnable cases that reach a port site the default case (gpt3_mcore_te_tp2_pp2) does not: the
+default case never builds an FP8 recipe and never gets past check_fp8_for_arch's first line (no
+--fp8-format). The first three are v0.16's (delayed scaling), the last two v0.19's (its one runnable
+FP8 case is current scaling); device-arch-field is on both lines' path.
 
 An edit is exact text: a tree where the text is not found exactly once (another line, a bug already
 injected) is exit 2, naming the file, and the tree is left as it was. The edit is not committed:
@@ -55,6 +56,23 @@ BUGS = {
         'return name.split(":")[-1] or None',
         "device_arch() reads the last field of gcnArchName ('xnack-') instead of the first ('gfx942')",
         "_rocm.device_arch, called by check_fp8_for_arch only: only a case with --fp8-format",
+    ),
+    # v0.19: its one runnable FP8 case is current scaling (tensorwise), so the delayed recipe's gate
+    # above never runs there; these two lie on the tensorwise path.
+    "attention-fp8-gate-missing-kwarg": Bug(
+        "megatron/core/transformer/attention.py",
+        'te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear", "save_original_input")',
+        'te_gate(is_te_min_version("2.6.0dev0"), "pytorch.Linear")',
+        "the rewritten version gate lost its keyword argument (a TypeError when the attention is built)",
+        "Attention.__init__ te_gate#1 [te-version-gates]: taken only with --fp8-format and a recipe other "
+        "than delayed (v0.19)",
+    ),
+    "fp8-recipes-gfx942-tensorwise": Bug(
+        "megatron/core/_rocm.py",
+        '"gfx942": ("delayed", "tensorwise", "custom"),',
+        '"gfx942": ("delayed", "custom"),',
+        "fp8-arch-check's table lost current scaling on gfx942 (the port refuses a recipe MI300X runs)",
+        "_rocm.check_fp8_for_arch past its `not args.fp8` return, with --fp8-recipe tensorwise (v0.19)",
     ),
 }
 

@@ -33,6 +33,39 @@ class TEDelayedScaling(te.common.recipe.DelayedScaling):
 """
 
 
+# Shaped like megatron/core/transformer/attention.py's Attention.__init__ at core_v0.19.0 (the FP8 gate
+# v0.19's current-scaling case takes).
+ATTENTION = """\
+from megatron.core.utils import is_te_min_version
+
+try:
+    from megatron.core.extensions.transformer_engine import TELinear, set_save_original_input
+
+    HAVE_TE = True
+except ImportError:
+    HAVE_TE = False
+
+
+class Attention:
+    def __init__(self, config, linear_proj):
+        self.config = config
+        self.linear_proj = linear_proj
+        if (
+            HAVE_TE
+            and isinstance(self.linear_proj, TELinear)
+            and (
+                (
+                    self.config.fp8
+                    and self.config.fp8_recipe != 'delayed'
+                    and is_te_min_version("2.6.0dev0")
+                )
+                or (self.config.fp4 and is_te_min_version("2.7.0.dev0"))
+            )
+        ):
+            set_save_original_input(self.linear_proj)
+"""
+
+
 def _script():
     spec = importlib.util.spec_from_file_location("inject_port_bug", SCRIPT)
     module = importlib.util.module_from_spec(spec)
@@ -42,11 +75,14 @@ def _script():
 
 
 def _ported_tree(root: Path) -> Path:
-    """A git tree holding the two files the bugs edit, as rocmport writes them."""
+    """A git tree holding the three files the bugs edit, as rocmport writes them."""
     te_file, sites = rewrite("te-version-gates", DELAYED_SCALING, "megatron/core/extensions/transformer_engine.py")
     assert sites == 1
+    attention, sites = rewrite("te-version-gates", ATTENTION, "megatron/core/transformer/attention.py")
+    assert sites == 2
     files = {
         "megatron/core/extensions/transformer_engine.py": te_file,
+        "megatron/core/transformer/attention.py": attention,
         "megatron/core/_rocm.py": helper_text(["te-version-gates", "fp8-arch-check"]),
     }
     for rel, text in files.items():
