@@ -329,7 +329,9 @@ def run_case(
             if s.server is not None:
                 s.server.close()
     if series_dir is not None:
-        _golden(trained, s, golden_path(series_dir, case, str(device_kind)), record, device_kind)
+        # an FP8 case's golden is its encoding's (FNUZ on a simulated gfx942, OCP otherwise): DeviceKind.fp8
+        kind = device_kind.for_fp8(plan.fp8.encoding if plan is not None and plan.fp8 is not None else None)
+        _golden(trained, s, golden_path(series_dir, case, str(kind)), record, kind)
     if data_path:
         reference = upstream_golden(case_dir(tree, case), trained.run.losses)
         if reference:
