@@ -755,12 +755,21 @@ def install_for_te() -> None:
     # TE asserts its inputs and parameters are on the device (`assert inp.is_cuda`); on the proxy the
     # device is the CPU. Asked from TE's own frames only, a tensor answers as being on the simulated
     # device; torch and megatron keep seeing where it really is.
+    # The asker is the frame that asked: a tensor subclass's own is_cuda (TE 2.14+'s Float8Tensor asks its
+    # `_data.is_cuda` from its TE file) answers for whoever asked it, so Megatron or torch asking an FP8
+    # weight sees the CPU as they do of any other tensor here (they saw the simulated device before).
     real = torch._C.TensorBase.is_cuda
 
     def is_cuda(self):
-        if real.__get__(self):
-            return True
-        where = _te_caller()
+        # Read without torch-function dispatch, as is_cpu below: TE 2.12's QuantizedTensor.__torch_function__
+        # handed the question back from a TE frame, and Megatron asking got True.
+        with torch._C.DisableTorchFunction():
+            if real.__get__(self):
+                return True
+        asker = sys._getframe(1)
+        if asker.f_code.co_name == "is_cuda" and asker.f_back is not None:  # a tensor subclass's own is_cuda property
+            asker = asker.f_back
+        where = _te_file(asker.f_code.co_filename)
         if where is not None:
             REDIRECTS[f"Tensor.is_cuda (on the simulated device) @ {where}"] += 1
             return True
