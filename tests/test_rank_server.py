@@ -532,3 +532,48 @@ def test_a_child_whose_pickle_names_more_fds_than_one_message_carries_still_star
     got = re.search(r"rank 0 got \((\d+), (\d+), '0', 'yes', 'last-300', ", proc.stdout)
     assert got and "rank 0 child exit 3 after" in proc.stdout, proc.stdout + proc.stderr
     assert got.group(2) != str(server.ready["pid"] if server.ready else None)  # the rank's own child
+
+
+def _kill_marked(marker: str) -> list[int]:
+    """Kill every process whose environment holds ``marker`` (a run's own tmp path): a hung run's leftovers."""
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if marker.encode() not in fh.read():
+                    continue
+            os.kill(int(entry), 9)
+            killed.append(int(entry))
+        except OSError:
+            pass
+    return killed
+
+
+def test_a_hung_torchrun_run_ends_at_its_limit_with_its_workers_and_what_they_started(tmp_path, tree):
+    """torchrun starts each worker in a session of its own; killed outright at the run's limit, it left them
+    (and the child each started) holding the run's stdout and stderr, and the launch read them for ever.
+    At the limit torchrun is asked to end first (SIGTERM: it ends its workers' sessions)."""
+    import threading
+
+    env = toy_env(tmp_path, TOY_CHILD="1", TOY_SLEEP="600")
+    cmd = Launcher().command(2, ["pretrain_gpt.py"], "functional", port=29558)
+    assert "torch.distributed.run" in " ".join(cmd)
+    got: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _launch(cmd, tree, env, timeout=5)
+        except BaseException as exc:  # noqa: BLE001 - the test's to inspect
+            got.append(exc)
+
+    launcher = threading.Thread(target=run, daemon=True)
+    launcher.start()
+    launcher.join(60)
+    left = _kill_marked(str(tmp_path))  # a hung launch's workers, children and torchrun: not this test's to leave
+    assert not launcher.is_alive(), f"the launch did not end 55 s after its limit ({len(left)} processes left)"
+    assert len(got) == 1 and isinstance(got[0], subprocess.TimeoutExpired), got
+    out = got[0].output or ""
+    pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", out) + re.findall(r"rank \d child (\d+)", out)]
+    assert len(pids) == 4 and not left, (out, left)

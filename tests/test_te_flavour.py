@@ -274,6 +274,10 @@ def test_fp8_weights_dequantize_in_the_flavour_s_encoding_through_te_s_own_float
         assert answer["nan"] == 0 and answer["max_error"] <= 1 / 16, answer
         assert answer["staged_is_cpu"] is True, answer
         assert answer["te_asks_is_cpu"] is False and answer["te_asks_data_is_cpu"] is False, answer
+        # TE 2.17's Float8Tensor has an is_cuda of its own (asking its _data from TE's file): TE asking sees the
+        # simulated device, Megatron asking sees the CPU, as of a plain tensor (before: True)
+        assert answer["te_asks_is_cuda"] is True and answer["megatron_asks_is_cuda"] is False, answer
+        assert answer["megatron_asks_plain_is_cuda"] is False, answer
 
 
 @pytest.mark.network
@@ -288,6 +292,8 @@ def test_a_te_2_12_fp8_weight_is_staged_for_the_checkpoint_writer_as_a_gpu_stage
     answer = _probe(tmp_path, "2.12.0", "rocm", "gfx942")["dequantized_weight"]
     assert isinstance(answer, dict), answer
     assert answer["megatron_asks_is_cpu"] is True and answer["te_asks_is_cpu"] is False, answer
+    # is_cuda likewise, through TE 2.12's __torch_function__ (before: Megatron asking got True)
+    assert answer["megatron_asks_is_cuda"] is False and answer["te_asks_is_cuda"] is True, answer
     assert answer["staged_type"] == "Tensor" and answer["staged_max_error"] == 0, answer
 
 

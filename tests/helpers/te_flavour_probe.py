@@ -64,6 +64,11 @@ def _dequantized_weight() -> dict | str:
             # Megatron's checkpoint writer asking is_cpu of the weight itself (TE 2.12 has no is_cpu of its own:
             # its __torch_function__ hands the question back from a TE frame)
             "megatron_asks_is_cpu": quantized.is_cpu,
+            # and is_cuda of the same weight: TE asking sees the simulated device; Megatron asking (its optimizer
+            # offload, moe_utils) sees where it really is, as it does of any other tensor on the proxy
+            "te_asks_is_cuda": eval(compile("quantized.is_cuda", "/site/transformer_engine/pytorch/probe.py", "eval")),
+            "megatron_asks_is_cuda": quantized.is_cuda,
+            "megatron_asks_plain_is_cuda": weight.is_cuda,
             # Megatron's staging (filesystem_async.preload_tensors: `.to("cpu", non_blocking=True)`) takes TE's
             # own device-to-host copy: a plain tensor with the weight's values under TE 2.12, as on a GPU
             "staged_type": type(staged := quantized.to("cpu", non_blocking=True)).__name__,

@@ -12,6 +12,7 @@ import collections
 import os
 import sys
 import types
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -754,12 +755,21 @@ def install_for_te() -> None:
     # TE asserts its inputs and parameters are on the device (`assert inp.is_cuda`); on the proxy the
     # device is the CPU. Asked from TE's own frames only, a tensor answers as being on the simulated
     # device; torch and megatron keep seeing where it really is.
+    # The asker is the frame that asked: a tensor subclass's own is_cuda (TE 2.14+'s Float8Tensor asks its
+    # `_data.is_cuda` from its TE file) answers for whoever asked it, so Megatron or torch asking an FP8
+    # weight sees the CPU as they do of any other tensor here (they saw the simulated device before).
     real = torch._C.TensorBase.is_cuda
 
     def is_cuda(self):
-        if real.__get__(self):
-            return True
-        where = _te_caller()
+        # Read without torch-function dispatch, as is_cpu below: TE 2.12's QuantizedTensor.__torch_function__
+        # handed the question back from a TE frame, and Megatron asking got True.
+        with torch._C.DisableTorchFunction():
+            if real.__get__(self):
+                return True
+        asker = sys._getframe(1)
+        if asker.f_code.co_name == "is_cuda" and asker.f_back is not None:  # a tensor subclass's own is_cuda property
+            asker = asker.f_back
+        where = _te_file(asker.f_code.co_filename)
         if where is not None:
             REDIRECTS[f"Tensor.is_cuda (on the simulated device) @ {where}"] += 1
             return True
@@ -917,6 +927,7 @@ def install_for_script() -> None:
     if protocol.TE.read():  # TE's Python layer runs (verify --te)
         install_for_te()
     _persistent_writer_forked()
+    _abort_writers_on_uncaught_exception()
     if out:
         atexit.register(write_redirects, out)
 
@@ -1008,10 +1019,59 @@ def _fork_persistent_writer(module) -> None:
     def schedule_async_call(self, async_req):
         if getattr(self, "process", None) is not None or getattr(async_req, "async_fn", None) is None:
             return real(self, async_req)
+        _WRITERS.add(self)  # WRITER_ABORTED: ended if its rank ends on an uncaught exception
         return _forking(module, lambda: real(self, async_req), "PersistentAsyncCaller writer")
 
     schedule_async_call._rocmport = True  # type: ignore[attr-defined]
     caller.schedule_async_call = schedule_async_call
+
+
+# The persistent writers this process started (PersistentAsyncCaller instances), for WRITER_ABORTED.
+_WRITERS: weakref.WeakSet = weakref.WeakSet()
+WRITER_ABORTED = (
+    "the proxy aborted the persistent checkpoint writer (PersistentAsyncCaller.close(abort=True)) as its rank "
+    "ended on an uncaught exception: upstream's exception path leaves it waiting on its queue for a DONE nobody "
+    "sends, and multiprocessing's exit handler would join it for ever (so would upstream's spawned writer on a GPU "
+    "up to core_v0.18; core_v0.19 makes it a daemon)"
+)
+
+
+def _abort_writers_on_uncaught_exception() -> None:
+    """WRITER_ABORTED: this process's sys.excepthook, which the interpreter calls for the exception that ends
+    it (never for sys.exit or a normal end, which keep upstream's behaviour), prints it first and then aborts
+    the persistent writers still alive, before the exit handlers join them. A rank forked by the rank server
+    inherits it from the server, which installed the shim before forking."""
+    previous = sys.excepthook
+    if getattr(previous, "_rocmport", False):
+        return
+
+    def excepthook(kind, value, traceback) -> None:
+        previous(kind, value, traceback)  # the rank's own exception, in its stderr, first
+        _abort_live_writers()
+
+    excepthook._rocmport = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
+
+
+def _abort_live_writers() -> None:
+    for caller in list(_WRITERS):
+        process = getattr(caller, "process", None)
+        if process is None or not process.is_alive():
+            continue
+        REDIRECTS["PersistentAsyncCaller writer aborted at an uncaught exception"] += 1
+        sys.stderr.write(f"rocmport proxy: {WRITER_ABORTED} (writer pid {process.pid})\n")
+        sys.stderr.flush()
+        try:
+            caller.close(abort=True)  # upstream's own abort: kill, and no DONE/join left for __del__
+        except Exception:  # noqa: BLE001 - its log line asks torch.distributed for the rank, which may be gone
+            process.kill()
+            caller.process = None
+        process.join(10)
+        # Nothing reads the writer's queues now: their feeder threads must not wait at exit to flush into them.
+        for queue in vars(caller).values():
+            cancel = getattr(queue, "cancel_join_thread", None)
+            if callable(cancel):
+                cancel()
 
 
 def _fork_results_manager(module) -> None:

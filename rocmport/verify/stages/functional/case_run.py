@@ -78,6 +78,11 @@ from rocmport.verify.stages.functional.details import (
 _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
 
 
+# After a run's time limit: how long its launcher has to end its ranks (torchrun gives its workers 30 s
+# after SIGTERM before SIGKILL) before it is killed itself.
+STOP_GRACE_S = 45.0
+
+
 def _launch(
     cmd: list[str], tree: Path, env: dict, timeout: float = 1800, what: str = "pretrain_gpt.py"
 ) -> subprocess.CompletedProcess:
@@ -94,7 +99,12 @@ def _launch(
 
     def stop() -> None:  # the run's time limit
         expired.set()
-        proc.kill()
+        # SIGTERM first: torchrun then ends its workers' sessions (each in its own, killpg) with what they
+        # started; killed outright it cannot, and they would keep our pipes open, the read below never ending.
+        proc.terminate()
+        last = threading.Timer(STOP_GRACE_S, proc.kill)
+        last.daemon = True
+        last.start()
 
     timer = threading.Timer(timeout, stop)
     timer.start()
@@ -329,7 +339,9 @@ def run_case(
             if s.server is not None:
                 s.server.close()
     if series_dir is not None:
-        _golden(trained, s, golden_path(series_dir, case, str(device_kind)), record, device_kind)
+        # an FP8 case's golden is its encoding's (FNUZ on a simulated gfx942, OCP otherwise): DeviceKind.fp8
+        kind = device_kind.for_fp8(plan.fp8.encoding if plan is not None and plan.fp8 is not None else None)
+        _golden(trained, s, golden_path(series_dir, case, str(kind)), record, kind)
     if data_path:
         reference = upstream_golden(case_dir(tree, case), trained.run.losses)
         if reference:
