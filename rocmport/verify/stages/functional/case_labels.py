@@ -37,6 +37,7 @@ from rocmport.gitutil import run_git
 from rocmport.verify import runtime
 from rocmport.verify.runtime import protocol
 from rocmport.verify.runtime.proxy_causes import cpu_backend_mechanism
+from rocmport.verify.stages.case_plan import ShrinkChange, shrink_named
 from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY, fails_result_validation
 from rocmport.verify.stages.functional.case_run import CaseOutcome
 from rocmport.verify.stages.functional.details import CaseFailure
@@ -245,13 +246,22 @@ def blocks_on_numerics(label: str | None, failure: CaseFailure | None) -> bool:
     return label == "unverified" and failure is not None and fails_result_validation(failure.message)
 
 
-def label_case(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...] = ()) -> tuple[str, str]:
-    """A failing case's label and why, by what the unported tree did with it (the module docstring)."""
-    label, why = _label(port, base, blocked)
+def label_case(
+    port: CaseOutcome,
+    base: BaselineRun | None,
+    blocked: tuple[str, ...] = (),
+    changes: list[ShrinkChange] | None = None,
+) -> tuple[str, str]:
+    """A failing case's label and why, by what the unported tree did with it (the module docstring);
+    ``changes``: what verify changed about the case to run it (case_plan.shrink_changes; None: nothing,
+    a GPU run has no plan)."""
+    label, why = _label(port, base, blocked, changes or [])
     return (label, f"{why}; {NUMERICS_BLOCK}") if blocks_on_numerics(label, port.failure) else (label, why)
 
 
-def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]) -> tuple[str, str]:
+def _label(
+    port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...], changes: list[ShrinkChange]
+) -> tuple[str, str]:
     if base is None:
         return "unverified", "no unported commit to compare with (the tree was not made by rocmport apply)"
     if base.status == PASS:
@@ -291,4 +301,21 @@ def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]
             "needs-nvidia-only",
             f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here",
         )
+    if named := shrunk_by(port, changes):
+        return (
+            "proxy-artifact",
+            f"verify's shrink: {'; '.join(c.describe() for c in named)}, {_where(pf)} (the same on the unported tree "
+            f"at {base.commit[:12]}, before the first iteration: the message names what verify changed about the case)",
+        )
     return "upstream-known", f"fails the same way on the unported tree at {base.commit[:12]} ({_where(pf)})"
+
+
+def shrunk_by(port: CaseOutcome, changes: list[ShrinkChange]) -> list[ShrinkChange]:
+    """What verify changed about the case (``changes``) that the port's failure names, where the run stopped
+    before its first iteration (argument validation, the model's construction, the schedule's checks on the
+    batch): a check of a size verify chose, not upstream's; [] otherwise (a failure in training is
+    training's, whatever words its message has)."""
+    failure = port.failure
+    if failure is None or failure.phase != "run" or (port.run is not None and port.run.losses):
+        return []
+    return shrink_named(changes, failure.message)
