@@ -10,7 +10,9 @@ gets stage 3's labels by comparing the two failures:
   a call it handed on unchanged, is not one: runtime.proxy_causes); or where the message says the CPU
   backend lacks something a GPU has (proxy_causes.CPU_BACKEND_LACKS: "Torch not compiled with CUDA
   enabled", pin_memory's "requires a CUDA or other accelerator backend", ...), naming it; or where the
-  machine ran out of a resource on both;
+  machine ran out of a resource on both; or where both stop before the first iteration with a message
+  naming a quantity verify's shrink changed (case_plan.shrink_changes: "verify's shrink: <the change>,
+  <the error>"): the shrink, not upstream, may have made it;
 - needs-nvidia-only: as upstream-known, where the failure names a package the firewall removes;
 - unverified: the unported tree cannot run it for a reason of its own (it stops earlier, elsewhere,
   or the proxy cannot run it there), or both trees drift from the golden (the golden is in question);
@@ -227,6 +229,12 @@ def _same(port: CaseFailure, base: CaseFailure) -> bool:
     return (port.phase, port.message, port.site) == (base.phase, base.message, base.site)
 
 
+def _signal(f: CaseFailure) -> str | None:
+    """The signal a failure says a rank died of (case_log.DIED: "9 (SIGKILL)"), or None."""
+    m = re.match(rf"{re.escape(DIED)} (\d+ \(\w+\))", f.message)
+    return m.group(1) if m else None
+
+
 def _where(f: CaseFailure) -> str:
     phase = {"run": "in the uninterrupted run", "resume": "in the resumed run", "check": "in a check"}.get(
         f.phase, f.phase
@@ -269,6 +277,17 @@ def _label(
     pf, bf = port.failure, base.failure
     if base.status != FAIL or bf is None or pf is None:
         return "unverified", f"the unported tree cannot run it here ({base.status}: {base.reason[:200]})"
+    died, base_died = _signal(pf), _signal(bf)
+    if died and base_died and pf.phase == bf.phase:
+        # compared by the signal alone: which rank it struck and the survivors' lost connections (their ports)
+        # differ from run to run, and a signal is no message to tell two trees' failures alike by
+        if died == base_died == "9 (SIGKILL)":
+            return "proxy-artifact", f"fails the same way on the unported tree: {SIGKILL_WHY}"
+        return (
+            "unverified",
+            f"a rank died of a signal on both trees ({_where(pf)}; on the unported tree {_where(bf)}): "
+            "nothing to compare",
+        )
     if not _same(pf, bf):
         return "unverified", f"fails differently on the unported tree ({_where(bf)}; here {_where(pf)})"
     if pf.phase == "check" and "drift from the golden" in pf.message:
