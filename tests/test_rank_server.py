@@ -577,3 +577,59 @@ def test_a_hung_torchrun_run_ends_at_its_limit_with_its_workers_and_what_they_st
     out = got[0].output or ""
     pids = [int(p) for p in re.findall(r"rank \d pid (\d+)", out) + re.findall(r"rank \d child (\d+)", out)]
     assert len(pids) == 4 and not left, (out, left)
+
+
+# A gloo run in which rank 1 corrupts its heap (a double free: glibc prints its complaint and aborts,
+# SIGABRT) right after the process group forms, while rank 0 waits in an all-reduce and loses its peer
+# (gloo says "Connection closed by peer" or "Connection reset by peer", as the socket's end comes).
+# Rank 0 ignores SIGTERM so that its connection error reaches stderr before the launcher's SIGTERM ends it
+# (in a real run it usually does: gloo notices the closed socket at once).
+CRASHING = textwrap.dedent("""\
+    import ctypes, os, signal, sys
+    import torch, torch.distributed as dist
+    rank = int(os.environ["RANK"])
+    if rank == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    dist.init_process_group("gloo")
+    if rank == 1:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        chunk = libc.malloc(48)
+        libc.free(chunk)
+        libc.free(chunk)
+    dist.all_reduce(torch.ones(4))
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("forked", [True, False], ids=["rank-server", "torchrun"])
+def test_a_rank_that_dies_of_a_signal_leads_the_reason_before_the_survivors_lost_connection(tmp_path, forked):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pretrain_gpt.py").write_text(CRASHING)
+    env = toy_env(tmp_path)
+    if forked:
+        server = RankServer(tree, tmp_path, world=2)
+        try:
+            proc = launch(server, env, 2, timeout=120)
+        finally:
+            server.close()
+    else:
+        cmd = Launcher().command(2, ["pretrain_gpt.py"], "functional", port=29556)
+        proc = _launch(cmd, tree, env, timeout=120)
+    assert proc.returncode == 1
+    # what the run really printed: glibc's complaint, the survivor's lost connection, the crashed rank's signal
+    assert "free(): double free detected" in proc.stderr, proc.stderr
+    assert re.search(r"\[rank0\]: RuntimeError: .*Connection (closed|reset) by peer", proc.stderr), proc.stderr
+    assert re.search(r"exitcode\s*: -6 ", proc.stderr), proc.stderr
+    reason = case_log.cause_line(proc.stderr)
+    assert reason.startswith("a rank died of signal 6 (SIGABRT) (rank 1): free(): double free detected in tcache 2"), (
+        reason
+    )
+    lost = re.search(r"Connection (closed|reset) by peer", reason)
+    assert lost, reason
+    assert reason.index("SIGABRT") < lost.start() and "then, on the other ranks: " in reason[: lost.start()]
+    failure = case_log.failure_of(proc.stderr, tree, "run")
+    assert failure.message == case_log.normalise(reason, tree)[:300] and failure.site is None

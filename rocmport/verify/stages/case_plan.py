@@ -600,6 +600,119 @@ def shrink(args: dict, lay: Layout) -> tuple[dict[str, Any], list[str]]:
     return out, notes
 
 
+# --- what the shrink changed, as Megatron's messages name it ---------------------------------------
+
+# The GPUs an upstream case runs on: one 8-GPU node (MAX_RANKS is the proxy's cap for the same reason).
+UPSTREAM_GPUS = 8
+# How Megatron's messages name a quantity besides its option's own spellings (`--hidden-size`,
+# `hidden_size`, `hidden size`): its argument validation, TransformerConfig's __post_init__, the
+# schedules' checks ("The remainder of M (the total micro-batches) ...", core_v0.16.1 schedules.py).
+_QUANTITY_NAMES: dict[str, tuple[str, ...]] = {
+    "--num-layers": (r"number of (?:transformer )?layers", r"layers per"),
+    "--num-attention-heads": (r"attention heads", r"number of heads", r"num_heads"),
+    "--num-query-groups": (r"query groups",),
+    "--seq-length": (r"sequence length", r"seq_len\b"),
+    "--max-position-embeddings": (r"position embeddings",),
+    "--micro-batch-size": (r"micro[- ]batch size",),
+    "micro-batches": (r"micro-?batches", r"num_microbatches", r"number of micro"),
+    "--global-batch-size": (r"global batch size",),
+    "--vocab-size": (r"vocab",),
+    "ranks": (r"world[_ ]size", r"data[-_ ]parallel[-_ ]size", r"data[- ]parallel ranks", r"number of (?:ranks|GPUs)"),
+    "precision": (r"\bbf16\b", r"\bfp16\b", r"b?float16", r"half[- ]precision", r"params_dtype"),
+}
+
+
+@dataclass(frozen=True)
+class ShrinkChange:
+    """One thing verify changed about a case to run it on the proxy: the quantity (an option, or
+    `micro-batches`, `ranks`, `precision`), the case's value and the proxy's (None: unset, dropped)."""
+
+    quantity: str
+    case: str | None
+    proxy: str | None
+
+    def describe(self) -> str:
+        return f"{self.quantity} {self.case if self.case is not None else '(unset)'} → {self.proxy or '(dropped)'}"
+
+    def names(self) -> list[re.Pattern[str]]:
+        """How a message names it: the option as given, as Megatron's attribute, in words, and _QUANTITY_NAMES."""
+        out = list(_QUANTITY_NAMES.get(self.quantity, ()))
+        if self.quantity.startswith("--"):
+            bare = self.quantity[2:]
+            # as a whole word: `lr` is not named by `--decoupled-lr` nor `decoupled_lr`
+            out += [
+                rf"(?<![\w-]){re.escape(form)}(?![\w-])"
+                for form in {bare, bare.replace("-", "_"), bare.replace("-", " ")}
+            ]
+        return [re.compile(p, re.I) for p in out]
+
+    def named_in(self, message: str) -> bool:
+        return any(p.search(message) for p in self.names())
+
+
+def _value(value: Any) -> str | None:
+    return None if value is None or value is False else ("on" if value is True else str(value).strip())
+
+
+def shrink_changes(
+    plan: CasePlan, *, mock_data: bool = True, training: dict[str, Any] | None = None
+) -> list[ShrinkChange]:
+    """What verify changed about the case to run it on the proxy (plan_case): each option the plan
+    overrides to another value than the case's (shrink: widths, depth, the batch; what it drops), the
+    micro-batches per step and the ranks that follow (upstream runs its cases on one UPSTREAM_GPUS-GPU
+    node), the half precision the proxy trains in fp32, the mock data's vocabulary (``mock_data``), and
+    ``training``: the run's own overrides (case_args.PROXY_TRAINING, the iterations)."""
+    case = plan.case_args
+    out: list[ShrinkChange] = []
+    for key, value in {**plan.args, **(training or {})}.items():
+        if _value(value) != _value(case.get(key)) and not (value is None and key not in case):
+            out.append(ShrinkChange(key, _value(case.get(key)), _value(value)))
+    lay = plan.layout
+    upstream_dp = max(1, UPSTREAM_GPUS // (lay.tp * lay.pp * lay.cp))
+    if lay.world != lay.tp * lay.pp * lay.cp * upstream_dp:
+        out.append(
+            ShrinkChange(
+                "ranks", f"{lay.tp * lay.pp * lay.cp * upstream_dp} (dp{upstream_dp})", f"{lay.world} (dp{lay.dp})"
+            )
+        )
+    sized = {**case, **plan.args}
+
+    def steps(args: dict, dp: int) -> int | None:
+        try:
+            return _int(args, "--global-batch-size", 0) // (_int(args, "--micro-batch-size", 1) * dp) or None
+        except BadInput:
+            return None
+
+    before, after = steps(case, upstream_dp), steps(sized, lay.dp)
+    if before != after:
+        how = ", ".join(
+            f"{key} {_value(case.get(key))} → {_value(sized.get(key))}"
+            for key in ("--global-batch-size", "--micro-batch-size")
+            if _value(case.get(key)) != _value(sized.get(key))
+        )
+        how += f", dp{upstream_dp} → dp{lay.dp}" if upstream_dp != lay.dp else ""
+        out.append(
+            ShrinkChange("micro-batches", None if before is None else f"{before} per step", f"{after} per step ({how})")
+        )
+    kept = dict(plan.kept)
+    dropped = [key for key in _HALF if _on(case, key) and key not in kept]
+    if dropped:
+        out.append(ShrinkChange("precision", " ".join(dropped), "fp32"))
+    if mock_data:  # case_args.build_args without a data path: mock data, NullTokenizer, a vocabulary of 1024
+        out.append(
+            ShrinkChange("--vocab-size", _value(case.get("--vocab-size")) or "the tokenizer's", "1024 (mock data)")
+        )
+        tokenizer = _value(case.get("--tokenizer-type")) or "the case's"
+        if tokenizer != "NullTokenizer":
+            out.append(ShrinkChange("--tokenizer-type", tokenizer, "NullTokenizer (mock data)"))
+    return out
+
+
+def shrink_named(changes: list[ShrinkChange], message: str) -> list[ShrinkChange]:
+    """The changes ``message`` names (ShrinkChange.names)."""
+    return [c for c in changes if c.named_in(message)]
+
+
 # --- what a case exercises ---------------------------------------------------------------------
 
 # Flag → the feature name the report and the reach selection use.

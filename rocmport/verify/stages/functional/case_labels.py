@@ -10,7 +10,9 @@ gets stage 3's labels by comparing the two failures:
   a call it handed on unchanged, is not one: runtime.proxy_causes); or where the message says the CPU
   backend lacks something a GPU has (proxy_causes.CPU_BACKEND_LACKS: "Torch not compiled with CUDA
   enabled", pin_memory's "requires a CUDA or other accelerator backend", ...), naming it; or where the
-  machine ran out of a resource on both;
+  machine ran out of a resource on both; or where both stop before the first iteration with a message
+  naming a quantity verify's shrink changed (case_plan.shrink_changes: "verify's shrink: <the change>,
+  <the error>"): the shrink, not upstream, may have made it;
 - needs-nvidia-only: as upstream-known, where the failure names a package the firewall removes;
 - unverified: the unported tree cannot run it for a reason of its own (it stops earlier, elsewhere,
   or the proxy cannot run it there), or both trees drift from the golden (the golden is in question);
@@ -37,6 +39,7 @@ from rocmport.gitutil import run_git
 from rocmport.verify import runtime
 from rocmport.verify.runtime import protocol
 from rocmport.verify.runtime.proxy_causes import cpu_backend_mechanism
+from rocmport.verify.stages.case_plan import ShrinkChange, shrink_named
 from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY, fails_result_validation
 from rocmport.verify.stages.functional.case_run import CaseOutcome
 from rocmport.verify.stages.functional.details import CaseFailure
@@ -226,6 +229,12 @@ def _same(port: CaseFailure, base: CaseFailure) -> bool:
     return (port.phase, port.message, port.site) == (base.phase, base.message, base.site)
 
 
+def _signal(f: CaseFailure) -> str | None:
+    """The signal a failure says a rank died of (case_log.DIED: "9 (SIGKILL)"), or None."""
+    m = re.match(rf"{re.escape(DIED)} (\d+ \(\w+\))", f.message)
+    return m.group(1) if m else None
+
+
 def _where(f: CaseFailure) -> str:
     phase = {"run": "in the uninterrupted run", "resume": "in the resumed run", "check": "in a check"}.get(
         f.phase, f.phase
@@ -245,13 +254,22 @@ def blocks_on_numerics(label: str | None, failure: CaseFailure | None) -> bool:
     return label == "unverified" and failure is not None and fails_result_validation(failure.message)
 
 
-def label_case(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...] = ()) -> tuple[str, str]:
-    """A failing case's label and why, by what the unported tree did with it (the module docstring)."""
-    label, why = _label(port, base, blocked)
+def label_case(
+    port: CaseOutcome,
+    base: BaselineRun | None,
+    blocked: tuple[str, ...] = (),
+    changes: list[ShrinkChange] | None = None,
+) -> tuple[str, str]:
+    """A failing case's label and why, by what the unported tree did with it (the module docstring);
+    ``changes``: what verify changed about the case to run it (case_plan.shrink_changes; None: nothing,
+    a GPU run has no plan)."""
+    label, why = _label(port, base, blocked, changes or [])
     return (label, f"{why}; {NUMERICS_BLOCK}") if blocks_on_numerics(label, port.failure) else (label, why)
 
 
-def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]) -> tuple[str, str]:
+def _label(
+    port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...], changes: list[ShrinkChange]
+) -> tuple[str, str]:
     if base is None:
         return "unverified", "no unported commit to compare with (the tree was not made by rocmport apply)"
     if base.status == PASS:
@@ -259,6 +277,17 @@ def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]
     pf, bf = port.failure, base.failure
     if base.status != FAIL or bf is None or pf is None:
         return "unverified", f"the unported tree cannot run it here ({base.status}: {base.reason[:200]})"
+    died, base_died = _signal(pf), _signal(bf)
+    if died and base_died and pf.phase == bf.phase:
+        # compared by the signal alone: which rank it struck and the survivors' lost connections (their ports)
+        # differ from run to run, and a signal is no message to tell two trees' failures alike by
+        if died == base_died == "9 (SIGKILL)":
+            return "proxy-artifact", f"fails the same way on the unported tree: {SIGKILL_WHY}"
+        return (
+            "unverified",
+            f"a rank died of a signal on both trees ({_where(pf)}; on the unported tree {_where(bf)}): "
+            "nothing to compare",
+        )
     if not _same(pf, bf):
         return "unverified", f"fails differently on the unported tree ({_where(bf)}; here {_where(pf)})"
     if pf.phase == "check" and "drift from the golden" in pf.message:
@@ -291,4 +320,21 @@ def _label(port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...]
             "needs-nvidia-only",
             f"fails the same way on the unported tree: it needs {needs}, which the firewall removes here",
         )
+    if named := shrunk_by(port, changes):
+        return (
+            "proxy-artifact",
+            f"verify's shrink: {'; '.join(c.describe() for c in named)}, {_where(pf)} (the same on the unported tree "
+            f"at {base.commit[:12]}, before the first iteration: the message names what verify changed about the case)",
+        )
     return "upstream-known", f"fails the same way on the unported tree at {base.commit[:12]} ({_where(pf)})"
+
+
+def shrunk_by(port: CaseOutcome, changes: list[ShrinkChange]) -> list[ShrinkChange]:
+    """What verify changed about the case (``changes``) that the port's failure names, where the run stopped
+    before its first iteration (argument validation, the model's construction, the schedule's checks on the
+    batch): a check of a size verify chose, not upstream's; [] otherwise (a failure in training is
+    training's, whatever words its message has)."""
+    failure = port.failure
+    if failure is None or failure.phase != "run" or (port.run is not None and port.run.losses):
+        return []
+    return shrink_named(changes, failure.message)

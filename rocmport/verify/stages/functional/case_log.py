@@ -139,7 +139,8 @@ def death_line(stderr: str, stdout: str = "") -> str | None:
     signals = _SIGNAL.findall(stderr)
     killed = [m for m in signals if m[1] != "SIGTERM"]
     if killed:
-        return f"{DIED} {killed[0][0]} ({killed[0][1]})"
+        last = crash_line(stderr)  # its last words, where it said any (glibc's heap check, a fatal error)
+        return f"{DIED} {killed[0][0]} ({killed[0][1]})" + (f": {last}" if last else "")
     codes = [c for c in _EXITCODE.findall(stderr) if not c.startswith("-")]
     if codes:
         why = _MEGATRON_EXITS.get(codes[0])
@@ -150,9 +151,82 @@ def death_line(stderr: str, stdout: str = "") -> str | None:
     return f"{DIED} {signals[0][0]} ({signals[0][1]})" if signals else None
 
 
+# torchrun's summary of one failed worker (and the rank client's, which copies it): its rank, then its exit
+# code, minus the signal's number for a worker a signal ended ("  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 7)").
+_FAILED_WORKER = re.compile(r"^\s*rank\s*:\s*(\d+)\b.*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+# What a process prints as it dies of a signal it brought on itself: glibc's heap checks (then SIGABRT: "free():
+# double free detected in tcache 2", "malloc(): unaligned tcache chunk detected", "corrupted size vs. prev_size"),
+# its stack protector, Python's faulthandler, and C++'s terminate on an uncaught exception with its what().
+_CRASH_LINE = re.compile(
+    r"^(?:(?:malloc|free|realloc|calloc|malloc_consolidate|munmap_chunk|_int_malloc|_int_free|tcache_thread_shutdown)"
+    r"\(\): .+|double free or corruption.*|corrupted .+|\*\*\* stack smashing detected \*\*\*.*|"
+    r"Fatal (?:Python|glibc) error: .+|terminate called after throwing an instance of .+|\s*what\(\): .+)$"
+)
+# A surviving rank's error when a peer is gone (gloo: "Connection closed by peer", "Read error ...: Connection
+# reset by peer"): what a crash causes on the other ranks, never its cause.
+_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe")
+
+
+def crashed_rank(stderr: str) -> tuple[int, int] | None:
+    """The rank a signal ended on its own (its rank and the signal's number) in torchrun's summary: the first
+    observed failure where a signal other than SIGTERM (what torchrun sends the survivors) ended it; or, where
+    the first observed failure is a survivor whose exception says it lost a peer (the rank it lost died on
+    its way out and was reaped after it), the first failure a signal other than SIGTERM or SIGKILL (what
+    torchrun sends a survivor that outlives the grace period) ended. None where no signal ended one."""
+    import signal
+
+    root_at = stderr.rfind(_ROOT_CAUSE)
+    if root_at < 0:
+        return None
+    workers = [(int(r), int(c)) for r, c in _FAILED_WORKER.findall(stderr[root_at:])]
+    workers += [(int(r), int(c)) for r, c in _FAILED_WORKER.findall(stderr[:root_at])]  # the others, in order
+    if not workers:
+        return None
+    rank, code = workers[0]
+    if code < 0 and -code != signal.SIGTERM:
+        return rank, -code
+    if _PEER_LOST.search(exception_line(stderr) or ""):
+        return next(((r, -c) for r, c in workers if c < 0 and -c not in (signal.SIGTERM, signal.SIGKILL)), None)
+    return None
+
+
+def crash_line(stderr: str) -> str | None:
+    """The last line a crashing process printed as it died (_CRASH_LINE: glibc's heap check, a fatal
+    error), among the lines no rank's Python traceback prefixes: the crashed rank's last words."""
+    found = [ln.strip() for ln in stderr.splitlines() if not _RANK_PREFIX.match(ln) and _CRASH_LINE.match(ln)]
+    return found[-1] if found else None
+
+
+def crash_first(stderr: str) -> str | None:
+    """Where a rank died of a signal (crashed_rank) and the others raised exceptions losing it: that rank
+    and its signal, its last words (crash_line), then the survivors' first exception; else None (a run
+    whose ranks raised nothing says its signal by death_line)."""
+    import signal
+
+    survivors = exception_line(stderr)
+    crashed = crashed_rank(stderr) if survivors else None
+    if crashed is None:
+        return None
+    rank, signo = crashed
+    name = signal.Signals(signo).name if signo in signal.Signals._value2member_map_ else str(signo)
+    last = crash_line(stderr)
+    return (
+        f"{DIED} {signo} ({name}) (rank {rank})"
+        + (f": {last}" if last else "")
+        + (f"; then, on the other ranks: {survivors}")
+    )
+
+
 def cause_line(stderr: str, stdout: str = "") -> str:
-    """Why a run stopped, in one line: its first exception, how torchrun says a worker died, or its last line."""
-    return exception_line(stderr) or death_line(stderr, stdout) or (stderr.strip().splitlines() or ["no output"])[-1]
+    """Why a run stopped, in one line: a rank that died of a signal first (crash_first), else its first
+    exception, how torchrun says a worker died, or its last line."""
+    return (
+        crash_first(stderr)
+        or exception_line(stderr)
+        or death_line(stderr, stdout)
+        or (stderr.strip().splitlines() or ["no output"])[-1]
+    )
 
 
 def iteration_span(iterations: Iterable[int]) -> str:
@@ -193,7 +267,12 @@ def normalise(text: str, tree: Path, figures: bool = False) -> str:
 
 def failure_of(stderr: str, tree: Path, phase: str, stdout: str = "") -> CaseFailure:
     """The first exception a run raised, with the innermost frames of its own rank's traceback inside
-    the tree and where the proxy shim acted (proxy_causes.acting_shim_frame: not its pass-through)."""
+    the tree and where the proxy shim acted (proxy_causes.acting_shim_frame: not its pass-through); where
+    a rank died of a signal (crash_first), that first, with no frame: a survivor's traceback is where it
+    lost its peer, not where the crash was."""
+    crash = crash_first(stderr)
+    if crash:
+        return CaseFailure(phase, normalise(crash, tree)[:300])
     lines = stderr.splitlines()
     message = exception_line(stderr)
     at = next((i for i, ln in enumerate(lines) if message and ln.strip().endswith(message)), len(lines))

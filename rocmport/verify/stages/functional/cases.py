@@ -18,7 +18,7 @@ from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSUPPORTED
 from rocmport.verify.stages import case_plan
 from rocmport.verify.stages.functional.case_labels import BaselineRun, blocks_on_numerics, label_case, run_baseline
-from rocmport.verify.stages.functional.case_args import load_case
+from rocmport.verify.stages.functional.case_args import PROXY_TRAINING, load_case
 from rocmport.verify.stages.functional.case_run import CaseOutcome, case_sites_env, note_case_seconds, run_case
 from rocmport.verify.stages.functional.details import CaseFailure, FunctionalRun
 
@@ -240,8 +240,20 @@ def _run_one(ctx: VerifyContext, options: FunctionalOptions, case: str) -> CaseE
             lambda checkout, env: run_case(checkout, env, case=case, **again),
         )
     entry.baseline = base
-    entry.label, entry.label_reason = label_case(out, base, ctx.blocked)
+    entry.label, entry.label_reason = label_case(out, base, ctx.blocked, shrink_changes(ctx, options, case))
     return entry
+
+
+def shrink_changes(ctx: VerifyContext, options: FunctionalOptions, case: str) -> list[case_plan.ShrinkChange]:
+    """What verify changed about ``case`` to run it on the proxy (its plan's shrink, the mock data, the
+    proxy's training and iterations), for the label; [] off the proxy (a GPU runs the case as it is)."""
+    if ctx.mode != "cpu-proxy":
+        return []
+    plan = case_plan.plan_case(case, load_case(ctx.tree, case), data_path=bool(options.data_path), te=proxy_te(ctx))
+    if not isinstance(plan, case_plan.CasePlan):
+        return []
+    training = {**PROXY_TRAINING, "--train-iters": options.iters}
+    return case_plan.shrink_changes(plan, mock_data=not options.data_path, training=training)
 
 
 def _entry(out: CaseOutcome) -> CaseEntry:
