@@ -2,7 +2,9 @@
 3's checkout of the lock's base commit, unit_tests.baseline, with the same plan, args and ranks), and
 gets stage 3's labels by comparing the two failures:
 
-- port-regression: the unported tree passes it (the only label that fails the stage);
+- port-regression: the unported tree passes it, or the port's run failed inside the port's own
+  generated helper (megatron/core/_rocm.py: no upstream path raises there, whatever the unported tree
+  did; unless the proxy's shim acted in that traceback) (the only label that fails the stage);
 - upstream-known: both fail at the same place (the innermost frame inside the tree, by path and
   function) with the same message (tree paths, addresses and a check's figures normalised);
 - proxy-artifact: as upstream-known, where both failures pass through a frame where the CPU proxy's
@@ -44,6 +46,7 @@ from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY, fails_
 from rocmport.verify.stages.functional.case_run import CaseOutcome
 from rocmport.verify.stages.functional.details import CaseFailure
 from rocmport.verify.stages.gpt_training import exhausted
+from rocmport.upstreams import UPSTREAMS
 from rocmport.verify.stages.unit_tests.baseline import overlay_files, unported_checkout, unported_env
 from rocmport.verify.orchestration.stage_result import FAIL, PASS
 
@@ -275,6 +278,12 @@ def _label(
     if base.status == PASS:
         return "port-regression", f"passes on the unported tree at {base.commit[:12]}: the port broke it"
     pf, bf = port.failure, base.failure
+    if pf is not None and not pf.shim and (helper := in_port_helper(pf.site)):
+        return (
+            "port-regression",
+            f"fails in the port's own code ({_where(pf)}): upstream's library has no {helper}, so no upstream "
+            f"path raises there, whatever the unported tree does (it {base.status}s here: {base.reason[:200]})",
+        )
     if base.status != FAIL or bf is None or pf is None:
         return "unverified", f"the unported tree cannot run it here ({base.status}: {base.reason[:200]})"
     died, base_died = _signal(pf), _signal(bf)
@@ -327,6 +336,16 @@ def _label(
             f"at {base.commit[:12]}, before the first iteration: the message names what verify changed about the case)",
         )
     return "upstream-known", f"fails the same way on the unported tree at {base.commit[:12]} ({_where(pf)})"
+
+
+def in_port_helper(site: str | None) -> str | None:
+    """The port's generated helper (megatron/core/_rocm.py, ...) a failure's innermost tree frame is in, or
+    None. The port writes that file whole and upstream's library never imports it (the baseline's overlay
+    copies it for the port's test files only), so a failure raised there is the port's: an unplanned FP8
+    refusal (a planned one passes the case before any label), a gate called wrongly. Not the rewritten
+    lines in upstream's files: a failure's site names no line, and the functions around them are upstream's."""
+    path = (site or "").split(" (", 1)[0]
+    return path if path in {u.helper_path for u in UPSTREAMS.values()} else None
 
 
 def shrunk_by(port: CaseOutcome, changes: list[ShrinkChange]) -> list[ShrinkChange]:
