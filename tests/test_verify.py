@@ -1016,3 +1016,40 @@ def test_proxy_holds_an_isend_s_memory_until_its_request_is_let_go(mode):
             "ProcessGroup.send @ <outside megatron> (its tensor's memory freed while in flight: held until the"
             " request was let go)"
         ], got
+
+
+# What Megatron's EP-overlap schedule does with a MoE node's inputs after its forward (v0.16's
+# ScheduleNode._forward with free_input): keep them alive for the node's stream, then free them.
+FREE_INPUT_AFTER_FORWARD = """
+import torch
+
+def run(stream):
+    x = torch.ones(4, requires_grad=True)
+    y = (x * 2).detach()
+    total = float(y.sum())
+    y.record_stream(stream)
+    y.untyped_storage().resize_(0)
+    return total, y.untyped_storage().nbytes()
+"""
+
+
+@pytest.mark.torch
+def test_proxy_lets_a_cpu_tensor_record_the_stream_that_frees_it(tmp_path):
+    """`--overlap-moe-expert-parallel-comm`'s schedule nodes free their inputs after the forward with
+    `input.record_stream(stream)`, the stream being the proxy's (torch's CPU stream, or _Stream for a
+    side stream). torch has no CPU record_stream and cannot parse either stream: v0.16's
+    delay-wgrad-compute reach variant failed `RuntimeError: unknown parameter type` there. On the CPU
+    nothing runs out of order: the call returns, counted, and the storage is freed as on a GPU."""
+    (tmp_path / "node.py").write_text(FREE_INPUT_AFTER_FORWARD)
+    code = (
+        "import torch\nfrom rocmport.verify.runtime import proxy_shim\n"
+        "proxy_shim.install(megatron=False)\nproxy_shim._in_order_streams()\n"
+        "from node import run\n"
+        "print('ran', run(torch.cuda.current_stream()), run(torch.cuda.Stream()),"
+        " sum(n for k, n in proxy_shim.REDIRECTS.items() if k.startswith('Tensor.record_stream on the CPU')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.strip().splitlines()[-1:] == ["ran (8.0, 0) (8.0, 0) 2"], out.stderr[-2000:]
