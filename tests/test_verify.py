@@ -155,7 +155,7 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert rc == 0, data
     assert data["mode"] == "cpu-proxy" and data["backend"] == "gloo" and data["world_size"] == 4
-    imports, training, unit, functional, bridge = data["stages"][:5]  # the variants after them
+    imports, training, unit, functional, bridge, variants = data["stages"]
     assert imports["status"] == "pass"
     assert imports["reason"] == (
         "1 module imports behind the firewall (megatron.core); "
@@ -170,15 +170,20 @@ def test_missing_shim_hook_is_unsupported_not_failed(tmp_path, capsys):
     )
     assert functional["status"] == "skipped" and "no pretrain_gpt.py" in functional["reason"]
     assert bridge["status"] == "skipped" and "--tree given" in bridge["reason"]
+    # stage 6's variants go through megatron.training's parse_args: not applicable either, with or
+    # without --te (not "pass --te", which would not make it run)
+    assert (variants["status"], variants["reason"]) == (
+        "skipped",
+        "the tree has no megatron/training (a package-index source ships megatron/core only)",
+    )
     # "skipped" as before in the JSON; what the tree cannot have (a package-index source) is not
-    # applicable, apart from a stage the run left out, and the verdict says how to get all five.
-    assert [s["applicable"] for s in data["stages"]] == [True, True, False, False, True, True]
+    # applicable, apart from a stage the run left out, and the verdict says how to get the rest.
+    assert [s["applicable"] for s in data["stages"]] == [True, True, False, False, True, False]
     assert data["verdict"] == (
-        f"tree {tree} (CPU proxy, not a GPU result): 1 of 4 applicable stages pass; unsupported on the CPU proxy: gpt-training (proxy shim "
-        "hook missing: megatron.core.tensor_parallel.random._get_cu…); not run here: bridge (--tree given), "
-        "variants (the reach variants take Transformer Engine's sites: pass --te); "
-        "not applicable to the package-index source (megatron/core only): unit-tests, functional "
-        "(a git source runs all five: rocmport sync --ref REF --source git)"
+        f"tree {tree} (CPU proxy, not a GPU result): 1 of 3 applicable stages pass; unsupported on the CPU proxy: gpt-training (proxy shim "
+        "hook missing: megatron.core.tensor_parallel.random._get_cu…); not run here: bridge (--tree given); "
+        "not applicable to the package-index source (megatron/core only): unit-tests, functional, variants "
+        "(a git source has what they need: rocmport sync --ref REF --source git)"
     )
     assert data["hip_sim"]["version"] == hip_sim.DEFAULT_VERSION and data["hip_sim"]["arch"] == "gfx942"
     suite = ET.parse(tmp_path / "j.xml").getroot().find("testsuite")
