@@ -340,3 +340,39 @@ def test_a_variant_run_on_the_proxy_records_its_site_as_run(tmp_path, real_index
     record = json.loads((root / "patchsets/megatron-lm/v0.16/reach.json").read_text())
     assert site in record["variants"]["softmax-off-by-one"]["sites"]
     assert rc in (0, 1) and run["status"] in ("pass", "fail", "unsupported-in-proxy"), run
+
+
+def test_a_variant_s_layer_spec_takes_only_what_the_line_s_spec_functions_accept():
+    """v0.19's spec functions have no `moe_use_legacy_grouped_gemm` (GroupedMLP is gone): passing its
+    default made every reach variant fail there (TypeError). The worker passes it only to a variant
+    that asks for the legacy grouped GEMM; TE's spec or the local one as --transformer-impl says."""
+    from types import SimpleNamespace
+
+    from rocmport.verify.runtime.gpt_worker import variant_layer_spec
+
+    def v019_te_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False, multi_latent_attention=False):
+        return ("te", num_experts, moe_grouped_gemm, qk_layernorm, multi_latent_attention)
+
+    def v016_local_spec(
+        num_experts=None,
+        moe_grouped_gemm=False,
+        qk_layernorm=False,
+        multi_latent_attention=False,
+        moe_use_legacy_grouped_gemm=False,
+    ):
+        return ("local", num_experts, moe_use_legacy_grouped_gemm)
+
+    specs = SimpleNamespace(
+        get_gpt_layer_with_transformer_engine_spec=v019_te_spec, get_gpt_layer_local_spec=v016_local_spec
+    )
+    margs = SimpleNamespace(
+        transformer_impl="transformer_engine",
+        num_experts=4,
+        moe_grouped_gemm=True,
+        qk_layernorm=False,
+        multi_latent_attention=True,
+        moe_use_legacy_grouped_gemm=False,
+    )
+    assert variant_layer_spec(margs, specs) == ("te", 4, True, False, True)
+    legacy = SimpleNamespace(**{**vars(margs), "transformer_impl": "local", "moe_use_legacy_grouped_gemm": True})
+    assert variant_layer_spec(legacy, specs) == ("local", 4, True)
