@@ -411,9 +411,18 @@ def _train_loop(
         tokens, labels = next(data_iterator)
         positions = torch.arange(SEQ, device=device).unsqueeze(0).expand(MBS, -1)
         if context_parallel:
+            import inspect
+
             from megatron.core.utils import get_batch_on_this_cp_rank
 
-            mine = get_batch_on_this_cp_rank({"tokens": tokens, "labels": labels, "position_ids": positions})
+            batch = {"tokens": tokens, "labels": labels, "position_ids": positions}
+            # v0.19's takes is_hybrid_cp (no default; pretrain_gpt passes False for a plain CP group)
+            hybrid = (
+                {"is_hybrid_cp": False}
+                if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters
+                else {}
+            )
+            mine = get_batch_on_this_cp_rank(batch, **hybrid)
             tokens, labels, positions = mine["tokens"], mine["labels"], mine["position_ids"]
 
         def loss_func(output):
