@@ -376,21 +376,3 @@ def test_a_variant_s_layer_spec_takes_only_what_the_line_s_spec_functions_accept
     assert variant_layer_spec(margs, specs) == ("te", 4, True, False, True)
     legacy = SimpleNamespace(**{**vars(margs), "transformer_impl": "local", "moe_use_legacy_grouped_gemm": True})
     assert variant_layer_spec(legacy, specs) == ("local", 4, True)
-
-
-def test_delay_wgrad_keeps_megatron_s_gradient_accumulation_fusion(tmp_path):
-    """Without gradient accumulation fusion TE's delayed wgrad hands autograd its still-empty wgrad
-    buffers as the weights' gradients (NaN loss at iteration 2, v0.16 and v0.19): the variant leaves
-    the small GPT's --no-gradient-accumulation-fusion out, Megatron's default holds; the others keep it."""
-    from rocmport.verify.orchestration.contract import VerifyOptions
-    from rocmport.verify.runtime.gpt_worker import variant_argv
-
-    delay, softmax = BY_NAME["delay-wgrad-compute"], BY_NAME["softmax-off-by-one"]
-    cmd = variants.variant_command(VerifyOptions(tree=tmp_path), delay, tmp_path / "o.json")
-    defaults = tuple(json.loads(cmd[cmd.index("--megatron-defaults") + 1]))
-    argv = variant_argv(list(delay.flags), 2, 3, defaults)
-    assert "--no-gradient-accumulation-fusion" not in argv and "--delay-wgrad-compute" in argv
-    assert "--no-bias-gelu-fusion" in argv and argv.index("--num-layers") < argv.index("--delay-wgrad-compute")
-    plain = variants.variant_command(VerifyOptions(tree=tmp_path), softmax, tmp_path / "o.json")
-    assert "--megatron-defaults" not in plain
-    assert "--no-gradient-accumulation-fusion" in variant_argv(list(softmax.flags), 1, 3)

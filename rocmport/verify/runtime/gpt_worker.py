@@ -66,12 +66,6 @@ def parse():
         "--ep", type=int, default=1, help="expert-parallel size (with --moe; experts are not tensor-parallel)"
     )
     p.add_argument(
-        "--megatron-defaults",
-        default="[]",
-        help="with --megatron-flags: JSON list of the small GPT's own flags (variant_base_flags) left out, so "
-        "that Megatron's default holds (e.g. --no-gradient-accumulation-fusion)",
-    )
-    p.add_argument(
         "--megatron-flags",
         help="a reach variant (JSON list of Megatron command-line flags): this small GPT's sizes and these flags "
         "go through the tree's own argument parser and validate_args, the model is built from the config they give",
@@ -179,17 +173,11 @@ def variant_base_flags(tp: int, pp: int, dp: int, iters: int) -> list[str]:
     ]
 
 
-def variant_argv(flags: list[str], world: int, iters: int, defaults: tuple[str, ...] = ()) -> list[str]:
-    """A variant's Megatron command line: the small GPT's flags but ``defaults`` (flags without a
-    value, left to Megatron's default), then the variant's own."""
-    return [*(f for f in variant_base_flags(1, 1, world, iters) if f not in defaults), *flags]
-
-
 # What a variant's worker writes when the tree's argument parser refuses a flag (its Megatron lacks it).
 NOT_APPLICABLE = "not_applicable"
 
 
-def _variant_args(flags: list[str], world: int, iters: int, defaults: tuple[str, ...] = ()):
+def _variant_args(flags: list[str], world: int, iters: int):
     """Megatron's args for a variant: the tree's parse_args over this GPT's sizes and ``flags``, then
     its validate_args (the port's sites there run), set as megatron's global args. SystemExit 2 from
     the parser (an unrecognized flag, a choice it lacks) is raised as LookupError with its message."""
@@ -200,7 +188,7 @@ def _variant_args(flags: list[str], world: int, iters: int, defaults: tuple[str,
     from megatron.training.global_vars import set_args
 
     argv, err = sys.argv, io.StringIO()
-    sys.argv = [argv[0], *variant_argv(flags, world, iters, defaults)]
+    sys.argv = [argv[0], *variant_base_flags(1, 1, world, iters), *flags]
     try:
         with contextlib.redirect_stderr(err):
             args = arguments.parse_args()
@@ -247,9 +235,7 @@ def train_variant(args) -> None:
     flags = json.loads(args.megatron_flags)
     backend = _init_process_group()
     try:
-        margs = _variant_args(
-            flags, torch.distributed.get_world_size(), args.iters, tuple(json.loads(args.megatron_defaults))
-        )
+        margs = _variant_args(flags, torch.distributed.get_world_size(), args.iters)
     except LookupError as exc:
         _write(args.out, {NOT_APPLICABLE: str(exc)})
         torch.distributed.destroy_process_group()

@@ -52,9 +52,6 @@ class Variant:
     why: str
     ranks: int = 1
     stops: tuple[tuple[str, str], ...] = ()
-    # the small GPT's own flags (gpt_worker.variant_base_flags, those without a value) this variant
-    # leaves out, so that Megatron's default holds where the feature needs it
-    megatron_defaults: tuple[str, ...] = ()
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -77,11 +74,6 @@ VARIANTS: tuple[Variant, ...] = (
         ),
         "--delay-wgrad-compute (with the EP overlap it requires): the TE linears' split weight-gradient gate",
         ranks=2,
-        # Megatron's default, gradient accumulation fusion (the port's WgradGemmFallback where APEX's kernel is
-        # absent): TE's delayed wgrad writes into main_grad then. Without it TE hands autograd the still-empty
-        # wgrad buffers (torch.empty) as the weights' gradients and DDP adds them to main_grad: NaN loss at
-        # iteration 2 (measured, v0.16 and v0.19)
-        megatron_defaults=("--no-gradient-accumulation-fusion",),
     ),
     Variant(
         "softmax-off-by-one",

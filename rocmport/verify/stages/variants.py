@@ -136,8 +136,6 @@ def _last_error_text(stderr: str) -> str:
 def variant_command(ctx_opts: VerifyOptions, variant: Variant, out: Path) -> list[str]:
     worker = ["-m", "rocmport.verify.runtime.gpt_worker", "--te", "--iters", str(ITERS)]
     args = [*worker, "--megatron-flags", json.dumps(list(variant.flags)), "--out", str(out)]
-    if variant.megatron_defaults:
-        args += ["--megatron-defaults", json.dumps(list(variant.megatron_defaults))]
     return ctx_opts.launcher.command(variant.ranks, args, f"variant-{variant.name}")
 
 
