@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from rocmport.config import Settings
 from rocmport.errors import BadInput
 from rocmport.verify.analyses import port_sites, reach
 from rocmport.verify.analyses.reach import Entry
 from rocmport.verify.orchestration import firewall
+from rocmport.verify.orchestration.contract import NotRequested, RunSetup
+from rocmport.verify.orchestration.stage_result import skipped
+from rocmport.verify.orchestration.te_layer import TELayer
 from rocmport.verify.runtime import protocol
 from rocmport.verify.stages import variants
 from rocmport.verify.stages.variant_list import BY_NAME, VARIANTS
@@ -95,6 +99,42 @@ def test_variants_option_takes_reach_all_none_and_names_and_refuses_unknown_ones
     assert variants.parse_variants("fp4-mla, softmax-off-by-one") == ("names", ("fp4-mla", "softmax-off-by-one"))
     with pytest.raises(BadInput, match=r"--variants: no variant nope; give reach, all, none or names among"):
         variants.parse_variants("fp4-mla,nope")
+
+
+def test_a_tree_without_megatron_training_makes_the_stage_not_applicable_with_or_without_te(tmp_path):
+    """A package-index tree ships megatron/core only: a variant's flags go through megatron.training's
+    parse_args, so stage 6 is skipped as not applicable (a tree_lacks reason, the verdict counts it
+    apart), not "pass --te" nor a failure; a git tree with --te runs it."""
+    tree = tmp_path / "tree"
+    (tree / "megatron" / "core").mkdir(parents=True)
+    layer = TELayer("2.12.0", tmp_path / "te", "python", "cached")
+
+    def setup(te):
+        return RunSetup(
+            Settings(tmp_path),
+            tree,
+            tree_given=True,
+            tp=1,
+            pp=1,
+            dp=1,
+            iters=3,
+            series=None,
+            series_dir=None,
+            base=None,
+            te=lambda: te,
+        )
+
+    for te in (layer, None):
+        checked = variants.STAGE.check({"variants": "all"}, setup(te))
+        assert isinstance(checked, NotRequested), checked
+        assert checked.why == "the tree has no megatron/training (a package-index source ships megatron/core only)"
+        assert skipped(variants.NAME, checked.why).applicable is False
+    assert variants.STAGE.check({"variants": "none"}, setup(layer)) == NotRequested("--variants none")
+    (tree / "megatron" / "training").mkdir()
+    assert variants.STAGE.check({"variants": "all"}, setup(layer)) == variants.VariantsOptions(
+        "all", (), None, "2.12.0"
+    )
+    assert "pass --te" in variants.STAGE.check({"variants": "all"}, setup(None)).why
 
 
 # --- a variant's outcome -----------------------------------------------------------------------
@@ -217,6 +257,58 @@ def test_the_stage_s_reach_selection_counts_the_record_s_selected_cases_and_test
     assert variants._selected(variants.VariantsOptions("all", (), series_dir), tree)[0] == [v.name for v in VARIANTS]
 
 
+def test_the_stage_s_reach_selection_counts_the_cases_stage_4_picks_with_their_golden_first(tmp_path):
+    """Stage 4's reach puts the cases with a golden for the run's device kind first (here the TE
+    layer's, `cpu-proxy-te2.12.0`); stage 6 counts the sites of those same cases as covered. Two
+    recorded cases that do not both fit the budget: the golden one runs, so the variant aiming at the
+    other case's site is the one needed."""
+    tree, series_dir, _ = ported_tree(tmp_path)
+    for name in ("big", "gold"):
+        config = tree / "tests/functional_tests/test_cases/gpt" / name / "model_config.yaml"
+        config.parent.mkdir(parents=True)
+        config.write_text("MODEL_ARGS:\n  --num-layers: 2\n")
+    (series_dir / "goldens").mkdir()
+    (series_dir / "goldens" / "gold.cpu-proxy-te2.12.0.json").write_text("{}\n")
+    record_with(
+        series_dir,
+        "c0ffee",
+        {
+            "big": Entry(frozenset({"s1", "s2"}), 700.0, outcome="pass"),
+            "gold": Entry(frozenset({"s3"}), 700.0, outcome="pass"),
+        },
+        {},
+        {
+            "softmax-off-by-one": Entry(frozenset({"s1"}), 20.0, outcome="pass"),
+            "fp4-mla": Entry(frozenset({"s3"}), 20.0, outcome="unsupported-in-proxy"),
+        },
+    )
+    (tree / "megatron" / "training").mkdir()
+    recorded = {"softmax-off-by-one", "fp4-mla"}
+
+    def picked(te_version: str) -> set[str]:
+        layer = TELayer(te_version, tmp_path / "te", "python", "cached")
+        setup = RunSetup(
+            Settings(tmp_path),
+            tree,
+            tree_given=False,
+            tp=1,
+            pp=1,
+            dp=1,
+            iters=3,
+            series=None,
+            series_dir=series_dir,
+            base=None,
+            te=lambda: layer,
+        )
+        options = variants.STAGE.check({"variants": "reach"}, setup)
+        assert isinstance(options, variants.VariantsOptions), options
+        return recorded & set(variants._selected(options, tree)[0])
+
+    assert picked("2.12.0") == {"softmax-off-by-one"}  # gold ran: s1 is the variant's to run
+    # another TE release has no golden: the cover takes the case with more sites, big (s1, s2)
+    assert picked("2.17.1") == {"fp4-mla"}
+
+
 # --- one real variant on the proxy ----------------------------------------------------------------
 
 
@@ -248,3 +340,39 @@ def test_a_variant_run_on_the_proxy_records_its_site_as_run(tmp_path, real_index
     record = json.loads((root / "patchsets/megatron-lm/v0.16/reach.json").read_text())
     assert site in record["variants"]["softmax-off-by-one"]["sites"]
     assert rc in (0, 1) and run["status"] in ("pass", "fail", "unsupported-in-proxy"), run
+
+
+def test_a_variant_s_layer_spec_takes_only_what_the_line_s_spec_functions_accept():
+    """v0.19's spec functions have no `moe_use_legacy_grouped_gemm` (GroupedMLP is gone): passing its
+    default made every reach variant fail there (TypeError). The worker passes it only to a variant
+    that asks for the legacy grouped GEMM; TE's spec or the local one as --transformer-impl says."""
+    from types import SimpleNamespace
+
+    from rocmport.verify.runtime.gpt_worker import variant_layer_spec
+
+    def v019_te_spec(num_experts=None, moe_grouped_gemm=False, qk_layernorm=False, multi_latent_attention=False):
+        return ("te", num_experts, moe_grouped_gemm, qk_layernorm, multi_latent_attention)
+
+    def v016_local_spec(
+        num_experts=None,
+        moe_grouped_gemm=False,
+        qk_layernorm=False,
+        multi_latent_attention=False,
+        moe_use_legacy_grouped_gemm=False,
+    ):
+        return ("local", num_experts, moe_use_legacy_grouped_gemm)
+
+    specs = SimpleNamespace(
+        get_gpt_layer_with_transformer_engine_spec=v019_te_spec, get_gpt_layer_local_spec=v016_local_spec
+    )
+    margs = SimpleNamespace(
+        transformer_impl="transformer_engine",
+        num_experts=4,
+        moe_grouped_gemm=True,
+        qk_layernorm=False,
+        multi_latent_attention=True,
+        moe_use_legacy_grouped_gemm=False,
+    )
+    assert variant_layer_spec(margs, specs) == ("te", 4, True, False, True)
+    legacy = SimpleNamespace(**{**vars(margs), "transformer_impl": "local", "moe_use_legacy_grouped_gemm": True})
+    assert variant_layer_spec(legacy, specs) == ("local", 4, True)

@@ -439,3 +439,39 @@ def test_grouped_gemm_is_one_gemm_per_group_and_splits_a_single_output():
     )
     for i in range(2):
         torch.testing.assert_close(main[i], 1 + dy[i].t() @ x[i], **TOL)
+
+
+def test_a_delayed_weight_gradient_writes_into_the_backward_s_views_with_grad_enabled():
+    """--delay-wgrad-compute: TE's backward stores the wgrad GEMM and its outputs (views the backward
+    made, in no-grad mode) and GroupedLinear.backward_dw runs it later, with grad enabled. A kernel
+    writes memory and records no autograd history; the CPU one wrote with copy_ under grad mode:
+    "A view was created in no_grad mode and is being modified inplace with grad mode enabled" (v0.19's
+    delay-wgrad-compute reach variant, TE 2.17.1)."""
+    # the stored inputs: the layer's input pieces, which require grad
+    x = [_gen(2, 4, seed=3).requires_grad_(), _gen(5, 4, seed=4).requires_grad_()]
+    dy = [_gen(2, 3, seed=5), _gen(5, 3, seed=6)]
+    with torch.no_grad():  # as the backward makes the wgrad outputs: views of one buffer
+        wgrads = list(torch.empty(2, 3, 4).unbind(0))
+    assert torch.is_grad_enabled()
+    tex.te_general_grouped_gemm(
+        x,
+        False,
+        dy,
+        True,
+        wgrads,
+        tex.DType.kFloat32,
+        [2, 5],
+        [None, None],
+        tex.DType.kFloat32,
+        False,
+        [torch.empty(0)] * 2,
+        True,
+        [torch.empty(0)],
+        0,
+        False,
+        False,
+        0,
+    )
+    for i in range(2):
+        torch.testing.assert_close(wgrads[i], (dy[i].t() @ x[i]).detach(), **TOL)
+        assert wgrads[i].grad_fn is None

@@ -142,7 +142,7 @@ def verdict(r: VerifyReport) -> str:
     (1 unverified test); not run here: functional (the tree has no pretrain_gpt.py), bridge (--tree given)".
     Stages a package-index tree cannot have are counted apart: "v0.16 port (CPU proxy ...): 3 of 3
     applicable stages pass; not applicable to the package-index source (megatron/core only): unit-tests,
-    functional (a git source runs all five: rocmport sync --ref v0.16 --source git)"."""
+    functional, variants (a git source has what they need: rocmport sync --ref v0.16 --source git)"."""
     stages = r.stages
     who = f"{r.line} port" if r.line else f"tree {r.tree}"
     with_te = (
@@ -186,6 +186,8 @@ def verdict(r: VerifyReport) -> str:
         ref = r.line or "REF"
         parts.append(
             f"not applicable to the package-index source (megatron/core only): {', '.join(lacking)}"
-            f" (a git source runs all five: rocmport sync --ref {ref} --source git)"
+            # what they lack (tests/unit_tests, pretrain_gpt.py, megatron/training) a git clone has,
+            # whichever stages are counted
+            f" (a git source has what they need: rocmport sync --ref {ref} --source git)"
         )
     return "; ".join(parts)

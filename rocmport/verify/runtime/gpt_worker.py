@@ -202,6 +202,26 @@ def _variant_args(flags: list[str], world: int, iters: int):
     return args
 
 
+def variant_layer_spec(margs, gpt_layer_specs):
+    """The layer spec a variant's args ask for, from the tree's ``gpt_layer_specs``: TE's or the local
+    one, with the experts, QK layernorm and MLA they set. The legacy grouped GEMM only where a variant
+    asks for it: v0.19's spec functions no longer take `moe_use_legacy_grouped_gemm` (GroupedMLP is
+    gone), and passing its default made every variant fail there with a TypeError."""
+    make_spec = (
+        gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
+        if margs.transformer_impl == "transformer_engine"
+        else gpt_layer_specs.get_gpt_layer_local_spec
+    )
+    legacy = {"moe_use_legacy_grouped_gemm": True} if getattr(margs, "moe_use_legacy_grouped_gemm", False) else {}
+    return make_spec(
+        num_experts=margs.num_experts,
+        moe_grouped_gemm=margs.moe_grouped_gemm,
+        qk_layernorm=margs.qk_layernorm,
+        multi_latent_attention=margs.multi_latent_attention,
+        **legacy,
+    )
+
+
 def train_variant(args) -> None:
     """A reach variant's run (``args.megatron_flags``): the small GPT with Megatron's args from the
     tree's parser and validate_args, its TransformerConfig from core_transformer_config_from_args, its
@@ -221,8 +241,7 @@ def train_variant(args) -> None:
         torch.distributed.destroy_process_group()
         return
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.models.gpt import GPTModel, gpt_layer_specs
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     from megatron.training.arguments import core_transformer_config_from_args
 
@@ -230,21 +249,13 @@ def train_variant(args) -> None:
         tensor_model_parallel_size=margs.tensor_model_parallel_size,
         pipeline_model_parallel_size=margs.pipeline_model_parallel_size,
         expert_model_parallel_size=margs.expert_model_parallel_size,
+        # as Megatron's initialize: the context-parallel group and, for a2a+p2p, its hierarchical parts
+        context_parallel_size=margs.context_parallel_size,
+        hierarchical_context_parallel_sizes=margs.hierarchical_context_parallel_sizes,
     )
     model_parallel_cuda_manual_seed(margs.seed)
     config = core_transformer_config_from_args(margs)
-    make_spec = (
-        gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
-        if margs.transformer_impl == "transformer_engine"
-        else gpt_layer_specs.get_gpt_layer_local_spec
-    )
-    spec = make_spec(
-        num_experts=margs.num_experts,
-        moe_grouped_gemm=margs.moe_grouped_gemm,
-        qk_layernorm=margs.qk_layernorm,
-        multi_latent_attention=margs.multi_latent_attention,
-        moe_use_legacy_grouped_gemm=getattr(margs, "moe_use_legacy_grouped_gemm", False),
-    )
+    spec = variant_layer_spec(margs, gpt_layer_specs)
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     model = GPTModel(
         config=config,
@@ -261,7 +272,15 @@ def train_variant(args) -> None:
         from megatron.core.transformer.module import Float16Module
 
         model = Float16Module(config, model)
-    losses = _train_loop(args, model, config, last, "cuda" if backend == "nccl" else "cpu", bf16=bool(margs.bf16))
+    losses = _train_loop(
+        args,
+        model,
+        config,
+        last,
+        "cuda" if backend == "nccl" else "cpu",
+        bf16=bool(margs.bf16),
+        context_parallel=margs.context_parallel_size > 1,
+    )
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last})
     reporter = next(g for g in gathered if g["last"])
@@ -352,9 +371,12 @@ def _build_model(args, proxy: bool, fp8: tuple[str, str] | None, ps):
     return model, config, last
 
 
-def _train_loop(args, model, config, last: bool, device: str, bf16: bool = False) -> list[float]:
+def _train_loop(
+    args, model, config, last: bool, device: str, bf16: bool = False, context_parallel: bool = False
+) -> list[float]:
     """DDP, megatron's optimizer and schedule over the same micro-batches each iteration; the last
-    stage's mean lm loss per iteration."""
+    stage's mean lm loss per iteration. ``context_parallel``: each rank takes its chunks of the
+    sequence, as pretrain_gpt's get_batch (get_batch_on_this_cp_rank); its loss is its chunks' mean."""
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -388,6 +410,20 @@ def _train_loop(args, model, config, last: bool, device: str, bf16: bool = False
     def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         tokens, labels = next(data_iterator)
         positions = torch.arange(SEQ, device=device).unsqueeze(0).expand(MBS, -1)
+        if context_parallel:
+            import inspect
+
+            from megatron.core.utils import get_batch_on_this_cp_rank
+
+            batch = {"tokens": tokens, "labels": labels, "position_ids": positions}
+            # v0.19's takes is_hybrid_cp (no default; pretrain_gpt passes False for a plain CP group)
+            hybrid = (
+                {"is_hybrid_cp": False}
+                if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters
+                else {}
+            )
+            mine = get_batch_on_this_cp_rank(batch, **hybrid)
+            tokens, labels, positions = mine["tokens"], mine["labels"], mine["position_ids"]
 
         def loss_func(output):
             loss = output.float().mean()

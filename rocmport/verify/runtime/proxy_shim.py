@@ -164,6 +164,29 @@ def _cpu_stream_synchronizes() -> None:
     setattr(stream, "synchronize", synchronize)
 
 
+def _cpu_tensors_record_no_stream() -> None:
+    """``Tensor.record_stream(stream)`` on a CPU tensor returns at once: the CPU runs in order, so no
+    other stream can still be using the tensor's memory when it is freed (what record_stream tells
+    CUDA's caching allocator). torch has no CPU kernel for it, and the proxy's streams (torch's CPU
+    stream, _Stream) are no torch.Stream, whose parse error torch cannot even word ("RuntimeError:
+    unknown parameter type"). Megatron's EP-overlap schedule frees a MoE node's inputs after its
+    forward so (pipeline_parallel/utils.py ScheduleNode._forward, `--overlap-moe-expert-parallel-comm`:
+    v0.16's delay-wgrad-compute reach variant stopped there). A GPU tensor's call is torch's own.
+    Counted by call site."""
+    real = torch.Tensor.record_stream
+    if getattr(real, "_rocmport", False):
+        return
+
+    def record_stream(self, stream):
+        if self.device.type != "cpu":
+            return passed_through_unchanged(real, (self, stream), {})
+        REDIRECTS[f"Tensor.record_stream on the CPU (the CPU runs in order) @ {_site()}"] += 1
+        return None
+
+    record_stream._rocmport = True  # type: ignore[attr-defined]
+    torch.Tensor.record_stream = record_stream
+
+
 def passed_through_unchanged(func, args, kwargs):
     """``func(*args, **kwargs)``, called as the caller got it: the shim's wrappers hand on through this
     function the calls they did not change, so that a traceback tells the shim's pass-through (this
@@ -198,6 +221,7 @@ def install(megatron: bool = True) -> None:
     # replay recorded; on the CPU everything runs in order: torch's CPU stream answers (its waits return).
     _answer("current_stream", lambda device=None: torch.cpu.current_stream())
     _cpu_stream_synchronizes()
+    _cpu_tensors_record_no_stream()
     _answer("get_rng_state", lambda device="cuda": DEVICE_RNG.get_state())
     torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
     _answer("set_rng_state", lambda state, device="cuda": DEVICE_RNG.set_state(state))

@@ -321,6 +321,10 @@ def _dgelu(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x)
 
 
+# A compiled kernel writes its outputs' memory: no autograd history, whatever the grad mode (TE's
+# delayed weight gradient, --delay-wgrad-compute, runs its GEMM after the backward, with grad enabled,
+# into views the backward made: an in-place write there is refused under grad mode).
+@torch.no_grad()
 def generic_gemm(
     A,
     transa,
@@ -400,6 +404,7 @@ def generic_gemm(
     return D, bias_grad, gelu_out, extra_output
 
 
+@torch.no_grad()  # as generic_gemm: a kernel records no autograd history
 def te_general_grouped_gemm(
     A,
     transa,

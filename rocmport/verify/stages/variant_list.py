@@ -29,6 +29,16 @@ SHARED_EXPERTS = ("--moe-shared-expert-intermediate-size", "64", "--disable-bias
 FP4_STOP = ("NVFP4", "TE's CPU layer has no NVFP4 (FP4) kernel: the model was built, the first FP4 quantization stops")
 
 
+# TE runs context parallelism in its flash or fused attention only (its unfused attention takes no CP),
+# and TE's CPU layer has neither: the model (and TE attention's constructor) was built, the first
+# attention forward finds no backend.
+CP_STOP = (
+    "No dot product attention backend is available",
+    "TE's context parallelism runs in its flash or fused attention only, which TE's CPU layer lacks (its unfused "
+    "attention takes no CP): the model was built, the first attention forward stops",
+)
+
+
 @dataclass(frozen=True)
 class Variant:
     """One reach variant: its ``name`` (`--variants NAME`, the record's entry), the Megatron ``flags``
@@ -51,6 +61,11 @@ VARIANTS: tuple[Variant, ...] = (
             *MOE,
             *("--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall", "--bf16"),
             *("--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"),
+            # Megatron's MoE models train without bias; with one, TE up to 2.14's GroupedLinear.backward_dw
+            # assigns an empty bias gradient to the bias Megatron's TEGroupedMLP has it return
+            # (return_bias: no bias in the wgrad GEMM): "attempting to assign a gradient of size '[0]'
+            # to a tensor of size '[64]'", on a GPU as well (TE 2.17.1 checks has_grad_biases)
+            "--disable-bias-linear",
         ),
         (
             f"{TE_PY}::TELinear.__init__ te_gate#1 [te-version-gates]",
@@ -105,6 +120,23 @@ VARIANTS: tuple[Variant, ...] = (
         ),
         "--multi-latent-attention with --fp4-format e2m1: MLA's FP4 gate",
         stops=(FP4_STOP,),
+    ),
+    Variant(
+        "context-parallel-a2a-p2p",
+        (
+            "--context-parallel-size",
+            "4",
+            "--cp-comm-type",
+            "a2a+p2p",
+            "--hierarchical-context-parallel-sizes",
+            "2",
+            "2",
+        ),
+        (f"{TE_PY}::TEDotProductAttention.__init__ te_gate#4 [te-version-gates]",),
+        "--cp-comm-type a2a+p2p (context parallel 4 as 2 x 2, upstream's cases run it with flash-attn only): TE "
+        "attention's hierarchical context-parallel gate",
+        ranks=4,
+        stops=(CP_STOP,),
     ),
 )
 

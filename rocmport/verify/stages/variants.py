@@ -24,8 +24,9 @@ import click
 from rocmport import output
 from rocmport.errors import BadInput
 from rocmport.fsutil import atomic_write_text
+from rocmport.verify.orchestration.device_kind import PROXY, DeviceKind
 from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
-from rocmport.verify.orchestration.stage_result import FAIL, PASS, UNSUPPORTED, StageResult
+from rocmport.verify.orchestration.stage_result import FAIL, PASS, UNSUPPORTED, StageResult, tree_lacks
 from rocmport.verify.runtime import protocol
 from rocmport.verify.stages.gpt_training import _last_error, launch
 from rocmport.verify.stages.variant_list import BY_NAME, VARIANTS, Variant
@@ -81,6 +82,7 @@ class VariantsOptions:
     how: str
     names: tuple[str, ...] = ()
     series_dir: Path | None = None
+    te_version: str | None = None  # the run's TE layer: its device kind's goldens put stage 4's cases first
 
 
 def parse_variants(value: str) -> tuple[str, tuple[str, ...]]:
@@ -150,8 +152,10 @@ def _selected(options: VariantsOptions, tree: Path) -> tuple[list[str], str]:
     covered: set[str] = set()
     if record is not None:
         covered |= set().union(*record.shared.values()) if record.shared else set()
+        # the cases stage 4's reach runs in this run: those with a golden for its device kind first
+        kind_of_run = str(DeviceKind(PROXY, te=options.te_version)) if options.te_version else None
         for kind, picked in (
-            ("cases", reach_cases(options.series_dir, tree)),
+            ("cases", reach_cases(options.series_dir, tree, (lambda: kind_of_run) if kind_of_run else None)),
             ("unit_tests", reach.reach_unit_tests(options.series_dir, tree)),
         ):
             for name in picked[0] if picked else ():
@@ -249,9 +253,13 @@ class VariantsStage(Stage[VariantsOptions]):
         how, names = parse_variants(str(given.get("variants") or "reach"))
         if how == "none":
             return NotRequested("--variants none")
+        if not (setup.tree / "megatron" / "training").is_dir():
+            # a variant's flags go through megatron.training's parse_args and validate_args: a
+            # package-index tree cannot have them (not applicable, as stage 4 without pretrain_gpt.py)
+            return NotRequested(tree_lacks("megatron/training"))
         if setup.te is None:
             return NotRequested("the reach variants take Transformer Engine's sites: pass --te")
-        return VariantsOptions(how, names, setup.series_dir)
+        return VariantsOptions(how, names, setup.series_dir, setup.te.version)
 
     def launches(self, opts: VerifyOptions, options: VariantsOptions, tmp: Path) -> list[dict]:
         names, _ = _selected(options, opts.tree)
