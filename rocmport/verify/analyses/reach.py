@@ -487,7 +487,7 @@ def reach_variants(
         why += f"; {len(unknown)} never recorded (their sites unknown): run ({', '.join(unknown)})"
     if left_out:
         shown = ", ".join(f"{n}: {e.outcome}" for n, e in left_out.items())
-        why += f"; {len(left_out)} did not run their sites when recorded ({shown}): not selected"
+        why += f"; {len(left_out)} ended neither pass nor unsupported-in-proxy when recorded ({shown}): not selected"
     return [n for n in declared if n in picked], why
 
 
