@@ -231,7 +231,10 @@ def test_variants_reach_runs_the_unrecorded_and_those_adding_sites_the_selection
         "reach: 3 of 7 variants; 2 recorded run 3 port sites the selected cases and test files do not, in 55 s"
     )
     assert "1 never recorded (their sites unknown): run (never)" in why
-    assert "2 ended neither pass nor unsupported-in-proxy when recorded (refused: not-applicable, broke: fail): not selected" in why
+    assert (
+        "2 ended neither pass nor unsupported-in-proxy when recorded (refused: not-applicable, broke: fail): not selected"
+        in why
+    )
     # no record at all: every declared variant runs (none recorded)
     (tmp_path / "reach.json").unlink()
     assert reach.reach_variants(tmp_path, declared, set())[0] == declared
