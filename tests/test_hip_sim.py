@@ -165,7 +165,7 @@ def test_stage_1_process_sees_the_simulation(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert json.loads(seen.read_text()) == ["6.4.43482-0f2d60242", None, True, "1"]
     assert data["hip_sim"] == {"version": "6.4.43482-0f2d60242", "arch": "gfx942", "device": "AMD Instinct MI300X"}
-    assert [s["status"] for s in data["stages"]] == ["pass", "skipped", "skipped", "skipped", "skipped"]
+    assert [s["status"] for s in data["stages"]] == ["pass", "skipped", "skipped", "skipped", "skipped", "skipped"]
     assert data["stages"][1]["reason"] == "not selected (--stages)"
     assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--json", "--no-hip-sim"]) == 0
     data = json.loads(capsys.readouterr().out)
