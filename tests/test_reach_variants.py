@@ -22,6 +22,7 @@ from rocmport.verify.orchestration.stage_result import skipped
 from rocmport.verify.orchestration.te_layer import TELayer
 from rocmport.verify.runtime import protocol
 from rocmport.verify.stages import variants
+from rocmport.verify.stages.functional.case_run import case_sites_env, note_case_seconds
 from rocmport.verify.stages.variant_list import BY_NAME, VARIANTS
 from tests.test_reach import keys_of, ported_tree, run_in
 
@@ -172,10 +173,10 @@ def test_a_variant_records_its_sites_in_its_own_directory_and_the_record_keeps_t
     records = tmp_path / "sites"
     (records / "variants").mkdir(parents=True)
     stage_env = protocol.PORT_SITES.entry(str(records / "variants"))
-    env = variants._unit_env(stage_env, "softmax-off-by-one")
+    env = case_sites_env(stage_env, "softmax-off-by-one", kind="variant")
     assert protocol.PORT_SITES.read(env) == str(records / "variants" / "variant=softmax-off-by-one")
     run_in(tree, boot, env, "from megatron.core import a; a.probe()")  # a real process records the site
-    variants.note_variant(env, 12.5, "pass")
+    note_case_seconds(env, 12.5, "pass")
     units = port_sites.read_units(records, tree)
     assert units["variant", "softmax-off-by-one"].seconds == 12.5
     assert units["variant", "softmax-off-by-one"].outcome == "pass"

@@ -23,11 +23,10 @@ import click
 
 from rocmport import output
 from rocmport.errors import BadInput
-from rocmport.fsutil import atomic_write_text
 from rocmport.verify.orchestration.device_kind import PROXY, DeviceKind
 from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, UNSUPPORTED, StageResult, tree_lacks
-from rocmport.verify.runtime import protocol
+from rocmport.verify.stages.functional.case_run import case_sites_env, note_case_seconds
 from rocmport.verify.stages.gpt_training import _last_error, launch
 from rocmport.verify.stages.variant_list import BY_NAME, VARIANTS, Variant
 
@@ -163,29 +162,6 @@ def _selected(options: VariantsOptions, tree: Path) -> tuple[list[str], str]:
     return reach.reach_variants(options.series_dir, declared, covered)
 
 
-def _unit_env(env: Mapping[str, str], name: str) -> dict[str, str]:
-    from rocmport.verify.analyses.port_sites import unit_dir_name
-
-    out = dict(env)
-    stage_dir = protocol.PORT_SITES.read(env)
-    if stage_dir:
-        own = Path(stage_dir) / unit_dir_name("variant", name)
-        own.mkdir(parents=True, exist_ok=True)
-        protocol.PORT_SITES.set(out, str(own))
-    return out
-
-
-def note_variant(unit_env: Mapping[str, str], seconds: float, status: str) -> None:
-    """Beside a variant's site records (``unit_env``: _unit_env's), its wall seconds and status, as
-    stage 4 notes a case's: what --record-reach's entry holds and `--variants reach` weighs."""
-    from rocmport.verify.analyses.port_sites import OUTCOME_FILE, SECONDS_FILE
-
-    own = protocol.PORT_SITES.read(unit_env)
-    if own and Path(own).is_dir():
-        atomic_write_text(Path(own) / SECONDS_FILE, f"{seconds:.2f}\n")
-        atomic_write_text(Path(own) / OUTCOME_FILE, f"{status}\n")
-
-
 def _aimed_ran(ctx: VerifyContext, variant: Variant) -> list[str] | None:
     """The variant's aimed sites that its run recorded (None: no records)."""
     from rocmport.verify.analyses import port_sites
@@ -206,7 +182,7 @@ def run_variants(ctx: VerifyContext, options: VariantsOptions) -> StageRun:
     data = VariantsRun(why)
     for name in names:
         variant = BY_NAME[name]
-        env = _unit_env(ctx.env, name)
+        env = case_sites_env(ctx.env, name, kind="variant")  # its own port-site records, as a case's
         began = time.monotonic()
         out = ctx.tmp / f"variant-{name}.json"
         with output.progress(f"stage 6: variant {name} ({' '.join(variant.flags)})"):
@@ -218,7 +194,7 @@ def run_variants(ctx: VerifyContext, options: VariantsOptions) -> StageRun:
         loaded = json.loads(out.read_text()) if out.is_file() else None
         status, reason, losses = outcome(variant, rc, loaded, stderr, ITERS)
         seconds = time.monotonic() - began
-        note_variant(env, seconds, status)
+        note_case_seconds(env, seconds, status)
         data.runs[name] = VariantRun(
             status, reason, seconds, variant.flags, variant.sites, _aimed_ran(ctx, variant), losses
         )

@@ -260,16 +260,17 @@ def stage_functional(tree: Path, env: dict, **kwargs: Any) -> tuple[StageResult,
     return out.result, out.run
 
 
-def case_sites_env(env: Mapping[str, str], case: str) -> dict[str, str]:
+def case_sites_env(env: Mapping[str, str], case: str, kind: str = "case") -> dict[str, str]:
     """``env`` for one case's processes: the port-site records (protocol.PORT_SITES, the stage's
     directory) go to the case's own subdirectory, made here (port_sites.unit_dir_name), so the report
-    and `--record-reach` know which case ran which site. Without PORT_SITES, ``env`` as it is."""
+    and `--record-reach` know which case ran which site. Without PORT_SITES, ``env`` as it is.
+    ``kind``: the unit's kind in its directory's name (stage 6's reach variants are "variant")."""
     from rocmport.verify.analyses.port_sites import unit_dir_name
 
     out = dict(env)
     stage_dir = protocol.PORT_SITES.read(env)
     if stage_dir:
-        own = Path(stage_dir) / unit_dir_name("case", case)
+        own = Path(stage_dir) / unit_dir_name(kind, case)
         own.mkdir(parents=True, exist_ok=True)
         protocol.PORT_SITES.set(out, str(own))
     return out
