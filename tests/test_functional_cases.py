@@ -443,7 +443,8 @@ def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_k
         GPU_ONLY: reach.Entry(frozenset({"s1", "s4"}), 20.0, outcome="pass"),
     }
     reach.write_record(series, reach.ReachRecord("v0.16", "c0ffee", reach.recipe_digest(series), "2.12.0", cases))
-    te = types.SimpleNamespace(version="2.12.0")  # the run's TE layer (only its version is read)
+    # the run's TE layer (its version and its flavour's FP8 encoding are read)
+    te = types.SimpleNamespace(version="2.12.0", flavour=types.SimpleNamespace(fp8="ocp"))
     opts, _ = functional_options(tree, series, None, "reach", 1, 1, None, False, 4, te=te, option="--cases")
     assert opts is not None and opts.cases == (GPU_ONLY, GOOD)  # no golden: the cover, without the failing case
     (series / "goldens" / f"{GOOD}.cpu-proxy-te2.12.0.json").write_text("{}")
@@ -452,6 +453,33 @@ def test_reach_picks_first_the_recorded_case_with_a_golden_for_the_runs_device_k
     assert opts is not None and opts.cases == (GOOD, GPU_ONLY)
     assert opts.note and f"{GOOD} first: it has a golden for this run's device kind" in opts.note
     assert f"1 recorded case did not pass when recorded ({BREAKS}: fail): not selected" in opts.note
+
+
+def test_reach_sees_an_fp8_cases_golden_kept_for_the_encoding_the_runs_flavour_casts_to(tmp_path):
+    """An FP8 case's golden is keyed by its casts' encoding (cpu-proxy-te<v>-fp8-fnuz under the rocm
+    flavour on gfx942, -fp8-ocp otherwise): reach's golden-first pick reads it for a run whose TE casts
+    to that encoding, not for one that casts to the other (seen failing: keyed by the plain kind only,
+    the FP8 golden was never seen and the cover's first case stood first)."""
+    from rocmport.verify.analyses import reach
+
+    tree = make_tree(tmp_path / "t", {GOOD: CONFIG, GPU_ONLY: CONFIG})
+    series = tmp_path / "series"
+    (series / "goldens").mkdir(parents=True)
+    cases = {
+        GOOD: reach.Entry(frozenset({"s1", "s2"}), 100.0, outcome="pass"),  # the FP8 case, say
+        GPU_ONLY: reach.Entry(frozenset({"s1", "s4", "s5"}), 20.0, outcome="pass"),
+    }
+    reach.write_record(series, reach.ReachRecord("v0.19", "c0ffee", reach.recipe_digest(series), "2.17.1", cases))
+    (series / "goldens" / f"{GOOD}.cpu-proxy-te2.17.1-fp8-fnuz.json").write_text("{}")
+
+    def picked(encoding: str) -> tuple[str, ...]:
+        te = types.SimpleNamespace(version="2.17.1", flavour=types.SimpleNamespace(fp8=encoding))
+        opts, _ = functional_options(tree, series, None, "reach", 1, 1, None, False, 4, te=te, option="--cases")
+        assert opts is not None
+        return opts.cases
+
+    assert picked("fnuz") == (GOOD, GPU_ONLY)  # its golden first
+    assert picked("ocp") == (GPU_ONLY, GOOD)  # an OCP run has no golden for it: the cover's order
 
 
 @pytest.mark.torch

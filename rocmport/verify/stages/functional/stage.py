@@ -180,6 +180,15 @@ def run_device_kind(te: TELayer | None) -> DeviceKind:
     return DeviceKind.of_run("gpu" if machine.has_gpu else PROXY, machine, None)
 
 
+def run_golden_kinds(te: TELayer | None) -> tuple[str, ...]:
+    """The device kinds whose goldens this run compares with: run_device_kind's, and with TE's layer the
+    same kind for an FP8 case in the encoding the flavour casts to (``cpu-proxy-te<v>-fp8-fnuz`` or
+    ``-ocp``: DeviceKind.for_fp8). Reach's golden-first pick reads both: an FP8 case with its golden is
+    as good a first case as any (keyed by the plain kind only, reach never saw the FP8 goldens)."""
+    kind = run_device_kind(te)
+    return (str(kind),) if te is None else (str(kind), str(kind.for_fp8(te.flavour.fp8)))
+
+
 def given_cases(cases: str | None, case: str | None) -> tuple[str | None, str]:
     """The cases asked for and the option that asked (``--case NAME`` is ``--cases NAME``)."""
     if cases is not None and case is not None and cases != case:
@@ -226,7 +235,7 @@ def functional_options(
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
     # or where TE's Python layer runs on the CPU proxy (--te).
     te_usable = te is not None or for_verify(series_dir / "series" if series_dir else None).te_usable
-    chosen = selection.select(tree, series_dir, case, option, tp, pp, te_usable, lambda: str(run_device_kind(te)))
+    chosen = selection.select(tree, series_dir, case, option, tp, pp, te_usable, lambda: run_golden_kinds(te))
     if data_path is not None:
         data_path = _data_root(tree, data_path, chosen.cases)
     return FunctionalOptions(
