@@ -46,10 +46,13 @@ def test_never_runs():
 """
 
 # An upstream test file that skips itself where the package is absent, before its guard (test_local.py).
+# Shaped like v0.19's generalized_tensor_parallel tests (`if not HAVE_GTP: pytest.skip(...)`). (A
+# pytest.importorskip of the guarded package itself leaves no guard to run: the codemod leaves it.)
 SKIPPING_TEST_FILE = """\
 import pytest
 
-nvidia_resiliency_ext = pytest.importorskip("nvidia_resiliency_ext", reason="nvrx is required")
+if not False:
+    pytest.skip("nvrx is required", allow_module_level=True)
 
 from nvidia_resiliency_ext.checkpointing.local import base_manager
 """
@@ -131,10 +134,10 @@ def test_a_file_stopping_on_a_missing_dependency_after_its_guard_is_not_a_port_f
     )
     assert "rocmport_absent_dependency_xyz" in whys[rel]
     assert "1 stopped on a dependency not installed here" in imports["reason"]
-    # A module-level importorskip before the guard: the guard cannot run where pytest skips the file.
+    # A module-level skip before the guard: the guard cannot run where pytest skips the file.
     found = imports["guarded_imports"]["files"][skipping]
     assert (found["sites"], found["ran"], found["verdict"]) == (1, 0, "skips-itself")
-    assert found["stopped"].startswith(f"the file skips itself at module level at {skipping}:3 (nvrx is required)")
+    assert found["stopped"].startswith(f"the file skips itself at module level at {skipping}:4 (nvrx is required)")
     assert whys[skipping].endswith(found["stopped"])
 
 

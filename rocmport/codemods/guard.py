@@ -26,6 +26,22 @@ def matching_import(stmt: cst.BaseStatement, packages: set[str]) -> cst.Import |
     return None
 
 
+def importorskipped(stmt: cst.BaseStatement) -> str | None:
+    """The top-level package a module-level ``pytest.importorskip("pkg...")`` line skips the file
+    without (``x = pytest.importorskip(...)`` too), else None."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return None
+    node = stmt.body[0]
+    call = node.value if isinstance(node, (cst.Expr, cst.Assign)) else None
+    if not isinstance(call, cst.Call) or dotted(call.func) not in ("pytest.importorskip", "importorskip"):
+        return None
+    first = call.args[0].value if call.args else None
+    if not isinstance(first, cst.SimpleString):
+        return None
+    name = first.evaluated_value
+    return _top(name) if isinstance(name, str) and name else None
+
+
 def guard_imports(
     module: cst.Module,
     ctx: Context,
@@ -51,15 +67,36 @@ def guard_imports(
 
     out: list[cst.BaseStatement] = []
     sites = 0
+    skipped: dict[str, int] = {}  # package -> the line of the module-level pytest.importorskip of it
+
+    def to_guard(stmt: cst.BaseStatement) -> cst.Import | cst.ImportFrom | None:
+        """``stmt``'s import of ``packages``, unless each package it imports was importorskipped above:
+        the file skips itself where that package is absent, so a guard there could never run."""
+        imp = matching_import(stmt, packages)
+        if imp is None:
+            return None
+        tops = {_top(m) for m in import_names(imp) if _top(m) in packages}
+        if tops and tops <= skipped.keys():
+            ctx.skip(
+                f"left unguarded: {module.code_for_node(stmt).strip()}: the file skips itself without "
+                + ", ".join(f"{t} (pytest.importorskip at line {skipped[t]})" for t in sorted(tops))
+                + ", so a guard here could never run",
+                line(stmt),
+            )
+            return None
+        return imp
+
     i = 0
     while i < len(body):
-        node = matching_import(body[i], packages)
+        node = to_guard(body[i])
         if node is None:
+            if (top := importorskipped(body[i])) is not None:
+                skipped.setdefault(top, line(body[i]))
             out.append(body[i])
             i += 1
             continue
         run: list[tuple[cst.BaseStatement, cst.Import | cst.ImportFrom]] = []
-        while i < len(body) and (imp := matching_import(body[i], packages)) is not None:
+        while i < len(body) and (imp := to_guard(body[i])) is not None:
             run.append((body[i], imp))
             i += 1
         tops = sorted({_top(m) for _, imp in run for m in import_names(imp) if _top(m) in packages})

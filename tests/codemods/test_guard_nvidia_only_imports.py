@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, run_tree
+from tests.helpers.codemods import assert_codemod, assert_idempotent, rewrite, rewrite_with_reports, run_tree
 
 BEFORE = '''\
 """Post-training checkpointing (shaped like megatron/post_training/checkpointing.py)."""
@@ -64,6 +64,44 @@ def test_idempotent_and_guarded_imports_untouched():
     assert rewrite("guard-nvidia-only-imports", guarded, REL) == (guarded, 0)
     lazy = "def f():\n    import modelopt\n    return modelopt\n"
     assert rewrite("guard-nvidia-only-imports", lazy, REL) == (lazy, 0)
+
+
+IMPORTORSKIP = """\
+import pytest
+import torch
+
+nvidia_resiliency_ext = pytest.importorskip(
+    "nvidia_resiliency_ext",
+    reason="nvidia_resiliency_ext is required for local checkpointing tests",
+)
+
+from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager import (
+    CheckpointingException,
+)
+from modelopt.torch.opt import plugins
+"""
+
+
+def test_an_import_the_file_importorskips_above_stays_unguarded():
+    """Shaped like upstream's tests/unit_tests/dist_checkpointing/test_local.py: the file skips itself
+    without nvidia_resiliency_ext, so a guard on the import after the skip could never run (it ran in no
+    verify run: stage 1 called the file skips-itself). Left as upstream wrote it, with a skip report
+    naming the importorskip; an import of another package after it is still guarded."""
+    after, sites, reports = rewrite_with_reports(
+        "guard-nvidia-only-imports", IMPORTORSKIP, "tests/unit_tests/dist_checkpointing/test_local.py"
+    )
+    assert sites == 1
+    assert (
+        "from nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager import (\n    Checkpointing" in after
+    )
+    assert "HAVE_NVIDIA_RESILIENCY_EXT" not in after
+    assert "    plugins = MissingPackage('nvidia-modelopt', 'modelopt.torch.opt.plugins'," in after
+    skips = [r for r in reports if r.kind == "skip"]
+    assert [(r.line, r.message.split(":")[0]) for r in skips] == [(9, "left unguarded")]
+    assert "nvidia_resiliency_ext (pytest.importorskip at line 4)" in skips[0].message
+    # an importorskip below the import does not count: the import runs first, its guard can fire
+    first = "import pytest\nfrom nvidia_resiliency_ext import a\npytest.importorskip('nvidia_resiliency_ext')\n"
+    assert rewrite("guard-nvidia-only-imports", first, "tests/x.py")[1] == 1
 
 
 def test_bridge_files_use_the_bridge_helper():
