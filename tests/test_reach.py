@@ -5,6 +5,7 @@ reach` with its fallback, every unreached site classified, and a refresh hop's c
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -689,6 +690,22 @@ def test_record_reach_writes_the_line_s_record_and_needs_a_series(tmp_path, caps
     code = main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach"])
     err = capsys.readouterr().err
     assert code == 2 and "--record-reach needs a tree made by `rocmport apply`" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.torch
+def test_a_copied_project_records_into_its_own_series_not_the_one_it_was_copied_from(tmp_path, capsys):
+    """apply keeps the series' absolute path in the tree's state; a project copied with `cp -a` kept
+    the original's, and --record-reach in the copy wrote the original project's reach.json (seen: an
+    engineer's copy wrote into the shared project). The tree's own project's series is the one read."""
+    tree, series_dir, _ = ported_tree(tmp_path / "orig")
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "orig", copy, symlinks=True)
+    copied_tree = copy / tree.relative_to(tmp_path / "orig")
+    copied_series = copy / series_dir.relative_to(tmp_path / "orig")
+    assert main(["-C", str(copy), "verify", "--tree", str(copied_tree), "--stages", "1", "--record-reach"]) == 0
+    assert reach.read_record(copied_series) is not None
+    assert reach.read_record(series_dir) is None, "the original project's record was written"
+    assert f"reach record: {copied_series / 'reach.json'}" in capsys.readouterr().err
 
 
 @pytest.mark.torch

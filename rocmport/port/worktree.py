@@ -154,6 +154,22 @@ def read_state(tree: Path) -> ApplyState | None:
     return read_json(state_path(tree), ApplyState.from_json, _FIX)
 
 
+def project_series(tree: Path, recorded: Path) -> Path:
+    """The series file of the project that holds ``tree``: apply records its absolute path, which names
+    the project apply ran in. A project copied (``cp -a``) or moved keeps that path, and verify would
+    read and write (--record-reach, --record-golden) the other project's records: the same place under
+    patchsets/ is looked for from the tree upwards, and the nearest one there is the tree's own. A
+    recorded path outside a patchsets/ directory, or with none found, stands as recorded."""
+    parts = recorded.parts
+    if "patchsets" not in parts:
+        return recorded
+    inside = Path(*parts[len(parts) - parts[::-1].index("patchsets") - 1 :])  # patchsets/<upstream>/<line>/series
+    for above in tree.absolute().parents:
+        if (above / inside).is_file():
+            return above / inside
+    return recorded
+
+
 def write_state(tree: Path, state: ApplyState) -> None:
     write_json(state_path(tree), state.to_json())
 

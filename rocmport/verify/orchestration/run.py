@@ -335,7 +335,7 @@ def _component_versions(tree: Path) -> dict[str, dict[str, str | None]]:
 def series_settings(tree: Path) -> tuple[suite.VerifySettings, Path | None, str | None]:
     """The series the tree was ported with (verify's settings, its directory) and the base commit."""
     state = wt.read_state(tree)
-    series = Path(state.series) if state and state.series else None
+    series = wt.project_series(tree, Path(state.series)) if state and state.series else None
     base = state.base if state else None
     if series and series.is_file():
         return suite.parse_settings(load_series(series).verify, str(series)), series.parent, base

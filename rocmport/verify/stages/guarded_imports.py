@@ -140,7 +140,7 @@ def guarded_packages(tree: Path) -> tuple[str, ...]:
 
     packages = set(DEFAULT_PACKAGES)
     state = wt.read_state(tree)
-    series = Path(state.series) if state and state.series else None
+    series = wt.project_series(tree, Path(state.series)) if state and state.series else None
     if series is not None and series.is_file():
         for c in load_series(series).codemods:
             if c["name"] == CODEMOD:
