@@ -57,21 +57,31 @@ def test_every_variant_names_flags_sites_and_why_and_its_sites_are_stable_keys()
         assert any(f in v.why for f in v.flags if f.startswith("--")), f"{v.name}: why names no flag of its own"
 
 
+# Variants whose flags a line's parser refuses (the worker's not-applicable), by the tag of the line:
+# v0.16 has no absorbed MLA nor the DSA indexer's rotation switch the absorbed-MLA variants turn off.
+REFUSED_ON = {
+    "core_v0.16.1": {"fp8-tensorwise-absorbed-mla", "fp4-absorbed-mla"},
+    "core_v0.19.0": set(),
+}
+
+
 @pytest.mark.mirror
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
-def test_the_declared_flags_parse_on_v0_16_s_own_argument_parser(tmp_path):
-    """Each variant's flags, after the small GPT's sizes, through core_v0.16.1's parse_args (exported
-    from the mirror): none refused. A flag the line lacks is refused by the same parser (the
-    worker's not-applicable)."""
+@pytest.mark.parametrize("tag", sorted(REFUSED_ON))
+def test_the_declared_flags_parse_on_the_line_s_own_argument_parser(tmp_path, tag):
+    """Each variant's flags, after the small GPT's sizes, through the tag's parse_args (exported
+    from the mirror): none refused but the ones the line lacks (REFUSED_ON, e.g. the absorbed-MLA
+    variants on v0.16), and a flag no line has is refused by the same parser (the worker's
+    not-applicable)."""
     tree = tmp_path / "mlm"
     tree.mkdir()
     archive = subprocess.run(
-        ["git", "--git-dir", str(MIRROR), "archive", "core_v0.16.1", "megatron"], capture_output=True, check=True
+        ["git", "--git-dir", str(MIRROR), "archive", tag, "megatron"], capture_output=True, check=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    flags = {v.name: list(v.flags) for v in VARIANTS} | {"absent": ["--no-such-flag-in-v0-16"]}
+    flags = {v.name: list(v.flags) for v in VARIANTS} | {"absent": ["--no-such-flag-in-any-line"]}
     code = (
         "import json, sys\n"
         "from rocmport.verify.runtime.gpt_worker import variant_base_flags\n"
@@ -91,7 +101,7 @@ def test_the_declared_flags_parse_on_v0_16_s_own_argument_parser(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out.pop("absent") == "refused 2"
-    assert out == {v.name: "parsed" for v in VARIANTS}
+    assert out == {v.name: "refused 2" if v.name in REFUSED_ON[tag] else "parsed" for v in VARIANTS}
 
 
 def test_variants_option_takes_reach_all_none_and_names_and_refuses_unknown_ones():
@@ -380,3 +390,39 @@ def test_a_variant_s_layer_spec_takes_only_what_the_line_s_spec_functions_accept
     assert variant_layer_spec(margs, specs) == ("te", 4, True, False, True)
     legacy = SimpleNamespace(**{**vars(margs), "transformer_impl": "local", "moe_use_legacy_grouped_gemm": True})
     assert variant_layer_spec(legacy, specs) == ("local", 4, True)
+
+
+def test_an_experimental_attention_variant_takes_the_block_spec_gpt_builder_takes_for_it(monkeypatch):
+    """`--experimental-attention-variant dsa` (the absorbed MLA): the tree's gpt_builder takes
+    get_transformer_block_with_experimental_attention_variant_spec(config=...) for it, not the layer
+    spec functions (whose spec has plain MLA); the worker does the same, with the run's config."""
+    from types import ModuleType, SimpleNamespace
+
+    from rocmport.verify.runtime.gpt_worker import variant_layer_spec
+
+    asked = []
+    experimental = ModuleType("megatron.core.models.gpt.experimental_attention_variant_module_specs")
+    experimental.get_transformer_block_with_experimental_attention_variant_spec = lambda config: (  # type: ignore[attr-defined]
+        asked.append(config) or "absorbed block"
+    )
+    gpt = ModuleType("megatron.core.models.gpt")
+    gpt.experimental_attention_variant_module_specs = experimental  # type: ignore[attr-defined]
+    for name, module in {"megatron.core.models.gpt": gpt, experimental.__name__: experimental}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+    def layer_spec(**kwargs):
+        return ("layer", kwargs["multi_latent_attention"])
+
+    specs = SimpleNamespace(get_gpt_layer_with_transformer_engine_spec=layer_spec)
+    margs = SimpleNamespace(
+        transformer_impl="transformer_engine",
+        num_experts=None,
+        moe_grouped_gemm=False,
+        qk_layernorm=False,
+        multi_latent_attention=True,
+        experimental_attention_variant="dsa",
+    )
+    config = object()
+    assert variant_layer_spec(margs, specs, config) == "absorbed block" and asked == [config]
+    plain = SimpleNamespace(**{**vars(margs), "experimental_attention_variant": None})
+    assert variant_layer_spec(plain, specs, config) == ("layer", True) and asked == [config]

@@ -202,11 +202,17 @@ def _variant_args(flags: list[str], world: int, iters: int):
     return args
 
 
-def variant_layer_spec(margs, gpt_layer_specs):
+def variant_layer_spec(margs, gpt_layer_specs, config=None):
     """The layer spec a variant's args ask for, from the tree's ``gpt_layer_specs``: TE's or the local
     one, with the experts, QK layernorm and MLA they set. The legacy grouped GEMM only where a variant
     asks for it: v0.19's spec functions no longer take `moe_use_legacy_grouped_gemm` (GroupedMLP is
-    gone), and passing its default made every variant fail there with a TypeError."""
+    gone), and passing its default made every variant fail there with a TypeError. With
+    `--experimental-attention-variant`, the block spec the tree's gpt_builder takes for it (from
+    ``config``): e.g. dsa's absorbed MLA."""
+    if getattr(margs, "experimental_attention_variant", None) is not None:
+        from megatron.core.models.gpt import experimental_attention_variant_module_specs as experimental
+
+        return experimental.get_transformer_block_with_experimental_attention_variant_spec(config=config)
     make_spec = (
         gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec
         if margs.transformer_impl == "transformer_engine"
@@ -255,7 +261,7 @@ def train_variant(args) -> None:
     )
     model_parallel_cuda_manual_seed(margs.seed)
     config = core_transformer_config_from_args(margs)
-    spec = variant_layer_spec(margs, gpt_layer_specs)
+    spec = variant_layer_spec(margs, gpt_layer_specs, config)
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     model = GPTModel(
         config=config,

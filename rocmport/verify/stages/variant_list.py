@@ -38,6 +38,19 @@ CP_STOP = (
     "attention takes no CP): the model was built, the first attention forward stops",
 )
 
+# The absorbed MLA (AbsorbedMLASelfAttention, v0.19 on): the tree's gpt_builder takes it for
+# `--experimental-attention-variant dsa` (DeepSeek sparse attention: MLA with its indexer, in PyTorch
+# with the kernel backend `none`). No linear bias (the absorbed MLA asserts it); the indexer's Hadamard
+# rotation is the fast_hadamard_transform package's CUDA kernel, off. 16 indexer heads: the indexer's
+# weights projection (hidden -> heads) is an FP8 GEMM, whose weight TE wants in rows of a multiple of 8.
+ABSORBED_MLA_PY = "megatron/core/transformer/experimental_attention_variant/absorbed_mla.py"
+ABSORBED_MLA = (
+    *MLA,
+    *("--experimental-attention-variant", "dsa", "--disable-bias-linear", "--no-dsa-indexer-rotate-activation"),
+    *("--dsa-indexer-n-heads", "16", "--dsa-indexer-head-dim", "16", "--dsa-indexer-topk", "16"),
+    *("--dsa-indexer-loss-coeff", "0"),
+)
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -137,6 +150,26 @@ VARIANTS: tuple[Variant, ...] = (
         "attention's hierarchical context-parallel gate",
         ranks=4,
         stops=(CP_STOP,),
+    ),
+    Variant(
+        "fp8-tensorwise-absorbed-mla",
+        (*ABSORBED_MLA, "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"),
+        (f"{ABSORBED_MLA_PY}::AbsorbedMLASelfAttention.__init__ te_gate#1 [te-version-gates]",),
+        "--experimental-attention-variant dsa (absorbed MLA) with --fp8-recipe tensorwise: the absorbed MLA's FP8 "
+        "(not delayed) gate",
+    ),
+    Variant(
+        "fp4-absorbed-mla",
+        (*ABSORBED_MLA, "--fp4-format", "e2m1"),
+        (f"{ABSORBED_MLA_PY}::AbsorbedMLASelfAttention.__init__ te_gate#2 [te-version-gates]",),
+        "--experimental-attention-variant dsa (absorbed MLA) with --fp4-format e2m1: the absorbed MLA's FP4 gate",
+        stops=(FP4_STOP,),
+    ),
+    Variant(
+        "fp8-delayed",
+        ("--fp8-format", "hybrid", "--fp8-recipe", "delayed"),
+        (f"{TE_PY}::TEDelayedScaling.__init__ te_gate#1 [te-version-gates]",),
+        "--fp8-recipe delayed (no v0.19 GPT case has it): TE's DelayedScaling recipe, its fp8_dpa gate",
     ),
 )
 
