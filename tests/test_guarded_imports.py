@@ -71,7 +71,21 @@ from megatron.post_training.checkpointing import restore
 """
 
 
-def ported(tmp_path: Path, monkeypatch, files: dict[str, str]) -> Project:
+# A legacy model module (v0.16's megatron/legacy/model/vision/*.py): a module-level apex import, which
+# apex-to-torch guards with its fallback; only a pretrain_vision_* script imports such a file.
+LEGACY_APEX = """\
+import apex
+import torch
+
+
+class Head(torch.nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = apex.parallel.SyncBatchNorm(dim)
+"""
+
+
+def ported(tmp_path: Path, monkeypatch, files: dict[str, str], extra_codemods: tuple[dict, ...] = ()) -> Project:
     """A real apply of guard-nvidia-only-imports (with the v0.16 recipe's TE option) over ``files``."""
     proj = Project(tmp_path, monkeypatch)
     proj.pin(proj.upstream_commit({**BASE_FILES, **MEGATRON, **files}, "upstream with NVIDIA-only imports"))
@@ -79,7 +93,11 @@ def ported(tmp_path: Path, monkeypatch, files: dict[str, str]) -> Project:
     proj.write_series(
         {},
         codemods=[
-            {"name": "guard-nvidia-only-imports", "options": {"packages": {"transformer_engine": "transformer-engine"}}}
+            {
+                "name": "guard-nvidia-only-imports",
+                "options": {"packages": {"transformer_engine": "transformer-engine"}},
+            },
+            *extra_codemods,
         ],
     )
     assert main(["-C", str(proj.root), "apply"]) == 0
@@ -111,6 +129,28 @@ def test_a_guard_in_a_file_no_stage_imports_runs_in_stage_1_and_its_main_does_no
     }
     assert "1 of 1 guarded imports ran with their package absent" in imports["reason"]
     assert not (proj.tree / "examples/post_training/MAIN_RAN").exists()  # imported, never run as __main__
+
+
+@pytest.mark.torch
+def test_apex_to_torch_s_module_level_apex_fallback_runs_in_stage_1(tmp_path, monkeypatch, capsys):
+    """A module-level apex import apex-to-torch guarded, in a file no stage imports: stage 1 imports
+    the file without apex and the fallback runs (its site counted as run by the import)."""
+    rel = "megatron/legacy/model/vision/head.py"
+    files = {
+        "megatron/legacy/__init__.py": "",
+        "megatron/legacy/model/__init__.py": "",
+        "megatron/legacy/model/vision/__init__.py": "",
+        rel: LEGACY_APEX,
+    }
+    proj = ported(tmp_path, monkeypatch, files, ({"name": "apex-to-torch"},))
+    assert "apex_fallback('apex')" in (proj.tree / rel).read_text()
+    code, data = stage_1(proj, capsys)
+    imports = data["stages"][0]
+    assert code == 0 and imports["status"] == "pass", imports
+    assert imports["guarded_imports"]["files"][rel] == {"sites": 1, "ran": 1, "verdict": "imported"}
+    cov = data["port_sites"]["apex-to-torch"]
+    (key,) = [k for k in cov["ran"] if k.startswith(f"{rel}:")]
+    assert cov["ran_by"][key] == [f"imports: {rel}"]
 
 
 @pytest.mark.torch

@@ -123,11 +123,19 @@ VERDICT_WORDS = {
 }
 
 
+# apex-to-torch guards module-level apex imports too (`except ImportError: apex = apex_fallback('apex')`):
+# such a site runs when its file is imported without apex, as a guard-nvidia-only-imports one does.
+APEX_CODEMOD, APEX_FALLBACK = "apex-to-torch", "apex_fallback"
+
+
 def guard_sites(sites: list[port_sites.Site]) -> dict[str, list[port_sites.Site]]:
-    """The port's guard-nvidia-only-imports sites by file, of the port's ``sites`` (port_sites.tree_sites)."""
+    """The port's guarded module-level imports by file, of the port's ``sites`` (port_sites.tree_sites):
+    guard-nvidia-only-imports' sites and apex-to-torch's module-level apex fallbacks (e.g. v0.16's legacy
+    vision models, which only the pretrain_vision_* scripts import)."""
     out: dict[str, list[port_sites.Site]] = {}
     for site in sites:
-        if site.codemod == CODEMOD:
+        apex_guard = site.codemod == APEX_CODEMOD and site.helper == APEX_FALLBACK and site.scope == "<module>"
+        if site.codemod == CODEMOD or apex_guard:
             out.setdefault(site.path, []).append(site)
     return out
 
