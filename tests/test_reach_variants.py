@@ -426,3 +426,48 @@ def test_an_experimental_attention_variant_takes_the_block_spec_gpt_builder_take
     assert variant_layer_spec(margs, specs, config) == "absorbed block" and asked == [config]
     plain = SimpleNamespace(**{**vars(margs), "experimental_attention_variant": None})
     assert variant_layer_spec(plain, specs, config) == ("layer", True) and asked == [config]
+
+
+def test_the_inference_optimized_variant_takes_the_inference_spec_and_runs_forward_steps_only():
+    """`--transformer-impl inference_optimized`: the tree's gpt_builder takes
+    get_gpt_layer_with_inference_spec (whose layers' forward is torch.no_grad: inference only); the
+    worker takes the same, and the variant's run is the schedule's forward steps (`--forward-only`),
+    its pass naming them, with the same loss each iteration."""
+    from types import SimpleNamespace
+
+    from rocmport.verify.runtime.gpt_worker import variant_layer_spec
+
+    def inference_spec(qk_layernorm=False, multi_latent_attention=False, qk_l2_norm=False):
+        return ("inference", qk_layernorm, multi_latent_attention)
+
+    def te_spec(**kwargs):
+        raise AssertionError("the inference-optimized layers are not TE's spec")
+
+    specs = SimpleNamespace(
+        get_gpt_layer_with_inference_spec=inference_spec, get_gpt_layer_with_transformer_engine_spec=te_spec
+    )
+    variant = BY_NAME["inference-optimized-tp2"]
+    flags = dict(zip(variant.flags, [*variant.flags[1:], ""]))
+    assert flags["--transformer-impl"] == "inference_optimized" and flags["--tensor-model-parallel-size"] == "2"
+    assert "--sequence-parallel" in variant.flags and variant.ranks == 2 and variant.forward_only
+    margs = SimpleNamespace(
+        transformer_impl="inference_optimized",
+        num_experts=None,
+        moe_grouped_gemm=False,
+        qk_layernorm=False,
+        multi_latent_attention=False,
+        experimental_attention_variant=None,
+    )
+    assert variant_layer_spec(margs, specs) == ("inference", False, False)
+
+    launcher = SimpleNamespace(command=lambda ranks, args, name: [str(ranks), *args])
+    opts = SimpleNamespace(launcher=launcher)
+    command = variants.variant_command(opts, variant, Path("out.json"))  # type: ignore[arg-type]
+    assert command[0] == "2" and command[-1] == "--forward-only"
+    assert "--forward-only" not in variants.variant_command(opts, BY_NAME["fp8-delayed"], Path("o.json"))  # type: ignore[arg-type]
+    same = [4.8583, 4.8583, 4.8583]
+    assert variants.outcome(variant, 0, {"losses": same}, "", 3) == (
+        "pass",
+        "3 forward-only iterations, loss 4.8583",
+        same,
+    )

@@ -70,6 +70,12 @@ def parse():
         help="a reach variant (JSON list of Megatron command-line flags): this small GPT's sizes and these flags "
         "go through the tree's own argument parser and validate_args, the model is built from the config they give",
     )
+    p.add_argument(
+        "--forward-only",
+        action="store_true",
+        help="a reach variant of an inference-only model: forward steps (the schedule's forward_only), no backward "
+        "or optimizer step",
+    )
     return p.parse_args()
 
 
@@ -209,6 +215,10 @@ def variant_layer_spec(margs, gpt_layer_specs, config=None):
     gone), and passing its default made every variant fail there with a TypeError. With
     `--experimental-attention-variant`, the block spec the tree's gpt_builder takes for it (from
     ``config``): e.g. dsa's absorbed MLA."""
+    if margs.transformer_impl == "inference_optimized":  # as the tree's gpt_builder: the inference spec
+        return gpt_layer_specs.get_gpt_layer_with_inference_spec(
+            qk_layernorm=margs.qk_layernorm, multi_latent_attention=margs.multi_latent_attention
+        )
     if getattr(margs, "experimental_attention_variant", None) is not None:
         from megatron.core.models.gpt import experimental_attention_variant_module_specs as experimental
 
@@ -260,6 +270,12 @@ def train_variant(args) -> None:
         hierarchical_context_parallel_sizes=margs.hierarchical_context_parallel_sizes,
     )
     model_parallel_cuda_manual_seed(margs.seed)
+    set_symmetric = getattr(ps, "_set_global_symmetric_memory_buffer", None)
+    if margs.transformer_impl == "inference_optimized" and set_symmetric is not None:
+        # as v0.16's inference context (maybe_initialize_symmetric_memory): the layers ask this buffer for
+        # symmetric memory (none where the group cannot have it: they take torch.distributed then). v0.19's
+        # layers make theirs themselves (SymmetricMemoryManager.get_buffer): the tree has no such setter.
+        set_symmetric()
     config = core_transformer_config_from_args(margs)
     spec = variant_layer_spec(margs, gpt_layer_specs, config)
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
@@ -286,6 +302,7 @@ def train_variant(args) -> None:
         "cuda" if backend == "nccl" else "cpu",
         bf16=bool(margs.bf16),
         context_parallel=margs.context_parallel_size > 1,
+        forward_only=args.forward_only,
     )
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last})
@@ -378,11 +395,19 @@ def _build_model(args, proxy: bool, fp8: tuple[str, str] | None, ps):
 
 
 def _train_loop(
-    args, model, config, last: bool, device: str, bf16: bool = False, context_parallel: bool = False
+    args,
+    model,
+    config,
+    last: bool,
+    device: str,
+    bf16: bool = False,
+    context_parallel: bool = False,
+    forward_only: bool = False,
 ) -> list[float]:
     """DDP, megatron's optimizer and schedule over the same micro-batches each iteration; the last
     stage's mean lm loss per iteration. ``context_parallel``: each rank takes its chunks of the
-    sequence, as pretrain_gpt's get_batch (get_batch_on_this_cp_rank); its loss is its chunks' mean."""
+    sequence, as pretrain_gpt's get_batch (get_batch_on_this_cp_rank); its loss is its chunks' mean.
+    ``forward_only``: the schedule's forward steps only (an inference-only model), no optimizer step."""
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -454,9 +479,10 @@ def _train_loop(
             num_microbatches=MICROBATCHES,
             seq_length=SEQ,
             micro_batch_size=MBS,
-            forward_only=False,
+            forward_only=forward_only,
         )
-        optimizer.step()
+        if not forward_only:
+            optimizer.step()
         if last:
             losses.append(float(torch.stack([r["lm loss"] for r in reduced]).mean()))
     return losses

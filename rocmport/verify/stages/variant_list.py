@@ -56,8 +56,9 @@ ABSORBED_MLA = (
 class Variant:
     """One reach variant: its ``name`` (`--variants NAME`, the record's entry), the Megatron ``flags``
     it adds, the port ``sites`` it aims at, ``why`` (one line naming the flag or feature), its
-    ``ranks`` (data parallel; tp1/pp1) and the stops that are the proxy's (``stops``: (a text of the
-    exception, the reason))."""
+    ``ranks`` (data parallel at tp1/pp1, unless its flags set a model-parallel size), the stops that are the
+    proxy's (``stops``: (a text of the exception, the reason)) and ``forward_only``: a model Megatron
+    builds for inference only (its layers' forward runs without autograd), whose run is forward steps."""
 
     name: str
     flags: tuple[str, ...]
@@ -65,6 +66,7 @@ class Variant:
     why: str
     ranks: int = 1
     stops: tuple[tuple[str, str], ...] = ()
+    forward_only: bool = False
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -170,6 +172,31 @@ VARIANTS: tuple[Variant, ...] = (
         ("--fp8-format", "hybrid", "--fp8-recipe", "delayed"),
         (f"{TE_PY}::TEDelayedScaling.__init__ te_gate#1 [te-version-gates]",),
         "--fp8-recipe delayed (no v0.19 GPT case has it): TE's DelayedScaling recipe, its fp8_dpa gate",
+    ),
+)
+
+# Megatron's inference-optimized layers (InferenceLayerNormColumnParallelLinear, InferenceRowParallelLinear,
+# v0.16's tensor_parallel/inference_layers.py): TransformerConfig requires RMSNorm and no bias with them,
+# the layers sequence parallelism at tensor parallel > 1, where their all-gather and reduce-scatter run.
+INFERENCE_LAYERS_PY = "megatron/core/tensor_parallel/inference_layers.py"
+INFERENCE_OPTIMIZED = (
+    *("--transformer-impl", "inference_optimized", "--normalization", "RMSNorm", "--disable-bias-linear"),
+    *("--tensor-model-parallel-size", "2", "--sequence-parallel"),
+)
+
+VARIANTS = (
+    *VARIANTS,
+    Variant(
+        "inference-optimized-tp2",
+        INFERENCE_OPTIMIZED,
+        (
+            f"{INFERENCE_LAYERS_PY}::InferenceLayerNormColumnParallelLinear._all_gather nvidia_hopper_or_newer#1 [capability-gates]",
+            f"{INFERENCE_LAYERS_PY}::InferenceRowParallelLinear._matmul_reduce_scatter nvidia_hopper_or_newer#1 [capability-gates]",
+        ),
+        "--transformer-impl inference_optimized at tensor parallel 2: the inference layers' NVLS all-gather and "
+        "reduce-scatter gates (their forward is torch.no_grad, inference only: forward steps)",
+        ranks=2,
+        forward_only=True,
     ),
 )
 
