@@ -25,6 +25,7 @@ from rocmport.verify.stages import variants
 from rocmport.verify.stages.functional.case_run import case_sites_env, note_case_seconds
 from rocmport.verify.stages.variant_list import BY_NAME, VARIANTS
 from tests.test_reach import keys_of, ported_tree, run_in
+from tests.helpers.lines import LINE_PYTHON
 
 MIRROR = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
 
@@ -97,7 +98,11 @@ def test_the_declared_flags_parse_on_the_line_s_own_argument_parser(tmp_path, ta
         "print(json.dumps(out))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(Path(__file__).resolve().parents[1])])}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
+    # v0.17+ need Python 3.12 (typing.override): the line's interpreter (tests/helpers/lines.py)
+    python = sys.executable if tag < "core_v0.17" else LINE_PYTHON
+    if not python:
+        pytest.skip(f"{tag} needs Python 3.12: set ROCMPORT_TEST_PYTHON312 to a Python 3.12 that has torch")
+    proc = subprocess.run([python, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out.pop("absent") == "refused 2"
