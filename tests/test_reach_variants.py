@@ -476,3 +476,50 @@ def test_the_inference_optimized_variant_takes_the_inference_spec_and_runs_forwa
         "3 forward-only iterations, loss 4.8583",
         same,
     )
+
+
+# --- delay-wgrad-compute: the worker's DDP as Megatron's training makes it ---------------------------
+
+
+@pytest.mark.mirror
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.skipif(not MIRROR, reason="set ROCMPORT_TEST_MLM_MIRROR to a local Megatron-LM mirror")
+@pytest.mark.parametrize("in_args", [True, False])
+def test_a_delayed_wgrad_reaches_main_grad_through_the_worker_s_ddp(tmp_path, real_index, in_args):
+    """The delay-wgrad-compute variant's NaN (loss 4.87, nan, nan on both lines): the worker built
+    Megatron's DDP without the args' delay_wgrad_compute, which Megatron's training copies into it.
+    DDP then hooked TE's delayed-wgrad weights' gradient accumulators, which the backward fills with
+    the uncomputed (torch.empty) weight gradients, and nothing accumulated what backward_dw computes.
+    TE 2.12.0's GroupedLinear (delay_wgrad_compute, CPU kernels) in v0.16's DDP from the worker's
+    make_ddp: with the variant's args (in_args) each main_grad is plain torch's weight gradient; DDP
+    made without them (the worker before) holds the uninitialised buffer instead."""
+    from tests.helpers import te_probe
+    from tests.helpers.real import REPO
+
+    layer = te_probe.real_layer("2.12.0")
+    tree = tmp_path / "mlm"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", MIRROR, "archive", "core_v0.16.1", "megatron/core"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    env = te_probe.proxy_env(layer, tmp_path / "boot")
+    env["PYTHONPATH"] += os.pathsep + str(tree)
+    out = tmp_path / "out.json"
+    worker = str(REPO / "tests" / "helpers" / "te_delay_wgrad_worker.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", worker, str(out), str(int(in_args))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0 and out.is_file(), proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    if in_args:
+        assert result["worst"] <= 1e-5, result
+    else:
+        assert result["worst"] > 1e-3, result  # not the weight gradient: what torch.empty held
+    assert result["delay_wgrad_compute"] is in_args

@@ -303,6 +303,7 @@ def train_variant(args) -> None:
         bf16=bool(margs.bf16),
         context_parallel=margs.context_parallel_size > 1,
         forward_only=args.forward_only,
+        ddp_fields=ddp_settings(margs),
     )
     gathered: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(gathered, {"losses": losses, "last": last})
@@ -394,6 +395,27 @@ def _build_model(args, proxy: bool, fp8: tuple[str, str] | None, ps):
     return model, config, last
 
 
+def ddp_settings(margs) -> dict[str, Any]:
+    """The DistributedDataParallelConfig fields a variant's args set that change which gradient DDP
+    accumulates: ``delay_wgrad_compute``, as Megatron's training (get_model copies every DDP field its
+    args have). Without it DDP hooks TE's delayed-wgrad parameters' gradient accumulators, which the
+    backward fills with the uncomputed (torch.empty) weight gradients, and nothing accumulates what
+    ``backward_dw`` computes: main_grad held uninitialised memory, the loss NaN from iteration 2."""
+    return {"delay_wgrad_compute": True} if getattr(margs, "delay_wgrad_compute", False) else {}
+
+
+def make_ddp(config, model, ddp: dict[str, Any] | None = None):
+    """Megatron's DistributedDataParallel around ``model`` as the small GPT's loop wraps it: no grad
+    reduce overlap, no distributed optimizer, and the variant's ``ddp`` fields (ddp_settings)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    return DistributedDataParallel(
+        config,
+        DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=False, **(ddp or {})),
+        model,
+    )
+
+
 def _train_loop(
     args,
     model,
@@ -403,19 +425,19 @@ def _train_loop(
     bf16: bool = False,
     context_parallel: bool = False,
     forward_only: bool = False,
+    ddp_fields: dict[str, Any] | None = None,
 ) -> list[float]:
     """DDP, megatron's optimizer and schedule over the same micro-batches each iteration; the last
     stage's mean lm loss per iteration. ``context_parallel``: each rank takes its chunks of the
     sequence, as pretrain_gpt's get_batch (get_batch_on_this_cp_rank); its loss is its chunks' mean.
-    ``forward_only``: the schedule's forward steps only (an inference-only model), no optimizer step."""
+    ``forward_only``: the schedule's forward steps only (an inference-only model), no optimizer step.
+    ``ddp_fields``: the variant's DDP fields (ddp_settings)."""
     import torch
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.distributed import finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    ddp = DistributedDataParallel(
-        config, DistributedDataParallelConfig(overlap_grad_reduce=False, use_distributed_optimizer=False), model
-    )
+    ddp = make_ddp(config, model, ddp_fields)
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = ddp.no_sync
     optimizer = get_megatron_optimizer(
