@@ -292,3 +292,32 @@ def test_a_failure_raised_in_the_proxy_shim_on_both_trees_is_a_proxy_artifact_no
     assert labels[test] == "proxy-artifact" and "through the CPU backend (RuntimeError: pin_memory" in why[test]
     labels, _ = label(run(upstreams.format(12)), run(upstreams.format(10)), {})
     assert labels[test] == "upstream-known"
+
+
+def test_another_type_on_the_unported_tree_and_the_cpu_backend_s_lack_here_is_a_proxy_artifact():
+    """Measured on v0.19 (TE 2.17.1, --unit-tests reach): test_te_layers_batch_invariant.py's GEMM parity
+    tests fail on the unported tree with `general_gemm() got an unexpected keyword argument 'workspace'`
+    (the TE API the port's te_accepts gate adapts to) and on the port further on, with the batch-invariant
+    GEMM's "requires CUDA tensors" (the proxy's tensors are on the CPU): the proxy's gap, not unverified.
+    Another type there with a failure here that names no CPU-backend lack stays unverified
+    (test_upcycling.py's granularity-2 TE tests: an AssertionError here, APEX's missing kernel there)."""
+    test = "tests/unit_tests/transformer/test_te_layers_batch_invariant.py::test_bik_te_general_gemm_numerical_parity[dtype0]"
+    here = "RuntimeError: Batch-invariant GEMM requires CUDA tensors. at megatron/core/transformer/custom_layers/batch_invariant_kernels.py:957"
+    there = "TypeError: general_gemm() got an unexpected keyword argument 'workspace' at megatron/core/extensions/transformer_engine.py:3552"
+    port = SuiteRun(outcomes={test: "failed"}, details={test: here}, kinds={test: "RuntimeError"})
+    base = SuiteRun(outcomes={test: "failed"}, details={test: there}, kinds={test: "TypeError"})
+    labels, why = label(port, base, {}, blocked=BLOCKED)
+    assert labels[test] == "proxy-artifact"
+    assert "TypeError there: TypeError: general_gemm() got an unexpected keyword argument 'workspace'" in why[test]
+    assert "through the CPU backend (RuntimeError: Batch-invariant GEMM requires CUDA tensors." in why[test]
+
+    upcycling = "tests/unit_tests/transformer/moe/test_upcycling.py::TestGPTModel::test_upcycling_TE[tp_ep1-2-False-False-False]"
+    mismatch = "AssertionError: The output of moe model do not match the output of dense model. at tests/unit_tests/transformer/moe/test_upcycling.py:337"
+    apex = (
+        "RuntimeError: ColumnParallelLinear was called with gradient_accumulation_fusion set to True but the custom"
+        " CUDA extension fused_weight_gradient_mlp_cuda module is not found. at megatron/core/tensor_parallel/layers.py:1071"
+    )
+    port = SuiteRun(outcomes={upcycling: "failed"}, details={upcycling: mismatch}, kinds={upcycling: "AssertionError"})
+    base = SuiteRun(outcomes={upcycling: "failed"}, details={upcycling: apex}, kinds={upcycling: "RuntimeError"})
+    labels, why = label(port, base, {}, blocked=BLOCKED)
+    assert labels[upcycling] == "unverified" and "RuntimeError there, AssertionError here" in why[upcycling]

@@ -164,13 +164,26 @@ def _label_hung(nodeid: str, port: SuiteRun, base: SuiteRun) -> tuple[str, str]:
 
 def _label_failed_on_both(nodeid: str, port: SuiteRun, base: SuiteRun, blocked: tuple[str, ...]) -> tuple[str, str]:
     """A test that fails on both trees: the same way (why: upstream's, the proxy's, the firewall's) or
-    not: another exception type (unverified), or the same type raised with another message (the port's)."""
+    not: another exception type (unverified, unless the port's failure is the CPU backend's named lack:
+    proxy-artifact), or the same type raised with another message (the port's)."""
     base_kind, hung_there = base.kinds.get(nodeid), False
     if nodeid in base.hung and nodeid in base.alone_kinds:
         # it hung in the unported tree's suite and failed when rerun alone: that failure is its outcome there
         base_kind = base.alone_kinds[nodeid]
         hung_there = True
     if port.kinds.get(nodeid) != base_kind:
+        if cpu := cpu_backend_mechanism(_message_and_site(port.details.get(nodeid, ""))[0]):
+            # The port went past the unported tree's failure (an incompatibility it fixed) to what
+            # the CPU proxy lacks, named (measured on v0.19, TE 2.17.1: test_te_layers_batch_invariant.py,
+            # `general_gemm() got an unexpected keyword argument 'workspace'` there, the batch-invariant
+            # GEMM's "requires CUDA tensors" here): the proxy's gap, not the port's failure nor upstream's.
+            there = _message_and_site(base.details.get(nodeid, ""))[0][:160]
+            return (
+                "proxy-artifact",
+                f"fails differently on the unported tree ({base_kind or '?'} there"
+                + (f": {there}" if there else "")
+                + f"); here it fails further on, through {cpu}: the proxy's gap, not verified here",
+            )
         return (
             "unverified",
             f"fails differently on the unported tree ({base_kind or '?'} there, {port.kinds.get(nodeid) or '?'} here)",
