@@ -321,3 +321,23 @@ def test_another_type_on_the_unported_tree_and_the_cpu_backend_s_lack_here_is_a_
     base = SuiteRun(outcomes={upcycling: "failed"}, details={upcycling: apex}, kinds={upcycling: "RuntimeError"})
     labels, why = label(port, base, {}, blocked=BLOCKED)
     assert labels[upcycling] == "unverified" and "RuntimeError there, AssertionError here" in why[upcycling]
+
+
+def test_the_same_type_with_the_cpu_backend_s_lack_here_is_a_proxy_artifact_not_the_port_s():
+    """The same type on both trees with another message: the port's, unless its message names what the
+    CPU backend lacks (v0.19's test_attention.py when recorded: 46 TE tests labelled port-regression
+    for "Found no NVIDIA driver on your system", the unported tree stopping earlier with another
+    RuntimeError). Another message that names no lack stays the port's (seen failing: port-regression)."""
+    test = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
+    here = "RuntimeError: Found no NVIDIA driver on your system. at rocmport/verify/runtime/proxy_shim.py:88"
+    there = "RuntimeError: general_gemm() got an unexpected keyword argument 'workspace' at megatron/core/extensions/transformer_engine.py:3552"
+    port = SuiteRun(outcomes={test: "failed"}, details={test: here}, kinds={test: "RuntimeError"})
+    base = SuiteRun(outcomes={test: "failed"}, details={test: there}, kinds={test: "RuntimeError"})
+    labels, why = label(port, base, {}, blocked=BLOCKED)
+    assert labels[test] == "proxy-artifact", why[test]
+    assert "fails through the CPU backend (RuntimeError: Found no NVIDIA driver" in why[test]
+    assert "general_gemm() got an unexpected keyword argument 'workspace'" in why[test]
+    other = "RuntimeError: cannot import name 'HAVE_TEE' at megatron/core/extensions/transformer_engine.py:12"
+    port = SuiteRun(outcomes={test: "failed"}, details={test: other}, kinds={test: "RuntimeError"})
+    labels, _ = label(port, base, {}, blocked=BLOCKED)
+    assert labels[test] == "port-regression"

@@ -245,14 +245,25 @@ def _label_other_message(nodeid: str, port: SuiteRun, base: SuiteRun, blocked: t
     run the same test files (the port's) in the same environment: the library the port rewrote is
     what differs, so the port's failure is its own (found on a hop of main: the port's `cannot import
     name 'HAVE_TEE'` where the unported tree's module stopped at "Transformer Engine is not
-    installed"), unless both messages name a firewalled package: the port's guard let the import go
-    further, to megatron's own word for the same absence."""
+    installed"), unless both messages name a firewalled package (the port's guard let the import go
+    further, to megatron's own word for the same absence) or the port's names the CPU backend's lack
+    (it went further, to what the proxy does not have)."""
     here, there = port.details[nodeid], base.details[nodeid]
     both = f"here: {here}; on the unported tree: {there}"
     if (needs := _names_package(here, blocked)) and _names_package(there, blocked) == needs:
         return (
             "needs-nvidia-only",
             f"fails on both trees for want of {needs}, which the firewall removes here, in other words ({both})",
+        )
+    if cpu := cpu_backend_mechanism(_message_and_site(here)[0]):
+        # The same type, and here the CPU backend's named lack: the port got past what stopped the
+        # unported tree to what the proxy lacks (v0.19, TE 2.17.1: test_attention.py's TE tests, "Found
+        # no NVIDIA driver on your system" here, a RuntimeError of TE's API there), as a failure of
+        # another type is (_label_failed_on_both). On a GPU the call has its device: not the port's.
+        return (
+            "proxy-artifact",
+            f"fails with another message on the unported tree ({_message_and_site(there)[0][:160]}); here it "
+            f"fails through {cpu}: the proxy's gap, not verified here",
         )
     what = "its module does not import" if _file(nodeid) == nodeid else "it fails"
     return "port-regression", f"{what} with another message than on the unported tree ({both})"
