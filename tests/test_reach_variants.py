@@ -148,7 +148,7 @@ def test_a_tree_without_megatron_training_makes_the_stage_not_applicable_with_or
     assert variants.STAGE.check({"variants": "none"}, setup(layer)) == NotRequested("--variants none")
     (tree / "megatron" / "training").mkdir()
     assert variants.STAGE.check({"variants": "all"}, setup(layer)) == variants.VariantsOptions(
-        "all", (), None, ("cpu-proxy-te2.12.0", "cpu-proxy-te2.12.0-fp8-ocp")
+        "all", (), None, ("cpu-proxy-te2.12.0",)
     )
     assert "pass --te" in variants.STAGE.check({"variants": "all"}, setup(None)).why
 
