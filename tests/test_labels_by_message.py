@@ -270,21 +270,24 @@ def test_a_failure_raised_through_rocmport_s_own_shim_compares_without_the_relat
     )  # another file of rocmport's is another site
 
 
+def failed(test: str, detail: str, kind: str = "RuntimeError") -> SuiteRun:
+    """One tree's suite run in which ``test`` failed with ``detail``, an exception of type ``kind``."""
+    return SuiteRun(outcomes={test: "failed"}, details={test: detail}, kinds={test: kind})
+
+
 def test_a_failure_raised_in_the_proxy_shim_on_both_trees_is_a_proxy_artifact_not_upstream_known():
     """Measured on v0.16 (--unit-tests reach): the context-parallel MLA tests fail on both trees with the
     same pin_memory error (the CPU proxy has no pinned-memory allocator): the proxy's, not upstream's,
     whether sited in proxy_shim.py (where the shim acted) or in megatron's own code (the plugin sites a
     failure past the shim's pass-through there: the message names the CPU backend's lack); a failure
     raised in megatron's own code with no such message stays upstream-known."""
-    from rocmport.verify.stages.unit_tests.results import SuiteRun
-
     test = "tests/unit_tests/transformer/test_multi_latent_attention.py::test_forward"
     shim = "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend at {}rocmport/verify/runtime/proxy_shim.py:116"
     own = "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend at megatron/core/x.py:{}"
     upstreams = "RuntimeError: a view of a leaf Variable that requires grad is being used in an in-place operation. at megatron/core/x.py:{}"
 
     def run(detail: str) -> SuiteRun:
-        return SuiteRun(outcomes={test: "failed"}, details={test: detail}, kinds={test: "RuntimeError"})
+        return failed(test, detail)
 
     labels, why = label(run(shim.format("../../main/")), run(shim.format("../../work/main/")), {})
     assert labels[test] == "proxy-artifact" and "proxy_shim.py" in why[test] and "pin_memory" in why[test]
@@ -304,9 +307,7 @@ def test_another_type_on_the_unported_tree_and_the_cpu_backend_s_lack_here_is_a_
     test = "tests/unit_tests/transformer/test_te_layers_batch_invariant.py::test_bik_te_general_gemm_numerical_parity[dtype0]"
     here = "RuntimeError: Batch-invariant GEMM requires CUDA tensors. at megatron/core/transformer/custom_layers/batch_invariant_kernels.py:957"
     there = "TypeError: general_gemm() got an unexpected keyword argument 'workspace' at megatron/core/extensions/transformer_engine.py:3552"
-    port = SuiteRun(outcomes={test: "failed"}, details={test: here}, kinds={test: "RuntimeError"})
-    base = SuiteRun(outcomes={test: "failed"}, details={test: there}, kinds={test: "TypeError"})
-    labels, why = label(port, base, {}, blocked=BLOCKED)
+    labels, why = label(failed(test, here), failed(test, there, "TypeError"), {}, blocked=BLOCKED)
     assert labels[test] == "proxy-artifact"
     assert "TypeError there: TypeError: general_gemm() got an unexpected keyword argument 'workspace'" in why[test]
     assert "through the CPU backend (RuntimeError: Batch-invariant GEMM requires CUDA tensors." in why[test]
@@ -317,9 +318,7 @@ def test_another_type_on_the_unported_tree_and_the_cpu_backend_s_lack_here_is_a_
         "RuntimeError: ColumnParallelLinear was called with gradient_accumulation_fusion set to True but the custom"
         " CUDA extension fused_weight_gradient_mlp_cuda module is not found. at megatron/core/tensor_parallel/layers.py:1071"
     )
-    port = SuiteRun(outcomes={upcycling: "failed"}, details={upcycling: mismatch}, kinds={upcycling: "AssertionError"})
-    base = SuiteRun(outcomes={upcycling: "failed"}, details={upcycling: apex}, kinds={upcycling: "RuntimeError"})
-    labels, why = label(port, base, {}, blocked=BLOCKED)
+    labels, why = label(failed(upcycling, mismatch, "AssertionError"), failed(upcycling, apex), {}, blocked=BLOCKED)
     assert labels[upcycling] == "unverified" and "RuntimeError there, AssertionError here" in why[upcycling]
 
 
@@ -331,13 +330,11 @@ def test_the_same_type_with_the_cpu_backend_s_lack_here_is_a_proxy_artifact_not_
     test = "tests/unit_tests/transformer/test_attention.py::TestParallelAttention::test_gpu_forward"
     here = "RuntimeError: Found no NVIDIA driver on your system. at rocmport/verify/runtime/proxy_shim.py:88"
     there = "RuntimeError: general_gemm() got an unexpected keyword argument 'workspace' at megatron/core/extensions/transformer_engine.py:3552"
-    port = SuiteRun(outcomes={test: "failed"}, details={test: here}, kinds={test: "RuntimeError"})
-    base = SuiteRun(outcomes={test: "failed"}, details={test: there}, kinds={test: "RuntimeError"})
-    labels, why = label(port, base, {}, blocked=BLOCKED)
+    base = failed(test, there)
+    labels, why = label(failed(test, here), base, {}, blocked=BLOCKED)
     assert labels[test] == "proxy-artifact", why[test]
     assert "fails through the CPU backend (RuntimeError: Found no NVIDIA driver" in why[test]
     assert "general_gemm() got an unexpected keyword argument 'workspace'" in why[test]
     other = "RuntimeError: cannot import name 'HAVE_TEE' at megatron/core/extensions/transformer_engine.py:12"
-    port = SuiteRun(outcomes={test: "failed"}, details={test: other}, kinds={test: "RuntimeError"})
-    labels, _ = label(port, base, {}, blocked=BLOCKED)
+    labels, _ = label(failed(test, other), base, {}, blocked=BLOCKED)
     assert labels[test] == "port-regression"

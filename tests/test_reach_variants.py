@@ -148,7 +148,7 @@ def test_a_tree_without_megatron_training_makes_the_stage_not_applicable_with_or
     assert variants.STAGE.check({"variants": "none"}, setup(layer)) == NotRequested("--variants none")
     (tree / "megatron" / "training").mkdir()
     assert variants.STAGE.check({"variants": "all"}, setup(layer)) == variants.VariantsOptions(
-        "all", (), None, ("cpu-proxy-te2.12.0",)
+        "all", (), None, "cpu-proxy-te2.12.0"
     )
     assert "pass --te" in variants.STAGE.check({"variants": "all"}, setup(None)).why
 
@@ -361,6 +361,22 @@ def test_a_variant_run_on_the_proxy_records_its_site_as_run(tmp_path, real_index
     assert rc in (0, 1) and run["status"] in ("pass", "fail", "unsupported-in-proxy"), run
 
 
+def variant_margs(**given):
+    """A variant's parsed Megatron args as variant_layer_spec reads them: TE's layers, no experts, no
+    QK layernorm, MLA or experimental attention, but what ``given`` sets."""
+    from types import SimpleNamespace
+
+    defaults = dict(
+        transformer_impl="transformer_engine",
+        num_experts=None,
+        moe_grouped_gemm=False,
+        qk_layernorm=False,
+        multi_latent_attention=False,
+        experimental_attention_variant=None,
+    )
+    return SimpleNamespace(**{**defaults, **given})
+
+
 def test_a_variant_s_layer_spec_takes_only_what_the_line_s_spec_functions_accept():
     """v0.19's spec functions have no `moe_use_legacy_grouped_gemm` (GroupedMLP is gone): passing its
     default made every reach variant fail there (TypeError). The worker passes it only to a variant
@@ -384,13 +400,8 @@ def test_a_variant_s_layer_spec_takes_only_what_the_line_s_spec_functions_accept
     specs = SimpleNamespace(
         get_gpt_layer_with_transformer_engine_spec=v019_te_spec, get_gpt_layer_local_spec=v016_local_spec
     )
-    margs = SimpleNamespace(
-        transformer_impl="transformer_engine",
-        num_experts=4,
-        moe_grouped_gemm=True,
-        qk_layernorm=False,
-        multi_latent_attention=True,
-        moe_use_legacy_grouped_gemm=False,
+    margs = variant_margs(
+        num_experts=4, moe_grouped_gemm=True, multi_latent_attention=True, moe_use_legacy_grouped_gemm=False
     )
     assert variant_layer_spec(margs, specs) == ("te", 4, True, False, True)
     legacy = SimpleNamespace(**{**vars(margs), "transformer_impl": "local", "moe_use_legacy_grouped_gemm": True})
@@ -419,14 +430,7 @@ def test_an_experimental_attention_variant_takes_the_block_spec_gpt_builder_take
         return ("layer", kwargs["multi_latent_attention"])
 
     specs = SimpleNamespace(get_gpt_layer_with_transformer_engine_spec=layer_spec)
-    margs = SimpleNamespace(
-        transformer_impl="transformer_engine",
-        num_experts=None,
-        moe_grouped_gemm=False,
-        qk_layernorm=False,
-        multi_latent_attention=True,
-        experimental_attention_variant="dsa",
-    )
+    margs = variant_margs(multi_latent_attention=True, experimental_attention_variant="dsa")
     config = object()
     assert variant_layer_spec(margs, specs, config) == "absorbed block" and asked == [config]
     plain = SimpleNamespace(**{**vars(margs), "experimental_attention_variant": None})
@@ -455,15 +459,11 @@ def test_the_inference_optimized_variant_takes_the_inference_spec_and_runs_forwa
     flags = dict(zip(variant.flags, [*variant.flags[1:], ""]))
     assert flags["--transformer-impl"] == "inference_optimized" and flags["--tensor-model-parallel-size"] == "2"
     assert "--sequence-parallel" in variant.flags and variant.ranks == 2 and variant.forward_only
-    margs = SimpleNamespace(
-        transformer_impl="inference_optimized",
-        num_experts=None,
-        moe_grouped_gemm=False,
-        qk_layernorm=False,
-        multi_latent_attention=False,
-        experimental_attention_variant=None,
+    assert variant_layer_spec(variant_margs(transformer_impl="inference_optimized"), specs) == (
+        "inference",
+        False,
+        False,
     )
-    assert variant_layer_spec(margs, specs) == ("inference", False, False)
 
     launcher = SimpleNamespace(command=lambda ranks, args, name: [str(ranks), *args])
     opts = SimpleNamespace(launcher=launcher)

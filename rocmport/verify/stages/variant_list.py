@@ -51,6 +51,15 @@ ABSORBED_MLA = (
     *("--dsa-indexer-loss-coeff", "0"),
 )
 
+# Megatron's inference-optimized layers (InferenceLayerNormColumnParallelLinear, InferenceRowParallelLinear,
+# v0.16's tensor_parallel/inference_layers.py): TransformerConfig requires RMSNorm and no bias with them,
+# the layers sequence parallelism at tensor parallel > 1, where their all-gather and reduce-scatter run.
+INFERENCE_LAYERS_PY = "megatron/core/tensor_parallel/inference_layers.py"
+INFERENCE_OPTIMIZED = (
+    *("--transformer-impl", "inference_optimized", "--normalization", "RMSNorm", "--disable-bias-linear"),
+    *("--tensor-model-parallel-size", "2", "--sequence-parallel"),
+)
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -173,19 +182,6 @@ VARIANTS: tuple[Variant, ...] = (
         (f"{TE_PY}::TEDelayedScaling.__init__ te_gate#1 [te-version-gates]",),
         "--fp8-recipe delayed (no v0.19 GPT case has it): TE's DelayedScaling recipe, its fp8_dpa gate",
     ),
-)
-
-# Megatron's inference-optimized layers (InferenceLayerNormColumnParallelLinear, InferenceRowParallelLinear,
-# v0.16's tensor_parallel/inference_layers.py): TransformerConfig requires RMSNorm and no bias with them,
-# the layers sequence parallelism at tensor parallel > 1, where their all-gather and reduce-scatter run.
-INFERENCE_LAYERS_PY = "megatron/core/tensor_parallel/inference_layers.py"
-INFERENCE_OPTIMIZED = (
-    *("--transformer-impl", "inference_optimized", "--normalization", "RMSNorm", "--disable-bias-linear"),
-    *("--tensor-model-parallel-size", "2", "--sequence-parallel"),
-)
-
-VARIANTS = (
-    *VARIANTS,
     Variant(
         "inference-optimized-tp2",
         INFERENCE_OPTIMIZED,

@@ -26,7 +26,7 @@ from rocmport.errors import BadInput
 from rocmport.verify.orchestration.contract import NotRequested, RunSetup, Stage, StageRun, VerifyContext, VerifyOptions
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, UNSUPPORTED, StageResult, tree_lacks
 from rocmport.verify.stages.functional.case_run import case_sites_env, note_case_seconds
-from rocmport.verify.stages.functional.stage import run_golden_kinds
+from rocmport.verify.stages.functional.stage import run_golden_kind
 from rocmport.verify.stages.gpt_training import _last_error, launch
 from rocmport.verify.stages.variant_list import BY_NAME, VARIANTS, Variant
 
@@ -81,7 +81,7 @@ class VariantsOptions:
     how: str
     names: tuple[str, ...] = ()
     series_dir: Path | None = None
-    golden_kinds: tuple[str, ...] = ()  # the run's (stage.run_golden_kinds): their goldens put stage 4's cases first
+    golden_kind: str | None = None  # the run's (stage.run_golden_kind): its goldens put stage 4's cases first
 
 
 def parse_variants(value: str) -> tuple[str, tuple[str, ...]]:
@@ -156,9 +156,9 @@ def _selected(options: VariantsOptions, tree: Path) -> tuple[list[str], str]:
     if record is not None:
         covered |= set().union(*record.shared.values()) if record.shared else set()
         # the cases stage 4's reach runs in this run: those with a golden for its device kind first
-        kinds = options.golden_kinds
+        golden = options.golden_kind
         for kind, picked in (
-            ("cases", reach_cases(options.series_dir, tree, (lambda: kinds) if kinds else None)),
+            ("cases", reach_cases(options.series_dir, tree, (lambda: golden) if golden else None)),
             ("unit_tests", reach.reach_unit_tests(options.series_dir, tree)),
         ):
             for name in picked[0] if picked else ():
@@ -239,7 +239,7 @@ class VariantsStage(Stage[VariantsOptions]):
             return NotRequested(tree_lacks("megatron/training"))
         if setup.te is None:
             return NotRequested("the reach variants take Transformer Engine's sites: pass --te")
-        return VariantsOptions(how, names, setup.series_dir, run_golden_kinds(setup.te))
+        return VariantsOptions(how, names, setup.series_dir, run_golden_kind(setup.te))
 
     def launches(self, opts: VerifyOptions, options: VariantsOptions, tmp: Path) -> list[dict]:
         names, _ = _selected(options, opts.tree)

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,12 +65,12 @@ class Selection:
 
 
 def reach_cases(
-    series_dir: Path | None, tree: Path, device_kind: Callable[[], Sequence[str]] | None = None
+    series_dir: Path | None, tree: Path, device_kind: Callable[[], str] | None = None
 ) -> tuple[list[str], str] | None:
     """The line's recorded reach set and a line on it (rocmport.verify.analyses.reach); None where the
     tree has no series or the line no recorded case (the caller falls back). ``device_kind``: the
-    run's golden kinds (stage.run_golden_kinds; asked only where the series has goldens): its cases
-    with a golden are picked first."""
+    run's (stage.run_golden_kind; asked only where the series has goldens): its cases with a golden
+    are picked first."""
     if series_dir is None:
         return None
     from rocmport.verify.analyses import reach
@@ -78,14 +78,13 @@ def reach_cases(
     return reach.reach_cases(series_dir, tree, golden=with_golden(series_dir, device_kind))
 
 
-def with_golden(series_dir: Path, device_kind: Callable[[], Sequence[str]] | None) -> list[str]:
-    """The cases with a golden for one of the run's golden kinds (its device kind, and its FP8 cases'
-    kind) in the series' goldens/ (golden_path's names)."""
+def with_golden(series_dir: Path, device_kind: Callable[[], str] | None) -> list[str]:
+    """The cases with a golden for the run's device kind in the series' goldens/ (golden_path's names)."""
     goldens = sorted((series_dir / "goldens").glob("*.json")) if device_kind is not None else []
     if not goldens or device_kind is None:
         return []
-    suffixes = [f".{kind}.json" for kind in device_kind()]
-    return sorted({p.name[: -len(s)] for p in goldens for s in suffixes if p.name.endswith(s) and p.is_file()})
+    suffix = f".{device_kind()}.json"
+    return sorted(p.name[: -len(suffix)] for p in goldens if p.name.endswith(suffix) and p.is_file())
 
 
 def near(tree: Path, name: str) -> list[str]:
@@ -116,7 +115,7 @@ def select(
     tp: int,
     pp: int,
     te_usable: bool,
-    device_kind: Callable[[], Sequence[str]] | None = None,
+    device_kind: Callable[[], str] | None = None,
 ) -> Selection:
     """The cases ``given`` (``option``'s value: reach, all or names; None is reach) selects
     (``device_kind``: the run's, for reach's cases with a golden)."""

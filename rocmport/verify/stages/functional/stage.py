@@ -180,14 +180,14 @@ def run_device_kind(te: TELayer | None) -> DeviceKind:
     return DeviceKind.of_run("gpu" if machine.has_gpu else PROXY, machine, None)
 
 
-def run_golden_kinds(te: TELayer | None) -> tuple[str, ...]:
-    """The device kinds whose goldens reach's golden-first pick reads: run_device_kind's only. Not an
-    FP8 case's (``cpu-proxy-te<v>-fp8-fnuz`` / ``-ocp``, DeviceKind.for_fp8): measured across two
-    machines of the same kind, an FP8 case's losses drifted from its golden by 2.5e-4 (v0.16's
-    nondet tp1/pp1 FP8 case) and 4.0e-4 (v0.19's current-scaling case), where a case without FP8
-    drifted 1.5e-7 (FP8's rounding turns a last-bit difference of a CPU kernel into a flipped
-    code): a first case picked for its golden must be one whose golden holds on another machine."""
-    return (str(run_device_kind(te)),)
+def run_golden_kind(te: TELayer | None) -> str:
+    """The device kind whose goldens reach's golden-first pick reads: run_device_kind's, never an FP8
+    case's (``cpu-proxy-te<v>-fp8-fnuz`` / ``-ocp``, DeviceKind.for_fp8). Measured across two machines
+    of the same kind, an FP8 case's losses drifted from its golden by 2.5e-4 (v0.16's nondet tp1/pp1
+    FP8 case) and 4.0e-4 (v0.19's current-scaling case), where a case without FP8 drifted 1.5e-7
+    (FP8's rounding turns a last-bit difference of a CPU kernel into a flipped code): a first case
+    picked for its golden must be one whose golden holds on another machine."""
+    return str(run_device_kind(te))
 
 
 def given_cases(cases: str | None, case: str | None) -> tuple[str | None, str]:
@@ -236,7 +236,7 @@ def functional_options(
     # The TE case where doctor finds Transformer Engine usable (installed, in the line's range, built for the GPU),
     # or where TE's Python layer runs on the CPU proxy (--te).
     te_usable = te is not None or for_verify(series_dir / "series" if series_dir else None).te_usable
-    chosen = selection.select(tree, series_dir, case, option, tp, pp, te_usable, lambda: run_golden_kinds(te))
+    chosen = selection.select(tree, series_dir, case, option, tp, pp, te_usable, lambda: run_golden_kind(te))
     if data_path is not None:
         data_path = _data_root(tree, data_path, chosen.cases)
     return FunctionalOptions(
