@@ -183,6 +183,13 @@ VARIANTS: tuple[Variant, ...] = (
         "--fp8-recipe delayed (no v0.19 GPT case has it): TE's DelayedScaling recipe, its fp8_dpa gate",
     ),
     Variant(
+        "sliding-window-attention",
+        ("--window-size", "8,0"),
+        (f"{TE_PY}::TEDotProductAttention.__init__ te_gate#5 [te-version-gates]",),
+        "--window-size 8,0 (a causal sliding window of 8 of the small GPT's 32 tokens): TE attention's "
+        "sliding-window gate",
+    ),
+    Variant(
         "inference-optimized-tp2",
         INFERENCE_OPTIMIZED,
         (
