@@ -47,7 +47,13 @@ NOT_IMPORTED = [
 NOT_RUN = {
     "te_gate": "a TE version gate on a TE code path: {te}",
     "te_has": "a TE feature probe on a TE code path: {te}",
-    "grouped_gemm_hint": "only when --moe-grouped-gemm asks for the grouped_gemm package (the legacy GroupedMLP): verify's MoE case takes TE's GroupedLinear",
+    # The hint is an assert's message: evaluated only when GroupedMLP is built without grouped_gemm, and on
+    # HIP the port's own disable_missing_fusions (validate_args) turns --moe-grouped-gemm off exactly then.
+    "grouped_gemm_hint": (
+        "only where the legacy GroupedMLP is built without the grouped_gemm package: on HIP the port's "
+        "disable_missing_fusions (validate_args) turns --moe-grouped-gemm off then (sequential experts), so "
+        "only code building GroupedMLP past validate_args reaches it; verify's MoE case takes TE's GroupedLinear"
+    ),
     "MissingPackage": "only when the NVIDIA-only package is absent and the guarded import runs",
     "te_accepts": "a TE call-site probe on a TE code path: {te}",
     "save_original_input_ok": "only with FP8 on Transformer Engine layers: {te}",
