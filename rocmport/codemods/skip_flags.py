@@ -169,6 +169,40 @@ class _Bindings(cst.CSTVisitor):
             self._names(node.asname.name)
 
 
+def _statement_bindings(body: Iterable[cst.BaseStatement], into: _Bindings) -> None:
+    """What ``into`` would find visiting every node of ``body``, from the statements alone (a tenth
+    of the time on a 2,000-line module): without assignment expressions, only statements bind
+    names in a module's or a function's scope (comprehension and lambda targets bind their own)."""
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Assign):
+                    for t in small.targets:
+                        into._names(t.target)
+                elif isinstance(small, (cst.AnnAssign, cst.AugAssign, cst.Del)):
+                    into._names(small.target)
+                elif isinstance(small, (cst.Import, cst.ImportFrom)):
+                    small.visit(into)
+            continue
+        if isinstance(stmt, cst.Match):
+            stmt.visit(into)  # patterns bind names
+            continue
+        if isinstance(stmt, cst.For):
+            into._names(stmt.target)
+        elif isinstance(stmt, cst.With):
+            for item in stmt.items:
+                if item.asname is not None:
+                    into._names(item.asname.name)
+        elif isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            into._names(stmt.name)
+        elif isinstance(stmt, (cst.Try, cst.TryStar)):
+            for h in stmt.handlers:
+                if h.name is not None:
+                    into._names(h.name.name)
+        for block, _ in _blocks(stmt):
+            _statement_bindings(block, into)
+
+
 def _imported_tops(stmt: cst.BaseStatement) -> list[tuple[str, cst.CSTNode]]:
     """The top-level packages a simple statement line imports (absolute imports), with each import."""
     out: list[tuple[str, cst.CSTNode]] = []
@@ -243,7 +277,10 @@ class Prover:
         if module is None:
             return {}
         bindings = _Bindings(name)
-        module.visit(bindings)
+        if ":=" in self.texts[rel]:
+            module.visit(bindings)  # an assignment expression may bind it anywhere: every node
+        else:
+            _statement_bindings(module.body, bindings)
         if bindings.star or not bindings.found:
             return {}
         proofs: dict[int, dict[str, str] | None] = {}  # id(binding node) -> its proofs (None: a falsy constant)
