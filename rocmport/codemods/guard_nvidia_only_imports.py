@@ -7,7 +7,12 @@ importing file when used: the failure moves from import time to the code path th
 Except in a module upstream imports only behind feature probes (`try: from megatron.post_training.utils
 import ...; has_nvidia_modelopt = True except ...: False`): there the failing import *is* how upstream
 turns the feature off, and a guard would make the probe say the feature is present
-(codemods/feature_probes.py). Such a file is left as it is, with a report saying which probes decide."""
+(codemods/feature_probes.py). Such a file is left as it is, with a report saying which probes decide.
+
+An import after a module-level skip that happens wherever its package is absent is left too, reported
+as a skip: after `pytest.importorskip` of the package (version 4), or after `if not FLAG:
+pytest.skip(..., allow_module_level=True)` where FLAG is proved from the tree to be true only where
+the package imports (version 5, codemods/skip_flags.py): a guard there could never run."""
 
 from __future__ import annotations
 
