@@ -30,7 +30,7 @@ class Declared:
 DECLARED: dict[str, Declared] = {
     "apex-to-torch": Declared("2"),
     "fused-kernel-fallbacks": Declared("4"),
-    "guard-nvidia-only-imports": Declared("4", options={"packages": {MODULE: DISTRIBUTION}}),
+    "guard-nvidia-only-imports": Declared("5", options={"packages": {MODULE: DISTRIBUTION}}),
     "attention-backend-env": Declared("1"),
     "te-version-gates": Declared("5"),
     "device-probes": Declared("2"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable
 
 import libcst as cst
@@ -10,6 +11,7 @@ from libcst.metadata import PositionProvider
 
 from rocmport.codemods.base import Context, bound_names, dotted, import_names
 from rocmport.codemods.edits import top_level_line
+from rocmport.codemods.skip_flags import imports_pytest, skip_unless
 
 
 def _top(modname: str) -> str:
@@ -49,12 +51,17 @@ def guard_imports(
     fallback: Callable[[str, str, cst.Import | cst.ImportFrom], str],
     flag: Callable[[str], str],
     prelude: str | None = None,
+    skip_flags: Mapping[str, Mapping[str, str]] | None = None,
 ) -> tuple[cst.Module, int]:
     """Guard runs of consecutive module-level imports of ``packages``.
 
     ``fallback(bound_name, full_dotted_source, node)`` returns the expression bound in the except
     branch, after ``prelude`` (e.g. an import of the helper); ``flag(top_package)`` names the HAVE_
-    flag. Imports already inside a try are untouched, which makes the rewrite idempotent."""
+    flag. Imports already inside a try are untouched, which makes the rewrite idempotent.
+
+    ``skip_flags``: FLAG -> {package: proof} for flags whose truth implies the package imports
+    (codemods/skip_flags.py): an import of such packages after a module-level `if not FLAG:
+    pytest.skip(..., allow_module_level=True)` is left unguarded, as after a pytest.importorskip."""
     body = list(module.body)
     if not any(matching_import(stmt, packages) is not None for stmt in body):
         return module, 0
@@ -67,7 +74,8 @@ def guard_imports(
 
     out: list[cst.BaseStatement] = []
     sites = 0
-    skipped: dict[str, int] = {}  # package -> the line of the module-level pytest.importorskip of it
+    skipped: dict[str, str] = {}  # package -> the module-level skip without it (what, where, why)
+    has_pytest = False
 
     def to_guard(stmt: cst.BaseStatement) -> cst.Import | cst.ImportFrom | None:
         """``stmt``'s import of ``packages``, unless each package it imports was importorskipped above:
@@ -79,7 +87,7 @@ def guard_imports(
         if tops and tops <= skipped.keys():
             ctx.skip(
                 f"left unguarded: {module.code_for_node(stmt).strip()}: the file skips itself without "
-                + ", ".join(f"{t} (pytest.importorskip at line {skipped[t]})" for t in sorted(tops))
+                + ", ".join(f"{t} ({skipped[t]})" for t in sorted(tops))
                 + ", so a guard here could never run",
                 line(stmt),
             )
@@ -91,7 +99,15 @@ def guard_imports(
         node = to_guard(body[i])
         if node is None:
             if (top := importorskipped(body[i])) is not None:
-                skipped.setdefault(top, line(body[i]))
+                skipped.setdefault(top, f"pytest.importorskip at line {line(body[i])}")
+            has_pytest = has_pytest or imports_pytest(body[i])
+            if has_pytest and skip_flags and (unless := skip_unless(body[i])) is not None and unless in skip_flags:
+                for pkg, proof in skip_flags[unless].items():
+                    skipped.setdefault(
+                        pkg,
+                        f"`if not {unless}: pytest.skip(..., allow_module_level=True)` at line {line(body[i])}, "
+                        f"and {unless} is true only where {pkg} imports: {proof}",
+                    )
             out.append(body[i])
             i += 1
             continue

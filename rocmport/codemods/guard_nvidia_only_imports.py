@@ -7,7 +7,12 @@ importing file when used: the failure moves from import time to the code path th
 Except in a module upstream imports only behind feature probes (`try: from megatron.post_training.utils
 import ...; has_nvidia_modelopt = True except ...: False`): there the failing import *is* how upstream
 turns the feature off, and a guard would make the probe say the feature is present
-(codemods/feature_probes.py). Such a file is left as it is, with a report saying which probes decide."""
+(codemods/feature_probes.py). Such a file is left as it is, with a report saying which probes decide.
+
+An import after a module-level skip that happens wherever its package is absent is left too, reported
+as a skip: after `pytest.importorskip` of the package (version 4), or after `if not FLAG:
+pytest.skip(..., allow_module_level=True)` where FLAG is proved from the tree to be true only where
+the package imports (version 5, codemods/skip_flags.py): a guard there could never run."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import libcst as cst
 from rocmport.codemods.base import Codemod, Context, import_names
 from rocmport.codemods.feature_probes import probe_only_files
 from rocmport.codemods.guard import guard_imports, helper_import, matching_import
+from rocmport.codemods.skip_flags import skip_flags
 
 DEFAULT_PACKAGES = {"modelopt": "nvidia-modelopt", "nvidia_resiliency_ext": "nvidia-resiliency-ext"}
 
@@ -39,13 +45,22 @@ class GuardNvidiaOnlyImports(Codemod):
         return self.TRIGGERS + tuple(t for pkg in extra for t in (f"\nimport {pkg}", f"\nfrom {pkg}"))
 
     def tree_facts(self, texts: Mapping[str, str], options: dict) -> dict[str, object]:
-        """The files to leave unguarded: relpath -> the files whose feature probes import them."""
-        return dict(probe_only_files(texts, [rel for rel, text in texts.items() if self.triggered(text, options)]))
+        """relpath -> {"probes": the files whose feature probes import it} for a file to leave
+        unguarded, and/or {"skip_flags": {FLAG: {package: proof}}} for a file that skips itself at
+        module level unless FLAG, a flag true only where the package imports (codemods/skip_flags.py)."""
+        triggered = [rel for rel, text in texts.items() if self.triggered(text, options)]
+        facts: dict[str, dict] = {rel: {"probes": probes} for rel, probes in probe_only_files(texts, triggered).items()}
+        packages = {**DEFAULT_PACKAGES, **options.get("packages", {})}
+        for rel, flags in skip_flags(texts, triggered, packages).items():
+            facts.setdefault(rel, {})["skip_flags"] = flags
+        return dict(facts)
 
     def transform(self, module: cst.Module, ctx: Context):
         packages = dict(DEFAULT_PACKAGES)
         packages.update(ctx.options.get("packages", {}))
-        if isinstance(ctx.facts, list) and ctx.facts:
+        facts = ctx.facts if isinstance(ctx.facts, dict) else {}
+        probes = facts.get("probes") or []
+        if probes:
             imported = sorted(
                 {
                     packages[top]
@@ -57,8 +72,8 @@ class GuardNvidiaOnlyImports(Codemod):
             )
             ctx.skip(
                 f"left unguarded: upstream imports this module only behind feature probes "
-                f"({', '.join(ctx.facts)}), which must see it fail where {' / '.join(imported)} is absent",
-                probes=list(ctx.facts),
+                f"({', '.join(probes)}), which must see it fail where {' / '.join(imported)} is absent",
+                probes=list(probes),
             )
             return module, 0
 
@@ -73,4 +88,5 @@ class GuardNvidiaOnlyImports(Codemod):
             fallback,
             lambda top: f"HAVE_{top.upper()}",
             prelude=helper_import(ctx, "MissingPackage"),
+            skip_flags=facts.get("skip_flags"),
         )

@@ -233,3 +233,148 @@ def test_aliases_exact_before_after():
         "megatron/training/ft_integration.py",
         sites=2,
     )
+
+
+# Version 5: shaped like v0.19's tests/unit_tests/generalized_tensor_parallel/ and the two modules
+# behind their flag (megatron/core/tensor_parallel/gtp_api.py, generalized_tensor_parallelism.py).
+GTP_TEST = """\
+import pytest
+import torch
+
+from megatron.core.tensor_parallel.gtp_api import HAVE_GTP
+
+if not HAVE_GTP:
+    pytest.skip("GTP requires TransformerEngine >= 2.19", allow_module_level=True)
+
+import transformer_engine.pytorch as te
+from transformer_engine.pytorch import fp8_autocast
+"""
+GTP_IMPL = """\
+import torch
+
+try:
+    import transformer_engine as te  # noqa: F401
+
+    if te.__version__ < "2.19":
+        raise ImportError("too old")
+    from transformer_engine.pytorch.utils import nvtx_range_pop
+
+    HAVE_TE = True
+except (ImportError, ModuleNotFoundError):
+    te = None
+    HAVE_TE = False
+"""
+GTP_API = """\
+try:
+    from megatron.core.tensor_parallel.generalized_tensor_parallelism import (
+        HAVE_TE,
+        wrap_module_params_gtp,
+    )
+
+    HAVE_GTP = HAVE_TE
+except ImportError:
+    HAVE_GTP = False
+"""
+GTP_TEST_REL = "tests/unit_tests/generalized_tensor_parallel/test_gtp_basics.py"
+TE_SPEC = {"name": "guard-nvidia-only-imports", "options": {"packages": {"transformer_engine": "transformer-engine"}}}
+
+
+GTP_IMPL_REL = "megatron/core/tensor_parallel/generalized_tensor_parallelism.py"
+
+
+def _port(tmp_path, changed: dict[str, str] | None = None):
+    """The GTP tree (with ``changed`` files: relpath -> text) through the codemod: (test file after, reports)."""
+    from rocmport.codemods import compute_layers
+    from tests.codemods.test_framework import make_tree
+
+    files = {
+        "megatron/__init__.py": "",
+        "megatron/core/__init__.py": "",
+        "megatron/core/tensor_parallel/__init__.py": "",
+        GTP_IMPL_REL: GTP_IMPL,
+        "megatron/core/tensor_parallel/gtp_api.py": GTP_API,
+        GTP_TEST_REL: GTP_TEST,
+        **(changed or {}),
+    }
+    tree = make_tree(tmp_path / "t", files)
+    layer = compute_layers(tree, [TE_SPEC], jobs=1, cache_dir=tmp_path / "c").layers[0]
+    return layer.files.get(GTP_TEST_REL, files[GTP_TEST_REL]), [
+        r for r in layer.all_reports() if r.path == GTP_TEST_REL
+    ]
+
+
+def test_an_import_after_a_skip_on_a_flag_implying_its_package_stays_unguarded(tmp_path):
+    """HAVE_GTP is true only where transformer_engine imports: without it the file skips itself
+    before the import, so a guard there could never run (v0.19: 13 sites that ran on no proxy)."""
+    after, reports = _port(tmp_path)
+    assert after == GTP_TEST
+    skips = [r for r in reports if r.kind == "skip"]
+    assert [(r.line, r.message.split(":")[0]) for r in skips] == [(9, "left unguarded"), (10, "left unguarded")]
+    assert (
+        "transformer_engine (`if not HAVE_GTP: pytest.skip(..., allow_module_level=True)` at line 6, and HAVE_GTP is "
+        "true only where transformer_engine imports: HAVE_GTP (megatron/core/tensor_parallel/gtp_api.py) ⇐ HAVE_TE "
+        "(megatron/core/tensor_parallel/generalized_tensor_parallelism.py: after `import transformer_engine as te` "
+        "in its try)), so a guard here could never run" in skips[0].message
+    )
+
+
+def _guarded(after: str) -> bool:
+    return "    te = MissingPackage('transformer-engine', 'transformer_engine.pytorch', " in after
+
+
+def test_a_flag_that_does_not_imply_the_package_leaves_the_import_guarded(tmp_path):
+    # HAVE_TE true unconditionally
+    after, reports = _port(tmp_path / "a", {GTP_IMPL_REL: "HAVE_TE = True\n"})
+    assert _guarded(after) and not [r for r in reports if r.kind == "skip"]
+    # HAVE_TE set after an import of another package in its try
+    other = GTP_IMPL.replace("import transformer_engine as te", "import torchao as te").replace(
+        "from transformer_engine.pytorch.utils", "from torchao.utils"
+    )
+    after, _ = _port(tmp_path / "b", {GTP_IMPL_REL: other})
+    assert _guarded(after)
+    # HAVE_TE also set True outside the try (one binding not proven is enough)
+    outside = GTP_IMPL + "\nif torch.cuda.is_available():\n    HAVE_TE = True\n"
+    after, _ = _port(tmp_path / "c", {GTP_IMPL_REL: outside})
+    assert _guarded(after)
+    # HAVE_TE rebound in a function through `global`
+    rebound = GTP_IMPL + "\n\ndef enable():\n    global HAVE_TE\n    HAVE_TE = 1\n"
+    after, _ = _port(tmp_path / "d", {GTP_IMPL_REL: rebound})
+    assert _guarded(after)
+    # a skip that is not the module-level `pytest.skip(..., allow_module_level=True)`
+    warned = GTP_TEST.replace(
+        'pytest.skip("GTP requires TransformerEngine >= 2.19", allow_module_level=True)', "print('no GTP')"
+    )
+    after, _ = _port(tmp_path / "e", {GTP_TEST_REL: warned})
+    assert _guarded(after)
+
+
+def test_an_alias_chain_in_the_same_file_is_followed(tmp_path):
+    """The flag assigned in the test file itself, from a name of the tree by another name."""
+    local = """\
+import pytest
+
+from megatron.core.tensor_parallel.generalized_tensor_parallelism import HAVE_TE as _te_ok
+
+TE_OK = _te_ok
+GTP_OK = TE_OK
+
+if not GTP_OK:
+    print("skipping")
+    pytest.skip("needs TE", allow_module_level=True)
+
+import transformer_engine.pytorch as te
+"""
+    after, reports = _port(tmp_path / "a", {GTP_TEST_REL: local})
+    assert after == local
+    (skip,) = [r for r in reports if r.kind == "skip"]
+    assert (
+        "GTP_OK (tests/unit_tests/generalized_tensor_parallel/test_gtp_basics.py) ⇐ TE_OK "
+        "(tests/unit_tests/generalized_tensor_parallel/test_gtp_basics.py) ⇐ _te_ok "
+        "(tests/unit_tests/generalized_tensor_parallel/test_gtp_basics.py) ⇐ HAVE_TE "
+        "(megatron/core/tensor_parallel/generalized_tensor_parallelism.py: after `import transformer_engine as te` "
+        "in its try)" in skip.message
+    )
+    # a cycle proves nothing
+    cycle = local.replace("TE_OK = _te_ok", "TE_OK = GTP_OK")
+    after, _ = _port(tmp_path / "b", {GTP_TEST_REL: cycle})
+    assert _guarded(after)
