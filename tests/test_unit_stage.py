@@ -657,6 +657,71 @@ def test_hang_rerun_alone_is_flaky_and_leaked_groups_are_released(tmp_path, chil
     assert d.peak["released_groups"] >= 2 * 30 and d.peak["threads"] < 40, d.peak
 
 
+# megatron's parallel_state in small: initialize forgets the groups of an earlier one (upstream's
+# Utils.initialize_model_parallel calls destroy_model_parallel first), destroy only forgets its own.
+PARALLEL_STATE = textwrap.dedent("""\
+    import torch.distributed as dist
+
+    _GROUPS = None
+
+
+    def initialize_model_parallel():
+        global _GROUPS
+        _GROUPS = [dist.new_group([0, 1]) for _ in range(3)]
+
+
+    def destroy_model_parallel():
+        global _GROUPS
+        _GROUPS = None
+
+
+    def model_parallel_is_initialized():
+        return _GROUPS is not None
+    """)
+
+FAILS_WITH_MODEL_PARALLEL_UP = textwrap.dedent("""\
+    import pytest
+    import torch
+    import torch.distributed as dist
+
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+    @pytest.mark.parametrize("n", range(10))
+    def test_fails_before_its_destroy(n):
+        ps.destroy_model_parallel()
+        ps.initialize_model_parallel()
+        held = ps._GROUPS  # the failure's traceback holds them too
+        dist.all_reduce(torch.ones(1), group=held[-1])
+        assert False, "fails before destroy_model_parallel, as test_attention.py's correctness tests do on the proxy"
+        ps.destroy_model_parallel()
+
+
+    def test_passes():
+        ps.initialize_model_parallel()
+        ps.destroy_model_parallel()
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_groups_of_tests_that_fail_with_model_parallelism_up_are_released(tmp_path, child_env):
+    """Failed tests leave model parallelism up and the next test only forgets their groups: they
+    are released all the same (each gloo group holds worker threads; before, a file of such
+    failures grew each rank's threads until the machine's limit)."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "megatron" / "core" / "parallel_state.py").write_text(PARALLEL_STATE)
+    (tree / "tests" / "unit_tests" / "test_mp_up.py").write_text(FAILS_WITH_MODEL_PARALLEL_UP)
+    res = run_tests(tree, ["tests/unit_tests/test_mp_up.py"], child_env(tree), nproc=2)
+    failed = [k for k, v in res.outcomes.items() if v == "failed"]
+    assert len(failed) == 10 and res.outcomes["tests/unit_tests/test_mp_up.py::test_passes"] == "passed"
+    # 33 groups per rank, 3 threads each here (no proxy shim): before, 3 per rank released, 100 threads kept.
+    assert res.peak["released_groups"] >= 2 * 30 and res.peak["threads"] < 40, res.peak
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 def test_injected_port_bug_is_a_port_regression_and_exit_1(tmp_path, capsys):

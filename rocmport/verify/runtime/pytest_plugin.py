@@ -20,8 +20,9 @@ Like upstream's CI in its development environment it deselects the tests marked 
 
 Between tests it releases what a test leaked: gloo connects every subgroup at creation, with two
 worker threads of its own (the proxy shim shares one TCP device, and its event loop, per process),
-and megatron's `destroy_model_parallel` only forgets its groups; a group that the test created and
-nothing references any more is destroyed once model parallelism is down.
+and megatron's `destroy_model_parallel` only forgets its groups; a group that a test created and
+nothing references any more is destroyed after that test or, while something still holds it (the
+last failure's traceback, megatron's state while model parallelism is up), after a later one.
 
 In both modes a per-test watchdog (protocol.UNIT_TEST_TIMEOUT seconds) turns a test that hangs
 (ranks waiting on a collective that never completes) into a failure, not a stage without end. A test
@@ -61,6 +62,7 @@ _TIMERS: list = []
 _LOCAL_SPEC: list[str] = []  # tests that asked for TE's layer spec and got the local one
 _PEAK = {"threads": 0, "rss_mb": 0.0, "released_groups": 0}
 _GROUPS_BEFORE: set[int] = set()
+_GROUPS_LEFT: set[int] = set()  # groups earlier tests created that are still alive: still theirs to release
 _DESELECTED: dict[str, str] = {}  # nodeid -> the marker for which upstream's CI deselects it
 _MODULES: dict[str, str] = {}  # test file -> how its collection went: passed | skipped | failed
 # (nodeid, phase) of a failure raised through the proxy shim's pass-through -> where, past it
@@ -363,23 +365,27 @@ def _unreferenced(pg, c10d) -> bool:
 
 
 def _release_groups() -> None:
-    """Destroy the process groups this test created that nothing references any more, once
-    megatron's model parallelism is down (so its groups are forgotten). Groups that existed before
-    the test (a fixture's, the default group) are never touched."""
+    """Destroy the process groups the tests created that nothing references any more: this test's,
+    and those earlier tests left alive (_GROUPS_LEFT). Groups that existed before the tests (a
+    session's, the default group) are never touched; megatron's current groups are referenced by
+    parallel_state while model parallelism is up, and stay.
+
+    Whether model parallelism is still up does not matter: a test that fails before its
+    `destroy_model_parallel` leaves it up, and the next test's `initialize_model_parallel` only
+    forgets those groups before it makes its own. Released only once model parallelism was down and
+    only the groups of the test that ran, a file whose tests fail in a row (upstream's
+    test_attention.py on the proxy: 40 of its parallel-correctness tests) kept every failed test's
+    groups, 2 gloo worker threads each, until its 8 ranks held 4036 threads apiece and the machine's
+    thread limit ended the run."""
+    _GROUPS_LEFT.clear()
     dist, c10d = _c10d()
     if dist is None:
         return
-    try:
-        from megatron.core import parallel_state as ps
-
-        if ps.model_parallel_is_initialized():
-            return
-    except ImportError:
-        pass
     new = [pg for pg in c10d._world.pg_map if id(pg) not in _GROUPS_BEFORE]
     if not new:
         return
     del new
+    _drop_last_failure()
     gc.collect()  # a test's model holds its groups through reference cycles until a collection
     world = c10d.GroupMember.WORLD
     for pg in list(c10d._world.pg_map):
@@ -390,6 +396,16 @@ def _release_groups() -> None:
             _PEAK["released_groups"] += 1
         except Exception:  # noqa: BLE001 - a group torch will not destroy stays, as it would upstream
             pass
+    _GROUPS_LEFT.update(id(pg) for pg in c10d._world.pg_map if id(pg) not in _GROUPS_BEFORE)
+
+
+def _drop_last_failure() -> None:
+    """pytest keeps the last failed test's exception in sys.last_* for post-mortem debugging, which
+    verify's ranks never do: its traceback holds the test's frames, and through them its model and
+    process groups, until the next failure. Its report is made by now."""
+    for name in ("last_exc", "last_type", "last_value", "last_traceback"):
+        if hasattr(sys, name):
+            delattr(sys, name)
 
 
 def _sample_peak() -> None:
@@ -450,7 +466,7 @@ def pytest_runtest_logstart(nodeid, location):
     dist, c10d = _c10d()
     _GROUPS_BEFORE.clear()
     if dist is not None:
-        _GROUPS_BEFORE.update(id(pg) for pg in c10d._world.pg_map)
+        _GROUPS_BEFORE.update(id(pg) for pg in c10d._world.pg_map if id(pg) not in _GROUPS_LEFT)
     _write()
     _watchdog(nodeid)
 
