@@ -161,7 +161,7 @@ def test_verify_dry_run_renders_every_stage(tmp_path, capsys):
         "gpt-training (reference)",
         "gpt-training (run)",
         "unit-tests",
-        "unit-tests (baseline, unless cached)",
+        "unit-tests (baseline: the files of what the port did not pass, unless cached or none)",
         "functional",
     ]
     assert (

@@ -149,7 +149,14 @@ def test_stage_labels_against_cached_baseline(tmp_path, child_env):
     assert on_base["test_add"] == "passed" and on_base["test_upstream_broken"] == "failed"
     assert on_base["tests/unit_tests/test_needs_te.py"] == "error"
     assert d["baseline"]["commit"] == base and not d["baseline"]["cached"]
-    assert d["baseline"]["counts"] == {"passed": 3, "skipped": 1, "failed": 1, "error": 1}
+    # the unported tree ran what the port did not pass, no more: test_skipped never ran there
+    failing = [f"tests/unit_tests/test_ops.py::{t}" for t in ("test_add", "test_fails_on_rank_one_only", "test_listed")]
+    ran = sorted([*failing, "tests/unit_tests/test_needs_te.py", "tests/unit_tests/test_ops.py::test_upstream_broken"])
+    assert d["baseline"]["ran"] == ran and d["baseline"]["tests_not_on_port"] == 0
+    assert d["baseline"]["counts"] == {"passed": 3, "skipped": 0, "failed": 1, "error": 1}
+    (kept,) = (tmp_path / "cache" / "unit-baselines").glob("*.json")
+    assert sorted(json.loads(kept.read_text())["outcomes"]) == ran
+    assert f"baseline run at {base[:12]} on what the port did not pass (4 of its 5 tests and 1 file)" in res.reason
     assert "2 port-regression, 1 upstream-known, 1 needs-nvidia-only, 1 known-failure" in res.reason
     assert g(tree, "worktree", "list").count("\n") == 0  # the baseline checkout is gone
     again = stage_unit_tests(
@@ -194,12 +201,14 @@ def test_a_baseline_cached_in_the_earlier_layout_loads_and_writes_back_byte_for_
 @pytest.mark.torch
 @pytest.mark.slow
 def test_the_stage_labels_against_a_baseline_cached_in_the_earlier_layout(tmp_path, child_env):
-    """That record, where `baseline()` looks for the toy tree's baseline: stage 3 reuses it (no run of the
-    unported tree) and labels the port against it as against a fresh run."""
+    """That record, where `baseline()` looks for the toy tree's baseline of the port's failures: stage 3
+    reuses it (no run of the unported tree) and labels the port against it as against a fresh run."""
     tree, base = upstream_repo(tmp_path / "up")
     env = child_env(tree)
+    ops = [f"tests/unit_tests/test_ops.py::{t}" for t in ("test_add", "test_upstream_broken", "test_listed")]
+    failing = [*ops, "tests/unit_tests/test_ops.py::test_fails_on_rank_one_only", "tests/unit_tests/test_needs_te.py"]
     cache = unit_baseline.baseline_cache(
-        tree, base, FILES, env, 2, tmp_path / "cache", unit_baseline.overlay_files(tree, base)
+        tree, base, FILES, env, 2, tmp_path / "cache", unit_baseline.overlay_files(tree, base), failing
     )
     cache.parent.mkdir(parents=True)
     cache.write_text(OLD_CACHE.read_text())
@@ -216,6 +225,134 @@ def test_the_stage_labels_against_a_baseline_cached_in_the_earlier_layout(tmp_pa
     assert d.baseline.counts == {"passed": 3, "skipped": 1, "failed": 1, "error": 1} and d.baseline.tests == 5
     assert d.on_baseline["tests/unit_tests/test_ops.py::test_add"] == "passed"
     assert cache.read_text() == OLD_CACHE.read_text()  # read, not rewritten
+
+
+def test_the_baseline_s_cache_key_is_the_set_of_tests_it_runs(tmp_path, child_env):
+    """The unported tree runs the port's failures (to_label): another set of them is another run there,
+    the same set in another order the same one."""
+    tree, base = upstream_repo(tmp_path / "up")
+    env, overlay = child_env(tree), unit_baseline.overlay_files(tree, base)
+    a, b = "tests/unit_tests/test_ops.py::test_add", "tests/unit_tests/test_needs_te.py"
+
+    def key(only):
+        return unit_baseline.baseline_cache(tree, base, FILES, env, 2, tmp_path, overlay, only)
+
+    assert key([a, b]) == key([b, a])
+    assert len({key([a]), key([a, b]), key([b]), key(None)}) == 4
+
+
+def test_the_baseline_runs_the_port_s_failures_a_module_s_error_as_its_file_and_nothing_more(tmp_path):
+    """What the labels read of the unported tree: each failed or errored test id (odd parametrisations
+    as written), a test module that does not import on the port as its whole file (its tests there are
+    what the port-regression of a broken import counts), a conftest.py's error as the selected files
+    below it, a not-run file's tests that have no outcome (the file where none is named); never a test
+    the port passed or skipped; nothing at all when the port passed everything."""
+    names = ("test_a.py", "test_b.py", "sub/conftest.py", "sub/test_c.py", "test_d.py", "test_e.py")
+    names += ("pkg/__init__.py", "pkg/test_f.py")
+    root = tmp_path / "t" / "tests" / "unit_tests"
+    (root / "sub").mkdir(parents=True)
+    (root / "pkg").mkdir()
+    for name in names:
+        (root / name).write_text("")
+    ut = "tests/unit_tests/"
+    port = SuiteRun(
+        outcomes={
+            ut + "test_a.py::test_ok": "passed",
+            ut + "test_a.py::test_skip": "skipped",
+            ut + "test_a.py::test_p[x::y-[z] a b]": "failed",
+            ut + "test_a.py::TestK::test_hung": "failed",
+            ut + "test_b.py": "error",
+            ut + "sub/conftest.py": "error",
+            ut + "pkg/__init__.py": "error",  # a package that does not import: its test files, not it
+            ut + "test_d.py::test_one": "passed",
+        },
+        files={
+            ut + "test_d.py": FileRun("not-run", {"passed": 1}, 7, "budget", (ut + "test_d.py::test_two",)),
+            ut + "test_e.py": FileRun("not-run", {}, 0, "pytest never collected it"),
+        },
+    )
+    assert unit_baseline.to_label(tmp_path / "t", ["tests/unit_tests"], port) == sorted(
+        [
+            ut + "test_a.py::TestK::test_hung",
+            ut + "test_a.py::test_p[x::y-[z] a b]",
+            ut + "test_b.py",
+            ut + "sub/test_c.py",
+            ut + "pkg/test_f.py",
+            ut + "test_d.py::test_two",
+            ut + "test_e.py",
+        ]
+    )
+    passed = SuiteRun(outcomes={ut + "test_a.py::test_ok": "passed", ut + "test_a.py::test_skip": "skipped"})
+    assert unit_baseline.to_label(tmp_path / "t", ["tests/unit_tests"], passed) == []
+
+
+REACHES_A_NEW_MODULE = textwrap.dedent("""\
+    from megatron.core import extra
+
+    def test_extra():
+        assert extra.value() == 2
+    """)
+ODD_PARAMETRISATIONS = textwrap.dedent("""\
+    import os
+    import pytest
+
+    @pytest.mark.parametrize("v", ["x::y [z]", "a b", "ok"])
+    def test_p(v):
+        assert v == "ok" or "ROCMPORT_BASELINE_GUARDS" in os.environ  # fails on the port only
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_the_baseline_runs_only_the_port_s_failures_even_where_its_module_does_not_import(tmp_path, child_env):
+    """The unported tree is given the port's failing tests: parametrised ids with brackets, spaces and
+    `::` in them get their outcome there, a test the port passed does not run there, and a failing test
+    whose module does not import on the unported tree (a module the port added) has that module's
+    error there while the other files' tests still run: pytest, given a test id it cannot collect,
+    ends the whole session ("found no collectors"), so the ids travel to the plugin, not on its
+    command line."""
+    tree, base = upstream_repo(tmp_path / "up")
+    g(tree, "checkout", "-q", base, "--", "megatron")  # the port: no bug but what follows
+    (tree / "megatron" / "core" / "extra.py").write_text("def value():\n    return 3\n")
+    (tree / "tests" / "unit_tests" / "test_extra.py").write_text(REACHES_A_NEW_MODULE)
+    (tree / "tests" / "unit_tests" / "test_params.py").write_text(ODD_PARAMETRISATIONS)
+    g(tree, "add", "-A")
+    g(tree, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "port")
+    files = ["tests/unit_tests/test_extra.py", "tests/unit_tests/test_params.py", "tests/unit_tests/test_ops.py"]
+    res = stage_unit_tests(tree, child_env(tree), files, 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    d = res.details
+    assert isinstance(d, UnitTestsRun)
+    params = [f"tests/unit_tests/test_params.py::test_p[{v}]" for v in ("a b", "x::y [z]")]
+    extra, broken = "tests/unit_tests/test_extra.py::test_extra", "tests/unit_tests/test_ops.py::test_upstream_broken"
+    assert d.baseline.ran == sorted([extra, *params, broken])
+    assert d.labels == {
+        extra: "unverified",
+        params[0]: "port-regression",
+        params[1]: "port-regression",
+        broken: "upstream-known",
+    }, d.label_reasons
+    assert d.label_reasons[extra].startswith("its module does not import on the unported tree: ")
+    assert d.on_baseline[params[0]] == "passed" and d.on_baseline[broken] == "failed"
+    (kept,) = (tmp_path / "cache" / "unit-baselines").glob("*.json")
+    assert sorted(json.loads(kept.read_text())["outcomes"]) == sorted(
+        [*params, broken, "tests/unit_tests/test_extra.py"]
+    )
+    assert d.baseline.counts == {"passed": 2, "skipped": 0, "failed": 1, "error": 1}
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_no_baseline_runs_when_the_port_has_nothing_to_label(tmp_path, child_env):
+    tree, base = upstream_repo(tmp_path / "up")
+    passing = ["tests/unit_tests/test_ops.py::test_add", "tests/unit_tests/test_ops.py::test_skipped"]
+    g(tree, "checkout", "-q", base, "--", "megatron")
+    res = stage_unit_tests(tree, child_env(tree), passing, 2, {}, tmp_path / "cache", base, blocked=BLOCKED)
+    d = res.details
+    assert res.status == "pass" and isinstance(d, UnitTestsRun) and d.counts["passed"] == 1
+    assert d.baseline.ran == [] and d.baseline.counts == {"passed": 0, "skipped": 0, "failed": 0, "error": 0}
+    assert d.baseline_seconds == 0.0 and f"no baseline run at {base[:12]}: nothing to label" in res.reason
+    assert not (tmp_path / "cache" / "unit-baselines").exists()
+    assert g(tree, "worktree", "list").count("\n") == 0  # no checkout made either
 
 
 def test_a_baseline_made_on_another_proxy_is_kept_apart(tmp_path, child_env, monkeypatch):
@@ -1006,7 +1143,7 @@ def test_te_layer_spec_becomes_local_and_upstream_ci_s_deselection_is_listed(tmp
     ]
     flaky = "tests/unit_tests/test_specs.py::test_upstream_ci_skips_in_dev"
     assert list(res["deselected"]) == [flaky] and "flaky_in_dev" in res["deselected"][flaky]
-    assert res["baseline"]["counts"] == {"passed": 2, "skipped": 0, "failed": 0, "error": 0}
+    assert res["baseline"]["ran"] == []  # nothing to label: the unported tree did not run
     assert "1 deselected as upstream's CI does (flaky_in_dev)" in res["reason"] and res["status"] == "pass"
 
 

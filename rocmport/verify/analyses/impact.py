@@ -373,7 +373,7 @@ def impact_summary(
             else "full suite: no pass recorded here (run `rocmport verify --unit-tests all`)"
         )
         + (
-            f"; about {saved:.0f} s saved per tree, port and unported baseline (what the files left out took in "
+            f"; about {saved:.0f} s saved on the port's run (what the files left out took in "
             f"the last full run, at {str(run.get('base') or run.get('commit'))[:12]})"
             if saved is not None
             else "; time saved not known: no full run recorded"

@@ -201,6 +201,14 @@ BASELINE_GUARDS = flag(
     "stage 3 (unit_tests)",
     "runtime.pytest_plugin",
 )
+UNIT_ONLY = text(
+    "ROCMPORT_UNIT_ONLY",
+    "A file of test ids and test files, one a line: the plugin runs only the collected tests it names, the others "
+    "deselected unrecorded (stage 3's unported baseline: the tests the port did not pass).",
+    "stage 3 (unit_tests, its unported baseline)",
+    "runtime.pytest_plugin",
+    kind="path",
+)
 
 # ---- Transformer Engine's flavour and FP8 on the CPU proxy (verify --te-flavour, --fp8-recipe) ----
 TE_FLAVOUR = text(
@@ -261,6 +269,7 @@ VARIABLES: tuple[Var, ...] = (
     UNIT_OUT,
     UNIT_TEST_TIMEOUT,
     BASELINE_GUARDS,
+    UNIT_ONLY,
     TE_FLAVOUR,
     TE_DELTAS,
     TE_VERSION,

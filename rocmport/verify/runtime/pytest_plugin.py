@@ -15,6 +15,12 @@ For the unported tree (protocol.BASELINE_GUARDS) it adds the minimal guards that
 modules import when the firewall has removed TE and flash-attn (`is_te_min_version` is False and
 `get_fa_version` is 0.0.0 when the package is absent: the port's codemods do the same in source).
 
+For that baseline (protocol.UNIT_ONLY) it runs only the tests a file names, the tests the port did
+not pass: every selected file is still collected (its collection error is its outcome there), and the
+others are deselected unrecorded. The stage names them there, not as arguments: pytest stops the whole
+session ("found no collectors", a usage error) when one test id it is given cannot be collected,
+which an id in a module that does not import on the unported tree cannot.
+
 Like upstream's CI in its development environment it deselects the tests marked `flaky_in_dev`
 (run_ci_test.sh: -m "not flaky_in_dev"), and records which, for the report.
 
@@ -445,6 +451,27 @@ def pytest_collection_modifyitems(session, config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    only = _only()
+    if only is not None:  # the unported baseline: the tests the port did not pass, nothing else
+        named = [item for item in items if _named(item.nodeid, only)]
+        if len(named) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if not _named(item.nodeid, only)])
+            items[:] = named
+
+
+def _only() -> set[str] | None:
+    """The test ids and files protocol.UNIT_ONLY's file names (None: unset, every test runs)."""
+    path = protocol.UNIT_ONLY.read()
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return {line.rstrip("\n") for line in fh if line.strip()}
+
+
+def _named(nodeid: str, only: set[str]) -> bool:
+    """Whether ``nodeid`` is a test ``only`` names: itself, or a test of a file or class it names."""
+    parts = nodeid.split("::")
+    return any("::".join(parts[:i]) in only for i in range(1, len(parts) + 1))
 
 
 def pytest_collection_finish(session):

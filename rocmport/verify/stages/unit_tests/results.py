@@ -158,13 +158,17 @@ class SuiteRun:
 @dataclass
 class UnitBaseline:
     """The unported tree's run at the same commit (`baseline` of stage 3's entry): where and whether
-    cached, its counts and test ids (a module error on the port hides tests the unported tree has),
+    cached, what it ran (``ran``: the port's non-passing test ids and files, baseline.to_label; empty:
+    nothing to label, it did not run), its counts and test ids, of them those the port has no outcome
+    for (``tests_not_on_port``: a module error on the port hides them, a not-run file never ran them),
     the guards and overlay it ran with, and its peak."""
 
     commit: str | None = None
     cached: bool = False
     counts: dict[str, int] = field(default_factory=dict)
     tests: int = 0
+    ran: list[str] = field(default_factory=list)
+    tests_not_on_port: int = 0
     guards: list[str] = field(default_factory=list)
     overlay: list[str] = field(default_factory=list)
     peak: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +179,8 @@ class UnitBaseline:
             "cached": self.cached,
             "counts": self.counts,
             "tests": self.tests,
+            "ran": self.ran,
+            "tests_not_on_port": self.tests_not_on_port,
             "guards": self.guards,
             "overlay": self.overlay,
             "peak": self.peak,

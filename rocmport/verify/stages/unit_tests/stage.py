@@ -34,7 +34,7 @@ from rocmport.verify.orchestration.stage_result import (
     tree_lacks,
 )
 from rocmport.verify.stages.unit_tests import NAME, suite
-from rocmport.verify.stages.unit_tests.baseline import baseline
+from rocmport.verify.stages.unit_tests.baseline import baseline, to_label
 from rocmport.verify.stages.unit_tests.command import _file
 from rocmport.verify.stages.unit_tests.labels import _missing_ordinary, _on_baseline, label
 from rocmport.verify.stages.unit_tests.results import (
@@ -152,7 +152,7 @@ class UnitTestsStage(Stage[UnitOptions]):
         return [
             {"stage": self.name, "command": pinned(opts.tree), "cwd": str(opts.tree)},
             {
-                "stage": f"{self.name} (baseline, unless cached)",
+                "stage": f"{self.name} (baseline: the files of what the port did not pass, unless cached or none)",
                 "command": pinned(baseline),
                 "cwd": f"{baseline} at {str(unit.base)[:12]}",
             },
@@ -204,9 +204,9 @@ def _full_suite_record(ctx: VerifyContext, unit: UnitOptions, result: StageResul
         return result
     state = wt.read_state(ctx.tree)
     line = Path(state.series).parent.name if state and state.series else f"tree {ctx.tree}"
-    # the tests the selection holds: the port's test ids, or the unported tree's where more (a module
-    # that does not import on the port hides its tests there)
-    tests = max(sum("::" in k for k in details.outcomes), details.baseline.tests or 0)
+    # the tests the selection holds: the port's test ids, and those only the unported tree ran (a module
+    # that does not import on the port hides its tests there: the baseline runs that file whole)
+    tests = sum("::" in k for k in details.outcomes) + details.baseline.tests_not_on_port
     if unit.selection == "all":
         head = impact.head_commit(ctx.tree)
         try:
@@ -411,18 +411,19 @@ def stage_unit_tests(
             UnitTestsStopped(tests, files=port.files),
         )
     port.alone = rerun_alone(tree, sorted(set(port.hung)), env, nproc, launcher, say)
-    bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
-    base_result, cached = (
-        baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay) if base else (SuiteRun(), False)
-    )
+    # the unported tree runs only what the labels read: the port's non-passing tests (none: no run)
+    wanted = to_label(tree, tests, port) if base else []
+    base_result, cached = _unported(tree, base, tests, env, nproc, cache_dir, launcher, progress, wanted)
     labels, why = label(port, base_result, known, blocked)
     # A file with tests that have no outcome is never counted as run: it is listed, with why, and fails the stage.
     not_run = {f: a for f, a in port.files.items() if a.status == "not-run"}
     for f, a in not_run.items():
         labels[f], why[f] = "not-run", a.reason
     by_label = _counts(labels, LABELS)
-    details = _details(tests, nproc, port, base_result, base, cached, labels, why, known, reasons, known_skipped)
-    summary = _summary(port, nproc, by_label, not_run, base, cached)
+    details = _details(
+        tests, nproc, port, base_result, base, cached, labels, why, known, reasons, known_skipped, wanted
+    )
+    summary = _summary(port, nproc, by_label, not_run, base, cached, wanted)
     ran_out = task_limit_phrase(port.peak["threads"], nproc, task_limit()) if not_run else None
     if ran_out:
         summary += f"; {ran_out}"
@@ -434,6 +435,25 @@ def stage_unit_tests(
         summary += f"; missing dependencies: `{cmd}`"
     status = FAIL if any(by_label[k] for k in BLOCKING) else PASS
     return StageResult(NAME, status, summary, time.monotonic() - start, details)
+
+
+def _unported(
+    tree: Path,
+    base: str | None,
+    tests: list[str],
+    env: dict,
+    nproc: int,
+    cache_dir: Path,
+    launcher: Launcher,
+    progress: Progress | None,
+    wanted: list[str],
+) -> tuple[SuiteRun, bool]:
+    """The unported baseline's run of ``wanted`` (baseline.to_label), and whether from the cache; an empty
+    run where there is nothing to run (no base commit, nothing to label)."""
+    if not (base and wanted):
+        return SuiteRun(), False
+    bsay = (lambda line: progress(f"unported tree {line}")) if progress else None
+    return baseline(tree, base, tests, env, nproc, cache_dir, launcher, bsay, only=wanted)
 
 
 def _details(
@@ -448,6 +468,7 @@ def _details(
     known: dict[str, str],
     reasons: dict[str, str] | None,
     known_skipped: dict[str, str] | None,
+    ran: list[str] | None = None,
 ) -> UnitTestsRun:
     """The stage's details (its entry in the report): the port's run, the labels, the baseline."""
     details = UnitTestsRun(
@@ -476,7 +497,10 @@ def _details(
             commit=base,
             cached=cached,
             counts=_counts(base_result.outcomes),
-            tests=sum("::" in k for k in base_result.outcomes),  # test ids (a module error hides them on the port)
+            tests=sum("::" in k for k in base_result.outcomes),
+            ran=list(ran or []),
+            # a module error on the port hides these there; a not-run file's tests never ran
+            tests_not_on_port=sum("::" in k and k not in port.outcomes for k in base_result.outcomes),
             guards=base_result.guards,
             overlay=base_result.overlay,
             peak=base_result.peak,
@@ -485,7 +509,7 @@ def _details(
         known_failures_not_applied=known_skipped or {},
         port_seconds=port.seconds,
         file_seconds=port.file_seconds,
-        # no baseline (no base commit): None; cached: it took no time now
+        # no baseline (no base commit): None; cached, or nothing to label: it took no time now
         baseline_seconds=0.0 if cached else base_result.seconds if base else None,
         slow=port.slow,
         machine=port.machine,
@@ -494,7 +518,13 @@ def _details(
 
 
 def _summary(
-    port: SuiteRun, nproc: int, by_label: dict[str, int], not_run: dict[str, FileRun], base: str | None, cached: bool
+    port: SuiteRun,
+    nproc: int,
+    by_label: dict[str, int],
+    not_run: dict[str, FileRun],
+    base: str | None,
+    cached: bool,
+    ran: list[str] | None = None,
 ) -> str:
     """The stage's reason: the counts by outcome and label, what did not run, the budget and the baseline."""
     counts = _counts(port.outcomes)
@@ -510,8 +540,8 @@ def _summary(
             if port.deselected
             else ""
         )
-        + f"baseline {'cached' if cached else 'run'} at {str(base)[:12]}; "
-        f"peak {port.peak['threads']} threads, {port.peak['rss_mb']:.0f} MB per rank"
+        + _baseline_phrase(base, cached, ran or [], sum("::" in k for k in port.outcomes))
+        + f"peak {port.peak['threads']} threads, {port.peak['rss_mb']:.0f} MB per rank"
         + (
             f"; {len(port.slow)} slow test(s) given more time, their ranks still computing after the "
             f"{port.watchdog_seconds:g} s timeout"
@@ -525,6 +555,28 @@ def _summary(
         )
     )
     return summary
+
+
+def _baseline_phrase(base: str | None, cached: bool, ran: list[str], tests: int) -> str:
+    """The unported baseline in the stage's reason: what it ran of the port's tests, or that it did not."""
+    if not base:
+        return "no baseline (no unported commit); "
+    if not ran:
+        return f"no baseline run at {base[:12]}: nothing to label; "
+    ids = sum("::" in t for t in ran)
+    what = " and ".join(
+        p
+        for p in (
+            f"{ids} of its {tests} tests" if ids else "",
+            _plural(len(ran) - ids, "file") if len(ran) > ids else "",
+        )
+        if p
+    )
+    return f"baseline {'cached' if cached else 'run'} at {base[:12]} on what the port did not pass ({what}); "
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _files_phrase(files: dict[str, FileRun]) -> str:
