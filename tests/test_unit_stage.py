@@ -817,6 +817,43 @@ def test_hang_is_the_stuck_rank_s_test_not_the_one_its_peer_waited_in(rank1_end)
     assert _first_hang([{"outcomes": {}, "hung": []}], stopped=False, seconds="6") is None
 
 
+DRAWS_BY_RANK = textwrap.dedent("""\
+    import os
+    import random
+
+    import numpy
+    import torch
+    import torch.distributed as dist
+
+    def test_draws_as_many_as_its_rank():
+        n = int(os.environ["RANK"]) + 1  # the ranks' histories differ from here on
+        torch.rand(n), random.random() if n > 1 else None, numpy.random.rand(n)
+
+    def test_starts_from_the_same_state_on_every_rank():
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        mine = torch.tensor([torch.rand(1).item(), random.random(), numpy.random.rand()], dtype=torch.float64)
+        every = [torch.zeros(3, dtype=torch.float64) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        assert all(torch.equal(e, every[0]) for e in every), every
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_each_test_starts_from_the_same_random_state_whatever_the_rank_drew_before(tmp_path, child_env):
+    """An upstream test that draws without seeding (torch's CPU generator under use_cpu_initialization)
+    sees what earlier tests drew: here rank 1 drew more than rank 0, and the next test still draws the
+    same numbers on both (the plugin seeds each test from its id), so no rank fails it by chance."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_draws.py").write_text(DRAWS_BY_RANK)
+    res = run_tests(tree, ["tests/unit_tests/test_draws.py"], child_env(tree), nproc=2)
+    assert res.outcomes == {
+        "tests/unit_tests/test_draws.py::test_draws_as_many_as_its_rank": "passed",
+        "tests/unit_tests/test_draws.py::test_starts_from_the_same_state_on_every_rank": "passed",
+    }, res.details
+
+
 LEAVES_A_CHILD = textwrap.dedent("""\
     import os
     import subprocess
