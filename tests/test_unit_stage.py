@@ -1279,6 +1279,36 @@ def test_a_rank_still_computing_is_slow_not_hung_and_a_livelock_still_ends(tmp_p
     assert res.machine is not None and res.machine["cpus"] >= 1 and res.machine["run_cores"] > 0
 
 
+COMPILES = textwrap.dedent("""\
+    import subprocess
+    import sys
+    import time
+
+    BURN = "import time\\nend = time.process_time() + 0.4\\nwhile time.process_time() < end: pass\\n"
+
+    def test_waits_on_a_compiler_past_the_timeout():
+        # as torch.compile waits on its C++ compiler: one short process after another, its main thread asleep
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            subprocess.run([sys.executable, "-c", BURN], check=True)
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_rank_waiting_on_a_compiler_is_slow_not_hung(tmp_path, child_env):
+    """v0.16's test_l2_qk_norm (L2Norm under torch.compile) was ended as hung on both trees, its ranks'
+    main threads idle while inductor's workers ran the C++ compiler: short processes whose CPU time, once
+    they exited, no process the watchdog read still held. The reaped children's time counts now."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_compiles.py").write_text(COMPILES)
+    env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "3"}
+    res = run_tests(tree, ["tests/unit_tests/test_compiles.py"], env, nproc=2, timeout=300)  # a bound, not a target
+    test = "tests/unit_tests/test_compiles.py::test_waits_on_a_compiler_past_the_timeout"
+    assert res.outcomes == {test: "passed"}, res.details
+    assert test in res.slow
+
+
 def test_machine_share_counts_other_processes_and_not_the_run_s_own_children():
     from rocmport.machine.cpu_meter import MachineShare
 

@@ -265,8 +265,9 @@ def _buffer_for_local_attention() -> None:
 
 # A test with no result after the timeout is hung only if the run's ranks have stopped computing:
 # a rank waiting in a collective sleeps, and one starved by other jobs on a busy machine still gets
-# some CPU. While their main threads used at least this share of one core over the last window, the
-# watchdog waits another window, up to SLOW_CAP windows in all (a livelock computes forever).
+# some CPU. While their main threads (and the children they reaped) used at least this share of one
+# core over the last window, the watchdog waits another window, up to SLOW_CAP windows in all (a
+# livelock computes forever).
 PROGRESS_SHARE = 0.02
 SLOW_CAP = 10
 _SLOW: dict[str, float] = {}  # nodeid -> seconds the watchdog waited past the timeout because ranks computed
@@ -279,11 +280,11 @@ def _watchdog(nodeid: str) -> None:
     seconds = protocol.UNIT_TEST_TIMEOUT.read() or 0.0
     if not seconds:
         return
-    from rocmport.machine.cpu_meter import main_thread_seconds
+    from rocmport.machine.cpu_meter import working_seconds
 
     agent = os.getppid()  # torchrun's agent: the ranks are its children
     start = time.monotonic()
-    last = [main_thread_seconds(agent)]
+    last = [working_seconds(agent)]
 
     def fire(busy: float | None) -> None:
         waited = time.monotonic() - start
@@ -295,7 +296,9 @@ def _watchdog(nodeid: str) -> None:
             else f"the ranks were still computing after {SLOW_CAP} timeouts: a livelock, or a machine too slow for it"
         )
         cpu = (
-            f"; the ranks' main threads used {busy:.1f} s of CPU in the last {seconds:g} s" if busy is not None else ""
+            f"; the ranks' main threads and reaped children used {busy:.1f} s of CPU in the last {seconds:g} s"
+            if busy is not None
+            else ""
         )
         _DETAIL[nodeid] = f"hung: no result after {waited:.0f} s on rank {os.environ.get('RANK', '0')} ({why}{cpu})"
         _HUNG.append([nodeid, _SPANS[nodeid][0], time.time()])
@@ -306,7 +309,7 @@ def _watchdog(nodeid: str) -> None:
     def check() -> None:
         if _RUNNING != [nodeid]:  # it finished while this timer was due
             return
-        now = main_thread_seconds(agent)
+        now = working_seconds(agent)
         busy = None if now is None or last[0] is None else now - last[0]
         last[0] = now
         waited = time.monotonic() - start
