@@ -954,6 +954,43 @@ def test_hang_is_the_stuck_rank_s_test_not_the_one_its_peer_waited_in(rank1_end)
     assert _first_hang([{"outcomes": {}, "hung": []}], stopped=False, seconds="6") is None
 
 
+DRAWS_BY_RANK = textwrap.dedent("""\
+    import os
+    import random
+
+    import numpy
+    import torch
+    import torch.distributed as dist
+
+    def test_draws_as_many_as_its_rank():
+        n = int(os.environ["RANK"]) + 1  # the ranks' histories differ from here on
+        torch.rand(n), random.random() if n > 1 else None, numpy.random.rand(n)
+
+    def test_starts_from_the_same_state_on_every_rank():
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        mine = torch.tensor([torch.rand(1).item(), random.random(), numpy.random.rand()], dtype=torch.float64)
+        every = [torch.zeros(3, dtype=torch.float64) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        assert all(torch.equal(e, every[0]) for e in every), every
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_each_test_starts_from_the_same_random_state_whatever_the_rank_drew_before(tmp_path, child_env):
+    """An upstream test that draws without seeding (torch's CPU generator under use_cpu_initialization)
+    sees what earlier tests drew: here rank 1 drew more than rank 0, and the next test still draws the
+    same numbers on both (the plugin seeds each test from its id), so no rank fails it by chance."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_draws.py").write_text(DRAWS_BY_RANK)
+    res = run_tests(tree, ["tests/unit_tests/test_draws.py"], child_env(tree), nproc=2)
+    assert res.outcomes == {
+        "tests/unit_tests/test_draws.py::test_draws_as_many_as_its_rank": "passed",
+        "tests/unit_tests/test_draws.py::test_starts_from_the_same_state_on_every_rank": "passed",
+    }, res.details
+
+
 LEAVES_A_CHILD = textwrap.dedent("""\
     import os
     import subprocess
@@ -1377,6 +1414,36 @@ def test_a_rank_still_computing_is_slow_not_hung_and_a_livelock_still_ends(tmp_p
         detail
     )
     assert res.machine is not None and res.machine["cpus"] >= 1 and res.machine["run_cores"] > 0
+
+
+COMPILES = textwrap.dedent("""\
+    import subprocess
+    import sys
+    import time
+
+    BURN = "import time\\nend = time.process_time() + 0.4\\nwhile time.process_time() < end: pass\\n"
+
+    def test_waits_on_a_compiler_past_the_timeout():
+        # as torch.compile waits on its C++ compiler: one short process after another, its main thread asleep
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            subprocess.run([sys.executable, "-c", BURN], check=True)
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_rank_waiting_on_a_compiler_is_slow_not_hung(tmp_path, child_env):
+    """v0.16's test_l2_qk_norm (L2Norm under torch.compile) was ended as hung on both trees, its ranks'
+    main threads idle while inductor's workers ran the C++ compiler: short processes whose CPU time, once
+    they exited, no process the watchdog read still held. The reaped children's time counts now."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_compiles.py").write_text(COMPILES)
+    env = {**child_env(tree), "ROCMPORT_UNIT_TEST_TIMEOUT": "3"}
+    res = run_tests(tree, ["tests/unit_tests/test_compiles.py"], env, nproc=2, timeout=300)  # a bound, not a target
+    test = "tests/unit_tests/test_compiles.py::test_waits_on_a_compiler_past_the_timeout"
+    assert res.outcomes == {test: "passed"}, res.details
+    assert test in res.slow
 
 
 def test_machine_share_counts_other_processes_and_not_the_run_s_own_children():

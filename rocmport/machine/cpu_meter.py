@@ -3,8 +3,8 @@
 Two questions stage 3 asks on a shared machine:
 - the watchdog: is a test that has had no result for a while hung, or only slow? A rank waiting in
   a collective sleeps (its main thread uses no CPU); a rank starved by other jobs still gets some.
-  So while the main threads of the run's ranks keep using CPU, the run is making progress
-  (`main_thread_seconds`).
+  So while the main threads of the run's ranks (or the children they reaped: a compiler) keep using
+  CPU, the run is making progress (`working_seconds`).
 - the report: were other processes using the machine meanwhile (`MachineShare`)? Hang and timeout
   verdicts on an overloaded machine say so."""
 
@@ -41,9 +41,13 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def main_thread_seconds(root: int) -> float | None:
+def working_seconds(root: int) -> float | None:
     """CPU seconds (user + system) used so far by the main threads of ``root``'s descendants (not
-    ``root`` itself: for a rank, root is its torchrun agent). None where /proc is unavailable."""
+    ``root`` itself: for a rank, root is its torchrun agent), and by the children they have reaped. A
+    rank that compiles (torch.compile's C++ compiler, one short process after another, reaped by its
+    compile workers) is working while its main thread waits: without the reaped children's time that
+    wait read as a hang, and an exited worker's time vanished from the sum. None where /proc is
+    unavailable."""
     if not Path("/proc/self/stat").exists():
         return None
     kids = _children()
@@ -51,8 +55,8 @@ def main_thread_seconds(root: int) -> float | None:
     while todo:
         pid = todo.pop()
         fields = _stat_fields(Path(f"/proc/{pid}/task/{pid}/stat"))
-        if fields:
-            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+        if fields:  # utime, stime; cutime, cstime (the process's reaped children, whichever thread waited)
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
         todo += kids.get(pid, [])
     return total
 
