@@ -54,6 +54,11 @@ def elapsed(seconds: float) -> str:
     return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def plural(n: int, word: str) -> str:
+    """ "1 file", "3 files"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 # A progress line in a log (not a TTY) at most this often: a long step says where it is without flooding.
 LOG_EVERY = 10.0
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rocmport.machine.probe import Environment
+from rocmport.output import plural
 from rocmport.verify.analyses.port_sites import Coverage
 from rocmport.verify.runtime.hip_sim import HipSim
 from rocmport.verify.orchestration.contract import Mode, StageData
@@ -118,10 +119,6 @@ def _short(reason: str, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def unit_blocking(stage: StageResult) -> dict[str, list[str]]:
     """Stage 3's blocking items by label: test ids (and not-run test files); none before it labelled."""
     labels = stage.details.labels if isinstance(stage.details, UnitTestsRun) else {}
@@ -134,7 +131,7 @@ def unit_blocking(stage: StageResult) -> dict[str, list[str]]:
 
 def _count(lab: str, n: int) -> str:
     """ "1 unverified test", "2 test files not run"."""
-    return _plural(n, "test file") + " not run" if lab == "not-run" else f"{n} {lab} test" + ("" if n == 1 else "s")
+    return plural(n, "test file") + " not run" if lab == "not-run" else plural(n, f"{lab} test")
 
 
 def verdict(r: VerifyReport) -> str:

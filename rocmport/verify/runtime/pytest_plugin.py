@@ -459,9 +459,12 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = keep
     only = _only()
     if only is not None:  # the unported baseline: the tests the port did not pass, nothing else
-        named = [item for item in items if _named(item.nodeid, only)]
-        if len(named) < len(items):
-            config.hook.pytest_deselected(items=[item for item in items if not _named(item.nodeid, only)])
+        named: list[pytest.Item] = []
+        other: list[pytest.Item] = []
+        for item in items:
+            (named if _named(item.nodeid, only) else other).append(item)
+        if other:
+            config.hook.pytest_deselected(items=other)
             items[:] = named
 
 

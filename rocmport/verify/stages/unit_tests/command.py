@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 # in-order streams, TE submodules -> local; 13: the session's objects frozen after collection; 14:
 # subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for; 16:
 # TE answers for verify --te: current_device 0 to TE frames, device selection a no-op; 18: a failure
-# raised through the proxy shim's pass-through is sited past it (proxy_causes.without_hand_ons); 19: each test's random state seeded from its id.
+# raised through the proxy shim's pass-through is sited past it (proxy_causes.without_hand_ons); 19:
+# each test's random state seeded from its id.
 PLUGIN_VERSION = "19"
 
 

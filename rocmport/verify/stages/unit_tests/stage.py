@@ -568,15 +568,11 @@ def _baseline_phrase(base: str | None, cached: bool, ran: list[str], tests: int)
         p
         for p in (
             f"{ids} of its {tests} tests" if ids else "",
-            _plural(len(ran) - ids, "file") if len(ran) > ids else "",
+            output.plural(len(ran) - ids, "file") if len(ran) > ids else "",
         )
         if p
     )
     return f"baseline {'cached' if cached else 'run'} at {base[:12]} on what the port did not pass ({what}); "
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _files_phrase(files: dict[str, FileRun]) -> str:
