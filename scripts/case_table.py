@@ -27,8 +27,9 @@ not record it). `--add LINE=REPORT[@COMMIT]` (repeatable) extends LINE's committ
 the reports given are merged after the record's own (a case they hold replaces its entry there), and
 each is listed after the record's reports, with its file and commit. A record made at another upstream
 commit than the page reads the line at is refused, and so is a report that shows another (its failed
-cases' unported runs), as with `--record`; `--add` needs a record to extend, and a line is either made
-anew (`--record`) or extended (`--add`) in one run.
+cases' unported runs), as with `--record`; `--add` needs a record to extend and takes a report once (a
+file the record lists is refused), and a line is either made anew (`--record`) or extended (`--add`) in
+one run.
 The page holds upstream's case names and the planner's reasons, no upstream file."""
 
 from __future__ import annotations
@@ -369,8 +370,8 @@ def _foreign(path: Path, record: cr.CaseResults, line: Line) -> BadInput:
 
 
 def _extended(series_root: Path, line: Line, reports: list[tuple[Path, str | None]]) -> cr.CaseResults:
-    """The line's committed record with ``reports`` merged after its own (BadInput without a record, or
-    with one of another line or upstream commit than the page's)."""
+    """The line's committed record with ``reports`` merged after its own (BadInput without a record, with
+    one of another line or upstream commit than the page's, or a report its reports list already)."""
     record = cr.read_record(series_root / line.name)
     if record is None:
         raise BadInput(
@@ -379,6 +380,12 @@ def _extended(series_root: Path, line: Line, reports: list[tuple[Path, str | Non
         )
     if (record.line, record.upstream) != (line.name, line.commit):
         raise _foreign(cr.record_path(series_root / line.name), record, line)
+    files = [r.file for r in record.reports] + [str(path) for path, _ in reports]
+    again = next((f for i, f in enumerate(files) if f in files[:i]), None)
+    if again is not None:
+        raise BadInput(
+            f"--add {line.name}={again}: the report is in the record already, or given twice; add each report once"
+        )
     return cr.from_reports(line.name, line.commit, reports, onto=record)
 
 

@@ -534,6 +534,8 @@ def test_add_refuses_without_a_record_and_a_report_of_another_upstream_or_te_kee
         (["--add", f"v0.16={good}@0000000"], "--add v0.16="),
         (["--add", f"v0.16={good}", "--record", f"v0.16={good}"], "give one"),
         (["--add", f"v0.16={good}", "--check"], "--check writes nothing and --add writes a record"),
+        (["--add", f"v0.16={good}"], f"--add v0.16={good}: the report is in the record already"),
+        (["--add", f"v0.16={other_te}", "--add", f"v0.16={other_te}"], "or given twice"),
         (["--add", f"v0.99={good}"], "--add v0.99="),
     ]
     for args, words in cases:
