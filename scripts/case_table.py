@@ -9,6 +9,8 @@ a committed record of them (patchsets/megatron-lm/<line>/case-results.json).
     python scripts/case_table.py --mlm MIRROR --pin main=COMMIT            # main at a given commit
     python scripts/case_table.py --mlm MIRROR --record v0.16=a.json@COMMIT --record v0.16=b.json@COMMIT
                           # v0.16's record made anew from a sweep's reports, in order; then the page
+    python scripts/case_table.py --mlm MIRROR --add v0.19=c.json@COMMIT
+                          # v0.19's committed record extended with a later report; then the page
 
 A line's cases are its tag's tests/functional_tests/test_cases/gpt (git archive into a temporary
 directory, removed after). `main` is the mirror's main branch: the page records the commit it read,
@@ -21,7 +23,13 @@ the page say what ran, from which run. `--record LINE=REPORT[@COMMIT]` (repeatab
 record anew from `rocmport verify --json` reports (a `--cases all` sweep runs a few cases per report,
 so that each chunk has the machine to itself), merged in the order given, a later report's entry for
 a case replacing an earlier one's; COMMIT is the rocmport commit the report's run used (a report does
-not record it). A record made at another upstream commit than the page reads the line at is refused.
+not record it). `--add LINE=REPORT[@COMMIT]` (repeatable) extends LINE's committed record instead, by the same merge:
+the reports given are merged after the record's own (a case they hold replaces its entry there), and
+each is listed after the record's reports, with its file and commit. A record made at another upstream
+commit than the page reads the line at is refused, and so is a report that shows another (its failed
+cases' unported runs), as with `--record`; `--add` needs a record to extend and takes a report once (a
+file the record lists is refused), and a line is either made anew (`--record`) or extended (`--add`) in
+one run.
 The page holds upstream's case names and the planner's reasons, no upstream file."""
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ KINDS: tuple[str, ...] = ("gpu-only", "not-on-proxy", "needs-nvidia-only", "not-
 # The --cases option behind stage 4's selection as a report records it (`functional.selection`).
 SELECTED_BY = {"named": "--cases NAME,...", "all": "--cases all", "reach": "--cases reach"}
 REGENERATE = "python scripts/case_table.py --mlm MIRROR --record LINE=REPORT@COMMIT ..."
+EXTEND = "python scripts/case_table.py --mlm MIRROR --add LINE=REPORT@COMMIT ..."
 
 
 @dataclass
@@ -195,9 +204,11 @@ def results_section(lines: list[Line]) -> list[str]:
         "order (a later report's entry for a case replaces an earlier one's). They are CPU-proxy results",
         "(simulated HIP, gloo ranks), not a GPU's; a failed case's label says how the unported tree ran it",
         "([stage 4's cases](commands/verify.md#stage-4s-cases)). Regenerate a line's record and this page",
-        "with the sweep's reports in order, each with the rocmport commit it ran at:",
+        "with the sweep's reports in order, each with the rocmport commit it ran at, or extend a line's",
+        "record with later reports (merged after its own):",
         "",
         f"    {REGENERATE}",
+        f"    {EXTEND}",
         "",
     ]
     recorded = [line for line in lines if line.results is not None]
@@ -316,7 +327,7 @@ def _pairs(values: list[str], option: str) -> dict[str, str]:
 _AT_COMMIT = re.compile(r"(?P<path>.+)@(?P<commit>[0-9a-fA-F]{7,40})")
 
 
-def _code_commit(value: str, commit: str) -> str:
+def _code_commit(value: str, commit: str, option: str = "--record") -> str:
     """``commit`` as this rocmport checkout names it in full (BadInput naming the option when it has none)."""
     proc = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
@@ -325,30 +336,71 @@ def _code_commit(value: str, commit: str) -> str:
     )
     if proc.returncode != 0:
         raise BadInput(
-            f"--record {value}: no commit {commit} in this rocmport checkout ({REPO}); give the commit the run used"
+            f"{option} {value}: no commit {commit} in this rocmport checkout ({REPO}); give the commit the run used"
         )
     return proc.stdout.strip()
 
 
-def _records(values: list[str], series_root: Path) -> dict[str, list[tuple[Path, str | None]]]:
-    """Each --record LINE=REPORT[@COMMIT], by line in the order given, the commit in full."""
+def _records(
+    values: list[str], series_root: Path, option: str = "--record"
+) -> dict[str, list[tuple[Path, str | None]]]:
+    """Each ``option`` LINE=REPORT[@COMMIT] (--record, --add), by line in the order given, the commit in full."""
     out: dict[str, list[tuple[Path, str | None]]] = {}
     for value in values:
-        name, rest = next(iter(_pairs([value], "--record").items()))
+        name, rest = next(iter(_pairs([value], option).items()))
         if not (series_root / name).is_dir():
             raise BadInput(
-                f"--record {value}: {series_root / name} is not a line's series directory; record a release line"
+                f"{option} {value}: {series_root / name} is not a line's series directory; record a release line"
             )
         at = _AT_COMMIT.fullmatch(rest)
-        path, commit = (at["path"], _code_commit(value, at["commit"])) if at else (rest, None)
+        path, commit = (at["path"], _code_commit(value, at["commit"], option)) if at else (rest, None)
         out.setdefault(name, []).append((Path(path), commit))
     return out
 
 
+Reports = dict[str, list[tuple[Path, str | None]]]  # line -> its reports in order, each with its rocmport commit
+
+
+def _foreign(path: Path, record: cr.CaseResults, line: Line) -> BadInput:
+    return BadInput(
+        f"{path}: results of {record.line} at upstream {record.upstream[:12]}, and the page reads {line.name} at "
+        f"{line.commit[:12]} ({line.ref}); record the line's reports again (--record {line.name}=REPORT@COMMIT) "
+        "or git rm it"
+    )
+
+
+def _extended(series_root: Path, line: Line, reports: list[tuple[Path, str | None]]) -> cr.CaseResults:
+    """The line's committed record with ``reports`` merged after its own (BadInput without a record, with
+    one of another line or upstream commit than the page's, or a report its reports list already)."""
+    record = cr.read_record(series_root / line.name)
+    if record is None:
+        raise BadInput(
+            f"--add {line.name}=...: {cr.record_path(series_root / line.name)} does not exist; make the line's "
+            f"record with --record {line.name}=REPORT@COMMIT"
+        )
+    if (record.line, record.upstream) != (line.name, line.commit):
+        raise _foreign(cr.record_path(series_root / line.name), record, line)
+    files = [r.file for r in record.reports] + [str(path) for path, _ in reports]
+    again = next((f for i, f in enumerate(files) if f in files[:i]), None)
+    if again is not None:
+        raise BadInput(
+            f"--add {line.name}={again}: the report is in the record already, or given twice; add each report once"
+        )
+    return cr.from_reports(line.name, line.commit, reports, onto=record)
+
+
 def build(
-    mirror: Path, pins: dict[str, str], series_root: Path, records: dict[str, list[tuple[Path, str | None]]]
+    mirror: Path, pins: dict[str, str], series_root: Path, records: Reports, adds: Reports | None = None
 ) -> list[Line]:
-    """The lines read from the mirror; the records given written anew, then every line's record read back."""
+    """The lines read from the mirror; the records given written anew and those added to extended, then
+    every line's record read back."""
+    adds = adds or {}
+    both = sorted(set(records) & set(adds))
+    if both:
+        raise BadInput(
+            f"--record {both[0]}=... makes the line's record anew and --add {both[0]}=... extends it: give one "
+            "(the reports of a new record all with --record)"
+        )
     if not mirror.is_dir() or _git(mirror, "rev-parse", "--git-dir").returncode != 0:
         raise BadInput(f"--mlm {mirror}: not a git directory; give a Megatron-LM mirror (a bare clone)")
     lines = []
@@ -361,16 +413,13 @@ def build(
     made = {
         line.name: cr.from_reports(line.name, line.commit, records[line.name]) for line in lines if line.name in records
     }
+    made.update((line.name, _extended(series_root, line, adds[line.name])) for line in lines if line.name in adds)
     for name, record in made.items():  # every record made before any is written: a bad report writes none
         cr.write_record(series_root / name, record)
     for line in lines:
         line.results = cr.read_record(series_root / line.name) if (series_root / line.name).is_dir() else None
         if line.results is not None and (line.results.line, line.results.upstream) != (line.name, line.commit):
-            raise BadInput(
-                f"{cr.record_path(series_root / line.name)}: results of {line.results.line} at upstream "
-                f"{line.results.upstream[:12]}, and the page reads {line.name} at {line.commit[:12]} ({line.ref}); "
-                f"record the line's reports again (--record {line.name}=REPORT@COMMIT) or git rm it"
-            )
+            raise _foreign(cr.record_path(series_root / line.name), line.results, line)
     return lines
 
 
@@ -387,6 +436,14 @@ def main(argv: list[str] | None = None) -> int:
         "order (COMMIT: the rocmport commit the run used)",
     )
     p.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="LINE=REPORT[@COMMIT]",
+        help="extend LINE's committed case-results.json with this verify report and the others given for LINE, "
+        "merged in order after its own (COMMIT: the rocmport commit the run used)",
+    )
+    p.add_argument(
         "--series-root",
         type=Path,
         default=SERIES,
@@ -395,13 +452,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DOC, help=f"the page to write (default {DOC.relative_to(REPO)})")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 when --out differs")
     args = p.parse_args(argv)
-    if args.check and args.record:
-        print("case_table.py: error: --check writes nothing and --record writes a record: give one", file=sys.stderr)
+    if args.check and (args.record or args.add):
+        option = "--record" if args.record else "--add"
+        print(f"case_table.py: error: --check writes nothing and {option} writes a record: give one", file=sys.stderr)
         return 2
     try:
-        text = render(
-            build(args.mlm, _pairs(args.pin, "--pin"), args.series_root, _records(args.record, args.series_root))
-        )
+        records = _records(args.record, args.series_root)
+        adds = _records(args.add, args.series_root, "--add")
+        text = render(build(args.mlm, _pairs(args.pin, "--pin"), args.series_root, records, adds))
     except BadInput as e:
         print(f"case_table.py: error: {e}", file=sys.stderr)
         return 2

@@ -449,6 +449,111 @@ def test_a_broken_or_foreign_record_is_one_line_naming_the_file_and_a_bad_report
     assert proc.returncode == 2 and str(path) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_add_extends_the_committed_record_after_its_own_reports(tmp_path):
+    """--add merges a later report after the record's own: its entry for a case the record holds
+    replaces the record's, the others stay, and the report is listed after the record's with its file
+    and commit; the record is the one --record makes from all the reports in that order."""
+    mlm, commits = mirror(tmp_path)
+    first = sweep_report(
+        tmp_path / "chunk-00.json",
+        [
+            failed(REPORTED, "unverified", NAN, commits["first"]),
+            unsupported("gpt3_flash", "gpu-only", "--attention-backend flash: flash-attn's CUDA kernels"),
+        ],
+    )
+    second = sweep_report(tmp_path / "rerun.json", [passed(REPORTED, 31.5)])
+    root, out, code = series(tmp_path), tmp_path / "cases.md", head()
+    m = ["--mlm", str(mlm), "--series-root", str(root), "--out", str(out)]
+    assert run(*m, "--record", f"v0.16={first}@{code}").returncode == 0
+    assert by_first(table(out.read_text(), "Counts"))["v0.16"][-1] == "2 ran: 1 unsupported, 1 unverified"
+    proc = run(*m, "--add", f"v0.16={second}@{code[:9]}")
+    assert proc.returncode == 0, proc.stderr
+    record = record_of(root)
+    assert [(r["file"], r["rocmport"], r["cases"]) for r in record["reports"]] == [
+        (str(first), code, 2),
+        (str(second), code, 1),
+    ]
+    assert (record["cases"][REPORTED]["status"], record["cases"][REPORTED]["report"]) == ("pass", 1)
+    assert "label" not in record["cases"][REPORTED] and record["cases"][REPORTED]["seconds"] == 31.5
+    assert record["cases"]["gpt3_flash"]["report"] == 0 and record["cases"]["gpt3_flash"]["kind"] == "gpu-only"
+    text = out.read_text()
+    assert by_first(table(text, "Counts"))["v0.16"][-1] == "2 ran: 1 pass, 1 unsupported"
+    assert "From 2 reports of `rocmport verify`" in text.split("\n### v0.16\n", 1)[1]
+    assert run(*m, "--check").returncode == 0
+    # the same as the record made anew from both reports in that order
+    again = series(tmp_path / "again")
+    proc = run(
+        *m[:2],
+        "--series-root",
+        str(again),
+        "--out",
+        str(tmp_path / "again.md"),
+        "--record",
+        f"v0.16={first}@{code}",
+        "--record",
+        f"v0.16={second}@{code}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert record_of(again) == record and (tmp_path / "again.md").read_text() == text
+    # a third report, without a commit: the case's entry is its, the record's reports three
+    third = sweep_report(tmp_path / "third.json", [failed(REPORTED, "upstream-known", ASYNC, commits["first"])])
+    assert run(*m, "--add", f"v0.16={third}").returncode == 0
+    record = record_of(root)
+    assert [r["rocmport"] for r in record["reports"]] == [code, code, None]
+    assert (record["cases"][REPORTED]["label"], record["cases"][REPORTED]["report"]) == ("upstream-known", 2)
+    assert by_first(table(out.read_text(), "Counts"))["v0.16"][-1] == "2 ran: 1 unsupported, 1 upstream-known"
+
+
+def test_add_refuses_without_a_record_and_a_report_of_another_upstream_or_te_keeping_the_record(tmp_path):
+    mlm, commits = mirror(tmp_path)
+    root, out = series(tmp_path), tmp_path / "cases.md"
+    good = sweep_report(tmp_path / "good.json", [passed(REPORTED)])
+    other_upstream = sweep_report(
+        tmp_path / "other.json", [failed(REPORTED, "upstream-known", ASYNC, commits["second"])]
+    )
+    other_te = sweep_report(tmp_path / "te.json", [passed("gpt3_flash")], te="2.9.0")
+    m = ["--mlm", str(mlm), "--series-root", str(root), "--out", str(tmp_path / "x.md")]
+    proc = run(*m, "--add", f"v0.16={good}")
+    assert proc.returncode == 2 and f"{root / 'v0.16' / 'case-results.json'} does not exist" in proc.stderr
+    assert "--record v0.16=REPORT@COMMIT" in proc.stderr and not (root / "v0.16" / "case-results.json").exists()
+    assert (
+        run("--mlm", str(mlm), "--series-root", str(root), "--out", str(out), "--record", f"v0.16={good}").returncode
+        == 0
+    )
+    path = root / "v0.16" / "case-results.json"
+    kept = path.read_text()
+    cases = [
+        (
+            ["--add", f"v0.16={other_upstream}"],
+            f"{other_upstream}: its cases ran the unported tree at {commits['second'][:12]}",
+        ),
+        (
+            ["--add", f"v0.16={other_te}"],
+            f"{other_te}: ran with TE 2.9.0 on cpu-proxy-te2.9.0, the reports before it with TE 2.12.0",
+        ),
+        (["--add", f"v0.16={good}@0000000"], "--add v0.16="),
+        (["--add", f"v0.16={good}", "--record", f"v0.16={good}"], "give one"),
+        (["--add", f"v0.16={good}", "--check"], "--check writes nothing and --add writes a record"),
+        (["--add", f"v0.16={good}"], f"--add v0.16={good}: the report is in the record already"),
+        (["--add", f"v0.16={other_te}", "--add", f"v0.16={other_te}"], "or given twice"),
+        (["--add", f"v0.99={good}"], "--add v0.99="),
+    ]
+    for args, words in cases:
+        proc = run(*m, *args)
+        assert proc.returncode == 2 and words in proc.stderr, (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert path.read_text() == kept and not (tmp_path / "x.md").exists()
+    # a record of another upstream commit than the page's is not extended
+    data = json.loads(kept)
+    data["recorded_on"]["upstream"] = commits["second"]
+    path.write_text(json.dumps(data))
+    proc = run(*m, "--add", f"v0.16={good}")
+    assert proc.returncode == 2 and proc.stderr.strip().startswith(
+        f"case_table.py: error: {path}: results of v0.16 at upstream {commits['second'][:12]}, and the page reads v0.16"
+    )
+    assert json.loads(path.read_text()) == data
+
+
 MIRROR = os.environ.get("ROCMPORT_TEST_MLM_MIRROR")
 
 

@@ -4,7 +4,8 @@ mirror test regenerates the same page without the reports.
 
 Made from `rocmport verify --json` reports. A `--cases all` sweep runs a few cases per report (each
 chunk has the machine to itself), so a record is several reports merged in the order given: a later
-report's entry for a case replaces an earlier one's. A case keeps what the page shows and no more: its
+report's entry for a case replaces an earlier one's; a committed record is extended the same way, the
+new reports merged after its own. A case keeps what the page shows and no more: its
 status, its label, the unsupported kind, a one-line reason (cut at REASON_CHARS), its seconds and the
 unported tree's status where stage 4 ran it again (a failed case's baseline); no log, loss or command.
 
@@ -195,12 +196,20 @@ def _te_version(report: reader.RunReport) -> str | None:
     return te["version"] if isinstance(te, dict) and isinstance(te.get("version"), str) else None
 
 
-def from_reports(line: str, upstream: str, reports: Sequence[tuple[Path, str | None]]) -> CaseResults:
+def from_reports(
+    line: str, upstream: str, reports: Sequence[tuple[Path, str | None]], onto: CaseResults | None = None
+) -> CaseResults:
     """The record of ``line`` (its cases read at ``upstream``) from ``reports`` (a path and the rocmport
     commit it ran at), merged in order; BadInput, one line naming the file, for a report that is not
     one, has no stage-4 case, or is of another line, TE layer or device kind than the line and the
-    reports before it, or whose failed cases ran the unported tree at another commit than ``upstream``."""
+    reports before it, or whose failed cases ran the unported tree at another commit than ``upstream``.
+
+    ``onto``: a record of ``line`` at ``upstream`` (the caller checks it is) to extend: its reports come
+    first, so a report's entry for a case replaces the record's; a new record is returned, ``onto`` is
+    left as it was."""
     record: CaseResults | None = None
+    if onto is not None:
+        record = CaseResults(line, upstream, onto.te, onto.device_kind, list(onto.reports), dict(onto.cases))
     for path, commit in reports:
         report = reader.load(path)
         if report.line != line:
