@@ -19,13 +19,15 @@ from rocmport.errors import BadInput
 from rocmport.patches.series import load_series
 from rocmport.nvidia_only import blocked
 from rocmport.verify.orchestration import environment
-from rocmport.verify.orchestration import firewall
+from rocmport.verify.orchestration import firewall, te_layer
+from rocmport.verify.runtime import protocol
 from rocmport.verify.stages.unit_tests import suite
 from rocmport.verify.stages.unit_tests import baseline as unit_baseline
 from rocmport.verify.stages.unit_tests.labels import label
 from rocmport.verify.stages.unit_tests.results import FileRun, SuiteRun, UnitTestsRun
 from rocmport.verify.stages.unit_tests.runner import _first_hang, run_tests
 from rocmport.verify.stages.unit_tests.stage import stage_unit_tests
+from tests.helpers import te_probe
 from tests.helpers.sync import g
 
 TESTS = textwrap.dedent("""\
@@ -857,6 +859,142 @@ def test_groups_of_tests_that_fail_with_model_parallelism_up_are_released(tmp_pa
     assert len(failed) == 10 and res.outcomes["tests/unit_tests/test_mp_up.py::test_passes"] == "passed"
     # 33 groups per rank, 3 threads each here (no proxy shim): before, 3 per rank released, 100 threads kept.
     assert res.peak["released_groups"] >= 2 * 30 and res.peak["threads"] < 40, res.peak
+
+
+# Groups an earlier test left alive, still held through tests that make no group of their own.
+HELD_ACROSS_TESTS_WITHOUT_GROUPS = textwrap.dedent("""\
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+    HELD = []
+
+
+    def test_makes_groups_the_module_holds():
+        HELD.extend(dist.new_group([0, 1]) for _ in range(3))
+        dist.all_reduce(torch.ones(1), group=HELD[-1])
+
+
+    def test_makes_no_group():
+        pass
+
+
+    def test_lets_go_of_them_and_makes_no_group():
+        HELD.clear()
+
+
+    def test_then_they_are_gone():
+        assert len(c10d._world.pg_map) == 1, f"{len(c10d._world.pg_map) - 1} groups besides the default one"
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_groups_held_through_tests_that_make_none_are_released_once_let_go(tmp_path, child_env):
+    """A group an earlier test left alive stays the tests' to release, however many tests that make no
+    group run before its holder lets go: it is released after the test that let go."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_held.py").write_text(HELD_ACROSS_TESTS_WITHOUT_GROUPS)
+    res = run_tests(tree, ["tests/unit_tests/test_held.py"], child_env(tree), nproc=2)
+    assert set(res.outcomes.values()) == {"passed"}, res.details
+    assert res.peak["released_groups"] == 2 * 3, res.peak
+
+
+# pytest keeps every test's class instance on its item for the whole session: a test class that keeps
+# its model on `self` (upstream's test_attention.py: `self.parallel_attention`) kept every test's model,
+# and through it its process groups.
+MODEL_ON_SELF = textwrap.dedent("""\
+    import pytest
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+    class Model:
+        def __init__(self):
+            self.group = dist.new_group([0, 1])
+            self.me = self  # a reference cycle, as a torch module's
+
+
+    class TestFailsInItsTeardown:
+        def test_passes(self):
+            self.model = Model()
+
+        def teardown_method(self):
+            raise RuntimeError("its own teardown's failure")
+
+
+    @pytest.mark.parametrize("n", range(5))
+    class TestKeepsItsModelOnSelf:
+        def setup_method(self):
+            self.model = Model()
+
+        def test_uses_it(self, n):
+            dist.all_reduce(torch.ones(1), group=self.model.group)
+
+
+    def test_their_groups_are_gone():
+        assert len(c10d._world.pg_map) == 1, f"{len(c10d._world.pg_map) - 1} groups besides the default one"
+    """)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_groups_of_a_model_a_test_class_keeps_on_self_are_released(tmp_path, child_env):
+    """pytest keeps each test's class instance on its item; the plugin lets go of it after the test's
+    teardown, and a failure in that teardown is still reported with its own message."""
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_on_self.py").write_text(MODEL_ON_SELF)
+    res = run_tests(tree, ["tests/unit_tests/test_on_self.py"], child_env(tree), nproc=2)
+    teardown = "tests/unit_tests/test_on_self.py::TestFailsInItsTeardown::test_passes"
+    assert res.outcomes.pop(teardown) == "error" and "its own teardown's failure" in res.details[teardown]
+    assert set(res.outcomes.values()) == {"passed"} and len(res.outcomes) == 6, (res.outcomes, res.details)
+    assert res.peak["released_groups"] == 2 * 6, res.peak
+
+
+# TE's Python layer caches the size of, and this rank in, every group it is asked about: for the session.
+ASKS_TE_ABOUT_ITS_GROUPS = textwrap.dedent("""\
+    import pytest
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from transformer_engine.pytorch.distributed import get_distributed_rank, get_distributed_world_size
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+    @pytest.mark.parametrize("n", range(4))
+    def test_asks_te_about_a_group(n):
+        group = dist.new_group([0, 1])
+        assert get_distributed_world_size(group) == 2 and get_distributed_rank(group) == dist.get_rank()
+
+
+    def test_their_groups_are_gone():
+        assert len(c10d._world.pg_map) == 1, f"{len(c10d._world.pg_map) - 1} groups besides the default one"
+    """)
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.slow
+def test_groups_te_s_caches_hold_are_released(tmp_path, real_index):
+    """TE's `get_distributed_world_size`/`get_distributed_rank` (lru caches keyed by the group) kept
+    every test's tp group, 2 gloo threads each, on the proxy: upstream's test_attention.py grew its
+    ranks' threads by 2 a test."""
+    layer = te_probe.real_layer("2.17.1")
+    tree, _ = upstream_repo(tmp_path / "up")
+    (tree / "tests" / "unit_tests" / "test_te_groups.py").write_text(ASKS_TE_ABOUT_ITS_GROUPS)
+    extra = {**protocol.FIREWALL.entry(tuple(te_layer.unblocked(BLOCKED))), **te_layer.child_env(layer)}
+    env = environment.child_env(tree, firewall.write_bootstrap(tmp_path / "boot"), extra)
+    res = run_tests(tree, ["tests/unit_tests/test_te_groups.py"], env, nproc=2)
+    assert set(res.outcomes.values()) == {"passed"} and len(res.outcomes) == 5, (res.outcomes, res.details)
+    assert res.peak["released_groups"] == 2 * 4, res.peak
 
 
 @pytest.mark.torch

@@ -31,7 +31,9 @@ Between tests it releases what a test leaked: gloo connects every subgroup at cr
 worker threads of its own (the proxy shim shares one TCP device, and its event loop, per process),
 and megatron's `destroy_model_parallel` only forgets its groups; a group that a test created and
 nothing references any more is destroyed after that test or, while something still holds it (the
-last failure's traceback, megatron's state while model parallelism is up), after a later one.
+last failure's traceback, megatron's state while model parallelism is up), after a later one. Two
+holders that outlive every test are let go of first: the test's class instance, which pytest keeps on
+its item (a model kept on `self`), and TE's caches keyed by a group (GROUP_KEYED_CACHES).
 
 In both modes a per-test watchdog (protocol.UNIT_TEST_TIMEOUT seconds) turns a test that hangs
 (ranks waiting on a collective that never completes) into a failure, not a stage without end. A test
@@ -398,6 +400,7 @@ def _release_groups() -> None:
         return
     del new
     _drop_last_failure()
+    _forget_cached_groups()
     gc.collect()  # a test's model holds its groups through reference cycles until a collection
     world = c10d.GroupMember.WORLD
     for pg in list(c10d._world.pg_map):
@@ -409,6 +412,37 @@ def _release_groups() -> None:
         except Exception:  # noqa: BLE001 - a group torch will not destroy stays, as it would upstream
             pass
     _GROUPS_LEFT.update(id(pg) for pg in c10d._world.pg_map if id(pg) not in _GROUPS_BEFORE)
+
+
+# Functions of the libraries the tests use whose `functools.lru_cache` is keyed by a process group:
+# each keeps every group it was asked about (up to 128) for the session. TE's Python layer asks them
+# about each TE module's tp_group; their answers (the group's size, this rank in it) are recomputed at
+# the next call. The cache's key tuple holds only the group, which the garbage collector does not
+# track, so gc.get_referrers does not show it: a group's refcount beyond torch's registry does.
+GROUP_KEYED_CACHES = (
+    ("transformer_engine.pytorch.distributed", "get_distributed_world_size"),
+    ("transformer_engine.pytorch.distributed", "get_distributed_rank"),
+)
+
+
+def _forget_cached_groups() -> None:
+    for module_name, name in GROUP_KEYED_CACHES:
+        clear = getattr(getattr(sys.modules.get(module_name), name, None), "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+def _let_go_of_test_instance(item) -> None:
+    """pytest gives each test of a class a fresh instance and keeps it, with the test method bound to
+    it, on the item for the whole session: whatever the test kept on `self` (a model, and through it
+    its process groups) outlives the test. pytest lets go of a unittest TestCase's instance at its
+    teardown; this does the same for every test class's once the test's teardown has run. pytest makes
+    a fresh one if it asks again (a teardown failure's report finds the test's code through it)."""
+    held = vars(item)
+    if getattr(held.get("_obj"), "__self__", None) is None and held.get("_instance") is None:
+        return  # a module's test function, or an instance pytest let go of already
+    item._obj = None
+    held.pop("_instance", None)
 
 
 def _drop_last_failure() -> None:
@@ -537,6 +571,7 @@ def pytest_runtest_logstart(nodeid, location):
 def pytest_runtest_teardown(item, nextitem):
     yield
     _sample_peak()
+    _let_go_of_test_instance(item)
     _release_groups()
 
 

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 # subgroups asked for on nccl get gloo; 15: what was collected, every selected file accounted for; 16:
 # TE answers for verify --te: current_device 0 to TE frames, device selection a no-op; 18: a failure
 # raised through the proxy shim's pass-through is sited past it (proxy_causes.without_hand_ons); 19:
-# each test's random state seeded from its id.
-PLUGIN_VERSION = "19"
+# each test's random state seeded from its id; 20: the groups a test's class instance or TE's
+# group-keyed caches held are released (a file's ranks no longer run out of threads).
+PLUGIN_VERSION = "20"
 
 
 FILES_PER_RUN = 16  # test files per torchrun: bounds what a long suite accumulates in one set of ranks
