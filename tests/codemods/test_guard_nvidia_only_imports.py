@@ -378,3 +378,55 @@ import transformer_engine.pytorch as te
     cycle = local.replace("TE_OK = _te_ok", "TE_OK = GTP_OK")
     after, _ = _port(tmp_path / "b", {GTP_TEST_REL: cycle})
     assert _guarded(after)
+
+
+def test_a_parameter_named_like_the_flag_blocks_the_proof(tmp_path):
+    """Every binding of the flag anywhere in its module counts (any scope: conservative), a function's
+    parameter too, with or without an assignment expression in the module (until the review mend a
+    module without `:=` was read from its statements alone and its parameters were missed)."""
+    param = GTP_IMPL + "\n\ndef check(HAVE_TE=None):\n    return HAVE_TE\n"
+    assert ":=" not in param
+    after, reports = _port(tmp_path / "a", {GTP_IMPL_REL: param})
+    assert _guarded(after) and not [r for r in reports if r.kind == "skip"]
+    walrus = param + "\nif (n := torch.cuda.device_count()) > 8:\n    print(n)\n"
+    after, _ = _port(tmp_path / "b", {GTP_IMPL_REL: walrus})
+    assert _guarded(after)
+
+
+def test_an_assignment_expression_binding_the_flag_blocks_the_proof(tmp_path):
+    """With `:=` in a module its expressions are read too: `:=` may rebind the flag inside any
+    expression; a `:=` binding another name proves as before."""
+    other = GTP_IMPL + "\nif (n := torch.cuda.device_count()) > 8:\n    print(n)\n"
+    after, _ = _port(tmp_path / "a", {GTP_IMPL_REL: other})
+    assert after == GTP_TEST
+    rebound = GTP_IMPL + "\nprint(HAVE_TE := torch.cuda.is_available())\n"
+    after, reports = _port(tmp_path / "b", {GTP_IMPL_REL: rebound})
+    assert _guarded(after) and not [r for r in reports if r.kind == "skip"]
+    nested = GTP_IMPL + "\n\ndef probe(xs):\n    return [x for x in xs if (HAVE_TE := x)]\n"
+    after, _ = _port(tmp_path / "c", {GTP_IMPL_REL: nested})
+    assert _guarded(after)
+
+
+def test_an_except_star_name_like_the_flag_blocks_the_proof(tmp_path):
+    """`except* E as FLAG` binds FLAG (to an exception group), with or without `:=` in the module."""
+    star = GTP_IMPL + "\ntry:\n    torch.cuda.init()\nexcept* RuntimeError as HAVE_TE:\n    pass\n"
+    after, reports = _port(tmp_path / "a", {GTP_IMPL_REL: star})
+    assert _guarded(after) and not [r for r in reports if r.kind == "skip"]
+    walrus = star + "\nif (n := torch.cuda.device_count()) > 8:\n    print(n)\n"
+    after, _ = _port(tmp_path / "b", {GTP_IMPL_REL: walrus})
+    assert _guarded(after)
+
+
+def test_a_comprehension_target_named_like_the_flag_does_not_block_without_walrus(tmp_path):
+    """Without `:=` in a module its expressions are not read: a comprehension's target or a
+    lambda's parameter binds only its own scope, in a `match` statement as elsewhere (until the
+    review mend a whole `match` statement was read with its expressions, and these blocked there)."""
+    outside = GTP_IMPL + "\nnames = [HAVE_TE for HAVE_TE in ()]\nf = lambda HAVE_TE: HAVE_TE\n"
+    after, _ = _port(tmp_path / "a", {GTP_IMPL_REL: outside})
+    assert after == GTP_TEST
+    inside = GTP_IMPL + (
+        "\nmatch torch.__version__:\n    case str():\n"
+        "        names = [HAVE_TE for HAVE_TE in ()]\n        f = lambda HAVE_TE: HAVE_TE\n"
+    )
+    after, _ = _port(tmp_path / "b", {GTP_IMPL_REL: inside})
+    assert after == GTP_TEST
