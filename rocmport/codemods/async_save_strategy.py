@@ -84,11 +84,15 @@ class _SaverCalls(cst.CSTTransformer):
 
 class AsyncSaveStrategy(Codemod):
     NAME = "async-save-strategy"
-    DESCRIPTION = "On ROCm, --async-save uses Megatron-Core's own writer (mcore) where nvidia-resiliency-ext (nvrx) does not import"
+    DESCRIPTION = (
+        "On ROCm, --async-save uses Megatron-Core's own writer (mcore) where nvidia-resiliency-ext (nvrx) does not "
+        "import; torch_dcp/fsdp_dtensor async saves call the strategy's saver with what it takes"
+    )
     TRIGGERS = ("\ndef validate_args(args", f"'{SAVER}'", f'"{SAVER}"')
 
     def transform(self, module: cst.Module, ctx: Context):
         sites = 0
+        calls_saver = not ctx.absent(module, "enable_cache")  # read on the text as given (no second codegen)
         # lines before v0.17 have no --async-strategy
         if not ctx.absent(module, "async_strategy") and m.findall(module, _ASYNC_STRATEGY):
             module, sites = prepend_to_validate_args(
@@ -98,7 +102,7 @@ class AsyncSaveStrategy(Codemod):
                 "on ROCm, mcore where nvidia-resiliency-ext is absent",
                 "validate_args() starts with use_available_async_strategy(args) (HIP only)",
             )
-        if ctx.absent(module, "enable_cache"):
+        if not calls_saver:
             return module, sites
         calls = _SaverCalls()
         new, more = visit_with_helper_import(module, calls, ctx, "call_async_save_plan", metadata=False)
