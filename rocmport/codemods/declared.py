@@ -44,7 +44,7 @@ DECLARED: dict[str, Declared] = {
     "async-checkpoint-spawn": Declared("1"),
     "dataloader-mp-context": Declared("1"),
     "nccl-allocator-rccl": Declared("1"),
-    "async-save-strategy": Declared("1"),
+    "async-save-strategy": Declared("2"),
     # issue 29: what AMD's own ports do
     "hip-runtime-link": Declared("1"),
     "fp8-arch-check": Declared("1"),
