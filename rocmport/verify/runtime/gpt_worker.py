@@ -15,27 +15,11 @@ import sys
 from typing import Any
 
 from rocmport.verify.runtime import protocol
+from rocmport.verify.runtime.seeding import seed_host_generators
 
 SEQ, MBS, MICROBATCHES, VOCAB, HIDDEN, HEADS, LAYERS = 32, 2, 4, 128, 64, 4, 4
 # The output layer shares the embedding's weights (the tied-embedding check), positions are learned.
 EMBEDDINGS = {"share_embeddings_and_output_weights": True, "position_embedding_type": "learned_absolute"}
-
-
-def _seed_host_generators(seed: int) -> None:
-    """Seed Python's, numpy's and torch's CPU generators as Megatron's own initialize does
-    (training/initialize.py `_set_random_seed`, before `model_parallel_cuda_manual_seed`): the proxy's
-    weights are drawn on the CPU (`use_cpu_initialization`), from torch's CPU generator, which torch seeds
-    at random in every process and `model_parallel_cuda_manual_seed` leaves alone. Unseeded, every run
-    drew other weights, and the FP8 tp2-against-tp1 difference, which depends on them, moved from run to
-    run (0.0009, 0.0018 and 0.0124 measured against a bound of 0.0097)."""
-    import random
-
-    import numpy
-    import torch
-
-    random.seed(seed)
-    numpy.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def model_config(tp: int, pp: int, proxy: bool) -> dict[str, Any]:
@@ -286,7 +270,7 @@ def train_variant(args) -> None:
         context_parallel_size=margs.context_parallel_size,
         hierarchical_context_parallel_sizes=margs.hierarchical_context_parallel_sizes,
     )
-    _seed_host_generators(margs.seed)
+    seed_host_generators(margs.seed)
     model_parallel_cuda_manual_seed(margs.seed)
     set_symmetric = getattr(ps, "_set_global_symmetric_memory_buffer", None)
     if margs.transformer_impl == "inference_optimized" and set_symmetric is not None:
@@ -389,7 +373,7 @@ def _build_model(args, proxy: bool, fp8: tuple[str, str] | None, ps):
         pipeline_model_parallel_size=args.pp,
         **({"expert_model_parallel_size": args.ep, "expert_tensor_parallel_size": 1} if args.moe else {}),
     )
-    _seed_host_generators(args.seed)
+    seed_host_generators(args.seed)
     model_parallel_cuda_manual_seed(args.seed)
     config = TransformerConfig(
         **model_config(args.tp, args.pp, proxy),

@@ -58,6 +58,7 @@ import types
 import pytest
 
 from rocmport.verify.runtime import protocol
+from rocmport.verify.runtime.seeding import seed_host_generators
 
 SWAPS: list[str] = []
 GUARDS: list[str] = []
@@ -542,17 +543,9 @@ def _seed(nodeid: str) -> None:
     earlier tests, the port's code or a restart drew. Then a chance draw can fail one rank on one tree
     and be labelled a port-regression; seeded, both trees and every rank run each test from the same
     state (as pytest-randomly resets the seeds before each test)."""
-    import random
     import zlib
 
-    seed = zlib.crc32(nodeid.encode())
-    random.seed(seed)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(seed)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(seed)
+    seed_host_generators(zlib.crc32(nodeid.encode()), imported_only=True)
 
 
 def pytest_runtest_logstart(nodeid, location):
