@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rocmport.cli import main
+from rocmport.codemods.declared import DECLARED
 from rocmport.codemods.runner import helper_text
 from rocmport.errors import BadInput
 from rocmport.port import worktree as wt
@@ -372,6 +373,30 @@ def test_a_test_file_run_in_part_is_not_recorded_as_the_whole_file():
                 }
             ),
             "unit_tests['t.py'].sites is not a list of strings",
+        ),
+        (
+            json.dumps(
+                {
+                    "schema": 1,
+                    "line": "v0.16",
+                    "partial": True,
+                    "recorded_on": {"upstream": "a", "recipe": "b"},
+                    "cases": {"c": {"sites": ["x"], "seconds": 1, "codemods": {"capability-gates": 3}}},
+                }
+            ),
+            "cases['c'].codemods is not a mapping of codemod names to versions (strings)",
+        ),
+        (
+            json.dumps(
+                {
+                    "schema": 1,
+                    "line": "v0.16",
+                    "partial": True,
+                    "recorded_on": {"upstream": "a", "recipe": "b"},
+                    "unit_tests": {"t.py": {"sites": ["x"], "seconds": 1, "codemods": ["capability-gates"]}},
+                }
+            ),
+            "unit_tests['t.py'].codemods is not a mapping of codemod names to versions (strings)",
         ),
     ],
 )
@@ -830,3 +855,113 @@ def test_verify_record_reach_refuses_a_record_of_another_port_before_running_any
     assert code == 2 and len(err.splitlines()) == 1 and "made on TE 2.12.0 (this run: none)" in err
     assert str(series_dir / "reach.json") in err and "python" not in out  # no launch listed
     assert reach.record_path(series_dir).read_bytes() == before
+
+
+# --- the codemod versions each entry was recorded with -------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+GATES = DECLARED["capability-gates"].version  # what an apply of the recipe runs now
+HOOKS = DECLARED["flash-attention-hooks"].version
+OLDER = str(int(GATES) - 1)  # capability-gates before its last bump
+PROBE = "from megatron.core import a; a.probe()"
+
+
+def applied(tree: Path, series_dir: Path, gates: str) -> None:
+    """The tree as `rocmport apply` leaves it with capability-gates at version ``gates``: its state
+    names each codemod layer it ran with its version; the series runs both codemods."""
+    (series_dir / "series").write_text(
+        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\n'
+        "codemods: [capability-gates, flash-attention-hooks]\n"
+    )
+    state = wt.read_state(tree)
+    assert state is not None
+    for layer in state.codemods:
+        layer["version"] = gates if layer["name"] == "capability-gates" else HOOKS
+    wt.write_state(tree, state)
+
+
+@pytest.mark.torch
+def test_each_entry_keeps_the_codemod_versions_it_ran_and_a_bumped_codemod_is_named_until_re_recorded(tmp_path):
+    """A codemod's bump can add, move or remove port sites (async-save-strategy 2 added one on v0.17+)
+    without the series file changing: the record names the entries recorded on the older version."""
+    tree, series_dir, _ = ported_tree(tmp_path)
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    applied(tree, series_dir, OLDER)  # the tree was applied before capability-gates' bump
+    record_case(tree, boot, tmp_path / "run1", CASE, PROBE, 40.0)
+    path, _ = reach.record_run(series_dir, tree, tmp_path / "run1", {}, None, (2, 2))
+    data = json.loads(path.read_text())
+    assert data["cases"][CASE]["codemods"] == {"capability-gates": OLDER, "flash-attention-hooks": HOOKS}
+    names, why = reach.reach_cases(series_dir, tree) or ([], "")
+    assert names == [CASE]  # the note is the line's; the selection is the record's as before
+    assert f"recorded with capability-gates {OLDER}, the recipe now runs {GATES}: re-record with --record-reach" in why
+    assert "flash-attention-hooks" not in why and "not recorded" not in why
+    # re-applied at the new version and another case recorded: the first case is still on the old one
+    applied(tree, series_dir, GATES)
+    record_case(tree, boot, tmp_path / "run2", "gpt3_other", PROBE, 30.0)
+    reach.record_run(series_dir, tree, tmp_path / "run2", {}, None, (2, 2))
+    _, why = reach.select(series_dir, "cases", 720.0) or ([], "")
+    assert (
+        f"1 of 2 cases were recorded with capability-gates {OLDER}, the recipe now runs {GATES}: "
+        "re-record them with --record-reach" in why
+    )
+    # and re-recorded: every entry on the recipe's versions, nothing to say
+    record_case(tree, boot, tmp_path / "run3", CASE, PROBE, 40.0)
+    _, record = reach.record_run(series_dir, tree, tmp_path / "run3", {}, None, (2, 2))
+    assert record.cases[CASE].codemods == (("capability-gates", GATES), ("flash-attention-hooks", HOOKS))
+    _, why = reach.select(series_dir, "cases", 720.0) or ([], "")
+    assert "capability-gates" not in why and "recipe now runs" not in why
+    assert reach.read_record(series_dir) == record
+
+
+def test_a_codemod_the_recipe_added_or_dropped_since_the_entries_were_recorded_is_named(tmp_path):
+    (tmp_path / "series").write_text(
+        'upstream: megatron-lm\nline: v0.16\nversions: ">=0.16.0rc0,<0.17.0rc0"\npatches: []\n'
+        "codemods: [capability-gates, device-probes]\n"
+    )
+    ran = (("capability-gates", GATES), ("flash-attention-hooks", HOOKS))
+    write_record(tmp_path, "c0ffee", {"a": Entry(frozenset({"s1"}), 10.0, codemods=ran)}, {})
+    names, why = reach.select(tmp_path, "cases", 720.0) or ([], "")
+    assert names == ["a"]
+    probes = DECLARED["device-probes"].version
+    assert f"recorded without device-probes, the recipe now runs it ({probes}): re-record with --record-reach" in why
+    assert f"recorded with flash-attention-hooks {HOOKS}, which the recipe no longer runs" in why
+    assert "capability-gates" not in why
+
+
+@pytest.mark.parametrize("line", ["v0.16", "v0.19"])
+def test_a_committed_record_made_before_codemod_versions_says_so_and_selects_as_before(tmp_path, line):
+    """The committed records hold no codemod versions (their entries were recorded over days of
+    codemod bumps): they load, their selection stands, and the line says the versions are unknown."""
+    series_dir = tmp_path / line
+    series_dir.mkdir()
+    src = REPO / "patchsets" / "megatron-lm" / line
+    for path in [src / "series", src / "reach.json", *src.glob("*.patch")]:
+        shutil.copy(path, series_dir / path.name)
+    names, why = reach.select(series_dir, "cases", reach.CASES_BUDGET_S) or ([], "")
+    assert names and "codemod versions not recorded (recorded before records held them" in why
+    # the same record with every entry stamped with the recipe's versions: the same selection, no note
+    recipe = reach.recipe_codemods(series_dir)
+    assert recipe is not None and "async-save-strategy" in recipe
+    data = json.loads((series_dir / "reach.json").read_text())
+    for kind in reach.KINDS:
+        for entry in data.get(kind, {}).values():
+            entry["codemods"] = recipe
+    (series_dir / "reach.json").write_text(json.dumps(data))
+    again, why = reach.select(series_dir, "cases", reach.CASES_BUDGET_S) or ([], "")
+    assert again == names and "codemod versions" not in why and "recipe now runs" not in why
+
+
+@pytest.mark.torch
+def test_record_reach_says_which_entries_a_codemod_bump_left_on_the_old_version(tmp_path, capsys):
+    tree, series_dir, _ = ported_tree(tmp_path)
+    boot = firewall.write_bootstrap(tmp_path / "boot")
+    applied(tree, series_dir, OLDER)
+    record_case(tree, boot, tmp_path / "run1", CASE, PROBE, 40.0)
+    reach.record_run(series_dir, tree, tmp_path / "run1", {}, None, (1, 2))
+    applied(tree, series_dir, GATES)
+    assert main(["-C", str(tmp_path), "verify", "--tree", str(tree), "--stages", "1", "--record-reach"]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"reach record: recorded with capability-gates {OLDER}, the recipe now runs {GATES}: "
+        "re-record with --record-reach" in err
+    )

@@ -273,6 +273,10 @@ class SeriesHead:
     def admits(self, version: str) -> bool:
         return self.versions.contains(Version(version), prereleases=True)
 
+    def codemod_entries(self) -> list[dict]:
+        """The codemods the series lists (`{name, options}` entries, checked as load_series checks them)."""
+        return _codemods(self.path, self.data.get("codemods"))
+
 
 def load_head(path: Path) -> SeriesHead:
     """A series file's YAML with its upstream, line and versions checked (its patches not read)."""

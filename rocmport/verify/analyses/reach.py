@@ -8,10 +8,14 @@ file recorded: the port sites it ran (port_sites.Site.stable_key: file, enclosin
 place and codemod, never a line number, so one record serves the line's later trees), its wall
 seconds, and for cases the tree's modules it imported (a refresh hop's selection). The record says
 what it was made on (the upstream commit, a digest of the recipe: the series file and its patches,
-the TE layer) and whether it holds every case and test file (``partial``). Recording again adds to
-the record: the entries this run recorded are replaced, the others kept. A record is one port's
-(one upstream commit, recipe and TE layer): a run on another is refused, before it starts, naming
-what differs (a record mixing two ports would weigh sites one of them may not have).
+the TE layer) and whether it holds every case and test file (``partial``); each entry, the codemods
+the tree's apply ran and their versions (a codemod's bump can add, move or remove sites without the
+series file changing). Recording again adds to the record: the entries this run recorded are
+replaced, the others kept. A record is one port's (one upstream commit, recipe and TE layer): a run
+on another is refused, before it starts, naming what differs (a record mixing two ports would weigh
+sites one of them may not have). A codemod's version is not refused but kept per entry: the
+selection's line names the entries recorded on another version than the recipe runs now
+(codemod_notes), until they are recorded again.
 
 The selection. A greedy set cover under a time budget: one case with a golden for the run's device
 kind first (of those that fit, the one running the most sites per second), then the entry with the most not-yet-covered sites per second
@@ -31,7 +35,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +43,7 @@ from rocmport.errors import BadInput
 from rocmport.line_records import LineRecordFile
 
 if TYPE_CHECKING:
+    from rocmport.port.worktree import ApplyState
     from rocmport.verify.analyses.port_sites import Site
 
 RECORD_FILE = "reach.json"
@@ -79,7 +84,9 @@ class Entry:
     (cases) the tree's module files it imported, and its outcome in the recording run. A case's is
     its status (pass, fail, unsupported-in-proxy); a test file's is `clean` or `blocks`, with
     ``labels`` (stage 3's label -> how many of its tests got it) and ``blocking`` (those of them that
-    fail the stage). None: not recorded (records made before outcomes were): unknown, selectable."""
+    fail the stage). None: not recorded (records made before outcomes were): unknown, selectable.
+    ``codemods``: the codemods the recording tree's apply ran, (name, version) pairs sorted by name;
+    None: not recorded (records made before they were)."""
 
     sites: frozenset[str]
     seconds: float
@@ -87,6 +94,7 @@ class Entry:
     outcome: str | None = None
     labels: tuple[tuple[str, int], ...] = ()  # sorted (label, count) pairs: hashable, as the entry is frozen
     blocking: tuple[str, ...] = ()
+    codemods: tuple[tuple[str, str], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"sites": sorted(self.sites), "seconds": round(self.seconds, 2)}
@@ -97,6 +105,8 @@ class Entry:
         if self.outcome in UNIT_OUTCOMES:
             out["labels"] = dict(self.labels)
             out["blocking"] = list(self.blocking)
+        if self.codemods is not None:
+            out["codemods"] = dict(self.codemods)
         return out
 
     def blocked_by(self) -> str:
@@ -181,10 +191,48 @@ def recipe_digest(series_dir: Path) -> str:
     return h.hexdigest()
 
 
+def recipe_codemods(series_dir: Path) -> dict[str, str] | None:
+    """Each codemod the line's series runs -> the version an apply of it runs now (codemods/declared.py),
+    in the series' order; None when the directory has no series file."""
+    from rocmport.codemods.declared import DECLARED, check_recipe
+    from rocmport.patches.series import load_head
+
+    path = series_dir / "series"
+    if not path.is_file():
+        return None
+    listed = load_head(path).codemod_entries()
+    check_recipe(listed, path)
+    return {entry["name"]: DECLARED[entry["name"]].version for entry in listed}
+
+
+def tree_codemods(state: ApplyState) -> tuple[tuple[str, str], ...] | None:
+    """The codemods a tree's apply ran with their versions (its state's layers: port/apply.py writes
+    each codemod's name and version), as Entry holds them; None when the state does not say them all."""
+    out = []
+    for layer in state.codemods:
+        name, version = layer.get("name"), layer.get("version")
+        if not (isinstance(name, str) and name and isinstance(version, str) and version):
+            return None
+        out.append((name, version))
+    return tuple(sorted(out))
+
+
 def _str_list(value: Any, path: Path, where: str) -> frozenset[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise RECORD.problem(path, f"{where} is not a list of strings")
     return frozenset(value)
+
+
+def _codemod_versions(value: Any, path: Path, where: str) -> tuple[tuple[str, str], ...] | None:
+    """An entry's codemods (name -> version), as Entry holds them; None when absent (recorded before
+    records held them)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) and v for k, v in value.items()
+    ):
+        raise RECORD.problem(path, f"{where}.codemods is not a mapping of codemod names to versions (strings)")
+    return tuple(sorted(value.items()))
 
 
 def _entries(data: Any, path: Path, kind: str) -> dict[str, Entry]:
@@ -195,17 +243,21 @@ def _entries(data: Any, path: Path, kind: str) -> dict[str, Entry]:
         raw = RECORD.mapping(raw, path, where)
         seconds = RECORD.seconds(raw.get("seconds"), path, where)
         RECORD.known_keys(
-            raw, {"sites", "seconds", "modules", "outcome", *(UNIT_KEYS if kind == "unit_tests" else ())}, path, where
+            raw,
+            {"sites", "seconds", "modules", "outcome", "codemods", *(UNIT_KEYS if kind == "unit_tests" else ())},
+            path,
+            where,
         )
+        codemods = _codemod_versions(raw.get("codemods"), path, where)
         outcome = raw.get("outcome")  # absent in records made before outcomes were: unknown
         if outcome is not None and not (isinstance(outcome, str) and outcome):
             raise RECORD.problem(path, f"{where}.outcome is not a stage status (pass, fail, ...)")
         sites = _str_list(raw.get("sites"), path, f"{where}.sites")
         modules = _str_list(raw.get("modules", []), path, f"{where}.modules")
         if kind == "unit_tests":
-            out[name] = _unit_outcome(raw, sites, seconds, modules, path, where)
+            out[name] = replace(_unit_outcome(raw, sites, seconds, modules, path, where), codemods=codemods)
         else:
-            out[name] = Entry(sites, seconds, modules, outcome)
+            out[name] = Entry(sites, seconds, modules, outcome, codemods=codemods)
     return out
 
 
@@ -353,13 +405,55 @@ def _first_golden(
     return [max(fits, key=lambda n: len(entries[n].sites - have) / max(entries[n].seconds, MIN_SECONDS))]
 
 
-def _stale(record: ReachRecord, series_dir: Path, tree: Path | None) -> str:
-    """Why the record may not match this port (another recipe, another upstream commit), or ''."""
+# What the notes call a kind's entries.
+WHAT = {"cases": "cases", "unit_tests": "test files", "variants": "variants"}
+
+
+def codemod_notes(record: ReachRecord, series_dir: Path, kind: str | None = None) -> list[str]:
+    """Where the codemods the ``kind`` entries (None: all) were recorded with differ from what the
+    line's series runs now (recipe_codemods): each codemod at another version, added or dropped since,
+    with how many entries (when not all); and entries recorded before versions were recorded."""
+    entries = list(record.entries(kind).values()) if kind else [e for k in KINDS for e in record.entries(k).values()]
+    what = WHAT.get(kind or "", "entries")
+    notes = []
+    unknown = sum(e.codemods is None for e in entries)
+    if unknown:
+        some = "" if unknown == len(entries) else f" for {unknown} of {len(entries)} recorded {what}"
+        notes.append(
+            f"codemod versions not recorded{some} (recorded before records held them; a codemod changed since "
+            "may have added, moved or removed port sites): re-record with --record-reach to know them"
+        )
+    now = recipe_codemods(series_dir)
+    ran = [dict(e.codemods) for e in entries if e.codemods is not None]
+    if now is None or not ran:
+        return notes
+    dropped = sorted({name for versions in ran for name in versions} - set(now))
+    for name in [*now, *dropped]:
+        differ: dict[str | None, int] = {}  # the version recorded (None: not run) -> how many entries
+        for versions in ran:
+            if versions.get(name) != now.get(name):
+                differ[versions.get(name)] = differ.get(versions.get(name), 0) + 1
+        for old, count in sorted(differ.items(), key=lambda kv: str(kv[0])):
+            who, them = ("", "") if count == len(entries) else (f"{count} of {len(entries)} {what} were ", " them")
+            if old is None:
+                said = f"{who}recorded without {name}, the recipe now runs it ({now[name]})"
+            elif name in now:
+                said = f"{who}recorded with {name} {old}, the recipe now runs {now[name]}"
+            else:
+                said = f"{who}recorded with {name} {old}, which the recipe no longer runs"
+            notes.append(f"{said}: re-record{them} with --record-reach")
+    return notes
+
+
+def _stale(record: ReachRecord, series_dir: Path, tree: Path | None, kind: str | None = None) -> str:
+    """Why the record (its ``kind`` entries: None, all) may not match this port (another recipe,
+    other codemod versions, another upstream commit), or ''."""
     from rocmport.port import worktree as wt
 
     notes = []
     if record.recipe != recipe_digest(series_dir):
         notes.append("recorded on another recipe (series or patches changed since): re-record with --record-reach")
+    notes += codemod_notes(record, series_dir, kind)
     state = wt.read_state(tree) if tree is not None else None
     if state is not None and state.base and state.base != record.upstream:
         notes.append(f"recorded at upstream {record.upstream[:12]}, the tree is at {state.base[:12]}")
@@ -426,7 +520,7 @@ def select(
         )
     if record.partial:
         why += f"; partial record ({record.holds or 'not every case and test file'})"
-    stale = _stale(record, series_dir, None)
+    stale = _stale(record, series_dir, None, kind)
     return chosen, why + (f"; {stale}" if stale else "")
 
 
@@ -503,7 +597,7 @@ def reach_cases(
     one-line why; None when the line has no case in its record."""
     recorded = read_record(series_dir)
     have = {n for n in (recorded.cases if recorded else {}) if (tree / GPT_CASES / n / "model_config.yaml").is_file()}
-    return _with_tree_note(select(series_dir, "cases", budget, have, golden), series_dir, tree)
+    return _with_tree_note(select(series_dir, "cases", budget, have, golden), series_dir, tree, "cases")
 
 
 def reach_unit_tests(
@@ -513,19 +607,19 @@ def reach_unit_tests(
     (those the tree has), and a one-line why; None when the line has no test file in its record."""
     recorded = read_record(series_dir)
     have = {n for n in (recorded.unit_tests if recorded else {}) if (tree / n).is_file()}
-    return _with_tree_note(select(series_dir, "unit_tests", budget, have), series_dir, tree)
+    return _with_tree_note(select(series_dir, "unit_tests", budget, have), series_dir, tree, "unit_tests")
 
 
 def _with_tree_note(
-    out: tuple[list[str], str] | None, series_dir: Path | None, tree: Path
+    out: tuple[list[str], str] | None, series_dir: Path | None, tree: Path, kind: str
 ) -> tuple[list[str], str] | None:
     if out is None or series_dir is None:
         return out
     record = read_record(series_dir)
     assert record is not None
-    note = _stale(record, series_dir, tree)
+    note = _stale(record, series_dir, tree, kind)
     names, why = out
-    # _stale without a tree already said the recipe part; only the upstream commit is new here
+    # _stale without a tree already said the recipe and codemod parts; only the upstream commit is new here
     extra = [n for n in note.split("; ") if n and n not in why]
     return names, why + "".join(f"; {n}" for n in extra)
 
@@ -709,6 +803,8 @@ def record_run(
     record = record_to_extend(series_dir, state.base, te) or ReachRecord(
         line=series_dir.name, upstream=state.base, recipe=recipe_digest(series_dir), te=te
     )
+    # what made this tree's sites: each entry this run records keeps them (the others keep theirs)
+    codemods = tree_codemods(state)
     for (kind, name), unit in units.items():
         keys = frozenset(s.stable_key for s in port_sites.sites_ran(sites, unit.calls))
         if kind == "stage":
@@ -718,7 +814,7 @@ def record_run(
             continue
         if kind == "variant":
             if unit.seconds is not None:  # a variant notes its seconds and outcome beside its records
-                record.variants[name] = Entry(keys, unit.seconds, frozenset(), unit.outcome)
+                record.variants[name] = Entry(keys, unit.seconds, frozenset(), unit.outcome, codemods=codemods)
             continue
         if kind not in ("case", "test") or (kind == "test" and name in in_part):
             continue  # stage 1's import units run every time (not selected): the report counts them, the record does not
@@ -726,10 +822,10 @@ def record_run(
         if secs is None:
             continue  # a unit that never finished has no cost to weigh: not recorded
         if kind == "case":
-            record.cases[name] = Entry(keys, float(secs), frozenset(unit.modules), unit.outcome)
+            record.cases[name] = Entry(keys, float(secs), frozenset(unit.modules), unit.outcome, codemods=codemods)
         else:
             labels = file_labels.get(name) if file_labels is not None else None
-            record.unit_tests[name] = unit_entry(keys, float(secs), labels, blocking)
+            record.unit_tests[name] = replace(unit_entry(keys, float(secs), labels, blocking), codemods=codemods)
     all_cases, all_files = totals
     record.partial = len(record.cases) < all_cases or len(record.unit_tests) < all_files
     every = set().union(*(e.sites for k in KINDS for e in record.entries(k).values()), *record.shared.values())

@@ -250,6 +250,9 @@ def _write_reach(
         series_dir, tree, sites_dir, seconds, te, totals, sites, file_labels, BLOCKING, in_part
     )
     output.info(f"reach record: {path} ({record.holds})")
+    # entries recorded on other codemod versions than the recipe runs now (kept from earlier runs, or this one's)
+    for note in reach.codemod_notes(record, series_dir):
+        output.info(f"reach record: {note}")
     if in_part:
         output.info(f"reach record: not recorded, run in part (a test id selected, not the file): {', '.join(in_part)}")
 
