@@ -407,3 +407,36 @@ def test_a_site_that_ran_before_and_not_after_is_shown_with_the_stages_that_ran_
     (tmp_path / "old.json").write_text(json.dumps(old))
     c = compare(reader.load(tmp_path / "old.json"), reader.load(after))
     assert c.codemods[0].no_longer_ran == {} and any("the first report does not record" in n for n in c.notes)
+
+
+def test_an_fp8_cases_cuda_path_twin_is_drawn_beside_the_port_with_its_drift(tmp_path, monkeypatch):
+    """Stage 4's `cuda_twin` (an FP8 case whose golden could not decide): its curve and its drift on the
+    page; a twin that did not train is a note saying why."""
+    monkeypatch.chdir(REPO)
+    data = json.loads(PASS.read_text())
+    losses = data["functional"]["losses"]
+    te = "NVIDIA's Python layer with ROCm TE's arithmetic deltas (fp8-fnuz-on-gfx942)"
+    data["functional"]["cuda_twin"] = {
+        "te": te,
+        "reason": "trained",
+        "seconds": 15.3,
+        "losses": losses,
+        "max_rel_drift": 0.0,
+        "tolerance": 2e-6,
+        "matches": True,
+    }
+    path = tmp_path / "twin.json"
+    path.write_text(json.dumps(data))
+    run = next(r for r in reader.load(path).training if r.key == "functional")
+    assert [c.losses for c in run.curves if c.label == "CUDA-path twin (reference)"] == [losses]
+    assert ("max relative drift vs its CUDA-path twin", f"0 (tolerance 2e-06; {te})") in run.facts
+    data["functional"]["cuda_twin"] = {
+        "te": te,
+        "reason": "functional: unsupported (MXFP8)",
+        "seconds": 0.1,
+        "losses": [],
+    }
+    path.write_text(json.dumps(data))
+    run = next(r for r in reader.load(path).training if r.key == "functional")
+    assert "its CUDA-path twin did not train the case: functional: unsupported (MXFP8)" in run.notes
+    assert not [c for c in run.curves if c.label.startswith("CUDA-path twin")]

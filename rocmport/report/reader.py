@@ -422,6 +422,19 @@ def _functional(f: dict[str, Any], port: str, key: str = "functional") -> Traini
             )
     else:
         run.notes.append("no committed golden for this device kind in the report")
+    twin = f.get("cuda_twin")
+    if isinstance(twin, dict):  # an FP8 case whose golden could not decide: the port's own CUDA path
+        if twin.get("losses"):
+            run.curves.append(_curve("CUDA-path twin (reference)", _floats(twin["losses"])))
+        if _num(twin.get("max_rel_drift")) is not None:
+            run.facts.append(
+                (
+                    "max relative drift vs its CUDA-path twin",
+                    f"{_fmt(twin.get('max_rel_drift'))} (tolerance {_fmt(twin.get('tolerance'))}; {twin.get('te', '?')})",
+                )
+            )
+        else:
+            run.notes.append(f"its CUDA-path twin did not train the case: {twin.get('reason', '?')}")
     upstream = f.get("upstream_golden_a100")
     if isinstance(upstream, dict) and upstream.get("steps"):
         steps = [s for s in upstream["steps"] if isinstance(s, dict) and _num(s.get("a100")) is not None]

@@ -121,6 +121,8 @@ class VerifyContext:
     env: dict[str, str]  # the started processes' environment
     tmp: Path  # the run's own temporary directory (removed at its end)
     sites_dir: Path | None = None  # where the started processes record the port's helper call sites
+    # stage 4's CUDA-path twin of an FP8 case (--no-hip-sim, TE's arithmetic deltas only); None off the ROCm flavour
+    cuda_twin_env: dict[str, str] | None = None
 
     @functools.cached_property
     def port_sites(self) -> list[Site]:

@@ -189,7 +189,9 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
         sites_dir = tmp / "port-sites"
         sites_dir.mkdir()
         extra.update(protocol.PORT_SITES.entry(str(sites_dir)))
-        env = environment.child_env(opts.tree, firewall.write_bootstrap(tmp / "boot"), extra, opts.pycache)
+        bootstrap = firewall.write_bootstrap(tmp / "boot")
+        env = environment.child_env(opts.tree, bootstrap, extra, opts.pycache)
+        twin_env = _cuda_twin_env(opts, mode, profile, backend, hip_version, bootstrap)
         ctx = VerifyContext(
             opts=opts,
             mode=mode,
@@ -202,6 +204,7 @@ def run_verify(opts: VerifyOptions) -> VerifyReport:
             env=env,
             tmp=tmp,
             sites_dir=sites_dir,
+            cuda_twin_env=twin_env,
         )
         _run_stages(ctx, report)
         te_version = opts.te.version if opts.te else None
@@ -255,6 +258,19 @@ def _write_reach(
         output.info(f"reach record: {note}")
     if in_part:
         output.info(f"reach record: not recorded, run in part (a test id selected, not the file): {', '.join(in_part)}")
+
+
+def _cuda_twin_env(
+    opts: VerifyOptions, mode: Mode, profile: str, backend: str, hip_version: str | None, bootstrap: Path
+) -> dict[str, str] | None:
+    """The environment of stage 4's CUDA-path twin of an FP8 case (case_run._twin): this run's with
+    --no-hip-sim and TE's arithmetic deltas only (te_flavour.cuda_twin), recording no port sites (the
+    twin's are not the ROCm run's). None unless the ROCm TE flavour runs under the HIP simulation."""
+    if mode != "cpu-proxy" or not hip_version or opts.te is None or opts.te.flavour.name != "rocm":
+        return None
+    twin = replace(opts, te=replace(opts.te, flavour=te_flavours.cuda_twin(opts.te.flavour)))
+    extra, _ = _child_extra(twin, mode, profile, backend, None)  # no ROCm launch profile either: the CUDA path
+    return environment.child_env(opts.tree, bootstrap, extra, opts.pycache)
 
 
 def _child_extra(

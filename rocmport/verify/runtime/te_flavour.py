@@ -43,6 +43,9 @@ class Delta:
     versions: str  # the ROCm TE versions it holds for (a version specifier)
     archs: tuple[str, ...] = ()  # only on these GPUs (empty: every one)
     env: tuple[tuple[str, str], ...] = field(default=())  # variables it sets in the started processes
+    # It changes what TE computes, not only which checks pass or which API it offers: stage 4's CUDA-path
+    # twin of an FP8 case carries it (cuda_twin), so the twin computes what the ROCm path must.
+    arithmetic: bool = False
 
     def holds_for(self, version: str, arch: str | None) -> bool:
         try:
@@ -98,6 +101,7 @@ DELTAS: tuple[Delta, ...] = (
         "transformer_engine/pytorch/tensor/utils.py @0861ac56 (max_fp8 = 240.0 if is_fp8_fnuz() else 448.0)",
         ">=1.9",
         archs=("gfx942",),
+        arithmetic=True,
     ),
     Delta(
         "fp8-support-by-gfx",
@@ -232,6 +236,15 @@ def choose(name: str, version: str, arch: str | None, hip_version: str | None) -
     deltas = tuple(applicable(version, arch))
     fnuz = any(d.name == "fp8-fnuz-on-gfx942" for d in deltas)
     return TEFlavour("rocm", deltas, reported_version(version, hip_version), "fnuz" if fnuz else "ocp")
+
+
+def cuda_twin(flavour: TEFlavour) -> TEFlavour:
+    """The TE of stage 4's CUDA-path twin of an FP8 case run under ``flavour``: NVIDIA's Python layer with
+    only the deltas that change arithmetic (FNUZ on gfx942), reporting NVIDIA's version string. The port's
+    CUDA path with it computes what its ROCm path must: measured equal to every logged digit (v0.16, gfx942);
+    the other deltas change which checks pass and which API TE offers, which the CUDA path must not meet."""
+    deltas = tuple(d for d in flavour.deltas if d.arithmetic)
+    return TEFlavour("rocm", deltas, None, flavour.fp8) if deltas else TEFlavour("nvidia", fp8=flavour.fp8)
 
 
 # ---- in the started processes (te_cpu and te_rocm ask) ----

@@ -1,6 +1,7 @@
 """verify's functional stage (stage 4): upstream's own GPT functional cases (`tests/functional_tests/
 test_cases/gpt/<case>/model_config.yaml`), each run with `pretrain_gpt.py` under torchrun, its losses
-parsed from the log, compared with this machine's recorded golden (per case and device kind), and
+parsed from the log, compared with this machine's recorded golden (per case and device kind; an FP8
+case under the ROCm TE flavour whose golden cannot decide, with its CUDA-path twin instead), and
 a checkpoint round trip: the run saves part way, a second run resumes from that checkpoint and must
 log the same losses for the remaining iterations. A failing case runs again on the unported tree and
 is labelled as stage 3 labels a test; only a port-regression (or an unverified run stopped on a NaN,

@@ -4,7 +4,9 @@ gets stage 3's labels by comparing the two failures:
 
 - port-regression: the unported tree passes it, or the port's run failed inside the port's own
   generated helper (megatron/core/_rocm.py: no upstream path raises there, whatever the unported tree
-  did; unless the proxy's shim acted in that traceback) (the only label that fails the stage);
+  did; unless the proxy's shim acted in that traceback), or an FP8 case's losses differ from its
+  CUDA-path twin's (case_run._twin: the port's own two paths, no unported run needed) (the only label
+  that fails the stage);
 - upstream-known: both fail at the same place (the innermost frame inside the tree, by path and
   function) with the same message (tree paths, addresses and a check's figures normalised);
 - proxy-artifact: as upstream-known, where both failures pass through a frame where the CPU proxy's
@@ -43,7 +45,7 @@ from rocmport.verify.runtime import protocol
 from rocmport.verify.runtime.proxy_causes import cpu_backend_mechanism
 from rocmport.verify.stages.case_plan import ShrinkChange, shrink_named
 from rocmport.verify.stages.functional.case_log import DIED, SIGKILL_WHY, fails_result_validation
-from rocmport.verify.stages.functional.case_run import CaseOutcome
+from rocmport.verify.stages.functional.case_run import TWIN_DIFFERS, CaseOutcome
 from rocmport.verify.stages.functional.details import CaseFailure
 from rocmport.verify.stages.gpt_training import exhausted
 from rocmport.upstreams import UPSTREAMS
@@ -257,6 +259,11 @@ def blocks_on_numerics(label: str | None, failure: CaseFailure | None) -> bool:
     return label == "unverified" and failure is not None and fails_result_validation(failure.message)
 
 
+def twin_differs(failure: CaseFailure | None) -> bool:
+    """A case that failed because its ROCm run's losses differ from its CUDA-path twin's (case_run._twin)."""
+    return failure is not None and failure.phase == "check" and TWIN_DIFFERS in failure.message
+
+
 def label_case(
     port: CaseOutcome,
     base: BaselineRun | None,
@@ -273,6 +280,13 @@ def label_case(
 def _label(
     port: CaseOutcome, base: BaselineRun | None, blocked: tuple[str, ...], changes: list[ShrinkChange]
 ) -> tuple[str, str]:
+    if twin_differs(port.failure):
+        return (
+            "port-regression",
+            "the port's ROCm path trained otherwise than its own CUDA path with the same FP8 arithmetic (its "
+            "CUDA-path twin): TE's other ROCm deltas change which checks pass, not what is computed, so the "
+            "difference is the port's HIP path's, whatever the unported tree does",
+        )
     if base is None:
         return "unverified", "no unported commit to compare with (the tree was not made by rocmport apply)"
     if base.status == PASS:

@@ -68,6 +68,7 @@ from rocmport.verify.stages.functional.rank_servers import WHY as FORKED_WHY, Ra
 from rocmport.verify.stages.functional.details import (
     CaseFailure,
     FunctionalRun,
+    CudaTwin,
     GoldenComparison,
     ResumeCheck,
     ResumeSkipped,
@@ -81,6 +82,9 @@ _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
 # After a run's time limit: how long its launcher has to end its ranks (torchrun gives its workers 30 s
 # after SIGTERM before SIGKILL) before it is killed itself.
 STOP_GRACE_S = 45.0
+# The problems a golden's and an FP8 case's CUDA-path twin's comparison report (case_labels reads them).
+GOLDEN_DRIFT = "losses drift from the golden by"
+TWIN_DIFFERS = "losses differ from the port's own CUDA path with the same arithmetic"  # no figure: normalise keeps it
 
 
 def _launch(
@@ -306,13 +310,15 @@ def run_case(
     rocm: bool = False,
     te: case_plan.ProxyTE | None = None,
     fork_ranks: bool = False,
+    cuda_twin_env: dict | None = None,
 ) -> CaseOutcome:
     """Upstream's case through pretrain_gpt.py: the uninterrupted run saves a checkpoint at
     iteration iters // 2; with ``resume``, a second run loads it and must log the same losses for
     the remaining iterations; then this device kind's golden. ``hip``: the simulated ROCm version
     (proxy), for the report; ``rocm``: the runs see HIP (a ROCm GPU or the simulation), where the
     port picks the async writer; ``fork_ranks``: a rank server forks both runs' ranks (on the proxy
-    with torchrun on one node; rank_servers)."""
+    with torchrun on one node; rank_servers); ``cuda_twin_env``: the environment of an FP8 case's CUDA-path
+    twin (_twin), run where the golden cannot decide (None: no twin)."""
     start = time.monotonic()
     ready = _prepare(tree, case, dp, proxy, data_path, series_dir, str(device_kind), defaulted, te, cuda=not rocm)
     if isinstance(ready, StageResult):
@@ -343,6 +349,9 @@ def run_case(
         # an FP8 case's golden is its encoding's (FNUZ on a simulated gfx942, OCP otherwise): DeviceKind.fp8
         kind = device_kind.for_fp8(plan.fp8.encoding if plan is not None and plan.fp8 is not None else None)
         _golden(trained, s, golden_path(series_dir, case, str(kind)), record, kind)
+    if cuda_twin_env is not None and _needs_twin(trained, plan, record):
+        common = dict(case=case, dp=dp, iters=iters, proxy=proxy, data_path=data_path, device_kind=device_kind)
+        _twin(trained, _run_twin(tree, cuda_twin_env, te, launcher, fork_ranks, common), cuda_twin_env)
     if data_path:
         reference = upstream_golden(case_dir(tree, case), trained.run.losses)
         if reference:
@@ -750,7 +759,75 @@ def _golden(t: _Trained, s: CaseSetup, golden: Path, record: bool, device_kind: 
     compared.max_rel_drift, compared.tolerance, compared.hip_sim = drift, tol, ref.get("hip_sim")
     t.reason += f"; max relative drift vs golden {drift:.2g} (≤ {tol:g})"
     if drift > tol:
-        t.problems.append(f"losses drift from the golden by {drift:.3g} > {tol:g} ({golden})")
+        t.problems.append(f"{GOLDEN_DRIFT} {drift:.3g} > {tol:g} ({golden})")
+
+
+def _needs_twin(t: _Trained, plan: CasePlan | None, record: bool) -> bool:
+    """Whether an FP8 case's CUDA-path twin runs: a case that trains in FP8 (not one the port must refuse),
+    whose golden cannot decide (none for this device kind, made with other args, or drifted: an FP8
+    golden holds only on the machine that recorded it, docs/rocm-te-flavour.md), and no other check
+    failed (the case fails whatever the twin logs)."""
+    if record or plan is None or plan.fp8 is None or plan.fp8.refusal:
+        return False
+    if any(not p.startswith(GOLDEN_DRIFT) for p in t.problems):
+        return False
+    golden = t.run.golden
+    return golden is None or golden.other_args is not None or bool(t.problems)
+
+
+def _run_twin(
+    tree: Path,
+    env: dict,
+    te: case_plan.ProxyTE | None,
+    launcher: Launcher,
+    fork_ranks: bool,
+    common: dict[str, Any],
+) -> CaseOutcome:
+    """The CUDA-path twin's run: the case's ``common`` arguments on ``env`` (the ROCm run's with --no-hip-sim
+    and TE's arithmetic deltas only), its TE the CUDA path's (no simulated GPU), no golden, no resume."""
+    flavour = protocol.TE_FLAVOUR.read(env) or "nvidia"
+    twin_te = case_plan.ProxyTE(flavour, te.fp8 if te else "ocp", None)
+    with output.progress(f"stage 4 case {common['case']}: its CUDA-path twin (the golden cannot decide)"):
+        return run_case(
+            tree,
+            env,
+            **common,
+            series_dir=None,
+            record=False,
+            launcher=launcher,
+            resume=False,
+            te=twin_te,
+            fork_ranks=fork_ranks,
+        )
+
+
+def _twin(t: _Trained, twin: CaseOutcome, env: Mapping[str, str]) -> None:
+    """The CUDA-path twin against the ROCm run: the same losses (TOLERANCE, as a golden on its own machine)
+    decide the case's arithmetic in the golden's place, and the golden's drift is then said, not a
+    problem; other losses are a problem (TWIN_DIFFERS); a twin that did not train decides nothing."""
+    deltas = protocol.TE_DELTAS.read(env) or ()
+    te = "NVIDIA's Python layer" + (f" with ROCm TE's arithmetic deltas ({', '.join(deltas)})" if deltas else "")
+    seconds = twin.result.seconds or 0.0
+    losses = twin.run.losses if twin.run is not None else []
+    record = t.run.cuda_twin = CudaTwin(te, twin.result.reason[:400], seconds, list(losses))
+    if twin.run is None or len(losses) != len(t.run.losses) or not losses:
+        t.reason += f"; its CUDA-path twin did not train the case ({twin.result.status}: {twin.result.reason[:200]})"
+        return
+    drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(t.run.losses, losses))
+    tol = TOLERANCE["cpu-proxy"]
+    record.max_rel_drift, record.tolerance = drift, tol
+    if drift > tol:
+        t.problems.append(
+            f"{TWIN_DIFFERS} by {drift:.3g} > {tol:g} (the same tree and args on the CUDA path, {te}, {seconds:.0f} s)"
+        )
+        return
+    drifted = [p for p in t.problems if p.startswith(GOLDEN_DRIFT)]
+    t.problems[:] = [p for p in t.problems if not p.startswith(GOLDEN_DRIFT)]
+    t.reason += (
+        f"; its CUDA-path twin ({te}, {seconds:.0f} s) logged the same losses: max relative drift {drift:.2g} "
+        f"(≤ {tol:g}), the arithmetic check in the golden's place"
+        + (f" (the golden's drift is not the HIP path's: {drifted[0]})" if drifted else "")
+    )
 
 
 def _finish(s: CaseSetup, t: _Trained, seconds: float) -> CaseOutcome:

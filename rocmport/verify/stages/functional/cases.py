@@ -17,7 +17,13 @@ from rocmport import output
 from rocmport.verify.orchestration.device_kind import DeviceKind
 from rocmport.verify.orchestration.stage_result import FAIL, PASS, SKIPPED, UNSUPPORTED
 from rocmport.verify.stages import case_plan
-from rocmport.verify.stages.functional.case_labels import BaselineRun, blocks_on_numerics, label_case, run_baseline
+from rocmport.verify.stages.functional.case_labels import (
+    BaselineRun,
+    blocks_on_numerics,
+    label_case,
+    run_baseline,
+    twin_differs,
+)
 from rocmport.verify.stages.functional.case_args import PROXY_TRAINING, load_case
 from rocmport.verify.stages.functional.case_run import CaseOutcome, case_sites_env, note_case_seconds, run_case
 from rocmport.verify.stages.functional.details import CaseFailure, FunctionalRun
@@ -203,6 +209,7 @@ def _run_kwargs(ctx: VerifyContext, options: FunctionalOptions, defaulted: bool)
         rocm=bool(ctx.hip_version or ctx.machine.hip),
         te=proxy_te(ctx),
         fork_ranks=options.fork_ranks,
+        cuda_twin_env=ctx.cuda_twin_env,
     )
 
 
@@ -222,13 +229,16 @@ def _run_one(ctx: VerifyContext, options: FunctionalOptions, case: str) -> CaseE
     entry = _entry(out)
     if out.result.status != FAIL or out.failure is None:
         return entry
+    if twin_differs(out.failure):  # the port's own two paths differ: decided without the unported tree
+        entry.label, entry.label_reason = label_case(out, None, ctx.blocked)
+        return entry
     if not options.base or options.cache_dir is None:
         # nothing to compare with: the failure stays a failure, as a one-case stage 4 always had it
         entry.label_reason = (
             "not labelled: no unported commit to compare with (the tree was not made by rocmport apply)"
         )
         return entry
-    again = {**kwargs, "record": False, "defaulted": False}
+    again = {**kwargs, "record": False, "defaulted": False, "cuda_twin_env": None}
     base_commit, cache_dir = options.base, options.cache_dir
     with output.progress(f"stage 4 case {case}: again on the unported tree at {base_commit[:12]}"):
         base = run_baseline(

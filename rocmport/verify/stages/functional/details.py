@@ -105,6 +105,31 @@ class GoldenComparison:
 
 
 @dataclass
+class CudaTwin:
+    """An FP8 case's CUDA-path twin (`cuda_twin` of stage 4; case_run._twin): the same ported tree and
+    arguments on the CUDA path (no HIP simulation) with NVIDIA's TE layer and ROCm TE's arithmetic deltas
+    only, run where the golden cannot decide. ``drift``: its losses against the ROCm run's, largest
+    relative difference (None when it did not train: ``reason`` says why)."""
+
+    te: str  # the twin's TE, in words (te_flavour.TEFlavour.describe)
+    reason: str
+    seconds: float
+    losses: list[float] = field(default_factory=list)
+    max_rel_drift: float | None = None
+    tolerance: float | None = None
+
+    @property
+    def matches(self) -> bool:
+        return self.max_rel_drift is not None and self.tolerance is not None and self.max_rel_drift <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"te": self.te, "reason": self.reason, "seconds": self.seconds, "losses": self.losses}
+        if self.max_rel_drift is not None:
+            out.update({"max_rel_drift": self.max_rel_drift, "tolerance": self.tolerance, "matches": self.matches})
+        return out
+
+
+@dataclass
 class FunctionalRun:
     """Stage 4's details (`functional` of the report, and its stage's own keys): the case and the command
     that ran it, its losses, the proxy's swaps and the arguments verify chose, the log's tail, and what
@@ -122,6 +147,7 @@ class FunctionalRun:
     resume_log_tail: list[str] | None = None
     resume: ResumeCheck | ResumeSkipped | None = None
     golden: GoldenComparison | None = None
+    cuda_twin: CudaTwin | None = None  # an FP8 case under the ROCm flavour whose golden could not decide
     upstream_golden_a100: UpstreamGolden | None = None
     fp8: dict[str, Any] | None = None  # an FP8 case: its plan (case_plan.Fp8Plan) and the casts or the refusal seen
     # a case decided by upstream's AFTER_SCRIPT: whether the exit status decides, the run's exit, each check's result
@@ -151,6 +177,7 @@ class FunctionalRun:
         for key, part in (
             ("resume", self.resume),
             ("golden", self.golden),
+            ("cuda_twin", self.cuda_twin),
             ("upstream_golden_a100", self.upstream_golden_a100),
         ):
             if part is not None:
