@@ -475,3 +475,18 @@ def test_a_delayed_weight_gradient_writes_into_the_backward_s_views_with_grad_en
     for i in range(2):
         torch.testing.assert_close(wgrads[i], (dy[i].t() @ x[i]).detach(), **TOL)
         assert wgrads[i].grad_fn is None
+
+
+# ---- Fp8Padding / Fp8Unpadding (an FP8 MoE's grouped GEMM input, rows padded per expert) ----
+
+
+def test_multi_row_padding_pads_each_split_with_zero_rows_and_unpadding_takes_them_back():
+    x = _gen(3 + 0 + 5, 4)
+    splits, padded = [3, 0, 5], [16, 0, 16]
+    out = torch.full((sum(padded), 4), float("nan"))  # torch.empty's garbage: every row must be written
+    tex.fused_multi_row_padding(x, out, splits, padded)
+    reference = torch.cat([x[:3], torch.zeros(13, 4), x[3:], torch.zeros(11, 4)])
+    assert torch.equal(out, reference)
+    back = torch.full_like(x, float("nan"))
+    tex.fused_multi_row_unpadding(out, back, padded, splits)
+    assert torch.equal(back, x)

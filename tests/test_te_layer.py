@@ -274,3 +274,53 @@ def test_stage_4_names_the_te_kernel_the_proxy_lacks_as_unsupported(tmp_path):
         _failure(sp.CompletedProcess([], 1, "", stderr), tmp_path, False, None, "pretrain_gpt.py", 1.0, {}).status
         == "fail"
     )
+
+
+PADDING_PROBE = """
+import json, sys
+import torch
+from transformer_engine.pytorch import Fp8Padding, Fp8Unpadding
+
+torch.manual_seed(0)
+x = torch.randn(7, 3, requires_grad=True)
+w = torch.randn(7, 3)
+out, padded = Fp8Padding(2, align_size=16)(x, [2, 5])
+y = Fp8Unpadding(2, align_size=16)(out, [2, 5])
+(y * w).sum().backward()
+rows = out.detach()
+print(json.dumps({
+    "padded": padded,
+    "shape": list(rows.shape),
+    "heads_are_x": bool(torch.equal(rows[:2], x[:2].detach()) and torch.equal(rows[16:21], x[2:].detach())),
+    "pads_zero": bool(torch.count_nonzero(rows[2:16]) == 0 and torch.count_nonzero(rows[21:]) == 0),
+    "round_trip": bool(torch.equal(y.detach(), x.detach())),
+    "grad_is_w": bool(torch.equal(x.grad, w)),
+}))
+"""
+
+
+@pytest.mark.network
+@pytest.mark.torch
+@pytest.mark.parametrize("version", ["2.12.0", "2.17.1"])
+def test_te_fp8_padding_and_unpadding_run_forward_and_backward_on_the_cpu_kernels(tmp_path, real_index, version):
+    """TE's own Fp8Padding / Fp8Unpadding (an FP8 MoE's grouped GEMM input, each expert's rows padded to
+    16): the rows kept, the padding zero, the round trip exact, the gradient unpadded back to each row."""
+    layer = te_probe.real_layer(version)
+    proc = subprocess.run(
+        [sys.executable, "-c", PADDING_PROBE],
+        env=te_probe.proxy_env(layer, tmp_path / "boot", hip=None),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {
+        "padded": [16, 16],
+        "shape": [32, 3],
+        "heads_are_x": True,
+        "pads_zero": True,
+        "round_trip": True,
+        "grad_is_w": True,
+    }

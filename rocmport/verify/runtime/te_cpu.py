@@ -460,6 +460,28 @@ def te_general_grouped_gemm(
 # ---- normalization ----
 
 
+def fused_multi_row_padding(input, output, input_row_list, padded_input_row_list) -> None:
+    """Fp8Padding's kernel (an FP8 MoE's grouped GEMM input, each expert's rows padded to the recipe's
+    alignment): split ``i`` of ``input`` (``input_row_list[i]`` rows) copied to the head of split ``i``
+    of ``output`` (``padded_input_row_list[i]`` rows), the rows after it zero, as the kernel writes them."""
+    _count("fused_multi_row_padding")
+    src = dst = 0
+    for rows, padded in zip(input_row_list, padded_input_row_list):
+        output[dst : dst + rows].copy_(input[src : src + rows])
+        output[dst + rows : dst + padded].zero_()
+        src, dst = src + rows, dst + padded
+
+
+def fused_multi_row_unpadding(input, output, input_row_list, unpadded_input_row_list) -> None:
+    """Fp8Unpadding's kernel, the inverse: the first ``unpadded_input_row_list[i]`` rows of split ``i``
+    of ``input`` (``input_row_list[i]`` rows) into ``output``, one split after another."""
+    _count("fused_multi_row_unpadding")
+    src = dst = 0
+    for padded, rows in zip(input_row_list, unpadded_input_row_list):
+        output[dst : dst + rows].copy_(input[src : src + rows])
+        src, dst = src + padded, dst + rows
+
+
 def _gamma(weight: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
     w = weight.float()
     return w + 1.0 if zero_centered_gamma else w
