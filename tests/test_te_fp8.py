@@ -268,3 +268,23 @@ def test_an_fp8_gemm_multiplies_the_dequantized_operands_in_fp32_into_the_asked_
     y, *_ = tex.generic_gemm(qw, True, qx, False, None, yq, None, **args)
     assert isinstance(y, Float8Tensor) and y._fp8_dtype == E5M2
     assert float(((te_fp8.values(y) - ref).abs() / ref.abs().max()).max()) <= 2**-3  # E5M2: 2 mantissa bits
+
+
+def test_a_grouped_gemm_takes_fp8_storages_as_its_split_operands(monkeypatch):
+    """An FP8 MoE's GroupedLinear: split_quantize casts each expert's rows into an MXFP8 storage (no
+    torch.Tensor methods, no numel()); each group multiplies its dequantized operands, an empty one skipped."""
+    monkeypatch.setenv(te_fp8.ENV, "ocp")
+    g = torch.Generator().manual_seed(5)
+    w = [torch.randn(32, 64, generator=g) for _ in range(2)]
+    x = torch.randn(32, 64, generator=g)
+    qw = [tex.quantize(t, MXFP8Quantizer(E4M3)) for t in w]
+    qx = [tex.quantize(x, MXFP8Quantizer(E4M3))]
+    rows = qx[0]._rowwise_data
+    empty = MXFP8TensorStorage(rows[:0], qx[0]._rowwise_scale_inv[:0], None, None, E4M3, None)
+    storages = [MXFP8TensorStorage(rows, qx[0]._rowwise_scale_inv, None, None, E4M3, None), empty]
+    out = torch.full((32, 32), float("nan"))
+    tex.te_general_grouped_gemm(
+        qw, True, storages, False, [out], torch.float32, [32, 0], [], None, True, [], False, [], 0, False, False, 0
+    )
+    expected = te_fp8.values(qx[0]) @ te_fp8.values(qw[0]).t()
+    assert torch.allclose(out, expected, rtol=1e-5, atol=1e-5)

@@ -429,7 +429,8 @@ def te_general_grouped_gemm(
     outs = list(torch.split(D[0], m_splits)) if single_output else D
     grads = []
     for i, (a, b) in enumerate(zip(A, B)):
-        if b.numel() == 0 and not grad:
+        # an FP8 operand may be a storage (MXFP8TensorStorage: an FP8 MoE's split_quantize) with no numel()
+        if math.prod(te_fp8._shape_of(b) if te_fp8.is_quantized(b) else b.shape) == 0 and not grad:
             grads.append(bias[i] if bias else None)
             continue
         use_bias = bias is not None and i < len(bias) and bias[i] is not None and bias[i].numel() > 0
