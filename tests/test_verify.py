@@ -1058,3 +1058,54 @@ def test_proxy_lets_a_cpu_tensor_record_the_stream_that_frees_it(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
     )
     assert out.stdout.strip().splitlines()[-1:] == ["ran (8.0, 0) (8.0, 0) 2"], out.stderr[-2000:]
+
+
+COALESCING_WITH_A_DEVICE = r"""
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if sys.argv[1] == "proxy":
+    from rocmport.verify.runtime import proxy_shim
+    proxy_shim._coalesced_all_gather_by_dtype()  # what install() installs
+    proxy_shim._coalescing_without_device()
+r = dist.get_rank()
+data, scales = torch.full((2,), float(r + 1)), torch.full((1,), 10 + r, dtype=torch.uint8)
+data_out, scales_out = torch.empty(4), torch.empty(2, dtype=torch.uint8)
+try:  # as TE's MXFP8 all-gather: its scales and its data in one coalesced group, the device given
+    with torch.distributed._coalescing_manager(group=dist.group.WORLD, device=torch.device("cpu"), async_ops=True) as cm:
+        dist.all_gather_into_tensor(scales_out, scales)
+        dist.all_gather_into_tensor(data_out, data)
+    cm.wait()
+    got = [scales_out.tolist(), data_out.tolist()]
+except RuntimeError as exc:
+    got = str(exc)
+if r == 0:
+    print(json.dumps({"got": got, "redirects": sorted(getattr(sys.modules.get("rocmport.verify.runtime.proxy_shim"), "REDIRECTS", {}))}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("mode", ["plain", "proxy"])
+def test_proxy_runs_a_coalescing_manager_given_a_device_on_gloo(tmp_path, mode):
+    """TE's FP8 all-gathers open torch's _coalescing_manager with the device, which gloo refuses
+    ('does not implement startCoalescing'); the proxy drops the device and torch issues the same gathers
+    through its coalesced fast path."""
+    script = tmp_path / "coalesce.py"
+    script.write_text(COALESCING_WITH_A_DEVICE)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if mode == "plain":
+        assert "does not implement startCoalescing" in got["got"], got
+    else:
+        assert got["got"] == [[10, 11], [1.0, 1.0, 2.0, 2.0]], got
+        assert any("_coalescing_manager(device=...)" in k for k in got["redirects"]), got

@@ -248,6 +248,7 @@ def install(megatron: bool = True) -> None:
         mrandom._set_cuda_rng_state = lambda state, *a, **k: DEVICE_RNG.set_state(state)
     _one_gloo_device()
     _coalesced_all_gather_by_dtype()
+    _coalescing_without_device()
     _p2p_buffers_held_until_released()
     _split_sizes_as_lists()
     CudaToCpu().__enter__()
@@ -299,6 +300,31 @@ class _Works:
 # torch's names of the coalesced all-gather into one tensor per input (2.13: allgather_into_tensor_coalesced;
 # 2.14 also all_gather_single_coalesced, which its _coalescing_manager calls).
 _COALESCED_ALL_GATHERS = ("allgather_into_tensor_coalesced", "all_gather_single_coalesced")
+
+
+def _coalescing_without_device() -> None:
+    """torch's _coalescing_manager given a ``device`` starts the process group's own coalescing
+    (ProcessGroup._start_coalescing), which gloo does not implement ('Backend gloo does not implement
+    startCoalescing'): TE's FP8 all-gathers pass the device (distributed.py's MXFP8 and NVFP4 gathers, an FP8
+    MoE's sequence-parallel input under MXFP8). Without it torch records the collectives made inside and
+    issues them as one coalesced call at the end, its fast path, which gloo implements and Megatron's
+    distributed optimizer takes: the same collectives and results; only NCCL's batching of their launches
+    is not simulated."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    real = distributed_c10d._coalescing_manager
+    if getattr(real, "_rocmport", False):
+        return
+
+    def coalescing_manager(group=None, device=None, async_ops=False):
+        if device is not None and dist.get_backend(group) == "gloo":
+            REDIRECTS[f"torch.distributed._coalescing_manager(device=...) -> without a device (gloo) @ {_site()}"] += 1
+            device = None
+        return real(group, device, async_ops)
+
+    coalescing_manager._rocmport = True  # type: ignore[attr-defined]
+    distributed_c10d._coalescing_manager = dist._coalescing_manager = coalescing_manager
 
 
 def _coalesced_all_gather_by_dtype() -> None:
