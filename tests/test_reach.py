@@ -576,6 +576,14 @@ def test_reach_cases_picks_the_tree_s_recorded_cases_and_says_when_the_recipe_ch
     (series_dir / "series").write_text((series_dir / "series").read_text() + "# changed\n")
     _, why = reach.reach_cases(series_dir, tree) or ([], "")
     assert "recorded on another recipe" in why
+    # the tree at another upstream commit than the record's: said once, after the recipe's note (said once)
+    state = wt.read_state(tree)
+    assert state is not None
+    other = "f" * 40
+    wt.write_state(tree, wt.ApplyState(status="done", base=other, series=state.series, codemods=state.codemods))
+    _, why = reach.reach_cases(series_dir, tree) or ([], "")
+    assert why.endswith(f"; recorded at upstream {base[:12]}, the tree is at {other[:12]}"), why
+    assert why.count("recorded on another recipe") == 1 and why.count("recorded at upstream") == 1
 
 
 # --- every site run or explained ---------------------------------------------------------------

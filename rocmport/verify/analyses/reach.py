@@ -445,18 +445,13 @@ def codemod_notes(record: ReachRecord, series_dir: Path, kind: str | None = None
     return notes
 
 
-def _stale(record: ReachRecord, series_dir: Path, tree: Path | None, kind: str | None = None) -> str:
-    """Why the record (its ``kind`` entries: None, all) may not match this port (another recipe,
-    other codemod versions, another upstream commit), or ''."""
-    from rocmport.port import worktree as wt
-
+def _stale(record: ReachRecord, series_dir: Path, kind: str | None = None) -> str:
+    """Why the record (its ``kind`` entries: None, all) may not match this recipe (another series or
+    patches, other codemod versions), or ''."""
     notes = []
     if record.recipe != recipe_digest(series_dir):
         notes.append("recorded on another recipe (series or patches changed since): re-record with --record-reach")
     notes += codemod_notes(record, series_dir, kind)
-    state = wt.read_state(tree) if tree is not None else None
-    if state is not None and state.base and state.base != record.upstream:
-        notes.append(f"recorded at upstream {record.upstream[:12]}, the tree is at {state.base[:12]}")
     return "; ".join(notes)
 
 
@@ -520,7 +515,7 @@ def select(
         )
     if record.partial:
         why += f"; partial record ({record.holds or 'not every case and test file'})"
-    stale = _stale(record, series_dir, None, kind)
+    stale = _stale(record, series_dir, kind)
     return chosen, why + (f"; {stale}" if stale else "")
 
 
@@ -597,7 +592,7 @@ def reach_cases(
     one-line why; None when the line has no case in its record."""
     recorded = read_record(series_dir)
     have = {n for n in (recorded.cases if recorded else {}) if (tree / GPT_CASES / n / "model_config.yaml").is_file()}
-    return _with_tree_note(select(series_dir, "cases", budget, have, golden), series_dir, tree, "cases")
+    return _with_tree_note(select(series_dir, "cases", budget, have, golden), series_dir, tree)
 
 
 def reach_unit_tests(
@@ -607,21 +602,25 @@ def reach_unit_tests(
     (those the tree has), and a one-line why; None when the line has no test file in its record."""
     recorded = read_record(series_dir)
     have = {n for n in (recorded.unit_tests if recorded else {}) if (tree / n).is_file()}
-    return _with_tree_note(select(series_dir, "unit_tests", budget, have), series_dir, tree, "unit_tests")
+    return _with_tree_note(select(series_dir, "unit_tests", budget, have), series_dir, tree)
 
 
 def _with_tree_note(
-    out: tuple[list[str], str] | None, series_dir: Path | None, tree: Path, kind: str
+    out: tuple[list[str], str] | None, series_dir: Path | None, tree: Path
 ) -> tuple[list[str], str] | None:
+    """``out`` with the one staleness select cannot know: the tree at another upstream commit than the
+    record's (select already said the recipe's and the codemods')."""
+    from rocmport.port import worktree as wt
+
     if out is None or series_dir is None:
         return out
     record = read_record(series_dir)
     assert record is not None
-    note = _stale(record, series_dir, tree, kind)
+    state = wt.read_state(tree)
+    if state is None or not state.base or state.base == record.upstream:
+        return out
     names, why = out
-    # _stale without a tree already said the recipe and codemod parts; only the upstream commit is new here
-    extra = [n for n in note.split("; ") if n and n not in why]
-    return names, why + "".join(f"; {n}" for n in extra)
+    return names, f"{why}; recorded at upstream {record.upstream[:12]}, the tree is at {state.base[:12]}"
 
 
 def hop_cases(series_dir: Path | None, changed: Collection[str]) -> tuple[list[str], str] | None:
