@@ -50,15 +50,11 @@ def fp8_twin_tree(root: Path) -> Path:
     return tree
 
 
-def _flavour_env(flavour: te_flavour.TEFlavour) -> dict:
-    return {k: v for k, v in flavour.env().items() if v is not None}
-
-
 def _envs(tmp_path: Path, tree: Path) -> tuple[dict, dict]:
     """The ROCm run's environment (HIP simulation, rocm flavour on gfx942) and its CUDA-path twin's."""
     rocm = te_flavour.choose("rocm", VERSION, "gfx942", hip_sim.DEFAULT_VERSION)
-    hip = proxy_env(tmp_path / "hip", tree, **_flavour_env(rocm))
-    twin = proxy_env(tmp_path / "twin", tree, hip=None, **_flavour_env(te_flavour.cuda_twin(rocm)))
+    hip = proxy_env(tmp_path / "hip", tree, **rocm.env())
+    twin = proxy_env(tmp_path / "twin", tree, hip=None, **te_flavour.cuda_twin(rocm).env())
     return hip, twin
 
 

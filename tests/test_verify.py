@@ -1060,7 +1060,8 @@ def test_proxy_lets_a_cpu_tensor_record_the_stream_that_frees_it(tmp_path):
     assert out.stdout.strip().splitlines()[-1:] == ["ran (8.0, 0) (8.0, 0) 2"], out.stderr[-2000:]
 
 
-COALESCING_WITH_A_DEVICE = r"""
+COALESCING_WITH_A_DEVICE = (
+    r"""
 import json, os, sys
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -1083,6 +1084,8 @@ if r == 0:
     print(json.dumps({"got": got, "redirects": sorted(getattr(sys.modules.get("rocmport.verify.runtime.proxy_shim"), "REDIRECTS", {}))}))
 dist.destroy_process_group()
 """
+    + LEAVE_WITHOUT_FINALIZING
+)
 
 
 @pytest.mark.torch
