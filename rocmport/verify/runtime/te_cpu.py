@@ -430,7 +430,7 @@ def te_general_grouped_gemm(
     grads = []
     for i, (a, b) in enumerate(zip(A, B)):
         # an FP8 operand may be a storage (MXFP8TensorStorage: an FP8 MoE's split_quantize) with no numel()
-        if math.prod(te_fp8._shape_of(b) if te_fp8.is_quantized(b) else b.shape) == 0 and not grad:
+        if math.prod(te_fp8.shape_of(b)) == 0 and not grad:
             grads.append(bias[i] if bias else None)
             continue
         use_bias = bias is not None and i < len(bias) and bias[i] is not None and bias[i].numel() > 0

@@ -323,7 +323,8 @@ def _mx_quantize(src: torch.Tensor, quantizer: Any, output: Any, fmt: Fp8Format)
 # ---- back to high precision ----
 
 
-def _shape_of(t: Any) -> tuple[int, ...]:
+def shape_of(t: Any) -> tuple[int, ...]:
+    """The shape of a tensor, or of a TE quantized storage (which has no size(): its data's)."""
     try:
         return tuple(t.size())
     except Exception:  # noqa: BLE001 - a storage without size(): its data's shape
